@@ -1,0 +1,42 @@
+"""The per-step sampling parameters of a batch (upstream: vllm/v1/sample/metadata.py).
+
+The model runner's persistent `InputBatch` keeps one row per request; this is
+the view of those rows that `Sampler.forward` reads. Tensors are indexed by the
+batch row and have `num_reqs` rows. A tensor is None when no request in the
+batch needs it, which is what lets the sampler skip whole stages.
+
+Penalties, logit bias, allowed/bad tokens and min_tokens are not built yet;
+their upstream fields (`no_penalties`, `frequency_penalties`, ...,
+`allowed_token_ids_mask`, `bad_words_token_ids`, `logitsprocs`) will join here
+when they are.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingMetadata:
+    # [num_reqs] float32. Greedy rows hold a value below the sampling epsilon.
+    # None when every request is greedy.
+    temperature: torch.Tensor | None
+    all_greedy: bool
+    all_random: bool
+
+    # [num_reqs] float32 in (0, 1]; 1.0 = no top-p for that row. None when no
+    # request uses top-p.
+    top_p: torch.Tensor | None
+    # [num_reqs] int32; vocab_size = no top-k for that row. None when no
+    # request uses top-k.
+    top_k: torch.Tensor | None
+    # [num_reqs] float32 in [0, 1]; 0.0 = no min-p. None when no request uses it.
+    min_p: torch.Tensor | None
+
+    # batch row -> generator, for seeded requests only.
+    generators: dict[int, torch.Generator]
+
+    # None: no logprobs. 0: the sampled token's logprob only. k > 0: also the
+    # top k. -1: the whole vocabulary.
+    max_num_logprobs: int | None

@@ -1,0 +1,1 @@
+"""Tensor ops used by the sampler."""

@@ -1,0 +1,85 @@
+"""The model-runner choice of upstream PR #44443 (the seed) and the
+`max_concurrent_batches` rule, tested with the seed's cases."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from vllm.config import DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, SchedulerConfig, VllmConfig
+from vllm.config.parallel import ParallelConfig
+
+
+def _model(arch: str, *, runner_type: str = "generate", is_moe: bool = False,
+           is_quantized: bool = False, **flags) -> SimpleNamespace:
+    return SimpleNamespace(model=arch, architectures=[arch], runner_type=runner_type,
+                           is_moe=is_moe, is_quantized=is_quantized, **flags)
+
+
+# (model config, expected) — the seed's table.
+SEED_CASES = [
+    (_model("Qwen3ForCausalLM"), True),
+    (_model("LlamaForCausalLM"), True),
+    (_model("MistralForCausalLM"), True),
+    (_model("OPTForCausalLM"), True),
+    (_model("Gemma2ForCausalLM"), True),
+    (_model("Qwen3ForCausalLM", is_quantized=True), True),  # e.g. Qwen3-1.7B-FP8
+    (_model("DeepseekV2ForCausalLM", is_moe=True), True),
+    (_model("Qwen2MoeForCausalLM", is_moe=True), True),
+    (_model("GraniteMoeForCausalLM", is_moe=True), True),
+    (_model("MixtralForCausalLM", is_moe=True), False),  # MoE, not whitelisted
+    (_model("Qwen3_5ForConditionalGeneration", is_hybrid=True), False),
+    (_model("MambaForCausalLM", is_attention_free=True), False),
+    (_model("Qwen3ForCausalLM", runner_type="pooling"), False),  # Qwen3-Embedding
+]
+
+
+@pytest.mark.parametrize("model_config,expected", SEED_CASES,
+                         ids=[c.model + ("-" + c.runner_type) for c, _ in SEED_CASES])
+def test_is_default_v2_model_runner_model(model_config, expected):
+    cfg = VllmConfig()
+    cfg.model_config = model_config
+    assert cfg._is_default_v2_model_runner_model() is expected
+
+
+def test_whitelist_is_the_seeds_moe_set():
+    assert DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES == frozenset(
+        {"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"})
+
+
+def test_hybrid_moe_is_excluded_even_if_whitelisted():
+    # The seed excludes every hybrid model before looking at the whitelist.
+    cfg = VllmConfig()
+    cfg.model_config = _model("Qwen2MoeForCausalLM", is_moe=True, is_hybrid=True)
+    assert cfg._is_default_v2_model_runner_model() is False
+
+
+def test_no_model_config_is_not_v2():
+    assert VllmConfig()._is_default_v2_model_runner_model() is False
+
+
+@pytest.mark.parametrize("value,expected", [("0", False), ("1", True)])
+def test_v2_model_runner_env_tri_state(monkeypatch, value, expected):
+    import vllm.config.vllm as vllm_mod
+
+    monkeypatch.setattr(vllm_mod, "_v2_model_runner_built", lambda: True)
+    cfg = VllmConfig()
+    cfg.model_config = _model("MixtralForCausalLM", is_moe=True)  # default would be V1
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", value)
+    assert cfg.use_v2_model_runner is expected
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    assert cfg.use_v2_model_runner is False  # unset: back to the default rule
+
+
+@pytest.mark.parametrize("async_sched,use_v2,pp,expected", [
+    (False, False, 1, 1), (False, True, 1, 1), (False, True, 2, 2),
+    (True, False, 1, 2), (True, False, 2, 2), (True, False, 3, 3),
+    (True, True, 1, 2), (True, True, 2, 3), (True, True, 3, 4),
+])
+def test_max_concurrent_batches(monkeypatch, async_sched, use_v2, pp, expected):
+    cfg = VllmConfig(parallel_config=ParallelConfig(pipeline_parallel_size=pp,
+                                                    distributed_executor_backend="mp"),
+                     scheduler_config=SchedulerConfig())
+    cfg.scheduler_config.async_scheduling = async_sched
+    monkeypatch.setattr(VllmConfig, "use_v2_model_runner", property(lambda self: use_v2))
+    assert cfg.max_concurrent_batches == expected

@@ -1,0 +1,17 @@
+"""Engine configuration, one dataclass per concern (upstream: vllm/config/)."""
+from vllm.config.cache import CacheConfig
+from vllm.config.compilation import CompilationConfig, CompilationMode, CUDAGraphMode
+from vllm.config.device import DeviceConfig
+from vllm.config.load import LoadConfig
+from vllm.config.model import ModelConfig
+from vllm.config.parallel import ParallelConfig
+from vllm.config.scheduler import SchedulerConfig
+from vllm.config.vllm import (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, VllmConfig,
+                              get_current_vllm_config, set_current_vllm_config)
+
+__all__ = [
+    "CacheConfig", "CompilationConfig", "CompilationMode", "CUDAGraphMode", "DeviceConfig",
+    "LoadConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig", "VllmConfig",
+    "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", "get_current_vllm_config",
+    "set_current_vllm_config",
+]

@@ -1,0 +1,247 @@
+"""Model configuration (upstream: vllm/config/model.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from transformers import PretrainedConfig
+
+from vllm.logger import init_logger
+from vllm.transformers_utils.config import (embedded_model_path, get_config, is_gguf,
+                                            try_get_generation_config)
+from vllm.utils import STR_DTYPE_TO_TORCH_DTYPE
+
+if TYPE_CHECKING:
+    from vllm.config.parallel import ParallelConfig
+
+logger = init_logger(__name__)
+
+RunnerType = Literal["generate", "pooling"]
+
+# Keys of HF configs that bound the context length, in upstream's order.
+_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                 "model_max_length", "max_sequence_length", "max_seq_length", "seq_len")
+# generation_config.json keys that become default sampling parameters.
+_GEN_CONFIG_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+# HF keys that count experts; the first non-zero one makes a model MoE.
+_NUM_EXPERTS_KEYS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
+
+
+def _parse_max_model_len(value: int | str | None) -> int | None:
+    """Accepts 4096, "4096", "32k", "1m" (k = 1000, K = 1024, as upstream)."""
+    if value is None or isinstance(value, int):
+        return value
+    s = value.strip()
+    mult = {"k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2}.get(s[-1:], 1)
+    return int(float(s[:-1] if mult != 1 else s) * mult)
+
+
+@dataclass
+class ModelConfig:
+    """Which model to run and how; derived fields are read from its config."""
+
+    model: str = ""  # local HF directory or .gguf file; "" = the embedded default
+    tokenizer: str | None = None
+    tokenizer_mode: str = "auto"
+    trust_remote_code: bool = False
+    dtype: str | torch.dtype = "auto"
+    seed: int = 0
+    revision: str | None = None
+    max_model_len: int | str | None = None
+    max_logprobs: int = 20
+    logprobs_mode: str = "raw_logprobs"
+    enforce_eager: bool = False
+    served_model_name: str | list[str] | None = None
+    quantization: str | None = None
+    skip_tokenizer_init: bool = False
+    generation_config: str = "auto"
+    runner: str = "auto"
+    hf_overrides: dict[str, Any] | None = None
+
+    hf_config: PretrainedConfig = field(init=False, repr=False)
+    hf_text_config: PretrainedConfig = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            self.model = embedded_model_path()
+        if self.tokenizer is None:
+            self.tokenizer = self.model
+        self.gguf_file: str | None = self.model if is_gguf(self.model) else None
+        self.hf_config = get_config(self.model, self.trust_remote_code, self.revision)
+        for key, value in (self.hf_overrides or {}).items():
+            setattr(self.hf_config, key, value)
+        get_text = getattr(self.hf_config, "get_text_config", None)
+        self.hf_text_config = get_text() if get_text else self.hf_config
+        self.architectures: list[str] = list(self.hf_config.architectures or [])
+        if isinstance(self.served_model_name, list):
+            self.served_model_name = self.served_model_name[0] if self.served_model_name else None
+        self.served_model_name = self.served_model_name or self.model
+        self.dtype = self._resolve_dtype(self.dtype)
+        self.max_model_len = self._resolve_max_model_len(_parse_max_model_len(self.max_model_len))
+        if self.logprobs_mode not in ("raw_logprobs", "raw_logits", "processed_logprobs",
+                                      "processed_logits"):
+            raise ValueError(f"Invalid logprobs_mode: {self.logprobs_mode!r}")
+        self._model_info, self._architecture = self._inspect()
+        self.runner_type: RunnerType = self._resolve_runner_type()
+
+    # ---- derivation helpers -------------------------------------------------
+    def _inspect(self):
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        return ModelRegistry.inspect_model_cls(self.architectures, self)
+
+    def _resolve_dtype(self, dtype: str | torch.dtype) -> torch.dtype:
+        config_dtype = getattr(self.hf_config, "dtype", None)
+        if isinstance(config_dtype, str):
+            config_dtype = STR_DTYPE_TO_TORCH_DTYPE.get(config_dtype)
+        if isinstance(dtype, torch.dtype):
+            return dtype
+        dtype = dtype.lower()
+        if dtype != "auto":
+            if dtype not in STR_DTYPE_TO_TORCH_DTYPE or dtype.startswith("fp8"):
+                raise ValueError(f"Unknown dtype: {dtype!r}")
+            return STR_DTYPE_TO_TORCH_DTYPE[dtype]
+        # "auto": the checkpoint's dtype, except that float32 (or unknown, e.g.
+        # GGUF) checkpoints run in bfloat16 as upstream does, and float16 becomes
+        # bfloat16 on CPU where half precision matmuls are slow.
+        if config_dtype in (None, torch.float32):
+            return torch.bfloat16
+        if config_dtype == torch.float16 and not torch.cuda.is_available():
+            return torch.bfloat16
+        return config_dtype
+
+    def _derived_max_model_len(self) -> int:
+        cfg = self.hf_text_config
+        values = [getattr(cfg, k) for k in _MAX_LEN_KEYS if getattr(cfg, k, None)]
+        # 2048 when the config names no limit (upstream's fallback).
+        return int(min(values)) if values else 2048
+
+    def _resolve_max_model_len(self, max_model_len: int | None) -> int:
+        derived = self._derived_max_model_len()
+        if max_model_len is None or max_model_len == -1:
+            return derived
+        if max_model_len > derived:
+            raise ValueError(
+                f"User-specified max_model_len ({max_model_len}) is greater than the derived "
+                f"max_model_len (max_position_embeddings={derived} in the model's config). "
+                "This may lead to incorrect model outputs or errors.")
+        if max_model_len < 1:
+            raise ValueError(f"max_model_len must be at least 1, got {max_model_len}.")
+        return max_model_len
+
+    def _resolve_runner_type(self) -> RunnerType:
+        if self.runner in ("generate", "pooling"):
+            return self.runner  # type: ignore[return-value]
+        if self.runner != "auto":
+            raise ValueError(f"Unknown runner: {self.runner!r}")
+        info = self._model_info
+        if info.is_pooling_model and not info.is_text_generation_model:
+            return "pooling"
+        if info.is_text_generation_model:
+            return "generate"
+        arch = self._architecture
+        if arch.endswith(("ForSequenceClassification", "Model", "ForRewardModeling")):
+            return "pooling"
+        return "generate"
+
+    # ---- derived flags --------------------------------------------------------
+    @property
+    def architecture(self) -> str:
+        return self._architecture
+
+    @property
+    def is_attention_free(self) -> bool:
+        return self._model_info.is_attention_free
+
+    @property
+    def is_hybrid(self) -> bool:
+        # Hybrid classes count only if their layers really mix kinds.
+        if not self._model_info.is_hybrid:
+            return False
+        layer_types = getattr(self.hf_text_config, "layer_types", None)
+        return layer_types is None or not all(
+            t in ("attention", "full_attention") for t in layer_types)
+
+    @property
+    def has_inner_state(self) -> bool:
+        return self._model_info.has_inner_state
+
+    def get_num_experts(self) -> int:
+        cfg = self.hf_text_config
+        for key in _NUM_EXPERTS_KEYS:
+            value = getattr(cfg, key, None)
+            if isinstance(value, list):
+                value = max(value) if value else 0
+            if value:
+                return int(value)
+        block_configs = getattr(cfg, "block_configs", None) or []
+        counts = [getattr(getattr(b, "ffn", None), "num_experts", 0) or 0 for b in block_configs]
+        return max(counts, default=0)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.get_num_experts() > 0
+
+    @property
+    def is_quantized(self) -> bool:
+        return (getattr(self.hf_config, "quantization_config", None) is not None
+                or self.quantization is not None)
+
+    # ---- shape helpers -------------------------------------------------------
+    def get_vocab_size(self) -> int:
+        return self.hf_text_config.vocab_size
+
+    def get_hidden_size(self) -> int:
+        return self.hf_text_config.hidden_size
+
+    def get_head_size(self) -> int:
+        cfg = self.hf_text_config
+        head_dim = getattr(cfg, "head_dim", None)
+        if head_dim:
+            return int(head_dim)
+        return cfg.hidden_size // cfg.num_attention_heads
+
+    def get_total_num_kv_heads(self) -> int:
+        cfg = self.hf_text_config
+        return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+
+    def get_num_kv_heads(self, parallel_config: "ParallelConfig") -> int:
+        # With TP > #kv heads, each KV head is replicated across ranks.
+        return max(1, self.get_total_num_kv_heads() // parallel_config.tensor_parallel_size)
+
+    def get_num_attention_heads(self, parallel_config: "ParallelConfig") -> int:
+        return self.hf_text_config.num_attention_heads // parallel_config.tensor_parallel_size
+
+    def get_total_num_hidden_layers(self) -> int:
+        return self.hf_text_config.num_hidden_layers
+
+    def get_num_layers(self, parallel_config: "ParallelConfig") -> int:
+        return self.get_total_num_hidden_layers() // parallel_config.pipeline_parallel_size
+
+    def get_sliding_window(self) -> int | None:
+        cfg = self.hf_text_config
+        if getattr(cfg, "use_sliding_window", True) is False:
+            return None
+        return getattr(cfg, "sliding_window", None)
+
+    def get_eos_token_id(self) -> int | list[int] | None:
+        return getattr(self.hf_config, "eos_token_id", None)
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        """Default sampling parameters from generation_config.json
+        (`generation_config="auto"`); `"vllm"` disables them."""
+        if self.generation_config == "vllm":
+            return {}
+        source = self.model if self.generation_config == "auto" else self.generation_config
+        gen = try_get_generation_config(source)
+        params = {k: gen[k] for k in _GEN_CONFIG_KEYS if gen.get(k) is not None}
+        if gen.get("max_new_tokens") is not None:
+            params["max_tokens"] = gen["max_new_tokens"]
+        return params
+
+    def try_get_generation_config(self) -> dict[str, Any]:
+        if self.generation_config == "vllm":
+            return {}
+        source = self.model if self.generation_config == "auto" else self.generation_config
+        return try_get_generation_config(source)

@@ -1,0 +1,166 @@
+"""The whole engine configuration (upstream: vllm/config/vllm.py), and the
+rule that picks the model runner for each model (upstream PR #44443)."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from vllm import envs
+from vllm.config.cache import CacheConfig
+from vllm.config.compilation import CompilationConfig, CompilationMode
+from vllm.config.device import DeviceConfig
+from vllm.config.load import LoadConfig
+from vllm.config.model import ModelConfig
+from vllm.config.parallel import ParallelConfig
+from vllm.config.scheduler import SchedulerConfig
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+# MoE architectures that default to Model Runner V2. Dense models need no
+# entry: every dense generative model defaults to V2 (see
+# `_is_default_v2_model_runner_model`).
+DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: frozenset[str] = frozenset({
+    "DeepseekV2ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "GraniteMoeForCausalLM",
+})
+
+
+def _v2_model_runner_built() -> bool:
+    """Whether this build ships Model Runner V2 (vllm/v1/worker/gpu/)."""
+    return importlib.util.find_spec("vllm.v1.worker.gpu.model_runner") is not None
+
+
+@dataclass
+class VllmConfig:
+    """All configuration, one dataclass per concern."""
+
+    model_config: ModelConfig | None = None
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    device_config: DeviceConfig = field(default_factory=DeviceConfig)
+    load_config: LoadConfig = field(default_factory=LoadConfig)
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+
+    def __post_init__(self) -> None:
+        mc = self.model_config
+        if mc is not None:
+            self.scheduler_config.verify_with_model_len(mc.max_model_len)
+            if mc.runner_type == "pooling":
+                raise ValueError("Pooling models are not supported yet.")
+        self.compilation_config.resolve(self.device_config.device_type,
+                                        mc.enforce_eager if mc else False)
+        self._resolve_async_scheduling()
+
+    # ---- model runner choice ---------------------------------------------------
+    def _is_default_v2_model_runner_model(self) -> bool:
+        """Whether this model defaults to Model Runner V2.
+
+        1. Only generative models ("generate" runner).
+        2. Hybrid models (e.g. Qwen3.5) and attention-free models (e.g. Mamba)
+           stay on V1.
+        3. MoE models need an entry in DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES;
+           every other (dense) model defaults to V2.
+        """
+        model_config = self.model_config
+        if model_config is None:
+            return False
+        if model_config.runner_type != "generate":
+            return False
+        if getattr(model_config, "is_hybrid", False):
+            return False
+        if getattr(model_config, "is_attention_free", False):
+            return False
+        architectures = getattr(model_config, "architectures", None) or []
+        return (any(arch in DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES for arch in architectures)
+                or not model_config.is_moe)
+
+    def _get_v2_model_runner_unsupported_features(self) -> list[str]:
+        features = []
+        if self.compilation_config.mode == CompilationMode.STOCK_TORCH_COMPILE:
+            features.append("stock torch.compile")
+        return features
+
+    @property
+    def use_v2_model_runner(self) -> bool:
+        """Which model runner the worker builds and the scheduler talks to.
+
+        VLLM_USE_V2_MODEL_RUNNER (unset / "0" / "1") overrides the default;
+        otherwise V2 for the models `_is_default_v2_model_runner_model` admits,
+        unless a feature V2 lacks is on.
+        """
+        forced = envs.VLLM_USE_V2_MODEL_RUNNER
+        if forced is not None:
+            if forced and not _v2_model_runner_built():
+                raise ValueError("VLLM_USE_V2_MODEL_RUNNER=1 but Model Runner V2 is not "
+                                 "built in this version.")
+            return forced
+        if not self._is_default_v2_model_runner_model():
+            return False
+        unsupported = self._get_v2_model_runner_unsupported_features()
+        if unsupported:
+            logger.warning_once("Model Runner V2 does not support %s; using V1.",
+                                ", ".join(unsupported))
+            return False
+        if not _v2_model_runner_built():
+            logger.info_once("Model Runner V2 is not built yet; using the V1 model runner.")
+            return False
+        return True
+
+    # ---- async scheduling and batches in flight ------------------------------------------
+    def _resolve_async_scheduling(self) -> None:
+        sc = self.scheduler_config
+        if sc.async_scheduling is None:
+            # On by default where the engine supports it; the batch queue that
+            # overlaps scheduling with execution is not built yet.
+            sc.async_scheduling = False
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Batches the engine core keeps in flight (its batch queue size)."""
+        pp = self.parallel_config.pipeline_parallel_size
+        if not self.scheduler_config.async_scheduling:
+            return pp
+        if self.use_v2_model_runner:
+            return pp + 1
+        return 2 if pp <= 1 else pp
+
+    def __str__(self) -> str:
+        mc = self.model_config
+        return (f"model={mc.model if mc else None!r}, dtype={mc.dtype if mc else None}, "
+                f"max_model_len={mc.max_model_len if mc else None}, "
+                f"device={self.device_config.device_type}, "
+                f"block_size={self.cache_config.block_size}, "
+                f"enable_prefix_caching={self.cache_config.enable_prefix_caching}, "
+                f"max_num_batched_tokens={self.scheduler_config.max_num_batched_tokens}, "
+                f"max_num_seqs={self.scheduler_config.max_num_seqs}, "
+                f"async_scheduling={self.scheduler_config.async_scheduling}, "
+                f"tp={self.parallel_config.tensor_parallel_size}, "
+                f"pp={self.parallel_config.pipeline_parallel_size}")
+
+
+_current_vllm_config: ContextVar[VllmConfig | None] = ContextVar("vllm_config", default=None)
+
+
+@contextlib.contextmanager
+def set_current_vllm_config(vllm_config: VllmConfig) -> Iterator[None]:
+    """Make `vllm_config` visible to layers built inside the block (model init)."""
+    token = _current_vllm_config.set(vllm_config)
+    try:
+        yield
+    finally:
+        _current_vllm_config.reset(token)
+
+
+def get_current_vllm_config() -> VllmConfig:
+    config = _current_vllm_config.get()
+    if config is None:
+        logger.warning_once("get_current_vllm_config() called outside "
+                            "set_current_vllm_config(); using a default VllmConfig.")
+        return VllmConfig()
+    return config

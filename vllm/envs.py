@@ -1,0 +1,59 @@
+"""Environment variables vLLM reads, in one typed place (upstream: vllm/envs.py).
+
+Read these at the edges (start-up, executor, server), never inside the
+scheduler or the KV-cache allocator. Access as ``vllm.envs.NAME``: each read
+evaluates the variable now, so tests can monkeypatch the environment.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+
+def _tri_state(name: str) -> Callable[[], bool | None]:
+    def get() -> bool | None:
+        v = os.environ.get(name)
+        if v is None or v == "":
+            return None
+        return v.strip().lower() in ("1", "true", "yes")
+
+    return get
+
+
+def _bool(name: str, default: str) -> Callable[[], bool]:
+    return lambda: os.environ.get(name, default).strip().lower() in ("1", "true", "yes")
+
+
+def _opt_int(name: str) -> Callable[[], int | None]:
+    def get() -> int | None:
+        v = os.environ.get(name)
+        return int(v) if v not in (None, "") else None
+
+    return get
+
+
+environment_variables: dict[str, Callable[[], Any]] = {
+    # Tri-state: unset -> None (the config decides), "0" -> V1, "1" -> V2.
+    "VLLM_USE_V2_MODEL_RUNNER": _tri_state("VLLM_USE_V2_MODEL_RUNNER"),
+    # KV cache size on CPU, in GiB (upstream's CPU knob).
+    "VLLM_CPU_KVCACHE_SPACE": _opt_int("VLLM_CPU_KVCACHE_SPACE"),
+    # Run the engine core in its own process (the multiprocess clients).
+    "VLLM_ENABLE_V1_MULTIPROCESSING": _bool("VLLM_ENABLE_V1_MULTIPROCESSING", "1"),
+    "VLLM_LOGGING_LEVEL": lambda: os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper(),
+    "VLLM_ATTENTION_BACKEND": lambda: os.environ.get("VLLM_ATTENTION_BACKEND") or None,
+    "VLLM_API_KEY": lambda: os.environ.get("VLLM_API_KEY") or None,
+    "VLLM_HOST_IP": lambda: os.environ.get("VLLM_HOST_IP", ""),
+    # Milliseconds an engine-core RPC may take before the client gives up.
+    "VLLM_RPC_TIMEOUT": lambda: int(os.environ.get("VLLM_RPC_TIMEOUT", "10000")),
+    "VLLM_CPU_OMP_THREADS_BIND": lambda: os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in environment_variables:
+        return environment_variables[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return list(environment_variables)

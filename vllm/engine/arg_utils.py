@@ -1,0 +1,309 @@
+"""Engine arguments: one flat dataclass, its CLI flags and the `VllmConfig` it builds.
+
+Upstream: vllm/engine/arg_utils.py. Every field of `EngineArgs` is a flag
+(`max_num_seqs` -> `--max-num-seqs`), generated from the field's metadata;
+booleans use `BooleanOptionalAction` (`--enable-prefix-caching` /
+`--no-enable-prefix-caching`). `create_engine_config` turns the flat fields
+into the per-concern config dataclasses and fills the defaults that depend on
+the hardware and on who started the engine (`UsageContext`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.config import (CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, ModelConfig,
+                         ParallelConfig, SchedulerConfig, VllmConfig)
+from vllm.logger import init_logger
+from vllm.usage.usage_lib import UsageContext
+from vllm.utils.argparse_utils import (human_readable_int, human_readable_int_or_auto, json_dict,
+                                       optional_type)
+
+logger = init_logger(__name__)
+
+_GiB = 1 << 30
+
+
+def _arg(default: Any, help: str, group: str, *, type: Any = None, choices: Any = None,
+         aliases: tuple[str, ...] = (), nargs: str | None = None) -> Any:
+    """A dataclass field that also describes its command-line flag."""
+    meta = {"help": help, "group": group, "type": type, "choices": choices,
+            "aliases": aliases, "nargs": nargs}
+    return field(default=default, metadata=meta)
+
+
+def _compilation_arg(value: str) -> dict[str, Any] | int:
+    """`-cc 0` (a mode number) or `-cc '{"mode": 0, ...}'`."""
+    return int(value) if value.strip().lstrip("-").isdigit() else json_dict(value)
+
+
+_opt_str = optional_type(str)
+_opt_int = optional_type(int)
+_DTYPES = ["auto", "half", "float16", "bfloat16", "float", "float32"]
+
+
+@dataclass
+class EngineArgs:
+    """Arguments for the vLLM engine (the flat view of `VllmConfig`)."""
+
+    # --- ModelConfig ---
+    model: str = _arg(ModelConfig.model, "Path of the model: a Hugging Face model directory or "
+                      "a .gguf file. Default: the embedded SmolLM2-135M-Instruct.", "ModelConfig")
+    served_model_name: str | list[str] | None = _arg(
+        None, "Name(s) the API serves the model under (default: the model path).",
+        "ModelConfig", nargs="+")
+    tokenizer: str | None = _arg(None, "Tokenizer path (default: the model's).", "ModelConfig",
+                                 type=_opt_str)
+    tokenizer_mode: str = _arg("auto", "\"auto\" uses the fast tokenizer when there is one; "
+                               "\"slow\" forces the Python one.", "ModelConfig")
+    trust_remote_code: bool = _arg(False, "Trust remote code from Hugging Face.", "ModelConfig")
+    runner: str = _arg("auto", "Runner type to use for the model.", "ModelConfig",
+                       choices=["auto", "generate", "pooling"])
+    skip_tokenizer_init: bool = _arg(False, "Skip tokenizer initialization; prompts must then "
+                                     "be token ids.", "ModelConfig")
+    dtype: str = _arg("auto", "Data type of weights and activations. \"auto\": the checkpoint's "
+                      "(float16 checkpoints run in bfloat16 on CPU).", "ModelConfig",
+                      choices=_DTYPES)
+    seed: int = _arg(0, "Random seed.", "ModelConfig", type=int)
+    max_model_len: int | None = _arg(
+        None, "Model context length (prompt plus output). Accepts 1k/1K-style suffixes; -1 or "
+        "\"auto\" picks the largest that fits the KV cache.", "ModelConfig",
+        type=human_readable_int_or_auto)
+    max_logprobs: int = _arg(20, "Largest number of logprobs a request may ask for; -1 means "
+                             "the vocabulary size.", "ModelConfig", type=int)
+    logprobs_mode: str = _arg("raw_logprobs", "What logprobs report.", "ModelConfig",
+                              choices=["raw_logprobs", "raw_logits", "processed_logprobs",
+                                       "processed_logits"])
+    revision: str | None = _arg(None, "Model revision (branch, tag or commit).", "ModelConfig",
+                                type=_opt_str)
+    quantization: str | None = _arg(None, "Quantization method of the weights.", "ModelConfig",
+                                    type=_opt_str, aliases=("-q",))
+    enforce_eager: bool = _arg(False, "Always run the model eagerly (no CUDA graphs).",
+                               "ModelConfig")
+    generation_config: str = _arg("auto", "\"auto\" takes default sampling parameters from the "
+                                  "model's generation_config.json; \"vllm\" ignores it; a "
+                                  "folder path loads it from there.", "ModelConfig")
+    hf_overrides: dict[str, Any] | None = _arg(None, "JSON object merged into the Hugging Face "
+                                               "config.", "ModelConfig", type=json_dict)
+    # --- LoadConfig ---
+    load_format: str = _arg("auto", "Weight format: auto, safetensors, pt, gguf or dummy "
+                            "(random weights).", "LoadConfig")
+    download_dir: str | None = _arg(None, "Directory for downloaded weights.", "LoadConfig",
+                                    type=_opt_str)
+    # --- CacheConfig ---
+    block_size: int | None = _arg(None, "Tokens per KV-cache block (default 16).", "CacheConfig",
+                                  type=_opt_int)
+    gpu_memory_utilization: float = _arg(0.92, "Fraction of GPU memory the engine may use "
+                                         "(weights, activations and KV cache).", "CacheConfig",
+                                         type=float)
+    kv_cache_memory_bytes: int | None = _arg(
+        None, "KV-cache size in bytes (1G-style suffixes accepted); overrides "
+        "--gpu-memory-utilization and, on CPU, VLLM_CPU_KVCACHE_SPACE.", "CacheConfig",
+        type=optional_type(human_readable_int))
+    kv_cache_dtype: str = _arg("auto", "KV-cache data type (\"auto\": the model dtype).",
+                               "CacheConfig")
+    enable_prefix_caching: bool | None = _arg(None, "Reuse the KV cache of shared prompt "
+                                              "prefixes (default: on).", "CacheConfig")
+    prefix_caching_hash_algo: str = _arg("sha256", "Hash of prefix-cache blocks.", "CacheConfig",
+                                         choices=["sha256", "sha256_cbor", "xxhash",
+                                                  "xxhash_cbor"])
+    num_gpu_blocks_override: int | None = _arg(None, "Use this many KV-cache blocks, whatever "
+                                               "the memory says.", "CacheConfig",
+                                               type=_opt_int)
+    # --- SchedulerConfig ---
+    max_num_batched_tokens: int | None = _arg(
+        None, "Token budget of one engine step (default: by hardware and entry point).",
+        "SchedulerConfig", type=optional_type(human_readable_int))
+    max_num_seqs: int | None = _arg(None, "Most requests in one engine step (default: by "
+                                    "hardware and entry point).", "SchedulerConfig",
+                                    type=_opt_int)
+    enable_chunked_prefill: bool | None = _arg(None, "Split long prompts over several steps "
+                                               "(default: on).", "SchedulerConfig")
+    long_prefill_token_threshold: int = _arg(0, "A prompt chunk longer than this is cut to it "
+                                             "(0: no cap).", "SchedulerConfig", type=int)
+    scheduling_policy: str = _arg("fcfs", "Order of the waiting queue.", "SchedulerConfig",
+                                  choices=["fcfs", "priority"])
+    async_scheduling: bool | None = _arg(None, "Schedule step N+1 while step N runs.",
+                                         "SchedulerConfig")
+    stream_interval: int = _arg(1, "Tokens between two streamed outputs of a request.",
+                                "SchedulerConfig", type=int)
+    # --- ParallelConfig ---
+    tensor_parallel_size: int = _arg(1, "Tensor-parallel ranks.", "ParallelConfig", type=int,
+                                     aliases=("-tp",))
+    pipeline_parallel_size: int = _arg(1, "Pipeline stages.", "ParallelConfig", type=int,
+                                       aliases=("-pp",))
+    data_parallel_size: int = _arg(1, "Data-parallel engine replicas.", "ParallelConfig",
+                                   type=int, aliases=("-dp",))
+    distributed_executor_backend: str | None = _arg(
+        None, "Executor: uni, mp, ray or external_launcher (default: by world size).",
+        "ParallelConfig", type=_opt_str)
+    # --- DeviceConfig ---
+    device: str = _arg("auto", "Device: auto, cpu or cuda.", "DeviceConfig",
+                       choices=["auto", "cpu", "cuda"])
+    # --- CompilationConfig ---
+    compilation_config: dict[str, Any] | int | None = _arg(
+        None, "Compilation settings: a mode number or a JSON object.", "CompilationConfig",
+        type=_compilation_arg, aliases=("-cc",))
+    # --- Observability ---
+    disable_log_stats: bool = _arg(False, "Do not log engine statistics.", "ObservabilityConfig")
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add one `--kebab-case` flag per field, grouped by config class."""
+        groups: dict[str, Any] = {}
+        for f in dataclasses.fields(EngineArgs):
+            meta = f.metadata
+            group = groups.get(meta["group"])
+            if group is None:
+                group = groups[meta["group"]] = parser.add_argument_group(meta["group"])
+            _add_flag(group, f, meta)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+        """Build from parsed args, taking every attribute that names a field."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+
+    def create_model_config(self) -> ModelConfig:
+        return ModelConfig(
+            model=self.model, tokenizer=self.tokenizer, tokenizer_mode=self.tokenizer_mode,
+            trust_remote_code=self.trust_remote_code, dtype=self.dtype, seed=self.seed,
+            revision=self.revision, max_model_len=self.max_model_len,
+            max_logprobs=self.max_logprobs, logprobs_mode=self.logprobs_mode,
+            enforce_eager=self.enforce_eager, served_model_name=self.served_model_name,
+            quantization=self.quantization, skip_tokenizer_init=self.skip_tokenizer_init,
+            generation_config=self.generation_config, runner=self.runner,
+            hf_overrides=self.hf_overrides)
+
+    def create_engine_config(self, usage_context: UsageContext | None = None) -> VllmConfig:
+        """Resolve the defaults and build the `VllmConfig` the engine runs with."""
+        device_config = DeviceConfig(device=self.device)
+        model_config = self.create_model_config()
+        parallel_config = ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            data_parallel_size=self.data_parallel_size,
+            distributed_executor_backend=self.distributed_executor_backend)
+        cache_config = CacheConfig(
+            block_size=16 if self.block_size is None else self.block_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            cache_dtype=self.kv_cache_dtype,
+            enable_prefix_caching=self._prefix_caching_default(model_config),
+            prefix_caching_hash_algo=self.prefix_caching_hash_algo,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            num_gpu_blocks_override=self.num_gpu_blocks_override)
+        scheduler_config = self._create_scheduler_config(usage_context, model_config,
+                                                         parallel_config, device_config)
+        return VllmConfig(
+            model_config=model_config, cache_config=cache_config,
+            scheduler_config=scheduler_config, parallel_config=parallel_config,
+            device_config=device_config,
+            load_config=LoadConfig(load_format=self.load_format, download_dir=self.download_dir),
+            compilation_config=self._create_compilation_config())
+
+    def _prefix_caching_default(self, model_config: ModelConfig) -> bool:
+        if self.enable_prefix_caching is not None:
+            return self.enable_prefix_caching
+        # Upstream turns it off where blocks cannot be reused: pooling models
+        # and models without (full) attention KV.
+        return model_config.runner_type == "generate" and not model_config.is_attention_free
+
+    def _create_scheduler_config(self, usage_context: UsageContext | None,
+                                 model_config: ModelConfig, parallel_config: ParallelConfig,
+                                 device_config: DeviceConfig) -> SchedulerConfig:
+        world_size = self.tensor_parallel_size * self.pipeline_parallel_size
+        default_tokens, default_seqs = get_batch_defaults(device_config.device_type, world_size)
+        chunked = True if self.enable_chunked_prefill is None else self.enable_chunked_prefill
+        max_tokens = self.max_num_batched_tokens
+        if max_tokens is None:
+            max_tokens = default_tokens.get(usage_context, 2048)
+            if not chunked:
+                # Without chunking a whole prompt must fit in one step.
+                max_tokens = max(max_tokens, model_config.max_model_len)
+        max_seqs = self.max_num_seqs
+        if max_seqs is None:
+            max_seqs = default_seqs.get(usage_context, 128)
+        return SchedulerConfig(
+            max_num_batched_tokens=max_tokens, max_num_seqs=max_seqs,
+            max_model_len=model_config.max_model_len, enable_chunked_prefill=chunked,
+            policy=self.scheduling_policy,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            async_scheduling=self.async_scheduling, stream_interval=self.stream_interval)
+
+    def _create_compilation_config(self) -> CompilationConfig:
+        cc = self.compilation_config
+        if cc is None:
+            return CompilationConfig()
+        if isinstance(cc, int):
+            return CompilationConfig(mode=cc)
+        return CompilationConfig(**cc)
+
+
+def get_batch_defaults(device_type: str, world_size: int
+                       ) -> tuple[dict[UsageContext | None, int], dict[UsageContext | None, int]]:
+    """Default (max_num_batched_tokens, max_num_seqs) per entry point, as upstream.
+
+    CPU: 4096 (LLM) / 2048 (server) tokens and 256 / 128 seqs, times the world
+    size. GPUs: by memory size, larger budgets on 70+ GiB parts (A100 excepted).
+    """
+    llm, server = UsageContext.LLM_CLASS, UsageContext.OPENAI_API_SERVER
+    if device_type == "cpu":
+        return ({llm: 4096 * world_size, server: 2048 * world_size},
+                {llm: 256 * world_size, server: 128 * world_size})
+    memory, name = _device_memory_and_name()
+    if memory >= 160 * _GiB:
+        return {llm: 16384, server: 16384}, {llm: 1024, server: 1024}
+    if memory >= 70 * _GiB and "a100" not in name:
+        return {llm: 16384, server: 8192}, {llm: 1024, server: 1024}
+    return {llm: 8192, server: 2048}, {llm: 256, server: 256}
+
+
+def _device_memory_and_name() -> tuple[int, str]:
+    try:
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        return props.total_memory, props.name.lower()
+    except Exception:
+        # No usable device here (e.g. config built on a head node): use the
+        # small-GPU defaults, as upstream does.
+        return 0, ""
+
+
+def _add_flag(group: Any, f: dataclasses.Field, meta: Any) -> None:
+    flag = "--" + f.name.replace("_", "-")
+    names = [flag, *meta["aliases"]]
+    kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": meta["help"]}
+    if isinstance(f.default, bool) or f.type in ("bool", "bool | None"):
+        kwargs["action"] = argparse.BooleanOptionalAction
+    else:
+        parse = meta["type"]
+        if parse is None:
+            parse = type(f.default) if f.default is not None else str
+        kwargs["type"] = parse
+        if meta["choices"] is not None:
+            kwargs["choices"] = meta["choices"]
+        if meta["nargs"] is not None:
+            kwargs["nargs"] = meta["nargs"]
+    group.add_argument(*names, **kwargs)
+
+
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    """Arguments for the asynchronous engine (the server's `AsyncLLM`)."""
+
+    enable_log_requests: bool = _arg(False, "Log each request (id, parameters; prompts at "
+                                     "DEBUG).", "Frontend")
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser,
+                     async_args_only: bool = False) -> argparse.ArgumentParser:
+        if not async_args_only:
+            EngineArgs.add_cli_args(parser)
+        f = next(f for f in dataclasses.fields(AsyncEngineArgs)
+                 if f.name == "enable_log_requests")
+        _add_flag(parser, f, f.metadata)
+        return parser

@@ -1,0 +1,170 @@
+"""The attention backend interface (upstream: vllm/v1/attention/backend.py).
+
+A backend is three cooperating classes:
+- `AttentionBackend`: static facts (name, KV cache shape, supported head sizes)
+  and the two classes below;
+- `AttentionMetadataBuilder`: turns the runner's `CommonAttentionMetadata`
+  (one per KV cache group and step) into the backend's own metadata, once per
+  step, so that the per-layer work stays small;
+- `AttentionImpl`: the per-layer computation (write new K/V into the paged
+  cache, then attend).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+
+import torch
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+
+class AttentionType:
+    """Which tokens a layer attends to (upstream string constants)."""
+
+    DECODER = "decoder"  # causal self-attention over the decoder's tokens
+    ENCODER = "encoder"
+    ENCODER_ONLY = "encoder_only"
+    ENCODER_DECODER = "encoder_decoder"
+
+
+@dataclass
+class CommonAttentionMetadata:
+    """Backend-independent description of one step's batch for one KV cache group.
+
+    Requests are laid out back to back in the flattened token dimension:
+    request i owns tokens `query_start_loc[i]:query_start_loc[i + 1]`.
+    """
+
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32, on the device
+    query_start_loc_cpu: torch.Tensor  # [num_reqs + 1] int32
+    seq_lens: torch.Tensor  # [num_reqs] int32: computed + scheduled tokens
+    seq_lens_cpu: torch.Tensor  # [num_reqs] int32
+    num_computed_tokens_cpu: torch.Tensor  # [num_reqs] int32: tokens already in the cache
+    num_reqs: int
+    num_actual_tokens: int  # tokens of real requests (the batch may be padded beyond)
+    max_query_len: int
+    max_seq_len: int
+    block_table_tensor: torch.Tensor  # [num_reqs, max_blocks_per_req] int32
+    slot_mapping: torch.Tensor  # [num_tokens] int64; slot = block * block_size + offset
+    causal: bool = True
+
+
+M = TypeVar("M")
+
+
+class AttentionMetadataBuilder(ABC, Generic[M]):
+    """Builds a backend's metadata from `CommonAttentionMetadata`, once per step."""
+
+    # When set, the model runner orders the batch so that requests whose query
+    # length is <= this threshold (decodes) come first.
+    reorder_batch_threshold: ClassVar[int | None] = None
+
+    def __init__(
+        self,
+        kv_cache_spec: "AttentionSpec",
+        layer_names: list[str],
+        vllm_config: "VllmConfig",
+        device: torch.device,
+    ) -> None:
+        self.kv_cache_spec = kv_cache_spec
+        self.layer_names = layer_names
+        self.vllm_config = vllm_config
+        self.device = device
+
+    @abstractmethod
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> M:
+        """Backend metadata for this step. `common_prefix_len` is the number of
+        tokens all requests share (cascade attention); backends may ignore it."""
+        raise NotImplementedError
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> M:
+        return self.build(common_prefix_len=0, common_attn_metadata=common_attn_metadata)
+
+
+class AttentionImpl(ABC, Generic[M]):
+    """Per-layer attention computation over a paged KV cache."""
+
+    @abstractmethod
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+    ) -> None:
+        raise NotImplementedError
+
+    @abstractmethod
+    def forward(
+        self,
+        layer: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: M,
+        output: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """query [num_tokens, num_heads, head_size], key/value
+        [num_tokens, num_kv_heads, head_size] -> output
+        [num_tokens, num_heads, head_size] (written into `output` when given)."""
+        raise NotImplementedError
+
+
+class AttentionBackend(ABC):
+    """Static description of one attention backend."""
+
+    # The layer allocates the output and passes it to `AttentionImpl.forward`.
+    accept_output_buffer: bool = True
+
+    @staticmethod
+    @abstractmethod
+    def get_name() -> str:
+        raise NotImplementedError
+
+    @staticmethod
+    @abstractmethod
+    def get_impl_cls() -> type[AttentionImpl]:
+        raise NotImplementedError
+
+    @staticmethod
+    @abstractmethod
+    def get_builder_cls() -> type[AttentionMetadataBuilder]:
+        raise NotImplementedError
+
+    @staticmethod
+    @abstractmethod
+    def get_kv_cache_shape(
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype_str: str = "auto",
+    ) -> tuple[int, ...]:
+        """Shape of one layer's KV cache tensor."""
+        raise NotImplementedError
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        """Head sizes the backend supports; empty means any."""
+        return []
+
+    @classmethod
+    def supports_head_size(cls, head_size: int) -> bool:
+        supported = cls.get_supported_head_sizes()
+        return not supported or head_size in supported

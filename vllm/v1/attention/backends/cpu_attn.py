@@ -1,0 +1,370 @@
+"""Paged attention in PyTorch, the CPU backend (upstream: vllm/v1/attention/backends/cpu_attn.py).
+
+KV cache layout, one tensor per layer:
+
+    kv_cache: (2, num_blocks, block_size, num_kv_heads, head_size)
+              kv_cache[0] = keys, kv_cache[1] = values
+
+A token's slot is `block_id * block_size + offset`; flattening the two block
+dims gives a `[num_slots, num_kv_heads, head_size]` view in which the slot is
+the row index. New K/V are written by `slot_mapping` (negative slot = padding,
+not written), and attention reads K/V only through the block table.
+
+The batch arrives decodes first (`reorder_batch_threshold = 1`):
+- decodes (query length 1) are one batched computation: the blocks of every
+  decode request are gathered with one `index_select`, keys beyond a request's
+  length (or outside its sliding window) are masked, and grouped-query attention
+  runs without repeating K/V (`enable_gqa`);
+- prefills / chunked prefills are computed request by request with the causal
+  offset: query i of a request with `c` cached tokens sees keys 0..c+i.
+
+Everything the layers of one step share (gather indices, masks) is built once
+per step and sliding window, not once per layer. A compiled kernel
+(csrc/cpu, a later issue) would replace `_gather_blocks` + SDPA by one pass
+that reads the blocks in place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from vllm.utils import cdiv
+from vllm.v1.attention.backend import (AttentionBackend, AttentionImpl,
+                                       AttentionMetadataBuilder, AttentionType,
+                                       CommonAttentionMetadata)
+from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+
+class CPUAttentionBackend(AttentionBackend):
+    accept_output_buffer = True
+
+    @staticmethod
+    def get_name() -> str:
+        return "CPU_ATTN"
+
+    @staticmethod
+    def get_impl_cls() -> type["CPUAttentionBackendImpl"]:
+        return CPUAttentionBackendImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["CPUAttentionMetadataBuilder"]:
+        return CPUAttentionMetadataBuilder
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype_str: str = "auto",
+    ) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+
+@dataclass
+class PrefillRequest:
+    """One prefill (or chunked-prefill) request of the step, host-side ints."""
+
+    query_start: int  # first token of the request in the flattened batch
+    query_end: int
+    num_computed: int  # tokens already in the cache before this step
+    seq_len: int  # num_computed + query length
+    req_index: int  # row in the block table
+
+
+@dataclass
+class DecodePlan:
+    """What every layer with a given sliding window needs for the decode part."""
+
+    block_ids: torch.Tensor  # [num_decodes * blocks_per_req] int64, flattened
+    blocks_per_req: int
+    key_mask: torch.Tensor  # [num_decodes, 1, 1, blocks_per_req * block_size] bool
+
+
+@dataclass
+class PrefillPlan:
+    """One prefill request's gather indices and mask for a given sliding window."""
+
+    block_ids: torch.Tensor | None  # blocks to gather; None = use the new K/V as is
+    key_start: int  # absolute position of the first gathered key
+    mask: torch.Tensor | None  # [1, 1, q_len, k_len] bool; None = plain causal
+
+
+@dataclass
+class CPUAttentionMetadata:
+    num_actual_tokens: int
+    num_decodes: int
+    num_decode_tokens: int
+    num_prefills: int
+    block_size: int
+    # Where to write the new K/V: slots and the token rows they come from
+    # (`write_token_ids` is None when every token of the step is written).
+    slot_mapping: torch.Tensor  # [num_written] int64
+    write_token_ids: torch.Tensor | None
+    decode_seq_lens: torch.Tensor  # [num_decodes] int64
+    decode_seq_lens_cpu: torch.Tensor  # [num_decodes] int64
+    block_table: torch.Tensor  # [num_reqs, max_blocks] int64
+    prefills: list[PrefillRequest]
+    # Per-step caches keyed by sliding window, shared by all layers.
+    _decode_plans: dict[int | None, DecodePlan] = field(default_factory=dict)
+    _prefill_plans: dict[int | None, list[PrefillPlan]] = field(default_factory=dict)
+
+    def decode_plan(self, sliding_window: int | None) -> DecodePlan:
+        plan = self._decode_plans.get(sliding_window)
+        if plan is None:
+            plan = _make_decode_plan(self, sliding_window)
+            self._decode_plans[sliding_window] = plan
+        return plan
+
+    def prefill_plans(self, sliding_window: int | None) -> list[PrefillPlan]:
+        plans = self._prefill_plans.get(sliding_window)
+        if plans is None:
+            plans = [_make_prefill_plan(self, r, sliding_window) for r in self.prefills]
+            self._prefill_plans[sliding_window] = plans
+        return plans
+
+
+def _make_decode_plan(md: CPUAttentionMetadata, window: int | None) -> DecodePlan:
+    """Gather indices and key mask for the decode requests.
+
+    Without a window a request needs blocks 0..cdiv(seq_len)-1. With a window
+    of w tokens the single query (position seq_len-1) sees keys >= seq_len-w,
+    so only blocks from (seq_len-w)//block_size on are gathered.
+    """
+    bs = md.block_size
+    seq_cpu = md.decode_seq_lens_cpu
+    first_key_cpu = (seq_cpu - window).clamp_(min=0) if window is not None else None
+    first_blk_cpu = first_key_cpu // bs if first_key_cpu is not None else torch.zeros_like(seq_cpu)
+    last_blk_cpu = (seq_cpu - 1) // bs
+    blocks_per_req = int((last_blk_cpu - first_blk_cpu).max().item()) + 1
+    device = md.block_table.device
+    cols = torch.arange(blocks_per_req, device=device)
+    first_blk = first_blk_cpu.to(device)
+    # Columns past a request's last block are clamped into the table and masked.
+    col_idx = (first_blk[:, None] + cols[None, :]).clamp_(max=md.block_table.shape[1] - 1)
+    block_ids = md.block_table[: md.num_decodes].gather(1, col_idx).reshape(-1)
+    pos = first_blk[:, None] * bs + torch.arange(blocks_per_req * bs, device=device)[None, :]
+    seq = md.decode_seq_lens[:, None]
+    key_mask = pos < seq
+    if window is not None:
+        key_mask &= pos >= seq - window
+    return DecodePlan(block_ids, blocks_per_req, key_mask[:, None, None, :])
+
+
+def _make_prefill_plan(md: CPUAttentionMetadata, req: PrefillRequest,
+                       window: int | None) -> PrefillPlan:
+    """Keys needed by one prefill request and its causal (+window) mask.
+
+    Query i sits at absolute position num_computed + i and sees keys at
+    positions p with p <= num_computed + i (and p > num_computed + i - window).
+    """
+    device = md.block_table.device
+    q_len = req.query_end - req.query_start
+    if req.num_computed == 0:
+        block_ids, key_start = None, 0
+    else:
+        first_key = max(0, req.num_computed - window + 1) if window is not None else 0
+        first_blk = first_key // md.block_size
+        last_blk = cdiv(req.seq_len, md.block_size)
+        block_ids = md.block_table[req.req_index, first_blk:last_blk]
+        key_start = first_blk * md.block_size
+    if req.num_computed == 0 and window is None:
+        return PrefillPlan(block_ids, key_start, None)
+    q_pos = torch.arange(req.num_computed, req.seq_len, device=device)[:, None]
+    k_pos = torch.arange(key_start, req.seq_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    assert mask.shape == (q_len, req.seq_len - key_start)
+    return PrefillPlan(block_ids, key_start, mask[None, None])
+
+
+class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]):
+    reorder_batch_threshold: ClassVar[int | None] = 1
+
+    def __init__(self, kv_cache_spec: "AttentionSpec", layer_names: list[str],
+                 vllm_config: "VllmConfig", device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.block_size = kv_cache_spec.block_size
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> CPUAttentionMetadata:
+        cm = common_attn_metadata
+        if not cm.causal:
+            raise NotImplementedError("CPU attention supports causal attention only.")
+        num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
+            cm, decode_threshold=self.reorder_batch_threshold)
+        slots, write_ids = self._write_targets(cm)
+        seq_lens_cpu = cm.seq_lens_cpu[: cm.num_reqs].to(torch.int64)
+        qsl = cm.query_start_loc_cpu.tolist()
+        seq_list = seq_lens_cpu.tolist()
+        prefills = [
+            PrefillRequest(qsl[i], qsl[i + 1], seq_list[i] - (qsl[i + 1] - qsl[i]),
+                           seq_list[i], i)
+            for i in range(num_decodes, cm.num_reqs)
+        ]
+        return CPUAttentionMetadata(
+            num_actual_tokens=cm.num_actual_tokens,
+            num_decodes=num_decodes,
+            num_decode_tokens=num_decode_tokens,
+            num_prefills=num_prefills,
+            block_size=self.block_size,
+            slot_mapping=slots,
+            write_token_ids=write_ids,
+            decode_seq_lens=cm.seq_lens[:num_decodes].to(torch.int64),
+            decode_seq_lens_cpu=seq_lens_cpu[:num_decodes],
+            block_table=cm.block_table_tensor[: cm.num_reqs].to(torch.int64),
+            prefills=prefills,
+        )
+
+    @staticmethod
+    def _write_targets(cm: CommonAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Slots to write and, when some tokens are padding (slot < 0), the rows to take."""
+        slots = cm.slot_mapping[: cm.num_actual_tokens].to(torch.int64)
+        valid = slots >= 0
+        if bool(valid.all()):
+            return slots, None
+        write_ids = valid.nonzero().squeeze(1)
+        return slots[write_ids], write_ids
+
+
+class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+    ) -> None:
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"CPU attention: attn_type {attn_type!r} is not built.")
+        if alibi_slopes is not None:
+            raise NotImplementedError("CPU attention: ALiBi is not built.")
+        if kv_cache_dtype != "auto":
+            raise NotImplementedError(
+                f"CPU attention: kv_cache_dtype {kv_cache_dtype!r} is not built (use 'auto').")
+        if kv_sharing_target_layer_name is not None:
+            raise NotImplementedError("CPU attention: KV sharing between layers is not built.")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of "
+                             f"num_kv_heads {self.num_kv_heads}.")
+        self.num_queries_per_kv = self.num_heads // self.num_kv_heads
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap if logits_soft_cap else None
+
+    def forward(
+        self,
+        layer: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: CPUAttentionMetadata,
+        output: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """query [T, H, D], key/value [T, Hkv, D], kv_cache (2, NB, BS, Hkv, D)
+        -> output [T, H, D]; rows past `num_actual_tokens` are zero."""
+        md = attn_metadata
+        if output is None:
+            output = torch.empty_like(query)
+        n = md.num_actual_tokens
+        if n < query.shape[0]:
+            output[n:].zero_()
+        key_cache, value_cache = kv_cache.unbind(0)  # each [NB, BS, Hkv, D]
+        self._write_kv(key[:n], value[:n], key_cache, value_cache, md)
+        if md.num_decodes > 0:
+            nd = md.num_decode_tokens
+            output[:nd] = self._decode(query[:nd], key_cache, value_cache, md)
+        if md.num_prefills > 0:
+            self._prefill(query, key, value, key_cache, value_cache, md, output)
+        return output
+
+    @staticmethod
+    def _write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                  value_cache: torch.Tensor, md: CPUAttentionMetadata) -> None:
+        """Scatter the step's new K/V rows into their slots."""
+        if md.write_token_ids is not None:
+            key = key.index_select(0, md.write_token_ids)
+            value = value.index_select(0, md.write_token_ids)
+        # [NB, BS, Hkv, D] -> [NB * BS, Hkv, D]: row index == slot.
+        key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, md.slot_mapping, key)
+        value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, md.slot_mapping, value)
+
+    @staticmethod
+    def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
+        """[NB, BS, Hkv, D] gathered by block id -> [num_seqs, Hkv, L, D] (a strided
+        view of one contiguous copy; SDPA consumes the strides as they are)."""
+        g = cache.index_select(0, block_ids)  # [num_seqs * blocks, BS, Hkv, D]
+        return g.view(num_seqs, -1, *cache.shape[2:]).transpose(1, 2)
+
+    def _decode(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                md: CPUAttentionMetadata) -> torch.Tensor:
+        """All decode requests at once: query [B, H, D] -> [B, H, D]."""
+        plan = md.decode_plan(self.sliding_window)
+        b = query.shape[0]
+        k = self._gather_blocks(key_cache, plan.block_ids, b)  # [B, Hkv, L, D]
+        v = self._gather_blocks(value_cache, plan.block_ids, b)
+        out = self._attend(query.unsqueeze(2), k, v, plan.key_mask)  # [B, H, 1, D]
+        return out.squeeze(2)
+
+    def _prefill(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 md: CPUAttentionMetadata, output: torch.Tensor) -> None:
+        """Per request: keys come from the block table when a prefix is cached,
+        else straight from this step's K/V (they are the whole sequence)."""
+        for req, plan in zip(md.prefills, md.prefill_plans(self.sliding_window)):
+            s, e = req.query_start, req.query_end
+            q = query[s:e].transpose(0, 1).unsqueeze(0)  # [1, H, Lq, D]
+            if plan.block_ids is None:
+                k = key[s:e].transpose(0, 1).unsqueeze(0)  # [1, Hkv, Lq, D]
+                v = value[s:e].transpose(0, 1).unsqueeze(0)
+            else:
+                k_len = req.seq_len - plan.key_start
+                k = self._gather_blocks(key_cache, plan.block_ids, 1)[:, :, :k_len]
+                v = self._gather_blocks(value_cache, plan.block_ids, 1)[:, :, :k_len]
+            out = self._attend(q, k, v, plan.mask)  # [1, H, Lq, D]
+            output[s:e] = out[0].transpose(0, 1)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """q [B, H, Lq, D], k/v [B, Hkv, Lk, D], mask bool broadcastable to
+        [B, 1, Lq, Lk] (True = attend; None = causal with Lq == Lk)."""
+        if self.logits_soft_cap is not None:
+            return self._attend_soft_cap(q, k, v, mask)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
+            enable_gqa=self.num_queries_per_kv > 1)
+
+    def _attend_soft_cap(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: torch.Tensor | None) -> torch.Tensor:
+        """Reference path: scores are capped (cap * tanh(s / cap)) before masking,
+        which SDPA cannot express. GQA by grouping queries, not repeating K/V."""
+        b, h, lq, d = q.shape
+        hkv, lk, g = k.shape[1], k.shape[2], self.num_queries_per_kv
+        qg = q.reshape(b, hkv, g * lq, d)  # query heads of a kv head are adjacent
+        scores = torch.matmul(qg, k.transpose(-1, -2)).float() * self.scale
+        cap = self.logits_soft_cap
+        scores = torch.tanh(scores / cap) * cap
+        scores = scores.view(b, hkv, g, lq, lk)
+        if mask is None:
+            mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril_()
+        scores.masked_fill_(~mask.view(-1, 1, 1, lq, lk), float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, hkv, g * lq, lk)
+        return torch.matmul(probs, v).view(b, h, lq, d)

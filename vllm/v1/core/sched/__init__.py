@@ -1,0 +1,1 @@
+"""The V1 scheduler: policy queues, the scheduler and its async variant."""

@@ -1,0 +1,78 @@
+"""Helpers of the scheduler: the stop check and fast list removal."""
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from vllm.v1.request import RequestStatus
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
+
+
+def remove_all(lst: list, items_to_remove: set) -> list:
+    """Remove every element of `items_to_remove` from `lst`.
+
+    Removing one item (the common case: one request finished) is done in
+    place; several items build a new list. Callers must use the returned
+    list either way.
+    """
+    if not items_to_remove:
+        return lst
+    if len(items_to_remove) == 1:
+        (item,) = items_to_remove
+        with contextlib.suppress(ValueError):
+            lst.remove(item)
+        return lst
+    return [item for item in lst if item not in items_to_remove]
+
+
+def _eos_token_id(request: Request) -> int | None:
+    # The engine puts the tokenizer's EOS on the request; requests built
+    # without one fall back to the id the sampling params learnt from the
+    # generation config.
+    if request.eos_token_id is not None:
+        return request.eos_token_id
+    return request.sampling_params.eos_token_id
+
+
+def check_stop(request: Request, max_model_len: int) -> bool:
+    """Decide whether `request` stops after its newest output token.
+
+    Sets `request.status` (and `request.stop_reason` for a stop token id) and
+    returns True when it does. In order:
+
+    1. Fewer than `min_tokens` outputs -> no stop. (One exception of ours:
+       upstream lets min_tokens suppress the context-window cap too, which
+       leaves a request that cannot fit its min_tokens stuck forever; we
+       still cap it at max_model_len.)
+    2. EOS (unless `ignore_eos`) -> FINISHED_STOPPED, stop_reason None.
+    3. A `stop_token_ids` member -> FINISHED_STOPPED, stop_reason = the id.
+    4. `num_tokens >= max_model_len` or `num_output_tokens >= max_tokens`
+       -> FINISHED_LENGTH_CAPPED.
+
+    Stop strings are not checked here: the frontend detokenizes, finds them
+    and aborts the request.
+    """
+    sampling_params = request.sampling_params
+    assert sampling_params is not None, "pooling requests have no stop check"
+
+    if request.num_output_tokens < sampling_params.min_tokens:
+        if request.num_tokens >= max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        return False
+
+    last_token_id = request.output_token_ids[-1]
+    if not sampling_params.ignore_eos and last_token_id == _eos_token_id(request):
+        request.status = RequestStatus.FINISHED_STOPPED
+        return True
+    if last_token_id in (sampling_params.stop_token_ids or ()):
+        request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = last_token_id
+        return True
+    if (request.num_tokens >= max_model_len
+            or request.num_output_tokens >= request.max_tokens):
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return False

@@ -1,0 +1,327 @@
+"""The V1 runner's persistent batch (upstream: vllm/v1/worker/gpu_input_batch.py).
+
+Requests keep a row in `InputBatch` across steps, so a decode step only
+touches what changed (one token, maybe one block) instead of rebuilding the
+batch. Rows [0, num_reqs) are the live batch in order; removing a request
+leaves a hole that `add_request` refills or `condense()` closes by moving the
+last rows into the holes. Everything per-row lives in numpy arrays (views of
+CPU tensors) so the runner can prepare inputs with vectorised numpy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm.logger import init_logger
+from vllm.sampling_params import SamplingParams, SamplingType
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.worker.block_table import MultiGroupBlockTable
+from vllm.v1.worker.utils import CpuGpuBuffer
+
+logger = init_logger(__name__)
+
+# Temperature stored for greedy rows: below the sampling epsilon, so the
+# sampler's `temperature < eps` test picks argmax for them.
+_GREEDY_TEMPERATURE = -1.0
+
+
+@dataclass
+class CachedRequestState:
+    """What the runner remembers about a request between steps, including
+    while it is preempted and out of the batch."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    mm_features: list[Any]
+    sampling_params: SamplingParams | None
+    generator: torch.Generator | None
+    # One list of block ids per KV cache group.
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+    # Shared with `InputBatch.req_output_token_ids`: appending here is seen there.
+    output_token_ids: list[int]
+    lora_request: Any = None
+    num_prompt_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + len(self.output_token_ids)
+
+    def get_token_id(self, idx: int) -> int:
+        if idx < self.num_prompt_tokens:
+            return self.prompt_token_ids[idx]
+        return self.output_token_ids[idx - self.num_prompt_tokens]
+
+
+class InputBatch:
+    """Rows of token ids, progress, block tables and sampling parameters."""
+
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_num_batched_tokens: int,
+                 device: torch.device, pin_memory: bool, vocab_size: int,
+                 block_sizes: list[int]) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.device = device
+        self.pin_memory = pin_memory
+        self.vocab_size = vocab_size
+
+        self._req_ids: list[str | None] = []
+        self.req_id_to_index: dict[str, int] = {}
+        # Holes left by remove_request, refilled by add_request / condense.
+        self._removed_indices: set[int] = set()
+
+        # [max_num_reqs, max_model_len]: prompt then output token ids per row.
+        self.token_ids_cpu_tensor = torch.zeros((max_num_reqs, max_model_len),
+                                                dtype=torch.int32, device="cpu")
+        self.token_ids_cpu = self.token_ids_cpu_tensor.numpy()
+        self.num_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        self.num_computed_tokens_cpu_tensor = torch.zeros(max_num_reqs, dtype=torch.int32)
+        self.num_computed_tokens_cpu = self.num_computed_tokens_cpu_tensor.numpy()
+
+        self.block_table = MultiGroupBlockTable(max_num_reqs, max_model_len,
+                                                max_num_batched_tokens, pin_memory, device,
+                                                block_sizes)
+
+        def buffer(dtype: torch.dtype) -> CpuGpuBuffer:
+            return CpuGpuBuffer(max_num_reqs, dtype=dtype, device=device,
+                                pin_memory=pin_memory)
+
+        self.temperature = buffer(torch.float32)
+        self.top_p = buffer(torch.float32)
+        self.top_k = buffer(torch.int32)
+        self.min_p = buffer(torch.float32)
+        # req ids per sampling feature; a feature's tensor is sent only when
+        # its set is non-empty.
+        self.greedy_reqs: set[str] = set()
+        self.random_reqs: set[str] = set()
+        self.top_p_reqs: set[str] = set()
+        self.top_k_reqs: set[str] = set()
+        self.min_p_reqs: set[str] = set()
+        # row -> generator of a seeded request
+        self.generators: dict[int, torch.Generator] = {}
+        # req_id -> number of logprobs asked for
+        self.num_logprobs: dict[str, int] = {}
+        # row -> the request's output token list (the CachedRequestState's)
+        self.req_output_token_ids: list[list[int] | None] = []
+
+        self.sampling_metadata = self._make_sampling_metadata()
+
+    # ---- queries -------------------------------------------------------------
+    @property
+    def req_ids(self) -> list[str]:
+        """Request ids of rows [0, num_reqs); valid after `condense()`."""
+        return self._req_ids  # type: ignore[return-value]
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_id_to_index)
+
+    @property
+    def all_greedy(self) -> bool:
+        return not self.random_reqs
+
+    @property
+    def all_random(self) -> bool:
+        return not self.greedy_reqs
+
+    @property
+    def no_top_p(self) -> bool:
+        return not self.top_p_reqs
+
+    @property
+    def no_top_k(self) -> bool:
+        return not self.top_k_reqs
+
+    @property
+    def no_min_p(self) -> bool:
+        return not self.min_p_reqs
+
+    @property
+    def max_num_logprobs(self) -> int | None:
+        if not self.num_logprobs:
+            return None
+        values = self.num_logprobs.values()
+        return -1 if -1 in values else max(values)
+
+    # ---- adding and removing rows -------------------------------------------
+    def add_request(self, request: CachedRequestState) -> int:
+        """Put `request` in the lowest free row; returns that row."""
+        req_id = request.req_id
+        assert req_id not in self.req_id_to_index, f"{req_id} is already in the batch"
+        if self._removed_indices:
+            row = min(self._removed_indices)
+            self._removed_indices.remove(row)
+            self._req_ids[row] = req_id
+            self.req_output_token_ids[row] = request.output_token_ids
+        else:
+            row = len(self._req_ids)
+            if row >= self.max_num_reqs:
+                raise ValueError(f"The batch holds at most {self.max_num_reqs} requests.")
+            self._req_ids.append(req_id)
+            self.req_output_token_ids.append(request.output_token_ids)
+        self.req_id_to_index[req_id] = row
+
+        num_prompt = request.num_prompt_tokens
+        num_tokens = request.num_tokens
+        if num_tokens > self.max_model_len:
+            raise ValueError(f"Request {req_id} has {num_tokens} tokens, more than "
+                             f"max_model_len={self.max_model_len}.")
+        self.token_ids_cpu[row, :num_prompt] = request.prompt_token_ids
+        self.token_ids_cpu[row, num_prompt:num_tokens] = request.output_token_ids
+        self.num_prompt_tokens[row] = num_prompt
+        self.num_tokens[row] = num_tokens
+        self.num_computed_tokens_cpu[row] = request.num_computed_tokens
+        self.block_table.add_row(request.block_ids, row)
+
+        if request.sampling_params is not None:
+            self._add_sampling_params(req_id, row, request.sampling_params, request.generator)
+        return row
+
+    def _add_sampling_params(self, req_id: str, row: int, params: SamplingParams,
+                             generator: torch.Generator | None) -> None:
+        if params.sampling_type == SamplingType.GREEDY:
+            self.temperature.np[row] = _GREEDY_TEMPERATURE
+            self.greedy_reqs.add(req_id)
+        else:
+            self.temperature.np[row] = params.temperature
+            self.random_reqs.add(req_id)
+        self.top_p.np[row] = params.top_p
+        if params.top_p < 1.0:
+            self.top_p_reqs.add(req_id)
+        # 0 and -1 both mean "no top-k"; k >= vocab is the same as none.
+        top_k = params.top_k if 0 < params.top_k < self.vocab_size else self.vocab_size
+        self.top_k.np[row] = top_k
+        if top_k < self.vocab_size:
+            self.top_k_reqs.add(req_id)
+        self.min_p.np[row] = params.min_p
+        if params.min_p > 1e-5:
+            self.min_p_reqs.add(req_id)
+        if generator is not None:
+            self.generators[row] = generator
+        if params.logprobs is not None:
+            self.num_logprobs[req_id] = params.logprobs
+        _warn_unbuilt_sampling_features(params)
+
+    def remove_request(self, req_id: str) -> int | None:
+        """Drop `req_id` from the batch, leaving a hole; returns its old row."""
+        row = self.req_id_to_index.pop(req_id, None)
+        if row is None:
+            return None
+        self._removed_indices.add(row)
+        self._req_ids[row] = None
+        self.req_output_token_ids[row] = None
+        for feature_set in (self.greedy_reqs, self.random_reqs, self.top_p_reqs,
+                            self.top_k_reqs, self.min_p_reqs):
+            feature_set.discard(req_id)
+        self.generators.pop(row, None)
+        self.num_logprobs.pop(req_id, None)
+        return row
+
+    # ---- moving rows ---------------------------------------------------------
+    def swap_states(self, i1: int, i2: int) -> None:
+        """Exchange rows i1 and i2 (both live)."""
+        id1, id2 = self._req_ids[i1], self._req_ids[i2]
+        assert id1 is not None and id2 is not None
+        self._req_ids[i1], self._req_ids[i2] = id2, id1
+        outs = self.req_output_token_ids
+        outs[i1], outs[i2] = outs[i2], outs[i1]
+        self.req_id_to_index[id1], self.req_id_to_index[id2] = i2, i1
+
+        pair, rev = [i1, i2], [i2, i1]
+        width = int(max(self.num_tokens[i1], self.num_tokens[i2]))
+        self.token_ids_cpu[pair, :width] = self.token_ids_cpu[rev, :width]
+        for arr in self._row_arrays():
+            arr[pair] = arr[rev]
+        self.block_table.swap_row(i1, i2)
+
+        g1, g2 = self.generators.pop(i1, None), self.generators.pop(i2, None)
+        if g1 is not None:
+            self.generators[i2] = g1
+        if g2 is not None:
+            self.generators[i1] = g2
+
+    def _move_row(self, src: int, dst: int) -> None:
+        """Move live row `src` into the hole `dst`."""
+        req_id = self._req_ids[src]
+        assert req_id is not None and self._req_ids[dst] is None
+        self._req_ids[dst], self._req_ids[src] = req_id, None
+        outs = self.req_output_token_ids
+        outs[dst], outs[src] = outs[src], None
+        self.req_id_to_index[req_id] = dst
+
+        num_tokens = self.num_tokens[src]
+        self.token_ids_cpu[dst, :num_tokens] = self.token_ids_cpu[src, :num_tokens]
+        for arr in self._row_arrays():
+            arr[dst] = arr[src]
+        self.block_table.move_row(src, dst)
+        generator = self.generators.pop(src, None)
+        if generator is not None:
+            self.generators[dst] = generator
+
+    def _row_arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens_cpu,
+                self.temperature.np, self.top_p.np, self.top_k.np, self.min_p.np)
+
+    def condense(self) -> None:
+        """Close the holes: move the last live rows into the lowest holes so
+        that rows [0, num_reqs) are exactly the live requests."""
+        num_reqs = self.num_reqs
+        if self._removed_indices:
+            last = len(self._req_ids) - 1
+            for hole in sorted(self._removed_indices):
+                while last >= 0 and self._req_ids[last] is None:
+                    last -= 1
+                if hole >= last:
+                    break
+                self._move_row(last, hole)
+                last -= 1
+            self._removed_indices.clear()
+        del self._req_ids[num_reqs:]
+        del self.req_output_token_ids[num_reqs:]
+
+    # ---- sampling metadata ---------------------------------------------------
+    def refresh_metadata(self) -> None:
+        """Rebuild `sampling_metadata` for the current rows (after condense)."""
+        self.sampling_metadata = self._make_sampling_metadata()
+
+    def _make_sampling_metadata(self) -> SamplingMetadata:
+        n = self.num_reqs
+        all_greedy = self.all_greedy
+        return SamplingMetadata(
+            temperature=None if all_greedy else self.temperature.copy_to_gpu(n),
+            all_greedy=all_greedy,
+            all_random=self.all_random,
+            top_p=None if self.no_top_p else self.top_p.copy_to_gpu(n),
+            top_k=None if self.no_top_k else self.top_k.copy_to_gpu(n),
+            min_p=None if self.no_min_p else self.min_p.copy_to_gpu(n),
+            generators=self.generators,
+            max_num_logprobs=self.max_num_logprobs,
+        )
+
+
+def _warn_unbuilt_sampling_features(params: SamplingParams) -> None:
+    """Penalties, logit bias, allowed/bad words and min_tokens masking are not
+    built yet; say so instead of sampling as if they were applied."""
+    unbuilt = []
+    if (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+            or params.repetition_penalty != 1.0):
+        unbuilt.append("penalties")
+    if params.logit_bias:
+        unbuilt.append("logit_bias")
+    if params.allowed_token_ids:
+        unbuilt.append("allowed_token_ids")
+    if params.bad_words:
+        unbuilt.append("bad_words")
+    if params.min_tokens:
+        unbuilt.append("min_tokens (stop-token masking)")
+    for feature in unbuilt:
+        logger.warning_once("Sampling parameter %s is not applied by the sampler yet; "
+                            "it is ignored.", feature)

@@ -1,0 +1,72 @@
+"""Small helpers of the V1 model runner (upstream: vllm/v1/worker/utils.py and
+the `CpuGpuBuffer` of vllm/v1/utils.py)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+
+class CpuGpuBuffer:
+    """A host tensor, its numpy view and a device twin.
+
+    The runner prepares inputs in numpy (cheap, vectorised) and copies the used
+    prefix to the device. On a CPU device the twin *is* the host tensor, so
+    `copy_to_gpu` costs nothing and the model reads the numpy-written memory.
+    """
+
+    def __init__(self, *size: int, dtype: torch.dtype, device: torch.device,
+                 pin_memory: bool, with_numpy: bool = True) -> None:
+        self.cpu = torch.zeros(*size, dtype=dtype, device="cpu", pin_memory=pin_memory)
+        self.np: np.ndarray = self.cpu.numpy() if with_numpy else np.empty(0)
+        self.on_cpu = device.type == "cpu"
+        self.gpu = self.cpu if self.on_cpu else torch.zeros_like(self.cpu, device=device)
+
+    def copy_to_gpu(self, n: int | None = None) -> torch.Tensor:
+        """Copy the first `n` rows (all when None) to the device; returns that slice."""
+        if n is None:
+            if not self.on_cpu:
+                self.gpu.copy_(self.cpu, non_blocking=True)
+            return self.gpu
+        if not self.on_cpu:
+            self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
+        return self.gpu[:n]
+
+
+def get_layers_from_vllm_config(vllm_config: "VllmConfig",
+                                layer_names: list[str] | None = None) -> dict[str, Any]:
+    """The attention layers registered in the static forward context, by name
+    (all of them when `layer_names` is None)."""
+    ctx = vllm_config.compilation_config.static_forward_context
+    if layer_names is None:
+        return dict(ctx)
+    missing = [name for name in layer_names if name not in ctx]
+    if missing:
+        raise ValueError(f"Layers {missing} are not registered in the static forward "
+                         "context; was the model built under this VllmConfig?")
+    return {name: ctx[name] for name in layer_names}
+
+
+def bind_kv_cache(kv_caches: dict[str, torch.Tensor], forward_context: dict[str, Any],
+                  runner_kv_caches: list[torch.Tensor]) -> None:
+    """Give every attention layer its KV cache tensor.
+
+    Layers read `layer.kv_cache[virtual_engine]`; without pipeline parallelism
+    there is one virtual engine. `runner_kv_caches` receives the tensors in
+    layer order so the runner can reach them directly.
+    """
+    runner_kv_caches.clear()
+    for layer_name in sorted(kv_caches, key=_layer_sort_key):
+        runner_kv_caches.append(kv_caches[layer_name])
+    for layer_name, kv_cache in kv_caches.items():
+        forward_context[layer_name].kv_cache = [kv_cache]
+
+
+def _layer_sort_key(layer_name: str) -> tuple:
+    """Order "model.layers.10.attn" after "model.layers.9.attn"."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in layer_name.split("."))

@@ -1,0 +1,325 @@
+"""The scheduler's interface to the paged KV cache and its prefix cache."""
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vllm.logger import init_logger
+from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.metrics.stats import PrefixCacheStats
+from vllm.v1.request import Request
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class KVCacheBlocks:
+    """Blocks handed between KVCacheManager and the scheduler, hiding the
+    manager's internal structures.
+
+    ``blocks[i][j]`` is the j-th block of KV cache group i. Groups are the outer
+    dimension because groups may one day have different block sizes, and so
+    different numbers of blocks. An empty group is an empty tuple.
+    """
+
+    blocks: tuple[Sequence[KVCacheBlock], ...]
+
+    def __add__(self, other: "KVCacheBlocks") -> "KVCacheBlocks":
+        """Concatenate the blocks of each group."""
+        return KVCacheBlocks(
+            tuple(
+                list(itertools.chain(blocks_1, blocks_2))
+                for blocks_1, blocks_2 in zip(self.blocks, other.blocks)
+            )
+        )
+
+    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
+        """Block ids per group; None if ``allow_none`` and there are no blocks."""
+        if allow_none and all(len(group) == 0 for group in self.blocks):
+            return None
+        return tuple([block.block_id for block in group] for group in self.blocks)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        """Ids of the blocks without a hash (single-group only)."""
+        assert len(self.blocks) == 1, "Only one group is supported"
+        return [block.block_id for block in self.blocks[0] if block.block_hash is None]
+
+    def new_empty(self) -> "KVCacheBlocks":
+        """A KVCacheBlocks with as many groups as this one and no blocks."""
+        return KVCacheBlocks(tuple(() for _ in range(len(self.blocks))))
+
+
+class KVCacheManager:
+    """Allocates KV cache blocks to requests and finds prefix-cache hits.
+
+    Args:
+        kv_cache_config: The KV cache layout (blocks, groups).
+        max_model_len: The longest sequence; no request gets more slots.
+        hash_block_size: The block size the requests' block hashes use; must
+            equal the block size of the (single) KV cache group.
+        enable_caching: Whether to enable prefix caching.
+        use_eagle: Whether EAGLE speculative decoding is used (the last hit
+            block is dropped so that its hidden states are recomputed).
+        log_stats: Whether to collect prefix-cache hit statistics.
+        enable_kv_cache_events: KV cache events are not supported.
+        dcp_world_size: Decode context parallel size.
+        pcp_world_size: Prefill context parallel size.
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        hash_block_size: int,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> None:
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.coordinator = get_kv_cache_coordinator(
+            kv_cache_config=kv_cache_config,
+            max_model_len=max_model_len,
+            use_eagle=use_eagle,
+            enable_caching=enable_caching,
+            enable_kv_cache_events=enable_kv_cache_events,
+            dcp_world_size=dcp_world_size,
+            pcp_world_size=pcp_world_size,
+            hash_block_size=hash_block_size,
+        )
+        self.kv_cache_config = kv_cache_config
+        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        self.block_pool = self.coordinator.block_pool
+        # One shared, immutable empty result: handing it out instead of a new
+        # object per call saves garbage-collector work.
+        self.empty_kv_cache_blocks = KVCacheBlocks(
+            tuple(() for _ in range(self.num_kv_cache_groups))
+        )
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the KV cache in use (0.0 - 1.0)."""
+        return self.block_pool.get_usage()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Return the hit counters since the last call and start new ones
+        (None when stats are off)."""
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]:
+        """Find the request's prefix-cache hit. Only full blocks can hit.
+
+        Returns:
+            - the hit blocks (not yet referenced: pass them to allocate_slots),
+            - the number of hit tokens,
+            - the shared-prefix boundary: a block-aligned position of a shared
+              prefix that a hybrid model's sparse group has not cached yet.
+              Always 0 here, since hybrid models are not supported.
+        """
+        # E.g. requests that want prompt logprobs need the logits of every
+        # prompt token, so they skip the cache.
+        if not self.enable_caching or request.get_skip_reading_prefix_cache():
+            return self.empty_kv_cache_blocks, 0, 0
+
+        # When the whole prompt hits, the last token must still be computed to
+        # get logits, so at most num_tokens - 1 tokens can hit. Hits are whole
+        # blocks, so this may recompute a full block rather than one token.
+        max_cache_hit_length = request.num_tokens - 1
+        computed_blocks, num_new_computed_tokens = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, max_cache_hit_length
+        )
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.record(
+                num_tokens=request.num_tokens,
+                num_hits=num_new_computed_tokens,
+                preempted=request.num_preemptions > 0,
+            )
+        return self.create_kv_cache_blocks(computed_blocks), num_new_computed_tokens, 0
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+    ) -> KVCacheBlocks | None:
+        """Give the request slots for ``num_new_tokens`` more tokens.
+
+        Args:
+            request: The request.
+            num_new_tokens: Tokens to be computed this step, including
+                unverified draft tokens.
+            num_new_computed_tokens: Tokens just found in the prefix cache
+                (from get_computed_blocks), external tokens excluded.
+            new_computed_blocks: The blocks of those hits.
+            num_lookahead_tokens: Extra slots for speculative tokens of
+                proposers with their own KV cache (e.g. EAGLE).
+            num_external_computed_tokens: Tokens whose KV a KV connector
+                provides (not cached by vLLM).
+            delay_cache_blocks: Do not cache the blocks yet (their KV arrives
+                in a later step, e.g. through a KV transfer).
+            num_encoder_tokens: Encoder tokens for cross-attention; must be 0
+                (encoder-decoder models are not supported).
+
+        Token ranges of the request, left to right (the block table covers
+        them in order):
+        ```
+        +--------+------------+------------+---------+-------------+
+        |  comp  |  new_comp  |  ext_comp  |   new   |  lookahead  |
+        +--------+------------+------------+---------+-------------+
+        |<- computed before this step ---->|
+                                           |<- computed now ------>|
+                 |<- block table grows here ---------------------->|
+                 |<- full blocks cached ------------>|
+        |<- may be dropped out of window ->|
+        ```
+        where
+        ```
+        comp      = request.num_computed_tokens (blocks held already)
+        new_comp  = num_new_computed_tokens: prefix-cache hits, referenced
+                    here (len(new_computed_blocks) * block_size)
+        ext_comp  = num_external_computed_tokens: KV a connector provides,
+                    which vLLM has not cached
+        new       = num_new_tokens, unverified draft tokens included
+        lookahead = num_lookahead_tokens
+        ```
+
+        Only finalized tokens are cached: the number cached is capped at
+        ``request.num_tokens``, which excludes draft tokens.
+
+        The allocation has three stages:
+        - Free blocks that left the attention window (even if the allocation
+          then fails: it leaves more blocks for others).
+        - Check that enough blocks are free, hits that sit in the free queue
+          included; return None if not, touching nothing.
+        - Reference the hits, take new blocks for ``ext_comp + new +
+          lookahead``, and cache the blocks that are now full.
+
+        Returns:
+            The newly allocated blocks, or None if there are not enough free
+            blocks.
+        """
+        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+            raise ValueError(
+                "num_new_tokens must be greater than 0 when there are no "
+                "external computed tokens"
+            )
+        if num_encoder_tokens:
+            raise NotImplementedError("Cross-attention KV cache is not supported.")
+        new_computed_block_list = (
+            new_computed_blocks.blocks
+            if new_computed_blocks is not None
+            else self.empty_kv_cache_blocks.blocks
+        )
+        num_local_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        total_computed_tokens = min(
+            num_local_computed_tokens + num_external_computed_tokens, self.max_model_len
+        )
+        num_tokens_need_slot = min(
+            total_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len
+        )
+
+        # With async scheduling, num_computed_tokens already counts the tokens
+        # of the step still running, whose attention reads one window back
+        # from them: free relative to the tokens actually processed.
+        self.coordinator.remove_skipped_blocks(
+            request.request_id,
+            max(0, total_computed_tokens - request.num_output_placeholders),
+        )
+        num_blocks_to_allocate = self.coordinator.get_num_blocks_to_allocate(
+            request.request_id,
+            num_tokens_need_slot,
+            new_computed_block_list,
+            total_computed_tokens,
+        )
+        if num_blocks_to_allocate > self.block_pool.get_num_free_blocks():
+            return None
+
+        # Reference the hits first, so that taking new blocks cannot evict them.
+        self.coordinator.save_new_computed_blocks(
+            request.request_id, new_computed_block_list, total_computed_tokens
+        )
+        new_blocks = self.coordinator.allocate_new_blocks(
+            request.request_id, num_tokens_need_slot
+        )
+        if self.enable_caching and not delay_cache_blocks:
+            num_tokens_to_cache = min(total_computed_tokens + num_new_tokens, request.num_tokens)
+            self.coordinator.cache_blocks(request, num_tokens_to_cache)
+        return self.create_kv_cache_blocks(new_blocks)
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail blocks first (so that with
+        caching on, a request's tail blocks are evicted before its head)."""
+        self.coordinator.free(request.request_id)
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """Free blocks the attention no longer reads (e.g. out of the sliding
+        window); null blocks take their place."""
+        self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached blocks (e.g. after a weight update).
+
+        Returns:
+            True on success; False if some request still holds blocks.
+        """
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Per group, the number of leading blocks shared by all requests.
+
+        A block of ``running_request_id`` is common if every request holding
+        blocks references it (ref_cnt == number of such requests).
+
+        NOTE: requests holding blocks can outnumber the requests scheduled in
+        this step (a running request may be left out of a step). One of them
+        that does not share the prefix makes the result 0 even if all
+        scheduled requests share it; this cannot be detected cheaply.
+        """
+        return self.coordinator.get_num_common_prefix_blocks(running_request_id)
+
+    def take_events(self) -> list:
+        """KV cache events since the last call (always empty: unsupported)."""
+        return self.block_pool.take_events()
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The blocks of a request."""
+        return self.create_kv_cache_blocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The block ids of a request, per group."""
+        block_ids = self.get_blocks(request_id).get_block_ids()
+        assert block_ids is not None
+        return block_ids
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache the request's full blocks among its first
+        ``num_computed_tokens`` tokens (no-op when caching is off)."""
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request, num_computed_tokens)
+
+    def create_kv_cache_blocks(
+        self, blocks: tuple[Sequence[KVCacheBlock], ...]
+    ) -> KVCacheBlocks:
+        """Wrap ``blocks``; the shared empty instance if there are none."""
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks

@@ -1,0 +1,376 @@
+"""Per-attention-type KV cache managers: one per KV cache group.
+
+A manager keeps each request's block table (``req_to_blocks``) for its group
+and knows its attention type's rules: which cached blocks make a hit and
+which blocks a request may drop early.
+"""
+
+import itertools
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from vllm.utils import cdiv
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
+
+
+class SingleTypeKVCacheManager(ABC):
+    """Block tables of one KV cache group, over the shared block pool.
+
+    Args:
+        kv_cache_spec: The spec of the group.
+        block_pool: The pool shared by all groups.
+        enable_caching: Whether prefix caching is enabled.
+        kv_cache_group_id: The id of the group.
+        dcp_world_size: Decode context parallel size: each rank stores every
+            dcp_world_size-th token, so one block spans that many more tokens.
+        pcp_world_size: Prefill context parallel size (same effect).
+    """
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> None:
+        self.block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+        self.dcp_world_size = dcp_world_size
+        self.pcp_world_size = pcp_world_size
+        self.kv_cache_spec = kv_cache_spec
+        self.block_pool = block_pool
+        self.enable_caching = enable_caching
+        self.kv_cache_group_id = kv_cache_group_id
+        # request id -> its blocks, in token order (null blocks where dropped).
+        self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
+        # request id -> how many leading blocks are already in the prefix cache.
+        # Present only for requests that hold blocks (running ones).
+        self.num_cached_block: dict[str, int] = {}
+        self._null_block = block_pool.null_block
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+    ) -> int:
+        """Free blocks needed to give the request ``num_tokens`` slots.
+
+        Args:
+            request_id: The request.
+            num_tokens: Tokens that need a slot, including already allocated.
+            new_computed_blocks: Prefix-cache hits about to be added.
+            total_computed_tokens: Tokens computed once the hits are added.
+
+        Returns:
+            New blocks to take, plus hit blocks that are currently free (taking
+            a reference pulls them out of the free queue too).
+        """
+        num_required_blocks = cdiv(num_tokens, self.block_size)
+        num_req_blocks = len(self.req_to_blocks.get(request_id, ()))
+        if request_id in self.num_cached_block:
+            # A running request gets no new prefix hits.
+            assert len(new_computed_blocks) == 0
+            return max(num_required_blocks - num_req_blocks, 0)
+
+        # Blocks wholly out of the attention window are never allocated.
+        num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        num_local_blocks = num_req_blocks + len(new_computed_blocks)
+        num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_blocks), 0)
+        skipped_hits = max(0, num_skipped_blocks - num_req_blocks)
+        num_evictable_hits = sum(
+            block.ref_cnt == 0 and not block.is_null
+            for block in new_computed_blocks[skipped_hits:]
+        )
+        return num_new_blocks + num_evictable_hits
+
+    def save_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+    ) -> None:
+        """Add prefix-cache hits to a new request's block table.
+
+        Hits already out of the attention window are replaced by null blocks
+        instead of being referenced. Running requests get no hits.
+        """
+        if request_id in self.num_cached_block:
+            assert len(new_computed_blocks) == 0, "a running request got new hits"
+            return
+        req_blocks = self.req_to_blocks[request_id]
+        assert len(req_blocks) == 0
+        # May exceed the hits when the window also moved past tokens computed
+        # elsewhere (external); those positions get null blocks as well.
+        num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        kept_blocks = new_computed_blocks[num_skipped_blocks:]
+        if self.enable_caching:
+            self.block_pool.touch(kept_blocks)
+        else:
+            assert not kept_blocks, "prefix cache hits while caching is disabled"
+        req_blocks.extend([self._null_block] * num_skipped_blocks)
+        req_blocks.extend(kept_blocks)
+        # Hits are cached already; cache_blocks() must not hash them again.
+        self.num_cached_block[request_id] = len(req_blocks)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        """Append blocks until the request has ``num_tokens`` slots.
+
+        Returns:
+            The newly taken blocks (possibly none).
+        """
+        req_blocks = self.req_to_blocks[request_id]
+        num_new_blocks = cdiv(num_tokens, self.block_size) - len(req_blocks)
+        if num_new_blocks <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: "Request", num_tokens: int) -> None:
+        """Register the request's full blocks among its first ``num_tokens``
+        tokens in the prefix cache (those not registered yet)."""
+        num_cached_blocks = self.num_cached_block.get(request.request_id, 0)
+        num_full_blocks = num_tokens // self.block_size
+        if num_cached_blocks >= num_full_blocks:
+            return
+        self.block_pool.cache_full_blocks(
+            request=request,
+            blocks=self.req_to_blocks[request.request_id],
+            num_cached_blocks=num_cached_blocks,
+            num_full_blocks=num_full_blocks,
+            block_size=self.block_size,
+            kv_cache_group_id=self.kv_cache_group_id,
+        )
+        self.num_cached_block[request.request_id] = num_full_blocks
+
+    def free(self, request_id: str) -> None:
+        """Release all blocks of the request (a no-op if it holds none).
+
+        Tail blocks are freed first, so of this request's cached blocks the
+        tail of the chain (least likely to be shared) is evicted first.
+        """
+        req_blocks = self.req_to_blocks.pop(request_id, [])
+        self.block_pool.free_blocks(reversed(req_blocks))
+        self.num_cached_block.pop(request_id, None)
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """Free the blocks the attention will skip from now on and put null
+        blocks in their place (e.g. blocks that left the sliding window)."""
+        num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
+        if num_skipped_tokens <= 0:
+            return
+        blocks = self.req_to_blocks[request_id]
+        # Tokens not yet allocated can also be "skipped"; cap to what exists.
+        num_skipped_blocks = min(num_skipped_tokens // self.block_size, len(blocks))
+        removed_blocks: list[KVCacheBlock] = []
+        # Walk backwards and stop at the first null block: everything before it
+        # was nulled by an earlier call.
+        for i in range(num_skipped_blocks - 1, -1, -1):
+            if blocks[i].is_null:
+                break
+            removed_blocks.append(blocks[i])
+            blocks[i] = self._null_block
+        self.block_pool.free_blocks(removed_blocks)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Leading tokens the next attention step will not read (none by
+        default)."""
+        return 0
+
+    @abstractmethod
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        """Leading blocks of ``running_request_id`` shared by every request
+        that holds blocks (used for cascade attention)."""
+        raise NotImplementedError
+
+    @classmethod
+    @abstractmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        """The longest usable prefix-cache hit of at most ``max_length`` tokens.
+
+        Args:
+            block_hashes: The request's block hashes.
+            max_length: Upper bound on the hit, in tokens.
+            kv_cache_group_ids: The groups (of this attention type) to look in;
+                a block hits only if it is cached in all of them.
+            block_pool: The block pool.
+            kv_cache_spec: The groups' spec.
+            use_eagle: Drop the last hit block: EAGLE must recompute it to get
+                the hidden states its draft head needs.
+            alignment_tokens: The hit length must be a multiple of this.
+            dcp_world_size: Decode context parallel size.
+            pcp_world_size: Prefill context parallel size.
+
+        Returns:
+            Per group, the hit blocks; blocks the attention skips are null
+            blocks (e.g. ``[NULL, NULL, 7, 8]`` for a sliding window of two
+            blocks).
+        """
+        raise NotImplementedError
+
+
+class FullAttentionManager(SingleTypeKVCacheManager):
+    """Full attention: every block is kept until the request finishes."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        assert isinstance(kv_cache_spec, FullAttentionSpec)
+        computed_blocks: tuple[list[KVCacheBlock], ...] = tuple(
+            [] for _ in kv_cache_group_ids
+        )
+        block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+        max_num_blocks = max_length // block_size
+        # Hashes chain, so the first miss ends the hit: no later block can be
+        # cached under this prefix.
+        for block_hash in itertools.islice(block_hashes, max_num_blocks):
+            cached_blocks = block_pool.get_cached_block(block_hash, kv_cache_group_ids)
+            if cached_blocks is None:
+                break
+            for computed, cached in zip(computed_blocks, cached_blocks):
+                computed.append(cached)
+        if use_eagle and computed_blocks[0]:
+            for computed in computed_blocks:
+                computed.pop()
+        while len(computed_blocks[0]) * block_size % alignment_tokens != 0:
+            for computed in computed_blocks:
+                computed.pop()
+        return computed_blocks
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        # A block is common to all requests holding blocks iff each of them
+        # holds a reference to it.
+        num_requests = len(self.req_to_blocks)
+        num_common_blocks = 0
+        for block in self.req_to_blocks[running_request_id]:
+            if block.ref_cnt != num_requests:
+                break
+            num_common_blocks += 1
+        return num_common_blocks
+
+
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    """Sliding-window attention: a token attends to the last
+    ``sliding_window`` tokens (itself included), so older blocks are freed."""
+
+    def __init__(self, kv_cache_spec: SlidingWindowSpec, **kwargs) -> None:
+        super().__init__(kv_cache_spec, **kwargs)
+        if self.dcp_world_size * self.pcp_world_size != 1:
+            raise NotImplementedError("Context parallelism with sliding window attention.")
+        self.sliding_window = kv_cache_spec.sliding_window
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        assert isinstance(kv_cache_spec, SlidingWindowSpec)
+        assert dcp_world_size == 1 and pcp_world_size == 1
+        block_size = kv_cache_spec.block_size
+        # A hit ending at block i only needs the blocks inside the window of
+        # the next token: ceil((window - 1) / block_size) contiguous blocks
+        # (-1: the next token itself is part of its window). EAGLE needs one
+        # more, which is dropped at the end.
+        num_needed = cdiv(kv_cache_spec.sliding_window - 1, block_size) + int(use_eagle)
+        max_num_blocks = max_length // block_size
+        computed_blocks = tuple(
+            [block_pool.null_block] * max_num_blocks for _ in kv_cache_group_ids
+        )
+        num_contiguous = 0
+        # Search right to left: the first run of num_needed cached blocks is
+        # the longest hit. Blocks before the run stay null.
+        for i in range(max_num_blocks - 1, -1, -1):
+            cached_blocks = block_pool.get_cached_block(block_hashes[i], kv_cache_group_ids)
+            if cached_blocks is None:
+                num_contiguous = 0
+                continue
+            if num_contiguous == 0 and (i + 1) * block_size % alignment_tokens != 0:
+                continue  # A hit must end on an aligned boundary.
+            for computed, cached in zip(computed_blocks, cached_blocks):
+                computed[i] = cached
+            num_contiguous += 1
+            if num_contiguous >= num_needed:
+                # Cut the blocks after the run: [N, N, 5, 2, N, 4] -> [N, N, 5, 2]
+                # for a run of two (N = null block).
+                for computed in computed_blocks:
+                    del computed[i + num_contiguous:]
+                break
+        else:
+            # No full run: only a run starting at block 0 (shorter than the
+            # window, so nothing before it is needed) is a hit.
+            for computed in computed_blocks:
+                del computed[num_contiguous:]
+            while len(computed_blocks[0]) * block_size % alignment_tokens != 0:
+                for computed in computed_blocks:
+                    computed.pop()
+        if use_eagle and computed_blocks[0]:
+            for computed in computed_blocks:
+                computed.pop()
+        return computed_blocks
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        # The next token (position num_computed_tokens) reads positions from
+        # num_computed_tokens - sliding_window + 1 on.
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        # The leading blocks are null blocks here, so ref counts say nothing
+        # about sharing: report no common prefix.
+        return 0
+
+
+spec_manager_map: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
+    FullAttentionSpec: FullAttentionManager,
+    SlidingWindowSpec: SlidingWindowManager,
+}
+
+
+def get_manager_for_kv_cache_spec(
+    kv_cache_spec: KVCacheSpec, **kwargs
+) -> SingleTypeKVCacheManager:
+    """Build the manager class registered for the spec's type."""
+    manager_class = spec_manager_map.get(type(kv_cache_spec))
+    if manager_class is None:
+        raise NotImplementedError(
+            f"No KV cache manager for {type(kv_cache_spec).__name__}."
+        )
+    return manager_class(kv_cache_spec, **kwargs)

@@ -179,3 +179,144 @@ def test_generate_block_hash_extra_keys_prompt_embeds():
     other = make_request("1", [0] * 8, 4, sha256, prompt_embeds=embeds + 1)
     assert generate_block_hash_extra_keys(other, 4, 8, 0)[0] != keys
     assert req.block_hashes[1] == hash_block_tokens(sha256, req.block_hashes[0], [0] * 4, keys)
+
+
+# ---- KV cache planning -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def _model_config():
+    from vllm.config import ModelConfig
+
+    return ModelConfig(max_model_len=64, dtype="float32")  # the embedded model
+
+
+@pytest.fixture
+def vllm_config(_model_config):
+    from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
+
+    _model_config.max_model_len = 64
+    return VllmConfig(
+        model_config=_model_config,
+        cache_config=CacheConfig(block_size=16),
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4),
+    )
+
+
+def full_spec(head_size: int = 64, sliding_window: int | None = None):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=head_size,
+                             dtype=torch.float32, sliding_window=sliding_window)
+
+
+def sliding_spec(sliding_window: int = 32):
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    return SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=64,
+                             dtype=torch.float32, sliding_window=sliding_window)
+
+
+# 2 (K and V) * 16 tokens * 2 heads * 64 dims * 4 bytes.
+PAGE = 16384
+
+
+def test_get_kv_cache_configs_uniform(vllm_config):
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec, KVCacheTensor
+
+    specs = {"layer1": full_spec(), "layer2": full_spec()}
+    assert specs["layer1"].page_size_bytes == PAGE
+    # Memory for 10 blocks per layer, plus a bit that does not make a block.
+    (config,) = get_kv_cache_configs(vllm_config, [specs], [PAGE * 2 * 10 + 100])
+    assert config.num_blocks == 10
+    assert config.kv_cache_tensors == [
+        KVCacheTensor(size=PAGE * 10, shared_by=["layer1"]),
+        KVCacheTensor(size=PAGE * 10, shared_by=["layer2"]),
+    ]
+    assert config.kv_cache_groups == [KVCacheGroupSpec(["layer1", "layer2"], full_spec())]
+
+    vllm_config.cache_config.num_gpu_blocks_override = 6
+    (config,) = get_kv_cache_configs(vllm_config, [specs], [PAGE * 2 * 10])
+    assert config.num_blocks == 6
+    assert config.kv_cache_tensors[0].size == PAGE * 6
+
+
+def test_get_kv_cache_configs_workers_agree(vllm_config):
+    from vllm.v1.core.kv_cache_utils import (
+        generate_scheduler_kv_cache_config,
+        get_kv_cache_configs,
+    )
+
+    # Two pipeline stages with one layer each and different free memory: the
+    # groups list each worker's own layers; num_blocks is the smaller one.
+    configs = get_kv_cache_configs(
+        vllm_config,
+        [{"layer1": full_spec()}, {"layer2": full_spec()}],
+        [PAGE * 12, PAGE * 8],
+    )
+    assert [c.num_blocks for c in configs] == [8, 8]
+    assert [c.kv_cache_groups[0].layer_names for c in configs] == [["layer1"], ["layer2"]]
+    assert configs[0].kv_cache_tensors[0].size == PAGE * 12  # only 8 get used
+
+    scheduler_config = generate_scheduler_kv_cache_config(configs)
+    assert scheduler_config == configs[0] and scheduler_config is not configs[0]
+    with pytest.raises(ValueError):
+        get_kv_cache_configs(vllm_config, [{"l": full_spec()}, {"l": full_spec(32)}],
+                             [PAGE * 8, PAGE * 8])
+
+
+def test_check_enough_kv_cache_memory(vllm_config):
+    from vllm.v1.core.kv_cache_utils import check_enough_kv_cache_memory, estimate_max_model_len
+
+    specs = {"layer1": full_spec(), "layer2": full_spec()}
+    # max_model_len 64 needs 4 blocks in each of the 2 layers: 8 pages.
+    check_enough_kv_cache_memory(vllm_config, specs, PAGE * 8)
+    assert estimate_max_model_len(vllm_config, specs, PAGE * 7) == 48
+    assert vllm_config.model_config.max_model_len == 64  # restored
+    with pytest.raises(ValueError, match=r"max seq len \(64\) is larger than .* \(48\)"):
+        check_enough_kv_cache_memory(vllm_config, specs, PAGE * 7)
+    with pytest.raises(ValueError, match="No available memory for the cache blocks"):
+        check_enough_kv_cache_memory(vllm_config, specs, 0)
+    # A model without KV cache needs no memory.
+    check_enough_kv_cache_memory(vllm_config, {}, 0)
+
+
+def test_get_kv_cache_configs_attention_free(vllm_config):
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+
+    (config,) = get_kv_cache_configs(vllm_config, [{}], [0])
+    assert (config.num_blocks, config.kv_cache_tensors, config.kv_cache_groups) == (1, [], [])
+
+
+def test_get_kv_cache_groups_kinds(vllm_config):
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups, is_kv_cache_spec_uniform
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    # All sliding window: one sliding-window group.
+    (group,) = get_kv_cache_groups(vllm_config, {"a": sliding_spec(), "b": sliding_spec()})
+    assert isinstance(group.kv_cache_spec, SlidingWindowSpec)
+
+    # Full + sliding: the sliding layers are served as full attention.
+    specs = {"full": full_spec(), "swa": sliding_spec(32)}
+    assert not is_kv_cache_spec_uniform(specs)
+    (group,) = get_kv_cache_groups(vllm_config, specs)
+    assert group.layer_names == ["full", "swa"]
+    assert specs["swa"] == full_spec(sliding_window=32)
+    assert isinstance(group.kv_cache_spec, FullAttentionSpec)
+    assert group.kv_cache_spec.sliding_window == 32
+
+    # Layers with different page layouts would need several groups.
+    with pytest.raises(NotImplementedError):
+        get_kv_cache_groups(vllm_config, {"a": full_spec(64), "b": full_spec(32)})
+
+
+def test_max_concurrency(vllm_config):
+    from vllm.v1.core.kv_cache_utils import (
+        get_kv_cache_configs,
+        get_max_concurrency_for_kv_cache_config,
+    )
+
+    (config,) = get_kv_cache_configs(vllm_config, [{"layer": full_spec()}], [PAGE * 10])
+    # A 64-token request takes 4 blocks of 16: 10 blocks hold 2.5 requests.
+    assert get_max_concurrency_for_kv_cache_config(vllm_config, config) == 2.5

@@ -54,10 +54,10 @@ class SchedulerInterface(ABC):
     @abstractmethod
     def finish_requests(
         self,
-        request_ids: str | Iterable[str],
+        request_ids: str | Iterable[str] | None,
         finished_status: RequestStatus,
     ) -> list[tuple[str, int]]:
-        """Finish requests from outside the scheduler.
+        """Finish requests from outside the scheduler (None: all of them).
 
         Called when a client aborts (disconnect, cancel) and when the
         frontend finds a stop string after detokenizing. Unknown or already

@@ -465,8 +465,7 @@ class Scheduler(SchedulerInterface):
         request_ids: str | Iterable[str] | None,
         finished_status: RequestStatus,
     ) -> list[tuple[str, int]]:
-        """See SchedulerInterface.finish_requests; `None` finishes every
-        request."""
+        """See SchedulerInterface.finish_requests."""
         assert RequestStatus.is_finished(finished_status)
         if isinstance(request_ids, str):
             request_ids = (request_ids,)

@@ -1,0 +1,201 @@
+"""The offline inference API (upstream: vllm/entrypoints/llm.py).
+
+    llm = LLM()                                   # the embedded default model
+    outs = llm.generate(["Hello"], SamplingParams(max_tokens=8))
+
+`generate` submits every prompt, then steps the engine until all are done
+and returns the outputs in submission order.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.inputs import PromptType, TokensPrompt
+from vllm.logger import init_logger
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine.llm_engine import LLMEngine
+
+logger = init_logger(__name__)
+
+
+class LLM:
+    """An LLM for offline inference: a tokenizer, a model and a paged KV cache.
+
+    `model` is a local Hugging Face model folder or a `.gguf` file; empty means
+    the embedded SmolLM2-135M-Instruct. Any other `EngineArgs` field can be
+    passed as a keyword (e.g. `max_model_len=512`, `enable_prefix_caching=False`).
+    """
+
+    def __init__(self, model: str = "", *, runner: str = "auto", tokenizer: str | None = None,
+                 tokenizer_mode: str = "auto", skip_tokenizer_init: bool = False,
+                 trust_remote_code: bool = False, tensor_parallel_size: int = 1,
+                 dtype: str = "auto", quantization: str | None = None,
+                 revision: str | None = None, seed: int = 0,
+                 gpu_memory_utilization: float = 0.92, enforce_eager: bool = False,
+                 hf_overrides: dict[str, Any] | None = None,
+                 kv_cache_memory_bytes: int | None = None,
+                 compilation_config: int | dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        # The offline API logs no periodic stats unless asked to.
+        kwargs.setdefault("disable_log_stats", True)
+        engine_args = EngineArgs(
+            model=model, runner=runner, tokenizer=tokenizer, tokenizer_mode=tokenizer_mode,
+            skip_tokenizer_init=skip_tokenizer_init, trust_remote_code=trust_remote_code,
+            tensor_parallel_size=tensor_parallel_size, dtype=dtype, quantization=quantization,
+            revision=revision, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager, hf_overrides=hf_overrides,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            compilation_config=compilation_config, **kwargs)
+        self.llm_engine = LLMEngine.from_engine_args(engine_args,
+                                                     usage_context=UsageContext.LLM_CLASS)
+        self.engine_class = type(self.llm_engine)
+        self.model_config = self.llm_engine.model_config
+        self.request_counter = itertools.count()
+        self.default_sampling_params: dict[str, Any] | None = None
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.get_tokenizer()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults."""
+        if self.default_sampling_params is None:
+            self.default_sampling_params = self.model_config.get_diff_sampling_param()
+        if self.default_sampling_params:
+            return SamplingParams.from_optional(**self.default_sampling_params)
+        return SamplingParams()
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 use_tqdm: bool | Callable[..., tqdm] = True, lora_request: Any = None,
+                 priority: list[int] | None = None,
+                 tokenization_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """Generate completions for the prompts, in the order given.
+
+        prompts: a str, a TextPrompt / TokensPrompt dict, or a list of them.
+        sampling_params: one for all prompts or one per prompt (default: the
+        model's generation-config defaults). priority: one int per prompt
+        (with the "priority" scheduling policy; lower runs first).
+        """
+        if self.model_config.runner_type != "generate":
+            raise ValueError("LLM.generate() is only supported for generative models.")
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        self._validate_and_add_requests(prompts, sampling_params, use_tqdm=use_tqdm,
+                                        lora_request=lora_request, priority=priority,
+                                        tokenization_kwargs=tokenization_kwargs)
+        return self._run_engine(use_tqdm=use_tqdm)
+
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool | Callable[..., tqdm] = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Generate replies to conversations, rendered with the model's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tokenizer = self.get_tokenizer()
+        prompts: list[PromptType] = []
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(conversation, chat_template=chat_template,
+                                                 add_generation_prompt=add_generation_prompt,
+                                                 tokenize=False)
+            # The template already holds the special tokens: do not add more.
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            prompts.append(TokensPrompt(prompt_token_ids=ids, prompt=text))
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return self.llm_engine.reset_prefix_cache(reset_running_requests)
+
+    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
+                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Call `method` on every worker."""
+        return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
+
+    # ------------------------------------------------------------------
+    # Internals
+    # ------------------------------------------------------------------
+
+    def _validate_and_add_requests(self, prompts: PromptType | Sequence[PromptType],
+                                   params: SamplingParams | Sequence[SamplingParams], *,
+                                   use_tqdm: bool | Callable[..., tqdm], lora_request: Any,
+                                   priority: list[int] | None,
+                                   tokenization_kwargs: dict[str, Any] | None) -> None:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        num_requests = len(prompts)
+        if isinstance(params, Sequence) and len(params) != num_requests:
+            raise ValueError("The lengths of prompts and params must be the same.")
+        if isinstance(lora_request, Sequence) and len(lora_request) != num_requests:
+            raise ValueError("Lists of LoRA requests must be the same length as the prompts.")
+        if priority is not None and len(priority) != num_requests:
+            raise ValueError("The lengths of prompts and priority must be the same.")
+        param_list = list(params) if isinstance(params, Sequence) else [params] * num_requests
+        for sp in param_list:
+            if isinstance(sp, SamplingParams):
+                # Offline: only the final output of each request is wanted.
+                sp.output_kind = RequestOutputKind.FINAL_ONLY
+        added: list[str] = []
+        it = prompts
+        if use_tqdm and num_requests > 1:
+            tqdm_func = use_tqdm if callable(use_tqdm) else tqdm
+            it = tqdm_func(prompts, desc="Adding requests")
+        try:
+            for i, prompt in enumerate(it):
+                lora = lora_request[i] if isinstance(lora_request, Sequence) else lora_request
+                added.append(self._add_request(
+                    prompt, param_list[i], lora_request=lora,
+                    priority=priority[i] if priority else 0,
+                    tokenization_kwargs=tokenization_kwargs))
+        except Exception:
+            # One bad prompt fails the call; the ones already added must not linger.
+            if added:
+                self.llm_engine.abort_request(added, internal=True)
+            raise
+
+    def _add_request(self, prompt: PromptType, params: SamplingParams, lora_request: Any,
+                     priority: int, tokenization_kwargs: dict[str, Any] | None) -> str:
+        request_id = str(next(self.request_counter))
+        return self.llm_engine.add_request(request_id, prompt, params,
+                                           lora_request=lora_request,
+                                           tokenization_kwargs=tokenization_kwargs,
+                                           priority=priority)
+
+    def _run_engine(self, *, use_tqdm: bool | Callable[..., tqdm]) -> list[RequestOutput]:
+        """Step until every request is done; outputs sorted by request id."""
+        pbar = None
+        if use_tqdm:
+            tqdm_func = use_tqdm if callable(use_tqdm) else tqdm
+            pbar = tqdm_func(total=self.llm_engine.get_num_unfinished_requests(),
+                             desc="Processed prompts", dynamic_ncols=True,
+                             postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s")
+        outputs: list[RequestOutput] = []
+        total_in = total_out = 0
+        while self.llm_engine.has_unfinished_requests():
+            for output in self.llm_engine.step():
+                if not output.finished:
+                    continue
+                outputs.append(output)
+                if pbar is not None:
+                    n = len(output.outputs)
+                    total_in += len(output.prompt_token_ids or []) * n
+                    total_out += sum(len(o.token_ids) for o in output.outputs)
+                    _update_speed(pbar, total_in, total_out, n)
+        if pbar is not None:
+            pbar.close()
+        # Requests finish out of order; the caller's order is the id order.
+        return sorted(outputs, key=lambda o: int(o.request_id))
+
+
+def _update_speed(pbar: tqdm, total_in: int, total_out: int, n: int) -> None:
+    elapsed = pbar.format_dict["elapsed"] or 1e-9
+    pbar.postfix = (f"est. speed input: {total_in / elapsed:.2f} toks/s, "
+                    f"output: {total_out / elapsed:.2f} toks/s")
+    pbar.update(n)
+    if pbar.n == pbar.total:
+        pbar.refresh()

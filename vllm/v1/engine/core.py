@@ -1,0 +1,175 @@
+"""The engine core: scheduler + executor, one step at a time (upstream: vllm/v1/engine/core.py).
+
+    step():  schedule() -> executor.execute_model() -> [sample_tokens()]
+             -> scheduler.update_from_output() -> EngineCoreOutputs per client
+
+At start-up the core sizes the paged KV cache: the executor reports each
+layer's KV spec and the memory it can give the cache, `get_kv_cache_configs`
+turns that into a block count and tensor layout, and the workers allocate it.
+
+Upstream also runs this class in its own process (`EngineCoreProc`, a busy
+loop fed over ZMQ); that and the pipelined `step_with_batch_queue` come with
+the multiprocess clients and async scheduling.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import (generate_scheduler_kv_cache_config,
+                                         get_kv_cache_configs, get_request_block_hasher,
+                                         init_none_hash)
+from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
+from vllm.v1.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.executor.abstract import Executor
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import ModelRunnerOutput
+
+logger = init_logger(__name__)
+
+
+class EngineCore:
+    """Inner loop of vLLM's engine: owns the scheduler and the model executor."""
+
+    def __init__(self, vllm_config: VllmConfig, executor_class: type["Executor"],
+                 log_stats: bool,
+                 executor_fail_callback: Callable[[], None] | None = None) -> None:
+        self.vllm_config = vllm_config
+        self.log_stats = log_stats
+        logger.info("Initializing a V1 LLM engine with config: model=%r, dtype=%s, "
+                    "max_model_len=%d, block_size=%d, prefix_caching=%s",
+                    vllm_config.model_config.model, vllm_config.model_config.dtype,
+                    vllm_config.model_config.max_model_len,
+                    vllm_config.cache_config.block_size,
+                    vllm_config.cache_config.enable_prefix_caching)
+
+        # 1. Workers: init device, load the model.
+        self.model_executor = executor_class(vllm_config)
+        if executor_fail_callback is not None:
+            self.model_executor.register_failure_callback(executor_fail_callback)
+
+        # 2. Size and allocate the KV cache (profile, plan, allocate, warm up).
+        start = time.perf_counter()
+        num_gpu_blocks, kv_cache_config = self._initialize_kv_caches(vllm_config)
+        vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
+        vllm_config.cache_config.num_cpu_blocks = 0
+        logger.info("init engine (profile, create kv cache, warmup model) took %.2f seconds",
+                    time.perf_counter() - start)
+
+        # 3. The scheduler, and the block hasher that prefix caching keys on.
+        scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
+        self.scheduler = scheduler_cls(
+            vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+            include_finished_set=vllm_config.parallel_config.data_parallel_size > 1,
+            log_stats=self.log_stats)
+        self.request_block_hasher: Callable[[Request], list[Any]] | None = None
+        cache_config = vllm_config.cache_config
+        if cache_config.enable_prefix_caching:
+            hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
+            init_none_hash(hash_fn)
+            self.request_block_hasher = get_request_block_hasher(cache_config.block_size,
+                                                                 hash_fn)
+
+    def _initialize_kv_caches(self, vllm_config: VllmConfig) -> tuple[int, "KVCacheConfig"]:
+        """Plan the KV cache from the workers' specs and free memory; allocate it.
+
+        Returns the number of blocks and the scheduler's view of the layout.
+        """
+        kv_cache_specs = self.model_executor.get_kv_cache_specs()
+        if any(kv_cache_specs):
+            available_memory = self.model_executor.determine_available_memory()
+        else:
+            # Attention-free models keep no KV: nothing to size.
+            available_memory = [0] * len(kv_cache_specs)
+        kv_cache_configs = get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory)
+        scheduler_kv_cache_config = generate_scheduler_kv_cache_config(kv_cache_configs)
+        self.model_executor.initialize_from_config(kv_cache_configs)
+        return scheduler_kv_cache_config.num_blocks, scheduler_kv_cache_config
+
+    # ------------------------------------------------------------------
+    # Requests
+    # ------------------------------------------------------------------
+
+    def preprocess_add_request(self, request: EngineCoreRequest) -> tuple[Request, int]:
+        """Turn a wire request into the core's `Request` (hashing its full blocks)."""
+        req = Request.from_engine_core_request(request, self.request_block_hasher)
+        return req, request.current_wave
+
+    def add_request(self, request: Request, request_wave: int = 0) -> None:
+        """Queue a request for scheduling."""
+        if not isinstance(request.request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request.request_id)}")
+        if request.pooling_params is not None:
+            raise ValueError("Pooling requests are not supported yet.")
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Abort requests (unknown or finished ids are ignored)."""
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    # ------------------------------------------------------------------
+    # The step
+    # ------------------------------------------------------------------
+
+    def step(self) -> tuple[dict[int, EngineCoreOutputs], bool]:
+        """Schedule, execute and make outputs.
+
+        Returns ({client_index: outputs}, whether any token was scheduled).
+        """
+        # Finished-but-unreported requests still need a step to tell the workers.
+        if not self.scheduler.has_requests():
+            return {}, False
+        scheduler_output = self.scheduler.schedule()
+        future = self.model_executor.execute_model(scheduler_output, non_block=True)
+        with self.log_error_detail(scheduler_output):
+            model_output = future.result()
+            if model_output is None:
+                # The runner stopped after the forward pass: sample now.
+                model_output = self.model_executor.sample_tokens(None)
+        engine_core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        return engine_core_outputs, scheduler_output.total_num_scheduled_tokens > 0
+
+    def execute_model_with_error_logging(
+            self, model_fn: Callable[["SchedulerOutput"], "ModelRunnerOutput"],
+            scheduler_output: "SchedulerOutput") -> "ModelRunnerOutput":
+        """Run `model_fn`, logging what was scheduled if it raises."""
+        with self.log_error_detail(scheduler_output):
+            return model_fn(scheduler_output)
+
+    @contextmanager
+    def log_error_detail(self, scheduler_output: "SchedulerOutput"):
+        try:
+            yield
+        except Exception:
+            logger.error(
+                "Model execution failed. Scheduled: %d new requests, %d cached requests, "
+                "%d tokens (%s)", len(scheduler_output.scheduled_new_reqs),
+                scheduler_output.scheduled_cached_reqs.num_reqs,
+                scheduler_output.total_num_scheduled_tokens,
+                scheduler_output.num_scheduled_tokens)
+            raise
+
+    # ------------------------------------------------------------------
+    # Utilities
+    # ------------------------------------------------------------------
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return self.scheduler.reset_prefix_cache(reset_running_requests)
+
+    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
+                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        return self.model_executor.collective_rpc(method, timeout, args, kwargs)
+
+    def shutdown(self) -> None:
+        if getattr(self, "model_executor", None) is not None:
+            self.model_executor.shutdown()
+        if getattr(self, "scheduler", None) is not None:
+            self.scheduler.shutdown()

@@ -1,0 +1,94 @@
+"""How the front end talks to the engine core (upstream: vllm/v1/engine/core_client.py).
+
+Upstream has three clients: `InprocClient` (the core runs in the caller's
+process), `SyncMPClient` and `AsyncMPClient` (the core runs in its own
+process, messages go over ZMQ). Only `InprocClient` is built so far;
+`make_client` uses it for synchronous callers and says so when
+multiprocessing was asked for.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
+from vllm.v1.engine.core import EngineCore
+
+if TYPE_CHECKING:
+    from vllm.v1.executor.abstract import Executor
+
+logger = init_logger(__name__)
+
+
+class EngineCoreClient(ABC):
+    """The front end's handle on an engine core, wherever it runs."""
+
+    @staticmethod
+    def make_client(multiprocess_mode: bool, asyncio_mode: bool, vllm_config: VllmConfig,
+                    executor_class: type["Executor"], log_stats: bool) -> "EngineCoreClient":
+        if asyncio_mode:
+            raise NotImplementedError(
+                "The asyncio engine-core client (AsyncMPClient, used by AsyncLLM and the "
+                "server) is not built yet.")
+        if multiprocess_mode:
+            logger.info("The multiprocess engine-core client is not built yet; running the "
+                        "engine core in this process (InprocClient).")
+        return InprocClient(vllm_config, executor_class, log_stats)
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop the engine core and release its workers."""
+
+    @abstractmethod
+    def get_output(self) -> EngineCoreOutputs:
+        """The next outputs of the core (for InprocClient: runs one step)."""
+
+    @abstractmethod
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Send a new request to the core."""
+
+    @abstractmethod
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Abort requests by internal id."""
+
+    @abstractmethod
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Drop every cached block; False if blocks are still in use."""
+
+    @abstractmethod
+    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
+                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Call `method` on every worker and return their results."""
+
+
+class InprocClient(EngineCoreClient):
+    """The engine core in the caller's process: `get_output()` runs one step."""
+
+    def __init__(self, vllm_config: VllmConfig, executor_class: type["Executor"],
+                 log_stats: bool) -> None:
+        self.engine_core = EngineCore(vllm_config, executor_class, log_stats)
+
+    def get_output(self) -> EngineCoreOutputs:
+        outputs, _ = self.engine_core.step()
+        return outputs.get(0) or EngineCoreOutputs()
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        req, request_wave = self.engine_core.preprocess_add_request(request)
+        self.engine_core.add_request(req, request_wave)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.engine_core.abort_requests(request_ids)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return self.engine_core.reset_prefix_cache(reset_running_requests)
+
+    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
+                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        return self.engine_core.collective_rpc(method, timeout, args, kwargs)
+
+    def shutdown(self) -> None:
+        self.engine_core.shutdown()

@@ -1,0 +1,203 @@
+"""From a user's prompt and params to an `EngineCoreRequest` (upstream: vllm/v1/engine/input_processor.py).
+
+Everything a user can get wrong is checked here, before the request reaches
+the engine core, and raised as a `ValueError` (`VLLMValidationError`, HTTP 400
+in the server): an empty prompt, a token id outside the vocabulary, a prompt
+that leaves no room in `max_model_len`, logprob counts over `max_logprobs`.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.exceptions import VLLMValidationError
+from vllm.inputs import PromptType
+from vllm.logger import init_logger
+from vllm.sampling_params import SamplingParams
+from vllm.utils import random_uuid
+from vllm.v1.engine import EngineCoreRequest
+
+logger = init_logger(__name__)
+
+
+class InputProcessor:
+    """Validates and tokenizes prompts for one model."""
+
+    def __init__(self, vllm_config: VllmConfig, tokenizer: Any | None) -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.tokenizer = tokenizer
+        # generation_config.json: its extra EOS ids become stop ids.
+        self.generation_config_fields = self.model_config.try_get_generation_config()
+
+    def get_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise ValueError("Unable to get tokenizer because skip_tokenizer_init is True")
+        return self.tokenizer
+
+    @staticmethod
+    def assign_request_id(request: EngineCoreRequest) -> None:
+        """Keep the caller's id as `external_req_id` and give the request a unique
+        internal id (`"{id}-{8 random chars}"`), so reused user ids cannot clash."""
+        if request.external_req_id is not None:
+            raise ValueError("The external_req_id field should not be set on "
+                             "EngineCoreRequests passed to vLLM; use the request_id field.")
+        request.external_req_id = request.request_id
+        request.request_id = f"{request.external_req_id}-{random_uuid()[:8]}"
+
+    def process_inputs(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                       arrival_time: float | None = None, lora_request: Any = None,
+                       tokenization_kwargs: dict[str, Any] | None = None,
+                       trace_headers: Mapping[str, str] | None = None, priority: int = 0,
+                       data_parallel_rank: int | None = None) -> EngineCoreRequest:
+        """Validate `params` and `prompt`, tokenize, and build the engine request."""
+        self._validate_params(params)
+        if lora_request is not None:
+            raise VLLMValidationError(f"Got lora_request {lora_request} but LoRA is not "
+                                      "enabled!")
+        if data_parallel_rank is not None and not (
+                0 <= data_parallel_rank < self.vllm_config.parallel_config.data_parallel_size):
+            raise VLLMValidationError(f"data_parallel_rank {data_parallel_rank} is out of "
+                                      "range.")
+        prompt_token_ids, cache_salt = self._tokenize(prompt, tokenization_kwargs)
+        self._validate_prompt(prompt_token_ids)
+        sampling_params = params.clone()
+        prompt_len = len(prompt_token_ids)
+        if sampling_params.max_tokens is None:
+            # Unset: generate up to the end of the context.
+            sampling_params.max_tokens = self.model_config.max_model_len - prompt_len
+            if sampling_params.min_tokens > sampling_params.max_tokens:
+                raise VLLMValidationError(
+                    "min_tokens must be less than or equal to max_tokens="
+                    f"{sampling_params.max_tokens}, got {sampling_params.min_tokens}.",
+                    parameter="min_tokens")
+        sampling_params.update_from_generation_config(self.generation_config_fields,
+                                                      self._eos_token_id())
+        if self.tokenizer is not None:
+            sampling_params.update_from_tokenizer(self.tokenizer)
+        return EngineCoreRequest(
+            request_id=request_id, prompt_token_ids=prompt_token_ids, mm_features=None,
+            sampling_params=sampling_params, pooling_params=None,
+            eos_token_id=self._eos_token_id(),
+            arrival_time=time.time() if arrival_time is None else arrival_time,
+            lora_request=None, cache_salt=cache_salt, data_parallel_rank=data_parallel_rank,
+            priority=priority,
+            trace_headers=dict(trace_headers) if trace_headers is not None else None)
+
+    # ------------------------------------------------------------------
+    # Parameters
+    # ------------------------------------------------------------------
+
+    def _validate_params(self, params: Any) -> None:
+        if not isinstance(params, SamplingParams):
+            raise TypeError("params must be SamplingParams (pooling is not supported yet), "
+                            f"got {type(params).__name__}")
+        if self.model_config.runner_type != "generate":
+            raise VLLMValidationError("This model does not support generation")
+        if params.n > 1:
+            raise VLLMValidationError("n > 1 (parallel sampling) is not supported yet; "
+                                      "submit the prompt n times with different seeds.",
+                                      parameter="n", value=params.n)
+        self._validate_logprobs(params)
+        self._validate_token_id_params(params)
+
+    def _validate_logprobs(self, params: SamplingParams) -> None:
+        max_logprobs = self.model_config.max_logprobs
+        vocab_size = self.model_config.get_vocab_size()
+        if max_logprobs == -1:
+            max_logprobs = vocab_size
+        for name, label in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+            num = getattr(params, name)
+            if num is None:
+                continue
+            num = vocab_size if num == -1 else num
+            if num > max_logprobs:
+                raise VLLMValidationError(
+                    f"Requested {label} logprobs of {num}, which is greater than max "
+                    f"allowed: {max_logprobs}", parameter=name, value=num)
+
+    def _validate_token_id_params(self, params: SamplingParams) -> None:
+        vocab_size = self.model_config.get_vocab_size()
+        allowed = params.allowed_token_ids
+        if allowed is not None:
+            if not allowed:
+                raise VLLMValidationError("allowed_token_ids is not None and empty!",
+                                          parameter="allowed_token_ids")
+            if any(not 0 <= t < vocab_size for t in allowed):
+                raise VLLMValidationError("allowed_token_ids contains out-of-vocab token id!",
+                                          parameter="allowed_token_ids")
+        if params.logit_bias:
+            bad = [t for t in params.logit_bias if not 0 <= t < vocab_size]
+            if bad:
+                raise VLLMValidationError(
+                    f"token_id(s) {bad} in logit_bias contain out-of-vocab token ids. "
+                    f"Vocabulary size: {vocab_size}", parameter="logit_bias")
+        if params.bad_words and self.tokenizer is None:
+            raise VLLMValidationError("bad_words needs a tokenizer (skip_tokenizer_init is "
+                                      "set).", parameter="bad_words")
+
+    # ------------------------------------------------------------------
+    # Prompts
+    # ------------------------------------------------------------------
+
+    def _tokenize(self, prompt: PromptType,
+                  tokenization_kwargs: dict[str, Any] | None) -> tuple[list[int], str | None]:
+        """(prompt token ids, cache salt) of a str, TextPrompt or TokensPrompt."""
+        if isinstance(prompt, str):
+            return self._encode(prompt, tokenization_kwargs), None
+        if not isinstance(prompt, dict):
+            raise TypeError("A prompt must be a str, a TextPrompt or a TokensPrompt, got "
+                            f"{type(prompt).__name__}")
+        if prompt.get("multi_modal_data") is not None:
+            raise VLLMValidationError("Multimodal inputs are not supported yet.")
+        if "prompt_embeds" in prompt:
+            raise VLLMValidationError("Prompt embeddings are not supported yet.")
+        cache_salt = prompt.get("cache_salt")
+        if "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise VLLMValidationError("prompt_token_ids must be a list of ints.")
+            return list(ids), cache_salt
+        if "prompt" in prompt:
+            return self._encode(prompt["prompt"], tokenization_kwargs), cache_salt
+        raise VLLMValidationError("A prompt dict needs 'prompt' or 'prompt_token_ids'.")
+
+    def _encode(self, text: str, tokenization_kwargs: dict[str, Any] | None) -> list[int]:
+        if self.tokenizer is None:
+            raise VLLMValidationError("Text prompts need a tokenizer; with "
+                                      "skip_tokenizer_init pass TokensPrompt instead.")
+        return list(self.tokenizer.encode(text, **(tokenization_kwargs or {})))
+
+    def _validate_prompt(self, prompt_ids: list[int]) -> None:
+        prompt_len = len(prompt_ids)
+        if prompt_len == 0:
+            raise VLLMValidationError("The decoder prompt cannot be empty")
+        max_len = self.model_config.max_model_len
+        if prompt_len > max_len:
+            raise VLLMValidationError(
+                f"The decoder prompt (length {prompt_len}) is longer than the maximum model "
+                f"length of {max_len}. Make sure that `max_model_len` is no smaller than the "
+                "number of text tokens.")
+        if prompt_len == max_len and self.model_config.runner_type == "generate":
+            raise VLLMValidationError(
+                f"The decoder prompt (length {prompt_len}) plus the number of requested "
+                f"output tokens (at least 1) is longer than the maximum model length of "
+                f"{max_len}. Make sure that `max_model_len` is no smaller than the number of "
+                "text tokens (prompt + requested output tokens).")
+        # The model's embedding table may be larger than the tokenizer's
+        # vocabulary (padding), never smaller: it bounds what the model can read.
+        vocab_size = self.model_config.get_vocab_size()
+        bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise VLLMValidationError(f"Token id {bad[0]} is out of vocabulary "
+                                      f"(vocabulary size {vocab_size})")
+
+    def _eos_token_id(self) -> int | None:
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            return self.tokenizer.eos_token_id
+        eos = self.model_config.get_eos_token_id()
+        if isinstance(eos, list):
+            return eos[0] if eos else None
+        return eos

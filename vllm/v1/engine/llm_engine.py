@@ -1,0 +1,139 @@
+"""The synchronous engine behind `LLM` (upstream: vllm/v1/engine/llm_engine.py).
+
+    add_request: InputProcessor (validate, tokenize) -> OutputProcessor.add_request
+                 -> engine core
+    step:        engine core outputs -> OutputProcessor.process_outputs
+                 -> abort what stop strings finished -> RequestOutputs
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import vllm.envs as envs
+from vllm.config import VllmConfig
+from vllm.engine.arg_utils import EngineArgs
+from vllm.inputs import PromptType
+from vllm.logger import init_logger
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import SamplingParams
+from vllm.transformers_utils.tokenizer import cached_tokenizer_from_config
+from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine.core_client import EngineCoreClient
+from vllm.v1.engine.input_processor import InputProcessor
+from vllm.v1.engine.output_processor import OutputProcessor
+
+if TYPE_CHECKING:
+    from vllm.v1.executor.abstract import Executor
+
+logger = init_logger(__name__)
+
+
+class LLMEngine:
+    """Synchronous engine: requests in, `RequestOutput`s out, one `step()` at a time."""
+
+    def __init__(self, vllm_config: VllmConfig, executor_class: type["Executor"],
+                 log_stats: bool, usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
+                 stat_loggers: list[Any] | None = None,
+                 multiprocess_mode: bool = False) -> None:
+        if stat_loggers:
+            raise NotImplementedError("Custom stat loggers are not supported yet.")
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        self.log_stats = log_stats
+        self.usage_context = usage_context
+        tokenizer = (None if self.model_config.skip_tokenizer_init
+                     else cached_tokenizer_from_config(self.model_config))
+        self.tokenizer = tokenizer
+        self.input_processor = InputProcessor(vllm_config, tokenizer)
+        self.output_processor = OutputProcessor(
+            tokenizer, log_stats=log_stats,
+            stream_interval=vllm_config.scheduler_config.stream_interval)
+        self.engine_core = EngineCoreClient.make_client(
+            multiprocess_mode=multiprocess_mode, asyncio_mode=False, vllm_config=vllm_config,
+            executor_class=executor_class, log_stats=log_stats)
+        # The in-process core's executor, for callers that reach into it.
+        self.model_executor = self.engine_core.engine_core.model_executor
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: VllmConfig,
+                         usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
+                         stat_loggers: list[Any] | None = None,
+                         disable_log_stats: bool = False) -> "LLMEngine":
+        from vllm.v1.executor.abstract import Executor
+
+        return cls(vllm_config=vllm_config, executor_class=Executor.get_class(vllm_config),
+                   log_stats=not disable_log_stats, usage_context=usage_context,
+                   stat_loggers=stat_loggers,
+                   multiprocess_mode=envs.VLLM_ENABLE_V1_MULTIPROCESSING)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs,
+                         usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
+                         stat_loggers: list[Any] | None = None,
+                         enable_multiprocessing: bool = False) -> "LLMEngine":
+        """Build the config from `engine_args`, then the engine."""
+        from vllm.v1.executor.abstract import Executor
+
+        vllm_config = engine_args.create_engine_config(usage_context)
+        if envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+            enable_multiprocessing = True
+        return cls(vllm_config=vllm_config, executor_class=Executor.get_class(vllm_config),
+                   log_stats=not engine_args.disable_log_stats, usage_context=usage_context,
+                   stat_loggers=stat_loggers, multiprocess_mode=enable_multiprocessing)
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: float | None = None, lora_request: Any = None,
+                    tokenization_kwargs: dict[str, Any] | None = None,
+                    trace_headers: Mapping[str, str] | None = None,
+                    priority: int = 0) -> str:
+        """Validate and submit one request; returns its internal request id.
+
+        Raises ValueError (VLLMValidationError) for bad prompts or params; the
+        engine is left untouched in that case.
+        """
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id)}")
+        request = self.input_processor.process_inputs(
+            request_id, prompt, params, arrival_time=arrival_time, lora_request=lora_request,
+            tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
+            priority=priority)
+        self.input_processor.assign_request_id(request)
+        prompt_text = prompt if isinstance(prompt, str) else prompt.get("prompt")
+        self.output_processor.add_request(request, prompt_text, None, 0)
+        self.engine_core.add_request(request)
+        return request.request_id
+
+    def abort_request(self, request_ids: list[str], internal: bool = False) -> None:
+        """Abort requests by user id (or, internal=True, by internal id)."""
+        to_abort = self.output_processor.abort_requests(request_ids, internal)
+        self.engine_core.abort_requests(to_abort)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step and return the outputs it produced."""
+        outputs = self.engine_core.get_output()
+        processed = self.output_processor.process_outputs(
+            outputs.outputs, engine_core_timestamp=outputs.timestamp)
+        # Requests that stop strings finished here are still live in the core.
+        self.engine_core.abort_requests(processed.reqs_to_abort)
+        return processed.request_outputs
+
+    def get_tokenizer(self) -> Any:
+        return self.input_processor.get_tokenizer()
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return self.engine_core.reset_prefix_cache(reset_running_requests)
+
+    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
+                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        return self.engine_core.collective_rpc(method, timeout, args, kwargs)
+
+    def shutdown(self) -> None:
+        self.engine_core.shutdown()

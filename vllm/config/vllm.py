@@ -32,7 +32,10 @@ DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: frozenset[str] = frozenset({
 
 def _v2_model_runner_built() -> bool:
     """Whether this build ships Model Runner V2 (vllm/v1/worker/gpu/)."""
-    return importlib.util.find_spec("vllm.v1.worker.gpu.model_runner") is not None
+    try:
+        return importlib.util.find_spec("vllm.v1.worker.gpu.model_runner") is not None
+    except ModuleNotFoundError:  # the vllm.v1.worker.gpu package itself is absent
+        return False
 
 
 @dataclass

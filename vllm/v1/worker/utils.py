@@ -2,6 +2,7 @@
 the `CpuGpuBuffer` of vllm/v1/utils.py)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -9,6 +10,9 @@ import torch
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.attention.backend import AttentionBackend, AttentionMetadataBuilder
+    from vllm.v1.kv_cache_interface import KVCacheSpec
+    from vllm.v1.worker.gpu_input_batch import InputBatch
 
 
 class CpuGpuBuffer:
@@ -70,3 +74,43 @@ def _layer_sort_key(layer_name: str) -> tuple:
     """Order "model.layers.10.attn" after "model.layers.9.attn"."""
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
                  for part in layer_name.split("."))
+
+
+@dataclass
+class AttentionGroup:
+    """Layers of one KV cache group that share a backend, and hence one
+    metadata builder (upstream: vllm/v1/worker/utils.py)."""
+
+    backend: type["AttentionBackend"]
+    metadata_builder: "AttentionMetadataBuilder"
+    layer_names: list[str]
+    kv_cache_spec: "KVCacheSpec"
+
+
+def reorder_batch_to_split_decodes_and_prefills(
+    input_batch: "InputBatch",
+    num_scheduled_tokens: dict[str, int],
+    decode_threshold: int = 1,
+) -> bool:
+    """Order the persistent batch so every request with at most
+    `decode_threshold` scheduled tokens comes before every other one.
+
+    Swaps the first misplaced prefill with the last misplaced decode until the
+    two classes are separated: at most min(#decodes, #prefills) swaps, and none
+    once the batch is already split (the steady decode state).
+    Returns whether the batch changed.
+    """
+    req_ids = input_batch.req_ids
+    num_reqs = len(req_ids)
+    if num_reqs == 0:
+        return False
+    counts = np.fromiter((num_scheduled_tokens[r] for r in req_ids), dtype=np.int64,
+                         count=num_reqs)
+    is_decode = counts <= decode_threshold
+    num_decodes = int(is_decode.sum())
+    # Rows that must move: prefills in the front part, decodes in the back part.
+    prefills_in_front = np.flatnonzero(~is_decode[:num_decodes])
+    decodes_in_back = np.flatnonzero(is_decode[num_decodes:])[::-1] + num_decodes
+    for prefill_row, decode_row in zip(prefills_in_front.tolist(), decodes_in_back.tolist()):
+        input_batch.swap_states(prefill_row, decode_row)
+    return len(prefills_in_front) > 0

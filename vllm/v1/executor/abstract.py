@@ -1,0 +1,169 @@
+"""The executor interface (upstream: vllm/v1/executor/abstract.py).
+
+An executor owns the workers and fans calls out to them with
+`collective_rpc(method, args, kwargs)`; the engine core only talks to it.
+"""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import Future
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+
+logger = init_logger(__name__)
+
+_R = TypeVar("_R")
+
+# Backends named by parallel_config.distributed_executor_backend that are
+# planned but not built yet.
+_UNBUILT_BACKENDS = {
+    "mp": "the multiprocess executor (one worker process per device)",
+    "ray": "the Ray executor",
+    "external_launcher": "the external-launcher executor",
+}
+
+
+class Executor(ABC):
+    """Runs the model on one or more workers."""
+
+    uses_ray: bool = False
+    supports_pp: bool = False
+
+    @staticmethod
+    def get_class(vllm_config: "VllmConfig") -> type["Executor"]:
+        """The executor class for `parallel_config.distributed_executor_backend`:
+        an Executor subclass, "uni", a built-in name, or a qualified class name."""
+        parallel_config = vllm_config.parallel_config
+        backend = parallel_config.distributed_executor_backend
+        if backend is None:
+            backend = "uni" if parallel_config.world_size == 1 else "mp"
+        if isinstance(backend, type):
+            if not issubclass(backend, Executor):
+                raise TypeError("distributed_executor_backend must be a subclass of "
+                                f"Executor; got {backend}.")
+            return backend
+        if backend == "uni":
+            if parallel_config.world_size != 1:
+                raise ValueError("The 'uni' executor runs one worker; world size is "
+                                 f"{parallel_config.world_size}.")
+            from vllm.v1.executor.uniproc_executor import UniProcExecutor
+            return UniProcExecutor
+        if backend in _UNBUILT_BACKENDS:
+            raise ValueError(f"distributed_executor_backend={backend!r} needs "
+                             f"{_UNBUILT_BACKENDS[backend]}, which is not built yet; "
+                             "use world size 1 (the 'uni' executor).")
+        if isinstance(backend, str) and "." in backend:
+            module_name, _, class_name = backend.rpartition(".")
+            executor_class = getattr(importlib.import_module(module_name), class_name)
+            if not (isinstance(executor_class, type) and issubclass(executor_class, Executor)):
+                raise TypeError(f"{backend} is not a subclass of Executor.")
+            return executor_class
+        raise ValueError(f"Unknown distributed executor backend: {backend!r}.")
+
+    def __init__(self, vllm_config: "VllmConfig") -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        self.scheduler_config = vllm_config.scheduler_config
+        self.parallel_config = vllm_config.parallel_config
+        self.device_config = vllm_config.device_config
+        self.load_config = vllm_config.load_config
+        self._init_executor()
+
+    @abstractmethod
+    def _init_executor(self) -> None:
+        """Create the workers, initialise their devices and load the model."""
+        raise NotImplementedError
+
+    # ---- KV cache set-up ---------------------------------------------------------
+    def initialize_from_config(self, kv_cache_configs: list["KVCacheConfig"]) -> None:
+        """Allocate each worker's KV cache (one config per worker), then warm up."""
+        self.collective_rpc("initialize_from_config", args=(kv_cache_configs,))
+        self.collective_rpc("compile_or_warm_up_model")
+
+    def determine_available_memory(self) -> list[int]:
+        """Bytes each worker can give to its KV cache."""
+        return self.collective_rpc("determine_available_memory")
+
+    def get_kv_cache_specs(self) -> list[dict[str, "KVCacheSpec"]]:
+        """Per worker: layer name -> KV cache spec."""
+        return self.collective_rpc("get_kv_cache_spec")
+
+    # ---- RPC ---------------------------------------------------------------------
+    @abstractmethod
+    def collective_rpc(self, method: str | Callable[..., _R], timeout: float | None = None,
+                       args: tuple = (), kwargs: dict[str, Any] | None = None,
+                       non_block: bool = False) -> list[Any] | Future[list[Any]]:
+        """Call `method` on every worker and return their results in rank order.
+
+        `method` is a worker method name, or a callable run as
+        `method(worker, *args, **kwargs)`. With `non_block` the result is a
+        Future of that list. `timeout` (seconds) bounds the wait where the
+        executor can enforce it.
+        """
+        raise NotImplementedError
+
+    # ---- steps -------------------------------------------------------------------
+    def execute_model(self, scheduler_output: "SchedulerOutput", non_block: bool = False
+                      ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
+        """Forward pass of one step. None means: call `sample_tokens` next."""
+        output = self.collective_rpc("execute_model", args=(scheduler_output,),
+                                     non_block=non_block)
+        return _first(output)
+
+    def sample_tokens(self, grammar_output: Any, non_block: bool = False
+                      ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
+        """Sample the step's tokens (with the structured-output bitmask, if any)."""
+        output = self.collective_rpc("sample_tokens", args=(grammar_output,),
+                                     non_block=non_block)
+        return _first(output)
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Steps the engine core may have in flight (its batch queue size)."""
+        return 1
+
+    @classmethod
+    def supports_async_scheduling(cls) -> bool:
+        """Whether the workers can take step N+1 before N's output is back."""
+        return False
+
+    @cached_property  # one RPC, not one per access
+    def supported_tasks(self) -> tuple[str, ...]:
+        return self.collective_rpc("get_supported_tasks")[0]
+
+    @abstractmethod
+    def check_health(self) -> None:
+        """Raise if an executor component is unhealthy."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Shut the workers down."""
+        self.collective_rpc("shutdown")
+
+
+def _first(output: list[Any] | Future[list[Any]]) -> Any:
+    """The driver worker's result, from a list or from a Future of a list."""
+    if not isinstance(output, Future):
+        return output[0]
+    first: Future[Any] = Future()
+
+    def relay(done: Future[list[Any]]) -> None:
+        exc = done.exception()
+        if exc is not None:
+            first.set_exception(exc)
+        else:
+            first.set_result(done.result()[0])
+
+    output.add_done_callback(relay)
+    return first

@@ -1,0 +1,64 @@
+"""One worker in the engine core's own process (upstream:
+vllm/v1/executor/uniproc_executor.py)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.executor.abstract import Executor
+from vllm.v1.worker.worker_base import WorkerWrapperBase, run_method
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import ModelRunnerOutput
+
+
+class UniProcExecutor(Executor):
+    """Calls the single worker directly. A non-blocking call runs to completion
+    before returning and hands back an already-completed Future (with the
+    exception set if the call raised), so callers can treat every executor alike."""
+
+    def _init_executor(self) -> None:
+        self.driver_worker = WorkerWrapperBase(vllm_config=self.vllm_config, rpc_rank=0)
+        self.driver_worker.init_worker(all_kwargs=[dict(
+            vllm_config=self.vllm_config, local_rank=0, rank=0,
+            distributed_init_method="", is_driver_worker=True)])
+        self.driver_worker.init_device()
+        self.driver_worker.load_model()
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple = (), kwargs: dict[str, Any] | None = None,
+                       non_block: bool = False, single_value: bool = False) -> Any:
+        """As `Executor.collective_rpc`; with `single_value` the worker's result
+        is returned as is instead of in a one-element list."""
+        kwargs = kwargs or {}
+        if not non_block:
+            result = run_method(self.driver_worker, method, args, kwargs)
+            return result if single_value else [result]
+        future: Future[Any] = Future()
+        try:
+            result = run_method(self.driver_worker, method, args, kwargs)
+        except Exception as e:
+            future.set_exception(e)
+        else:
+            future.set_result(result if single_value else [result])
+        return future
+
+    def execute_model(self, scheduler_output: "SchedulerOutput", non_block: bool = False
+                      ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
+        return self.collective_rpc("execute_model", args=(scheduler_output,),
+                                   non_block=non_block, single_value=True)
+
+    def sample_tokens(self, grammar_output: Any, non_block: bool = False
+                      ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
+        return self.collective_rpc("sample_tokens", args=(grammar_output,),
+                                   non_block=non_block, single_value=True)
+
+    def check_health(self) -> None:
+        # The worker lives in this process: it is healthy as long as we run.
+        return
+
+    def shutdown(self) -> None:
+        if (worker := getattr(self, "driver_worker", None)) is not None:
+            worker.shutdown()

@@ -1,0 +1,1 @@
+"""Workers and model runners (upstream: vllm/v1/worker/)."""

@@ -1,0 +1,450 @@
+"""The V1 model runner (upstream: vllm/v1/worker/gpu_model_runner.py).
+
+Despite the name it is device-agnostic: on a CPU device the "device" buffers
+are the host buffers themselves and no copies happen.
+
+One step is two calls, as upstream:
+  execute_model(scheduler_output) -> None
+      _update_states   apply the scheduler's diffs to the persistent batch
+      _prepare_inputs  token ids, positions, slots, query_start_loc (numpy)
+      attention metadata per KV cache group, forward, logits of the last
+      scheduled token of every request
+  sample_tokens(grammar_output) -> ModelRunnerOutput
+      sampler, then write the sampled tokens back into the persistent batch
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from vllm.forward_context import set_forward_context
+from vllm.logger import init_logger
+from vllm.sampling_params import SamplingType
+from vllm.utils import STR_DTYPE_TO_TORCH_DTYPE, is_pin_memory_available
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.sampler import Sampler
+from vllm.v1.worker import kv_cache_setup
+from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+from vllm.v1.worker.utils import (AttentionGroup, CpuGpuBuffer,
+                                  reorder_batch_to_split_decodes_and_prefills)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+
+logger = init_logger(__name__)
+
+
+class ExecuteModelState(NamedTuple):
+    """What `execute_model` leaves for the `sample_tokens` call that follows."""
+
+    scheduler_output: "SchedulerOutput"
+    logits: torch.Tensor  # [num_reqs, vocab]
+    # [num_reqs] bool: requests still mid-prefill, whose sampled token is dropped.
+    discard_mask: np.ndarray
+
+
+class GPUModelRunner:
+    """Owns the model, the KV cache tensors, the persistent batch and the sampler."""
+
+    def __init__(self, vllm_config: "VllmConfig", device: torch.device) -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        self.scheduler_config = vllm_config.scheduler_config
+        self.device = device
+        self.pin_memory = is_pin_memory_available()
+        self.dtype = self.model_config.dtype
+        cache_dtype = self.cache_config.cache_dtype
+        self.kv_cache_dtype = (self.dtype if cache_dtype == "auto" else
+                               STR_DTYPE_TO_TORCH_DTYPE[cache_dtype])
+
+        self.max_model_len = self.model_config.max_model_len
+        self.max_num_tokens = self.scheduler_config.max_num_batched_tokens
+        self.max_num_reqs = self.scheduler_config.max_num_seqs
+        self.vocab_size = self.model_config.get_vocab_size()
+
+        self.model: nn.Module | None = None
+        self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
+        self.requests: dict[str, CachedRequestState] = {}
+        self.input_batch = self._make_input_batch([self.cache_config.block_size])
+
+        self.kv_cache_config: KVCacheConfig | None = None
+        self.kv_caches: list[torch.Tensor] = []
+        # Per KV cache group: its attention groups (one per backend).
+        self.attn_groups: list[list[AttentionGroup]] = []
+        self.reorder_batch_threshold: int | None = None
+
+        # Persistent input buffers, sized for the largest step.
+        def buffer(*size: int, dtype: torch.dtype) -> CpuGpuBuffer:
+            return CpuGpuBuffer(*size, dtype=dtype, device=device, pin_memory=self.pin_memory)
+
+        self.input_ids = buffer(self.max_num_tokens, dtype=torch.int32)
+        self.positions = buffer(self.max_num_tokens, dtype=torch.int64)
+        self.query_start_loc = buffer(self.max_num_reqs + 1, dtype=torch.int32)
+        self.seq_lens = buffer(self.max_num_reqs, dtype=torch.int32)
+        self.arange_np = np.arange(max(self.max_num_reqs + 1, self.max_model_len,
+                                       self.max_num_tokens), dtype=np.int64)
+        self.execute_model_state: ExecuteModelState | None = None
+
+    def _make_input_batch(self, block_sizes: list[int]) -> InputBatch:
+        return InputBatch(
+            max_num_reqs=self.max_num_reqs, max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_tokens, device=self.device,
+            pin_memory=self.pin_memory, vocab_size=self.vocab_size, block_sizes=block_sizes)
+
+    # ---- model and KV cache --------------------------------------------------
+    def load_model(self) -> None:
+        from vllm.model_executor.model_loader import get_model
+
+        logger.info("Loading model %s on %s", self.model_config.model, self.device)
+        self.model = get_model(vllm_config=self.vllm_config)
+
+    def get_model(self) -> nn.Module:
+        assert self.model is not None, "load_model() has not run"
+        return self.model
+
+    def get_kv_cache_spec(self) -> dict[str, "KVCacheSpec"]:
+        """KV cache spec of every attention layer the model registered."""
+        return kv_cache_setup.get_kv_cache_spec(self.vllm_config)
+
+    def initialize_kv_cache(self, kv_cache_config: "KVCacheConfig") -> None:
+        """Allocate the KV cache tensors, bind them to the layers and build the
+        attention metadata builders."""
+        self.kv_cache_config = kv_cache_config
+        block_sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+        if block_sizes != [self.cache_config.block_size]:
+            # One block table per group; rebuild the (still empty) batch.
+            assert not self.requests, "KV cache re-initialised with live requests"
+            self.input_batch = self._make_input_batch(block_sizes)
+        self.attn_groups = kv_cache_setup.make_attn_groups(kv_cache_config, self.vllm_config,
+                                                           self.device)
+        thresholds = [g.metadata_builder.reorder_batch_threshold
+                      for groups in self.attn_groups for g in groups]
+        thresholds = [t for t in thresholds if t is not None]
+        self.reorder_batch_threshold = min(thresholds) if thresholds else None
+        self.kv_caches = kv_cache_setup.allocate_and_bind_kv_caches(
+            kv_cache_config, self.attn_groups, self.vllm_config, self.device)
+
+    # ---- one step ------------------------------------------------------------
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: "SchedulerOutput") -> ModelRunnerOutput | None:
+        """Run the forward pass; returns None and leaves the logits for
+        `sample_tokens` (or EMPTY_MODEL_RUNNER_OUTPUT when nothing is scheduled)."""
+        if self.execute_model_state is not None:
+            raise RuntimeError("execute_model() called twice without sample_tokens().")
+        self._update_states(scheduler_output)
+        if not scheduler_output.total_num_scheduled_tokens:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+
+        num_tokens = scheduler_output.total_num_scheduled_tokens
+        attn_metadata, logits_indices, discard_mask = self._prepare_inputs(scheduler_output)
+        with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens):
+            hidden_states = self.get_model()(input_ids=self.input_ids.gpu[:num_tokens],
+                                             positions=self.positions.gpu[:num_tokens])
+        logits = self.model.compute_logits(hidden_states[logits_indices])
+        self.execute_model_state = ExecuteModelState(scheduler_output, logits, discard_mask)
+        return None
+
+    @torch.inference_mode()
+    def sample_tokens(self, grammar_output: object | None) -> ModelRunnerOutput | None:
+        """Sample from the logits of the preceding `execute_model`."""
+        state = self.execute_model_state
+        if state is None:
+            return None
+        self.execute_model_state = None
+        if grammar_output is not None:
+            raise NotImplementedError("Structured output (grammar bitmasks) is not built yet.")
+        sampling_metadata = self._sampling_metadata_for_step(state.discard_mask)
+        sampler_output = self.sampler(state.logits, sampling_metadata)
+        return self._bookkeeping(sampler_output.sampled_token_ids,
+                                 sampler_output.logprobs_tensors, state.discard_mask)
+
+    # ---- state updates -------------------------------------------------------
+    def _update_states(self, scheduler_output: "SchedulerOutput") -> None:
+        """Bring the cached request states and the persistent batch in line
+        with the scheduler's decisions for this step."""
+        batch = self.input_batch
+        for req_id in scheduler_output.finished_req_ids:
+            self.requests.pop(req_id, None)
+            batch.remove_request(req_id)
+
+        # Requests in the batch but not scheduled now (preempted, or left out
+        # this step) leave the batch; their CachedRequestState stays. A resumed
+        # request is re-added below with its new block ids.
+        cached = scheduler_output.scheduled_cached_reqs
+        scheduled = scheduler_output.num_scheduled_tokens.keys()
+        for req_id in list(batch.req_id_to_index):
+            if req_id not in scheduled or req_id in cached.resumed_req_ids:
+                batch.remove_request(req_id)
+
+        reqs_to_add = [self._add_new_request(new_req)
+                       for new_req in scheduler_output.scheduled_new_reqs]
+        reqs_to_add += self._update_cached_requests(scheduler_output)
+        for req_state in reqs_to_add:
+            batch.add_request(req_state)
+        batch.condense()
+        if self.reorder_batch_threshold is not None:
+            reorder_batch_to_split_decodes_and_prefills(
+                batch, scheduler_output.num_scheduled_tokens, self.reorder_batch_threshold)
+        batch.refresh_metadata()
+
+    def _add_new_request(self, new_req: "NewRequestData") -> CachedRequestState:
+        params = new_req.sampling_params
+        if params is None:
+            raise ValueError(f"Request {new_req.req_id} has no sampling params; pooling "
+                             "requests are not supported.")
+        if new_req.prompt_token_ids is None:
+            raise ValueError(f"Request {new_req.req_id} has no prompt token ids; prompt "
+                             "embeddings are not supported.")
+        generator = None
+        if params.sampling_type == SamplingType.RANDOM_SEED:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(params.seed)
+        req_state = CachedRequestState(
+            req_id=new_req.req_id, prompt_token_ids=new_req.prompt_token_ids,
+            mm_features=new_req.mm_features, sampling_params=params, generator=generator,
+            block_ids=tuple(list(ids) for ids in new_req.block_ids),
+            num_computed_tokens=new_req.num_computed_tokens, output_token_ids=[],
+            lora_request=new_req.lora_request)
+        self.requests[new_req.req_id] = req_state
+        return req_state
+
+    def _update_cached_requests(self, scheduler_output: "SchedulerOutput"
+                                ) -> list[CachedRequestState]:
+        """Apply the per-request diffs; returns the states that must (re)join
+        the batch (resumed, or not scheduled in the previous step)."""
+        batch = self.input_batch
+        data = scheduler_output.scheduled_cached_reqs
+        to_add: list[CachedRequestState] = []
+        for i, req_id in enumerate(data.req_ids):
+            req_state = self.requests[req_id]
+            num_computed = data.num_computed_tokens[i]
+            new_block_ids = data.new_block_ids[i]
+            req_state.num_computed_tokens = num_computed
+            row = batch.req_id_to_index.get(req_id)
+
+            num_output_tokens = data.num_output_tokens[i]
+            if num_output_tokens < len(req_state.output_token_ids):
+                # The scheduler dropped tokens we hold (e.g. a failed KV load).
+                del req_state.output_token_ids[num_output_tokens:]
+                if row is not None:
+                    batch.num_tokens[row] = req_state.num_tokens
+
+            if req_id in data.resumed_req_ids:
+                assert row is None and new_block_ids is not None
+                req_state.block_ids = tuple(list(ids) for ids in new_block_ids)
+            elif new_block_ids is not None:
+                for block_ids, new_ids in zip(req_state.block_ids, new_block_ids):
+                    block_ids.extend(new_ids)
+
+            if row is None:
+                all_token_ids = data.all_token_ids.get(req_id)
+                if all_token_ids is not None:
+                    req_state.output_token_ids[:] = all_token_ids[req_state.num_prompt_tokens:]
+                to_add.append(req_state)
+                continue
+            batch.num_computed_tokens_cpu[row] = num_computed
+            if new_block_ids is not None:
+                batch.block_table.append_row(new_block_ids, row)
+        return to_add
+
+    # ---- inputs --------------------------------------------------------------
+    def _prepare_inputs(self, scheduler_output: "SchedulerOutput"
+                        ) -> tuple[dict[str, object], torch.Tensor, np.ndarray]:
+        """Fill the input buffers for the scheduled tokens, vectorised.
+
+        Tokens are laid out request after request in batch order. For the
+        example batch [req0: 3 tokens from position 5, req1: 1 token at 9]:
+            req_indices = [0, 0, 0, 1]    positions = [5, 6, 7, 9]
+            query_start_loc = [0, 3, 4]   seq_lens = [8, 10]
+        Returns (attention metadata by layer, logits_indices [num_reqs],
+        discard_mask [num_reqs]).
+        """
+        batch = self.input_batch
+        num_reqs = batch.num_reqs
+        total = scheduler_output.total_num_scheduled_tokens
+        assert 0 < total <= self.max_num_tokens
+        num_scheduled = np.fromiter(
+            (scheduler_output.num_scheduled_tokens[r] for r in batch.req_ids),
+            dtype=np.int32, count=num_reqs)
+        cu_num_tokens = np.cumsum(num_scheduled)
+        req_indices = np.repeat(self.arange_np[:num_reqs], num_scheduled)
+        # Offset of each token inside its request: 0..n_i-1 for every request i.
+        offsets = self.arange_np[:total] - np.repeat(cu_num_tokens - num_scheduled,
+                                                     num_scheduled)
+        positions = self.positions.np[:total]
+        np.add(batch.num_computed_tokens_cpu[req_indices], offsets, out=positions)
+
+        # Token ids come from the flattened [max_num_reqs, max_model_len] buffer.
+        token_indices = positions + req_indices * batch.token_ids_cpu.shape[1]
+        np.take(batch.token_ids_cpu.ravel(), token_indices, out=self.input_ids.np[:total])
+        batch.block_table.compute_slot_mapping(req_indices, positions)
+        batch.block_table.commit_block_table(num_reqs)
+        batch.block_table.commit_slot_mapping(total)
+
+        self.query_start_loc.np[0] = 0
+        self.query_start_loc.np[1:num_reqs + 1] = cu_num_tokens
+        seq_lens = self.seq_lens.np[:num_reqs]
+        np.add(batch.num_computed_tokens_cpu[:num_reqs], num_scheduled, out=seq_lens)
+        self.input_ids.copy_to_gpu(total)
+        self.positions.copy_to_gpu(total)
+        query_start_loc = self.query_start_loc.copy_to_gpu(num_reqs + 1)
+        self.seq_lens.copy_to_gpu(num_reqs)
+
+        attn_metadata = self._build_attention_metadata(
+            num_reqs, total, int(num_scheduled.max()), int(seq_lens.max()))
+        logits_indices = query_start_loc[1:].to(torch.int64) - 1
+        # A request whose tokens are not all computed after this step is still
+        # in its prefill: the token sampled for it is not a real output.
+        discard_mask = seq_lens < batch.num_tokens[:num_reqs]
+        return attn_metadata, logits_indices, discard_mask
+
+    def _build_attention_metadata(self, num_reqs: int, num_tokens: int, max_query_len: int,
+                                  max_seq_len: int) -> dict[str, object]:
+        """One metadata object per attention group, mapped to each of its layers."""
+        attn_metadata: dict[str, object] = {}
+        for gid, groups in enumerate(self.attn_groups):
+            block_table = self.input_batch.block_table[gid]
+            common = CommonAttentionMetadata(
+                query_start_loc=self.query_start_loc.gpu[:num_reqs + 1],
+                query_start_loc_cpu=self.query_start_loc.cpu[:num_reqs + 1],
+                seq_lens=self.seq_lens.gpu[:num_reqs],
+                seq_lens_cpu=self.seq_lens.cpu[:num_reqs],
+                num_computed_tokens_cpu=(
+                    self.input_batch.num_computed_tokens_cpu_tensor[:num_reqs]),
+                num_reqs=num_reqs, num_actual_tokens=num_tokens,
+                max_query_len=max_query_len, max_seq_len=max_seq_len,
+                block_table_tensor=block_table.get_device_tensor(num_reqs),
+                slot_mapping=block_table.slot_mapping.gpu[:num_tokens])
+            for group in groups:
+                metadata = group.metadata_builder.build(common_prefix_len=0,
+                                                        common_attn_metadata=common)
+                for layer_name in group.layer_names:
+                    attn_metadata[layer_name] = metadata
+        return attn_metadata
+
+    # ---- outputs -------------------------------------------------------------
+    def _sampling_metadata_for_step(self, discard_mask: np.ndarray) -> SamplingMetadata:
+        """The batch's sampling metadata, minus the generators of requests
+        still mid-prefill: their draw is discarded, so it must not advance
+        their generator (seeded output must not depend on chunking)."""
+        metadata = self.input_batch.sampling_metadata
+        generators = metadata.generators
+        if generators and discard_mask.any():
+            kept = {row: g for row, g in generators.items() if not discard_mask[row]}
+            metadata = dataclasses.replace(metadata, generators=kept)
+        return metadata
+
+    def _bookkeeping(self, sampled_token_ids: torch.Tensor, logprobs_tensors,
+                     discard_mask: np.ndarray) -> ModelRunnerOutput:
+        """Append the sampled tokens to the batch and the request states and
+        build the step's output. sampled_token_ids: [num_reqs, 1] int32."""
+        batch = self.input_batch
+        sampled_np = sampled_token_ids[:, 0].cpu().numpy()
+        sampled = sampled_np.tolist()
+        rows = np.flatnonzero(~discard_mask)
+        # Write the new tokens after each row's last token, all rows at once.
+        cols = batch.num_tokens[rows]
+        fits = cols < batch.max_model_len
+        batch.token_ids_cpu[rows[fits], cols[fits]] = sampled_np[rows[fits]]
+        batch.num_tokens[rows] += 1
+
+        output_lists = batch.req_output_token_ids
+        sampled_token_ids_list: list[list[int]] = [[] for _ in sampled]
+        for row in rows.tolist():
+            token = sampled[row]
+            output_lists[row].append(token)  # type: ignore[union-attr]
+            sampled_token_ids_list[row] = [token]
+
+        return ModelRunnerOutput(
+            req_ids=list(batch.req_ids),
+            req_id_to_index=dict(batch.req_id_to_index),
+            sampled_token_ids=sampled_token_ids_list,
+            logprobs=logprobs_tensors.tolists() if logprobs_tensors is not None else None,
+            prompt_logprobs_dict={},
+        )
+
+    # ---- dummy runs (warm-up and memory profiling) ----------------------------
+    @torch.inference_mode()
+    def _dummy_run(self, num_tokens: int, use_kv_cache: bool = True,
+                   num_reqs: int | None = None) -> torch.Tensor:
+        """Forward `num_tokens` dummy tokens spread over `num_reqs` (default
+        min(num_tokens, max_num_reqs)) fake requests that start at position 0.
+
+        With `use_kv_cache` (and a KV cache allocated) attention runs for real
+        against a zero block table with every slot -1, so nothing is written;
+        otherwise the layers get no metadata and skip attention (profile run).
+        Returns the hidden states of each fake request's last token.
+        """
+        assert 0 < num_tokens <= self.max_num_tokens
+        num_reqs = num_reqs or min(num_tokens, self.max_num_reqs)
+        assert num_reqs <= min(num_tokens, self.max_num_reqs)
+        num_scheduled = np.full(num_reqs, num_tokens // num_reqs, dtype=np.int32)
+        num_scheduled[-1] += num_tokens % num_reqs
+        cu_num_tokens = np.cumsum(num_scheduled)
+        offsets = self.arange_np[:num_tokens] - np.repeat(cu_num_tokens - num_scheduled,
+                                                          num_scheduled)
+        self.input_ids.np[:num_tokens] = 0
+        self.positions.np[:num_tokens] = offsets
+        input_ids = self.input_ids.copy_to_gpu(num_tokens)
+        positions = self.positions.copy_to_gpu(num_tokens)
+        attn_metadata = None
+        if use_kv_cache and self.attn_groups:
+            attn_metadata = self._dummy_attention_metadata(num_scheduled, cu_num_tokens)
+        with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens):
+            hidden_states = self.get_model()(input_ids=input_ids, positions=positions)
+        last = torch.from_numpy(cu_num_tokens - 1).to(self.device)
+        return hidden_states[last]
+
+    def _dummy_attention_metadata(self, num_scheduled: np.ndarray,
+                                  cu_num_tokens: np.ndarray) -> dict[str, object]:
+        num_reqs, num_tokens = len(num_scheduled), int(cu_num_tokens[-1])
+        qsl_cpu = torch.from_numpy(np.concatenate([[0], cu_num_tokens]).astype(np.int32))
+        seq_lens_cpu = torch.from_numpy(num_scheduled.copy())
+        attn_metadata: dict[str, object] = {}
+        for gid, groups in enumerate(self.attn_groups):
+            max_blocks = self.input_batch.block_table[gid].max_num_blocks_per_req
+            common = CommonAttentionMetadata(
+                query_start_loc=qsl_cpu.to(self.device), query_start_loc_cpu=qsl_cpu,
+                seq_lens=seq_lens_cpu.to(self.device), seq_lens_cpu=seq_lens_cpu,
+                num_computed_tokens_cpu=torch.zeros(num_reqs, dtype=torch.int32),
+                num_reqs=num_reqs, num_actual_tokens=num_tokens,
+                max_query_len=int(num_scheduled.max()), max_seq_len=int(num_scheduled.max()),
+                block_table_tensor=torch.zeros(num_reqs, max_blocks, dtype=torch.int32,
+                                               device=self.device),
+                slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64,
+                                        device=self.device))
+            for group in groups:
+                metadata = group.metadata_builder.build(common_prefix_len=0,
+                                                        common_attn_metadata=common)
+                for layer_name in group.layer_names:
+                    attn_metadata[layer_name] = metadata
+        return attn_metadata
+
+    @torch.inference_mode()
+    def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
+        """Logits and a random top-k/top-p draw with logprobs for each row, so
+        the sampler's kernels and buffers are exercised once."""
+        logits = self.get_model().compute_logits(hidden_states)
+        n = logits.shape[0]
+        metadata = SamplingMetadata(
+            temperature=torch.full((n,), 0.5, device=self.device), all_greedy=False,
+            all_random=True, top_p=torch.full((n,), 0.9, device=self.device),
+            top_k=torch.full((n,), min(50, self.vocab_size), dtype=torch.int32,
+                             device=self.device),
+            min_p=None, generators={}, max_num_logprobs=self.model_config.max_logprobs)
+        self.sampler(logits, metadata)
+
+    def profile_run(self) -> None:
+        """The largest step the scheduler can produce, without a KV cache: its
+        peak memory is what the KV cache must leave room for."""
+        hidden_states = self._dummy_run(self.max_num_tokens, use_kv_cache=False)
+        self._dummy_sampler_run(hidden_states)

@@ -1,0 +1,205 @@
+"""The worker: one device, one model runner (upstream: vllm/v1/worker/gpu_worker.py).
+
+Runs on the device `vllm_config.device_config` names, CPU or CUDA. The KV
+cache budget comes from a memory profile on CUDA and from configuration on
+CPU, where the "device" memory is the host's and profiling it says nothing
+useful about what the rest of the machine needs.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn as nn
+
+from vllm import envs
+from vllm.logger import init_logger
+from vllm.platforms import current_platform
+from vllm.utils import GiB_bytes
+from vllm.v1.worker.worker_base import WorkerBase
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+logger = init_logger(__name__)
+
+# KV cache size on CPU when neither cache_config.kv_cache_memory_bytes nor
+# VLLM_CPU_KVCACHE_SPACE is set (upstream's CPU default is also 4 GiB).
+DEFAULT_CPU_KV_CACHE_BYTES = 4 * GiB_bytes
+
+
+class Worker(WorkerBase):
+    """A worker on one CPU or CUDA device."""
+
+    def __init__(self, vllm_config: "VllmConfig", local_rank: int = 0, rank: int = 0,
+                 distributed_init_method: str = "", is_driver_worker: bool = True) -> None:
+        super().__init__(vllm_config, local_rank, rank, distributed_init_method,
+                         is_driver_worker)
+        self.device: torch.device | None = None
+        self.model_runner: GPUModelRunner | None = None
+        # CUDA: (free, total) bytes right after device init, before the model.
+        self._init_mem_snapshot: tuple[int, int] | None = None
+        self._weights_memory = 0
+
+    # ---- set-up ----------------------------------------------------------------
+    def init_device(self) -> None:
+        if self.parallel_config.world_size != 1:
+            raise ValueError("Only world size 1 is supported; tensor/pipeline "
+                             "parallelism is not built yet.")
+        if self.device_config.device_type == "cuda":
+            self.device = torch.device(f"cuda:{self.local_rank}")
+            torch.cuda.set_device(self.device)
+            torch.cuda.empty_cache()
+            self._init_mem_snapshot = torch.cuda.mem_get_info()
+        else:
+            self.device = torch.device("cpu")
+            self._init_cpu_threads()
+        current_platform.seed_everything(self.model_config.seed)
+        self.model_runner = self._make_model_runner()
+
+    def _init_cpu_threads(self) -> None:
+        """One intra-op thread per usable core, unless OMP_NUM_THREADS says
+        otherwise. (Measured on 2 cores: 2 threads halve a prefill-sized GEMM
+        and help decode-sized ones; torch's default already agrees there.)"""
+        if os.environ.get("OMP_NUM_THREADS"):
+            logger.info("CPU worker: %d torch threads (OMP_NUM_THREADS)",
+                        torch.get_num_threads())
+            return
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        if torch.get_num_threads() != cores:
+            torch.set_num_threads(cores)
+        logger.info("CPU worker: %d torch threads for %d usable cores",
+                    torch.get_num_threads(), cores)
+
+    def _make_model_runner(self) -> "GPUModelRunner":
+        """Model Runner V2 when the config picks it, else the V1 runner."""
+        assert self.device is not None
+        if self.vllm_config.use_v2_model_runner:
+            from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2ModelRunner
+            return V2ModelRunner(self.vllm_config, self.device)  # type: ignore[return-value]
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        if self.vllm_config._is_default_v2_model_runner_model():
+            if importlib.util.find_spec("vllm.v1.worker.gpu.model_runner") is None:
+                reason = "Model Runner V2, this model's default, is not built yet"
+            else:
+                reason = "Model Runner V2 is disabled for this configuration"
+            logger.info_once("Using the V1 model runner: %s.", reason)
+        return GPUModelRunner(self.vllm_config, self.device)
+
+    def load_model(self) -> None:
+        self._runner().load_model()
+        if self.device is not None and self.device.type == "cuda":
+            self._weights_memory = torch.cuda.memory_allocated(self.device)
+
+    def get_model(self) -> nn.Module:
+        return self._runner().get_model()
+
+    def get_kv_cache_spec(self) -> dict[str, "KVCacheSpec"]:
+        return self._runner().get_kv_cache_spec()
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    # ---- memory ---------------------------------------------------------------
+    @torch.inference_mode()
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache.
+
+        CPU: `cache_config.kv_cache_memory_bytes`, else VLLM_CPU_KVCACHE_SPACE
+        GiB, else 4 GiB. CUDA: `kv_cache_memory_bytes` if set, else profile the
+        largest step and return total * gpu_memory_utilization minus what is not
+        KV cache (weights, peak activations, memory outside torch's allocator).
+        """
+        explicit = self.cache_config.kv_cache_memory_bytes
+        if self.device is None or self.device.type != "cuda":
+            if explicit is not None:
+                source, size = "kv_cache_memory_bytes", explicit
+            elif envs.VLLM_CPU_KVCACHE_SPACE is not None:
+                source, size = "VLLM_CPU_KVCACHE_SPACE", envs.VLLM_CPU_KVCACHE_SPACE * GiB_bytes
+            else:
+                source, size = "default", DEFAULT_CPU_KV_CACHE_BYTES
+            logger.info("CPU KV cache space: %.2f GiB (%s)", size / GiB_bytes, source)
+            return int(size)
+        if explicit is not None:
+            logger.info("KV cache memory: %.2f GiB (kv_cache_memory_bytes)",
+                        explicit / GiB_bytes)
+            return int(explicit)
+        return self._profile_cuda_memory()
+
+    def _profile_cuda_memory(self) -> int:
+        assert self._init_mem_snapshot is not None
+        init_free, total = self._init_mem_snapshot
+        requested = total * self.cache_config.gpu_memory_utilization
+        if init_free < requested:
+            raise ValueError(
+                f"Free memory on device ({init_free / GiB_bytes:.2f}/{total / GiB_bytes:.2f} "
+                f"GiB) at start-up is less than the desired GPU memory utilization "
+                f"({self.cache_config.gpu_memory_utilization}, "
+                f"{requested / GiB_bytes:.2f} GiB). Lower gpu_memory_utilization.")
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self._runner().profile_run()
+        torch.cuda.synchronize(self.device)
+        peak_activation = torch.cuda.max_memory_allocated(self.device) - before
+        free, _ = torch.cuda.mem_get_info()
+        # Memory this process uses outside torch's allocator (CUDA context,
+        # libraries), relative to the start-up snapshot.
+        non_torch = max((init_free - free) - torch.cuda.memory_reserved(self.device), 0)
+        non_kv = self._weights_memory + peak_activation + non_torch
+        # gpu_memory_utilization is this instance's share of the device, so
+        # memory other processes held at start-up is not subtracted.
+        available = int(requested - non_kv)
+        logger.info(
+            "Memory profile: weights %.2f GiB, peak activations %.2f GiB, non-torch "
+            "%.2f GiB -> KV cache %.2f GiB", self._weights_memory / GiB_bytes,
+            peak_activation / GiB_bytes, non_torch / GiB_bytes, available / GiB_bytes)
+        torch.cuda.empty_cache()
+        return max(available, 0)
+
+    def initialize_from_config(self, kv_cache_config: "KVCacheConfig") -> None:
+        self._runner().initialize_kv_cache(kv_cache_config)
+
+    def compile_or_warm_up_model(self) -> None:
+        """Run a decode-shaped and a prefill-shaped step once so first-call
+        costs (kernel selection, allocations) are paid before serving, then
+        re-seed so the warm-up does not shift the RNG streams."""
+        runner = self._runner()
+        max_tokens = runner.max_num_tokens
+        decode_tokens = min(runner.max_num_reqs, max_tokens)
+        runner._dummy_sampler_run(runner._dummy_run(decode_tokens))
+        runner._dummy_run(min(256, max_tokens, runner.max_model_len), num_reqs=1)
+        current_platform.seed_everything(self.model_config.seed)
+
+    # ---- steps -----------------------------------------------------------------
+    def execute_model(self, scheduler_output: "SchedulerOutput") -> "ModelRunnerOutput | None":
+        return self._runner().execute_model(scheduler_output)
+
+    def sample_tokens(self, grammar_output: Any) -> "ModelRunnerOutput | None":
+        return self._runner().sample_tokens(grammar_output)
+
+    def check_health(self) -> None:
+        if self.model_runner is None:
+            raise RuntimeError("Worker is not initialised (init_device has not run).")
+
+    def shutdown(self) -> None:
+        """Drop the KV cache tensors so their memory can be reused in-process."""
+        runner = self.model_runner
+        if runner is None:
+            return
+        for layer in self.vllm_config.compilation_config.static_forward_context.values():
+            if hasattr(layer, "kv_cache"):
+                layer.kv_cache = []
+        runner.kv_caches.clear()
+
+    def _runner(self) -> "GPUModelRunner":
+        if self.model_runner is None:
+            raise RuntimeError("init_device() must run before this worker call.")
+        return self.model_runner

@@ -1,0 +1,2 @@
+"""Model execution: layers, model definitions and weight loaders
+(upstream: vllm/model_executor/)."""

@@ -1,0 +1,44 @@
+"""Activation functions (upstream: vllm/model_executor/layers/activation.py)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    """The SwiGLU gate: x = [gate; up] along the last dim -> silu(gate) * up.
+
+    Shapes: x [..., 2 * d] -> [..., d].
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]
+
+
+class GeluAndMul(nn.Module):
+    """x = [gate; up] -> gelu(gate) * up, exact ("none") or tanh approximation."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"Unknown approximate mode: {approximate}")
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.gelu(x[..., :d], approximate=self.approximate) * x[..., d:]
+
+
+_ACTIVATION_AND_MUL = {"silu": SiluAndMul, "swish": SiluAndMul}
+
+
+def get_act_and_mul_fn(act_fn_name: str) -> nn.Module:
+    """The gated activation for an HF `hidden_act` name."""
+    name = act_fn_name.lower()
+    if name in _ACTIVATION_AND_MUL:
+        return _ACTIVATION_AND_MUL[name]()
+    if name in ("gelu", "gelu_pytorch_tanh", "gelu_new"):
+        return GeluAndMul("none" if name == "gelu" else "tanh")
+    raise ValueError(f"Activation function {act_fn_name!r} is not supported.")

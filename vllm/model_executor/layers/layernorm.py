@@ -1,0 +1,50 @@
+"""Normalization layers (upstream: vllm/model_executor/layers/layernorm.py)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm: x / sqrt(mean(x^2) + eps) * weight.
+
+    `forward(x, residual)` has upstream's fused_add_rms_norm semantics: it first
+    adds the residual, returns the normalized sum and the sum itself as the next
+    residual. Statistics are computed in float32 whatever the input dtype.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6,
+                 var_hidden_size: int | None = None, has_weight: bool = True,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if var_hidden_size not in (None, hidden_size):
+            raise NotImplementedError("RMSNorm over a partial hidden size is not built.")
+        self.hidden_size = hidden_size
+        self.variance_epsilon = eps
+        self.has_weight = has_weight
+        if has_weight:
+            self.weight = nn.Parameter(
+                torch.ones(hidden_size, dtype=dtype or torch.get_default_dtype()),
+                requires_grad=False)
+            self.weight.weight_loader = default_weight_loader
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x [..., hidden] -> normalized [..., hidden]; with `residual`:
+        (normalized(x + residual), x + residual)."""
+        orig_dtype = x.dtype
+        if residual is not None:
+            x = x + residual
+            residual = x
+        xf = x.float()
+        variance = xf.pow(2).mean(dim=-1, keepdim=True)
+        out = (xf * torch.rsqrt(variance + self.variance_epsilon)).to(orig_dtype)
+        if self.has_weight:
+            out = out * self.weight
+        return out if residual is None else (out, residual)
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}"

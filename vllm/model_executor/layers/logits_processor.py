@@ -1,0 +1,45 @@
+"""Hidden states -> vocabulary logits (upstream: vllm/model_executor/layers/logits_processor.py)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+
+class LogitsProcessor(nn.Module):
+    """Projects hidden states with the LM head, drops the vocabulary padding,
+    then applies the optional soft-cap (cap * tanh(logits / cap)) and scale."""
+
+    def __init__(self, vocab_size: int, org_vocab_size: int | None = None, scale: float = 1.0,
+                 logits_as_input: bool = False, soft_cap: float | None = None) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.org_vocab_size = org_vocab_size or vocab_size
+        self.scale = scale
+        self.logits_as_input = logits_as_input
+        self.soft_cap = soft_cap
+
+    def forward(self, lm_head: VocabParallelEmbedding, hidden_states: torch.Tensor,
+                embedding_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden_states [T, hidden] (or logits when `logits_as_input`) ->
+        logits [T, org_vocab_size] in the model dtype."""
+        if self.logits_as_input:
+            logits = hidden_states
+        else:
+            # Only the real vocabulary rows: the padding rows would be sliced off anyway,
+            # and a row slice of the [vocab, hidden] weight is a free view.
+            n = self.org_vocab_size
+            bias = embedding_bias if embedding_bias is not None else getattr(lm_head, "bias", None)
+            logits = F.linear(hidden_states, lm_head.weight[:n],
+                              bias[:n] if bias is not None else None)
+        if self.soft_cap is not None:
+            logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        return logits
+
+    def extra_repr(self) -> str:
+        return (f"vocab_size={self.vocab_size}, org_vocab_size={self.org_vocab_size}, "
+                f"scale={self.scale}, logits_as_input={self.logits_as_input}")

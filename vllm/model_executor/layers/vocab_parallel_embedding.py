@@ -1,0 +1,98 @@
+"""Token embeddings and the LM head (upstream:
+vllm/model_executor/layers/vocab_parallel_embedding.py).
+
+The vocabulary is padded to a multiple of `padding_size` (64) so that it splits
+evenly across tensor-parallel ranks; padded rows are zero and the logits
+processor drops their columns. Only tensor-parallel size 1 is built.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parameter import Parameter
+
+from vllm.model_executor.layers.linear import _tp_size_and_rank
+from vllm.utils import round_up
+
+DEFAULT_VOCAB_PADDING_SIZE = 64
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding table [num_embeddings_padded, embedding_dim]; rows past
+    `org_vocab_size` are padding."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int,
+                 params_dtype: torch.dtype | None = None,
+                 org_num_embeddings: int | None = None,
+                 padding_size: int = DEFAULT_VOCAB_PADDING_SIZE,
+                 quant_config: Any = None, prefix: str = "") -> None:
+        super().__init__()
+        if quant_config is not None:
+            raise NotImplementedError("Quantized embeddings are not built.")
+        self.tp_size, self.tp_rank = _tp_size_and_rank()
+        self.num_embeddings = num_embeddings
+        self.org_vocab_size = org_num_embeddings or num_embeddings
+        self.embedding_dim = embedding_dim
+        self.padding_size = padding_size
+        self.num_embeddings_padded = round_up(num_embeddings, padding_size)
+        self.num_embeddings_per_partition = self.num_embeddings_padded // self.tp_size
+        self.weight = Parameter(
+            torch.empty(self.num_embeddings_per_partition, embedding_dim,
+                        dtype=params_dtype or torch.get_default_dtype()),
+            requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.weight.output_dim = 0
+
+    def weight_loader(self, param: Parameter, loaded_weight: torch.Tensor) -> None:
+        """Copy the checkpoint's [vocab, dim] rows; zero the padding rows."""
+        if loaded_weight.dim() != 2 or loaded_weight.shape[1] != param.shape[1]:
+            raise ValueError(f"Embedding shape mismatch: checkpoint {tuple(loaded_weight.shape)}"
+                             f" vs parameter {tuple(param.shape)}.")
+        n = loaded_weight.shape[0]
+        if n > param.shape[0]:
+            raise ValueError(f"Checkpoint vocab {n} exceeds the embedding size {param.shape[0]}.")
+        param.data[:n].copy_(loaded_weight)
+        param.data[n:].zero_()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] -> embeddings [T, embedding_dim]."""
+        return F.embedding(input_ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return (f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}, "
+                f"num_embeddings_padded={self.num_embeddings_padded}, tp_size={self.tp_size}")
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """The output projection, stored like an embedding table. It is not called
+    directly: `LogitsProcessor` multiplies hidden states by its weight."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False,
+                 params_dtype: torch.dtype | None = None,
+                 org_num_embeddings: int | None = None,
+                 padding_size: int = DEFAULT_VOCAB_PADDING_SIZE,
+                 quant_config: Any = None, prefix: str = "") -> None:
+        super().__init__(num_embeddings, embedding_dim, params_dtype, org_num_embeddings,
+                         padding_size, quant_config, prefix)
+        if bias:
+            self.bias = Parameter(torch.zeros(self.num_embeddings_per_partition,
+                                              dtype=self.weight.dtype), requires_grad=False)
+            self.bias.weight_loader = self._bias_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def _bias_loader(self, param: Parameter, loaded_weight: torch.Tensor) -> None:
+        n = loaded_weight.shape[0]
+        param.data[:n].copy_(loaded_weight)
+        param.data[n:].zero_()
+
+    def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> "ParallelLMHead":
+        """Share the input embedding table (tie_word_embeddings=True)."""
+        self.weight = embed_tokens.weight
+        return self
+
+    def forward(self, input_: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("LMHead's weights should be used in the sampler.")

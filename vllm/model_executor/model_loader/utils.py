@@ -1,0 +1,58 @@
+"""Building a model from its config (upstream: vllm/model_executor/model_loader/utils.py)."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from vllm.config import set_current_vllm_config
+
+if TYPE_CHECKING:
+    from vllm.config import ModelConfig, VllmConfig
+
+
+@contextlib.contextmanager
+def set_default_torch_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Create parameters in `dtype` inside the block; restore the old default after."""
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old_dtype)
+
+
+def get_model_architecture(model_config: "ModelConfig") -> tuple[type[nn.Module], str]:
+    """(model class, architecture name) from the registry; unknown ones raise
+    a ValueError that lists the supported architectures."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    return ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
+
+
+def get_architecture_class_name(model_config: "ModelConfig") -> str:
+    return get_model_architecture(model_config)[1]
+
+
+def initialize_model(vllm_config: "VllmConfig", *, prefix: str = "",
+                     model_class: type[nn.Module] | None = None,
+                     model_config: "ModelConfig | None" = None) -> nn.Module:
+    """Construct the model (uninitialised weights) with `vllm_config` current,
+    so that layers (attention) can register themselves in it."""
+    model_config = model_config or vllm_config.model_config
+    if model_class is None:
+        model_class, _ = get_model_architecture(model_config)
+    with set_current_vllm_config(vllm_config):
+        return model_class(vllm_config=vllm_config, prefix=prefix)
+
+
+def process_weights_after_loading(model: nn.Module, model_config: "ModelConfig",
+                                  target_device: torch.device) -> None:
+    """Let modules repack their weights once loaded (a hook quantized layers use)."""
+    for module in model.modules():
+        hook = getattr(module, "process_weights_after_loading", None)
+        if callable(hook):
+            hook(model_config.dtype)

@@ -1,0 +1,246 @@
+"""Llama (and Mistral) for causal LM (upstream: vllm/model_executor/models/llama.py).
+
+The decoder structure here is shared: Qwen2 and Qwen3 reuse it with their own
+attention biases / q-k norms (see qwen2.py, qwen3.py).
+
+Tensor shapes: T = number of tokens in the step (all requests flattened).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from vllm.config import CacheConfig, VllmConfig
+from vllm.model_executor.layers.activation import get_act_and_mul_fn
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
+                                               RowParallelLinear)
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
+from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
+                                                                 VocabParallelEmbedding)
+from vllm.model_executor.models.utils import (AutoWeightsLoader, extract_layer_index,
+                                              load_stacked_weights, make_layers, maybe_prefix)
+
+
+def get_layer_sliding_window(config: PretrainedConfig, layer_idx: int) -> int | None:
+    """The sliding window of one layer: per `layer_types` when the config has it
+    (Qwen2/3, newer Mistral), else the global `sliding_window` (older Mistral)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if layer_types[layer_idx] == "sliding_attention" else None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    return window
+
+
+class LlamaMLP(nn.Module):
+    """x [T, hidden] -> down(act(gate(x)) * up(x)) [T, hidden]."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str,
+                 quant_config: Any = None, bias: bool = False, prefix: str = "") -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, bias=bias, quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias,
+                                           quant_config=quant_config,
+                                           prefix=f"{prefix}.down_proj")
+        self.act_fn = get_act_and_mul_fn(hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up, _ = self.gate_up_proj(x)  # [T, 2 * intermediate]
+        x, _ = self.down_proj(self.act_fn(gate_up))
+        return x
+
+
+class LlamaAttention(nn.Module):
+    """Fused qkv projection -> rotary -> paged attention -> o_proj."""
+
+    def __init__(self, config: PretrainedConfig, hidden_size: int, num_heads: int,
+                 num_kv_heads: int, max_position_embeddings: int = 8192,
+                 quant_config: Any = None, bias: bool = False, bias_o_proj: bool = False,
+                 cache_config: CacheConfig | None = None, prefix: str = "") -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.total_num_heads = num_heads
+        self.total_num_kv_heads = num_kv_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden_size // num_heads
+        self.qkv_proj = QKVParallelLinear(hidden_size, self.head_dim, num_heads, num_kv_heads,
+                                          bias=bias, quant_config=quant_config,
+                                          prefix=f"{prefix}.qkv_proj")
+        # Heads of this tensor-parallel rank.
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.o_proj = RowParallelLinear(num_heads * self.head_dim, hidden_size, bias=bias_o_proj,
+                                        quant_config=quant_config, prefix=f"{prefix}.o_proj")
+        base, rope_scaling = get_rope_parameters(config)
+        self.rotary_emb = get_rope(self.head_dim, rotary_dim=self.head_dim,
+                                   max_position=max_position_embeddings, base=base,
+                                   is_neox_style=True, rope_scaling=rope_scaling,
+                                   partial_rotary_factor=getattr(config, "partial_rotary_factor",
+                                                                 1.0))
+        self.attn = Attention(self.num_heads, self.head_dim, self.scaling,
+                              num_kv_heads=self.num_kv_heads, cache_config=cache_config,
+                              quant_config=quant_config,
+                              per_layer_sliding_window=get_layer_sliding_window(
+                                  config, extract_layer_index(prefix)),
+                              prefix=f"{prefix}.attn")
+
+    def _qk_transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hook between projection and rotary (Qwen3's per-head norms)."""
+        return q, k
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """positions [T], hidden_states [T, hidden] -> [T, hidden]."""
+        qkv, _ = self.qkv_proj(hidden_states)  # [T, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self._qk_transform(q, k)
+        q, k = self.rotary_emb(positions, q, k)
+        attn_output = self.attn(q, k, v)  # [T, q_size]
+        output, _ = self.o_proj(attn_output)
+        return output
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)); the residual
+    stream is carried separately so each norm can fuse the residual add."""
+
+    attention_cls: ClassVar[type[LlamaAttention]] = LlamaAttention
+
+    def __init__(self, vllm_config: VllmConfig, prefix: str = "",
+                 config: PretrainedConfig | None = None) -> None:
+        super().__init__()
+        config = config or vllm_config.model_config.hf_text_config
+        self.hidden_size = config.hidden_size
+        qkv_bias, o_bias = self._attention_biases(config)
+        self.self_attn = self.attention_cls(
+            config=config, hidden_size=self.hidden_size,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", config.num_attention_heads),
+            max_position_embeddings=getattr(config, "max_position_embeddings", 8192),
+            bias=qkv_bias, bias_o_proj=o_bias, cache_config=vllm_config.cache_config,
+            prefix=f"{prefix}.self_attn")
+        self.mlp = LlamaMLP(self.hidden_size, config.intermediate_size, config.hidden_act,
+                            bias=bool(getattr(config, "mlp_bias", False)),
+                            prefix=f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    @classmethod
+    def _attention_biases(cls, config: PretrainedConfig) -> tuple[bool, bool]:
+        """(qkv bias, o_proj bias); Llama ties both to `attention_bias`."""
+        bias = bool(getattr(config, "attention_bias", False) or getattr(config, "bias", False))
+        return bias, bias
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    """Embeddings, the decoder layers and the final norm."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "",
+                 layer_type: type[nn.Module] = LlamaDecoderLayer) -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_text_config
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers,
+            lambda layer_prefix: layer_type(vllm_config=vllm_config, prefix=layer_prefix),
+            prefix=f"{prefix}.layers")
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: Any = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids [T] (or inputs_embeds [T, hidden]), positions [T] -> [T, hidden]."""
+        if intermediate_tensors is not None:
+            raise NotImplementedError("Pipeline parallelism is not built.")
+        hidden_states = inputs_embeds if inputs_embeds is not None else self.embed_tokens(
+            input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        if residual is None:  # no layers
+            return self.norm(hidden_states)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Checkpoint names relative to the body ("layers.0.self_attn.q_proj.weight")."""
+        return load_stacked_weights(self, weights, LlamaForCausalLM.stacked_params_mapping)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The body plus the LM head; the model contract the runner relies on."""
+
+    packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+    # (fused param, checkpoint name, shard id)
+    stacked_params_mapping: ClassVar[list[tuple[str, str, str | int]]] = [
+        (".qkv_proj", ".q_proj", "q"),
+        (".qkv_proj", ".k_proj", "k"),
+        (".qkv_proj", ".v_proj", "v"),
+        (".gate_up_proj", ".gate_proj", 0),
+        (".gate_up_proj", ".up_proj", 1),
+    ]
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "",
+                 layer_type: type[nn.Module] = LlamaDecoderLayer) -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_text_config
+        self.config = config
+        self.model = LlamaModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"),
+                                layer_type=layer_type)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
+                                      prefix=maybe_prefix(prefix, "lm_head"))
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        self.logits_processor = LogitsProcessor(config.vocab_size,
+                                                scale=getattr(config, "logit_scale", 1.0))
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Older upstream name of `embed_input_ids`."""
+        return self.embed_input_ids(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: Any = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """-> hidden_states [T, hidden] (logits come from `compute_logits`)."""
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden_states [N, hidden] -> logits [N, vocab_size] in the model dtype."""
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        skip = ["lm_head."] if getattr(self.config, "tie_word_embeddings", False) else None
+        return AutoWeightsLoader(self, skip_prefixes=skip).load_weights(weights)

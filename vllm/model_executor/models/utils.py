@@ -1,0 +1,135 @@
+"""Helpers shared by model definitions (upstream: vllm/model_executor/models/utils.py)."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+from torch import nn
+
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+WeightsIter = Iterable[tuple[str, torch.Tensor]]
+
+
+def maybe_prefix(prefix: str, name: str) -> str:
+    """`prefix.name`, or `name` when the prefix is empty."""
+    return name if not prefix else f"{prefix}.{name}"
+
+
+def extract_layer_index(layer_name: str) -> int:
+    """The single integer component of a layer's dotted name
+    ("model.layers.3.self_attn.attn" -> 3)."""
+    indices = [int(part) for part in layer_name.split(".") if part.isdigit()]
+    if len(indices) != 1:
+        raise ValueError(f"layer name {layer_name!r} should contain exactly one index.")
+    return indices[0]
+
+
+def make_layers(num_hidden_layers: int, layer_fn: Callable[[str], nn.Module],
+                prefix: str) -> tuple[int, int, nn.ModuleList]:
+    """(start_layer, end_layer, layers): all layers on this rank (no pipeline
+    parallelism is built, so start is 0 and end is num_hidden_layers)."""
+    layers = nn.ModuleList([layer_fn(f"{prefix}.{i}") for i in range(num_hidden_layers)])
+    return 0, num_hidden_layers, layers
+
+
+class AutoWeightsLoader:
+    """Route checkpoint tensors to the submodules they belong to.
+
+    Names are consumed one dotted component at a time: a child module that
+    defines `load_weights` gets its whole group (with the prefix stripped);
+    a parameter is loaded with its `weight_loader`. Any name that matches
+    nothing and is not skipped is an error, so a checkpoint/model mismatch
+    cannot pass silently.
+    """
+
+    # Buffers some checkpoints carry that are recomputed here.
+    ROTARY_EMBEDS_UNUSED_WEIGHTS = ["rotary_emb.inv_freq", "rotary_emb.cos_cached",
+                                    "rotary_emb.sin_cached"]
+
+    def __init__(self, module: nn.Module, *, skip_prefixes: list[str] | None = None,
+                 skip_substrs: list[str] | None = None) -> None:
+        self.module = module
+        self.skip_prefixes = skip_prefixes or []
+        self.skip_substrs = (skip_substrs or []) + self.ROTARY_EMBEDS_UNUSED_WEIGHTS
+
+    def _can_skip(self, qualname: str) -> bool:
+        return (any(qualname.startswith(p) for p in self.skip_prefixes)
+                or any(s in qualname for s in self.skip_substrs))
+
+    def _groupby_prefix(self, weights: WeightsIter) -> Iterator[tuple[str, WeightsIter]]:
+        split = ((name.split(".", 1), w) for name, w in weights)
+        for prefix, group in itertools.groupby(split, key=lambda x: x[0][0]):
+            yield prefix, ((parts[1] if len(parts) > 1 else "", w) for parts, w in group)
+
+    def _load_param(self, base_prefix: str, param: nn.Parameter,
+                    weights: WeightsIter) -> Iterator[str]:
+        for rest, weight in weights:
+            if rest:  # e.g. "weight.extra": no such parameter
+                raise ValueError(f"Unexpected weight name {base_prefix}.{rest}")
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            loader(param, weight)
+            yield base_prefix
+
+    def _load_module(self, base_prefix: str, module: nn.Module,
+                     weights: WeightsIter) -> Iterator[str]:
+        if module is not self.module and hasattr(module, "load_weights"):
+            loaded = module.load_weights(weights)
+            yield from (maybe_prefix(base_prefix, name) for name in loaded)
+            return
+        children = dict(module.named_children())
+        params = dict(module.named_parameters(recurse=False))
+        for child_prefix, child_weights in self._groupby_prefix(weights):
+            qualname = maybe_prefix(base_prefix, child_prefix)
+            if child_prefix in children:
+                yield from self._load_module(qualname, children[child_prefix], child_weights)
+            elif child_prefix in params:
+                yield from self._load_param(qualname, params[child_prefix], child_weights)
+            else:
+                for rest, _ in child_weights:
+                    full = maybe_prefix(qualname, rest)
+                    if not self._can_skip(full):
+                        raise ValueError(f"There is no module or parameter named {full!r} "
+                                         f"in {type(self.module).__name__}.")
+
+    def load_weights(self, weights: WeightsIter) -> set[str]:
+        """Load everything not skipped; returns the names of the loaded parameters."""
+        weights = ((n, w) for n, w in weights if not self._can_skip(n))
+        return set(self._load_module("", self.module, weights))
+
+
+def load_stacked_weights(module: nn.Module, weights: WeightsIter,
+                         stacked_params_mapping: list[tuple[str, str, str | int]],
+                         skip_substrs: Iterable[str] = ()) -> set[str]:
+    """Load a transformer body whose checkpoint splits fused parameters.
+
+    `stacked_params_mapping` lists (fused_name, checkpoint_name, shard_id), e.g.
+    (".qkv_proj", ".q_proj", "q"): a checkpoint tensor named with ".q_proj" goes
+    into the "q" shard of the fused ".qkv_proj" parameter.
+    """
+    params = dict(module.named_parameters())
+    skip = tuple(skip_substrs) + tuple(AutoWeightsLoader.ROTARY_EMBEDS_UNUSED_WEIGHTS)
+    loaded: set[str] = set()
+    for name, weight in weights:
+        if any(s in name for s in skip):
+            continue
+        for fused, part, shard_id in stacked_params_mapping:
+            if part in name:
+                target = name.replace(part, fused)
+                _param(params, target, name).weight_loader(params[target], weight, shard_id)
+                break
+        else:
+            target = name
+            param = _param(params, target, name)
+            getattr(param, "weight_loader", default_weight_loader)(param, weight)
+        loaded.add(target)
+    return loaded
+
+
+def _param(params: dict[str, nn.Parameter], target: str, ckpt_name: str) -> nn.Parameter:
+    if target not in params:
+        raise ValueError(f"Checkpoint weight {ckpt_name!r} has no matching parameter "
+                         f"({target!r}).")
+    return params[target]
+

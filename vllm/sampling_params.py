@@ -97,7 +97,9 @@ class SamplingParams(
             # Greedy: the other sampling knobs do nothing; reset them so the
             # sampler can take its fast path.
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
-        self._all_stop_token_ids = set(self.stop_token_ids)
+        # update, not assign: a decoded copy (msgspec runs __post_init__) keeps the
+        # EOS ids the engine added.
+        self._all_stop_token_ids.update(self.stop_token_ids)
 
     def _err(self, message: str, parameter: str) -> VLLMValidationError:
         return VLLMValidationError(message, parameter=parameter, value=getattr(self, parameter))

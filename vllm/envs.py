@@ -46,6 +46,18 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Milliseconds an engine-core RPC may take before the client gives up.
     "VLLM_RPC_TIMEOUT": lambda: int(os.environ.get("VLLM_RPC_TIMEOUT", "10000")),
     "VLLM_CPU_OMP_THREADS_BIND": lambda: os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+    # Engine-core outputs AsyncLLM's output handler processes before yielding
+    # to the event loop (keeps the server responsive under large batches).
+    "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE":
+    lambda: int(os.environ.get("VLLM_V1_OUTPUT_PROC_CHUNK_SIZE", "128")),
+    # Keep the API server up (answering 503 / 500) after the engine core died.
+    "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": _bool("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0"),
+    # Seconds to wait for the engine core's READY at start-up.
+    "VLLM_ENGINE_READY_TIMEOUT_S":
+    lambda: int(os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S", "600")),
+    # Seconds an idle HTTP keep-alive connection stays open.
+    "VLLM_HTTP_TIMEOUT_KEEP_ALIVE":
+    lambda: int(os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "5")),
 }
 
 

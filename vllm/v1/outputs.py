@@ -1,6 +1,7 @@
 """What the model runner hands back to the scheduler (upstream: vllm/v1/outputs.py)."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -66,6 +67,16 @@ class ModelRunnerOutput:
     pooler_output: list[Any] | None = None
     # req_id -> number of NaNs in its logits (debugging aid)
     num_nans_in_logits: dict[str, int] | None = None
+
+
+class AsyncModelRunnerOutput(ABC):
+    """A step's output whose device-to-host copy may still be in flight (async
+    scheduling): the engine core calls `get_output()` when it needs the result."""
+
+    @abstractmethod
+    def get_output(self) -> ModelRunnerOutput:
+        """Wait for the copy and return the step's output."""
+        raise NotImplementedError
 
 
 EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], req_id_to_index={})

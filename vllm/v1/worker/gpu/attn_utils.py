@@ -1,0 +1,53 @@
+"""Attention set-up and per-step metadata for Model Runner V2
+(upstream: vllm/v1/worker/gpu/attn_utils.py).
+
+KV cache specs, metadata builders, allocation and binding are shared with the
+V1 runner (vllm/v1/worker/kv_cache_setup.py); what is V2's own is how a step's
+metadata is assembled from the gathered block tables and slot mappings.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.worker.utils import AttentionGroup
+
+
+def get_reorder_batch_threshold(attn_groups: list[list[AttentionGroup]]) -> int | None:
+    """The smallest threshold any builder asks for: requests with at most this
+    many query tokens (decodes) must come first in the batch."""
+    thresholds = [g.metadata_builder.reorder_batch_threshold
+                  for groups in attn_groups for g in groups
+                  if g.metadata_builder.reorder_batch_threshold is not None]
+    return min(thresholds) if thresholds else None
+
+
+def build_attn_metadata(attn_groups: list[list[AttentionGroup]], num_reqs: int,
+                        num_tokens: int, query_start_loc: torch.Tensor,
+                        query_start_loc_cpu: torch.Tensor, seq_lens: torch.Tensor,
+                        seq_lens_cpu: torch.Tensor, num_computed_tokens_cpu: torch.Tensor,
+                        max_query_len: int, max_seq_len: int,
+                        block_tables: tuple[torch.Tensor, ...],
+                        slot_mappings: torch.Tensor) -> dict[str, Any]:
+    """layer name -> its backend's metadata for this step.
+
+    block_tables: per KV cache group [num_reqs, max_num_blocks] in batch order;
+    slot_mappings: [num_groups, num_tokens].
+    """
+    attn_metadata: dict[str, Any] = {}
+    for gid, groups in enumerate(attn_groups):
+        common = CommonAttentionMetadata(
+            query_start_loc=query_start_loc, query_start_loc_cpu=query_start_loc_cpu,
+            seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu,
+            num_computed_tokens_cpu=num_computed_tokens_cpu, num_reqs=num_reqs,
+            num_actual_tokens=num_tokens, max_query_len=max_query_len,
+            max_seq_len=max_seq_len, block_table_tensor=block_tables[gid],
+            slot_mapping=slot_mappings[gid])
+        for group in groups:
+            metadata = group.metadata_builder.build(common_prefix_len=0,
+                                                    common_attn_metadata=common)
+            for layer_name in group.layer_names:
+                attn_metadata[layer_name] = metadata
+    return attn_metadata

@@ -146,3 +146,33 @@ def test_logprobs_are_returned_for_requests_that_ask(worker):
     empty = SchedulerOutput.make_empty()
     empty.finished_req_ids = s.pending_finished
     worker.execute_model(empty)
+
+
+def test_prompt_logprobs_over_chunks_match_transformers(worker, model_dir):
+    from transformers import AutoModelForCausalLM
+
+    (prompt,) = prompts(4, [11])
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0], -1)[:-1]  # [10, vocab]
+    targets = torch.tensor(prompt[1:])
+
+    s = ScriptedScheduler(worker)
+    s.add("plp", prompt, SamplingParams(temperature=0.0, prompt_logprobs=2, max_tokens=8))
+    s.step({"plp": 4}, new=("plp",))
+    assert s.last_output.prompt_logprobs_dict == {}  # still mid-prompt
+    s.step({"plp": 7})
+    tensors = s.last_output.prompt_logprobs_dict["plp"]
+    assert tensors.logprobs.shape == (10, 3)
+    torch.testing.assert_close(tensors.logprobs[:, 0], ref.gather(1, targets[:, None])[:, 0],
+                               atol=1e-4, rtol=1e-4)
+    assert tensors.logprob_token_ids[:, 0].tolist() == prompt[1:]
+    assert tensors.logprob_token_ids[:, 1:].tolist() == ref.topk(2).indices.tolist()
+    expected_ranks = (ref > ref.gather(1, targets[:, None])).sum(-1) + 1
+    assert tensors.selected_token_ranks.tolist() == expected_ranks.tolist()
+    s.step({"plp": 1})  # decoding: no more prompt logprobs
+    assert s.last_output.prompt_logprobs_dict == {}
+    s.finish("plp")
+    empty = SchedulerOutput.make_empty()
+    empty.finished_req_ids = s.pending_finished
+    worker.execute_model(empty)

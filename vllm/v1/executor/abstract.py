@@ -85,6 +85,11 @@ class Executor(ABC):
         """Create the workers, initialise their devices and load the model."""
         raise NotImplementedError
 
+    def register_failure_callback(self, callback: Callable[[], None]) -> None:  # noqa: B027
+        """Have `callback` called if the executor fails asynchronously (a worker
+        process dying). Executors whose workers live in this process cannot
+        fail that way and ignore it."""
+
     # ---- KV cache set-up ---------------------------------------------------------
     def initialize_from_config(self, kv_cache_configs: list["KVCacheConfig"]) -> None:
         """Allocate each worker's KV cache (one config per worker), then warm up."""

@@ -109,6 +109,8 @@ class InputBatch:
         self.generators: dict[int, torch.Generator] = {}
         # req_id -> number of logprobs asked for
         self.num_logprobs: dict[str, int] = {}
+        # req_id -> number of prompt logprobs, while its prompt is being prefilled
+        self.num_prompt_logprobs: dict[str, int] = {}
         # row -> the request's output token list (the CachedRequestState's)
         self.req_output_token_ids: list[list[int] | None] = []
 
@@ -181,8 +183,12 @@ class InputBatch:
         self.num_computed_tokens_cpu[row] = request.num_computed_tokens
         self.block_table.add_row(request.block_ids, row)
 
-        if request.sampling_params is not None:
-            self._add_sampling_params(req_id, row, request.sampling_params, request.generator)
+        params = request.sampling_params
+        if params is not None:
+            self._add_sampling_params(req_id, row, params, request.generator)
+            # A request re-added after its prompt was done has sent them already.
+            if params.prompt_logprobs is not None and not request.output_token_ids:
+                self.num_prompt_logprobs[req_id] = params.prompt_logprobs
         return row
 
     def _add_sampling_params(self, req_id: str, row: int, params: SamplingParams,
@@ -223,6 +229,7 @@ class InputBatch:
             feature_set.discard(req_id)
         self.generators.pop(row, None)
         self.num_logprobs.pop(req_id, None)
+        self.num_prompt_logprobs.pop(req_id, None)
         return row
 
     # ---- moving rows ---------------------------------------------------------

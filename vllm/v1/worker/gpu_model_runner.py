@@ -26,11 +26,12 @@ from vllm.logger import init_logger
 from vllm.sampling_params import SamplingType
 from vllm.utils import STR_DTYPE_TO_TORCH_DTYPE, is_pin_memory_available
 from vllm.v1.attention.backend import CommonAttentionMetadata
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.worker import kv_cache_setup
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+from vllm.v1.worker.prompt_logprobs import get_prompt_logprobs_dict
 from vllm.v1.worker.utils import (AttentionGroup, CpuGpuBuffer,
                                   reorder_batch_to_split_decodes_and_prefills)
 
@@ -46,6 +47,7 @@ class ExecuteModelState(NamedTuple):
     """What `execute_model` leaves for the `sample_tokens` call that follows."""
 
     scheduler_output: "SchedulerOutput"
+    hidden_states: torch.Tensor  # [num_tokens, hidden] (for prompt logprobs)
     logits: torch.Tensor  # [num_reqs, vocab]
     # [num_reqs] bool: requests still mid-prefill, whose sampled token is dropped.
     discard_mask: np.ndarray
@@ -74,6 +76,8 @@ class GPUModelRunner:
         self.model: nn.Module | None = None
         self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
         self.requests: dict[str, CachedRequestState] = {}
+        # req_id -> prompt logprobs filled so far (chunked prefill)
+        self.in_progress_prompt_logprobs: dict[str, LogprobsTensors] = {}
         self.input_batch = self._make_input_batch([self.cache_config.block_size])
 
         self.kv_cache_config: KVCacheConfig | None = None
@@ -150,7 +154,8 @@ class GPUModelRunner:
             hidden_states = self.get_model()(input_ids=self.input_ids.gpu[:num_tokens],
                                              positions=self.positions.gpu[:num_tokens])
         logits = self.model.compute_logits(hidden_states[logits_indices])
-        self.execute_model_state = ExecuteModelState(scheduler_output, logits, discard_mask)
+        self.execute_model_state = ExecuteModelState(scheduler_output, hidden_states, logits,
+                                                     discard_mask)
         return None
 
     @torch.inference_mode()
@@ -164,8 +169,11 @@ class GPUModelRunner:
             raise NotImplementedError("Structured output (grammar bitmasks) is not built yet.")
         sampling_metadata = self._sampling_metadata_for_step(state.discard_mask)
         sampler_output = self.sampler(state.logits, sampling_metadata)
-        return self._bookkeeping(sampler_output.sampled_token_ids,
-                                 sampler_output.logprobs_tensors, state.discard_mask)
+        output = self._bookkeeping(sampler_output.sampled_token_ids,
+                                   sampler_output.logprobs_tensors, state.discard_mask)
+        output.prompt_logprobs_dict = get_prompt_logprobs_dict(
+            self, state.hidden_states, state.scheduler_output.num_scheduled_tokens)
+        return output
 
     # ---- state updates -------------------------------------------------------
     def _update_states(self, scheduler_output: "SchedulerOutput") -> None:
@@ -174,6 +182,7 @@ class GPUModelRunner:
         batch = self.input_batch
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
+            self.in_progress_prompt_logprobs.pop(req_id, None)
             batch.remove_request(req_id)
 
         # Requests in the batch but not scheduled now (preempted, or left out
@@ -343,7 +352,8 @@ class GPUModelRunner:
             metadata = dataclasses.replace(metadata, generators=kept)
         return metadata
 
-    def _bookkeeping(self, sampled_token_ids: torch.Tensor, logprobs_tensors,
+    def _bookkeeping(self, sampled_token_ids: torch.Tensor,
+                     logprobs_tensors: LogprobsTensors | None,
                      discard_mask: np.ndarray) -> ModelRunnerOutput:
         """Append the sampled tokens to the batch and the request states and
         build the step's output. sampled_token_ids: [num_reqs, 1] int32."""
@@ -369,7 +379,6 @@ class GPUModelRunner:
             req_id_to_index=dict(batch.req_id_to_index),
             sampled_token_ids=sampled_token_ids_list,
             logprobs=logprobs_tensors.tolists() if logprobs_tensors is not None else None,
-            prompt_logprobs_dict={},
         )
 
     # ---- dummy runs (warm-up and memory profiling) ----------------------------

@@ -7,6 +7,7 @@ import torch
 from vllm.config import VllmConfig
 from vllm.utils import cdiv
 from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.attention.backends import cpu_attn
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
@@ -21,6 +22,14 @@ MIXED_BATCH = [
     (32, 17),  # chunk after a block-aligned cached prefix
     (45, 30),  # chunk after a ragged prefix, spanning several blocks
 ]
+
+
+@pytest.fixture(params=["matmul", "sdpa"])
+def prefill_path(request, monkeypatch):
+    """Run each test through both prefill paths: the grouped matmul one (small
+    requests) and SDPA (big ones), by moving the size threshold."""
+    monkeypatch.setattr(cpu_attn, "_SDPA_MIN_SCORES", 0 if request.param == "sdpa" else 10**9)
+    return request.param
 
 
 def _reference(q, k, v, num_computed, scale, window, soft_cap):
@@ -138,7 +147,7 @@ def _check_cache_written(batch):
 @pytest.mark.parametrize("head_size", [64, 128])
 @pytest.mark.parametrize("gqa", [1, 2, 4])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_mixed_batch_matches_dense(head_size, gqa, block_size):
+def test_mixed_batch_matches_dense(head_size, gqa, block_size, prefill_path):
     num_heads = NUM_KV_HEADS * gqa
     batch = _Batch(MIXED_BATCH, head_size, num_heads, block_size, num_pad_tokens=3)
     out, scale, cm = _run(batch, head_size, num_heads)
@@ -152,7 +161,7 @@ def test_mixed_batch_matches_dense(head_size, gqa, block_size):
 @pytest.mark.parametrize("window", [None, 7, 20])
 @pytest.mark.parametrize("soft_cap", [None, 5.0])
 @pytest.mark.parametrize("gqa", [1, 4])
-def test_sliding_window_and_soft_cap(window, soft_cap, gqa):
+def test_sliding_window_and_soft_cap(window, soft_cap, gqa, prefill_path):
     num_heads = NUM_KV_HEADS * gqa
     batch = _Batch(MIXED_BATCH, 64, num_heads, 16, seed=1)
     out, scale, _ = _run(batch, 64, num_heads, window=window, soft_cap=soft_cap)
@@ -164,14 +173,14 @@ def test_sliding_window_and_soft_cap(window, soft_cap, gqa):
     [(0, 33), (0, 2)],                     # fresh prefills only
     [(16, 16), (3, 50)],                   # chunked prefills only
 ])
-def test_uniform_batches(reqs):
+def test_uniform_batches(reqs, prefill_path):
     batch = _Batch(reqs, 64, 4, 16, seed=2)
     out, scale, _ = _run(batch, 64, 4)
     _check(batch, out, scale, None, None)
     _check_cache_written(batch)
 
 
-def test_unordered_decode_after_prefill_is_still_correct():
+def test_unordered_decode_after_prefill_is_still_correct(prefill_path):
     # A decode behind a prefill goes through the per-request path.
     reqs = [(0, 9), (30, 1), (12, 4)]
     batch = _Batch(reqs, 64, 4, 16, seed=3)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parameter import Parameter
 
+from vllm.model_executor.layers.utils import pack_weight_for_cpu, unquantized_gemm
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 
@@ -55,6 +55,7 @@ class LinearBase(nn.Module):
         self.params_dtype = params_dtype or torch.get_default_dtype()
         self.prefix = prefix
         self.tp_size, self.tp_rank = _tp_size_and_rank()
+        self._packed_weight: torch.Tensor | None = None  # set after loading on CPU
 
     def _create_weights(self, out_features: int, in_features: int, bias: bool,
                         extra_attrs: dict[str, Any]) -> None:
@@ -74,11 +75,20 @@ class LinearBase(nn.Module):
         """Copy this rank's part of `loaded_weight` into `param` (per subclass)."""
         raise NotImplementedError
 
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        """Once loaded, repack the weight for the CPU GEMM and drop the dense
+        copy (its loaders are no longer needed); other devices keep it."""
+        packed = pack_weight_for_cpu(self.weight)
+        if packed is not None:
+            self._packed_weight = packed
+            self.weight = Parameter(torch.empty(0, dtype=self.weight.dtype),
+                                    requires_grad=False)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Parameter | None]:
         """x [..., input_size] -> ([..., output_size_per_partition], bias or None)."""
         if self.skip_bias_add:
-            return F.linear(x, self.weight), self.bias
-        return F.linear(x, self.weight, self.bias), None
+            return unquantized_gemm(x, self.weight, None, self._packed_weight), self.bias
+        return unquantized_gemm(x, self.weight, self.bias, self._packed_weight), None
 
     def extra_repr(self) -> str:
         return (f"in_features={self.input_size}, output_features={self.output_size}, "

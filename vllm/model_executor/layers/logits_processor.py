@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from vllm.model_executor.layers.utils import unquantized_gemm
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 
@@ -32,8 +32,10 @@ class LogitsProcessor(nn.Module):
             # and a row slice of the [vocab, hidden] weight is a free view.
             n = self.org_vocab_size
             bias = embedding_bias if embedding_bias is not None else getattr(lm_head, "bias", None)
-            logits = F.linear(hidden_states, lm_head.weight[:n],
-                              bias[:n] if bias is not None else None)
+            bias = bias[:n] if bias is not None else None
+            packed = getattr(lm_head, "_packed_weight", None)
+            weight = lm_head.weight[:n] if packed is None else lm_head.weight
+            logits = unquantized_gemm(hidden_states, weight, bias, packed)
         if self.soft_cap is not None:
             logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
         if self.scale != 1.0:

@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn.parameter import Parameter
 
 from vllm.model_executor.layers.linear import _tp_size_and_rank
+from vllm.model_executor.layers.utils import pack_weight_for_cpu
 from vllm.utils import round_up
 
 DEFAULT_VOCAB_PADDING_SIZE = 64
@@ -77,6 +78,8 @@ class ParallelLMHead(VocabParallelEmbedding):
                  quant_config: Any = None, prefix: str = "") -> None:
         super().__init__(num_embeddings, embedding_dim, params_dtype, org_num_embeddings,
                          padding_size, quant_config, prefix)
+        self.tied = False
+        self._packed_weight: torch.Tensor | None = None  # set after loading on CPU
         if bias:
             self.bias = Parameter(torch.zeros(self.num_embeddings_per_partition,
                                               dtype=self.weight.dtype), requires_grad=False)
@@ -92,7 +95,19 @@ class ParallelLMHead(VocabParallelEmbedding):
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> "ParallelLMHead":
         """Share the input embedding table (tie_word_embeddings=True)."""
         self.weight = embed_tokens.weight
+        self.tied = True
         return self
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        """On CPU, pack the real-vocabulary rows for the logits GEMM. A tied
+        head keeps the dense table (the embedding reads it) and packs a copy."""
+        packed = pack_weight_for_cpu(self.weight[: self.org_vocab_size])
+        if packed is None:
+            return
+        self._packed_weight = packed
+        if not self.tied:
+            self.weight = Parameter(torch.empty(0, dtype=self.weight.dtype),
+                                    requires_grad=False)
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("LMHead's weights should be used in the sampler.")

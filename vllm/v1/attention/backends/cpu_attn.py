@@ -85,7 +85,9 @@ class DecodePlan:
 
     block_ids: torch.Tensor  # [num_decodes * blocks_per_req] int64, flattened
     blocks_per_req: int
-    key_mask: torch.Tensor  # [num_decodes, 1, 1, blocks_per_req * block_size] bool
+    # [num_decodes, 1, 1, 1, blocks_per_req * block_size] float32: 0 for keys the
+    # query sees, -inf for keys past its length or outside its window.
+    key_bias: torch.Tensor
 
 
 @dataclass
@@ -94,7 +96,13 @@ class PrefillPlan:
 
     block_ids: torch.Tensor | None  # blocks to gather; None = use the new K/V as is
     key_start: int  # absolute position of the first gathered key
-    mask: torch.Tensor | None  # [1, 1, q_len, k_len] bool; None = plain causal
+    # Big requests go through SDPA (flash-style, never materialises the scores);
+    # small ones through the grouped matmul path, which is faster there.
+    use_sdpa: bool
+    # SDPA: [q_len, k_len] bool, True = attend; None = plain causal (q_len == k_len).
+    mask: torch.Tensor | None
+    # Matmul path: [q_len, k_len] bool, True = masked out.
+    masked_out: torch.Tensor | None
 
 
 @dataclass
@@ -155,7 +163,14 @@ def _make_decode_plan(md: CPUAttentionMetadata, window: int | None) -> DecodePla
     key_mask = pos < seq
     if window is not None:
         key_mask &= pos >= seq - window
-    return DecodePlan(block_ids, blocks_per_req, key_mask[:, None, None, :])
+    key_bias = torch.zeros(key_mask.shape, dtype=torch.float32, device=device)
+    key_bias.masked_fill_(~key_mask, float("-inf"))
+    return DecodePlan(block_ids, blocks_per_req, key_bias.view(len(seq), 1, 1, 1, -1))
+
+
+# Above this many query x key pairs per head a prefill uses SDPA, below it the
+# grouped matmul path (measured crossover on a 2-core AVX-512 CPU: ~256 x 256).
+_SDPA_MIN_SCORES = 256 * 256
 
 
 def _make_prefill_plan(md: CPUAttentionMetadata, req: PrefillRequest,
@@ -166,7 +181,6 @@ def _make_prefill_plan(md: CPUAttentionMetadata, req: PrefillRequest,
     positions p with p <= num_computed + i (and p > num_computed + i - window).
     """
     device = md.block_table.device
-    q_len = req.query_end - req.query_start
     if req.num_computed == 0:
         block_ids, key_start = None, 0
     else:
@@ -175,15 +189,18 @@ def _make_prefill_plan(md: CPUAttentionMetadata, req: PrefillRequest,
         last_blk = cdiv(req.seq_len, md.block_size)
         block_ids = md.block_table[req.req_index, first_blk:last_blk]
         key_start = first_blk * md.block_size
-    if req.num_computed == 0 and window is None:
-        return PrefillPlan(block_ids, key_start, None)
+    q_len, k_len = req.query_end - req.query_start, req.seq_len - key_start
+    use_sdpa = q_len * k_len > _SDPA_MIN_SCORES
+    if use_sdpa and req.num_computed == 0 and window is None:
+        return PrefillPlan(block_ids, key_start, True, None, None)
     q_pos = torch.arange(req.num_computed, req.seq_len, device=device)[:, None]
     k_pos = torch.arange(key_start, req.seq_len, device=device)[None, :]
     mask = k_pos <= q_pos
     if window is not None:
         mask &= k_pos > q_pos - window
-    assert mask.shape == (q_len, req.seq_len - key_start)
-    return PrefillPlan(block_ids, key_start, mask[None, None])
+    if use_sdpa:
+        return PrefillPlan(block_ids, key_start, True, mask, None)
+    return PrefillPlan(block_ids, key_start, False, None, ~mask)
 
 
 class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]):
@@ -307,22 +324,28 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, md.slot_mapping, key)
         value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, md.slot_mapping, value)
 
-    @staticmethod
-    def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
-        """[NB, BS, Hkv, D] gathered by block id -> [num_seqs, Hkv, L, D] (a strided
-        view of one contiguous copy; SDPA consumes the strides as they are)."""
+    def _gather(self, cache: torch.Tensor, block_ids: torch.Tensor,
+                num_seqs: int) -> torch.Tensor:
+        """Blocks of [NB, BS, Hkv, D] by id -> contiguous [num_seqs, Hkv, L, D]
+        (L = blocks per sequence * BS): one gather, one head-major copy, so the
+        matmuls below run on dense batches."""
         g = cache.index_select(0, block_ids)  # [num_seqs * blocks, BS, Hkv, D]
-        return g.view(num_seqs, -1, *cache.shape[2:]).transpose(1, 2)
+        g = g.view(num_seqs, -1, self.num_kv_heads, self.head_size)
+        return g.transpose(1, 2).contiguous()
 
     def _decode(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                 md: CPUAttentionMetadata) -> torch.Tensor:
-        """All decode requests at once: query [B, H, D] -> [B, H, D]."""
+        """All decode requests at once: query [B, H, D] -> [B, H, D].
+
+        GQA without repeating K/V: the G = H / Hkv query heads of a KV head
+        are the rows of one [G, D] x [D, L] product."""
         plan = md.decode_plan(self.sliding_window)
         b = query.shape[0]
-        k = self._gather_blocks(key_cache, plan.block_ids, b)  # [B, Hkv, L, D]
-        v = self._gather_blocks(value_cache, plan.block_ids, b)
-        out = self._attend(query.unsqueeze(2), k, v, plan.key_mask)  # [B, H, 1, D]
-        return out.squeeze(2)
+        k = self._gather(key_cache, plan.block_ids, b)  # [B, Hkv, L, D]
+        v = self._gather(value_cache, plan.block_ids, b)
+        q = query.reshape(b, self.num_kv_heads, self.num_queries_per_kv, self.head_size)
+        out = self._grouped_attention(q, k, v, 1, bias=plan.key_bias)  # [B, Hkv, G, D]
+        return out.view(b, self.num_heads, self.head_size)
 
     def _prefill(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -331,40 +354,57 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         else straight from this step's K/V (they are the whole sequence)."""
         for req, plan in zip(md.prefills, md.prefill_plans(self.sliding_window)):
             s, e = req.query_start, req.query_end
-            q = query[s:e].transpose(0, 1).unsqueeze(0)  # [1, H, Lq, D]
             if plan.block_ids is None:
                 k = key[s:e].transpose(0, 1).unsqueeze(0)  # [1, Hkv, Lq, D]
                 v = value[s:e].transpose(0, 1).unsqueeze(0)
             else:
                 k_len = req.seq_len - plan.key_start
-                k = self._gather_blocks(key_cache, plan.block_ids, 1)[:, :, :k_len]
-                v = self._gather_blocks(value_cache, plan.block_ids, 1)[:, :, :k_len]
-            out = self._attend(q, k, v, plan.mask)  # [1, H, Lq, D]
-            output[s:e] = out[0].transpose(0, 1)
+                k = self._gather(key_cache, plan.block_ids, 1)[:, :, :k_len]
+                v = self._gather(value_cache, plan.block_ids, 1)[:, :, :k_len]
+            q = query[s:e].transpose(0, 1)  # [H, Lq, D]
+            if plan.use_sdpa and self.logits_soft_cap is None:
+                out = F.scaled_dot_product_attention(
+                    q.unsqueeze(0), k, v, attn_mask=plan.mask,
+                    is_causal=plan.mask is None, scale=self.scale,
+                    enable_gqa=self.num_queries_per_kv > 1)[0]  # [H, Lq, D]
+            else:
+                masked_out = plan.masked_out
+                if masked_out is None:  # SDPA-sized but soft-capped: causal by hand
+                    masked_out = _masked_out_of(plan.mask, e - s, k.shape[2], q.device)
+                # [H, Lq, D] -> [1, Hkv, G * Lq, D]: rows of a KV head's query heads.
+                qg = q.reshape(1, self.num_kv_heads, -1, self.head_size)
+                out = self._grouped_attention(qg, k, v, e - s, masked_out=masked_out)
+                out = out.view(self.num_heads, e - s, self.head_size)
+            output[s:e] = out.transpose(0, 1)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        """q [B, H, Lq, D], k/v [B, Hkv, Lk, D], mask bool broadcastable to
-        [B, 1, Lq, Lk] (True = attend; None = causal with Lq == Lk)."""
+    def _grouped_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           q_len: int, bias: torch.Tensor | None = None,
+                           masked_out: torch.Tensor | None = None) -> torch.Tensor:
+        """q [B, Hkv, G * q_len, D] (rows ordered (g, i)), k/v [B, Hkv, L, D]
+        -> [B, Hkv, G * q_len, D].
+
+        `bias` (additive float) or `masked_out` (bool, True = hidden) must
+        broadcast to the scores viewed as [B, Hkv, G, q_len, L]. Scores are
+        products in the model dtype, then soft-capped / masked / softmaxed in
+        float32 (as transformers' eager attention does)."""
+        b, hkv, rows, _ = q.shape
+        scores = torch.matmul(q, k.transpose(-1, -2)).float()  # [B, Hkv, G * q_len, L]
+        scores.mul_(self.scale)
         if self.logits_soft_cap is not None:
-            return self._attend_soft_cap(q, k, v, mask)
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
-            enable_gqa=self.num_queries_per_kv > 1)
+            cap = self.logits_soft_cap
+            scores.div_(cap).tanh_().mul_(cap)
+        s5 = scores.view(b, hkv, rows // q_len, q_len, -1)
+        if bias is not None:
+            s5.add_(bias)
+        if masked_out is not None:
+            s5.masked_fill_(masked_out, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        return torch.matmul(probs, v)
 
-    def _attend_soft_cap(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         mask: torch.Tensor | None) -> torch.Tensor:
-        """Reference path: scores are capped (cap * tanh(s / cap)) before masking,
-        which SDPA cannot express. GQA by grouping queries, not repeating K/V."""
-        b, h, lq, d = q.shape
-        hkv, lk, g = k.shape[1], k.shape[2], self.num_queries_per_kv
-        qg = q.reshape(b, hkv, g * lq, d)  # query heads of a kv head are adjacent
-        scores = torch.matmul(qg, k.transpose(-1, -2)).float() * self.scale
-        cap = self.logits_soft_cap
-        scores = torch.tanh(scores / cap) * cap
-        scores = scores.view(b, hkv, g, lq, lk)
-        if mask is None:
-            mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril_()
-        scores.masked_fill_(~mask.view(-1, 1, 1, lq, lk), float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, hkv, g * lq, lk)
-        return torch.matmul(probs, v).view(b, h, lq, d)
+
+def _masked_out_of(mask: torch.Tensor | None, q_len: int, k_len: int,
+                   device: torch.device) -> torch.Tensor:
+    """The `masked_out` form of an SDPA mask (None = causal with q_len == k_len)."""
+    if mask is not None:
+        return ~mask
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).triu_(1)

@@ -75,3 +75,16 @@ def test_collective_rpc(executor):
     future = executor.collective_rpc(lambda worker: 1 / 0, non_block=True)
     with pytest.raises(ZeroDivisionError):
         future.result()
+
+
+def test_async_runner_outputs_are_resolved(executor):
+    from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+
+    class Pending(AsyncModelRunnerOutput):
+        def get_output(self) -> ModelRunnerOutput:
+            return ModelRunnerOutput(req_ids=["x"], req_id_to_index={"x": 0},
+                                     sampled_token_ids=[[7]])
+
+    out = executor.collective_rpc(lambda worker: Pending(), non_block=True).result()
+    assert out[0].sampled_token_ids == [[7]]
+    assert executor.collective_rpc(lambda worker: Pending())[0].req_ids == ["x"]

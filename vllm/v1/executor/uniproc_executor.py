@@ -7,6 +7,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.executor.abstract import Executor
+from vllm.v1.outputs import AsyncModelRunnerOutput
 from vllm.v1.worker.worker_base import WorkerWrapperBase, run_method
 
 if TYPE_CHECKING:
@@ -34,16 +35,24 @@ class UniProcExecutor(Executor):
         is returned as is instead of in a one-element list."""
         kwargs = kwargs or {}
         if not non_block:
-            result = run_method(self.driver_worker, method, args, kwargs)
+            result = self._call(method, args, kwargs)
             return result if single_value else [result]
         future: Future[Any] = Future()
         try:
-            result = run_method(self.driver_worker, method, args, kwargs)
+            result = self._call(method, args, kwargs)
         except Exception as e:
             future.set_exception(e)
         else:
             future.set_result(result if single_value else [result])
         return future
+
+    def _call(self, method: str | Callable[..., Any], args: tuple,
+              kwargs: dict[str, Any]) -> Any:
+        result = run_method(self.driver_worker, method, args, kwargs)
+        if isinstance(result, AsyncModelRunnerOutput):
+            # One batch in flight at most: nothing to overlap, so wait here.
+            result = result.get_output()
+        return result
 
     def execute_model(self, scheduler_output: "SchedulerOutput", non_block: bool = False
                       ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":

@@ -1,0 +1,412 @@
+"""Model Runner V2 (upstream: vllm/v1/worker/gpu/model_runner.py).
+
+Same class name and worker-facing surface as the V1 runner
+(vllm/v1/worker/gpu_model_runner.py), different design:
+
+- every request keeps one row of `RequestState` (and of the block tables and
+  sampling states) from the step it arrives until it finishes or is
+  preempted; nothing is moved or condensed;
+- a step's inputs are gathered on the device through `idx_mapping` (batch
+  position -> row): prefill tokens from the rows' token ids, decode tokens from
+  the device-resident last sampled tokens, positions, slots and block tables;
+- host-side changes are staged and applied once per step;
+- sampling is Gumbel-max keyed by (seed, position), see sample/gumbel.py.
+
+Step order (`execute_model`), as upstream: finished and preempted requests
+leave (`finish_requests`), `free_states`, new and resumed requests get rows
+(`add_requests`), cached ones take the scheduler's counts and new blocks
+(`update_requests`), staged writes are applied, the batch is gathered and its
+inputs prepared, attention metadata is built, the model runs and the logits of
+each request's last token are computed. `sample_tokens` then samples, records
+the tokens on the device (`postprocess`) and returns the output, wrapped in an
+`AsyncOutput` under async scheduling.
+"""
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from vllm.forward_context import set_forward_context
+from vllm.logger import init_logger
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+from vllm.v1.worker import kv_cache_setup
+from vllm.v1.worker.gpu.async_utils import AsyncOutput
+from vllm.v1.worker.gpu.attn_utils import build_attn_metadata, get_reorder_batch_threshold
+from vllm.v1.worker.gpu.block_table import BlockTables
+from vllm.v1.worker.gpu.buffer_utils import async_copy_to_gpu
+from vllm.v1.worker.gpu.input_batch import (InputBatch, InputBuffers,
+                                            combine_sampled_and_draft_tokens,
+                                            get_num_sampled_and_rejected, post_update,
+                                            prepare_pos_seq_lens, prepare_prefill_inputs)
+from vllm.v1.worker.gpu.sample.gumbel import gumbel_sample
+from vllm.v1.worker.gpu.sample.logprob import compute_topk_logprobs
+from vllm.v1.worker.gpu.sample.sampler import Sampler
+from vllm.v1.worker.gpu.states import RequestState
+from vllm.v1.worker.utils import AttentionGroup
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+
+logger = init_logger(__name__)
+
+
+class ExecuteModelState(NamedTuple):
+    """What `execute_model` leaves for the `sample_tokens` call that follows."""
+
+    input_batch: InputBatch
+    logits: torch.Tensor  # [num_logits, vocab]
+
+
+class GPUModelRunner:
+    """Owns the model, the KV cache, the request rows and the sampler."""
+
+    def __init__(self, vllm_config: "VllmConfig", device: torch.device) -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        self.scheduler_config = vllm_config.scheduler_config
+        self.device = device
+        self.dtype = self.model_config.dtype
+        self.vocab_size = self.model_config.get_vocab_size()
+        self.max_model_len = self.model_config.max_model_len
+        self.max_num_tokens = self.scheduler_config.max_num_batched_tokens
+        self.max_num_reqs = self.scheduler_config.max_num_seqs
+        self.use_async_scheduling = bool(self.scheduler_config.async_scheduling)
+        # Speculative decoding is not built: no draft tokens, one logit per request.
+        self.num_speculative_steps = 0
+
+        self.req_states = RequestState(
+            max_num_reqs=self.max_num_reqs, max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_tokens,
+            num_speculative_steps=self.num_speculative_steps, vocab_size=self.vocab_size,
+            device=device)
+        self.input_buffers = InputBuffers(self.max_num_reqs, self.max_num_tokens, device)
+        self.sampler = Sampler(self.max_num_reqs, self.vocab_size, device,
+                               logprobs_mode=self.model_config.logprobs_mode,
+                               seed=self.model_config.seed)
+        # Without drafts request i owns logits row i: cu_num_logits = arange.
+        self._arange_np = np.arange(self.max_num_reqs + 1, dtype=np.int32)
+        self._arange = torch.from_numpy(self._arange_np).to(device)
+        self.output_copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+        self.model: nn.Module | None = None
+        self.kv_cache_config: KVCacheConfig | None = None
+        self.kv_caches: list[torch.Tensor] = []
+        self.attn_groups: list[list[AttentionGroup]] = []
+        self.block_tables: BlockTables | None = None
+        self.reorder_batch_threshold: int | None = None
+        self.execute_model_state: ExecuteModelState | None = None
+
+    # ---- model and KV cache ------------------------------------------------------
+    def load_model(self) -> None:
+        from vllm.model_executor.model_loader import get_model
+
+        logger.info("Loading model %s on %s (Model Runner V2)", self.model_config.model,
+                    self.device)
+        self.model = get_model(vllm_config=self.vllm_config)
+
+    def get_model(self) -> nn.Module:
+        assert self.model is not None, "load_model() has not run"
+        return self.model
+
+    def get_kv_cache_spec(self) -> dict[str, "KVCacheSpec"]:
+        return kv_cache_setup.get_kv_cache_spec(self.vllm_config)
+
+    def initialize_kv_cache(self, kv_cache_config: "KVCacheConfig") -> None:
+        """Allocate and bind the KV cache, build the metadata builders and one
+        block table per KV cache group."""
+        self.kv_cache_config = kv_cache_config
+        block_sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+        self.block_tables = BlockTables(block_sizes, self.max_num_reqs, self.max_num_tokens,
+                                        self.max_model_len, self.device)
+        self.attn_groups = kv_cache_setup.make_attn_groups(kv_cache_config, self.vllm_config,
+                                                           self.device)
+        self.reorder_batch_threshold = get_reorder_batch_threshold(self.attn_groups)
+        self.kv_caches = kv_cache_setup.allocate_and_bind_kv_caches(
+            kv_cache_config, self.attn_groups, self.vllm_config, self.device)
+
+    def _block_tables(self) -> BlockTables:
+        if self.block_tables is None:
+            raise RuntimeError("initialize_kv_cache() must run before the first step.")
+        return self.block_tables
+
+    # ---- request state updates -------------------------------------------------------
+    def finish_requests(self, scheduler_output: "SchedulerOutput") -> None:
+        """Finished and preempted requests give up their rows (V2 treats a
+        preemption like a finish; the request comes back as a new one)."""
+        finished = scheduler_output.finished_req_ids
+        preempted = scheduler_output.preempted_req_ids
+        for req_id in finished.union(preempted) if preempted else finished:
+            self.req_states.remove_request(req_id)
+
+    def free_states(self, scheduler_output: "SchedulerOutput") -> None:
+        """Per-request caches beyond the rows (encoder outputs) are not built."""
+
+    def add_requests(self, scheduler_output: "SchedulerOutput") -> None:
+        block_tables = self._block_tables()
+        for new_req in scheduler_output.scheduled_new_reqs:
+            # Under V2 the scheduler sends the tokens to prefill with every new
+            # request: the prompt, plus the outputs of a resumed request.
+            assert new_req.prefill_token_ids is not None, (
+                f"request {new_req.req_id}: prefill_token_ids missing (resumed requests "
+                "must carry prompt + generated tokens under Model Runner V2)")
+            if new_req.prompt_token_ids is None or new_req.sampling_params is None:
+                raise ValueError(f"Request {new_req.req_id}: prompt embeddings and pooling "
+                                 "requests are not supported.")
+            req_idx = self.req_states.add_request(
+                new_req.req_id, prompt_len=len(new_req.prompt_token_ids),
+                all_token_ids=new_req.prefill_token_ids,
+                num_computed_tokens=new_req.num_computed_tokens)
+            block_tables.append_block_ids(req_idx, new_req.block_ids, overwrite=True)
+            self.sampler.add_request(req_idx, new_req.sampling_params)
+
+    def update_requests(self, scheduler_output: "SchedulerOutput") -> None:
+        """Cached requests: the scheduler's computed-token counts (one vectorised
+        write) and their new blocks."""
+        cached = scheduler_output.scheduled_cached_reqs
+        if not cached.req_ids:
+            return
+        assert not cached.resumed_req_ids, "V2 receives resumed requests as new requests"
+        req_indices = np.fromiter(map(self.req_states.req_id_to_index.__getitem__,
+                                      cached.req_ids), dtype=np.int64, count=cached.num_reqs)
+        self.req_states.set_num_computed_tokens(
+            req_indices, np.asarray(cached.num_computed_tokens, dtype=np.int32))
+        block_tables = self._block_tables()
+        for i, new_block_ids in enumerate(cached.new_block_ids):
+            if new_block_ids is not None:
+                block_tables.append_block_ids(int(req_indices[i]), new_block_ids,
+                                              overwrite=False)
+
+    def apply_staged_writes(self) -> None:
+        self.req_states.apply_staged_writes()
+        self._block_tables().apply_staged_writes()
+        self.sampler.apply_staged_writes()
+
+    # ---- inputs ------------------------------------------------------------------
+    def gather_batch_req_state(self, scheduler_output: "SchedulerOutput"
+                               ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """The step's batch order: (req_ids, idx_mapping_np, num_scheduled_tokens).
+
+        The scheduler's order, except that requests with at most
+        `reorder_batch_threshold` tokens (decodes) move first when the attention
+        backend asks for it (a stable partition).
+        """
+        tokens_per_req = scheduler_output.num_scheduled_tokens
+        num_reqs = len(tokens_per_req)
+        req_ids = list(tokens_per_req)
+        num_scheduled = np.fromiter(tokens_per_req.values(), dtype=np.int32, count=num_reqs)
+        threshold = self.reorder_batch_threshold
+        if threshold is not None and num_reqs > 1:
+            is_prefill = num_scheduled > threshold
+            if is_prefill.any() and not is_prefill[-int(is_prefill.sum()):].all():
+                order = np.argsort(is_prefill, kind="stable")
+                req_ids = list(operator.itemgetter(*order)(req_ids))
+                num_scheduled = num_scheduled[order]
+        idx_mapping_np = np.fromiter(map(self.req_states.req_id_to_index.__getitem__, req_ids),
+                                     dtype=np.int64, count=num_reqs)
+        return req_ids, idx_mapping_np, num_scheduled
+
+    def prepare_inputs(self, scheduler_output: "SchedulerOutput") -> InputBatch:
+        """Gather the batch's rows and build its inputs on the device."""
+        if scheduler_output.scheduled_spec_decode_tokens:
+            raise NotImplementedError("Speculative decoding is not built for Model Runner V2.")
+        req_ids, idx_mapping_np, num_scheduled = self.gather_batch_req_state(scheduler_output)
+        num_reqs, num_tokens = len(req_ids), scheduler_output.total_num_scheduled_tokens
+        bufs, states = self.input_buffers, self.req_states
+        idx_mapping = async_copy_to_gpu(idx_mapping_np, device=self.device)
+
+        qsl_np = np.empty(num_reqs + 1, dtype=np.int32)
+        qsl_np[0] = 0
+        np.cumsum(num_scheduled, out=qsl_np[1:])
+        query_start_loc = async_copy_to_gpu(qsl_np, out=bufs.query_start_loc[:num_reqs + 1])
+
+        num_computed = states.num_computed_tokens.gpu
+        prepare_prefill_inputs(bufs.input_ids, idx_mapping, query_start_loc,
+                               states.all_token_ids.gpu, states.prefill_len.gpu, num_computed,
+                               num_tokens)
+        prepare_pos_seq_lens(idx_mapping, query_start_loc, num_computed, bufs.positions,
+                             bufs.seq_lens, num_tokens)
+        seq_lens = bufs.seq_lens[:num_reqs]
+        cu_num_logits = self._arange[:num_reqs + 1]
+        logits_indices = combine_sampled_and_draft_tokens(
+            bufs.input_ids, idx_mapping, states.last_sampled_tokens, query_start_loc,
+            seq_lens, states.prefill_len.gpu, states.draft_tokens, cu_num_logits, num_reqs)
+
+        num_computed_np = states.num_computed_tokens_np[idx_mapping_np]
+        return InputBatch(
+            req_ids=req_ids, num_reqs=num_reqs, idx_mapping=idx_mapping,
+            idx_mapping_np=idx_mapping_np, expanded_idx_mapping=idx_mapping,
+            num_scheduled_tokens=num_scheduled, num_tokens=num_tokens,
+            num_tokens_after_padding=num_tokens, num_draft_tokens=0,
+            query_start_loc=query_start_loc, query_start_loc_np=qsl_np, seq_lens=seq_lens,
+            seq_lens_np=num_computed_np + num_scheduled, num_computed_tokens_np=num_computed_np,
+            input_ids=bufs.input_ids[:num_tokens], positions=bufs.positions[:num_tokens],
+            logits_indices=logits_indices, cu_num_logits=cu_num_logits,
+            cu_num_logits_np=self._arange_np[:num_reqs + 1],
+            has_structured_output_reqs=scheduler_output.has_structured_output_requests)
+
+    def prepare_attn(self, input_batch: InputBatch) -> dict[str, Any]:
+        """Block tables and slot mappings gathered on the device, then each
+        attention group's metadata."""
+        block_tables = self._block_tables()
+        tables = block_tables.gather_block_tables(input_batch.idx_mapping)
+        slot_mappings = block_tables.compute_slot_mappings(
+            input_batch.idx_mapping, input_batch.query_start_loc, input_batch.positions)
+        return build_attn_metadata(
+            self.attn_groups, input_batch.num_reqs, input_batch.num_tokens,
+            input_batch.query_start_loc, torch.from_numpy(input_batch.query_start_loc_np),
+            input_batch.seq_lens, torch.from_numpy(input_batch.seq_lens_np),
+            torch.from_numpy(input_batch.num_computed_tokens_np),
+            max_query_len=int(input_batch.num_scheduled_tokens.max()),
+            max_seq_len=int(input_batch.seq_lens_np.max()), block_tables=tables,
+            slot_mappings=slot_mappings)
+
+    # ---- one step --------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: "SchedulerOutput",
+                      intermediate_tensors: Any = None,
+                      dummy_run: bool = False) -> ModelRunnerOutput | None:
+        """Update the request rows and run the forward pass; returns None and
+        leaves the logits for `sample_tokens` (EMPTY_MODEL_RUNNER_OUTPUT when
+        nothing is scheduled). `dummy_run` runs a batch of fresh fake requests
+        without touching any request state (warm-up, profiling)."""
+        if intermediate_tensors is not None:
+            raise NotImplementedError("Pipeline parallelism is not built.")
+        if self.execute_model_state is not None:
+            raise RuntimeError("execute_model() called twice without sample_tokens().")
+        if dummy_run:
+            raise ValueError("Use _dummy_run() for dummy batches.")
+        self.finish_requests(scheduler_output)
+        self.free_states(scheduler_output)
+        self.add_requests(scheduler_output)
+        self.update_requests(scheduler_output)
+        self.apply_staged_writes()
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        input_batch = self.prepare_inputs(scheduler_output)
+        attn_metadata = self.prepare_attn(input_batch)
+        logits = self._run_model(input_batch, attn_metadata)
+        self.execute_model_state = ExecuteModelState(input_batch, logits)
+        return None
+
+    def _run_model(self, input_batch: InputBatch, attn_metadata: dict[str, Any] | None
+                   ) -> torch.Tensor:
+        """Forward pass, then the logits of the sampled rows [num_logits, vocab]."""
+        model = self.get_model()
+        with set_forward_context(attn_metadata, self.vllm_config,
+                                 num_tokens=input_batch.num_tokens_after_padding):
+            hidden_states = model(input_ids=input_batch.input_ids,
+                                  positions=input_batch.positions)
+        return model.compute_logits(hidden_states[input_batch.logits_indices])
+
+    @torch.inference_mode()
+    def sample_tokens(self, grammar_output: object | None
+                      ) -> ModelRunnerOutput | AsyncOutput | None:
+        """Sample from the preceding `execute_model`'s logits and record the
+        tokens in the request rows, on the device."""
+        state = self.execute_model_state
+        if state is None:
+            return None
+        self.execute_model_state = None
+        if grammar_output is not None:
+            raise NotImplementedError("Structured output (grammar bitmasks) is not built yet.")
+        input_batch, logits = state
+        # Each logits row is sampled at its token's position (the noise key).
+        pos = input_batch.positions[input_batch.logits_indices]
+        sampler_output = self.sampler(logits, input_batch.expanded_idx_mapping,
+                                      input_batch.idx_mapping_np, pos)
+        num_sampled = torch.ones(input_batch.num_reqs, dtype=torch.int32, device=self.device)
+        num_sampled, num_rejected = get_num_sampled_and_rejected(
+            num_sampled, input_batch.seq_lens, input_batch.cu_num_logits,
+            input_batch.idx_mapping, self.req_states.prefill_len.gpu)
+        output = ModelRunnerOutput(
+            req_ids=input_batch.req_ids,
+            req_id_to_index={req_id: i for i, req_id in enumerate(input_batch.req_ids)},
+            sampled_token_ids=[], prompt_logprobs_dict={})
+        async_output = AsyncOutput(output, sampler_output, num_sampled,
+                                   self.output_copy_stream)
+        # After AsyncOutput: the host copy is already queued behind the sampler.
+        self.postprocess(input_batch, sampler_output.sampled_token_ids, num_sampled,
+                         num_rejected)
+        return async_output if self.use_async_scheduling else async_output.get_output()
+
+    def postprocess(self, input_batch: InputBatch, sampled_tokens: torch.Tensor,
+                    num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> None:
+        """Append the sampled tokens to the rows and advance the counters (device),
+        and the host mirrors of the computed-token counts."""
+        states = self.req_states
+        post_update(input_batch.idx_mapping, states.num_computed_tokens.gpu,
+                    states.last_sampled_tokens, sampled_tokens, num_sampled, num_rejected,
+                    input_batch.query_start_loc, states.all_token_ids.gpu,
+                    states.total_len.gpu)
+        idx = input_batch.idx_mapping_np
+        states.num_computed_tokens_np[idx] += input_batch.num_scheduled_tokens
+        computed_prefill = states.num_computed_prefill_tokens
+        computed_prefill[idx] = np.minimum(
+            computed_prefill[idx] + input_batch.num_scheduled_tokens, states.prefill_len.np[idx])
+
+    def take_draft_token_ids(self) -> None:
+        """No speculative decoding: never any draft tokens."""
+        return None
+
+    # ---- dummy runs (warm-up and memory profiling) -------------------------------------
+    @torch.inference_mode()
+    def _dummy_run(self, num_tokens: int, use_kv_cache: bool = True,
+                   num_reqs: int | None = None) -> torch.Tensor:
+        """Forward `num_tokens` tokens of `num_reqs` (default min(num_tokens,
+        max_num_reqs)) fake requests starting at position 0; no request row is
+        touched. With `use_kv_cache` (and a KV cache) attention runs against a
+        zero block table with every slot padding, so nothing is written;
+        otherwise the layers skip attention (profile run). Returns the hidden
+        states of each fake request's last token."""
+        assert 0 < num_tokens <= self.max_num_tokens
+        num_reqs = num_reqs or min(num_tokens, self.max_num_reqs)
+        batch = InputBatch.make_dummy(num_reqs, num_tokens, self.input_buffers, self.device)
+        # Positions 0..n-1 within each fake request.
+        batch.positions.copy_(torch.from_numpy(
+            np.arange(num_tokens) - np.repeat(batch.query_start_loc_np[:-1],
+                                              batch.num_scheduled_tokens)))
+        attn_metadata = None
+        if use_kv_cache and self.attn_groups:
+            attn_metadata = self._dummy_attn_metadata(batch)
+        model = self.get_model()
+        with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens):
+            hidden_states = model(input_ids=batch.input_ids, positions=batch.positions)
+        return hidden_states[batch.logits_indices]
+
+    def _dummy_attn_metadata(self, batch: InputBatch) -> dict[str, Any]:
+        block_tables = self._block_tables()
+        tables = tuple(t[:batch.num_reqs].zero_() for t in block_tables.input_block_tables)
+        return build_attn_metadata(
+            self.attn_groups, batch.num_reqs, batch.num_tokens, batch.query_start_loc,
+            torch.from_numpy(batch.query_start_loc_np), batch.seq_lens,
+            torch.from_numpy(batch.seq_lens_np), torch.from_numpy(batch.num_computed_tokens_np),
+            max_query_len=int(batch.num_scheduled_tokens.max()),
+            max_seq_len=int(batch.seq_lens_np.max()), block_tables=tables,
+            slot_mappings=block_tables.get_dummy_slot_mappings(batch.num_tokens))
+
+    @torch.inference_mode()
+    def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
+        """Logits, top-k/top-p, a Gumbel draw and top logprobs for each row,
+        with throw-away parameters (no sampling state is touched)."""
+        logits = self.get_model().compute_logits(hidden_states).to(torch.float32)
+        n = logits.shape[0]
+        rows = torch.arange(n, device=self.device)
+        logits = apply_top_k_top_p(
+            logits.div_(0.5), torch.full((n,), min(50, self.vocab_size), device=self.device),
+            torch.full((n,), 0.9, device=self.device))
+        sampled = gumbel_sample(logits, rows, torch.full((n,), 0.5, device=self.device),
+                                torch.zeros(n, dtype=torch.int64, device=self.device),
+                                torch.zeros(n, dtype=torch.int64, device=self.device))
+        compute_topk_logprobs(logits, self.model_config.max_logprobs, sampled)
+
+    def profile_run(self) -> None:
+        """The largest step the scheduler can produce, without a KV cache."""
+        self._dummy_sampler_run(self._dummy_run(self.max_num_tokens, use_kv_cache=False))

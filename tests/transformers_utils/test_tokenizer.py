@@ -1,0 +1,45 @@
+"""get_tokenizer: local folders, GGUF files (through the on-disk cache), errors."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm.transformers_utils import tokenizer as tokenizer_mod
+from vllm.transformers_utils.tokenizer import get_tokenizer
+
+SAMPLES = ["The capital of France is", "héllo 日本語 🎉", "<|im_start|>user\nhi<|im_end|>"]
+
+
+def test_gguf_tokenizer_cache_matches_a_direct_load(embedded_model_path, tmp_path,
+                                                    monkeypatch):
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tokenizer_mod, "_CACHE", {})
+    first = get_tokenizer(embedded_model_path)
+    saved = list(tmp_path.glob("vllm/gguf_tokenizers/*/tokenizer.json"))
+    assert len(saved) == 1
+    assert get_tokenizer(embedded_model_path) is first  # per-process cache
+    monkeypatch.setattr(tokenizer_mod, "_CACHE", {})
+    from_disk = get_tokenizer(embedded_model_path)
+    assert from_disk is not first
+    gguf = Path(embedded_model_path)
+    direct = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    for tok in (first, from_disk):
+        assert tok.eos_token_id == direct.eos_token_id
+        assert tok.chat_template == direct.chat_template
+        for text in SAMPLES:
+            ids = direct.encode(text)
+            assert tok.encode(text) == ids
+            assert tok.decode(ids) == direct.decode(ids)
+
+
+def test_folder_tokenizer_and_missing_path(tmp_path):
+    from tests.utils import make_tiny_tokenizer
+
+    make_tiny_tokenizer(str(tmp_path))
+    tok = get_tokenizer(str(tmp_path))
+    assert tok.decode(tok.encode("The quick brown fox")) == "The quick brown fox"
+    with pytest.raises(ValueError, match="does not exist"):
+        get_tokenizer(str(tmp_path / "missing"))

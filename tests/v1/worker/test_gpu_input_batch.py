@@ -122,3 +122,25 @@ def test_sampling_metadata_flags():
     # req-2 (the last row) moved into hole 0; the seeded req-1 kept row 1.
     assert batch.req_ids == ["req-2", "req-1"]
     assert set(batch.sampling_metadata.generators) == {1}
+
+
+def test_reorder_puts_decodes_first():
+    from vllm.v1.worker.utils import reorder_batch_to_split_decodes_and_prefills
+
+    rng = random.Random(3)
+    for trial in range(20):
+        batch = make_batch()
+        live = {}
+        for i in range(rng.randint(1, MAX_REQS)):
+            req = make_request(100 * trial + i, rng)
+            batch.add_request(req)
+            live[req.req_id] = req
+        scheduled = {r: rng.choice([1, 1, 2, 7]) for r in live}
+        changed = reorder_batch_to_split_decodes_and_prefills(batch, scheduled, 1)
+        is_decode = [scheduled[r] <= 1 for r in batch.req_ids]
+        assert is_decode == sorted(is_decode, reverse=True)
+        assert_batch_matches(batch, live)
+        # Already split: a second call changes nothing.
+        assert not reorder_batch_to_split_decodes_and_prefills(batch, scheduled, 1)
+        if not changed:
+            assert list(live) == batch.req_ids

@@ -24,7 +24,7 @@ import torch.nn as nn
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingType
-from vllm.utils import STR_DTYPE_TO_TORCH_DTYPE, is_pin_memory_available
+from vllm.utils import is_pin_memory_available
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput
 from vllm.v1.sample.metadata import SamplingMetadata
@@ -64,9 +64,6 @@ class GPUModelRunner:
         self.device = device
         self.pin_memory = is_pin_memory_available()
         self.dtype = self.model_config.dtype
-        cache_dtype = self.cache_config.cache_dtype
-        self.kv_cache_dtype = (self.dtype if cache_dtype == "auto" else
-                               STR_DTYPE_TO_TORCH_DTYPE[cache_dtype])
 
         self.max_model_len = self.model_config.max_model_len
         self.max_num_tokens = self.scheduler_config.max_num_batched_tokens

@@ -176,3 +176,15 @@ def test_prompt_logprobs_over_chunks_match_transformers(worker, model_dir):
     empty = SchedulerOutput.make_empty()
     empty.finished_req_ids = s.pending_finished
     worker.execute_model(empty)
+
+
+def test_cpu_kv_cache_budget_sources(model_dir, monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    worker = Worker(make_vllm_config(model_dir, kv_cache_memory_bytes=None))
+    worker.init_device()  # no model needed to size the cache on CPU
+    assert worker.determine_available_memory() == 4 << 30
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert worker.determine_available_memory() == 2 << 30
+    worker.cache_config.kv_cache_memory_bytes = 12345 * 4096
+    assert worker.determine_available_memory() == 12345 * 4096

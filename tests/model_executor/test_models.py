@@ -14,6 +14,13 @@ from vllm.model_executor.model_loader import get_model
 VARIANTS = {
     "llama": ("llama", {}),
     "llama-tied": ("llama", {"tie_word_embeddings": True}),
+    # Llama 3.1 rope scaling: with head_dim 16 and an original context of 64, the
+    # 8 frequencies fall in all three bands (kept, interpolated, divided).
+    "llama-rope-llama3": ("llama", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "llama-rope-linear": ("llama", {"rope_parameters": {
+        "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
     "mistral-window": ("mistral", {"sliding_window": 8}),
     "qwen2": ("qwen2", {}),
     "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}),

@@ -14,7 +14,7 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
-        return F.silu(x[..., :d]) * x[..., d:]
+        return F.silu(x[..., :d]).mul_(x[..., d:])  # in place on the fresh silu output
 
 
 class GeluAndMul(nn.Module):
@@ -28,7 +28,7 @@ class GeluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
-        return F.gelu(x[..., :d], approximate=self.approximate) * x[..., d:]
+        return F.gelu(x[..., :d], approximate=self.approximate).mul_(x[..., d:])
 
 
 _ACTIVATION_AND_MUL = {"silu": SiluAndMul, "swish": SiluAndMul}

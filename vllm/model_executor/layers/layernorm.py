@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
@@ -35,15 +36,12 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x [..., hidden] -> normalized [..., hidden]; with `residual`:
         (normalized(x + residual), x + residual)."""
-        orig_dtype = x.dtype
         if residual is not None:
             x = x + residual
             residual = x
-        xf = x.float()
-        variance = xf.pow(2).mean(dim=-1, keepdim=True)
-        out = (xf * torch.rsqrt(variance + self.variance_epsilon)).to(orig_dtype)
-        if self.has_weight:
-            out = out * self.weight
+        # One fused op; for low-precision inputs it accumulates in float32.
+        weight = self.weight if self.has_weight else None
+        out = F.rms_norm(x, (self.hidden_size,), weight, self.variance_epsilon)
         return out if residual is None else (out, residual)
 
     def extra_repr(self) -> str:

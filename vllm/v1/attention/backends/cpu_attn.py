@@ -12,15 +12,20 @@ not written), and attention reads K/V only through the block table.
 
 The batch arrives decodes first (`reorder_batch_threshold = 1`):
 - decodes (query length 1) are one batched computation: the blocks of every
-  decode request are gathered with one `index_select`, keys beyond a request's
-  length (or outside its sliding window) are masked, and grouped-query attention
-  runs without repeating K/V (`enable_gqa`);
+  decode request are gathered with one `index_select` into a head-major
+  [B, Hkv, L, D] copy, keys beyond a request's length (or outside its sliding
+  window) get a -inf bias, and grouped-query attention runs without repeating
+  K/V: the G query heads of a KV head are the rows of one [G, D] x [D, L]
+  product. (SDPA in bf16 on CPU was ~10x slower for this shape.)
 - prefills / chunked prefills are computed request by request with the causal
-  offset: query i of a request with `c` cached tokens sees keys 0..c+i.
+  offset: query i of a request with `c` cached tokens sees keys 0..c+i. A
+  request without cached prefix attends over its new K/V directly; otherwise
+  its keys are gathered through the block table. Big requests use SDPA
+  (flash-style), small ones the grouped matmul path.
 
 Everything the layers of one step share (gather indices, masks) is built once
 per step and sliding window, not once per layer. A compiled kernel
-(csrc/cpu, a later issue) would replace `_gather_blocks` + SDPA by one pass
+(csrc/cpu, a later issue) would replace `_gather` + the matmuls by one pass
 that reads the blocks in place.
 """
 from __future__ import annotations

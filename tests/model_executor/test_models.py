@@ -135,3 +135,24 @@ def test_unknown_architecture_lists_supported(model_dirs):
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
         EngineArgs(model=model_dirs("llama"), dtype="float32", device="cpu",
                    hf_overrides={"architectures": ["FooForCausalLM"]}).create_engine_config()
+
+
+def test_pytorch_bin_checkpoint_loads_like_safetensors(model_dirs, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    src = model_dirs("qwen3")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{src}/{name}", tmp_path / name)
+    torch.save(load_file(f"{src}/model.safetensors"), tmp_path / "pytorch_model.bin")
+    prompt = list(range(3, 40))
+    logits = []
+    for model_dir in (src, str(tmp_path)):
+        model, config = _load(model_dir)
+        logits.append(PagedHarness(model, config).step([("r", prompt)])[0])
+    torch.testing.assert_close(logits[0], logits[1], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="safetensors"):
+        config = EngineArgs(model=str(tmp_path), dtype="float32", device="cpu",
+                            load_format="safetensors").create_engine_config()
+        get_model(vllm_config=config)

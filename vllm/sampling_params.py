@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from enum import Enum, IntEnum
 from typing import Any
 
@@ -66,8 +67,14 @@ class SamplingParams(
 
     @staticmethod
     def from_optional(**kwargs: Any) -> "SamplingParams":
-        """Build from keyword arguments, dropping those that are None."""
-        return SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+        """Build from keyword arguments, dropping those that are None; logit
+        biases are clamped to [-100, 100] as upstream's API layer does."""
+        params = {k: v for k, v in kwargs.items() if v is not None}
+        if params.get("logit_bias"):
+            params["logit_bias"] = {
+                token: min(100.0, max(-100.0, bias))
+                for token, bias in _convert_logit_bias(params["logit_bias"]).items()}
+        return SamplingParams(**params)
 
     def __post_init__(self) -> None:
         if 0 < self.temperature < _MAX_TEMP:
@@ -78,16 +85,22 @@ class SamplingParams(
             self.stop = []
         elif isinstance(self.stop, str):
             self.stop = [self.stop]
+        # Duplicates change nothing but the work done per token: drop them,
+        # keeping the first occurrence's order.
         if self.stop_token_ids is None:
             self.stop_token_ids = []
+        else:
+            self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids))
         if self.bad_words is None:
             self.bad_words = []
+        else:
+            self.bad_words = list(dict.fromkeys(self.bad_words))
         if self.logprobs is True:
             self.logprobs = 1
         if self.prompt_logprobs is True:
             self.prompt_logprobs = 1
         if self.logit_bias is not None:
-            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            self.logit_bias = _convert_logit_bias(self.logit_bias)
         # A stop string can only be recognised once all its characters are in;
         # hold back that many characters minus one from streamed text.
         if self.stop and not self.include_stop_str_in_output:
@@ -104,25 +117,55 @@ class SamplingParams(
     def _err(self, message: str, parameter: str) -> VLLMValidationError:
         return VLLMValidationError(message, parameter=parameter, value=getattr(self, parameter))
 
-    def _verify_args(self) -> None:  # noqa: C901 - one check per field, flat
-        if not isinstance(self.n, int) or self.n < 1:
+    def _verify_args(self) -> None:
+        """Upstream's checks and messages; every error names its parameter."""
+        self._verify_n()
+        self._verify_penalties()
+        self._verify_sampling_knobs()
+        self._verify_lengths()
+        self._verify_logprobs()
+        self._verify_stops()
+
+    def _verify_n(self) -> None:
+        if not isinstance(self.n, int) or isinstance(self.n, bool):
+            raise self._err(f"n must be an int, but is of type {type(self.n)}", "n")
+        if self.n < 1:
             raise self._err(f"n must be at least 1, got {self.n}.", "n")
+
+    def _verify_penalties(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
+            # NaN fails the range test too.
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise self._err(f"{name} must be in [-2, 2], got {getattr(self, name)}.", name)
+        if not math.isfinite(self.repetition_penalty):
+            raise self._err("repetition_penalty must be a finite number, got "
+                            f"{self.repetition_penalty}.", "repetition_penalty")
         if self.repetition_penalty <= 0.0:
             raise self._err("repetition_penalty must be greater than zero, got "
                             f"{self.repetition_penalty}.", "repetition_penalty")
+
+    def _verify_sampling_knobs(self) -> None:
+        if not math.isfinite(self.temperature):
+            raise self._err(f"temperature must be a finite number, got {self.temperature}.",
+                            "temperature")
         if self.temperature < 0.0:
             raise self._err(f"temperature must be non-negative, got {self.temperature}.",
                             "temperature")
         if not 0.0 < self.top_p <= 1.0:
             raise self._err(f"top_p must be in (0, 1], got {self.top_p}.", "top_p")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
+            raise self._err(f"top_k must be an integer, got {type(self.top_k).__name__}",
+                            "top_k")
+        # -1 is quietly accepted as "disabled", like 0.
         if self.top_k < -1:
-            raise self._err("top_k must be 0 (disable), -1 (disable), or at least 1, "
-                            f"got {self.top_k}.", "top_k")
+            raise self._err(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.",
+                            "top_k")
         if not 0.0 <= self.min_p <= 1.0:
             raise self._err(f"min_p must be in [0, 1], got {self.min_p}.", "min_p")
+        if self.seed is not None and not -2**63 <= self.seed < 2**64:
+            raise self._err(f"seed must fit in 64 bits, got {self.seed}.", "seed")
+
+    def _verify_lengths(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
             raise self._err(f"max_tokens must be at least 1, got {self.max_tokens}.",
                             "max_tokens")
@@ -132,15 +175,28 @@ class SamplingParams(
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise self._err(f"min_tokens must be less than or equal to max_tokens="
                             f"{self.max_tokens}, got {self.min_tokens}.", "min_tokens")
+
+    def _verify_logprobs(self) -> None:
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and v < -1:
+            if v is not None and v != -1 and v < 0:
                 raise self._err(f"{name} must be non-negative or -1, got {v}.", name)
-        if any(s == "" for s in self.stop):  # type: ignore[union-attr]
+
+    def _verify_stops(self) -> None:
+        assert isinstance(self.stop_token_ids, list) and isinstance(self.stop, list)
+        if not all(isinstance(t, int) and not isinstance(t, bool)
+                   for t in self.stop_token_ids):
+            raise self._err("stop_token_ids must contain only integers, got "
+                            f"{self.stop_token_ids}.", "stop_token_ids")
+        if any(not s for s in self.stop):
             raise self._err("stop cannot contain an empty string.", "stop")
         if self.stop and not self.detokenize:
             raise self._err("stop strings are only supported when detokenize is True. "
                             "Set detokenize=True to use stop.", "stop")
+        assert isinstance(self.bad_words, list)
+        if any(not w for w in self.bad_words):
+            raise self._err("bad_words cannot contain an empty string. Got "
+                            f"bad_words={self.bad_words}", "bad_words")
 
     @property
     def sampling_type(self) -> SamplingType:
@@ -181,15 +237,30 @@ class SamplingParams(
                 self.stop_token_ids = sorted(set(self.stop_token_ids or []) | eos_ids)
 
     def update_from_tokenizer(self, tokenizer: Any) -> None:
-        """Turn `bad_words` into token-id sequences (with and without a leading space)."""
+        """Turn `bad_words` into token-id sequences, as upstream: each word as
+        written (left-stripped) and, when it tokenizes to a different first
+        token of the same length, with a leading space (a word at the start
+        of the text vs. in the middle)."""
         if not self.bad_words:
             return
         ids: list[list[int]] = []
         for word in self.bad_words:
-            for variant in (word, " " + word.lstrip()):
-                toks = tokenizer.encode(variant, add_special_tokens=False)
-                if toks and toks not in ids:
+            for prefix in ("", " "):
+                toks = list(tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False))
+                if not toks:
+                    if not prefix:
+                        raise self._err("bad_words entries must tokenize to at least one "
+                                        "token.", "bad_words")
+                    continue
+                if not prefix or (toks[0] != ids[-1][0] and len(toks) == len(ids[-1])):
                     ids.append(toks)
+        max_token_id = _max_token_id(tokenizer)
+        invalid = [t for seq in ids for t in seq if not 0 <= t <= max_token_id]
+        if invalid:
+            raise self._err(
+                f"The model vocabulary size is {max_token_id + 1}, but the following "
+                f"tokens were specified as bad: {invalid}. All token id values should be "
+                f"integers satisfying: 0 <= token_id <= {max_token_id}.", "bad_words")
         self._bad_words_token_ids = ids
 
     def clone(self) -> "SamplingParams":
@@ -201,3 +272,37 @@ class SamplingParams(
                   "ignore_eos", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
                   "skip_special_tokens")
         return "SamplingParams(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in fields) + ")"
+
+
+def _convert_logit_bias(logit_bias: dict[Any, Any]) -> dict[int, float]:
+    """Keys to int token ids (JSON sends them as strings), values to finite floats."""
+    converted: dict[int, float] = {}
+    bad_keys = []
+    for token, bias in logit_bias.items():
+        try:
+            token_id = int(token)
+        except (TypeError, ValueError):
+            bad_keys.append(token)
+            continue
+        try:
+            value = float(bias)
+        except (TypeError, ValueError):
+            value = math.nan
+        if not math.isfinite(value):
+            raise VLLMValidationError(f"logit_bias values must be finite numbers, got "
+                                      f"{bias!r} for token {token!r}.",
+                                      parameter="logit_bias", value=bias)
+        converted[token_id] = value
+    if bad_keys:
+        raise VLLMValidationError("logit_bias contains key(s) that cannot be converted to "
+                                  f"integer token IDs: {bad_keys!r}",
+                                  parameter="logit_bias", value=bad_keys)
+    return converted
+
+
+def _max_token_id(tokenizer: Any) -> int:
+    """The largest token id the tokenizer knows (added tokens included)."""
+    max_id = getattr(tokenizer, "max_token_id", None)
+    if max_id is not None:
+        return int(max_id)
+    return max(tokenizer.get_vocab().values())

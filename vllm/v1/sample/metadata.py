@@ -4,17 +4,14 @@ The model runner's persistent `InputBatch` keeps one row per request; this is
 the view of those rows that `Sampler.forward` reads. Tensors are indexed by the
 batch row and have `num_reqs` rows. A tensor is None when no request in the
 batch needs it, which is what lets the sampler skip whole stages.
-
-Penalties, logit bias, allowed/bad tokens and min_tokens are not built yet;
-their upstream fields (`no_penalties`, `frequency_penalties`, ...,
-`allowed_token_ids_mask`, `bad_words_token_ids`, `logitsprocs`) will join here
-when they are.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from vllm.v1.sample.logits_processor import LogitsProcessors
 
 
 @dataclass
@@ -40,3 +37,26 @@ class SamplingMetadata:
     # None: no logprobs. 0: the sampled token's logprob only. k > 0: also the
     # top k. -1: the whole vocabulary.
     max_num_logprobs: int | None
+
+    # ---- penalties (all None when no_penalties) ----
+    no_penalties: bool = True
+    # [num_reqs, max_prompt_len] int64, padded with vocab_size.
+    prompt_token_ids: torch.Tensor | None = None
+    # [num_reqs] float32; rows without the penalty hold 0, 0 and 1.
+    frequency_penalties: torch.Tensor | None = None
+    presence_penalties: torch.Tensor | None = None
+    repetition_penalties: torch.Tensor | None = None
+
+    # The output token ids of each row (the batch's own lists): penalties and
+    # bad words read them.
+    output_token_ids: list[list[int]] = field(default_factory=list)
+
+    # [num_reqs, vocab] bool, True = forbidden (outside allowed_token_ids).
+    # None when no request restricts its tokens.
+    allowed_token_ids_mask: torch.Tensor | None = None
+
+    # row -> the request's bad words as token-id sequences.
+    bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
+
+    # logit bias, min_tokens
+    logitsprocs: LogitsProcessors = field(default_factory=LogitsProcessors)

@@ -3,11 +3,17 @@
 Order of operations, as upstream:
   1. raw logprobs (or raw logits), if logprobs were asked for and the mode is raw_*
   2. logits -> float32
-  3. [not built yet: allowed_token_ids, bad_words, min_tokens, logit_bias,
-     repetition/frequency/presence penalties; they go in `apply_logits_processors`]
-  4. greedy rows: argmax. Other rows: / temperature, min-p, top-k/top-p, then a
-     random draw (per-request generator when seeded)
+  3. `apply_logits_processors`: allowed_token_ids (everything else -> -inf),
+     bad words, the non-argmax-invariant processors (min_tokens masks the stop
+     ids, logit bias), then repetition / frequency / presence penalties
+  4. greedy rows: argmax. Other rows: / temperature, the argmax-invariant
+     processors, min-p, top-k/top-p, then a random draw (per-request generator
+     when seeded)
   5. top-k logprobs plus the sampled token's logprob and rank
+
+Every stage is one batched op over the rows (the only Python loops are over
+the seeded rows' generators and over the bad words of the rows that have
+some, never over the vocabulary).
 """
 from __future__ import annotations
 
@@ -16,6 +22,8 @@ import torch.nn as nn
 
 from vllm.v1.outputs import LogprobsTensors, SamplerOutput
 from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.ops.bad_words import apply_bad_words
+from vllm.v1.sample.ops.penalties import apply_all_penalties
 from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 
 # A temperature below this means greedy (same constant as SamplingParams).
@@ -52,7 +60,7 @@ class Sampler(nn.Module):
                 raw_logprobs = logits.to(torch.float32, copy=True)
 
         logits = logits.to(torch.float32)
-        # (Step 3, the logits processors, will be applied here.)
+        logits = self.apply_logits_processors(logits, sampling_metadata)
         sampled, processed_logprobs = self.sample(logits, sampling_metadata)
         if processed_logprobs is not None:
             raw_logprobs = processed_logprobs
@@ -64,6 +72,31 @@ class Sampler(nn.Module):
         # int32 keeps the tensor small; token ids fit.
         sampled = sampled.to(torch.int32).unsqueeze(-1)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs_tensors)
+
+    def apply_logits_processors(self, logits: torch.Tensor,
+                                sampling_metadata: SamplingMetadata) -> torch.Tensor:
+        """The edits that can change the argmax, applied to every row (greedy
+        ones included). logits: [num_reqs, vocab] float32, edited in place."""
+        if sampling_metadata.allowed_token_ids_mask is not None:
+            logits.masked_fill_(sampling_metadata.allowed_token_ids_mask, float("-inf"))
+        if sampling_metadata.bad_words_token_ids:
+            apply_bad_words(logits, sampling_metadata.bad_words_token_ids,
+                            sampling_metadata.output_token_ids)
+        for processor in sampling_metadata.logitsprocs.non_argmax_invariant:
+            logits = processor.apply(logits)
+        return self.apply_penalties(logits, sampling_metadata)
+
+    @staticmethod
+    def apply_penalties(logits: torch.Tensor,
+                        sampling_metadata: SamplingMetadata) -> torch.Tensor:
+        if sampling_metadata.no_penalties:
+            return logits
+        assert sampling_metadata.prompt_token_ids is not None
+        return apply_all_penalties(logits, sampling_metadata.prompt_token_ids,
+                                   sampling_metadata.presence_penalties,
+                                   sampling_metadata.frequency_penalties,
+                                   sampling_metadata.repetition_penalties,
+                                   sampling_metadata.output_token_ids)
 
     def sample(
         self,
@@ -87,6 +120,8 @@ class Sampler(nn.Module):
         temperature = sampling_metadata.temperature
         assert temperature is not None
         logits = self.apply_temperature(logits, temperature, sampling_metadata.all_random)
+        for processor in sampling_metadata.logitsprocs.argmax_invariant:
+            logits = processor.apply(logits)
         # Min-p does not change the argmax, so it only matters for random rows.
         if sampling_metadata.min_p is not None:
             logits = self.apply_min_p(logits, sampling_metadata.min_p)

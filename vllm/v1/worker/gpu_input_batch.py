@@ -6,6 +6,12 @@ batch. Rows [0, num_reqs) are the live batch in order; removing a request
 leaves a hole that `add_request` refills or `condense()` closes by moving the
 last rows into the holes. Everything per-row lives in numpy arrays (views of
 CPU tensors) so the runner can prepare inputs with vectorised numpy.
+
+Sampling state lives here too: per-row temperature / top-p / top-k / min-p and
+penalties, an allowed-token mask, bad words, generators; logit bias and
+min_tokens live in the logits processors, which learn about rows that come,
+go and move through a `BatchUpdateBuilder` drained once per step by
+`refresh_metadata`.
 """
 from __future__ import annotations
 
@@ -17,6 +23,8 @@ import torch
 
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams, SamplingType
+from vllm.v1.sample.logits_processor import (BatchUpdate, BatchUpdateBuilder,
+                                             LogitsProcessors, MoveDirectionality)
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.worker.block_table import MultiGroupBlockTable
 from vllm.v1.worker.utils import CpuGpuBuffer
@@ -64,7 +72,7 @@ class InputBatch:
 
     def __init__(self, max_num_reqs: int, max_model_len: int, max_num_batched_tokens: int,
                  device: torch.device, pin_memory: bool, vocab_size: int,
-                 block_sizes: list[int]) -> None:
+                 block_sizes: list[int], logitsprocs: LogitsProcessors | None = None) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -98,6 +106,9 @@ class InputBatch:
         self.top_p = buffer(torch.float32)
         self.top_k = buffer(torch.int32)
         self.min_p = buffer(torch.float32)
+        self.frequency_penalties = buffer(torch.float32)
+        self.presence_penalties = buffer(torch.float32)
+        self.repetition_penalties = buffer(torch.float32)
         # req ids per sampling feature; a feature's tensor is sent only when
         # its set is non-empty.
         self.greedy_reqs: set[str] = set()
@@ -105,6 +116,15 @@ class InputBatch:
         self.top_p_reqs: set[str] = set()
         self.top_k_reqs: set[str] = set()
         self.min_p_reqs: set[str] = set()
+        self.frequency_penalties_reqs: set[str] = set()
+        self.presence_penalties_reqs: set[str] = set()
+        self.repetition_penalties_reqs: set[str] = set()
+        # [max_num_reqs, vocab] bool, True = not allowed. Allocated on first
+        # use (it is large); rows of requests without allowed_token_ids are False.
+        self.allowed_token_ids_mask_cpu_tensor: torch.Tensor | None = None
+        self.has_allowed_token_ids: set[str] = set()
+        # row -> bad words (token-id sequences) of the request in that row
+        self.bad_words_token_ids: dict[int, list[list[int]]] = {}
         # row -> generator of a seeded request
         self.generators: dict[int, torch.Generator] = {}
         # req_id -> number of logprobs asked for
@@ -114,6 +134,10 @@ class InputBatch:
         # row -> the request's output token list (the CachedRequestState's)
         self.req_output_token_ids: list[list[int] | None] = []
 
+        self.logitsprocs = logitsprocs if logitsprocs is not None else LogitsProcessors()
+        self.batch_update_builder = BatchUpdateBuilder()
+        # [num_reqs, max_prompt_len] for the penalties; rebuilt when rows change.
+        self._prompt_token_ids_tensor: torch.Tensor | None = None
         self.sampling_metadata = self._make_sampling_metadata()
 
     # ---- queries -------------------------------------------------------------
@@ -147,6 +171,15 @@ class InputBatch:
         return not self.min_p_reqs
 
     @property
+    def no_penalties(self) -> bool:
+        return not (self.frequency_penalties_reqs or self.presence_penalties_reqs
+                    or self.repetition_penalties_reqs)
+
+    @property
+    def no_allowed_token_ids(self) -> bool:
+        return not self.has_allowed_token_ids
+
+    @property
     def max_num_logprobs(self) -> int | None:
         if not self.num_logprobs:
             return None
@@ -161,6 +194,7 @@ class InputBatch:
         if self._removed_indices:
             row = min(self._removed_indices)
             self._removed_indices.remove(row)
+            self.batch_update_builder.reuse_removed(row)
             self._req_ids[row] = req_id
             self.req_output_token_ids[row] = request.output_token_ids
         else:
@@ -189,6 +223,8 @@ class InputBatch:
             # A request re-added after its prompt was done has sent them already.
             if params.prompt_logprobs is not None and not request.output_token_ids:
                 self.num_prompt_logprobs[req_id] = params.prompt_logprobs
+            self.batch_update_builder.add((row, params, request.prompt_token_ids,
+                                           request.output_token_ids))
         return row
 
     def _add_sampling_params(self, req_id: str, row: int, params: SamplingParams,
@@ -214,7 +250,32 @@ class InputBatch:
             self.generators[row] = generator
         if params.logprobs is not None:
             self.num_logprobs[req_id] = params.logprobs
-        _warn_unbuilt_sampling_features(params)
+        self._add_penalties(req_id, row, params)
+        if params.allowed_token_ids:
+            self._set_allowed_token_ids(req_id, row, params.allowed_token_ids)
+        if params.bad_words_token_ids:
+            self.bad_words_token_ids[row] = params.bad_words_token_ids
+
+    def _add_penalties(self, req_id: str, row: int, params: SamplingParams) -> None:
+        self.frequency_penalties.np[row] = params.frequency_penalty
+        self.presence_penalties.np[row] = params.presence_penalty
+        self.repetition_penalties.np[row] = params.repetition_penalty
+        if params.frequency_penalty != 0.0:
+            self.frequency_penalties_reqs.add(req_id)
+        if params.presence_penalty != 0.0:
+            self.presence_penalties_reqs.add(req_id)
+        if params.repetition_penalty != 1.0:
+            self.repetition_penalties_reqs.add(req_id)
+
+    def _set_allowed_token_ids(self, req_id: str, row: int, allowed: list[int]) -> None:
+        if self.allowed_token_ids_mask_cpu_tensor is None:
+            self.allowed_token_ids_mask_cpu_tensor = torch.zeros(
+                (self.max_num_reqs, self.vocab_size), dtype=torch.bool, device="cpu")
+        mask = self.allowed_token_ids_mask_cpu_tensor
+        mask[row] = True
+        ids = [t for t in allowed if 0 <= t < self.vocab_size]
+        mask[row, ids] = False
+        self.has_allowed_token_ids.add(req_id)
 
     def remove_request(self, req_id: str) -> int | None:
         """Drop `req_id` from the batch, leaving a hole; returns its old row."""
@@ -222,11 +283,18 @@ class InputBatch:
         if row is None:
             return None
         self._removed_indices.add(row)
+        self.batch_update_builder.removed_append(row)
         self._req_ids[row] = None
         self.req_output_token_ids[row] = None
         for feature_set in (self.greedy_reqs, self.random_reqs, self.top_p_reqs,
-                            self.top_k_reqs, self.min_p_reqs):
+                            self.top_k_reqs, self.min_p_reqs, self.frequency_penalties_reqs,
+                            self.presence_penalties_reqs, self.repetition_penalties_reqs):
             feature_set.discard(req_id)
+        if req_id in self.has_allowed_token_ids:
+            self.has_allowed_token_ids.discard(req_id)
+            # The next request in this row must not inherit the mask.
+            self.allowed_token_ids_mask_cpu_tensor[row] = False
+        self.bad_words_token_ids.pop(row, None)
         self.generators.pop(row, None)
         self.num_logprobs.pop(req_id, None)
         self.num_prompt_logprobs.pop(req_id, None)
@@ -249,11 +317,13 @@ class InputBatch:
             arr[pair] = arr[rev]
         self.block_table.swap_row(i1, i2)
 
-        g1, g2 = self.generators.pop(i1, None), self.generators.pop(i2, None)
-        if g1 is not None:
-            self.generators[i2] = g1
-        if g2 is not None:
-            self.generators[i1] = g2
+        for row_dict in (self.generators, self.bad_words_token_ids):
+            v1, v2 = row_dict.pop(i1, None), row_dict.pop(i2, None)
+            if v1 is not None:
+                row_dict[i2] = v1
+            if v2 is not None:
+                row_dict[i1] = v2
+        self.batch_update_builder.move(i1, i2, MoveDirectionality.SWAP)
 
     def _move_row(self, src: int, dst: int) -> None:
         """Move live row `src` into the hole `dst`."""
@@ -269,13 +339,22 @@ class InputBatch:
         for arr in self._row_arrays():
             arr[dst] = arr[src]
         self.block_table.move_row(src, dst)
-        generator = self.generators.pop(src, None)
-        if generator is not None:
-            self.generators[dst] = generator
+        if self.allowed_token_ids_mask_cpu_tensor is not None:
+            self.allowed_token_ids_mask_cpu_tensor[src] = False  # src is a hole now
+        for row_dict in (self.generators, self.bad_words_token_ids):
+            value = row_dict.pop(src, None)
+            if value is not None:
+                row_dict[dst] = value
+        self.batch_update_builder.move(src, dst, MoveDirectionality.UNIDIRECTIONAL)
 
     def _row_arrays(self) -> tuple[np.ndarray, ...]:
-        return (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens_cpu,
-                self.temperature.np, self.top_p.np, self.top_k.np, self.min_p.np)
+        arrays = (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens_cpu,
+                  self.temperature.np, self.top_p.np, self.top_k.np, self.min_p.np,
+                  self.frequency_penalties.np, self.presence_penalties.np,
+                  self.repetition_penalties.np)
+        if self.allowed_token_ids_mask_cpu_tensor is not None:
+            arrays += (self.allowed_token_ids_mask_cpu_tensor.numpy(),)
+        return arrays
 
     def condense(self) -> None:
         """Close the holes: move the last live rows into the lowest holes so
@@ -296,12 +375,32 @@ class InputBatch:
 
     # ---- sampling metadata ---------------------------------------------------
     def refresh_metadata(self) -> None:
-        """Rebuild `sampling_metadata` for the current rows (after condense)."""
+        """Hand this step's row changes to the logits processors and rebuild
+        `sampling_metadata` for the current rows (after condense)."""
+        batch_update: BatchUpdate | None = self.batch_update_builder.get_and_reset(
+            self.num_reqs)
+        # Processors are updated every step: per-request state such as the
+        # number of generated tokens (min_tokens) changes without row changes.
+        for processor in self.logitsprocs.all:
+            processor.update_state(batch_update)
+        if batch_update is not None:
+            self._prompt_token_ids_tensor = None
         self.sampling_metadata = self._make_sampling_metadata()
 
     def _make_sampling_metadata(self) -> SamplingMetadata:
         n = self.num_reqs
         all_greedy = self.all_greedy
+        no_penalties = self.no_penalties
+        prompt_token_ids = None
+        if not no_penalties:
+            if self._prompt_token_ids_tensor is None:
+                self._prompt_token_ids_tensor = self._make_prompt_token_ids_tensor()
+            prompt_token_ids = self._prompt_token_ids_tensor
+        allowed_mask = None
+        if not self.no_allowed_token_ids:
+            assert self.allowed_token_ids_mask_cpu_tensor is not None
+            allowed_mask = self.allowed_token_ids_mask_cpu_tensor[:n].to(self.device,
+                                                                         non_blocking=True)
         return SamplingMetadata(
             temperature=None if all_greedy else self.temperature.copy_to_gpu(n),
             all_greedy=all_greedy,
@@ -311,24 +410,24 @@ class InputBatch:
             min_p=None if self.no_min_p else self.min_p.copy_to_gpu(n),
             generators=self.generators,
             max_num_logprobs=self.max_num_logprobs,
+            no_penalties=no_penalties,
+            prompt_token_ids=prompt_token_ids,
+            frequency_penalties=None if no_penalties else self.frequency_penalties.copy_to_gpu(n),
+            presence_penalties=None if no_penalties else self.presence_penalties.copy_to_gpu(n),
+            repetition_penalties=(None if no_penalties
+                                  else self.repetition_penalties.copy_to_gpu(n)),
+            output_token_ids=self.req_output_token_ids,  # type: ignore[arg-type]
+            allowed_token_ids_mask=allowed_mask,
+            bad_words_token_ids=self.bad_words_token_ids,
+            logitsprocs=self.logitsprocs,
         )
 
-
-def _warn_unbuilt_sampling_features(params: SamplingParams) -> None:
-    """Penalties, logit bias, allowed/bad words and min_tokens masking are not
-    built yet; say so instead of sampling as if they were applied."""
-    unbuilt = []
-    if (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-            or params.repetition_penalty != 1.0):
-        unbuilt.append("penalties")
-    if params.logit_bias:
-        unbuilt.append("logit_bias")
-    if params.allowed_token_ids:
-        unbuilt.append("allowed_token_ids")
-    if params.bad_words:
-        unbuilt.append("bad_words")
-    if params.min_tokens:
-        unbuilt.append("min_tokens (stop-token masking)")
-    for feature in unbuilt:
-        logger.warning_once("Sampling parameter %s is not applied by the sampler yet; "
-                            "it is ignored.", feature)
+    def _make_prompt_token_ids_tensor(self) -> torch.Tensor:
+        """[num_reqs, max_prompt_len] int64 prompt ids, padded with vocab_size
+        (an id no token has, which the penalty counts drop)."""
+        n = self.num_reqs
+        num_prompt = self.num_prompt_tokens[:n]
+        max_len = int(num_prompt.max()) if n else 0
+        ids = self.token_ids_cpu[:n, :max_len].astype(np.int64)
+        ids[np.arange(max_len)[None, :] >= num_prompt[:, None]] = self.vocab_size
+        return torch.from_numpy(ids).to(self.device, non_blocking=True)

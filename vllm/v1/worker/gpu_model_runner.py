@@ -27,6 +27,7 @@ from vllm.sampling_params import SamplingType
 from vllm.utils import is_pin_memory_available
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput
+from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.worker import kv_cache_setup
@@ -99,7 +100,8 @@ class GPUModelRunner:
         return InputBatch(
             max_num_reqs=self.max_num_reqs, max_model_len=self.max_model_len,
             max_num_batched_tokens=self.max_num_tokens, device=self.device,
-            pin_memory=self.pin_memory, vocab_size=self.vocab_size, block_sizes=block_sizes)
+            pin_memory=self.pin_memory, vocab_size=self.vocab_size, block_sizes=block_sizes,
+            logitsprocs=build_logitsprocs(self.vllm_config, self.device, self.pin_memory))
 
     # ---- model and KV cache --------------------------------------------------
     def load_model(self) -> None:

@@ -182,8 +182,15 @@ def test_cpu_kv_cache_budget_sources(model_dir, monkeypatch):
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     worker = Worker(make_vllm_config(model_dir, kv_cache_memory_bytes=None))
-    worker.init_device()  # no model needed to size the cache on CPU
-    assert worker.determine_available_memory() == 4 << 30
+    worker.init_device()
+    worker.load_model()
+    # Default: 4 GiB capped at max_num_seqs requests of max_model_len tokens.
+    cfg = worker.vllm_config
+    per_request = sum(spec.max_memory_usage_bytes(cfg)
+                      for spec in worker.get_kv_cache_spec().values())
+    expected = min(4 << 30, per_request * cfg.scheduler_config.max_num_seqs)
+    assert expected < 4 << 30  # the tiny model needs far less than upstream's 4 GiB
+    assert worker.determine_available_memory() == expected
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
     assert worker.determine_available_memory() == 2 << 30
     worker.cache_config.kv_cache_memory_bytes = 12345 * 4096

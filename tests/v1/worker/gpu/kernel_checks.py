@@ -27,19 +27,31 @@ def check(fn: Callable[[], None]) -> Callable[[], None]:
 
 
 def _batch(seed: int, num_reqs: int = 6, max_num_reqs: int = 10, max_model_len: int = 64):
-    """A random mixed batch: rows, prefill/decode progress, tokens."""
+    """A random batch: rows, prefill/decode progress, tokens. Odd seeds give a
+    batch of one token per request (decodes, and prefills down to their last
+    token), which the torch paths handle on a shortcut."""
     g = np.random.default_rng(seed)
+    one_token_each = seed % 2 == 1
     rows = g.permutation(max_num_reqs)[:num_reqs].astype(np.int64)
     prefill_len = g.integers(1, 40, max_num_reqs).astype(np.int32)
     computed = np.zeros(max_num_reqs, dtype=np.int32)
     query_lens = np.zeros(num_reqs, dtype=np.int32)
+    # Kinds in a shuffled order: decode, a prefill chunk that leaves more to
+    # do, a prefill chunk that completes the prefill (seq_len == prefill_len).
+    kinds = g.permutation([i % 3 for i in range(num_reqs)])
     for i, r in enumerate(rows):
-        if g.random() < 0.5:  # decode: prefill done, maybe some tokens generated
+        if kinds[i] == 0:  # decode: prefill done, maybe some tokens generated
             computed[r] = prefill_len[r] + g.integers(0, 5)
             query_lens[i] = 1
-        else:  # (chunked) prefill
-            computed[r] = g.integers(0, prefill_len[r])
-            query_lens[i] = g.integers(1, prefill_len[r] - computed[r] + 1)
+            continue
+        prefill_len[r] = max(prefill_len[r], 2)
+        if kinds[i] == 1:  # a chunk (of one token, or more) that leaves more to do
+            remaining = int(g.integers(2, prefill_len[r] + 1))
+            query_lens[i] = 1 if one_token_each else int(g.integers(1, remaining))
+        else:  # the rest of the prefill, possibly from position 0
+            remaining = 1 if one_token_each else int(g.integers(1, prefill_len[r] + 1))
+            query_lens[i] = remaining
+        computed[r] = prefill_len[r] - remaining
     qsl = np.zeros(num_reqs + 1, dtype=np.int32)
     np.cumsum(query_lens, out=qsl[1:])
     tokens = g.integers(0, 1000, (max_num_reqs, max_model_len)).astype(np.int32)
@@ -193,9 +205,11 @@ def check_post_update() -> None:
         b = _batch(seed)
         num_reqs = len(b["rows"])
         rows = b["rows"].copy()
-        rows[g.integers(0, num_reqs)] = -1  # a skipped position
-        sampled = g.integers(0, 1000, (num_reqs, 3)).astype(np.int64)
-        num_sampled = g.integers(0, 4, num_reqs).astype(np.int32)
+        if seed < 2:
+            rows[g.integers(0, num_reqs)] = -1  # a skipped position
+        width = 1 if seed % 2 else 3
+        sampled = g.integers(0, 1000, (num_reqs, width)).astype(np.int64)
+        num_sampled = g.integers(0, width + 1, num_reqs).astype(np.int32)
         num_rejected = g.integers(0, 2, num_reqs).astype(np.int32)
         total = (b["prefill_len"] + g.integers(0, 10, 10)).astype(np.int32)
         want = dict(ids=b["tokens"].copy(), last=b["last"].copy(), total=total.copy(),

@@ -121,7 +121,9 @@ def _compute_slot_mapping_torch(out: torch.Tensor, block_table: torch.Tensor, bl
                                 idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
                                 positions: torch.Tensor) -> None:
     num_tokens = positions.shape[0]
-    rows = idx_mapping.to(torch.int64)[token_batch_indices(query_start_loc, num_tokens)]
+    rows = idx_mapping.to(torch.int64)
+    if num_tokens != rows.shape[0]:  # else one token per request: token i is request i
+        rows = rows[token_batch_indices(query_start_loc, num_tokens)]
     # Flat index of the table entry holding each token's block.
     flat = rows * block_table.stride(0) + torch.div(positions, block_size, rounding_mode="floor")
     block_numbers = block_table.view(-1)[flat]

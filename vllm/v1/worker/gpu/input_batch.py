@@ -117,12 +117,21 @@ def _use_triton(t: torch.Tensor) -> bool:
 
 
 def _token_rows_and_offsets(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
-                            num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per flattened token: batch position, request row, offset in its query."""
+                            num_tokens: int
+                            ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """Per flattened token: (batch position, request row, offset in its query).
+
+    With as many tokens as requests every query has length 1 (a decode-only
+    batch): token i is request i at offset 0, returned as (None, rows, None)
+    so the torch paths skip the index arithmetic (the common step on CPU,
+    where each small torch op costs microseconds).
+    """
+    rows = idx_mapping.to(torch.int64)
+    if num_tokens == rows.shape[0]:
+        return None, rows, None
     batch = token_batch_indices(query_start_loc, num_tokens)
-    rows = idx_mapping.to(torch.int64)[batch]
     offsets = torch.arange(num_tokens, device=batch.device) - query_start_loc[batch]
-    return batch, rows, offsets
+    return batch, rows[batch], offsets
 
 
 # ---- prepare_prefill_inputs ------------------------------------------------------
@@ -145,10 +154,12 @@ def _prepare_prefill_inputs_torch(input_ids: torch.Tensor, idx_mapping: torch.Te
                                   prefill_len: torch.Tensor, num_computed_tokens: torch.Tensor,
                                   num_tokens: int) -> None:
     _, rows, offsets = _token_rows_and_offsets(idx_mapping, query_start_loc, num_tokens)
-    computed = num_computed_tokens[rows].to(torch.int64)
+    computed = num_computed_tokens[rows]
     is_prefill = computed < prefill_len[rows]
     stride = all_token_ids.stride(0)
-    cols = (computed + offsets).clamp_(max=stride - 1)
+    cols = computed.to(torch.int64) if offsets is None else computed + offsets
+    # Decode rows read one column past their prefill; keep that inside the row.
+    cols.clamp_(max=stride - 1)
     tokens = all_token_ids.view(-1)[rows * stride + cols]
     out = input_ids[:num_tokens]
     torch.where(is_prefill, tokens.to(out.dtype), out, out=out)
@@ -175,7 +186,10 @@ def _prepare_pos_seq_lens_torch(idx_mapping: torch.Tensor, query_start_loc: torc
     torch.add(computed, query_lens, out=seq_lens[:num_reqs])
     seq_lens[num_reqs:] = 0
     batch, _, offsets = _token_rows_and_offsets(idx_mapping, query_start_loc, num_tokens)
-    torch.add(computed[batch], offsets, out=pos[:num_tokens])
+    if batch is None:
+        pos[:num_tokens] = computed
+    else:
+        torch.add(computed[batch], offsets, out=pos[:num_tokens])
 
 
 # ---- combine_sampled_and_draft_tokens ------------------------------------------------
@@ -210,8 +224,17 @@ def _combine_sampled_and_draft_tokens_torch(
         num_logits: int) -> torch.Tensor:
     num_reqs = idx_mapping.shape[0]
     rows = idx_mapping.to(torch.int64)
+    if num_logits == num_reqs:
+        # One logit per request (no drafts): the last token, which takes the
+        # last sampled token when it lies past the prefill (seq_len > prefill_len).
+        logits_indices = query_start_loc[1:].to(torch.int64) - 1
+        decoding = seq_lens[:num_reqs] > prefill_len[rows]
+        sampled = last_sampled_tokens[rows, 0].to(input_ids.dtype)
+        input_ids[logits_indices] = torch.where(decoding, sampled, input_ids[logits_indices])
+        return logits_indices
     # Logit row -> batch position, and its index k among the request's logits.
     batch, _, k = _token_rows_and_offsets(idx_mapping, cu_num_logits, num_logits)
+    assert batch is not None and k is not None
     logits_per_req = (cu_num_logits[1:] - cu_num_logits[:-1]).to(torch.int64)
     query_end = query_start_loc[1:].to(torch.int64)
     logits_indices = (query_end - logits_per_req)[batch] + k
@@ -283,19 +306,38 @@ def _post_update_torch(idx_mapping: torch.Tensor, num_computed_tokens: torch.Ten
                        query_start_loc: torch.Tensor, all_token_ids: torch.Tensor,
                        total_len: torch.Tensor) -> None:
     valid = idx_mapping >= 0
-    rows = idx_mapping.to(torch.int64).clamp(min=0)
-    n = num_sampled.to(torch.int64).masked_fill(~valid, 0)
+    all_valid = bool(valid.all())
+    rows = idx_mapping.to(torch.int64)
+    if not all_valid:
+        rows = rows.clamp(min=0)
+    n = num_sampled.to(torch.int64)
+    if not all_valid:
+        n = n.masked_fill(~valid, 0)
     start = total_len[rows].to(torch.int64)
-    # Tokens: [num_reqs, max_sampled] -> the n[i] leading ones of each row.
-    k = torch.arange(sampled_tokens.shape[1], device=n.device)
-    keep = k[None, :] < n[:, None]
-    dst = rows[:, None] * all_token_ids.stride(0) + start[:, None] + k[None, :]
-    all_token_ids.view(-1)[dst[keep]] = sampled_tokens[keep].to(all_token_ids.dtype)
-
+    # Requests that sampled anything (rows are distinct, so scatters do not
+    # collide); usually all of them, which saves the masked selections.
     has = n > 0
-    last = sampled_tokens.gather(1, (n - 1).clamp_(min=0)[:, None])[:, 0]
-    last_sampled_tokens[rows[has], 0] = last[has].to(last_sampled_tokens.dtype)
-    total_len[rows[has]] = (start + n)[has].to(total_len.dtype)
-    query_lens = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
-    delta = (query_lens - num_rejected.to(torch.int64))[valid]
-    num_computed_tokens[rows[valid]] += delta.to(num_computed_tokens.dtype)
+    if bool(has.all()):
+        sel_rows, sel_n, sel_start, sel_tokens = rows, n, start, sampled_tokens
+    else:
+        sel_rows, sel_n, sel_start = rows[has], n[has], start[has]
+        sel_tokens = sampled_tokens[has]
+    if sampled_tokens.shape[1] == 1:
+        dst, tokens = sel_rows * all_token_ids.stride(0) + sel_start, sel_tokens[:, 0]
+        last = tokens
+    else:
+        # [num_sel, max_sampled] -> the sel_n[i] leading tokens of each row.
+        k = torch.arange(sampled_tokens.shape[1], device=n.device)
+        keep = k[None, :] < sel_n[:, None]
+        dst = (sel_rows[:, None] * all_token_ids.stride(0) + sel_start[:, None] + k)[keep]
+        tokens = sel_tokens[keep]
+        last = sel_tokens.gather(1, (sel_n - 1)[:, None])[:, 0]
+    all_token_ids.view(-1)[dst] = tokens.to(all_token_ids.dtype)
+    last_sampled_tokens[sel_rows, 0] = last.to(last_sampled_tokens.dtype)
+    total_len[sel_rows] = (sel_start + sel_n).to(total_len.dtype)
+
+    delta = (query_start_loc[1:] - query_start_loc[:-1]) - num_rejected
+    if all_valid:
+        num_computed_tokens[rows] += delta.to(num_computed_tokens.dtype)
+    else:
+        num_computed_tokens[rows[valid]] += delta[valid].to(num_computed_tokens.dtype)

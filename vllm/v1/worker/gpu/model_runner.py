@@ -94,6 +94,9 @@ class GPUModelRunner:
         # Without drafts request i owns logits row i: cu_num_logits = arange.
         self._arange_np = np.arange(self.max_num_reqs + 1, dtype=np.int32)
         self._arange = torch.from_numpy(self._arange_np).to(device)
+        # Read-only: tokens sampled / drafts rejected by a step without prefills.
+        self._ones = torch.ones(self.max_num_reqs, dtype=torch.int32, device=device)
+        self._zeros = torch.zeros(self.max_num_reqs, dtype=torch.int32, device=device)
         self.output_copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
         self.model: nn.Module | None = None
@@ -228,9 +231,13 @@ class GPUModelRunner:
         query_start_loc = async_copy_to_gpu(qsl_np, out=bufs.query_start_loc[:num_reqs + 1])
 
         num_computed = states.num_computed_tokens.gpu
-        prepare_prefill_inputs(bufs.input_ids, idx_mapping, query_start_loc,
-                               states.all_token_ids.gpu, states.prefill_len.gpu, num_computed,
-                               num_tokens)
+        num_computed_np = states.num_computed_tokens_np[idx_mapping_np]
+        if (num_computed_np < states.prefill_len.np[idx_mapping_np]).any():
+            # Some request is prefilling (the host knows; in a decode-only step
+            # every input token comes from combine_sampled_and_draft_tokens).
+            prepare_prefill_inputs(bufs.input_ids, idx_mapping, query_start_loc,
+                                   states.all_token_ids.gpu, states.prefill_len.gpu,
+                                   num_computed, num_tokens)
         prepare_pos_seq_lens(idx_mapping, query_start_loc, num_computed, bufs.positions,
                              bufs.seq_lens, num_tokens)
         seq_lens = bufs.seq_lens[:num_reqs]
@@ -239,7 +246,6 @@ class GPUModelRunner:
             bufs.input_ids, idx_mapping, states.last_sampled_tokens, query_start_loc,
             seq_lens, states.prefill_len.gpu, states.draft_tokens, cu_num_logits, num_reqs)
 
-        num_computed_np = states.num_computed_tokens_np[idx_mapping_np]
         return InputBatch(
             req_ids=req_ids, num_reqs=num_reqs, idx_mapping=idx_mapping,
             idx_mapping_np=idx_mapping_np, expanded_idx_mapping=idx_mapping,
@@ -322,10 +328,7 @@ class GPUModelRunner:
         pos = input_batch.positions[input_batch.logits_indices]
         sampler_output = self.sampler(logits, input_batch.expanded_idx_mapping,
                                       input_batch.idx_mapping_np, pos)
-        num_sampled = torch.ones(input_batch.num_reqs, dtype=torch.int32, device=self.device)
-        num_sampled, num_rejected = get_num_sampled_and_rejected(
-            num_sampled, input_batch.seq_lens, input_batch.cu_num_logits,
-            input_batch.idx_mapping, self.req_states.prefill_len.gpu)
+        num_sampled, num_rejected = self._num_sampled_and_rejected(input_batch)
         output = ModelRunnerOutput(
             req_ids=input_batch.req_ids,
             req_id_to_index={req_id: i for i, req_id in enumerate(input_batch.req_ids)},
@@ -336,6 +339,21 @@ class GPUModelRunner:
         self.postprocess(input_batch, sampler_output.sampled_token_ids, num_sampled,
                          num_rejected)
         return async_output if self.use_async_scheduling else async_output.get_output()
+
+    def _num_sampled_and_rejected(self, input_batch: InputBatch
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[num_reqs] tokens sampled and drafts rejected per request: 1 and 0,
+        except 0 and 0 for requests still mid-prefill. Without drafts the host
+        knows whether any request is mid-prefill, and the device work is
+        skipped in the common case where none is."""
+        num_reqs = input_batch.num_reqs
+        prefill_len_np = self.req_states.prefill_len.np[input_batch.idx_mapping_np]
+        if input_batch.num_draft_tokens == 0 and (input_batch.seq_lens_np >= prefill_len_np).all():
+            return self._ones[:num_reqs], self._zeros[:num_reqs]
+        num_sampled = self._ones[:num_reqs].clone()
+        return get_num_sampled_and_rejected(
+            num_sampled, input_batch.seq_lens, input_batch.cu_num_logits,
+            input_batch.idx_mapping, self.req_states.prefill_len.gpu)
 
     def postprocess(self, input_batch: InputBatch, sampled_tokens: torch.Tensor,
                     num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> None:

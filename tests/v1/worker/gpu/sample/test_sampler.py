@@ -143,3 +143,21 @@ def test_unseeded_requests_draw_reproducible_distinct_seeds():
     assert np.array_equal(seeds, b.sampling_states.seeds.np[:4])
     assert len(set(seeds[:3].tolist())) == 3 and seeds[3] == 5
     assert not np.array_equal(seeds[:3], make_sampler(params, seed=1).sampling_states.seeds.np[:3])
+
+
+@pytest.mark.parametrize("vocab", [100, 512, 513, 32000, 32001])
+def test_blockwise_argmax_equals_torch_argmax(vocab):
+    from vllm.v1.worker.gpu.sample.greedy_argmax import argmax_rows
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(12, vocab, generator=g)
+    x[0] = 1.0  # all tied: index 0
+    x[1, -1] = 50.0  # the maximum in the ragged tail block
+    x[2] = float("-inf")
+    x[2, vocab // 2] = 0.0
+    x[3, 5] = x[3, vocab - 3] = 60.0  # tie across blocks: the first one
+    ties = torch.randint(0, 4, (8, vocab), generator=g).float()
+    for t in (x, ties, x[:, : vocab - 1]):  # the last: rows with a stride > vocab
+        assert torch.equal(argmax_rows(t), t.argmax(dim=-1))
+    out = torch.empty(12, dtype=torch.int64)
+    argmax_rows(x, out=out)
+    assert torch.equal(out, x.argmax(dim=-1))

@@ -19,26 +19,42 @@ the key makes the hash inputs of two rows with different keys the same set only
 when the keys differ by a multiple that lands inside the vocabulary (odds
 ~2 * vocab / 2**32), so rows do not share noise.
 
-uniform(h) = ((h >> 9) * 2 + 1) * 2**-24: the top 23 bits as an odd multiple of
-2**-24, exact in float32 and never 0 or 1.
+U = (k + 0.5) * 2**-23 with k = h >> 9, the top 23 bits: exact in float32 and
+never 0 or 1. The noise enters as
+
+    logits - log(-log U) = logits - log(23 * ln 2 - log(k + 0.5))
+
+(the same value, with no multiply and one pass fewer).
 
 The torch path (CPU) and the Triton kernel (CUDA) compute the same bits: the
 torch path keeps the words in int32 (multiplication wraps modulo 2**32; right
 shifts are arithmetic, so the sign-extended bits are masked off), the kernel
-in uint32. They can differ only through `log` rounding (an ulp).
+in uint32. They can differ only through `log` rounding (an ulp). The torch
+path works through the rows a chunk at a time in preallocated buffers, so its
+~20 elementwise passes run in cache and nothing is allocated per step
+(measured on 2 CPU cores, 64 rows x 32000: ~2x faster than the same passes over
+the whole [rows, vocab] block, ~3x faster than V1's softmax + exponential draw).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 
 from vllm.triton_utils import HAS_TRITON, tl, triton
+from vllm.v1.worker.gpu.sample.greedy_argmax import argmax_rows
 
 _FMIX_C1 = 0x85EBCA6B
 _FMIX_C2 = 0xC2B2AE35
 _VOCAB_MUL = 0x9E3779B9  # odd: v -> v * c is a bijection modulo 2**32
 _POS_SALT = 0x7F4A7C15
-_UNIFORM_SCALE = 2.0 ** -24
+# -log(U) = 23 * ln 2 - log(k + 0.5) for U = (k + 0.5) * 2**-23.
+_NEG_LOG_SCALE = 23 * math.log(2)
+# Elements per row chunk of the torch path (4 MiB per int32/float32 buffer):
+# small enough to stay in cache, large enough that the ~20 passes of a chunk
+# are not dominated by thread hand-offs (measured on 2 cores).
+_CHUNK_ELEMS = 1 << 20
 
 
 def _as_int32(c: int) -> int:
@@ -121,15 +137,56 @@ def _vocab_term(vocab_size: int, device: torch.device) -> torch.Tensor:
     return term
 
 
-def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[num_rows, vocab] float32 standard Gumbel noise for the given row keys."""
-    h = torch.add(_vocab_term(vocab_size, keys.device).unsqueeze(0), keys.unsqueeze(1))
-    tmp = torch.empty_like(h)
+class _Workspace:
+    """Per (vocab, device) buffers of `rows` x vocab, reused every step."""
+
+    def __init__(self, vocab_size: int, device: torch.device) -> None:
+        self.rows = max(1, min(256, _CHUNK_ELEMS // vocab_size))
+        self.vocab_term = _vocab_term(vocab_size, device)
+        self.h = torch.empty(self.rows, vocab_size, dtype=torch.int32, device=device)
+        self.tmp = torch.empty_like(self.h)
+        self.noisy = torch.empty(self.rows, vocab_size, dtype=torch.float32, device=device)
+
+
+_workspaces: dict[tuple[int, torch.device], _Workspace] = {}
+
+
+def _workspace(vocab_size: int, device: torch.device) -> _Workspace:
+    ws = _workspaces.get((vocab_size, device))
+    if ws is None:
+        ws = _workspaces[(vocab_size, device)] = _Workspace(vocab_size, device)
+    return ws
+
+
+def _add_noise_chunk(logits: torch.Tensor, keys: torch.Tensor, ws: _Workspace) -> torch.Tensor:
+    """logits [n, vocab] (n <= ws.rows) + Gumbel noise of `keys` [n], in ws.noisy."""
+    n = logits.shape[0]
+    h, tmp, noisy = ws.h[:n], ws.tmp[:n], ws.noisy[:n]
+    torch.add(ws.vocab_term, keys.unsqueeze(1), out=h)
     _Int32Hasher.fmix32_(h, tmp)
     torch.bitwise_right_shift(h, 9, out=tmp)
-    tmp.bitwise_and_(0x7FFFFF)
-    u = tmp.to(torch.float32).mul_(2.0).add_(1.0).mul_(_UNIFORM_SCALE)
-    return u.log_().neg_().log_().neg_()
+    tmp.bitwise_and_(0x7FFFFF)  # k: the top 23 bits
+    torch.add(tmp, 0.5, out=noisy)
+    # log(-log U) = log(23 ln 2 - log(k + 0.5)), negated twice to stay in place.
+    noisy.log_().sub_(_NEG_LOG_SCALE).neg_().log_()
+    return torch.sub(logits, noisy, out=noisy)
+
+
+def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[num_rows, vocab] float32 standard Gumbel noise for the given row keys
+    (for tests and inspection; sampling adds it chunk by chunk)."""
+    zeros = torch.zeros(keys.shape[0], vocab_size, device=keys.device)
+    ws = _workspace(vocab_size, keys.device)
+    return torch.cat([_add_noise_chunk(zeros[s:s + ws.rows], keys[s:s + ws.rows], ws).clone()
+                      for s in range(0, keys.shape[0], ws.rows)])
+
+
+def _sample_rows(logits: torch.Tensor, keys: torch.Tensor, out: torch.Tensor) -> None:
+    """out[i] = argmax(logits[i] + noise(keys[i])), a chunk of rows at a time."""
+    ws = _workspace(logits.shape[1], logits.device)
+    for s in range(0, logits.shape[0], ws.rows):
+        e = s + ws.rows
+        argmax_rows(_add_noise_chunk(logits[s:e], keys[s:e], ws), out=out[s:e])
 
 
 def _gumbel_sample_torch(logits: torch.Tensor, idx_mapping: torch.Tensor,
@@ -140,14 +197,16 @@ def _gumbel_sample_torch(logits: torch.Tensor, idx_mapping: torch.Tensor,
         is_greedy_np = (temperature[rows] == 0.0).cpu().numpy()
     random_idx = np.flatnonzero(~is_greedy_np)
     if random_idx.size == 0:
-        return logits.argmax(dim=-1)
+        return argmax_rows(logits)
     if random_idx.size == logits.shape[0]:
-        noisy = logits + gumbel_noise(row_keys(seeds[rows], pos), logits.shape[1])
-        return noisy.argmax(dim=-1)
-    sampled = logits.argmax(dim=-1)
+        sampled = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+        _sample_rows(logits, row_keys(seeds[rows], pos), sampled)
+        return sampled
+    sampled = argmax_rows(logits)
     sel = torch.from_numpy(random_idx).to(logits.device)
-    noise = gumbel_noise(row_keys(seeds[rows[sel]], pos[sel]), logits.shape[1])
-    sampled[sel] = noise.add_(logits[sel]).argmax(dim=-1)
+    random_sampled = torch.empty(sel.shape[0], dtype=torch.int64, device=logits.device)
+    _sample_rows(logits[sel], row_keys(seeds[rows[sel]], pos[sel]), random_sampled)
+    sampled[sel] = random_sampled
     return sampled
 
 
@@ -184,8 +243,11 @@ def _gumbel_sample_kernel(out_ptr, logits_ptr, logits_stride, idx_mapping_ptr, t
                     other=-float("inf")).to(tl.float32)
         if temp != 0.0:
             h = _fmix32(v.to(tl.uint32) * 0x9E3779B9 + key)
-            u = ((h >> 9).to(tl.float32) * 2.0 + 1.0) * 5.9604644775390625e-08
-            x = tl.where(mask, x - tl.log(-tl.log(u)), -float("inf"))
+            # k + 0.5 for k = the top 23 bits; 15.942385... = 23 * ln 2, so
+            # noise = log(-log U) for U = (k + 0.5) * 2**-23.
+            k_half = (h >> 9).to(tl.float32) + 0.5
+            noise = tl.log(15.942385152878742 - tl.log(k_half))
+            x = tl.where(mask, x - noise, -float("inf"))
         val, idx = tl.max(x, axis=0, return_indices=True)
         # Strictly greater: ties keep the earlier block (torch.argmax's first index).
         best_idx = tl.where(val > best_val, start + idx, best_idx)

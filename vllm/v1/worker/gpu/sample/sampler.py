@@ -22,6 +22,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.sample.sampler import LOGPROBS_MODES
+from vllm.v1.worker.gpu.sample.greedy_argmax import argmax_rows
 from vllm.v1.worker.gpu.sample.gumbel import apply_temperature, gumbel_sample
 from vllm.v1.worker.gpu.sample.logprob import compute_topk_logprobs
 from vllm.v1.worker.gpu.sample.min_p import apply_min_p
@@ -54,6 +55,10 @@ class Sampler:
         sampled_token_ids [n, 1] int64."""
         states = self.sampling_states
         max_num_logprobs = states.max_num_logprobs(idx_mapping_np)
+        if max_num_logprobs == NO_LOGPROBS and states.is_greedy(idx_mapping_np).all():
+            # Nothing to process: temperature 0 leaves the argmax.
+            return SamplerOutput(sampled_token_ids=argmax_rows(logits).view(-1, 1),
+                                 logprobs_tensors=None)
         want_raw = max_num_logprobs != NO_LOGPROBS and self.logprobs_mode.startswith("raw")
         raw = logits
         logits = logits.to(torch.float32, copy=want_raw)

@@ -306,3 +306,38 @@ def _max_token_id(tokenizer: Any) -> int:
     if max_id is not None:
         return int(max_id)
     return max(tokenizer.get_vocab().values())
+
+
+class BeamSearchParams(
+    msgspec.Struct,
+    omit_defaults=True,  # type: ignore[call-arg]
+    dict=True,  # type: ignore[call-arg]
+):
+    """Parameters of `LLM.beam_search` (upstream: vllm/sampling_params.py).
+
+    Each step keeps the `beam_width` best continuations of every prompt among
+    the top 2 * beam_width tokens of each beam; `length_penalty` divides a
+    finished sequence's cumulative logprob by its length ** length_penalty.
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise VLLMValidationError(f"{name} must be an int of at least 1, got "
+                                          f"{value!r}.", parameter=name, value=value)
+        if not math.isfinite(self.temperature) or self.temperature < 0.0:
+            raise VLLMValidationError("temperature must be a finite non-negative number, "
+                                      f"got {self.temperature}.", parameter="temperature",
+                                      value=self.temperature)
+        if not math.isfinite(self.length_penalty):
+            raise VLLMValidationError("length_penalty must be a finite number, got "
+                                      f"{self.length_penalty}.", parameter="length_penalty",
+                                      value=self.length_penalty)

@@ -4,7 +4,9 @@
     outs = llm.generate(["Hello"], SamplingParams(max_tokens=8))
 
 `generate` submits every prompt, then steps the engine until all are done
-and returns the outputs in submission order.
+and returns the outputs in submission order. `chat` renders conversations
+with the chat template first; `beam_search` drives `generate` one token at
+a time.
 """
 from __future__ import annotations
 
@@ -14,11 +16,16 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from vllm.beam_search import (BeamSearchInstance, BeamSearchOutput, BeamSearchSequence,
+                               create_sort_beams_key_function)
 from vllm.engine.arg_utils import EngineArgs
-from vllm.inputs import PromptType, TokensPrompt
+from vllm.entrypoints.chat_utils import (ChatCompletionMessageParam,
+                                         ChatTemplateContentFormatOption,
+                                         apply_hf_chat_template)
+from vllm.inputs import PromptType, TextPrompt, TokensPrompt
 from vllm.logger import init_logger
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -92,22 +99,122 @@ class LLM:
                                         tokenization_kwargs=tokenization_kwargs)
         return self._run_engine(use_tqdm=use_tqdm)
 
-    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+    def chat(self, messages: list[ChatCompletionMessageParam]
+             | Sequence[list[ChatCompletionMessageParam]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool | Callable[..., tqdm] = True, chat_template: str | None = None,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Generate replies to conversations, rendered with the model's chat template."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+             use_tqdm: bool | Callable[..., tqdm] = True, lora_request: Any = None,
+             chat_template: str | None = None,
+             chat_template_content_format: ChatTemplateContentFormatOption = "auto",
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: list[dict[str, Any]] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None,
+             tokenization_kwargs: dict[str, Any] | None = None,
+             mm_processor_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of {"role", "content"}
+        messages) or to several, rendered with the chat template (`chat_template`,
+        else the tokenizer's). `add_generation_prompt` appends the assistant
+        header; `continue_final_message` instead leaves the last (assistant)
+        message open for the model to continue; both at once is an error.
+        `chat_template_kwargs` reach the template (e.g. `enable_thinking`).
+        """
+        if self.model_config.runner_type != "generate":
+            raise ValueError("LLM.chat() is only supported for generative models.")
+        if mm_processor_kwargs:
+            raise ValueError("Multimodal inputs are not supported.")
+        conversations = ([messages] if not messages or isinstance(messages[0], dict)
+                         else list(messages))
         tokenizer = self.get_tokenizer()
         prompts: list[PromptType] = []
         for conversation in conversations:
-            text = tokenizer.apply_chat_template(conversation, chat_template=chat_template,
-                                                 add_generation_prompt=add_generation_prompt,
-                                                 tokenize=False)
-            # The template already holds the special tokens: do not add more.
-            ids = tokenizer.encode(text, add_special_tokens=False)
+            text = apply_hf_chat_template(
+                tokenizer, conversation, chat_template, tools,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                chat_template_content_format=chat_template_content_format,
+                chat_template_kwargs=chat_template_kwargs)
+            # The template writes the special tokens (BOS...) itself.
+            ids = tokenizer.encode(text, add_special_tokens=False,
+                                   **(tokenization_kwargs or {}))
             prompts.append(TokensPrompt(prompt_token_ids=ids, prompt=text))
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
+
+    def beam_search(self, prompts: Sequence[TokensPrompt | TextPrompt | str],
+                    params: BeamSearchParams, lora_request: Any = None,
+                    use_tqdm: bool = False,
+                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """Beam search over each prompt, as upstream: every step, each live
+        beam is generated for one token with the top `2 * beam_width`
+        logprobs; candidates ending in EOS (unless `ignore_eos`) are finished,
+        the best `beam_width` others live on. After `max_tokens` steps the
+        finished and live beams are ranked by cumulative logprob / length **
+        length_penalty (length = prompt + generated, final EOS excluded).
+        `concurrency_limit` bounds how many prompts are searched at a time.
+        """
+        tokenizer = self.get_tokenizer()
+        instances = [BeamSearchInstance.from_prompt(self._beam_prompt_tokens(p, tokenizer),
+                                                    lora_request) for p in prompts]
+        step_params = SamplingParams(logprobs=2 * params.beam_width, max_tokens=1,
+                                     temperature=params.temperature)
+        sort_key = create_sort_beams_key_function(tokenizer.eos_token_id,
+                                                  params.length_penalty)
+        limit = concurrency_limit or max(len(instances), 1)
+        for start in range(0, len(instances), limit):
+            batch = instances[start:start + limit]
+            steps = range(params.max_tokens)
+            for _ in tqdm(steps, desc="Beam search") if use_tqdm else steps:
+                if not self._beam_search_step(batch, params, step_params, sort_key,
+                                              tokenizer.eos_token_id):
+                    break
+        outputs = []
+        for instance in instances:
+            best = sorted(instance.completed + instance.beams, key=sort_key,
+                          reverse=True)[:params.beam_width]
+            for beam in best:
+                beam.text = tokenizer.decode(beam.tokens)
+            outputs.append(BeamSearchOutput(sequences=best))
+        return outputs
+
+    @staticmethod
+    def _beam_prompt_tokens(prompt: TokensPrompt | TextPrompt | str, tokenizer: Any) -> list[int]:
+        if isinstance(prompt, str):
+            return tokenizer.encode(prompt)
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        return tokenizer.encode(prompt["prompt"])
+
+    def _beam_search_step(self, instances: list[BeamSearchInstance], params: BeamSearchParams,
+                          step_params: SamplingParams, sort_key: Callable[..., float],
+                          eos_token_id: int | None) -> bool:
+        """Extend every live beam by one token; False when no beam was left."""
+        all_beams = [beam for instance in instances for beam in instance.beams]
+        if not all_beams:
+            return False
+        results = self.generate([TokensPrompt(prompt_token_ids=beam.tokens)
+                                 for beam in all_beams], step_params, use_tqdm=False,
+                                lora_request=[beam.lora_request for beam in all_beams])
+        position = 0
+        for instance in instances:
+            candidates: list[BeamSearchSequence] = []
+            for beam in instance.beams:
+                result = results[position].outputs[0]
+                position += 1
+                if not result.logprobs:  # finished without a token (aborted)
+                    continue
+                step_logprobs = result.logprobs[0]
+                for token_id, logprob in step_logprobs.items():
+                    new_beam = BeamSearchSequence(
+                        tokens=beam.tokens + [token_id],
+                        logprobs=beam.logprobs + [step_logprobs],
+                        lora_request=beam.lora_request,
+                        cum_logprob=beam.cum_logprob + logprob.logprob)
+                    if token_id == eos_token_id and not params.ignore_eos:
+                        instance.completed.append(new_beam)
+                    else:
+                        candidates.append(new_beam)
+            candidates.sort(key=sort_key, reverse=True)
+            instance.beams = candidates[:params.beam_width]
+        return True
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.llm_engine.reset_prefix_cache(reset_running_requests)

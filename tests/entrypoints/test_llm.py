@@ -20,8 +20,11 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir):
-    return LLM(model=tiny_model_dir("llama"), dtype="float32", max_model_len=MAX_MODEL_LEN,
-               kv_cache_memory_bytes=8 * 2**20, seed=0)
+    # In-process engine core: these tests look into its scheduler.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        return LLM(model=tiny_model_dir("llama"), dtype="float32",
+                   max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=8 * 2**20, seed=0)
 
 
 def _assert_idle(llm: LLM) -> None:
@@ -126,8 +129,6 @@ def test_bad_prompt_is_a_clear_error_and_the_engine_goes_on(llm, prompt, message
 def test_bad_params_are_clear_errors(llm):
     with pytest.raises(ValueError, match="max_tokens must be at least 1"):
         SamplingParams(max_tokens=0)
-    with pytest.raises(ValueError, match="not supported yet"):
-        llm.generate("x", SamplingParams(n=2), use_tqdm=False)
     with pytest.raises(ValueError, match="greater than max allowed"):
         llm.generate("x", SamplingParams(logprobs=50), use_tqdm=False)
     with pytest.raises(TypeError, match="must be a str"):

@@ -7,9 +7,8 @@ At start-up the core sizes the paged KV cache: the executor reports each
 layer's KV spec and the memory it can give the cache, `get_kv_cache_configs`
 turns that into a block count and tensor layout, and the workers allocate it.
 
-Upstream also runs this class in its own process (`EngineCoreProc`, a busy
-loop fed over ZMQ); that and the pipelined `step_with_batch_queue` come with
-the multiprocess clients and async scheduling.
+`EngineCoreProc` (core_proc.py, importable from here as upstream) runs this
+class in its own process, a busy loop fed over ZMQ.
 """
 from __future__ import annotations
 
@@ -173,3 +172,13 @@ class EngineCore:
             self.model_executor.shutdown()
         if getattr(self, "scheduler", None) is not None:
             self.scheduler.shutdown()
+
+
+def __getattr__(name: str) -> Any:
+    # Upstream's path for EngineCoreProc; it lives in core_proc.py (imported
+    # lazily: core_proc imports this module).
+    if name == "EngineCoreProc":
+        from vllm.v1.engine.core_proc import EngineCoreProc
+
+        return EngineCoreProc
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

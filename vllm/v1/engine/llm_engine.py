@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from copy import copy
 from typing import TYPE_CHECKING, Any
 
 import vllm.envs as envs
@@ -22,6 +23,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.core_client import EngineCoreClient
 from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.engine.output_processor import OutputProcessor
+from vllm.v1.engine.parallel_sampling import ParentRequest
 
 if TYPE_CHECKING:
     from vllm.v1.executor.abstract import Executor
@@ -53,8 +55,10 @@ class LLMEngine:
         self.engine_core = EngineCoreClient.make_client(
             multiprocess_mode=multiprocess_mode, asyncio_mode=False, vllm_config=vllm_config,
             executor_class=executor_class, log_stats=log_stats)
-        # The in-process core's executor, for callers that reach into it.
-        self.model_executor = self.engine_core.engine_core.model_executor
+        # The in-process core's executor, for callers that reach into it (None
+        # when the core runs in its own process).
+        inproc_core = getattr(self.engine_core, "engine_core", None)
+        self.model_executor = getattr(inproc_core, "model_executor", None)
 
     @classmethod
     def from_vllm_config(cls, vllm_config: VllmConfig,
@@ -107,9 +111,23 @@ class LLMEngine:
             priority=priority)
         self.input_processor.assign_request_id(request)
         prompt_text = prompt if isinstance(prompt, str) else prompt.get("prompt")
-        self.output_processor.add_request(request, prompt_text, None, 0)
-        self.engine_core.add_request(request)
-        return request.request_id
+        # The processed copy of the params (max_tokens and stop ids filled in).
+        params = request.sampling_params
+        if params.n == 1:
+            self.output_processor.add_request(request, prompt_text, None, 0)
+            self.engine_core.add_request(request)
+            return request.request_id
+        # n > 1: n child requests with n=1 each; the output processor gathers
+        # their outputs back under the parent's id.
+        parent_req = ParentRequest(request)
+        for idx in range(params.n):
+            child_id, child_params = parent_req.get_child_info(idx)
+            child = request if idx == params.n - 1 else copy(request)
+            child.request_id = child_id
+            child.sampling_params = child_params
+            self.output_processor.add_request(child, prompt_text, parent_req, idx)
+            self.engine_core.add_request(child)
+        return parent_req.request_id
 
     def abort_request(self, request_ids: list[str], internal: bool = False) -> None:
         """Abort requests by user id (or, internal=True, by internal id)."""

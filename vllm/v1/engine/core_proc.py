@@ -1,0 +1,344 @@
+"""The engine core in its own process (upstream: `EngineCoreProc` in
+vllm/v1/engine/core.py, re-exported from there).
+
+Three threads:
+
+    input thread:   DEALER socket(s) -> decode -> input_queue
+    main thread:    run_busy_loop(): drain input_queue (block when idle)
+                    -> step() -> output_queue
+    output thread:  output_queue -> encode -> PUSH socket(s)
+
+so that (de)serialization and socket IO overlap with the model's forward
+pass. Input frames are `(type_byte, *msgpack frames)`: ADD carries an
+`EngineCoreRequest`, ABORT a `list[str]` of request ids, UTILITY a
+`(client_index, call_id, method_name, args)` call whose result is returned
+in `EngineCoreOutputs.utility_output`.
+
+A fatal error in the busy loop sends ENGINE_CORE_DEAD to the clients before
+the process exits; malformed or invalid input is request-scoped: it is
+logged and (when the request id is known) answered with an ERROR output.
+"""
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal
+import threading
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.v1.engine import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
+                            EngineCoreRequestType, FinishReason, UtilityOutput,
+                            UtilityResult)
+from vllm.v1.engine.core import EngineCore
+from vllm.v1.engine.utils import (EngineZmqAddresses, block_shutdown_signals,
+                                  decode_handshake, encode_handshake, make_zmq_socket,
+                                  watch_parent)
+from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+if TYPE_CHECKING:
+    from vllm.v1.executor.abstract import Executor
+    from vllm.v1.request import Request
+
+logger = init_logger(__name__)
+
+POLLING_TIMEOUT_MS = 1000
+IDLE_WAIT_S = 0.5
+# Output-queue sentinel: the output thread stops.
+_SHUTDOWN = object()
+
+
+class EngineCoreProc(EngineCore):
+    """ZMQ wrapper around `EngineCore`, run by `run_engine_core` in a child process."""
+
+    ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+
+    def __init__(self, vllm_config: VllmConfig, local_client: bool, handshake_address: str,
+                 executor_class: type["Executor"], log_stats: bool,
+                 client_handshake_address: str | None = None, engine_index: int = 0) -> None:
+        self.input_queue: queue.Queue[tuple[EngineCoreRequestType, Any]] = queue.Queue()
+        self.output_queue: queue.Queue[Any] = queue.Queue()
+        self.engine_index = engine_index
+        self.engines_running = False
+        self._shutdown_event = threading.Event()
+        identity = engine_index.to_bytes(length=2, byteorder="little")
+
+        def executor_fail_callback() -> None:
+            self.input_queue.put_nowait((EngineCoreRequestType.EXECUTOR_FAILED, b""))
+
+        with self._perform_handshake(handshake_address, identity, local_client) as addresses:
+            super().__init__(vllm_config, executor_class, log_stats, executor_fail_callback)
+        batch_queue = getattr(self, "batch_queue", None)
+        self.step_fn = self.step if batch_queue is None else self.step_with_batch_queue
+
+        ready_event = threading.Event()
+        self.input_thread = threading.Thread(
+            target=self.process_input_sockets, args=(addresses.inputs, identity, ready_event),
+            daemon=True, name="EngineCoreInput")
+        self.input_thread.start()
+        self.output_thread = threading.Thread(
+            target=self.process_output_sockets, args=(addresses.outputs, engine_index),
+            daemon=True, name="EngineCoreOutput")
+        self.output_thread.start()
+        while not ready_event.wait(timeout=10):
+            if not self.input_thread.is_alive():
+                raise RuntimeError("Input socket thread died during startup")
+
+    # ------------------------------------------------------------------
+    # Start-up
+    # ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _perform_handshake(self, handshake_address: str, identity: bytes,
+                           local_client: bool) -> Iterator[EngineZmqAddresses]:
+        """HELLO -> addresses; then (after the body: engine init) READY or FAILED."""
+        ctx = zmq.Context()
+        try:
+            socket = make_zmq_socket(ctx, handshake_address, zmq.DEALER, bind=False,
+                                     identity=identity, linger=5000)
+            socket.send(encode_handshake({"status": "HELLO", "local": local_client}))
+            if not socket.poll(timeout=5 * 60 * 1000):
+                raise RuntimeError("Did not receive the handshake reply from the front end")
+            reply = decode_handshake(socket.recv())
+            addrs = reply["addresses"]
+            addresses = EngineZmqAddresses(inputs=list(addrs["inputs"]),
+                                           outputs=list(addrs["outputs"]))
+            try:
+                yield addresses
+            except BaseException as e:
+                error = f"{type(e).__name__}: {e}"
+                socket.send(encode_handshake({"status": "FAILED", "error": error}))
+                raise
+            socket.send(encode_handshake({
+                "status": "READY", "local": local_client,
+                "num_gpu_blocks": self.vllm_config.cache_config.num_gpu_blocks or 0,
+                "max_model_len": self.vllm_config.model_config.max_model_len,
+            }))
+        finally:
+            ctx.destroy(linger=5000)
+
+    @staticmethod
+    def run_engine_core(*args: Any, dp_rank: int = 0,
+                        death_pipe: Connection | None = None, **kwargs: Any) -> None:
+        """Entry point of the engine-core process (spawned by the client)."""
+        shutdown_requested = False
+
+        def signal_handler(signum: int, frame: Any) -> None:
+            nonlocal shutdown_requested
+            if not shutdown_requested:
+                shutdown_requested = True
+                raise SystemExit()
+
+        # SIGTERM from the client's shutdown, SIGINT from a terminal's Ctrl-C.
+        signal.signal(signal.SIGTERM, signal_handler)
+        signal.signal(signal.SIGINT, signal_handler)
+        if death_pipe is not None:
+            watch_parent(death_pipe)
+        engine_core: EngineCoreProc | None = None
+        try:
+            engine_core = EngineCoreProc(*args, engine_index=dp_rank, **kwargs)
+            engine_core.run_busy_loop()
+        except SystemExit:
+            logger.debug("EngineCore exiting.")
+            raise
+        except Exception:
+            if engine_core is None:
+                logger.exception("EngineCore failed to start.")
+            else:
+                logger.exception("EngineCore encountered a fatal error.")
+                engine_core._send_engine_dead()
+            raise
+        finally:
+            if engine_core is not None:
+                engine_core.shutdown()
+
+    # ------------------------------------------------------------------
+    # The busy loop
+    # ------------------------------------------------------------------
+
+    def run_busy_loop(self) -> None:
+        """Core busy loop of the EngineCore."""
+        while True:
+            self._process_input_queue()
+            self._process_engine_step()
+
+    def _has_work(self) -> bool:
+        batch_queue = getattr(self, "batch_queue", None)
+        return self.engines_running or self.scheduler.has_requests() or bool(batch_queue)
+
+    def _process_input_queue(self) -> None:
+        """Block for input while idle, then drain what arrived."""
+        waited = False
+        while not self._has_work():
+            if not waited and self.input_queue.empty():
+                logger.debug("EngineCore waiting for work.")
+                waited = True
+            try:
+                # Timed: a signal taken by another thread must not leave the
+                # main thread blocked here, unable to run the SIGTERM handler.
+                request = self.input_queue.get(timeout=IDLE_WAIT_S)
+            except queue.Empty:
+                continue
+            self._handle_client_request(*request)
+        while not self.input_queue.empty():
+            self._handle_client_request(*self.input_queue.get_nowait())
+
+    def _process_engine_step(self) -> bool:
+        """One step; its outputs go to the output thread."""
+        outputs, model_executed = self.step_fn()
+        for output in outputs.items():
+            self.output_queue.put_nowait(output)
+        return model_executed
+
+    def _handle_client_request(self, request_type: EngineCoreRequestType,
+                               request: Any) -> None:
+        if request_type == EngineCoreRequestType.ADD:
+            req, request_wave = request
+            try:
+                self.add_request(req, request_wave)
+            except Exception as e:
+                # Request-scoped: answer this request with an error, keep serving.
+                logger.error("Rejected request %s: %s", req.request_id, e)
+                self._send_request_error(req.request_id, req.client_index)
+        elif request_type == EngineCoreRequestType.ABORT:
+            self.abort_requests(request)
+        elif request_type == EngineCoreRequestType.UTILITY:
+            self._handle_utility(*request)
+        elif request_type == EngineCoreRequestType.EXECUTOR_FAILED:
+            raise RuntimeError("Executor failed.")
+        else:
+            logger.error("Unrecognized input request type: %s", request_type)
+
+    def _handle_utility(self, client_idx: int, call_id: int, method_name: str,
+                        args: list[Any]) -> None:
+        output = UtilityOutput(call_id)
+        try:
+            if method_name.startswith("_") or method_name in _NOT_UTILITIES:
+                raise AttributeError(f"{method_name} is not a utility method")
+            method = getattr(self, method_name)
+            output.result = UtilityResult(method(*args))
+        except Exception as e:
+            logger.exception("Invocation of %s method failed", method_name)
+            output.failure_message = f"Call to {method_name} method failed: {e}"
+        self.output_queue.put_nowait((client_idx, EngineCoreOutputs(utility_output=output)))
+
+    def _send_request_error(self, request_id: str, client_index: int) -> None:
+        eco = EngineCoreOutput(request_id=request_id, new_token_ids=[],
+                               finish_reason=FinishReason.ERROR)
+        self.output_queue.put_nowait((client_index, EngineCoreOutputs(outputs=[eco])))
+
+    def _send_engine_dead(self) -> None:
+        """Tell the clients the engine is gone, and let the output thread flush it."""
+        self.output_queue.put_nowait(EngineCoreProc.ENGINE_CORE_DEAD)
+        self.output_thread.join(timeout=5.0)
+        if self.output_thread.is_alive():
+            logger.fatal("vLLM shutdown signal from EngineCore failed to send. Please "
+                         "report this issue.")
+
+    # ------------------------------------------------------------------
+    # Socket threads
+    # ------------------------------------------------------------------
+
+    def process_input_sockets(self, input_addresses: list[str], identity: bytes,
+                              ready_event: threading.Event) -> None:
+        """Input thread: receive, decode and queue client messages."""
+        block_shutdown_signals()
+        decoders = (MsgpackDecoder(EngineCoreRequest), MsgpackDecoder())
+        with zmq.Context() as ctx:
+            sockets = [make_zmq_socket(ctx, addr, zmq.DEALER, bind=False, identity=identity,
+                                       linger=0) for addr in input_addresses]
+            poller = zmq.Poller()
+            for socket in sockets:
+                # An empty first message tells the client's ROUTER who we are.
+                socket.send(b"")
+                poller.register(socket, zmq.POLLIN)
+            ready_event.set()
+            while not self._shutdown_event.is_set():
+                for socket, _ in poller.poll(timeout=POLLING_TIMEOUT_MS):
+                    frames = socket.recv_multipart(copy=False)
+                    self._handle_input_frames(frames, *decoders)
+            for socket in sockets:
+                socket.close(linger=0)
+
+    def _handle_input_frames(self, frames: list[Any], add_decoder: MsgpackDecoder,
+                             generic_decoder: MsgpackDecoder) -> None:
+        """Decode one message and queue it; anything malformed is dropped."""
+        try:
+            request_type = EngineCoreRequestType(bytes(frames[0].buffer))
+            data = [f.buffer for f in frames[1:]]
+            if request_type == EngineCoreRequestType.ADD:
+                request = add_decoder.decode(data)
+                try:
+                    # Block hashing happens here, off the busy loop.
+                    self.input_queue.put_nowait(
+                        (request_type, self.preprocess_add_request(request)))
+                except Exception as e:
+                    logger.error("Invalid request %s: %s", request.request_id, e)
+                    self._send_request_error(request.request_id, request.client_index)
+                return
+            payload = generic_decoder.decode(data)
+            _check_payload(request_type, payload)
+            self.input_queue.put_nowait((request_type, payload))
+        except Exception as e:
+            logger.error("Dropping a malformed message on the input socket: %s", e)
+
+    def process_output_sockets(self, output_paths: list[str], engine_index: int) -> None:
+        """Output thread: encode outputs and push them to their client."""
+        block_shutdown_signals()
+        encoder = MsgpackEncoder()
+        with zmq.Context() as ctx:
+            sockets = [make_zmq_socket(ctx, path, zmq.PUSH, bind=False, linger=4000)
+                       for path in output_paths]
+            # On a requested shutdown nobody waits for pending outputs: drop
+            # them; the death notice is worth waiting a little for.
+            linger = 0
+            try:
+                while True:
+                    output = self.output_queue.get()
+                    if output is _SHUTDOWN:
+                        break
+                    if output == EngineCoreProc.ENGINE_CORE_DEAD:
+                        for socket in sockets:
+                            socket.send(output)
+                        linger = 4000
+                        break
+                    client_index, outputs = output
+                    outputs.engine_index = engine_index
+                    sockets[client_index].send_multipart(encoder.encode(outputs), copy=False)
+            finally:
+                for socket in sockets:
+                    socket.close(linger=linger)
+
+    def shutdown(self) -> None:
+        self._shutdown_event.set()
+        output_thread = getattr(self, "output_thread", None)
+        if output_thread is not None and output_thread.is_alive():
+            self.output_queue.put_nowait(_SHUTDOWN)
+            output_thread.join(timeout=5.0)
+        super().shutdown()
+
+
+# Public methods of EngineCoreProc that a client must not call remotely.
+_NOT_UTILITIES = frozenset(("run_busy_loop", "run_engine_core", "process_input_sockets",
+                            "process_output_sockets", "shutdown", "step", "step_fn",
+                            "step_with_batch_queue", "add_request", "preprocess_add_request"))
+
+
+def _check_payload(request_type: EngineCoreRequestType, payload: Any) -> None:
+    """Shape checks of the untyped messages (ABORT, UTILITY)."""
+    if request_type == EngineCoreRequestType.ABORT:
+        if not (isinstance(payload, list) and all(isinstance(r, str) for r in payload)):
+            raise ValueError("ABORT carries a list of request ids")
+    elif request_type == EngineCoreRequestType.UTILITY:
+        ok = (isinstance(payload, list) and len(payload) == 4
+              and isinstance(payload[0], int) and isinstance(payload[1], int)
+              and isinstance(payload[2], str) and isinstance(payload[3], list))
+        if not ok:
+            raise ValueError("UTILITY carries (client_index, call_id, method, args)")
+    else:
+        raise ValueError(f"Unexpected request type {request_type} from a client")

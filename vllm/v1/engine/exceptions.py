@@ -1,0 +1,18 @@
+"""Errors the engine front ends raise (upstream: vllm/v1/engine/exceptions.py)."""
+from __future__ import annotations
+
+
+class EngineGenerateError(Exception):
+    """`AsyncLLM.generate()` failed for this request only; the engine still runs."""
+
+
+class EngineDeadError(Exception):
+    """The engine core died: every pending and future request fails with this."""
+
+    def __init__(self, *args, suppress_context: bool = False, **kwargs) -> None:
+        message = ("EngineCore encountered an issue. See stack trace (above) for the "
+                   "root cause.")
+        super().__init__(message, *args, **kwargs)
+        # Make stack trace clearer when using with LLMEngine by
+        # silencing irrelevant ZMQError.
+        self.__suppress_context__ = suppress_context

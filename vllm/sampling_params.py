@@ -50,6 +50,8 @@ class SamplingParams(
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Return logprobs as FlatLogprobs (flat lists) instead of one dict per position.
+    flat_logprobs: bool = False
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True

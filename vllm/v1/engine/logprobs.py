@@ -1,17 +1,20 @@
-"""Turning the engine's logprob arrays into per-token dicts (upstream: vllm/v1/engine/logprobs.py)."""
+"""Turning the engine's logprob arrays into per-token entries (upstream: vllm/v1/engine/logprobs.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.logprobs import Logprob, PromptLogprobs, SampleLogprobs
+from vllm.logprobs import (FlatLogprobs, PromptLogprobs, SampleLogprobs,
+                           append_logprobs_for_next_position, create_prompt_logprobs,
+                           create_sample_logprobs)
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest
 from vllm.v1.outputs import LogprobsLists, LogprobsTensors
 
 
 @dataclass
 class LogprobsProcessor:
-    """Accumulates a request's sample and prompt logprobs across steps."""
+    """Accumulates a request's sample and prompt logprobs across steps, in
+    the plain or the flat container (`SamplingParams.flat_logprobs`)."""
 
     tokenizer: Any | None
     logprobs: SampleLogprobs | None  # None unless the request asked for logprobs
@@ -27,10 +30,12 @@ class LogprobsProcessor:
         assert params is not None
         num_logprobs = params.logprobs
         num_prompt_logprobs = params.prompt_logprobs
+        flat = params.flat_logprobs
         return cls(tokenizer=tokenizer,
-                   logprobs=None if num_logprobs is None else [],
+                   logprobs=None if num_logprobs is None else create_sample_logprobs(flat),
                    # The first prompt token has no logprob: it is not predicted.
-                   prompt_logprobs=None if num_prompt_logprobs is None else [None],
+                   prompt_logprobs=(None if num_prompt_logprobs is None
+                                    else create_prompt_logprobs(flat)),
                    cumulative_logprob=None if num_logprobs is None else 0.0,
                    num_logprobs=num_logprobs, num_prompt_logprobs=num_prompt_logprobs)
 
@@ -45,33 +50,29 @@ class LogprobsProcessor:
         for ids, values, rank in zip(lists.logprob_token_ids, lists.logprobs,
                                      lists.sampled_token_ranks):
             # Entry 0 is the sampled token; the rest are the top-k, ranked 1..k.
-            k = len(ids) - 1 if self.num_logprobs == -1 else self.num_logprobs
             self.cumulative_logprob = (self.cumulative_logprob or 0.0) + values[0]
-            self.logprobs.append(self._make_dict(ids[:k + 1], values[:k + 1], rank))
+            append_logprobs_for_next_position(self.logprobs, ids, values,
+                                              self._decode_all(ids), rank, self.num_logprobs)
 
     def _update_prompt_logprobs(self, tensors: LogprobsTensors) -> None:
-        assert self.prompt_logprobs is not None
+        assert self.prompt_logprobs is not None and self.num_prompt_logprobs is not None
         lists = tensors.tolists()
         for ids, values, rank in zip(lists.logprob_token_ids, lists.logprobs,
                                      lists.sampled_token_ranks):
-            k = len(ids) - 1 if self.num_prompt_logprobs == -1 else self.num_prompt_logprobs
-            self.prompt_logprobs.append(self._make_dict(ids[:k + 1], values[:k + 1], rank))
+            append_logprobs_for_next_position(self.prompt_logprobs, ids, values,
+                                              self._decode_all(ids), rank,
+                                              self.num_prompt_logprobs)
 
-    def _make_dict(self, ids: list[int], values: list[float], rank: int) -> dict[int, Logprob]:
-        ranks = [rank, *range(1, len(ids))]
-        texts = [self._decode(i) for i in ids]
-        # A sampled token that is also in the top-k keeps one entry.
-        return {tid: Logprob(logprob=v, rank=r, decoded_token=t)
-                for tid, v, r, t in zip(ids, values, ranks, texts)}
-
-    def _decode(self, token_id: int) -> str | None:
+    def _decode_all(self, token_ids: list[int]) -> list[str | None]:
         if self.tokenizer is None:
-            return None
-        return self.tokenizer.decode([token_id])
+            return [None] * len(token_ids)
+        # One token at a time, as upstream: a byte of a multi-byte character
+        # shows as U+FFFD here; the output text is decoded incrementally instead.
+        return [self.tokenizer.decode([t]) for t in token_ids]
 
     def pop_prompt_logprobs(self) -> PromptLogprobs | None:
         """Prompt logprobs so far, then forget them (DELTA outputs send them once)."""
         plp = self.prompt_logprobs
         if plp:
-            self.prompt_logprobs = []
+            self.prompt_logprobs = create_sample_logprobs(isinstance(plp, FlatLogprobs))
         return plp

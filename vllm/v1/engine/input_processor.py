@@ -96,10 +96,6 @@ class InputProcessor:
                             f"got {type(params).__name__}")
         if self.model_config.runner_type != "generate":
             raise VLLMValidationError("This model does not support generation")
-        if params.n > 1:
-            raise VLLMValidationError("n > 1 (parallel sampling) is not supported yet; "
-                                      "submit the prompt n times with different seeds.",
-                                      parameter="n", value=params.n)
         self._validate_logprobs(params)
         self._validate_token_id_params(params)
 
@@ -134,6 +130,12 @@ class InputProcessor:
                 raise VLLMValidationError(
                     f"token_id(s) {bad} in logit_bias contain out-of-vocab token ids. "
                     f"Vocabulary size: {vocab_size}", parameter="logit_bias")
+        bad_stop_ids = [t for t in params.stop_token_ids or () if not 0 <= t < vocab_size]
+        if bad_stop_ids:
+            raise VLLMValidationError(
+                f"token_id(s) {bad_stop_ids} in stop_token_ids contain out-of-vocab token "
+                f"ids. Vocabulary size: {vocab_size}", parameter="stop_token_ids",
+                value=bad_stop_ids)
         if params.bad_words and self.tokenizer is None:
             raise VLLMValidationError("bad_words needs a tokenizer (skip_tokenizer_init is "
                                       "set).", parameter="bad_words")

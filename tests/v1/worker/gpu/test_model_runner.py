@@ -177,3 +177,30 @@ def test_async_scheduling_returns_async_output(model_dir):
     s.decode_all(["a"], 3)
     assert len(so_outputs) == 4
     assert s.reqs["a"].outputs == hf_greedy(model_dir, [a], 4)[0]
+
+
+def test_prompt_logprobs_over_chunks_and_not_again_after_resume(runner, model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = prompts(7, [21])[0]
+    s = V2ScriptedScheduler(runner)
+    s.add("p", prompt, SamplingParams(temperature=0.0, prompt_logprobs=2))
+    s.step({"p": 10}, new=("p",))
+    assert s.last_output.prompt_logprobs_dict == {}  # not complete yet
+    s.step({"p": 11})
+    lp = s.last_output.prompt_logprobs_dict["p"]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0, :-1].log_softmax(-1)
+    targets = torch.tensor(prompt[1:])
+    assert torch.equal(lp.logprob_token_ids[:, 0].long(), targets)
+    torch.testing.assert_close(lp.logprobs[:, 0], ref.gather(1, targets[:, None])[:, 0],
+                               atol=1e-4, rtol=0)
+    assert torch.equal(lp.logprob_token_ids[:, 1:].long(), ref.topk(2).indices)
+    s.decode_all(["p"], 2)
+    s.add("q", prompts(8, [4])[0], GREEDY)
+    s.step({"q": 4}, new=("q",), preempted=("p",))
+    s.step({"p": 24, "q": 1}, resumed=("p",))  # prompt + 3 outputs, in one chunk
+    assert "p" not in s.last_output.prompt_logprobs_dict
+    finish_all(s)

@@ -45,6 +45,7 @@ from vllm.v1.worker.gpu.input_batch import (InputBatch, InputBuffers,
                                             prepare_pos_seq_lens, prepare_prefill_inputs)
 from vllm.v1.worker.gpu.sample.gumbel import gumbel_sample
 from vllm.v1.worker.gpu.sample.logprob import compute_topk_logprobs
+from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
 from vllm.v1.worker.gpu.sample.sampler import Sampler
 from vllm.v1.worker.gpu.states import RequestState
 from vllm.v1.worker.utils import AttentionGroup
@@ -61,6 +62,7 @@ class ExecuteModelState(NamedTuple):
     """What `execute_model` leaves for the `sample_tokens` call that follows."""
 
     input_batch: InputBatch
+    hidden_states: torch.Tensor  # [num_tokens, hidden] (for prompt logprobs)
     logits: torch.Tensor  # [num_logits, vocab]
 
 
@@ -91,6 +93,7 @@ class GPUModelRunner:
         self.sampler = Sampler(self.max_num_reqs, self.vocab_size, device,
                                logprobs_mode=self.model_config.logprobs_mode,
                                seed=self.model_config.seed)
+        self.prompt_logprobs_worker = PromptLogprobsWorker(self.vocab_size)
         # Without drafts request i owns logits row i: cu_num_logits = arange.
         self._arange_np = np.arange(self.max_num_reqs + 1, dtype=np.int32)
         self._arange = torch.from_numpy(self._arange_np).to(device)
@@ -148,6 +151,7 @@ class GPUModelRunner:
         preempted = scheduler_output.preempted_req_ids
         for req_id in finished.union(preempted) if preempted else finished:
             self.req_states.remove_request(req_id)
+            self.prompt_logprobs_worker.remove_request(req_id)
 
     def free_states(self, scheduler_output: "SchedulerOutput") -> None:
         """Per-request caches beyond the rows (encoder outputs) are not built."""
@@ -168,7 +172,11 @@ class GPUModelRunner:
                 all_token_ids=new_req.prefill_token_ids,
                 num_computed_tokens=new_req.num_computed_tokens)
             block_tables.append_block_ids(req_idx, new_req.block_ids, overwrite=True)
-            self.sampler.add_request(req_idx, new_req.sampling_params)
+            self.sampler.add_request(req_idx, len(new_req.prompt_token_ids),
+                                     new_req.sampling_params)
+            self.prompt_logprobs_worker.add_request(
+                new_req.req_id, new_req.prompt_token_ids, len(new_req.prefill_token_ids),
+                new_req.sampling_params)
 
     def update_requests(self, scheduler_output: "SchedulerOutput") -> None:
         """Cached requests: the scheduler's computed-token counts (one vectorised
@@ -298,19 +306,20 @@ class GPUModelRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         input_batch = self.prepare_inputs(scheduler_output)
         attn_metadata = self.prepare_attn(input_batch)
-        logits = self._run_model(input_batch, attn_metadata)
-        self.execute_model_state = ExecuteModelState(input_batch, logits)
+        hidden_states, logits = self._run_model(input_batch, attn_metadata)
+        self.execute_model_state = ExecuteModelState(input_batch, hidden_states, logits)
         return None
 
     def _run_model(self, input_batch: InputBatch, attn_metadata: dict[str, Any] | None
-                   ) -> torch.Tensor:
-        """Forward pass, then the logits of the sampled rows [num_logits, vocab]."""
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward pass: (hidden states [num_tokens, hidden], logits of the
+        sampled rows [num_logits, vocab])."""
         model = self.get_model()
         with set_forward_context(attn_metadata, self.vllm_config,
                                  num_tokens=input_batch.num_tokens_after_padding):
             hidden_states = model(input_ids=input_batch.input_ids,
                                   positions=input_batch.positions)
-        return model.compute_logits(hidden_states[input_batch.logits_indices])
+        return hidden_states, model.compute_logits(hidden_states[input_batch.logits_indices])
 
     @torch.inference_mode()
     def sample_tokens(self, grammar_output: object | None
@@ -323,16 +332,19 @@ class GPUModelRunner:
         self.execute_model_state = None
         if grammar_output is not None:
             raise NotImplementedError("Structured output (grammar bitmasks) is not built yet.")
-        input_batch, logits = state
+        input_batch, hidden_states, logits = state
         # Each logits row is sampled at its token's position (the noise key).
         pos = input_batch.positions[input_batch.logits_indices]
         sampler_output = self.sampler(logits, input_batch.expanded_idx_mapping,
-                                      input_batch.idx_mapping_np, pos)
+                                      input_batch.idx_mapping_np, pos, input_batch.seq_lens_np,
+                                      self.req_states.all_token_ids.gpu)
         num_sampled, num_rejected = self._num_sampled_and_rejected(input_batch)
         output = ModelRunnerOutput(
             req_ids=input_batch.req_ids,
             req_id_to_index={req_id: i for i, req_id in enumerate(input_batch.req_ids)},
-            sampled_token_ids=[], prompt_logprobs_dict={})
+            sampled_token_ids=[],
+            prompt_logprobs_dict=self.prompt_logprobs_worker.compute_prompt_logprobs(
+                self.get_model().compute_logits, hidden_states, input_batch))
         async_output = AsyncOutput(output, sampler_output, num_sampled,
                                    self.output_copy_stream)
         # After AsyncOutput: the host copy is already queued behind the sampler.
@@ -423,7 +435,9 @@ class GPUModelRunner:
         sampled = gumbel_sample(logits, rows, torch.full((n,), 0.5, device=self.device),
                                 torch.zeros(n, dtype=torch.int64, device=self.device),
                                 torch.zeros(n, dtype=torch.int64, device=self.device))
-        compute_topk_logprobs(logits, self.model_config.max_logprobs, sampled)
+        max_logprobs = self.model_config.max_logprobs  # -1: the whole vocabulary
+        compute_topk_logprobs(logits, self.vocab_size if max_logprobs == -1 else max_logprobs,
+                              sampled)
 
     def profile_run(self) -> None:
         """The largest step the scheduler can produce, without a KV cache."""

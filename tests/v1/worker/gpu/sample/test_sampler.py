@@ -74,7 +74,7 @@ def test_topk_logprobs_match_log_softmax():
 def make_sampler(params: list[SamplingParams], vocab: int = 64, **kwargs) -> Sampler:
     sampler = Sampler(max_num_reqs=8, vocab_size=vocab, device=CPU, **kwargs)
     for row, p in enumerate(params):
-        sampler.add_request(row, p)
+        sampler.add_request(row, 0, p)
     sampler.apply_staged_writes()
     return sampler
 

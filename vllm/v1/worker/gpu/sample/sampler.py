@@ -1,9 +1,10 @@
 """The Model Runner V2 sampler (upstream: vllm/v1/worker/gpu/sample/sampler.py).
 
-Order of operations:
+Order of operations (the V1 sampler's):
   1. logits -> float32
-  2. [not built, as in the V1 sampler: logit bias, allowed/bad words,
-     min_tokens, repetition/frequency/presence penalties]
+  2. allowed_token_ids, bad words, min_tokens, logit bias (logit_bias.py,
+     bad_words.py), then repetition/frequency/presence penalties
+     (penalties.py): edits that may change the argmax, so greedy rows get them
   3. / temperature (greedy rows untouched), min-p, top-k/top-p (the V1 ops)
   4. Gumbel-max: argmax for greedy rows, argmax(logits + Gumbel noise) for the
      rest, the noise keyed by (request seed, position) (see gumbel.py)
@@ -22,10 +23,13 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.sample.sampler import LOGPROBS_MODES
+from vllm.v1.worker.gpu.sample.bad_words import BadWordsState
 from vllm.v1.worker.gpu.sample.greedy_argmax import argmax_rows
 from vllm.v1.worker.gpu.sample.gumbel import apply_temperature, gumbel_sample
+from vllm.v1.worker.gpu.sample.logit_bias import LogitBiasState
 from vllm.v1.worker.gpu.sample.logprob import compute_topk_logprobs
 from vllm.v1.worker.gpu.sample.min_p import apply_min_p
+from vllm.v1.worker.gpu.sample.penalties import PenaltiesState
 from vllm.v1.worker.gpu.sample.states import NO_LOGPROBS, SamplingStates
 
 
@@ -41,27 +45,46 @@ class Sampler:
         # `seed` makes the seeds drawn for unseeded requests reproducible.
         self.sampling_states = SamplingStates(max_num_reqs, vocab_size, device,
                                               seed_rng=np.random.default_rng(seed))
+        self.logit_bias_state = LogitBiasState(max_num_reqs, vocab_size, device)
+        self.bad_words_state = BadWordsState(max_num_reqs)
+        self.penalties_state = PenaltiesState(max_num_reqs, vocab_size, device)
 
-    def add_request(self, req_idx: int, sampling_params: SamplingParams) -> None:
+    def add_request(self, req_idx: int, prompt_len: int,
+                    sampling_params: SamplingParams) -> None:
         self.sampling_states.add_request(req_idx, sampling_params)
+        self.logit_bias_state.add_request(req_idx, prompt_len, sampling_params)
+        self.bad_words_state.add_request(req_idx, prompt_len, sampling_params)
+        self.penalties_state.add_request(req_idx, prompt_len, sampling_params)
 
     def apply_staged_writes(self) -> None:
         self.sampling_states.apply_staged_writes()
 
     def __call__(self, logits: torch.Tensor, idx_mapping: torch.Tensor,
-                 idx_mapping_np: np.ndarray, pos: torch.Tensor) -> SamplerOutput:
+                 idx_mapping_np: np.ndarray, pos: torch.Tensor,
+                 seq_lens_np: np.ndarray | None = None,
+                 all_token_ids: torch.Tensor | None = None) -> SamplerOutput:
         """logits [n, vocab] (row i belongs to request row idx_mapping[i], and
         was computed at position pos[i]) -> SamplerOutput with
-        sampled_token_ids [n, 1] int64."""
+        sampled_token_ids [n, 1] int64.
+
+        The edits of step 2 read each row's tokens: `seq_lens_np` [n] (tokens
+        known per row: prompt + outputs so far) and the request rows'
+        `all_token_ids`; without them no edit is applied.
+        """
         states = self.sampling_states
         max_num_logprobs = states.max_num_logprobs(idx_mapping_np)
-        if max_num_logprobs == NO_LOGPROBS and states.is_greedy(idx_mapping_np).all():
+        edits = seq_lens_np is not None and self._any_edits(idx_mapping_np, seq_lens_np)
+        if (not edits and max_num_logprobs == NO_LOGPROBS
+                and states.is_greedy(idx_mapping_np).all()):
             # Nothing to process: temperature 0 leaves the argmax.
             return SamplerOutput(sampled_token_ids=argmax_rows(logits).view(-1, 1),
                                  logprobs_tensors=None)
         want_raw = max_num_logprobs != NO_LOGPROBS and self.logprobs_mode.startswith("raw")
         raw = logits
         logits = logits.to(torch.float32, copy=want_raw)
+        if edits:
+            assert seq_lens_np is not None and all_token_ids is not None
+            self.apply_logits_edits(logits, idx_mapping_np, seq_lens_np, all_token_ids)
         sampled, processed = self.sample(logits, idx_mapping, idx_mapping_np, pos)
 
         logprobs_tensors = None
@@ -72,6 +95,21 @@ class Sampler:
                 as_logprobs=self.logprobs_mode.endswith("logprobs"))
         return SamplerOutput(sampled_token_ids=sampled.view(-1, 1),
                              logprobs_tensors=logprobs_tensors)
+
+    def _any_edits(self, idx_mapping_np: np.ndarray, seq_lens_np: np.ndarray) -> bool:
+        return (self.logit_bias_state.any_active(idx_mapping_np, seq_lens_np)
+                or self.bad_words_state.any_active(idx_mapping_np)
+                or self.penalties_state.any_active(idx_mapping_np))
+
+    def apply_logits_edits(self, logits: torch.Tensor, idx_mapping_np: np.ndarray,
+                           seq_lens_np: np.ndarray, all_token_ids: torch.Tensor) -> None:
+        """Step 2, in place, in upstream's order."""
+        self.logit_bias_state.apply_allowed_token_ids(logits, idx_mapping_np)
+        self.bad_words_state.apply_bad_words(logits, idx_mapping_np, seq_lens_np,
+                                             all_token_ids)
+        self.logit_bias_state.apply_min_tokens_and_bias(logits, idx_mapping_np, seq_lens_np)
+        self.penalties_state.apply_penalties(logits, idx_mapping_np, seq_lens_np,
+                                             all_token_ids)
 
     def sample(self, logits: torch.Tensor, idx_mapping: torch.Tensor,
                idx_mapping_np: np.ndarray, pos: torch.Tensor

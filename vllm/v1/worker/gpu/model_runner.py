@@ -13,7 +13,8 @@ Same class name and worker-facing surface as the V1 runner
 - sampling is Gumbel-max keyed by (seed, position), see sample/gumbel.py.
 
 Step order (`execute_model`), as upstream: finished and preempted requests
-leave (`finish_requests`), `free_states`, new and resumed requests get rows
+leave (`finish_requests`; upstream's `free_states` frees encoder-cache entries,
+which this build does not have), new and resumed requests get rows
 (`add_requests`), cached ones take the scheduler's counts and new blocks
 (`update_requests`), staged writes are applied, the batch is gathered and its
 inputs prepared, attention metadata is built, the model runs and the logits of
@@ -153,9 +154,6 @@ class GPUModelRunner:
             self.req_states.remove_request(req_id)
             self.prompt_logprobs_worker.remove_request(req_id)
 
-    def free_states(self, scheduler_output: "SchedulerOutput") -> None:
-        """Per-request caches beyond the rows (encoder outputs) are not built."""
-
     def add_requests(self, scheduler_output: "SchedulerOutput") -> None:
         block_tables = self._block_tables()
         for new_req in scheduler_output.scheduled_new_reqs:
@@ -285,20 +283,16 @@ class GPUModelRunner:
     # ---- one step --------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, scheduler_output: "SchedulerOutput",
-                      intermediate_tensors: Any = None,
-                      dummy_run: bool = False) -> ModelRunnerOutput | None:
+                      intermediate_tensors: Any = None) -> ModelRunnerOutput | None:
         """Update the request rows and run the forward pass; returns None and
         leaves the logits for `sample_tokens` (EMPTY_MODEL_RUNNER_OUTPUT when
-        nothing is scheduled). `dummy_run` runs a batch of fresh fake requests
-        without touching any request state (warm-up, profiling)."""
+        nothing is scheduled). Dummy batches (warm-up, profiling) go through
+        `_dummy_run`, which touches no request state."""
         if intermediate_tensors is not None:
             raise NotImplementedError("Pipeline parallelism is not built.")
         if self.execute_model_state is not None:
             raise RuntimeError("execute_model() called twice without sample_tokens().")
-        if dummy_run:
-            raise ValueError("Use _dummy_run() for dummy batches.")
         self.finish_requests(scheduler_output)
-        self.free_states(scheduler_output)
         self.add_requests(scheduler_output)
         self.update_requests(scheduler_output)
         self.apply_staged_writes()

@@ -184,3 +184,21 @@ def test_greedy_sampling_sees_the_edits(vllm_config):
                                                                _STATES[req_id]).argmax()
     allowed_row = batch.req_id_to_index["allowed"]
     assert out.sampled_token_ids[allowed_row, 0] in (3, 30, 31, 400)
+
+
+def test_penalty_token_padding_ignores_placeholders_and_foreign_ids():
+    from vllm.v1.sample.ops.penalties import apply_all_penalties, make_padded_token_tensor
+
+    padded = make_padded_token_tensor([[3, -1, 3], [], [V + 7, 2]], pad=V, device=CPU)
+    assert padded.tolist() == [[3, V, 3], [V, V, V], [V, 2, V]]
+    logits = torch.full((3, V), 2.0)
+    prompt = torch.full((3, 1), V)  # no prompt tokens
+    out = apply_all_penalties(logits.clone(), prompt, torch.tensor([0.5, 0.5, 0.5]),
+                              torch.tensor([1.0, 1.0, 1.0]), torch.tensor([2.0, 2.0, 2.0]),
+                              [[3, -1, 3], [], [V + 7, 2]])
+    # Row 0: token 3 twice -> 2 / 2 - 1 * 2 - 0.5; row 1 untouched; row 2: token 2 once.
+    assert out[0, 3].item() == pytest.approx(1.0 - 2.0 - 0.5)
+    assert out[2, 2].item() == pytest.approx(1.0 - 1.0 - 0.5)
+    untouched = torch.ones(3, V, dtype=torch.bool)
+    untouched[0, 3] = untouched[2, 2] = False
+    assert torch.equal(out[untouched], logits[untouched])

@@ -77,7 +77,8 @@ class ParentRequest:
             outputs = [] if already_returned else [completion_output]
         else:
             self.output_aggregator[completion_output.index] = completion_output
-            outputs = [] if self.child_requests else list(self.output_aggregator)  # type: ignore[arg-type]
+            done = not self.child_requests
+            outputs = list(self.output_aggregator) if done else []  # type: ignore[arg-type]
         return outputs, not self.child_requests
 
     def observe_num_generation_tokens(self, num_generation_tokens: int) -> int:

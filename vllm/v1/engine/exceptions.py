@@ -16,3 +16,12 @@ class EngineDeadError(Exception):
         # Make stack trace clearer when using with LLMEngine by
         # silencing irrelevant ZMQError.
         self.__suppress_context__ = suppress_context
+
+
+class QueueOverflowError(Exception):
+    """The engine's queue is full: the request was not admitted (HTTP 503 with
+    Retry-After, so that clients back off instead of the queue growing)."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

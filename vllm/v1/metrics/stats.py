@@ -1,6 +1,8 @@
 """Statistics the engine core reports alongside its outputs."""
 
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -61,3 +63,117 @@ class SchedulerStats:
     kv_cache_usage: float = 0.0
 
     prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+
+
+# ----------------------------------------------------------------------
+# Front-end (per-iteration) statistics, built by the output loop of the
+# front end from engine-core outputs (upstream: same module).
+# ----------------------------------------------------------------------
+
+
+@dataclass
+class RequestStateStats:
+    """Timing of one request, kept by the front end while it runs.
+
+    `arrival_time` is wall-clock (front end); the `*_ts` are engine-core
+    monotonic timestamps, comparable across processes on one host.
+    """
+
+    num_generation_tokens: int = 0
+    arrival_time: float = 0.0
+    queued_ts: float = 0.0
+    scheduled_ts: float = 0.0
+    first_token_ts: float = 0.0
+    last_token_ts: float = 0.0
+    # Seconds from arrival to the first token (wall-clock).
+    first_token_latency: float = 0.0
+
+
+@dataclass
+class FinishedRequestStats:
+    """Stats of one finished request."""
+
+    finish_reason: Any
+    e2e_latency: float = 0.0
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    max_tokens_param: int | None = None
+    queued_time: float = 0.0
+    prefill_time: float = 0.0
+    inference_time: float = 0.0
+    decode_time: float = 0.0
+    mean_time_per_output_token: float = 0.0
+    num_cached_tokens: int = 0
+
+
+class IterationStats:
+    """Stats of one batch of engine-core outputs."""
+
+    def __init__(self) -> None:
+        self.iteration_timestamp = time.time()
+        self.num_generation_tokens = 0
+        self.num_prompt_tokens = 0
+        self.num_preempted_reqs = 0
+        self.finished_requests: list[FinishedRequestStats] = []
+        self.time_to_first_tokens_iter: list[float] = []
+        self.inter_token_latencies_iter: list[float] = []
+
+    def _time_since(self, start: float) -> float:
+        """Seconds from `start` (wall-clock) to this iteration."""
+        return self.iteration_timestamp - start
+
+    def update_from_output(self, output: Any, engine_core_timestamp: float,
+                           is_prefilling: bool, prompt_len: int,
+                           req_stats: RequestStateStats) -> None:
+        """Count one `EngineCoreOutput` of a live request."""
+        num_new_generation_tokens = len(output.new_token_ids)
+        self.num_generation_tokens += num_new_generation_tokens
+        if is_prefilling:
+            self.num_prompt_tokens += prompt_len
+            first_token_latency = self._time_since(req_stats.arrival_time)
+            self.time_to_first_tokens_iter.append(first_token_latency)
+            req_stats.first_token_latency = first_token_latency
+        req_stats.num_generation_tokens += num_new_generation_tokens
+        if output.events is not None:
+            self.update_from_events(output.events, req_stats)
+        if is_prefilling:
+            req_stats.first_token_ts = engine_core_timestamp
+        else:
+            self.inter_token_latencies_iter.append(engine_core_timestamp
+                                                   - req_stats.last_token_ts)
+        req_stats.last_token_ts = engine_core_timestamp
+
+    def update_from_events(self, events: list[Any], req_stats: RequestStateStats) -> None:
+        from vllm.v1.engine import EngineCoreEventType
+
+        for event in events:
+            if event.type == EngineCoreEventType.QUEUED:
+                req_stats.queued_ts = event.timestamp
+            elif event.type == EngineCoreEventType.SCHEDULED:
+                if req_stats.scheduled_ts == 0.0:  # ignore preemptions
+                    req_stats.scheduled_ts = event.timestamp
+            elif event.type == EngineCoreEventType.PREEMPTED:
+                self.num_preempted_reqs += 1
+
+    def update_from_finished_request(self, finish_reason: Any, num_prompt_tokens: int,
+                                     max_tokens_param: int | None,
+                                     req_stats: RequestStateStats,
+                                     num_cached_tokens: int = 0) -> None:
+        e2e_latency = self._time_since(req_stats.arrival_time)
+        # Queued: first QUEUED -> first SCHEDULED; prefill: first SCHEDULED ->
+        # first token; decode: first -> last token; inference: prefill + decode.
+        queued_time = max(req_stats.scheduled_ts - req_stats.queued_ts, 0.0)
+        prefill_time = max(req_stats.first_token_ts - req_stats.scheduled_ts, 0.0)
+        decode_time = max(req_stats.last_token_ts - req_stats.first_token_ts, 0.0)
+        inference_time = max(req_stats.last_token_ts - req_stats.scheduled_ts, 0.0)
+        num_decode_tokens = req_stats.num_generation_tokens - 1
+        self.finished_requests.append(FinishedRequestStats(
+            finish_reason=finish_reason, e2e_latency=e2e_latency,
+            num_prompt_tokens=num_prompt_tokens,
+            num_generation_tokens=req_stats.num_generation_tokens,
+            max_tokens_param=max_tokens_param, queued_time=queued_time,
+            prefill_time=prefill_time, inference_time=inference_time,
+            decode_time=decode_time,
+            mean_time_per_output_token=(decode_time / num_decode_tokens
+                                        if num_decode_tokens > 0 else 0.0),
+            num_cached_tokens=num_cached_tokens))

@@ -1,0 +1,80 @@
+"""What the API server needs from an engine (upstream: vllm/engine/protocol.py).
+
+`AsyncLLM` implements it; the OpenAI serving classes only talk to this.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm.config import ModelConfig, VllmConfig
+    from vllm.inputs import PromptType
+    from vllm.outputs import RequestOutput
+    from vllm.sampling_params import SamplingParams
+
+
+class EngineClient(ABC):
+    """Protocol class for clients of the engine."""
+
+    vllm_config: "VllmConfig"
+    model_config: "ModelConfig"
+
+    @property
+    @abstractmethod
+    def is_running(self) -> bool:
+        """The engine accepts and runs requests."""
+
+    @property
+    @abstractmethod
+    def is_stopped(self) -> bool:
+        """The engine was shut down or failed."""
+
+    @property
+    @abstractmethod
+    def errored(self) -> bool:
+        """The engine hit an unrecoverable error (see `dead_error`)."""
+
+    @property
+    @abstractmethod
+    def dead_error(self) -> BaseException:
+        """The exception every request gets once the engine errored."""
+
+    @abstractmethod
+    def generate(self, prompt: "PromptType", sampling_params: "SamplingParams",
+                 request_id: str, *, prompt_text: str | None = None,
+                 lora_request: Any = None,
+                 tokenization_kwargs: dict[str, Any] | None = None,
+                 trace_headers: Mapping[str, str] | None = None, priority: int = 0,
+                 data_parallel_rank: int | None = None,
+                 ) -> AsyncGenerator["RequestOutput", None]:
+        """Generate outputs for one request; cancelling the generator aborts it."""
+
+    @abstractmethod
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """Abort request(s) by the id given to `generate`."""
+
+    @abstractmethod
+    async def get_tokenizer(self) -> Any:
+        """The tokenizer of the served model."""
+
+    @abstractmethod
+    async def is_tracing_enabled(self) -> bool:
+        ...
+
+    @abstractmethod
+    async def do_log_stats(self) -> None:
+        """Emit the periodic stats log line."""
+
+    @abstractmethod
+    async def check_health(self) -> None:
+        """Raise if the engine is unhealthy."""
+
+    @abstractmethod
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Drop the prefix cache."""
+
+    @abstractmethod
+    async def get_supported_tasks(self) -> tuple[str, ...]:
+        """Tasks of the served model ("generate", ...)."""

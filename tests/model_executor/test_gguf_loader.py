@@ -36,3 +36,53 @@ def test_reverse_llama_qk_permute_inverts_llama_cpp_permute():
     # llama.cpp's convert script: rows of each head reordered as (2, d/2) -> (d/2, 2).
     permuted = w.reshape(n_head, 2, head_dim // 2, cols).transpose(1, 2).reshape(w.shape)
     torch.testing.assert_close(_reverse_llama_qk_permute(permuted, n_head), w)
+
+
+def _write_gguf(path, arch: str, state: dict[str, torch.Tensor], hf_config, permute_qk: bool):
+    """A float32 .gguf of an HF state dict, named and (for llama) permuted the way
+    llama.cpp's converter does it."""
+    import gguf
+
+    arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    name_map = gguf.get_tensor_name_map(arch_enum, hf_config.num_hidden_layers)
+    writer = gguf.GGUFWriter(str(path), arch)
+    for name, tensor in state.items():
+        module, _, suffix = name.rpartition(".")
+        w = tensor.float()
+        if permute_qk and (".q_proj." in name or ".k_proj." in name):
+            heads = (hf_config.num_attention_heads if ".q_proj." in name
+                     else hf_config.num_key_value_heads)
+            w = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2)
+            w = w.reshape(tensor.shape)
+        writer.add_tensor(f"{name_map.get_name(module)}.{suffix}", w.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("kind,arch", [("llama", "llama"), ("qwen2", "qwen2"),
+                                       ("qwen3", "qwen3")])
+def test_gguf_names_and_llama_permutation_roundtrip(tiny_model_dir, tmp_path, kind, arch):
+    """An HF checkpoint rewritten as GGUF loads into the same model."""
+    from safetensors.torch import load_file
+
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+
+    model_dir = tiny_model_dir(kind)
+    state = load_file(os.path.join(model_dir, "model.safetensors"))
+    gguf_path = tmp_path / "model.gguf"
+    config = EngineArgs(model=model_dir, dtype="float32", device="cpu").create_engine_config()
+    _write_gguf(gguf_path, arch, state, config.model_config.hf_config, permute_qk=arch == "llama")
+
+    ref = initialize_model(config)
+    ref.load_weights(safetensors_weights_iterator([os.path.join(model_dir,
+                                                                "model.safetensors")]))
+    config2 = EngineArgs(model=model_dir, dtype="float32", device="cpu").create_engine_config()
+    config2.model_config.gguf_file = str(gguf_path)
+    model = initialize_model(config2)
+    GGUFModelLoader(config2.load_config).load_weights(model, config2.model_config)
+    ref_params = dict(ref.named_parameters())
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param, ref_params[name], atol=0, rtol=0, msg=name)

@@ -1,6 +1,7 @@
 """Greedy parity with transformers' own `generate` on tiny random models,
-through the whole engine (scheduler, paged KV cache, V1 model runner), with
-prefix caching on and off, forced chunked prefill, and forced preemption."""
+through the whole engine (scheduler, paged KV cache, model runner), under
+both model runners (V2 with async scheduling on and off), with prefix caching
+on and off, forced chunked prefill, and forced preemption."""
 from __future__ import annotations
 
 import random
@@ -60,17 +61,58 @@ def _spy_preemptions(llm: LLM) -> list[str]:
     return preempted
 
 
+def _spy_batches_in_flight(llm: LLM) -> list[int]:
+    """Record the batch queue's length after each engine-core step."""
+    core = llm.llm_engine.engine_core.engine_core
+    lengths: list[int] = []
+    real = core.step_fn
+
+    def spy():
+        result = real()
+        lengths.append(len(core.batch_queue or ()))
+        return result
+
+    core.step_fn = spy
+    return lengths
+
+
+# (runner env value, async scheduling): V1 has no async mode in this version.
+RUNNERS = {"v1": ("0", False), "v2": ("1", False), "v2-async": ("1", True)}
+
+
+@pytest.mark.parametrize("runner", list(RUNNERS))
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("kind", TINY_KINDS)
-def test_greedy_matches_transformers(tiny_model_dir, monkeypatch, kind, mode):
+def test_greedy_matches_transformers(tiny_model_dir, monkeypatch, kind, mode, runner):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # reach the scheduler
+    env_value, async_scheduling = RUNNERS[runner]
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", env_value)
     model_dir = tiny_model_dir(kind)
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0, **MODES[mode])
+    llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0,
+              async_scheduling=async_scheduling, **MODES[mode])
+    config = llm.llm_engine.vllm_config
+    assert config.use_v2_model_runner is (env_value == "1")
+    assert config.max_concurrent_batches == (2 if async_scheduling else 1)
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     preempted = _spy_preemptions(llm)
+    in_flight = _spy_batches_in_flight(llm)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in _prompts()]
     outs = llm.generate(prompts, sp, use_tqdm=False)
     got = [list(o.outputs[0].token_ids) for o in outs]
     assert got == _expected(model_dir, kind)
     if mode == "preempt":
         assert preempted, "the small KV cache was meant to force preemption"
+    # The batch queue exists only with async scheduling, and never overfills.
+    # (tests/v1/engine/test_batch_queue.py shows two steps really in flight.)
+    assert max(in_flight) <= (2 if async_scheduling else 0)
+
+
+@pytest.mark.parametrize("kind", ["llama"])
+def test_async_scheduling_is_the_default_under_v2(tiny_model_dir, monkeypatch, kind):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    llm = LLM(model=tiny_model_dir(kind), dtype="float32", max_model_len=128)
+    config = llm.llm_engine.vllm_config
+    assert config.use_v2_model_runner  # a dense model
+    assert config.scheduler_config.async_scheduling
+    assert config.max_concurrent_batches == 2

@@ -116,12 +116,32 @@ class VllmConfig:
         return True
 
     # ---- async scheduling and batches in flight ------------------------------------------
+    def _async_scheduling_unsupported_reason(self) -> str | None:
+        """Why async scheduling cannot run here, or None when it can."""
+        if self.model_config is None:
+            return "no model"
+        backend = self.parallel_config.distributed_executor_backend
+        if isinstance(backend, type):
+            if not backend.supports_async_scheduling():
+                return f"executor {backend.__name__} does not support it"
+        elif backend != "uni":
+            return "the multiprocess and Ray executors do not support it yet"
+        if not self.use_v2_model_runner:
+            # Upstream's V1 runner can run ahead too; ours does not yet.
+            return "Model Runner V1 does not support it in this version"
+        return None
+
     def _resolve_async_scheduling(self) -> None:
+        """None -> on where supported; an explicit True that cannot work raises."""
         sc = self.scheduler_config
+        reason = self._async_scheduling_unsupported_reason()
         if sc.async_scheduling is None:
-            # On by default where the engine supports it; the batch queue that
-            # overlaps scheduling with execution is not built yet.
-            sc.async_scheduling = False
+            sc.async_scheduling = reason is None
+        elif sc.async_scheduling and reason is not None:
+            raise ValueError(f"Async scheduling was requested but {reason}.")
+        if self.model_config is not None:
+            logger.info_once("Async scheduling: %s",
+                             "on" if sc.async_scheduling else f"off ({reason})")
 
     @property
     def max_concurrent_batches(self) -> int:

@@ -3,6 +3,10 @@
     step():  schedule() -> executor.execute_model() -> [sample_tokens()]
              -> scheduler.update_from_output() -> EngineCoreOutputs per client
 
+With async scheduling the executor can hold `max_concurrent_batches` steps
+in flight, and `step_with_batch_queue` schedules step N+1 before it waits for
+step N's tokens (the AsyncScheduler counts the missing tokens as placeholders).
+
 At start-up the core sizes the paged KV cache: the executor reports each
 layer's KV spec and the memory it can give the cache, `get_kv_cache_configs`
 turns that into a block count and tensor layout, and the workers allocate it.
@@ -13,7 +17,9 @@ class in its own process, a busy loop fed over ZMQ.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +32,9 @@ from vllm.v1.core.kv_cache_utils import (generate_scheduler_kv_cache_config,
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
 from vllm.v1.request import Request, RequestStatus
 
+from vllm.v1.core.sched.output import SchedulerOutput
+
 if TYPE_CHECKING:
-    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.executor.abstract import Executor
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.outputs import ModelRunnerOutput
@@ -76,6 +83,14 @@ class EngineCore:
             init_none_hash(hash_fn)
             self.request_block_hasher = get_request_block_hasher(cache_config.block_size,
                                                                  hash_fn)
+
+        # 4. Steps in flight: more than one only with async scheduling.
+        self.batch_queue_size = self.model_executor.max_concurrent_batches
+        self.batch_queue: deque[tuple[Future, SchedulerOutput]] | None = None
+        if self.batch_queue_size > 1:
+            logger.info("Batch queue is enabled with size %d", self.batch_queue_size)
+            self.batch_queue = deque(maxlen=self.batch_queue_size)
+        self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue
 
     def _initialize_kv_caches(self, vllm_config: VllmConfig) -> tuple[int, "KVCacheConfig"]:
         """Plan the KV cache from the workers' specs and free memory; allocate it.
@@ -135,6 +150,38 @@ class EngineCore:
                 model_output = self.model_executor.sample_tokens(None)
         engine_core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
         return engine_core_outputs, scheduler_output.total_num_scheduled_tokens > 0
+
+    def step_with_batch_queue(self) -> tuple[dict[int, EngineCoreOutputs] | None, bool]:
+        """Schedule and launch a step without waiting for the ones in flight.
+
+        Each call schedules a new step when there is work and the queue has
+        room, and returns (None, True) while the oldest step is still running
+        and the queue is not full; otherwise it waits for the oldest step and
+        returns its outputs. Returns (outputs or None, whether a step ran).
+        """
+        batch_queue = self.batch_queue
+        assert batch_queue is not None
+        model_executed = False
+        if self.scheduler.has_requests() and len(batch_queue) < self.batch_queue_size:
+            scheduler_output = self.scheduler.schedule()
+            future = self.model_executor.execute_model(scheduler_output, non_block=True)
+            model_executed = scheduler_output.total_num_scheduled_tokens > 0
+            if model_executed:
+                # Queued behind the forward pass on the worker: the step's tokens.
+                future = self.model_executor.sample_tokens(None, non_block=True)
+            batch_queue.appendleft((future, scheduler_output))
+            if (model_executed and len(batch_queue) < self.batch_queue_size
+                    and not batch_queue[-1][0].done()):
+                # Room for another step and the oldest is still running: go
+                # schedule the next one instead of waiting.
+                return None, True
+        elif not batch_queue:
+            return None, False
+        future, scheduler_output = batch_queue.pop()
+        model_output = self.execute_model_with_error_logging(lambda _: future.result(),
+                                                             scheduler_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        return outputs, model_executed
 
     def execute_model_with_error_logging(
             self, model_fn: Callable[["SchedulerOutput"], "ModelRunnerOutput"],

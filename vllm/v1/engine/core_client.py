@@ -89,8 +89,8 @@ class InprocClient(EngineCoreClient):
         self.engine_core = EngineCore(vllm_config, executor_class, log_stats)
 
     def get_output(self) -> EngineCoreOutputs:
-        outputs, _ = self.engine_core.step()
-        return outputs.get(0) or EngineCoreOutputs()
+        outputs, _ = self.engine_core.step_fn()
+        return (outputs and outputs.get(0)) or EngineCoreOutputs()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         req, request_wave = self.engine_core.preprocess_add_request(request)

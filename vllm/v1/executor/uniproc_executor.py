@@ -3,7 +3,7 @@ vllm/v1/executor/uniproc_executor.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.executor.abstract import Executor
@@ -16,11 +16,21 @@ if TYPE_CHECKING:
 
 
 class UniProcExecutor(Executor):
-    """Calls the single worker directly. A non-blocking call runs to completion
-    before returning and hands back an already-completed Future (with the
-    exception set if the call raised), so callers can treat every executor alike."""
+    """Calls the single worker directly.
+
+    Without async scheduling a non-blocking call runs to completion before
+    returning and hands back an already-completed Future (with the exception
+    set if the call raised). With async scheduling every call goes, in order,
+    through one worker thread, so a non-blocking `execute_model` returns at
+    once and the engine core schedules step N+1 while step N computes (torch
+    releases the GIL inside its kernels).
+    """
 
     def _init_executor(self) -> None:
+        self._async = bool(self.vllm_config.scheduler_config.async_scheduling)
+        # One thread: calls run in submission order, as they would on a remote worker.
+        self._thread = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-worker")
+                        if self._async else None)
         self.driver_worker = WorkerWrapperBase(vllm_config=self.vllm_config, rpc_rank=0)
         self.driver_worker.init_worker(all_kwargs=[dict(
             vllm_config=self.vllm_config, local_rank=0, rank=0,
@@ -34,10 +44,15 @@ class UniProcExecutor(Executor):
         """As `Executor.collective_rpc`; with `single_value` the worker's result
         is returned as is instead of in a one-element list."""
         kwargs = kwargs or {}
+        if self._thread is not None:
+            future = self._thread.submit(self._call, method, args, kwargs)
+            if not single_value:
+                future = _map_future(future, lambda r: [r])
+            return future if non_block else future.result()
         if not non_block:
             result = self._call(method, args, kwargs)
             return result if single_value else [result]
-        future: Future[Any] = Future()
+        future = Future()
         try:
             result = self._call(method, args, kwargs)
         except Exception as e:
@@ -50,7 +65,8 @@ class UniProcExecutor(Executor):
               kwargs: dict[str, Any]) -> Any:
         result = run_method(self.driver_worker, method, args, kwargs)
         if isinstance(result, AsyncModelRunnerOutput):
-            # One batch in flight at most: nothing to overlap, so wait here.
+            # Resolve on the worker side (the worker thread when async), so the
+            # engine core's future yields a plain ModelRunnerOutput.
             result = result.get_output()
         return result
 
@@ -68,6 +84,30 @@ class UniProcExecutor(Executor):
         # The worker lives in this process: it is healthy as long as we run.
         return
 
+    @property
+    def max_concurrent_batches(self) -> int:
+        return 2 if self._async else 1
+
+    @classmethod
+    def supports_async_scheduling(cls) -> bool:
+        return True
+
     def shutdown(self) -> None:
+        if (thread := getattr(self, "_thread", None)) is not None:
+            thread.shutdown(wait=True)
         if (worker := getattr(self, "driver_worker", None)) is not None:
             worker.shutdown()
+
+
+def _map_future(future: "Future[Any]", fn: Callable[[Any], Any]) -> "Future[Any]":
+    """A future resolving to fn(result of `future`), or to its exception."""
+    mapped: Future[Any] = Future()
+
+    def done(f: "Future[Any]") -> None:
+        if (e := f.exception()) is not None:
+            mapped.set_exception(e)
+        else:
+            mapped.set_result(fn(f.result()))
+
+    future.add_done_callback(done)
+    return mapped

@@ -53,6 +53,8 @@ def make_v2_runner(model_dir: str, **overrides):
     """A V2 GPUModelRunner on CPU with its model loaded and KV cache bound."""
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
+    # The scripted scheduler reads each step's output at once (no async output).
+    overrides.setdefault("async_scheduling", False)
     runner = GPUModelRunner(make_vllm_config(model_dir, **overrides), torch.device("cpu"))
     runner.load_model()
     runner.initialize_kv_cache(make_kv_cache_config(runner.get_kv_cache_spec()))

@@ -1,0 +1,102 @@
+"""Tiny random checkpoints of the model-zoo architectures, built with
+transformers (float32, no hub), and the engine-side probes the zoo tests use."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tests.utils import TINY_SHAPES, TINY_VOCAB, make_tiny_tokenizer
+
+_IDS = dict(vocab_size=TINY_VOCAB, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+_LLAMA_LIKE = dict(TINY_SHAPES, **_IDS)
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """One architecture: how to build its HF config, and the runner the seed
+    rule assigns it ("v1" or "v2")."""
+
+    config_cls: str
+    model_cls: str
+    kwargs: dict[str, Any]
+    runner: str
+    # Extra perturbation of the random init (e.g. router weights), applied in place.
+    perturb: Callable[[torch.nn.Module], None] | None = field(default=None)
+
+
+def _moe_kwargs(**extra: Any) -> dict[str, Any]:
+    return dict(_LLAMA_LIKE, tie_word_embeddings=False, **extra)
+
+
+ZOO: dict[str, ZooModel] = {
+    "opt": ZooModel("OPTConfig", "OPTForCausalLM", dict(
+        _IDS, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=512, word_embed_proj_dim=64), "v2"),
+    "opt-proj": ZooModel("OPTConfig", "OPTForCausalLM", dict(
+        _IDS, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=512, word_embed_proj_dim=32, do_layer_norm_before=False),
+        "v2"),
+    "gpt2": ZooModel("GPT2Config", "GPT2LMHeadModel", dict(
+        _IDS, n_embd=64, n_layer=2, n_head=4, n_positions=512), "v2"),
+    "phi3": ZooModel("Phi3Config", "Phi3ForCausalLM", dict(
+        _LLAMA_LIKE, partial_rotary_factor=0.5, tie_word_embeddings=False), "v2"),
+    "gemma2": ZooModel("Gemma2Config", "Gemma2ForCausalLM", dict(
+        _LLAMA_LIKE, head_dim=16, query_pre_attn_scalar=16, sliding_window=12,
+        attn_logit_softcapping=5.0, final_logit_softcapping=3.0), "v2"),
+}
+# Not in the parity sweep: every layer sliding, for the block-freeing test.
+ZOO_EXTRA: dict[str, ZooModel] = {
+    "gemma2-sliding": ZooModel("Gemma2Config", "Gemma2ForCausalLM", dict(
+        ZOO["gemma2"].kwargs, layer_types=["sliding_attention"] * 2), "v2"),
+}
+
+
+def build_zoo_model(kind: str, out_dir: str, seed: int = 0) -> str:
+    """Save a tiny random `kind` checkpoint (float32) plus a tokenizer."""
+    import transformers as tf
+
+    spec = ZOO[kind] if kind in ZOO else ZOO_EXTRA[kind]
+    config = getattr(tf, spec.config_cls)(**spec.kwargs)
+    torch.manual_seed(seed)
+    model = getattr(tf, spec.model_cls)(config).eval().to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln" in name:  # ones/zeros at init: make norm bugs show
+                p.add_(torch.randn_like(p) * 0.1)
+        if spec.perturb is not None:
+            spec.perturb(model)
+    model.config.dtype = torch.float32
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    make_tiny_tokenizer(out_dir)
+    return out_dir
+
+
+def runner_of(llm: Any) -> str:
+    """"v1" or "v2": read from the model runner the running engine's worker built
+    (needs VLLM_ENABLE_V1_MULTIPROCESSING=0, so the worker is in this process)."""
+    executor = llm.llm_engine.engine_core.engine_core.model_executor
+    module = type(executor.driver_worker.worker.model_runner).__module__
+    if module == "vllm.v1.worker.gpu.model_runner":
+        return "v2"
+    if module == "vllm.v1.worker.gpu_model_runner":
+        return "v1"
+    raise AssertionError(f"unknown model runner module {module}")
+
+
+def spy_preemptions(llm: Any) -> list[str]:
+    """Record the ids the in-process scheduler preempts (behaviour unchanged)."""
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    preempted: list[str] = []
+    real = scheduler._preempt_request
+
+    def spy(request, *args, **kwargs):
+        preempted.append(request.request_id)
+        return real(request, *args, **kwargs)
+
+    scheduler._preempt_request = spy
+    return preempted

@@ -2,9 +2,10 @@
 
 Every layer stores its weight as [output_size_per_partition, input_size_per_partition]
 and gives each parameter a `weight_loader(param, loaded_weight, loaded_shard_id=None)`
-that copies this rank's slice of a checkpoint tensor. Only tensor-parallel size 1
-is built: the partition arithmetic is written for any size, but no collective
-(all-gather / all-reduce) exists yet, so the layers refuse tp_size > 1.
+that copies this rank's slice of a checkpoint tensor. The tensor-parallel size
+and rank come from `vllm.distributed` (one rank when no group is set up):
+column-parallel layers split the output features, row-parallel ones the input
+features and sum the partial products with an all-reduce.
 
 `forward` returns `(output, output_bias)`, as upstream: `output_bias` is the bias
 when `skip_bias_add=True` (the caller fuses it later), else None.
@@ -17,19 +18,17 @@ import torch
 from torch import nn
 from torch.nn.parameter import Parameter
 
+from vllm.distributed import (divide, get_tensor_model_parallel_rank,
+                              get_tensor_model_parallel_world_size,
+                              tensor_model_parallel_all_gather,
+                              tensor_model_parallel_all_reduce)
 from vllm.model_executor.layers.utils import pack_weight_for_cpu, unquantized_gemm
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 
 def _tp_size_and_rank() -> tuple[int, int]:
-    """Tensor-parallel world size and rank of this process (TP=1 only for now)."""
-    from vllm.config import get_current_vllm_config
-
-    tp_size = get_current_vllm_config().parallel_config.tensor_parallel_size
-    if tp_size != 1:
-        raise NotImplementedError(
-            f"tensor_parallel_size={tp_size}: tensor-parallel collectives are not built yet.")
-    return 1, 0
+    """Tensor-parallel world size and rank of this process."""
+    return get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
 
 
 def set_weight_attrs(weight: torch.Tensor, weight_attrs: dict[str, Any] | None) -> None:
@@ -122,9 +121,17 @@ class ColumnParallelLinear(LinearBase):
                          prefix)
         self.gather_output = gather_output
         self.output_sizes = output_sizes or [output_size]
-        self.output_size_per_partition = output_size // self.tp_size
+        self.output_size_per_partition = divide(output_size, self.tp_size)
         self._create_weights(self.output_size_per_partition, input_size, bias,
                              {"output_dim": 0, "input_dim": 1})
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Parameter | None]:
+        """x [..., input_size] -> ([..., output_size_per_partition], bias or None);
+        the full [..., output_size] on every rank when `gather_output`."""
+        output, output_bias = super().forward(x)
+        if self.gather_output and self.tp_size > 1:
+            output = tensor_model_parallel_all_gather(output, dim=-1)
+        return output, output_bias
 
     def weight_loader(self, param: Parameter, loaded_weight: torch.Tensor,
                       loaded_shard_id: Any = None) -> None:
@@ -182,7 +189,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.head_size = head_size
         self.total_num_heads = total_num_heads
         self.total_num_kv_heads = total_num_kv_heads or total_num_heads
-        self.num_heads = total_num_heads // tp_size
+        self.num_heads = divide(total_num_heads, tp_size)
         if tp_size >= self.total_num_kv_heads:
             self.num_kv_heads = 1
             self.num_kv_head_replicas = tp_size // self.total_num_kv_heads
@@ -223,7 +230,7 @@ class RowParallelLinear(LinearBase):
                          prefix)
         self.input_is_parallel = input_is_parallel
         self.reduce_results = reduce_results
-        self.input_size_per_partition = input_size // self.tp_size
+        self.input_size_per_partition = divide(input_size, self.tp_size)
         self._create_weights(output_size, self.input_size_per_partition, bias,
                              {"output_dim": 0, "input_dim": 1})
         if self.bias is not None:
@@ -235,3 +242,22 @@ class RowParallelLinear(LinearBase):
             shard = param.data.shape[1]
             loaded_weight = loaded_weight.narrow(1, self.tp_rank * shard, shard)
         default_weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Parameter | None]:
+        """x [..., input_size_per_partition] (or the full [..., input_size] when
+        not `input_is_parallel`) -> ([..., output_size], bias or None)."""
+        if self.tp_size == 1:
+            return super().forward(x)
+        if not self.input_is_parallel:
+            x = x.narrow(-1, self.tp_rank * self.input_size_per_partition,
+                         self.input_size_per_partition)
+        output = unquantized_gemm(x, self.weight, None, self._packed_weight)
+        if self.reduce_results:
+            output = tensor_model_parallel_all_reduce(output)
+        if self.skip_bias_add:
+            return output, self.bias
+        # The bias is counted once: after the sum, or (when the caller sums
+        # later) on rank 0 only.
+        if self.bias is not None and (self.reduce_results or self.tp_rank == 0):
+            output = output + self.bias
+        return output, None

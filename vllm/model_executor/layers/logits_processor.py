@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
 from vllm.model_executor.layers.utils import unquantized_gemm
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
@@ -27,6 +28,8 @@ class LogitsProcessor(nn.Module):
         logits [T, org_vocab_size] in the model dtype."""
         if self.logits_as_input:
             logits = hidden_states
+        elif get_tensor_model_parallel_world_size() > 1:
+            logits = self._get_logits_tp(lm_head, hidden_states, embedding_bias)
         else:
             # Only the real vocabulary rows: the padding rows would be sliced off anyway,
             # and a row slice of the [vocab, hidden] weight is a free view.
@@ -41,6 +44,16 @@ class LogitsProcessor(nn.Module):
         if self.scale != 1.0:
             logits = logits * self.scale
         return logits
+
+    def _get_logits_tp(self, lm_head: VocabParallelEmbedding, hidden_states: torch.Tensor,
+                       embedding_bias: torch.Tensor | None) -> torch.Tensor:
+        """Each rank's [T, vocab_padded / tp] slice, gathered in rank order
+        along the vocabulary, then the padding columns dropped."""
+        bias = embedding_bias if embedding_bias is not None else getattr(lm_head, "bias", None)
+        packed = getattr(lm_head, "_packed_weight", None)
+        logits = unquantized_gemm(hidden_states, lm_head.weight, bias, packed)
+        logits = tensor_model_parallel_all_gather(logits, dim=-1)
+        return logits[..., :self.org_vocab_size]
 
     def extra_repr(self) -> str:
         return (f"vocab_size={self.vocab_size}, org_vocab_size={self.org_vocab_size}, "

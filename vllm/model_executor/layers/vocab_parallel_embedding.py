@@ -3,7 +3,10 @@ vllm/model_executor/layers/vocab_parallel_embedding.py).
 
 The vocabulary is padded to a multiple of `padding_size` (64) so that it splits
 evenly across tensor-parallel ranks; padded rows are zero and the logits
-processor drops their columns. Only tensor-parallel size 1 is built.
+processor drops their columns. Rank r holds rows [r * per_rank, (r + 1) *
+per_rank) of the padded table: the embedding looks up the ids in its range and
+the ranks' partial lookups are summed; the LM head's partial logits are
+gathered along the vocabulary.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parameter import Parameter
 
+from vllm.distributed import divide, tensor_model_parallel_all_reduce
 from vllm.model_executor.layers.linear import _tp_size_and_rank
 from vllm.model_executor.layers.utils import pack_weight_for_cpu
 from vllm.utils import round_up
@@ -39,7 +43,10 @@ class VocabParallelEmbedding(nn.Module):
         self.embedding_dim = embedding_dim
         self.padding_size = padding_size
         self.num_embeddings_padded = round_up(num_embeddings, padding_size)
-        self.num_embeddings_per_partition = self.num_embeddings_padded // self.tp_size
+        self.num_embeddings_per_partition = divide(self.num_embeddings_padded, self.tp_size)
+        # [vocab_start_index, vocab_end_index): this rank's rows of the padded vocabulary.
+        self.vocab_start_index = self.tp_rank * self.num_embeddings_per_partition
+        self.vocab_end_index = self.vocab_start_index + self.num_embeddings_per_partition
         self.weight = Parameter(
             torch.empty(self.num_embeddings_per_partition, embedding_dim,
                         dtype=params_dtype or torch.get_default_dtype()),
@@ -48,19 +55,28 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.output_dim = 0
 
     def weight_loader(self, param: Parameter, loaded_weight: torch.Tensor) -> None:
-        """Copy the checkpoint's [vocab, dim] rows; zero the padding rows."""
+        """Copy this rank's rows of the checkpoint's [vocab, dim] table; zero
+        the padding rows."""
         if loaded_weight.dim() != 2 or loaded_weight.shape[1] != param.shape[1]:
             raise ValueError(f"Embedding shape mismatch: checkpoint {tuple(loaded_weight.shape)}"
                              f" vs parameter {tuple(param.shape)}.")
         n = loaded_weight.shape[0]
-        if n > param.shape[0]:
-            raise ValueError(f"Checkpoint vocab {n} exceeds the embedding size {param.shape[0]}.")
-        param.data[:n].copy_(loaded_weight)
-        param.data[n:].zero_()
+        if n > self.num_embeddings_padded:
+            raise ValueError(f"Checkpoint vocab {n} exceeds the embedding size "
+                             f"{self.num_embeddings_padded}.")
+        _copy_rows(param, loaded_weight, self.vocab_start_index)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [T] -> embeddings [T, embedding_dim]."""
-        return F.embedding(input_ids, self.weight)
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        # Ids outside this rank's rows look up row 0 and are zeroed; the sum
+        # over ranks then holds each token's one real row.
+        outside = (input_ids < self.vocab_start_index) | (input_ids >= self.vocab_end_index)
+        local_ids = (input_ids - self.vocab_start_index).masked_fill_(outside, 0)
+        embeddings = F.embedding(local_ids, self.weight)
+        embeddings.masked_fill_(outside.unsqueeze(-1), 0)
+        return tensor_model_parallel_all_reduce(embeddings)
 
     def extra_repr(self) -> str:
         return (f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}, "
@@ -88,9 +104,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.register_parameter("bias", None)
 
     def _bias_loader(self, param: Parameter, loaded_weight: torch.Tensor) -> None:
-        n = loaded_weight.shape[0]
-        param.data[:n].copy_(loaded_weight)
-        param.data[n:].zero_()
+        _copy_rows(param, loaded_weight, self.vocab_start_index)
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> "ParallelLMHead":
         """Share the input embedding table (tie_word_embeddings=True)."""
@@ -101,7 +115,10 @@ class ParallelLMHead(VocabParallelEmbedding):
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         """On CPU, pack the real-vocabulary rows for the logits GEMM. A tied
         head keeps the dense table (the embedding reads it) and packs a copy."""
-        packed = pack_weight_for_cpu(self.weight[: self.org_vocab_size])
+        # With TP every rank packs its whole shard: the gathered logits are
+        # trimmed to the real vocabulary afterwards.
+        rows = self.org_vocab_size if self.tp_size == 1 else self.num_embeddings_per_partition
+        packed = pack_weight_for_cpu(self.weight[:rows])
         if packed is None:
             return
         self._packed_weight = packed
@@ -111,3 +128,10 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("LMHead's weights should be used in the sampler.")
+
+
+def _copy_rows(param: Parameter, loaded_weight: torch.Tensor, start: int) -> None:
+    """param[i] = loaded_weight[start + i] where that row exists, else zero."""
+    rows = max(0, min(param.shape[0], loaded_weight.shape[0] - start))
+    param.data[:rows].copy_(loaded_weight[start:start + rows])
+    param.data[rows:].zero_()

@@ -24,8 +24,13 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
 from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
                                                                  VocabParallelEmbedding)
-from vllm.model_executor.models.utils import (AutoWeightsLoader, extract_layer_index,
-                                              load_stacked_weights, make_layers, maybe_prefix)
+from vllm.distributed import get_pp_group
+from vllm.model_executor.models.interfaces import SupportsPP
+from vllm.model_executor.models.utils import (AutoWeightsLoader, PPMissingLayer,
+                                              extract_layer_index, load_stacked_weights,
+                                              make_empty_intermediate_tensors_factory,
+                                              make_layers, maybe_prefix)
+from vllm.sequence import IntermediateTensors
 
 
 def get_layer_sliding_window(config: PretrainedConfig, layer_idx: int) -> int | None:
@@ -155,7 +160,9 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embeddings, the decoder layers and the final norm."""
+    """Embeddings, the decoder layers and the final norm. Under pipeline
+    parallelism a stage builds only its layers; the embedding lives on the
+    first stage and the final norm on the last."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "",
                  layer_type: type[nn.Module] = LlamaDecoderLayer) -> None:
@@ -163,27 +170,45 @@ class LlamaModel(nn.Module):
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.vocab_size = config.vocab_size
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        pp_group = get_pp_group()
+        # A tied LM head reads the embedding table, so the last stage keeps it too.
+        tied = getattr(config, "tie_word_embeddings", False)
+        if pp_group.is_first_rank or (tied and pp_group.is_last_rank):
+            self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        else:
+            self.embed_tokens = PPMissingLayer()
         self.start_layer, self.end_layer, self.layers = make_layers(
             config.num_hidden_layers,
             lambda layer_prefix: layer_type(vllm_config=vllm_config, prefix=layer_prefix),
             prefix=f"{prefix}.layers")
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = (RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+                     if pp_group.is_last_rank else PPMissingLayer())
+        self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
+            ["hidden_states", "residual"], config.hidden_size)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids [T] (or inputs_embeds [T, hidden]), positions [T] -> [T, hidden]."""
-        if intermediate_tensors is not None:
-            raise NotImplementedError("Pipeline parallelism is not built.")
-        hidden_states = inputs_embeds if inputs_embeds is not None else self.embed_tokens(
-            input_ids)
-        residual = None
-        for layer in self.layers:
+                intermediate_tensors: IntermediateTensors | None = None,
+                inputs_embeds: torch.Tensor | None = None
+                ) -> torch.Tensor | IntermediateTensors:
+        """input_ids [T] (or inputs_embeds [T, hidden]; on later pipeline stages
+        the previous stage's tensors), positions [T] -> [T, hidden], or the
+        IntermediateTensors for the next stage."""
+        pp_group = get_pp_group()
+        if pp_group.is_first_rank:
+            hidden_states = (inputs_embeds if inputs_embeds is not None
+                             else self.embed_tokens(input_ids))
+            residual = None
+        else:
+            assert intermediate_tensors is not None, "a later stage needs the previous one's"
+            hidden_states = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+        for layer in self.layers[self.start_layer:self.end_layer]:
             hidden_states, residual = layer(positions, hidden_states, residual)
+        if not pp_group.is_last_rank:
+            return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
         if residual is None:  # no layers
             return self.norm(hidden_states)
         hidden_states, _ = self.norm(hidden_states, residual)
@@ -194,8 +219,9 @@ class LlamaModel(nn.Module):
         return load_stacked_weights(self, weights, LlamaForCausalLM.stacked_params_mapping)
 
 
-class LlamaForCausalLM(nn.Module):
-    """The body plus the LM head; the model contract the runner relies on."""
+class LlamaForCausalLM(nn.Module, SupportsPP):
+    """The body plus the LM head (on the last pipeline stage); the model
+    contract the runner relies on."""
 
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
@@ -217,12 +243,16 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"),
                                 layer_type=layer_type)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
-                                      prefix=maybe_prefix(prefix, "lm_head"))
-        if getattr(config, "tie_word_embeddings", False):
-            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        if get_pp_group().is_last_rank:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
+                                          prefix=maybe_prefix(prefix, "lm_head"))
+            if getattr(config, "tie_word_embeddings", False):
+                self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        else:
+            self.lm_head = PPMissingLayer()
         self.logits_processor = LogitsProcessor(config.vocab_size,
                                                 scale=getattr(config, "logit_scale", 1.0))
+        self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
@@ -232,9 +262,11 @@ class LlamaForCausalLM(nn.Module):
         return self.embed_input_ids(input_ids)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """-> hidden_states [T, hidden] (logits come from `compute_logits`)."""
+                intermediate_tensors: IntermediateTensors | None = None,
+                inputs_embeds: torch.Tensor | None = None
+                ) -> torch.Tensor | IntermediateTensors:
+        """-> hidden_states [T, hidden] (logits come from `compute_logits`), or
+        the IntermediateTensors for the next pipeline stage."""
         return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -26,12 +26,62 @@ def extract_layer_index(layer_name: str) -> int:
     return indices[0]
 
 
+class PPMissingLayer(torch.nn.Identity):
+    """Stands in for a layer another pipeline stage holds: no parameters, and
+    its weights are skipped at load time."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__()
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        """The first argument, unchanged (as nn.Identity)."""
+        return args[0] if args else next(iter(kwargs.values()))
+
+
 def make_layers(num_hidden_layers: int, layer_fn: Callable[[str], nn.Module],
                 prefix: str) -> tuple[int, int, nn.ModuleList]:
-    """(start_layer, end_layer, layers): all layers on this rank (no pipeline
-    parallelism is built, so start is 0 and end is num_hidden_layers)."""
-    layers = nn.ModuleList([layer_fn(f"{prefix}.{i}") for i in range(num_hidden_layers)])
-    return 0, num_hidden_layers, layers
+    """(start_layer, end_layer, layers): layers [start, end) are this pipeline
+    stage's and built; the others are PPMissingLayer placeholders, so layer i
+    keeps its index (and its weight names) on every stage."""
+    from vllm.distributed import get_pp_group, get_pp_indices
+
+    pp_group = get_pp_group()
+    start, end = get_pp_indices(num_hidden_layers, pp_group.rank_in_group,
+                                pp_group.world_size)
+    layers = nn.ModuleList([
+        layer_fn(f"{prefix}.{i}") if start <= i < end else PPMissingLayer()
+        for i in range(num_hidden_layers)])
+    return start, end, layers
+
+
+def is_pp_missing_parameter(name: str, model: nn.Module) -> bool:
+    """Whether parameter `name` belongs to a PPMissingLayer of `model` (another
+    pipeline stage holds it)."""
+    parts = name.split(".")
+    module: nn.Module = model
+    for part in parts[:-1]:
+        if isinstance(module, PPMissingLayer):
+            return True
+        child = module._modules.get(part)
+        if child is None:
+            return False
+        module = child
+    return isinstance(module, PPMissingLayer)
+
+
+def make_empty_intermediate_tensors_factory(keys: list[str], hidden_size: int
+                                            ) -> Callable[..., "IntermediateTensors"]:
+    """A `make_empty_intermediate_tensors(batch_size, dtype, device)` for a
+    model whose stages pass `keys`, each [batch_size, hidden_size]."""
+    from vllm.sequence import IntermediateTensors
+
+    def make_empty_intermediate_tensors(batch_size: int, dtype: torch.dtype,
+                                        device: torch.device) -> IntermediateTensors:
+        return IntermediateTensors({
+            key: torch.zeros((batch_size, hidden_size), dtype=dtype, device=device)
+            for key in keys})
+
+    return make_empty_intermediate_tensors
 
 
 class AutoWeightsLoader:
@@ -82,7 +132,10 @@ class AutoWeightsLoader:
         params = dict(module.named_parameters(recurse=False))
         for child_prefix, child_weights in self._groupby_prefix(weights):
             qualname = maybe_prefix(base_prefix, child_prefix)
-            if child_prefix in children:
+            if isinstance(children.get(child_prefix), PPMissingLayer):
+                for _ in child_weights:  # another pipeline stage loads these
+                    pass
+            elif child_prefix in children:
                 yield from self._load_module(qualname, children[child_prefix], child_weights)
             elif child_prefix in params:
                 yield from self._load_param(qualname, params[child_prefix], child_weights)
@@ -114,15 +167,18 @@ def load_stacked_weights(module: nn.Module, weights: WeightsIter,
     for name, weight in weights:
         if any(s in name for s in skip):
             continue
-        for fused, part, shard_id in stacked_params_mapping:
+        target, shard_id = name, None
+        for fused, part, fused_shard_id in stacked_params_mapping:
             if part in name:
-                target = name.replace(part, fused)
-                _param(params, target, name).weight_loader(params[target], weight, shard_id)
+                target, shard_id = name.replace(part, fused), fused_shard_id
                 break
-        else:
-            target = name
-            param = _param(params, target, name)
+        if is_pp_missing_parameter(target, module):
+            continue  # another pipeline stage holds it
+        param = _param(params, target, name)
+        if shard_id is None:
             getattr(param, "weight_loader", default_weight_loader)(param, weight)
+        else:
+            param.weight_loader(param, weight, shard_id)
         loaded.add(target)
     return loaded
 

@@ -137,3 +137,25 @@ def apply_hf_chat_template(tokenizer: Any, conversation: list[ChatCompletionMess
     except Exception as e:
         # jinja errors (TemplateError, raise_exception(...)) are bad input.
         raise ValueError(str(e)) from e
+
+
+def load_chat_template(chat_template: str | None) -> str | None:
+    """`--chat-template`: a file path, or the template text itself.
+
+    A value that names no file and contains no jinja markup is most likely a
+    mistyped path: that is an error rather than a template.
+    """
+    import os
+
+    if chat_template is None:
+        return None
+    if os.path.isfile(chat_template):
+        with open(chat_template, encoding="utf-8") as f:
+            return f.read()
+    if any(c in chat_template for c in "{}\n"):
+        # Escape sequences from the command line: "\n" typed as two characters.
+        if chat_template.isascii():
+            return chat_template.encode("ascii").decode("unicode_escape")
+        return chat_template
+    raise ValueError(f"The supplied chat template ({chat_template}) looks like a file path, "
+                     "but it failed to be opened.")

@@ -1,68 +1,46 @@
-"""`vllm serve [model]` (upstream: vllm/entrypoints/cli/serve.py).
-
-The OpenAI-compatible API server is not built yet. Until it is, `vllm serve`
-loads the model with the same engine flags and runs a short offline demo
-(a few greedy completions through `LLM`), and says plainly that no server is
-listening.
-"""
+"""`vllm serve [model]` (upstream: vllm/entrypoints/cli/serve.py): the
+OpenAI-compatible API server. Without a model it serves the embedded
+default model."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
 
-from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.cli.types import CLISubcommand
+from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-DEMO_PROMPTS = [
-    "The capital of France is",
-    "The three primary colors are",
-    "def fibonacci(n):",
-]
-
 
 class ServeSubcommand(CLISubcommand):
-    """Serve a model (for now: an offline demo of it)."""
+    """The `serve` subcommand for the vLLM CLI."""
 
     name = "serve"
 
     @staticmethod
     def cmd(args: argparse.Namespace) -> None:
-        if getattr(args, "model_tag", None):
-            args.model = args.model_tag
-        run_offline_demo(args)
+        from vllm.entrypoints.openai.api_server import run_server
+
+        try:
+            asyncio.run(run_server(args))
+        except KeyboardInterrupt:
+            logger.info("Interrupted during start-up; exiting.")
+            sys.exit(130)
+
+    def validate(self, args: argparse.Namespace) -> None:
+        try:
+            validate_parsed_serve_args(args)
+        except ValueError as e:
+            raise SystemExit(f"vllm serve: error: {e}") from None
 
     def subparser_init(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         parser = subparsers.add_parser(
-            self.name, help="Start the vLLM OpenAI-compatible server (not built yet: runs "
-            "an offline demo).", usage="vllm serve [model_tag] [options]")
-        parser.add_argument("model_tag", type=str, nargs="?", default=None,
-                            help="The model path (default: the embedded SmolLM2 model).")
-        parser.add_argument("--host", type=str, default=None, help="Host name.")
-        parser.add_argument("--port", type=int, default=8000, help="Port number.")
-        parser.add_argument("--max-tokens", type=int, default=32,
-                            help="Demo only: tokens to generate per prompt.")
-        AsyncEngineArgs.add_cli_args(parser)
-        return parser
-
-
-def run_offline_demo(args: argparse.Namespace) -> None:
-    import dataclasses
-
-    from vllm import LLM, SamplingParams
-
-    where = f"{args.host or '0.0.0.0'}:{args.port}"
-    banner = ("The OpenAI-compatible API server is not built yet: nothing is listening on "
-              f"{where}. Running an offline LLM demo with the same engine flags instead.")
-    print(banner, flush=True)
-    engine_args = AsyncEngineArgs.from_cli_args(args)
-    fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)} - {"enable_log_requests"}
-    llm = LLM(**{k: v for k, v in dataclasses.asdict(engine_args).items() if k in fields})
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    for output in llm.generate(DEMO_PROMPTS, params, use_tqdm=False):
-        print(f"Prompt: {output.prompt!r}\nGenerated: {output.outputs[0].text!r}\n", flush=True)
-    print("Demo done. (`vllm serve` will start the server once it is built.)", flush=True)
+            self.name, help="Start the vLLM OpenAI Compatible API server.",
+            description="Start the vLLM OpenAI Compatible API server.",
+            usage="vllm serve [model_tag] [options]")
+        return make_arg_parser(parser)
 
 
 def cmd_init() -> list[CLISubcommand]:

@@ -154,7 +154,7 @@ class AsyncLLM(EngineClient):
                          usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
                          stat_loggers: list[type[StatLoggerBase]] | None = None
                          ) -> "AsyncLLM":
-        """Create an AsyncLLM from the EngineArgs."""
+        """Build the config from `engine_args`, then the engine."""
         vllm_config = engine_args.create_engine_config(usage_context)
         return cls.from_vllm_config(
             vllm_config, start_engine_loop=start_engine_loop, usage_context=usage_context,
@@ -261,7 +261,7 @@ class AsyncLLM(EngineClient):
                        trace_headers: Mapping[str, str] | None = None, priority: int = 0,
                        data_parallel_rank: int | None = None,
                        ) -> AsyncGenerator[RequestOutput, None]:
-        """Main function called by the API server to kick off a request.
+        """Submit one request and yield its outputs as they come.
 
         Yields `RequestOutput`s until the last one (`finished=True`). Closing
         or cancelling the generator aborts the request in the engine.
@@ -300,7 +300,7 @@ class AsyncLLM(EngineClient):
             raise EngineGenerateError() from e
 
     async def abort(self, request_id: str | Iterable[str], internal: bool = False) -> None:
-        """Abort RequestId in OutputProcessor and EngineCore."""
+        """Abort requests (by user id, or internal id) in the front end and the core."""
         request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
         all_request_ids = self.output_processor.abort_requests(request_ids, internal)
         if self._stats is not None:
@@ -313,7 +313,7 @@ class AsyncLLM(EngineClient):
     # ------------------------------------------------------------------
 
     def _run_output_handler(self) -> None:
-        """Background loop: pulls from EngineCore and pushes to AsyncStreams."""
+        """Start the task that feeds engine outputs to the requests (once)."""
         if self.output_handler is not None:
             return
         # Locals only: the task must not keep this object alive.

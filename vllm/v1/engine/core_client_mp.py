@@ -67,7 +67,7 @@ class BackgroundResources:
     engine_dead: bool = False
 
     def __call__(self) -> None:
-        """Clean up background resources (the finalizer)."""
+        """Release everything (runs once, from shutdown() or the finalizer)."""
         self.engine_dead = True
         if self.engine_manager is not None:
             self.engine_manager.close()

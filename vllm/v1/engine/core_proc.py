@@ -73,8 +73,9 @@ class EngineCoreProc(EngineCore):
 
         with self._perform_handshake(handshake_address, identity, local_client) as addresses:
             super().__init__(vllm_config, executor_class, log_stats, executor_fail_callback)
-        batch_queue = getattr(self, "batch_queue", None)
-        self.step_fn = self.step if batch_queue is None else self.step_with_batch_queue
+        if not hasattr(self, "step_fn"):
+            batch_queue = getattr(self, "batch_queue", None)
+            self.step_fn = self.step if batch_queue is None else self.step_with_batch_queue
 
         ready_event = threading.Event()
         self.input_thread = threading.Thread(
@@ -162,7 +163,7 @@ class EngineCoreProc(EngineCore):
     # ------------------------------------------------------------------
 
     def run_busy_loop(self) -> None:
-        """Core busy loop of the EngineCore."""
+        """Serve until the process is told to stop: input, step, repeat."""
         while True:
             self._process_input_queue()
             self._process_engine_step()
@@ -191,7 +192,8 @@ class EngineCoreProc(EngineCore):
     def _process_engine_step(self) -> bool:
         """One step; its outputs go to the output thread."""
         outputs, model_executed = self.step_fn()
-        for output in outputs.items():
+        # step_with_batch_queue returns None while its first batch is in flight.
+        for output in (outputs.items() if outputs else ()):
             self.output_queue.put_nowait(output)
         return model_executed
 

@@ -13,8 +13,7 @@ class EngineDeadError(Exception):
         message = ("EngineCore encountered an issue. See stack trace (above) for the "
                    "root cause.")
         super().__init__(message, *args, **kwargs)
-        # Make stack trace clearer when using with LLMEngine by
-        # silencing irrelevant ZMQError.
+        # Raised while handling a socket error: hide that (unhelpful) context.
         self.__suppress_context__ = suppress_context
 
 

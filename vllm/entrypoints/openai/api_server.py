@@ -1,0 +1,443 @@
+"""The OpenAI-compatible API server (upstream: vllm/entrypoints/openai/api_server.py).
+
+    run_server(args): bind the socket -> AsyncLLM (engine core in a child
+    process) -> build_app(args) -> init_app_state(...) -> uvicorn.
+
+Routes: /v1/completions, /v1/chat/completions, /v1/models, /invocations,
+/tokenize, /detokenize, /metrics, /health, /ping, /version. Errors use the
+envelope {"error": {"message", "type", "param", "code"}} with the HTTP status
+equal to `code`; request validation errors are 400 (never 422).
+
+With --api-key (or VLLM_API_KEY), every route is guarded except the paths in
+UNGUARDED_PATHS: the check is on the exact raw path, so `//v1`, `%2Fv1` or
+`/v1/../v1` spellings cannot slip past it.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import signal
+import socket
+from argparse import Namespace
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from http import HTTPStatus
+from typing import Any
+
+import prometheus_client
+import pydantic
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import vllm.envs as envs
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.chat_utils import load_chat_template
+from vllm.entrypoints.launcher import serve_http, terminate_if_errored
+from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
+                                              CompletionRequest, CompletionResponse,
+                                              DetokenizeRequest, DetokenizeResponse,
+                                              ErrorInfo, ErrorResponse, ModelList,
+                                              TokenizeRequest, TokenizeResponse)
+from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vllm.entrypoints.openai.serving_models import BaseModelPath, OpenAIServingModels
+from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from vllm.entrypoints.utils import with_cancellation
+from vllm.logger import init_logger
+from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError, QueueOverflowError
+from vllm.version import __version__ as VLLM_VERSION
+
+logger = init_logger("vllm.entrypoints.openai.api_server")
+
+# Paths that answer without an API key: liveness, version and API docs. Every
+# other path (inference, tokenization, metrics, unknown ones) needs the key.
+UNGUARDED_PATHS = frozenset({"/health", "/ping", "/version", "/openapi.json", "/docs",
+                             "/docs/oauth2-redirect", "/redoc"})
+# Seconds between two periodic stats log lines.
+LOG_STATS_INTERVAL_S = 10.0
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    int(s): {"model": ErrorResponse} for s in (HTTPStatus.BAD_REQUEST, HTTPStatus.NOT_FOUND,
+                                               HTTPStatus.INTERNAL_SERVER_ERROR,
+                                               HTTPStatus.SERVICE_UNAVAILABLE)}
+
+router = APIRouter()
+
+
+# ----------------------------------------------------------------------
+# Routes
+# ----------------------------------------------------------------------
+
+def engine_client(request: Request) -> EngineClient:
+    return request.app.state.engine_client
+
+
+async def validate_json_request(raw_request: Request) -> None:
+    media_type = raw_request.headers.get("content-type", "").lower().split(";", 1)[0].strip()
+    if media_type != "application/json":
+        raise RequestValidationError(
+            errors=["Unsupported Media Type: Only 'application/json' is allowed"])
+
+
+@router.get("/health", response_class=Response)
+async def health(raw_request: Request) -> Response:
+    """200 while the engine is alive, 503 once it is dead."""
+    try:
+        await engine_client(raw_request).check_health()
+        return Response(status_code=200)
+    except EngineDeadError:
+        return Response(status_code=503)
+
+
+@router.api_route("/ping", methods=["GET", "POST"], response_class=Response)
+async def ping(raw_request: Request) -> Response:
+    """Liveness, as /health (SageMaker probes this path)."""
+    return await health(raw_request)
+
+
+@router.get("/version")
+async def show_version() -> JSONResponse:
+    return JSONResponse(content={"version": VLLM_VERSION})
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics() -> Response:
+    return Response(prometheus_client.generate_latest(prometheus_client.REGISTRY),
+                    media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def show_available_models(raw_request: Request) -> JSONResponse:
+    models = await raw_request.app.state.openai_serving_models.show_available_models()
+    return JSONResponse(content=models.model_dump())
+
+
+@router.post("/tokenize", dependencies=[Depends(validate_json_request)],
+             response_model=TokenizeResponse, responses=_ERROR_RESPONSES)
+@with_cancellation
+async def tokenize(request: TokenizeRequest, raw_request: Request) -> Response:
+    handler: OpenAIServingTokenization = raw_request.app.state.openai_serving_tokenization
+    return _respond(await handler.create_tokenize(request))
+
+
+@router.post("/detokenize", dependencies=[Depends(validate_json_request)],
+             response_model=DetokenizeResponse, responses=_ERROR_RESPONSES)
+@with_cancellation
+async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Response:
+    handler: OpenAIServingTokenization = raw_request.app.state.openai_serving_tokenization
+    return _respond(await handler.create_detokenize(request))
+
+
+@router.post("/v1/completions", dependencies=[Depends(validate_json_request)],
+             response_model=CompletionResponse, responses=_ERROR_RESPONSES)
+@with_cancellation
+async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+    handler: OpenAIServingCompletion = raw_request.app.state.openai_serving_completion
+    return _respond(await handler.create_completion(request, raw_request))
+
+
+@router.post("/v1/chat/completions", dependencies=[Depends(validate_json_request)],
+             response_model=ChatCompletionResponse, responses=_ERROR_RESPONSES)
+@with_cancellation
+async def create_chat_completion(request: ChatCompletionRequest,
+                                 raw_request: Request) -> Response:
+    handler: OpenAIServingChat = raw_request.app.state.openai_serving_chat
+    return _respond(await handler.create_chat_completion(request, raw_request))
+
+
+@router.post("/invocations", dependencies=[Depends(validate_json_request)],
+             responses=_ERROR_RESPONSES)
+async def invocations(raw_request: Request) -> Response:
+    """SageMaker's single route: a chat body or a completion body."""
+    try:
+        body = await raw_request.json()
+    except ValueError as e:
+        raise RequestValidationError(errors=[f"JSON decode error: {e}"]) from e
+    request_cls: type[pydantic.BaseModel]
+    if isinstance(body, dict) and "messages" in body:
+        request_cls, route = ChatCompletionRequest, create_chat_completion
+    elif isinstance(body, dict) and "prompt" in body:
+        request_cls, route = CompletionRequest, create_completion
+    else:
+        raise RequestValidationError(
+            errors=["Cannot determine the request type: expected a chat body (messages) or "
+                    "a completion body (prompt)"])
+    try:
+        request = request_cls.model_validate(body)
+    except pydantic.ValidationError as e:
+        raise RequestValidationError(errors=e.errors()) from e
+    return await route(request, raw_request)
+
+
+def _respond(result: Any) -> Response:
+    if isinstance(result, ErrorResponse):
+        return error_json(result)
+    if isinstance(result, pydantic.BaseModel):
+        return JSONResponse(content=result.model_dump())
+    return DisconnectAwareStreamingResponse(content=result, media_type="text/event-stream")
+
+
+def error_json(error: ErrorResponse) -> JSONResponse:
+    headers = {"Retry-After": "1"} if error.error.code == 503 else None
+    return JSONResponse(content=error.model_dump(), status_code=error.error.code,
+                        headers=headers)
+
+
+class DisconnectAwareStreamingResponse(StreamingResponse):
+    """A stream that stops (and aborts its request) as soon as the client
+    disconnects, even while no token is being sent, and always closes its
+    generator."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stream = asyncio.create_task(self.stream_response(send))
+        disconnect = asyncio.create_task(_wait_disconnect(receive))
+        try:
+            await asyncio.wait([stream, disconnect], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (stream, disconnect):
+                task.cancel()
+            await asyncio.gather(stream, disconnect, return_exceptions=True)
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+# ----------------------------------------------------------------------
+# Errors and authentication
+# ----------------------------------------------------------------------
+
+def _validation_message(errors: list[Any]) -> tuple[str, str | None]:
+    """Bounded message: at most 10 errors of 1000 chars, inputs cut at 200."""
+    n = len(errors)
+    lines, param = [], None
+    for err in errors[:10]:
+        if not isinstance(err, dict):
+            lines.append(str(err)[:1000])
+            continue
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        param = param or loc or None
+        line = f"{loc}: {err.get('msg', '')}"
+        if "input" in err and err.get("type") != "missing":
+            line += f" (input: {repr(err['input'])[:200]})"
+        lines.append(line[:1000])
+    if n == 1 and not isinstance(errors[0], dict):
+        return lines[0], None
+    more = f"\n  ... and {n - 10} more" if n > 10 else ""
+    message = f"{n} validation error{'s' if n != 1 else ''}:\n  " + "\n  ".join(lines) + more
+    return message, param
+
+
+def _error_body(message: str, err_type: str, code: int,
+                param: str | None = None) -> dict[str, Any]:
+    return ErrorResponse(error=ErrorInfo(message=message, type=err_type, param=param,
+                                         code=code)).model_dump()
+
+
+def _install_exception_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def validation_exception_handler(_: Request,
+                                           exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(list(exc.errors()))
+        return JSONResponse(_error_body(message, HTTPStatus.BAD_REQUEST.phrase, 400, param),
+                            status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_exception_handler(_: Request,
+                                     exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(_error_body(str(exc.detail), HTTPStatus(exc.status_code).phrase,
+                                        exc.status_code), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(QueueOverflowError)
+    async def overflow_handler(_: Request, exc: QueueOverflowError) -> JSONResponse:
+        return JSONResponse(_error_body(str(exc), "ServiceUnavailableError", 503),
+                            status_code=503, headers={"Retry-After": str(exc.retry_after)})
+
+    async def engine_error_handler(req: Request, exc: Exception) -> JSONResponse:
+        server = getattr(req.app.state, "server", None)
+        if server is not None:
+            terminate_if_errored(server, req.app.state.engine_client)
+        return JSONResponse(_error_body(str(exc), "InternalServerError", 500), status_code=500)
+
+    app.add_exception_handler(EngineDeadError, engine_error_handler)
+    app.add_exception_handler(EngineGenerateError, engine_error_handler)
+
+    @app.exception_handler(Exception)
+    async def internal_error_handler(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("Unhandled error", exc_info=exc)
+        return JSONResponse(_error_body("Internal server error", "InternalServerError", 500),
+                            status_code=500)
+
+
+class AuthenticationMiddleware:
+    """Bearer-key check on every path but UNGUARDED_PATHS (pure ASGI).
+
+    Keys are compared as SHA-256 digests with `secrets.compare_digest`, against
+    every key, so the time taken does not depend on where a guess differs.
+    """
+
+    def __init__(self, app: ASGIApp, tokens: list[str]) -> None:
+        self.app = app
+        self.api_tokens = [hashlib.sha256(t.encode("utf-8")).digest() for t in tokens]
+
+    def verify_token(self, headers: Headers) -> bool:
+        scheme, _, param = headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        param_hash = hashlib.sha256(param.encode("utf-8")).digest()
+        match = False
+        for token_hash in self.api_tokens:
+            match |= secrets.compare_digest(param_hash, token_hash)
+        return match
+
+    @staticmethod
+    def is_unguarded(scope: Scope) -> bool:
+        """Only an exact, un-encoded spelling of an allow-listed path passes."""
+        path = scope.get("path", "")
+        raw = scope.get("raw_path")
+        if raw is not None:
+            raw_path = raw.decode("latin-1").split("?", 1)[0]
+            if raw_path != path:
+                return False  # percent-encoding, or a path the server rewrote
+        root_path = scope.get("root_path") or ""
+        if root_path and path.startswith(root_path):
+            path = path[len(root_path):]
+        return path in UNGUARDED_PATHS
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":
+            # CORS preflights carry no credentials by design.
+            return await self.app(scope, receive, send)
+        if self.is_unguarded(scope) or self.verify_token(Headers(scope=scope)):
+            return await self.app(scope, receive, send)
+        response = JSONResponse(content={"error": "Unauthorized"}, status_code=401)
+        return await response(scope, receive, send)
+
+
+# ----------------------------------------------------------------------
+# App and server
+# ----------------------------------------------------------------------
+
+def build_app(args: Namespace) -> FastAPI:
+    """The FastAPI app: routes, CORS, the API-key check, error handlers."""
+    docs = {} if not args.disable_fastapi_docs else {"openapi_url": None, "docs_url": None,
+                                                      "redoc_url": None}
+    app = FastAPI(lifespan=_lifespan, root_path=args.root_path or "", **docs)
+    app.include_router(router)
+    app.root_path = args.root_path or ""
+    app.add_middleware(CORSMiddleware, allow_origins=args.allowed_origins,
+                       allow_credentials=args.allow_credentials,
+                       allow_methods=args.allowed_methods, allow_headers=args.allowed_headers)
+    tokens = [*(args.api_key or [])]
+    if envs.VLLM_API_KEY:
+        tokens.append(envs.VLLM_API_KEY)
+    if tokens:
+        app.add_middleware(AuthenticationMiddleware, tokens=tokens)
+    _install_exception_handlers(app)
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    task = None
+    if getattr(app.state, "log_stats", False):
+        async def log_stats() -> None:
+            while True:
+                await asyncio.sleep(LOG_STATS_INTERVAL_S)
+                await app.state.engine_client.do_log_stats()
+
+        task = asyncio.create_task(log_stats())
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+
+
+async def init_app_state(engine_client: EngineClient, state: Any, args: Namespace) -> None:
+    """Create the serving objects the routes use."""
+    model_config = engine_client.model_config
+    served = args.served_model_name
+    names = ([served] if isinstance(served, str) else served) or [model_config.model]
+    models = OpenAIServingModels(engine_client, [BaseModelPath(name=name,
+                                                               model_path=model_config.model)
+                                                 for name in names])
+    chat_template = load_chat_template(args.chat_template)
+    common = dict(enable_force_include_usage=args.enable_force_include_usage,
+                  enable_prompt_tokens_details=args.enable_prompt_tokens_details)
+    state.engine_client = engine_client
+    state.log_stats = not args.disable_log_stats
+    state.vllm_config = engine_client.vllm_config
+    state.openai_serving_models = models
+    state.openai_serving_chat = OpenAIServingChat(
+        engine_client, models, args.response_role, chat_template=chat_template,
+        trust_request_chat_template=args.trust_request_chat_template, **common)
+    state.openai_serving_completion = OpenAIServingCompletion(engine_client, models, **common)
+    state.openai_serving_tokenization = OpenAIServingTokenization(
+        engine_client, models, chat_template=chat_template,
+        trust_request_chat_template=args.trust_request_chat_template)
+
+
+@asynccontextmanager
+async def build_async_engine_client(args: Namespace) -> AsyncIterator[EngineClient]:
+    """Start AsyncLLM (its engine core in a child process); shut it down on exit."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
+    max_queued = args.max_num_queued_reqs
+    if max_queued is None:
+        max_queued = 8 * vllm_config.scheduler_config.max_num_seqs
+    engine = AsyncLLM.from_vllm_config(
+        vllm_config, usage_context=UsageContext.OPENAI_API_SERVER,
+        enable_log_requests=engine_args.enable_log_requests,
+        disable_log_stats=engine_args.disable_log_stats, max_num_queued_reqs=max_queued)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+def create_server_socket(host: str | None, port: int) -> socket.socket:
+    """Bind early: the port is ours before the (slow) engine start-up."""
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    sock = socket.socket(family=family, type=socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host or "", port))
+    return sock
+
+
+async def run_server(args: Namespace, **uvicorn_kwargs: Any) -> None:
+    """Run a single-worker API server."""
+    sock = create_server_socket(args.host, args.port)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        # During start-up: unwind (the engine process is stopped on the way out).
+        raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        async with build_async_engine_client(args) as engine:
+            app = build_app(args)
+            await init_app_state(engine, app.state, args)
+            logger.info("Starting vLLM API server on http://%s:%d", args.host or "0.0.0.0",
+                        args.port)
+            await serve_http(app, sock, log_level=args.uvicorn_log_level,
+                             access_log=not args.disable_uvicorn_access_log,
+                             timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+                             timeout_graceful_shutdown=args.shutdown_timeout,
+                             **uvicorn_kwargs)
+    finally:
+        sock.close()

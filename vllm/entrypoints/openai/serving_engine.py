@@ -1,0 +1,265 @@
+"""What the OpenAI serving classes share (upstream:
+vllm/entrypoints/openai/serving_engine.py): model check, error bodies,
+context-length validation, sampling parameters from a request, logprob
+formatting and merging the streams of several prompts.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from starlette.requests import Request
+
+from vllm.exceptions import VLLMValidationError
+from vllm.logger import init_logger
+from vllm.logprobs import Logprob
+from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.v1.engine.exceptions import QueueOverflowError
+from vllm.entrypoints.openai.protocol import (LOGPROB_FLOOR, ChatCompletionRequest,
+                                              CompletionRequest, ErrorInfo, ErrorResponse)
+
+if TYPE_CHECKING:
+    from vllm.engine.protocol import EngineClient
+    from vllm.entrypoints.openai.serving_models import OpenAIServingModels
+
+logger = init_logger(__name__)
+
+T = TypeVar("T")
+
+# OpenAI's defaults for what neither the request nor generation_config.json sets.
+_DEFAULT_SAMPLING_PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                            "repetition_penalty": 1.0}
+
+
+class GenerationError(Exception):
+    """The engine finished a request with finish_reason "error"."""
+
+    def __init__(self, message: str = "Internal server error") -> None:
+        super().__init__(message)
+        self.status_code = HTTPStatus.INTERNAL_SERVER_ERROR
+
+
+class OpenAIServing:
+    """Base class of the route handlers that run the model."""
+
+    def __init__(self, engine_client: "EngineClient", models: "OpenAIServingModels", *,
+                 enable_force_include_usage: bool = False,
+                 enable_prompt_tokens_details: bool = False) -> None:
+        self.engine_client = engine_client
+        self.models = models
+        self.model_config = engine_client.model_config
+        self.max_model_len = self.model_config.max_model_len
+        self.enable_force_include_usage = enable_force_include_usage
+        self.enable_prompt_tokens_details = enable_prompt_tokens_details
+        self.default_sampling_params = self.model_config.get_diff_sampling_param()
+
+    # ------------------------------------------------------------------
+    # Errors
+    # ------------------------------------------------------------------
+
+    @staticmethod
+    def create_error_response(message: str, err_type: str = "BadRequestError",
+                              status_code: HTTPStatus = HTTPStatus.BAD_REQUEST,
+                              param: str | None = None) -> ErrorResponse:
+        return ErrorResponse(error=ErrorInfo(message=message, type=err_type, param=param,
+                                             code=int(status_code)))
+
+    def create_streaming_error_response(self, message: str, err_type: str = "BadRequestError",
+                                        status_code: HTTPStatus = HTTPStatus.BAD_REQUEST
+                                        ) -> str:
+        return json.dumps(self.create_error_response(message, err_type,
+                                                     status_code).model_dump())
+
+    def error_from_exception(self, e: Exception) -> ErrorResponse:
+        """Map an exception raised while serving a request to its error body."""
+        if isinstance(e, VLLMValidationError):
+            return self.create_error_response(str(e), param=e.parameter)
+        if isinstance(e, (ValueError, TypeError, OverflowError)):
+            return self.create_error_response(str(e))
+        if isinstance(e, NotImplementedError):
+            return self.create_error_response(str(e), "NotImplementedError",
+                                              HTTPStatus.NOT_IMPLEMENTED)
+        if isinstance(e, QueueOverflowError):
+            return self.create_error_response(str(e), "ServiceUnavailableError",
+                                              HTTPStatus.SERVICE_UNAVAILABLE)
+        if isinstance(e, GenerationError):
+            return self.create_error_response(str(e), "InternalServerError",
+                                              HTTPStatus.INTERNAL_SERVER_ERROR)
+        logger.exception("Error in request")
+        return self.create_error_response(str(e) or type(e).__name__, "InternalServerError",
+                                          HTTPStatus.INTERNAL_SERVER_ERROR)
+
+    async def _check_model(self, request: Any) -> ErrorResponse | None:
+        if request.model is None or self.models.is_base_model(request.model):
+            return None
+        return self.create_error_response(f"The model `{request.model}` does not exist.",
+                                          err_type="NotFoundError",
+                                          status_code=HTTPStatus.NOT_FOUND, param="model")
+
+    def _get_model_name(self, model_name: str | None) -> str:
+        return model_name if model_name else self.models.base_model_paths[0].name
+
+    @staticmethod
+    def _base_request_id(raw_request: Request | None, default: str) -> str:
+        """The client's X-Request-Id header, else the request's id."""
+        if raw_request is None:
+            return default
+        return raw_request.headers.get("X-Request-Id") or default
+
+    # ------------------------------------------------------------------
+    # Prompts
+    # ------------------------------------------------------------------
+
+    def _validate_input(self, input_ids: list[int], max_tokens: int | None) -> None:
+        """Prompt plus max_tokens must fit the context (upstream's messages)."""
+        token_num = len(input_ids)
+        if max_tokens is None:
+            if token_num >= self.max_model_len:
+                raise VLLMValidationError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. "
+                    f"However, your request has {token_num} input tokens. Please reduce the "
+                    "length of the input messages.", parameter="messages")
+        elif token_num + max_tokens > self.max_model_len:
+            raise VLLMValidationError(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
+                f"model's maximum context length is {self.max_model_len} tokens and your "
+                f"request has {token_num} input tokens ({max_tokens} > {self.max_model_len}"
+                f" - {token_num}).", parameter="max_tokens")
+
+    @staticmethod
+    def _truncate(ids: list[int], truncate_prompt_tokens: int | None,
+                  max_model_len: int) -> list[int]:
+        if truncate_prompt_tokens is None:
+            return ids
+        keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+        return ids[-keep:] if keep else []
+
+    def get_max_tokens(self, input_length: int, requested: int | None) -> int:
+        """min(request's max_tokens, room left in the context, generation-config cap)."""
+        candidates = [self.max_model_len - input_length]
+        if requested is not None:
+            candidates.append(requested)
+        default = self.default_sampling_params.get("max_tokens")
+        if default is not None:
+            candidates.append(default)
+        return max(min(candidates), 0)
+
+    # ------------------------------------------------------------------
+    # Sampling parameters
+    # ------------------------------------------------------------------
+
+    def build_sampling_params(self, request: CompletionRequest | ChatCompletionRequest,
+                              max_tokens: int, logprobs: int | None,
+                              prompt_logprobs: int | None) -> SamplingParams:
+        """Request value > generation-config default > OpenAI default."""
+        defaults = {**_DEFAULT_SAMPLING_PARAMS, **self.default_sampling_params}
+
+        def pick(name: str) -> Any:
+            value = getattr(request, name)
+            return value if value is not None else defaults.get(name)
+
+        response_format = request.response_format
+        if response_format is not None and response_format.type != "text":
+            raise NotImplementedError("Structured output (response_format "
+                                      f"{response_format.type!r}) is not supported yet.")
+        logit_bias = None
+        if request.logit_bias:
+            try:
+                logit_bias = {int(k): min(100.0, max(-100.0, float(v)))
+                              for k, v in request.logit_bias.items()}
+            except ValueError as e:
+                raise VLLMValidationError(f"logit_bias keys must be token ids: {e}",
+                                          parameter="logit_bias") from e
+        return SamplingParams.from_optional(
+            n=request.n, presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            repetition_penalty=pick("repetition_penalty"), temperature=pick("temperature"),
+            top_p=pick("top_p"), top_k=pick("top_k"), min_p=pick("min_p"), seed=request.seed,
+            stop=request.stop, stop_token_ids=request.stop_token_ids, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs, ignore_eos=request.ignore_eos,
+            max_tokens=max_tokens, min_tokens=request.min_tokens,
+            skip_special_tokens=request.skip_special_tokens,
+            spaces_between_special_tokens=request.spaces_between_special_tokens,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            output_kind=(RequestOutputKind.DELTA if request.stream
+                         else RequestOutputKind.FINAL_ONLY),
+            logit_bias=logit_bias, allowed_token_ids=request.allowed_token_ids,
+            bad_words=request.bad_words or None, extra_args=request.vllm_xargs)
+
+
+# ----------------------------------------------------------------------
+# Logprob formatting
+# ----------------------------------------------------------------------
+
+def clamp_logprob(value: float) -> float:
+    """JSON has no -inf (and NaN means nothing): floor at -9999."""
+    return value if value >= LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+def decoded_token(token_id: int, logprob: Logprob, tokenizer: Any,
+                  return_as_token_id: bool = False) -> str:
+    if return_as_token_id:
+        return f"token_id:{token_id}"
+    if logprob.decoded_token is not None:
+        return logprob.decoded_token
+    return tokenizer.decode([token_id])
+
+
+def ranked(position: dict[int, Logprob]) -> list[tuple[int, Logprob]]:
+    """A position's (token id, Logprob), most likely first."""
+    return sorted(position.items(), key=lambda kv: (kv[1].rank is None, kv[1].rank or 0))
+
+
+async def merge_async_iterators(*iterators: AsyncIterator[T]
+                                ) -> AsyncIterator[tuple[int, T]]:
+    """Yield (index of the source, item) as items arrive from any iterator.
+
+    Closing the merged iterator closes (and so aborts) every source.
+    """
+    if len(iterators) == 1:
+        try:
+            async for item in iterators[0]:
+                yield 0, item
+        finally:
+            await iterators[0].aclose()
+        return
+    loop = asyncio.get_running_loop()
+    awaits = {loop.create_task(anext(it)): (i, it) for i, it in enumerate(iterators)}
+    try:
+        while awaits:
+            done, _ = await asyncio.wait(awaits.keys(), return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                pair = awaits.pop(task)
+                try:
+                    item = await task
+                except StopAsyncIteration:
+                    continue
+                yield pair[0], item
+                awaits[loop.create_task(anext(pair[1]))] = pair
+    finally:
+        # Cancelling a pending anext() aborts its request; then close the rest.
+        for task in awaits:
+            task.cancel()
+        await asyncio.gather(*awaits, return_exceptions=True)
+        for it in iterators:
+            await it.aclose()
+
+
+async def prime(iterator: AsyncIterator[T]) -> AsyncIterator[T]:
+    """Wait for the first item now, so that errors raised before any output
+    (bad input, a full queue) surface as an HTTP error rather than inside a
+    stream that already answered 200. Returns an iterator over all items."""
+    first = await anext(iterator)
+
+    async def chained() -> AsyncIterator[T]:
+        try:
+            yield first
+            async for item in iterator:
+                yield item
+        finally:
+            await iterator.aclose()  # type: ignore[attr-defined]
+
+    return chained()

@@ -28,6 +28,15 @@ class ZooModel:
     perturb: Callable[[torch.nn.Module], None] | None = field(default=None)
 
 
+def _spread_routers(model: torch.nn.Module) -> None:
+    """Routers start near zero (or exactly zero): give them real preferences so
+    that top-k routing, not a tie, picks the experts."""
+    for name, p in model.named_parameters():
+        if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight",
+                          "router.weight", "router.layer.weight", "shared_expert_gate.weight")):
+            p.copy_(torch.randn_like(p) * 0.5)
+
+
 def _moe_kwargs(**extra: Any) -> dict[str, Any]:
     return dict(_LLAMA_LIKE, tie_word_embeddings=False, **extra)
 
@@ -47,6 +56,16 @@ ZOO: dict[str, ZooModel] = {
     "gemma2": ZooModel("Gemma2Config", "Gemma2ForCausalLM", dict(
         _LLAMA_LIKE, head_dim=16, query_pre_attn_scalar=16, sliding_window=12,
         attn_logit_softcapping=5.0, final_logit_softcapping=3.0), "v2"),
+    "mixtral": ZooModel("MixtralConfig", "MixtralForCausalLM", _moe_kwargs(
+        num_local_experts=4, num_experts_per_tok=2), "v1", perturb=_spread_routers),
+    "qwen2_moe": ZooModel("Qwen2MoeConfig", "Qwen2MoeForCausalLM", _moe_kwargs(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=64, norm_topk_prob=False, decoder_sparse_step=1,
+        mlp_only_layers=[1]), "v2", perturb=_spread_routers),
+    "granitemoe": ZooModel("GraniteMoeConfig", "GraniteMoeForCausalLM", _moe_kwargs(
+        num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=2.0,
+        attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=2.0),
+        "v2", perturb=_spread_routers),
 }
 # Not in the parity sweep: every layer sliding, for the block-freeing test.
 ZOO_EXTRA: dict[str, ZooModel] = {

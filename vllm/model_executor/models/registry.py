@@ -24,6 +24,9 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "GPT2LMHeadModel": ("gpt2", "GPT2LMHeadModel"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "Gemma2ForCausalLM": ("gemma2", "Gemma2ForCausalLM"),
+    "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
+    "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2MoeForCausalLM"),
+    "GraniteMoeForCausalLM": ("granitemoe", "GraniteMoeForCausalLM"),
 }
 
 _POOLING_MODELS: dict[str, tuple[str, str]] = {}

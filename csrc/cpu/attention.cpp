@@ -1,0 +1,211 @@
+// Paged decode attention on the CPU, reading K/V in place through the block
+// table (no gather copy).
+//
+// Layout: key_cache / value_cache [num_blocks, block_size, num_kv_heads,
+// head_size] (any strides on the first three dims, the last one contiguous);
+// token t of sequence b lives in block block_table[b][t / block_size] at
+// offset t % block_size. query / out [num_seqs, num_heads, head_size].
+//
+// Work split: one task per (sequence, kv head). The G = num_heads /
+// num_kv_heads query heads that share a kv head are processed together, so
+// every K/V row is read from memory once per task. Softmax is online
+// ("flash" style) in fp32, one block at a time: scores of the block for the
+// G heads, new running max, rescale of the accumulators, then P @ V.
+#include <ATen/Parallel.h>
+#include <torch/all.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "cpu_types.h"
+
+namespace vllm_cpu {
+namespace {
+
+struct DecodeParams {
+  int64_t num_heads, num_kv_heads, head_size, block_size;
+  int64_t q_stride_seq, q_stride_head, o_stride_seq, o_stride_head;
+  int64_t k_stride_block, k_stride_tok, k_stride_head;
+  int64_t v_stride_block, v_stride_tok, v_stride_head;
+  int64_t bt_stride;
+  float scale, soft_cap;  // soft_cap <= 0: none
+  int64_t sliding_window;  // <= 0: none
+};
+
+// Dot products of the G query rows (fp32, pre-scaled) with one key row.
+template <typename T>
+inline void qk_row(const float* q, const T* k, int64_t g_count, int64_t d, float* out,
+                   int64_t out_stride) {
+#ifdef VLLM_CPU_AVX512
+  if (d % 16 == 0 && d <= 256) {
+    __m512 kv[16];
+    for (int64_t c = 0; c < d / 16; ++c) kv[c] = load16(k + c * 16);
+    for (int64_t g = 0; g < g_count; ++g) {
+      const float* qg = q + g * d;
+      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), kv[0]);
+      for (int64_t c = 1; c < d / 16; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + c * 16), kv[c], acc);
+      out[g * out_stride] = _mm512_reduce_add_ps(acc);
+    }
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < g_count; ++g) {
+    float s = 0.f;
+    for (int64_t i = 0; i < d; ++i) s += q[g * d + i] * to_float(k[i]);
+    out[g * out_stride] = s;
+  }
+}
+
+// acc[g] += p[g] * v for the G heads.
+template <typename T>
+inline void pv_row(const float* p, int64_t p_stride, const T* v, int64_t g_count, int64_t d,
+                   float* acc) {
+#ifdef VLLM_CPU_AVX512
+  if (d % 16 == 0 && d <= 256) {
+    __m512 vv[16];
+    for (int64_t c = 0; c < d / 16; ++c) vv[c] = load16(v + c * 16);
+    for (int64_t g = 0; g < g_count; ++g) {
+      __m512 pg = _mm512_set1_ps(p[g * p_stride]);
+      float* ag = acc + g * d;
+      for (int64_t c = 0; c < d / 16; ++c)
+        _mm512_storeu_ps(ag + c * 16, _mm512_fmadd_ps(pg, vv[c], _mm512_loadu_ps(ag + c * 16)));
+    }
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < g_count; ++g) {
+    const float pg = p[g * p_stride];
+    for (int64_t i = 0; i < d; ++i) acc[g * d + i] += pg * to_float(v[i]);
+  }
+}
+
+// exp(x - m) in place over n scores; returns their sum.
+inline float exp_sum(float* x, int64_t n, float m) {
+  int64_t i = 0;
+  float sum = 0.f;
+#ifdef VLLM_CPU_AVX512
+  __m512 vm = _mm512_set1_ps(m), vs = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
+    _mm512_storeu_ps(x + i, e);
+    vs = _mm512_add_ps(vs, e);
+  }
+  sum = _mm512_reduce_add_ps(vs);
+#endif
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    sum += x[i];
+  }
+  return sum;
+}
+
+template <typename T, typename IdxT>
+void decode_one(const DecodeParams& p, const T* query, const T* key_cache, const T* value_cache,
+                const IdxT* block_table, int64_t seq_len, T* out, int64_t b, int64_t kvh,
+                std::vector<float>& buf) {
+  const int64_t g_count = p.num_heads / p.num_kv_heads, d = p.head_size, bs = p.block_size;
+  buf.resize(g_count * d * 2 + g_count * bs);
+  float* q = buf.data();           // [G, D] scaled query
+  float* acc = q + g_count * d;    // [G, D] running P @ V
+  float* s = acc + g_count * d;    // [G, BS] scores of the current block
+  const float qscale = p.soft_cap > 0 ? 1.f : p.scale;
+  for (int64_t g = 0; g < g_count; ++g) {
+    const T* qg = query + b * p.q_stride_seq + (kvh * g_count + g) * p.q_stride_head;
+    for (int64_t i = 0; i < d; ++i) q[g * d + i] = to_float(qg[i]) * qscale;
+  }
+  std::fill(acc, acc + g_count * d, 0.f);
+  std::vector<float> run_max(g_count, -std::numeric_limits<float>::infinity());
+  std::vector<float> run_sum(g_count, 0.f);
+  const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, seq_len - p.sliding_window) : 0;
+  for (int64_t blk = first / bs; blk * bs < seq_len; ++blk) {
+    const int64_t block_id = static_cast<int64_t>(block_table[blk]);
+    const int64_t lo = std::max(first, blk * bs) - blk * bs;
+    const int64_t hi = std::min(seq_len, (blk + 1) * bs) - blk * bs;
+    const int64_t n = hi - lo;
+    const T* kb = key_cache + block_id * p.k_stride_block + kvh * p.k_stride_head;
+    const T* vb = value_cache + block_id * p.v_stride_block + kvh * p.v_stride_head;
+    for (int64_t t = lo; t < hi; ++t) qk_row(q, kb + t * p.k_stride_tok, g_count, d, s + (t - lo), bs);
+    for (int64_t g = 0; g < g_count; ++g) {
+      float* sg = s + g * bs;
+      if (p.soft_cap > 0) {
+        for (int64_t t = 0; t < n; ++t) sg[t] = p.soft_cap * std::tanh(sg[t] * p.scale / p.soft_cap);
+      }
+      const float bmax = *std::max_element(sg, sg + n);
+      const float new_max = std::max(run_max[g], bmax);
+      const float rescale = std::exp(run_max[g] - new_max);  // exp(-inf) = 0 on the first block
+      run_sum[g] = run_sum[g] * rescale + exp_sum(sg, n, new_max);
+      run_max[g] = new_max;
+      if (rescale != 1.f) {
+        for (int64_t i = 0; i < d; ++i) acc[g * d + i] *= rescale;
+      }
+    }
+    for (int64_t t = lo; t < hi; ++t) pv_row(s + (t - lo), bs, vb + t * p.v_stride_tok, g_count, d, acc);
+  }
+  for (int64_t g = 0; g < g_count; ++g) {
+    T* og = out + b * p.o_stride_seq + (kvh * g_count + g) * p.o_stride_head;
+    const float inv = run_sum[g] > 0 ? 1.f / run_sum[g] : 0.f;
+    for (int64_t i = 0; i < d; ++i) og[i] = from_float<T>(acc[g * d + i] * inv);
+  }
+}
+
+template <typename T, typename IdxT>
+void decode_all(const DecodeParams& p, const torch::Tensor& query, const torch::Tensor& key_cache,
+                const torch::Tensor& value_cache, const torch::Tensor& block_table,
+                const torch::Tensor& seq_lens, torch::Tensor& out) {
+  const int64_t num_seqs = query.size(0), hkv = p.num_kv_heads;
+  const T* q = query.data_ptr<T>();
+  const T* kc = key_cache.data_ptr<T>();
+  const T* vc = value_cache.data_ptr<T>();
+  const IdxT* bt = block_table.data_ptr<IdxT>();
+  const auto lens = seq_lens.to(torch::kInt64);
+  const int64_t* len = lens.data_ptr<int64_t>();
+  T* o = out.data_ptr<T>();
+  at::parallel_for(0, num_seqs * hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / hkv, kvh = task % hkv;
+      decode_one<T, IdxT>(p, q, kc, vc, bt + b * p.bt_stride, len[b], o, b, kvh, buf);
+    }
+  });
+}
+
+}  // namespace
+
+void paged_attention_decode(torch::Tensor& out, const torch::Tensor& query,
+                            const torch::Tensor& key_cache, const torch::Tensor& value_cache,
+                            const torch::Tensor& block_table, const torch::Tensor& seq_lens,
+                            double scale, int64_t sliding_window, double soft_cap) {
+  TORCH_CHECK(query.dim() == 3 && out.dim() == 3, "query/out must be [num_seqs, num_heads, head_size]");
+  TORCH_CHECK(key_cache.dim() == 4 && value_cache.dim() == 4,
+              "key/value cache must be [num_blocks, block_size, num_kv_heads, head_size]");
+  TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1 && key_cache.stride(3) == 1 &&
+                  value_cache.stride(3) == 1, "head_size dim must be contiguous");
+  TORCH_CHECK(query.scalar_type() == key_cache.scalar_type() &&
+                  out.scalar_type() == query.scalar_type() &&
+                  value_cache.scalar_type() == key_cache.scalar_type(), "dtype mismatch");
+  TORCH_CHECK(block_table.dim() == 2 && block_table.stride(1) == 1, "block_table must be [num_seqs, max_blocks]");
+  TORCH_CHECK(query.size(1) % key_cache.size(2) == 0, "num_heads must be a multiple of num_kv_heads");
+  DecodeParams p{query.size(1), key_cache.size(2), query.size(2), key_cache.size(1),
+                 query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+                 key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+                 value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+                 block_table.stride(0), static_cast<float>(scale), static_cast<float>(soft_cap),
+                 sliding_window};
+  const bool idx64 = block_table.scalar_type() == torch::kInt64;
+  TORCH_CHECK(idx64 || block_table.scalar_type() == torch::kInt32, "block_table must be int32/int64");
+  switch (query.scalar_type()) {
+    case torch::kBFloat16:
+      idx64 ? decode_all<bf16, int64_t>(p, query, key_cache, value_cache, block_table, seq_lens, out)
+            : decode_all<bf16, int32_t>(p, query, key_cache, value_cache, block_table, seq_lens, out);
+      break;
+    case torch::kFloat32:
+      idx64 ? decode_all<float, int64_t>(p, query, key_cache, value_cache, block_table, seq_lens, out)
+            : decode_all<float, int32_t>(p, query, key_cache, value_cache, block_table, seq_lens, out);
+      break;
+    default:
+      TORCH_CHECK(false, "paged_attention_decode: bf16 or fp32 only, got ", query.scalar_type());
+  }
+}
+
+}  // namespace vllm_cpu

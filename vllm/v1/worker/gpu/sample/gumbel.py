@@ -14,10 +14,11 @@ where `seed` is the request's seed, `pos` the position of the token the
 logits row was computed at, and fmix32 the murmur3 finaliser (a bijection on
 32-bit words with full avalanche). So a seeded request draws the same noise at
 the same position whatever else is in the batch, whichever row it sits in and
-however the steps were chunked. Multiplying v by an odd constant and *adding*
-the key makes the hash inputs of two rows with different keys the same set only
-when the keys differ by a multiple that lands inside the vocabulary (odds
-~2 * vocab / 2**32), so rows do not share noise.
+however the steps were chunked. Multiplying v by an odd constant c and *adding*
+the key, two rows with keys k1 != k2 share hash inputs (hence noise values)
+only when k1 - k2 = c * d mod 2**32 for some |d| < vocab: odds ~2 * vocab /
+2**32 for random keys. (With `v ^ key` instead, every pair of rows would see
+the same noise values, permuted.)
 
 U = (k + 0.5) * 2**-23 with k = h >> 9, the top 23 bits: exact in float32 and
 never 0 or 1. The noise enters as

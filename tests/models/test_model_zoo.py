@@ -99,3 +99,25 @@ def test_sliding_window_frees_blocks_out_of_the_window(tmp_path, monkeypatch):
     assert out[0].outputs[0].token_ids == hf_greedy(model_dir, [prompt], 110)[0]
     # The window (12 tokens) touches at most 2 blocks, plus the block being filled.
     assert len(held) > 100 and max(held) <= 3
+
+
+def test_mla_caches_only_the_compressed_latent(zoo_checkpoint, monkeypatch):
+    """DeepSeek-V2's KV cache is one MLA group whose rows are kv_lora_rank +
+    qk_rope_head_dim wide (32 + 8 here), one per token, instead of
+    2 * heads * head_dim for K and V; the allocated tensors have that shape."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    model_dir, expected = zoo_checkpoint("deepseek_v2")
+    llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0,
+              num_gpu_blocks_override=24)
+    core = llm.llm_engine.engine_core.engine_core
+    (group,) = core.scheduler.kv_cache_config.kv_cache_groups
+    spec = group.kv_cache_spec
+    assert type(spec).__name__ == "MLAAttentionSpec"
+    assert (spec.num_kv_heads, spec.head_size) == (1, 32 + 8)
+    assert spec.page_size_bytes == 16 * 40 * 4  # block_size * row * float32
+    runner = core.model_executor.driver_worker.worker.model_runner
+    assert {tuple(t.shape) for t in runner.kv_caches} == {(24, 16, 40)}
+    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp,
+                        use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outs] == expected

@@ -66,6 +66,20 @@ ZOO: dict[str, ZooModel] = {
         num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=2.0,
         attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=2.0),
         "v2", perturb=_spread_routers),
+    # q_lora_rank set and group-limited routing: 8 experts in 4 groups, 2 eligible.
+    "deepseek_v2": ZooModel("DeepseekV2Config", "DeepseekV2ForCausalLM", _moe_kwargs(
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=48,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, head_dim=8,
+        topk_method="group_limited_greedy", n_group=4, topk_group=2,
+        routed_scaling_factor=1.5, num_key_value_heads=4), "v2", perturb=_spread_routers),
+    # No query compression, plain greedy top-k, all layers MoE.
+    "deepseek_v2-lite": ZooModel("DeepseekV2Config", "DeepseekV2ForCausalLM", _moe_kwargs(
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_shared_experts=2, first_k_dense_replace=0, kv_lora_rank=16, q_lora_rank=None,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, head_dim=8,
+        topk_method="greedy", num_key_value_heads=4), "v2",
+        perturb=_spread_routers),
 }
 # Not in the parity sweep: every layer sliding, for the block-freeing test.
 ZOO_EXTRA: dict[str, ZooModel] = {

@@ -67,6 +67,20 @@ class FullAttentionSpec(AttentionSpec):
 
 
 @dataclass(frozen=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """Multi-head latent attention: one cached row per token, the compressed
+    latent plus the rotary key ([kv_lora_rank + qk_rope_head_dim], one "KV
+    head"), so a page holds no separate K and V."""
+
+    cache_dtype_str: str | None = None
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.block_size * self.num_kv_heads * self.head_size * get_dtype_size(
+            self.dtype)
+
+
+@dataclass(frozen=True)
 class SlidingWindowSpec(AttentionSpec):
     """Attention over the last `sliding_window` tokens only."""
 

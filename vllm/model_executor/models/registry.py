@@ -27,6 +27,7 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
     "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2MoeForCausalLM"),
     "GraniteMoeForCausalLM": ("granitemoe", "GraniteMoeForCausalLM"),
+    "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
 }
 
 _POOLING_MODELS: dict[str, tuple[str, str]] = {}
@@ -121,7 +122,8 @@ class _ModelRegistry:
             module, _, cls_name = model_cls.partition(":")
             model_cls = getattr(importlib.import_module(module), cls_name)
         self.models[model_arch] = ("__oot__", model_arch)
-        self._load_model_cls.cache_clear()
+        # The cache lives on the base class's method (subclasses may override it).
+        _ModelRegistry._load_model_cls.cache_clear()
         _OOT_MODELS[model_arch] = model_cls  # type: ignore[assignment]
 
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from vllm.utils import cdiv
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheSpec, MLAAttentionSpec,
+                                        SlidingWindowSpec)
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -360,6 +361,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
 spec_manager_map: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
     FullAttentionSpec: FullAttentionManager,
+    # MLA keeps every token's latent row, exactly like full attention.
+    MLAAttentionSpec: FullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
 }
 

@@ -30,11 +30,26 @@ class CMakeExtension(Extension):
 
 
 def _torch_cmake_prefix() -> str | None:
+    """torch's CMake prefix: from the build environment, or else from the
+    environment being installed into (pip's build isolation hides it, but the
+    ops must link against the torch they will run with)."""
     try:
         import torch  # noqa: PLC0415  (only needed when building ops)
+        return torch.utils.cmake_prefix_path
     except Exception:
+        pass
+    # pip runs this file with the target interpreter and hides its
+    # site-packages through PYTHONPATH/PYTHONNOUSERSITE; ask it without them.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")}
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.utils.cmake_prefix_path)"],
+            env=env, capture_output=True, text=True, timeout=120, check=True)
+    except (OSError, subprocess.SubprocessError):
         return None
-    return torch.utils.cmake_prefix_path
+    prefix = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    return prefix or None
 
 
 def _why_not_buildable() -> str | None:

@@ -11,6 +11,7 @@ Signatures follow upstream's (`out` first, in-place ops return None).
 from __future__ import annotations
 
 import importlib
+import os
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +22,11 @@ logger = init_logger(__name__)
 
 
 def _load_extension() -> str | None:
-    """Import vllm._C; returns why it is unavailable, or None when loaded."""
+    """Import vllm._C; returns why it is unavailable, or None when loaded.
+
+    VLLM_CPU_DISABLE_CUSTOM_OPS=1 keeps the torch paths (A/B timing)."""
+    if os.environ.get("VLLM_CPU_DISABLE_CUSTOM_OPS") == "1":
+        return "disabled by VLLM_CPU_DISABLE_CUSTOM_OPS=1"
     try:
         importlib.import_module("vllm._C")
     except ImportError as e:

@@ -32,10 +32,12 @@ class CpuPlatform(Platform):
         has_sink: bool = False,
         use_sparse: bool = False,
     ) -> str:
-        if selected_backend not in (None, "CPU_ATTN"):
+        if selected_backend is not None and selected_backend.upper() != "CPU_ATTN":
+            from vllm.v1.attention.backends.registry import AttentionBackendEnum
+            AttentionBackendEnum.from_name(selected_backend)  # unknown name -> ValueError
             raise ValueError(
-                f"Attention backend {selected_backend!r} is not available on CPU; "
-                "the only CPU backend is 'CPU_ATTN'.")
+                f"Attention backend {selected_backend!r} cannot run on CPU (it needs a "
+                "GPU); the only CPU backend is 'CPU_ATTN'.")
         if use_mla or use_sparse or has_sink:
             raise NotImplementedError(
                 "MLA, sparse and sink attention are not implemented on CPU.")

@@ -1,8 +1,9 @@
 """The CUDA platform (upstream: vllm/platforms/cuda.py).
 
-Only selected when `torch.cuda.is_available()`. No CUDA-specific attention
-kernel exists in this tree yet, so attention uses the paged PyTorch backend,
-whose tensor ops run on any device.
+Only selected when `torch.cuda.is_available()`. Attention defaults to the
+Triton unified kernel (TRITON_ATTN) when triton is installed and the head
+size is supported, else the paged PyTorch backend (CPU_ATTN, whose tensor
+ops run on any device); FLASHINFER is used only when requested and installed.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
 TORCH_PAGED_ATTN_BACKEND = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
+_TRITON_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
 class CudaPlatform(Platform):
@@ -35,13 +37,27 @@ class CudaPlatform(Platform):
         has_sink: bool = False,
         use_sparse: bool = False,
     ) -> str:
-        if selected_backend not in (None, "CPU_ATTN"):
-            raise ValueError(
-                f"Attention backend {selected_backend!r} is not available; the only "
-                "backend built is the paged PyTorch backend 'CPU_ATTN'.")
+        from vllm.v1.attention.backends.registry import (AttentionBackendEnum,
+                                                         module_available)
         if use_mla or use_sparse or has_sink:
             raise NotImplementedError("MLA, sparse and sink attention are not implemented.")
-        return TORCH_PAGED_ATTN_BACKEND
+        triton_ok = module_available("triton") and dtype in (
+            torch.float16, torch.bfloat16, torch.float32)
+        if selected_backend is None:
+            # Upstream's order, restricted to what this tree builds: the
+            # Triton unified kernel, else the paged PyTorch backend.
+            if triton_ok and head_size in _TRITON_HEAD_SIZES:
+                return AttentionBackendEnum.TRITON_ATTN.get_path()
+            return TORCH_PAGED_ATTN_BACKEND
+        backend = AttentionBackendEnum.from_name(selected_backend)
+        if backend == AttentionBackendEnum.TRITON_ATTN and not triton_ok:
+            raise ValueError(f"TRITON_ATTN cannot run here: needs triton and fp16/bf16/fp32 "
+                             f"(got dtype {dtype}, triton installed: "
+                             f"{module_available('triton')}).")
+        if backend == AttentionBackendEnum.FLASHINFER:
+            raise ValueError("FLASHINFER is not built in this tree (it is optional); "
+                             "use TRITON_ATTN or CPU_ATTN.")
+        return backend.get_path()
 
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:

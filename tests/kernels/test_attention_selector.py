@@ -1,0 +1,54 @@
+"""Attention backend selection by platform, dtype, head size and request."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm.platforms.cpu import CpuPlatform
+from vllm.platforms.cuda import CudaPlatform
+from vllm.v1.attention.backends.registry import AttentionBackendEnum, module_available
+
+
+def _select(platform, name, head_size=64, dtype=torch.bfloat16):
+    return platform.get_attn_backend_cls(name, head_size, dtype, "auto", 16)
+
+
+def test_cpu_default_and_explicit():
+    assert _select(CpuPlatform, None).endswith("CPUAttentionBackend")
+    assert _select(CpuPlatform, "cpu_attn").endswith("CPUAttentionBackend")
+
+
+@pytest.mark.parametrize("name", ["TRITON_ATTN", "FLASHINFER"])
+def test_cpu_rejects_gpu_backends(name):
+    with pytest.raises(ValueError, match="cannot run on CPU"):
+        _select(CpuPlatform, name)
+
+
+def test_unknown_name():
+    with pytest.raises(ValueError, match="Unknown attention backend"):
+        _select(CpuPlatform, "NOPE")
+    with pytest.raises(ValueError, match="Unknown attention backend"):
+        _select(CudaPlatform, "NOPE")
+
+
+def test_cuda_rules_without_a_gpu():
+    """The CUDA platform's choice is a pure function of its inputs."""
+    default = _select(CudaPlatform, None)
+    if module_available("triton"):
+        assert default == AttentionBackendEnum.TRITON_ATTN.get_path()
+        assert _select(CudaPlatform, "TRITON_ATTN") == default
+    # Head size outside the Triton list: the paged torch backend.
+    assert _select(CudaPlatform, None, head_size=40).endswith("CPUAttentionBackend")
+    with pytest.raises(ValueError, match="TRITON_ATTN cannot run"):
+        _select(CudaPlatform, "TRITON_ATTN", dtype=torch.int8)
+    with pytest.raises(ValueError, match="FLASHINFER is not built"):
+        _select(CudaPlatform, "FLASHINFER")
+
+
+def test_backend_classes_resolve():
+    import importlib
+    for member in (AttentionBackendEnum.CPU_ATTN, AttentionBackendEnum.TRITON_ATTN):
+        mod, _, cls = member.get_path().rpartition(".")
+        backend = getattr(importlib.import_module(mod), cls)
+        assert backend.get_name() == member.name
+        assert backend.get_kv_cache_shape(3, 16, 2, 64) == (2, 3, 16, 2, 64)

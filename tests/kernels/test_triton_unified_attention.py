@@ -1,0 +1,77 @@
+"""The Triton unified attention kernel under TRITON_INTERPRET=1 (on CPU).
+
+The interpreter must be chosen before triton is imported, so the check runs
+in a subprocess; the kernel is compared there with a per-token torch
+reference over mixed prefill-chunk + decode batches.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+_SCRIPT = r'''
+import torch
+from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+def reference(q, kc, vc, bt, seq_lens, qsl, scale, window, cap):
+    bs, hkv, d = kc.shape[1:]
+    out = torch.empty_like(q)
+    for s in range(len(seq_lens)):
+        n, a, b = int(seq_lens[s]), int(qsl[s]), int(qsl[s + 1])
+        blocks = bt[s, : (n + bs - 1) // bs].long()
+        k = kc[blocks].reshape(-1, hkv, d)[:n].float()
+        v = vc[blocks].reshape(-1, hkv, d)[:n].float()
+        for t in range(a, b):
+            pos = n - (b - t)
+            lo = max(0, pos - window + 1) if window else 0
+            qq = q[t].float().view(hkv, -1, d)
+            sc = torch.einsum("hgd,thd->hgt", qq, k[lo:pos + 1]) * scale
+            if cap:
+                sc = cap * torch.tanh(sc / cap)
+            p = sc.softmax(-1)
+            out[t] = torch.einsum("hgt,thd->hgd", p, v[lo:pos + 1]).reshape(-1, d).to(q.dtype)
+    return out
+
+torch.manual_seed(0)
+for (dtype, d, bs, hkv, g, window, cap) in CASES:
+    # (query len, seq len): decodes, a chunk crossing blocks, a fresh prefill
+    reqs = [(1, 1), (1, bs + 1), (5, 2 * bs + 3), (bs + 2, bs + 2)]
+    max_blocks = max((n + bs - 1) // bs for _, n in reqs)
+    nb = len(reqs) * max_blocks + 2
+    kc = torch.randn(2, nb, bs, hkv, d, dtype=dtype)
+    bt = torch.randperm(nb)[: len(reqs) * max_blocks].view(len(reqs), max_blocks).int()
+    qlens = torch.tensor([a for a, _ in reqs])
+    qsl = torch.zeros(len(reqs) + 1, dtype=torch.int32)
+    qsl[1:] = qlens.cumsum(0)
+    seq_lens = torch.tensor([n for _, n in reqs], dtype=torch.int32)
+    tok_seq = torch.repeat_interleave(torch.arange(len(reqs), dtype=torch.int32), qlens)
+    q = torch.randn(int(qsl[-1]), hkv * g, d, dtype=dtype)
+    out = torch.empty_like(q)
+    unified_attention(out, q, kc[0], kc[1], bt, seq_lens, qsl, tok_seq, d ** -0.5, window, cap)
+    ref = reference(q, kc[0], kc[1], bt, seq_lens, qsl, d ** -0.5, window, cap)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+print("OK", len(CASES))
+'''
+
+CASES = [
+    ("torch.float32", 64, 16, 2, 6, None, None),
+    ("torch.bfloat16", 128, 32, 1, 4, None, None),
+    ("torch.float32", 64, 16, 4, 1, 7, None),
+    ("torch.float32", 80, 16, 2, 2, None, 20.0),
+]
+
+
+def test_unified_attention_interpreter():
+    """All cases in one interpreter process (importing torch + triton is the slow part)."""
+    pytest.importorskip("triton")
+    cases = "CASES = [" + ", ".join(
+        f"({c[0]}, {', '.join(map(repr, c[1:]))})" for c in CASES) + "]\n"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", "import torch\n" + cases + _SCRIPT],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"OK {len(CASES)}" in proc.stdout

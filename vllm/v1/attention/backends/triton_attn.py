@@ -1,0 +1,139 @@
+"""Triton attention backend (upstream: vllm/v1/attention/backends/triton_attn.py).
+
+Every request of a step, decode or prefill chunk, goes through one launch of
+the unified paged-attention kernel (`vllm/v1/attention/ops/
+triton_unified_attention.py`) over the block table. The KV cache layout is
+the CPU backend's, (2, num_blocks, block_size, num_kv_heads, head_size), and
+new K/V are written by slot with `index_copy_` before attention reads them.
+Runs wherever Triton has a driver (CUDA GPUs); on CPU it runs only under
+TRITON_INTERPRET=1 (tests), so the selector never picks it there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from vllm.v1.attention.backend import (AttentionBackend, AttentionImpl,
+                                       AttentionMetadataBuilder, AttentionType,
+                                       CommonAttentionMetadata)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+
+class TritonAttentionBackend(AttentionBackend):
+    accept_output_buffer = True
+
+    @staticmethod
+    def get_name() -> str:
+        return "TRITON_ATTN"
+
+    @staticmethod
+    def get_impl_cls() -> type["TritonAttentionImpl"]:
+        return TritonAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["TritonAttentionMetadataBuilder"]:
+        return TritonAttentionMetadataBuilder
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
+                           head_size: int, cache_dtype_str: str = "auto") -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [32, 64, 80, 96, 112, 128, 160, 192, 224, 256]
+
+    @classmethod
+    def supports_dtype(cls, dtype: torch.dtype) -> bool:
+        return dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass
+class TritonAttentionMetadata:
+    num_actual_tokens: int
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32
+    seq_lens: torch.Tensor  # [num_reqs] int32
+    block_table: torch.Tensor  # [num_reqs, max_blocks] int32
+    slot_mapping: torch.Tensor  # [num_actual_tokens] int64, < 0 = padding
+    token_to_seq: torch.Tensor  # [num_actual_tokens] int32
+
+
+class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMetadata]):
+    # One kernel serves decodes and prefills in any order.
+    reorder_batch_threshold: ClassVar[int | None] = None
+
+    def __init__(self, kv_cache_spec: "AttentionSpec", layer_names: list[str],
+                 vllm_config: "VllmConfig", device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> TritonAttentionMetadata:
+        cm = common_attn_metadata
+        if not cm.causal:
+            raise NotImplementedError("TRITON_ATTN supports causal attention only.")
+        qsl = cm.query_start_loc[: cm.num_reqs + 1]
+        query_lens = qsl[1:] - qsl[:-1]
+        # output_size: no device -> host sync to size the result.
+        token_to_seq = torch.repeat_interleave(
+            torch.arange(cm.num_reqs, dtype=torch.int32, device=qsl.device), query_lens,
+            output_size=cm.num_actual_tokens)
+        return TritonAttentionMetadata(
+            num_actual_tokens=cm.num_actual_tokens,
+            query_start_loc=qsl,
+            seq_lens=cm.seq_lens[: cm.num_reqs],
+            block_table=cm.block_table_tensor[: cm.num_reqs],
+            slot_mapping=cm.slot_mapping[: cm.num_actual_tokens].to(torch.int64),
+            token_to_seq=token_to_seq,
+        )
+
+
+class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
+    def __init__(self, num_heads: int, head_size: int, scale: float,
+                 num_kv_heads: int | None = None, alibi_slopes: list[float] | None = None,
+                 sliding_window: int | None = None, kv_cache_dtype: str = "auto",
+                 logits_soft_cap: float | None = None, attn_type: str = AttentionType.DECODER,
+                 kv_sharing_target_layer_name: str | None = None) -> None:
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"TRITON_ATTN: attn_type {attn_type!r} is not built.")
+        if alibi_slopes is not None or kv_cache_dtype != "auto":
+            raise NotImplementedError("TRITON_ATTN: ALiBi and quantized KV caches are not built.")
+        if kv_sharing_target_layer_name is not None:
+            raise NotImplementedError("TRITON_ATTN: KV sharing between layers is not built.")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        if num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of "
+                             f"num_kv_heads {self.num_kv_heads}.")
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap or None
+
+    def forward(self, layer: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: TritonAttentionMetadata,
+                output: torch.Tensor | None = None) -> torch.Tensor:
+        """query [T, H, D], key/value [T, Hkv, D] -> output [T, H, D]
+        (rows past num_actual_tokens are zero)."""
+        from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+        md = attn_metadata
+        if output is None:
+            output = torch.empty_like(query)
+        n = md.num_actual_tokens
+        if n < query.shape[0]:
+            output[n:].zero_()
+        key_cache, value_cache = kv_cache.unbind(0)
+        keep = md.slot_mapping >= 0
+        slots = md.slot_mapping[keep]
+        key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slots, key[:n][keep])
+        value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slots, value[:n][keep])
+        unified_attention(output[:n], query[:n], key_cache, value_cache, md.block_table,
+                          md.seq_lens, md.query_start_loc, md.token_to_seq, self.scale,
+                          self.sliding_window, self.logits_soft_cap)
+        return output

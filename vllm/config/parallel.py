@@ -1,6 +1,7 @@
 """Parallelism configuration (upstream: vllm/config/parallel.py)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 _BACKENDS = ("uni", "mp", "ray", "external_launcher")
@@ -11,7 +12,7 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
-    # None = chosen from the world size: uni for 1, mp on one node.
+    # None = chosen: uni for world size 1, ray inside a Ray placement group, else mp.
     distributed_executor_backend: str | type | None = None
 
     def __post_init__(self) -> None:
@@ -23,8 +24,28 @@ class ParallelConfig:
             raise ValueError(f"Unknown distributed executor backend {backend!r}; choose one "
                              f"of {_BACKENDS}.")
         if backend is None:
-            self.distributed_executor_backend = "uni" if self.world_size == 1 else "mp"
+            self.distributed_executor_backend = self._default_backend()
+
+    def _default_backend(self) -> str:
+        """As upstream: uni for one worker; ray when this process already runs
+        inside a Ray placement group; else mp (one node)."""
+        if self.world_size == 1:
+            return "uni"
+        if _in_ray_placement_group():
+            return "ray"
+        return "mp"
 
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+def _in_ray_placement_group() -> bool:
+    """Whether Ray is initialised here and this task runs in a placement group.
+    Ray is only consulted when the caller has imported it already."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    from ray.util import get_current_placement_group
+
+    return get_current_placement_group() is not None

@@ -124,8 +124,10 @@ class VllmConfig:
         if isinstance(backend, type):
             if not backend.supports_async_scheduling():
                 return f"executor {backend.__name__} does not support it"
-        elif backend != "uni":
-            return "the multiprocess and Ray executors do not support it yet"
+        elif backend not in ("uni", "mp", "ray"):
+            return f"the {backend!r} executor does not support it"
+        if not self.use_v2_model_runner and self.parallel_config.pipeline_parallel_size > 1:
+            return "Model Runner V1 does not support it with pipeline parallelism"
         if not self.use_v2_model_runner:
             # Upstream's V1 runner can run ahead too; ours does not yet.
             return "Model Runner V1 does not support it in this version"

@@ -7,8 +7,9 @@ value is turned into a msgpack tree in which objects are tagged maps:
 
     {"__t": "obj", "c": "vllm.v1.outputs:ModelRunnerOutput", "s": {field: value}}
 
-Decoding rebuilds only classes that are (1) defined in a `vllm.` module that
-is already imported (nothing is imported on a message's say) and (2) plain
+Decoding rebuilds only classes that are (1) defined in a `vllm.` module (our
+own code: such a module may be imported on first use, nothing else can be)
+and (2) plain
 data: a dataclass, NamedTuple, Enum or msgspec Struct. A dataclass's state is
 set field by field without running its `__init__`; Enums, NamedTuples and
 Structs go through their constructors. Tensors and arrays go through `MsgpackEncoder` (raw
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +33,8 @@ import torch
 from vllm.v1.serial_utils import _TORCH_DTYPES, MsgpackDecoder, MsgpackEncoder, bytestr
 
 TAG = "__t"
+# A dotted module path inside the vllm package (identifiers only).
+_VLLM_MODULE = re.compile(r"vllm(\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 class RpcDecodeError(ValueError):
@@ -51,9 +56,14 @@ def _resolve_class(name: Any) -> type:
     if not isinstance(name, str) or ":" not in name:
         raise RpcDecodeError(f"Bad class reference {name!r}")
     module_name, _, qualname = name.partition(":")
+    if not _VLLM_MODULE.fullmatch(module_name):
+        raise RpcDecodeError(f"Class {name!r} is not from a vllm module")
     module = sys.modules.get(module_name)
-    if not module_name.startswith("vllm.") or module is None:
-        raise RpcDecodeError(f"Class {name!r} is not from an imported vllm module")
+    if module is None:
+        try:  # one of our own modules, not yet imported in this process
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise RpcDecodeError(f"No module for class {name!r}") from e
     obj: Any = module
     for part in qualname.split("."):
         # No dunder hops (__class__, __globals__, ...): module attributes only.

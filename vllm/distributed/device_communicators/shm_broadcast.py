@@ -99,9 +99,15 @@ class ShmRingBuffer:
         start = self.metadata_offset + i * self.metadata_size
         return self.shared_memory.buf[start:start + self.metadata_size]
 
-    def close(self) -> None:
-        self.shared_memory.close()
-        if self.is_creator:
+    def close(self, unlink: bool | None = None) -> None:
+        """Unmap the segment; unlink it too if `unlink` (default: if we created it)."""
+        try:
+            self.shared_memory.close()
+        except BufferError:
+            # A view is still in use (a reader being cancelled on another
+            # thread); the mapping goes away with the process.
+            pass
+        if self.is_creator if unlink is None else unlink:
             try:
                 self.shared_memory.unlink()
             except FileNotFoundError:
@@ -288,13 +294,15 @@ class MessageQueue:
                 self.current_idx = (self.current_idx + 1) % self.buffer.max_chunks
             return
 
-    def close(self) -> None:
+    def close(self, unlink: bool | None = None) -> None:
+        """Close the sockets and the buffer. A reader passes `unlink=True` to
+        remove a segment whose writer died without doing so."""
         for sock in (self.local_socket, self.remote_socket):
             if sock is not None:
                 sock.close(linger=0)
         self.context.term()
         if self.buffer is not None:
-            self.buffer.close()
+            self.buffer.close(unlink)
             self.buffer = None
 
 

@@ -27,8 +27,6 @@ _R = TypeVar("_R")
 # Backends named by parallel_config.distributed_executor_backend that are
 # planned but not built yet.
 _UNBUILT_BACKENDS = {
-    "mp": "the multiprocess executor (one worker process per device)",
-    "ray": "the Ray executor",
     "external_launcher": "the external-launcher executor",
 }
 
@@ -58,10 +56,16 @@ class Executor(ABC):
                                  f"{parallel_config.world_size}.")
             from vllm.v1.executor.uniproc_executor import UniProcExecutor
             return UniProcExecutor
+        if backend == "mp":
+            from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+            return MultiprocExecutor
+        if backend == "ray":
+            from vllm.v1.executor.ray_executor import RayDistributedExecutor
+            return RayDistributedExecutor
         if backend in _UNBUILT_BACKENDS:
             raise ValueError(f"distributed_executor_backend={backend!r} needs "
                              f"{_UNBUILT_BACKENDS[backend]}, which is not built yet; "
-                             "use world size 1 (the 'uni' executor).")
+                             "use 'mp', 'ray' or (world size 1) 'uni'.")
         if isinstance(backend, str) and "." in backend:
             module_name, _, class_name = backend.rpartition(".")
             executor_class = getattr(importlib.import_module(module_name), class_name)

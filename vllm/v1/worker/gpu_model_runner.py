@@ -21,9 +21,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from vllm.distributed import get_pp_group
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingType
+from vllm.sequence import IntermediateTensors
 from vllm.utils import is_pin_memory_available
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput
@@ -48,8 +50,10 @@ class ExecuteModelState(NamedTuple):
     """What `execute_model` leaves for the `sample_tokens` call that follows."""
 
     scheduler_output: "SchedulerOutput"
-    hidden_states: torch.Tensor  # [num_tokens, hidden] (for prompt logprobs)
-    logits: torch.Tensor  # [num_reqs, vocab]
+    # [num_tokens, hidden] (for prompt logprobs); None on a pipeline stage
+    # before the last, which has no logits either.
+    hidden_states: torch.Tensor | None
+    logits: torch.Tensor | None  # [num_reqs, vocab]
     # [num_reqs] bool: requests still mid-prefill, whose sampled token is dropped.
     discard_mask: np.ndarray
 
@@ -138,9 +142,14 @@ class GPUModelRunner:
 
     # ---- one step ------------------------------------------------------------
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: "SchedulerOutput") -> ModelRunnerOutput | None:
+    def execute_model(self, scheduler_output: "SchedulerOutput",
+                      intermediate_tensors: IntermediateTensors | None = None
+                      ) -> ModelRunnerOutput | IntermediateTensors | None:
         """Run the forward pass; returns None and leaves the logits for
-        `sample_tokens` (or EMPTY_MODEL_RUNNER_OUTPUT when nothing is scheduled)."""
+        `sample_tokens` (or EMPTY_MODEL_RUNNER_OUTPUT when nothing is scheduled).
+        Under pipeline parallelism a later stage starts from the previous
+        stage's `intermediate_tensors`, and a stage before the last returns
+        its own for the next stage."""
         if self.execute_model_state is not None:
             raise RuntimeError("execute_model() called twice without sample_tokens().")
         self._update_states(scheduler_output)
@@ -151,7 +160,12 @@ class GPUModelRunner:
         attn_metadata, logits_indices, discard_mask = self._prepare_inputs(scheduler_output)
         with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens):
             hidden_states = self.get_model()(input_ids=self.input_ids.gpu[:num_tokens],
-                                             positions=self.positions.gpu[:num_tokens])
+                                             positions=self.positions.gpu[:num_tokens],
+                                             intermediate_tensors=intermediate_tensors)
+        if not get_pp_group().is_last_rank:
+            self.execute_model_state = ExecuteModelState(scheduler_output, None, None,
+                                                         discard_mask)
+            return hidden_states  # IntermediateTensors for the next stage
         logits = self.model.compute_logits(hidden_states[logits_indices])
         self.execute_model_state = ExecuteModelState(scheduler_output, hidden_states, logits,
                                                      discard_mask)
@@ -166,8 +180,19 @@ class GPUModelRunner:
         self.execute_model_state = None
         if grammar_output is not None:
             raise NotImplementedError("Structured output (grammar bitmasks) is not built yet.")
+        pp_group = get_pp_group()
+        if state.logits is None:
+            # A stage before the last: take the last stage's tokens, so this
+            # stage's batch holds them too.
+            sampled = torch.empty((len(state.discard_mask), 1), dtype=torch.int64)
+            self._bookkeeping(pp_group.broadcast(sampled, src=pp_group.world_size - 1),
+                              None, state.discard_mask)
+            return None
         sampling_metadata = self._sampling_metadata_for_step(state.discard_mask)
         sampler_output = self.sampler(state.logits, sampling_metadata)
+        if pp_group.world_size > 1:
+            pp_group.broadcast(sampler_output.sampled_token_ids.to(torch.int64).cpu(),
+                               src=pp_group.world_size - 1)
         output = self._bookkeeping(sampler_output.sampled_token_ids,
                                    sampler_output.logprobs_tensors, state.discard_mask)
         output.prompt_logprobs_dict = get_prompt_logprobs_dict(
@@ -407,8 +432,14 @@ class GPUModelRunner:
         attn_metadata = None
         if use_kv_cache and self.attn_groups:
             attn_metadata = self._dummy_attention_metadata(num_scheduled, cu_num_tokens)
+        # A later pipeline stage starts from zeros (stages run their dummy
+        # batches independently).
+        intermediate_tensors = None if get_pp_group().is_first_rank else (
+            self.get_model().make_empty_intermediate_tensors(num_tokens, self.dtype,
+                                                             self.device))
         with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens):
-            hidden_states = self.get_model()(input_ids=input_ids, positions=positions)
+            hidden_states = self.get_model()(input_ids=input_ids, positions=positions,
+                                             intermediate_tensors=intermediate_tensors)
         last = torch.from_numpy(cu_num_tokens - 1).to(self.device)
         return hidden_states[last]
 
@@ -440,7 +471,10 @@ class GPUModelRunner:
     @torch.inference_mode()
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
         """Logits and a random top-k/top-p draw with logprobs for each row, so
-        the sampler's kernels and buffers are exercised once."""
+        the sampler's kernels and buffers are exercised once (on the last
+        pipeline stage: the others have no logits)."""
+        if not get_pp_group().is_last_rank:
+            return
         logits = self.get_model().compute_logits(hidden_states)
         n = logits.shape[0]
         metadata = SamplingMetadata(

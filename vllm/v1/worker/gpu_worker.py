@@ -15,8 +15,10 @@ import torch
 import torch.nn as nn
 
 from vllm import envs
+from vllm.distributed import get_pp_group
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
+from vllm.sequence import IntermediateTensors
 from vllm.utils import GiB_bytes
 from vllm.v1.worker.worker_base import WorkerBase
 
@@ -49,9 +51,6 @@ class Worker(WorkerBase):
 
     # ---- set-up ----------------------------------------------------------------
     def init_device(self) -> None:
-        if self.parallel_config.world_size != 1:
-            raise ValueError("Only world size 1 is supported; tensor/pipeline "
-                             "parallelism is not built yet.")
         if self.device_config.device_type == "cuda":
             self.device = torch.device(f"cuda:{self.local_rank}")
             torch.cuda.set_device(self.device)
@@ -60,6 +59,9 @@ class Worker(WorkerBase):
         else:
             self.device = torch.device("cpu")
             self._init_cpu_threads()
+        init_worker_distributed_environment(self.vllm_config, self.rank,
+                                            self.distributed_init_method, self.local_rank,
+                                            "nccl" if self.device.type == "cuda" else "gloo")
         current_platform.seed_everything(self.model_config.seed)
         self.model_runner = self._make_model_runner()
 
@@ -191,7 +193,20 @@ class Worker(WorkerBase):
 
     # ---- steps -----------------------------------------------------------------
     def execute_model(self, scheduler_output: "SchedulerOutput") -> "ModelRunnerOutput | None":
-        return self._runner().execute_model(scheduler_output)
+        """One forward pass. A pipeline stage after the first receives the
+        previous stage's tensors first; one before the last sends its own on
+        and returns None (only the last stage has an output)."""
+        pp_group = get_pp_group()
+        intermediate_tensors = None
+        if (not pp_group.is_first_rank
+                and scheduler_output.total_num_scheduled_tokens > 0):
+            intermediate_tensors = IntermediateTensors(
+                pp_group.recv_tensor_dict(device=self.device))
+        output = self._runner().execute_model(scheduler_output, intermediate_tensors)
+        if isinstance(output, IntermediateTensors):
+            pp_group.send_tensor_dict(output.tensors)
+            return None
+        return output
 
     def sample_tokens(self, grammar_output: Any) -> "ModelRunnerOutput | None":
         return self._runner().sample_tokens(grammar_output)
@@ -214,3 +229,21 @@ class Worker(WorkerBase):
         if self.model_runner is None:
             raise RuntimeError("init_device() must run before this worker call.")
         return self.model_runner
+
+
+def init_worker_distributed_environment(vllm_config: "VllmConfig", rank: int,
+                                        distributed_init_method: str | None = None,
+                                        local_rank: int = -1,
+                                        backend: str = "gloo") -> None:
+    """Join the workers' torch.distributed world and build the tensor- and
+    pipeline-parallel groups. One worker (world size 1) needs no process
+    group: `vllm.distributed`'s one-rank groups serve it."""
+    parallel_config = vllm_config.parallel_config
+    if parallel_config.world_size == 1:
+        return
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+
+    init_distributed_environment(parallel_config.world_size, rank,
+                                 distributed_init_method or "env://", local_rank, backend)
+    ensure_model_parallel_initialized(parallel_config.tensor_parallel_size,
+                                      parallel_config.pipeline_parallel_size, backend)

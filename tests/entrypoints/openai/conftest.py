@@ -74,6 +74,10 @@ class RemoteOpenAIServer:
         except psutil.NoSuchProcess:
             return []
 
+    def engine_processes(self) -> list[psutil.Process]:
+        """The engine-core children (not multiprocessing's resource tracker)."""
+        return [p for p in self.children() if "resource_tracker" not in " ".join(p.cmdline())]
+
     def get_client(self, **kwargs):
         import openai
 
@@ -112,6 +116,21 @@ class RemoteOpenAIServer:
         for p in alive:
             p.kill()
         return self.proc.returncode
+
+
+def wait_exited(procs: list[psutil.Process], timeout: float = 10.0) -> None:
+    """Wait until every process has exited (a zombie awaiting its parent's
+    reaping counts as exited); fail if one is still running."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        while True:
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            assert time.monotonic() < deadline, f"process {proc.pid} still running"
+            time.sleep(0.1)
 
 
 @pytest.fixture(scope="session")

@@ -175,7 +175,9 @@ class MultiprocExecutor(Executor):
         self.shutdown_event.set()
         self._finalizer()
         if (pool := getattr(self, "io_thread_pool", None)) is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            # Its pending wait ends within ~10 ms of shutdown_event; let it
+            # release the queue buffers before they are closed.
+            pool.shutdown(wait=True, cancel_futures=True)
         if (mq := getattr(self, "rpc_broadcast_mq", None)) is not None:
             mq.close()
         for mq in getattr(self, "response_mqs", []):

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from vllm.distributed import get_pp_group
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -63,8 +64,10 @@ class ExecuteModelState(NamedTuple):
     """What `execute_model` leaves for the `sample_tokens` call that follows."""
 
     input_batch: InputBatch
-    hidden_states: torch.Tensor  # [num_tokens, hidden] (for prompt logprobs)
-    logits: torch.Tensor  # [num_logits, vocab]
+    # [num_tokens, hidden] (for prompt logprobs); None on a pipeline stage
+    # before the last, which has no logits either.
+    hidden_states: torch.Tensor | None
+    logits: torch.Tensor | None  # [num_logits, vocab]
 
 
 class GPUModelRunner:
@@ -287,9 +290,9 @@ class GPUModelRunner:
         """Update the request rows and run the forward pass; returns None and
         leaves the logits for `sample_tokens` (EMPTY_MODEL_RUNNER_OUTPUT when
         nothing is scheduled). Dummy batches (warm-up, profiling) go through
-        `_dummy_run`, which touches no request state."""
-        if intermediate_tensors is not None:
-            raise NotImplementedError("Pipeline parallelism is not built.")
+        `_dummy_run`, which touches no request state. Under pipeline
+        parallelism a later stage starts from the previous stage's
+        `intermediate_tensors`; a stage before the last returns its own."""
         if self.execute_model_state is not None:
             raise RuntimeError("execute_model() called twice without sample_tokens().")
         self.finish_requests(scheduler_output)
@@ -300,19 +303,27 @@ class GPUModelRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         input_batch = self.prepare_inputs(scheduler_output)
         attn_metadata = self.prepare_attn(input_batch)
-        hidden_states, logits = self._run_model(input_batch, attn_metadata)
+        hidden_states, logits = self._run_model(input_batch, attn_metadata,
+                                                intermediate_tensors)
+        if logits is None:  # a stage before the last: hand its tensors on
+            self.execute_model_state = ExecuteModelState(input_batch, None, None)
+            return hidden_states
         self.execute_model_state = ExecuteModelState(input_batch, hidden_states, logits)
         return None
 
-    def _run_model(self, input_batch: InputBatch, attn_metadata: dict[str, Any] | None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run_model(self, input_batch: InputBatch, attn_metadata: dict[str, Any] | None,
+                   intermediate_tensors: Any = None) -> tuple[Any, torch.Tensor | None]:
         """Forward pass: (hidden states [num_tokens, hidden], logits of the
-        sampled rows [num_logits, vocab])."""
+        sampled rows [num_logits, vocab]); on a pipeline stage before the last,
+        (IntermediateTensors for the next stage, None)."""
         model = self.get_model()
         with set_forward_context(attn_metadata, self.vllm_config,
                                  num_tokens=input_batch.num_tokens_after_padding):
             hidden_states = model(input_ids=input_batch.input_ids,
-                                  positions=input_batch.positions)
+                                  positions=input_batch.positions,
+                                  intermediate_tensors=intermediate_tensors)
+        if not get_pp_group().is_last_rank:
+            return hidden_states, None
         return hidden_states, model.compute_logits(hidden_states[input_batch.logits_indices])
 
     @torch.inference_mode()
@@ -327,12 +338,19 @@ class GPUModelRunner:
         if grammar_output is not None:
             raise NotImplementedError("Structured output (grammar bitmasks) is not built yet.")
         input_batch, hidden_states, logits = state
+        if logits is None:
+            self._receive_pp_sampled_tokens(input_batch)
+            return None
         # Each logits row is sampled at its token's position (the noise key).
         pos = input_batch.positions[input_batch.logits_indices]
         sampler_output = self.sampler(logits, input_batch.expanded_idx_mapping,
                                       input_batch.idx_mapping_np, pos, input_batch.seq_lens_np,
                                       self.req_states.all_token_ids.gpu)
         num_sampled, num_rejected = self._num_sampled_and_rejected(input_batch)
+        pp_group = get_pp_group()
+        if pp_group.world_size > 1:  # the earlier stages record the tokens too
+            pp_group.broadcast(sampler_output.sampled_token_ids.cpu(),
+                               src=pp_group.world_size - 1)
         output = ModelRunnerOutput(
             req_ids=input_batch.req_ids,
             req_id_to_index={req_id: i for i, req_id in enumerate(input_batch.req_ids)},
@@ -345,6 +363,16 @@ class GPUModelRunner:
         self.postprocess(input_batch, sampler_output.sampled_token_ids, num_sampled,
                          num_rejected)
         return async_output if self.use_async_scheduling else async_output.get_output()
+
+    def _receive_pp_sampled_tokens(self, input_batch: InputBatch) -> None:
+        """A pipeline stage before the last: take the tokens the last stage
+        sampled ([num_logits, 1] int64) and record them in the rows, as if
+        sampled here, so the next step's inputs are right on every stage."""
+        pp_group = get_pp_group()
+        sampled = torch.empty((len(input_batch.logits_indices), 1), dtype=torch.int64)
+        pp_group.broadcast(sampled, src=pp_group.world_size - 1)
+        num_sampled, num_rejected = self._num_sampled_and_rejected(input_batch)
+        self.postprocess(input_batch, sampled.to(self.device), num_sampled, num_rejected)
 
     def _num_sampled_and_rejected(self, input_batch: InputBatch
                                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -401,8 +429,13 @@ class GPUModelRunner:
         if use_kv_cache and self.attn_groups:
             attn_metadata = self._dummy_attn_metadata(batch)
         model = self.get_model()
+        # A later pipeline stage starts from zeros (stages run dummy batches alone).
+        intermediate_tensors = None if get_pp_group().is_first_rank else (
+            model.make_empty_intermediate_tensors(num_tokens, self.model_config.dtype,
+                                                  self.device))
         with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens):
-            hidden_states = model(input_ids=batch.input_ids, positions=batch.positions)
+            hidden_states = model(input_ids=batch.input_ids, positions=batch.positions,
+                                  intermediate_tensors=intermediate_tensors)
         return hidden_states[batch.logits_indices]
 
     def _dummy_attn_metadata(self, batch: InputBatch) -> dict[str, Any]:
@@ -419,7 +452,10 @@ class GPUModelRunner:
     @torch.inference_mode()
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
         """Logits, top-k/top-p, a Gumbel draw and top logprobs for each row,
-        with throw-away parameters (no sampling state is touched)."""
+        with throw-away parameters (no sampling state is touched). Only the
+        last pipeline stage has logits."""
+        if not get_pp_group().is_last_rank:
+            return
         logits = self.get_model().compute_logits(hidden_states).to(torch.float32)
         n = logits.shape[0]
         rows = torch.arange(n, device=self.device)

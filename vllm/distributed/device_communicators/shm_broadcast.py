@@ -249,14 +249,19 @@ class MessageQueue:
     def _acquire_write(self, timeout: float | None) -> Iterator[memoryview]:
         assert self.buffer is not None
         backoff = _Backoff(timeout, None)
+        # Views are released as soon as they are used (`with`): a live view
+        # keeps the segment from being closed.
         while True:
-            metadata = self.buffer.get_metadata(self.current_idx)
-            if metadata[0] and sum(metadata[1:]) != self.n_local_reader:
+            with self.buffer.get_metadata(self.current_idx) as metadata:
+                busy = metadata[0] and sum(metadata[1:]) != self.n_local_reader
+            if busy:
                 backoff.wait()  # not every reader has read this chunk yet
                 continue
-            yield self.buffer.get_data(self.current_idx)
-            metadata[1:] = bytes(self.n_local_reader)  # clear the read flags ...
-            metadata[0] = 1  # ... then publish
+            with self.buffer.get_data(self.current_idx) as chunk:
+                yield chunk
+            with self.buffer.get_metadata(self.current_idx) as metadata:
+                metadata[1:] = bytes(self.n_local_reader)  # clear the read flags ...
+                metadata[0] = 1  # ... then publish
             self.current_idx = (self.current_idx + 1) % self.buffer.max_chunks
             return
 
@@ -270,10 +275,13 @@ class MessageQueue:
             return self.decoder.decode(self._recv(self.remote_socket, timeout, cancel))
         with self._acquire_read(timeout, cancel) as chunk:
             if chunk[0] == _OVERFLOW:
-                frames: Sequence[Any] = self._recv(self.local_socket, timeout, cancel)
-            else:
-                frames = _unpack_frames(chunk)
-            return self.decoder.decode(frames)
+                return self.decoder.decode(self._recv(self.local_socket, timeout, cancel))
+            frames = _unpack_frames(chunk)
+            try:
+                return self.decoder.decode(frames)
+            finally:
+                for frame in frames:
+                    frame.release()
 
     @contextmanager
     def _acquire_read(self, timeout: float | None, cancel: threading.Event | None
@@ -282,15 +290,18 @@ class MessageQueue:
         backoff = _Backoff(timeout, cancel)
         flag = 1 + self.local_reader_rank
         while True:
-            metadata = self.buffer.get_metadata(self.current_idx)
-            if not metadata[0] or metadata[flag]:
+            with self.buffer.get_metadata(self.current_idx) as metadata:
+                ready = metadata[0] and not metadata[flag]
+            if not ready:
                 backoff.wait()  # nothing new in this chunk yet
                 continue
             try:
-                yield self.buffer.get_data(self.current_idx)
+                with self.buffer.get_data(self.current_idx) as chunk:
+                    yield chunk
             finally:
                 # Even a message that failed to decode is consumed.
-                metadata[flag] = 1
+                with self.buffer.get_metadata(self.current_idx) as metadata:
+                    metadata[flag] = 1
                 self.current_idx = (self.current_idx + 1) % self.buffer.max_chunks
             return
 

@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from tests.models.zoo_utils import ZOO, build_zoo_model, runner_of, spy_preemptions
+from tests.models.zoo_utils import (ZOO, build_zoo_model, preempt_all_at_steps, runner_of,
+                                    spy_preemptions)
 from tests.utils import hf_greedy
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
@@ -20,11 +21,13 @@ PROMPT_LENS = (5, 9, 17, 23, 33, 40)
 
 # "chunked" caps a step at 16 tokens, so every prompt longer than that is
 # prefilled in chunks; "preempt" gives the cache 10 blocks of 16 tokens for 6
-# requests that need up to 4 each, so some must be preempted and recomputed.
+# requests that need up to 4 each, so some must be preempted and recomputed
+# (state-space models are preempted by the test instead, and also chunked).
 MODES = {
     "chunked": dict(max_num_batched_tokens=16, max_num_seqs=8),
     "preempt": dict(num_gpu_blocks_override=10, max_num_seqs=8),
 }
+EXPLICIT_PREEMPT_MODE = dict(max_num_batched_tokens=32, max_num_seqs=8)
 
 
 def _prompts() -> list[list[int]]:
@@ -52,11 +55,15 @@ def test_greedy_matches_transformers_on_seed_runner(zoo_checkpoint, monkeypatch,
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # reach the worker
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)  # the default decides
     model_dir, expected = zoo_checkpoint(kind)
+    explicit = mode == "preempt" and ZOO[kind].preempt_explicitly
     llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0,
-              enable_prefix_caching=False, **MODES[mode])
+              enable_prefix_caching=False, **(EXPLICIT_PREEMPT_MODE if explicit else MODES[mode]))
     assert llm.llm_engine.vllm_config.model_config.architectures == [ZOO[kind].model_cls]
     assert runner_of(llm) == ZOO[kind].runner
     preempted = spy_preemptions(llm)
+    if explicit:
+        # Mid-prefill and mid-decode: the states must be rebuilt from zeros.
+        preempt_all_at_steps(llm, {2, 10})
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp,
                         use_tqdm=False)

@@ -26,6 +26,9 @@ class ZooModel:
     runner: str
     # Extra perturbation of the random init (e.g. router weights), applied in place.
     perturb: Callable[[torch.nn.Module], None] | None = field(default=None)
+    # State-space models hold one fixed slot per request, so a small cache
+    # never forces preemption: the test preempts every running request itself.
+    preempt_explicitly: bool = False
 
 
 def _spread_routers(model: torch.nn.Module) -> None:
@@ -35,6 +38,15 @@ def _spread_routers(model: torch.nn.Module) -> None:
         if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight",
                           "router.weight", "router.layer.weight", "shared_expert_gate.weight")):
             p.copy_(torch.randn_like(p) * 0.5)
+
+
+def _amplify_mixers(model: torch.nn.Module) -> None:
+    """At init the mixers' outputs are tiny next to the residual stream, so the
+    greedy token just repeats the input: scale them up so that the SSM state
+    decides the output."""
+    for name, p in model.named_parameters():
+        if name.endswith(("mixer.out_proj.weight", "mixer.in_proj.weight")):
+            p.mul_(6.0)
 
 
 def _moe_kwargs(**extra: Any) -> dict[str, Any]:
@@ -80,6 +92,10 @@ ZOO: dict[str, ZooModel] = {
         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, head_dim=8,
         topk_method="greedy", num_key_value_heads=4), "v2",
         perturb=_spread_routers),
+    "mamba": ZooModel("MambaConfig", "MambaForCausalLM", dict(
+        _IDS, hidden_size=64, state_size=8, num_hidden_layers=2, intermediate_size=96,
+        conv_kernel=4, time_step_rank=8, use_conv_bias=True, use_bias=False,
+        tie_word_embeddings=False), "v1", perturb=_amplify_mixers, preempt_explicitly=True),
 }
 # Not in the parity sweep: every layer sliding, for the block-freeing test.
 ZOO_EXTRA: dict[str, ZooModel] = {
@@ -119,6 +135,25 @@ def runner_of(llm: Any) -> str:
     if module == "vllm.v1.worker.gpu_model_runner":
         return "v1"
     raise AssertionError(f"unknown model runner module {module}")
+
+
+def preempt_all_at_steps(llm: Any, steps: set[int]) -> None:
+    """After each engine-core step numbered in `steps` (1-based), preempt every
+    running request through the scheduler (as a reset of the prefix cache with
+    running requests does): they resume later by recomputing from scratch."""
+    core = llm.llm_engine.engine_core.engine_core
+    real_step = core.step_fn
+    count = 0
+
+    def step():
+        nonlocal count
+        result = real_step()
+        count += 1
+        if count in steps:
+            core.scheduler.reset_prefix_cache(reset_running_requests=True)
+        return result
+
+    core.step_fn = step
 
 
 def spy_preemptions(llm: Any) -> list[str]:

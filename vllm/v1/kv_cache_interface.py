@@ -7,6 +7,7 @@ many bytes one block of one layer takes (its page) and how blocks are managed
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -92,6 +93,27 @@ class SlidingWindowSpec(AttentionSpec):
         # The window, plus one step of new tokens, plus one partially used block.
         num_tokens = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
         return (cdiv(num_tokens, self.block_size) + 1) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class MambaSpec(KVCacheSpec):
+    """State-space layers: a fixed-size state per request instead of per-token
+    K/V. One block is one request's state slot: `shapes[i]` / `dtypes[i]`
+    describe its tensors (Mamba-1: conv state [d_inner, d_conv - 1] and SSM
+    state [d_inner, d_state]); `block_size` is max_model_len, so a request
+    never needs a second block."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+    mamba_type: str = "mamba1"
+
+    @property
+    def page_size_bytes(self) -> int:
+        return sum(math.prod(shape) * get_dtype_size(dtype)
+                   for shape, dtype in zip(self.shapes, self.dtypes))
+
+    def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
+        return self.page_size_bytes  # one state slot, whatever the length
 
 
 @dataclass

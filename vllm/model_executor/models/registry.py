@@ -28,6 +28,7 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2MoeForCausalLM"),
     "GraniteMoeForCausalLM": ("granitemoe", "GraniteMoeForCausalLM"),
     "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
+    "MambaForCausalLM": ("mamba", "MambaForCausalLM"),
 }
 
 _POOLING_MODELS: dict[str, tuple[str, str]] = {}

@@ -9,13 +9,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from vllm.logger import init_logger
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
 from vllm.v1.core.single_type_kv_cache_manager import get_manager_for_kv_cache_spec
-from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
+
+logger = init_logger(__name__)
 
 
 class KVCacheCoordinator(ABC):
@@ -234,6 +237,13 @@ def get_kv_cache_coordinator(
         NotImplementedError: For prefix caching over several KV cache groups
             (hybrid models), which needs the hybrid coordinator.
     """
+    # Mamba states summarise whole prefixes and cannot be shared: such models
+    # run without prefix caching (upstream disables it for them too).
+    if enable_caching and any(isinstance(g.kv_cache_spec, MambaSpec)
+                              for g in kv_cache_config.kv_cache_groups):
+        logger.warning_once("Prefix caching is not supported with Mamba state layers; "
+                            "it is disabled.")
+        enable_caching = False
     # Without groups (attention-free model) there is nothing to cache.
     if not enable_caching or not kv_cache_config.kv_cache_groups:
         return KVCacheCoordinatorNoPrefixCache(

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from vllm.utils import cdiv
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
-from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheSpec, MLAAttentionSpec,
-                                        SlidingWindowSpec)
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheSpec, MambaSpec,
+                                        MLAAttentionSpec, SlidingWindowSpec)
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -359,11 +359,47 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return 0
 
 
+class MambaManager(SingleTypeKVCacheManager):
+    """State-space layers: each request holds exactly one block, its state
+    slot (the spec's block_size is max_model_len, so the generic allocation
+    arithmetic never asks for a second one). A state summarises a whole
+    prefix and is overwritten in place, so no prefix can be shared: no cache
+    hits, no common prefix. A preempted request frees its slot and, resumed,
+    recomputes its state from the first token."""
+
+    def __init__(self, kv_cache_spec: MambaSpec, **kwargs) -> None:
+        super().__init__(kv_cache_spec, **kwargs)
+        if self.enable_caching:
+            raise ValueError("Prefix caching is not supported for Mamba state layers.")
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        return tuple([] for _ in kv_cache_group_ids)
+
+    def cache_blocks(self, request: "Request", num_tokens: int) -> None:
+        return None  # a state slot is never a reusable prefix
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        return 0
+
+
 spec_manager_map: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
     FullAttentionSpec: FullAttentionManager,
     # MLA keeps every token's latent row, exactly like full attention.
     MLAAttentionSpec: FullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
+    MambaSpec: MambaManager,
 }
 
 

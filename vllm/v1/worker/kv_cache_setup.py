@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from vllm.logger import init_logger
-from vllm.v1.kv_cache_interface import AttentionSpec
+from vllm.v1.attention.backends.mamba1_attn import view_mamba_states
+from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
 from vllm.v1.worker.utils import AttentionGroup, bind_kv_cache, get_layers_from_vllm_config
 
 if TYPE_CHECKING:
@@ -68,6 +69,11 @@ def allocate_and_bind_kv_caches(kv_cache_config: "KVCacheConfig",
     for groups in attn_groups:
         for group in groups:
             spec = group.kv_cache_spec
+            if isinstance(spec, MambaSpec):  # state slots, shaped by the spec
+                for layer_name in group.layer_names:
+                    kv_caches[layer_name] = view_mamba_states(
+                        raw[layer_name], spec.shapes, spec.dtypes, kv_cache_config.num_blocks)
+                continue
             if not isinstance(spec, AttentionSpec):
                 raise NotImplementedError(f"KV cache spec {type(spec).__name__} is not "
                                           "supported by the V1 model runner yet.")

@@ -1,0 +1,1 @@
+"""State-space (Mamba) layers (upstream: vllm/model_executor/layers/mamba/)."""

@@ -54,11 +54,11 @@ def kernel_unified_attention(
     for j in range(first_key // BLOCK_SIZE, pos // BLOCK_SIZE + 1):
         blk = tl.load(block_table_ptr + seq * bt_stride + j).to(tl.int64)
         kpos = j * BLOCK_SIZE + offs
-        # fp32 operands: the interpreter's tl.dot is wrong on bf16, and the
-        # GPU path loses nothing that matters at these sizes.
+        # fp32 operands with IEEE products: the interpreter's tl.dot is wrong
+        # on bf16, and on a GPU fp32 dots would default to TF32.
         k = tl.load(k_ptr + blk * k_stride_b + offs[:, None] * k_stride_t + kvh * k_stride_h
                     + d[None, :], mask=d_ok[None, :], other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * scale  # [G_PAD, BLOCK_SIZE]
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [G_PAD, BLOCK_SIZE]
         if USE_SOFTCAP:
             # tanh(x) = 1 - 2 / (exp(2x) + 1)
             x = s / soft_cap
@@ -70,7 +70,7 @@ def kernel_unified_attention(
         alpha = tl.exp(m_i - m_new)
         v = tl.load(v_ptr + blk * v_stride_b + offs[:, None] * v_stride_t + kvh * v_stride_h
                     + d[None, :], mask=d_ok[None, :], other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     out = acc / l_i[:, None]

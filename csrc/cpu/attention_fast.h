@@ -1,0 +1,145 @@
+// AVX-512 fast path of the paged decode attention (see attention.cpp for the
+// layout and the work split), for head sizes 64 / 128 and block sizes that
+// are multiples of 16. Per block of K/V rows, 16 tokens at a time:
+//   scores: for each query head g, 16 per-token dot products are kept as 16
+//     vector partial sums (bf16: `vdpbf16ps` on raw bf16 pairs, no
+//     conversion; fp32: FMAs), then reduced together into one vector of 16
+//     scores by a transpose-add tree (~3 ops per token instead of a
+//     horizontal reduction per (token, head));
+//   softmax: online, fp32, 16 lanes at a time;
+//   P @ V: the valid V rows are widened to fp32 once per block, then each
+//     head's accumulator row stays in registers over the block's tokens.
+#pragma once
+
+#include "cpu_types.h"
+
+#ifdef VLLM_CPU_AVX512
+namespace vllm_cpu {
+
+// Lane i of the result = sum of the 16 lanes of v[i].
+inline __m512 reduce16x16(const __m512* v) {
+  __m512 u[4];
+  for (int q = 0; q < 4; ++q) {
+    const __m512* w = v + 4 * q;
+    __m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+    __m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
+    // Per 128-bit lane: [sum w0, sum w1, sum w2, sum w3] over that lane.
+    u[q] = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))));
+  }
+  // Sum the four 128-bit lanes of each u[q] into 128-bit lane q of the result.
+  __m512 x0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+  __m512 x1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x88), _mm512_shuffle_f32x4(x0, x1, 0xDD));
+}
+
+// Query of one head, kept in the form the dot products want.
+template <typename T, int D>
+struct QueryRow;
+
+template <int D>
+struct QueryRow<float, D> {
+  __m512 v[D / 16];
+  void load(const float* q) { for (int c = 0; c < D / 16; ++c) v[c] = _mm512_loadu_ps(q + c * 16); }
+  // 16 lanes whose sum is q . k
+  __m512 dot(const float* k) const {
+    __m512 acc = _mm512_mul_ps(v[0], _mm512_loadu_ps(k));
+    for (int c = 1; c < D / 16; ++c) acc = _mm512_fmadd_ps(v[c], _mm512_loadu_ps(k + c * 16), acc);
+    return acc;
+  }
+};
+
+template <int D>
+struct QueryRow<bf16, D> {
+#ifdef __AVX512BF16__
+  __m512bh v[D / 32];
+  void load(const bf16* q) {
+    for (int c = 0; c < D / 32; ++c) v[c] = (__m512bh)_mm512_loadu_si512(q + c * 32);
+  }
+  __m512 dot(const bf16* k) const {
+    __m512 acc = _mm512_setzero_ps();
+    for (int c = 0; c < D / 32; ++c)
+      acc = _mm512_dpbf16_ps(acc, v[c], (__m512bh)_mm512_loadu_si512(k + c * 32));
+    return acc;
+  }
+#else
+  __m512 v[D / 16];
+  void load(const bf16* q) { for (int c = 0; c < D / 16; ++c) v[c] = load16(q + c * 16); }
+  __m512 dot(const bf16* k) const {
+    __m512 acc = _mm512_mul_ps(v[0], load16(k));
+    for (int c = 1; c < D / 16; ++c) acc = _mm512_fmadd_ps(v[c], load16(k + c * 16), acc);
+    return acc;
+  }
+#endif
+};
+
+struct FastParams {
+  int64_t g_count, block_size, k_stride_tok, v_stride_tok;
+  float scale, soft_cap;
+};
+
+// One block of K/V for the G heads of a kv head. `lo..hi` are the valid
+// token offsets in the block. m/l/acc: running max, sum, [G, D] accumulator.
+template <typename T, int D>
+void fast_block(const FastParams& p, const QueryRow<T, D>* q, const T* kb, const T* vb,
+                int64_t lo, int64_t hi, float* m, float* l, float* acc, float* scores,
+                float* vf) {
+  const int64_t bs = p.block_size;
+  // Scores [G, bs] (invalid lanes = -inf).
+  for (int64_t t0 = 0; t0 < bs; t0 += 16) {
+    if (t0 >= hi || t0 + 16 <= lo) {
+      for (int64_t g = 0; g < p.g_count; ++g)
+        _mm512_storeu_ps(scores + g * bs + t0, _mm512_set1_ps(-INFINITY));
+      continue;
+    }
+    __mmask16 valid = 0;
+    for (int i = 0; i < 16; ++i) valid |= static_cast<__mmask16>((t0 + i >= lo && t0 + i < hi) << i);
+    for (int64_t g = 0; g < p.g_count; ++g) {
+      __m512 part[16];
+      for (int i = 0; i < 16; ++i)
+        part[i] = (valid >> i) & 1 ? q[g].dot(kb + (t0 + i) * p.k_stride_tok) : _mm512_setzero_ps();
+      __m512 s = _mm512_mul_ps(reduce16x16(part), _mm512_set1_ps(p.scale));
+      if (p.soft_cap > 0) {
+        alignas(64) float tmp[16];
+        _mm512_store_ps(tmp, s);
+        for (int i = 0; i < 16; ++i) tmp[i] = p.soft_cap * std::tanh(tmp[i] / p.soft_cap);
+        s = _mm512_load_ps(tmp);
+      }
+      _mm512_storeu_ps(scores + g * bs + t0, _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, s));
+    }
+  }
+  // Valid V rows -> fp32 once for all heads.
+  for (int64_t t = lo; t < hi; ++t)
+    for (int c = 0; c < D / 16; ++c) _mm512_storeu_ps(vf + t * D + c * 16, load16(vb + t * p.v_stride_tok + c * 16));
+  for (int64_t g = 0; g < p.g_count; ++g) {
+    float* sg = scores + g * bs;
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int64_t t0 = 0; t0 < bs; t0 += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(sg + t0));
+    const float new_max = std::max(m[g], _mm512_reduce_max_ps(vmax));
+    const float rescale = std::exp(m[g] - new_max);
+    __m512 vsum = _mm512_setzero_ps(), vm = _mm512_set1_ps(new_max);
+    for (int64_t t0 = 0; t0 < bs; t0 += 16) {
+      // exp of -inf lanes: exp16 clamps to a tiny value; those lanes are
+      // zeroed so they add nothing to the sum (and are never used for V).
+      __m512 x = _mm512_loadu_ps(sg + t0);
+      __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+      __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_sub_ps(x, vm)));
+      _mm512_storeu_ps(sg + t0, e);
+      vsum = _mm512_add_ps(vsum, e);
+    }
+    l[g] = l[g] * rescale + _mm512_reduce_add_ps(vsum);
+    m[g] = new_max;
+    __m512 a[D / 16];
+    const __m512 r = _mm512_set1_ps(rescale);
+    for (int c = 0; c < D / 16; ++c) a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + c * 16), r);
+    for (int64_t t = lo; t < hi; ++t) {
+      const __m512 pt = _mm512_set1_ps(sg[t]);
+      for (int c = 0; c < D / 16; ++c) a[c] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(vf + t * D + c * 16), a[c]);
+    }
+    for (int c = 0; c < D / 16; ++c) _mm512_storeu_ps(acc + g * D + c * 16, a[c]);
+  }
+}
+
+}  // namespace vllm_cpu
+#endif  // VLLM_CPU_AVX512

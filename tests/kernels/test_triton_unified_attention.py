@@ -49,8 +49,10 @@ for (dtype, d, bs, hkv, g, window, cap) in CASES:
     seq_lens = torch.tensor([n for _, n in reqs], dtype=torch.int32)
     tok_seq = torch.repeat_interleave(torch.arange(len(reqs), dtype=torch.int32), qlens)
     q = torch.randn(int(qsl[-1]), hkv * g, d, dtype=dtype)
-    out = torch.empty_like(q)
-    unified_attention(out, q, kc[0], kc[1], bt, seq_lens, qsl, tok_seq, d ** -0.5, window, cap)
+    dev = [x.to(DEVICE) for x in (q, kc, bt, seq_lens, qsl, tok_seq)]
+    out = torch.empty_like(dev[0])
+    unified_attention(out, dev[0], dev[1][0], dev[1][1], *dev[2:], d ** -0.5, window, cap)
+    out = out.cpu()
     ref = reference(q, kc[0], kc[1], bt, seq_lens, qsl, d ** -0.5, window, cap)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
@@ -65,13 +67,30 @@ CASES = [
 ]
 
 
-def test_unified_attention_interpreter():
-    """All cases in one interpreter process (importing torch + triton is the slow part)."""
-    pytest.importorskip("triton")
+def _run(device: str, interpret: bool) -> None:
     cases = "CASES = [" + ", ".join(
         f"({c[0]}, {', '.join(map(repr, c[1:]))})" for c in CASES) + "]\n"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", "import torch\n" + cases + _SCRIPT],
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    head = f"import torch\nDEVICE = {device!r}\n" + cases
+    proc = subprocess.run([sys.executable, "-c", head + _SCRIPT],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"OK {len(CASES)}" in proc.stdout
+
+
+def test_unified_attention_interpreter():
+    """All cases in one interpreter process (importing torch + triton is the slow part)."""
+    pytest.importorskip("triton")
+    _run("cpu", interpret=True)
+
+
+def test_unified_attention_cuda():
+    """The same cases compiled for the GPU (benchmarks/gpu_check.sh)."""
+    pytest.importorskip("triton")
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    _run("cuda", interpret=False)

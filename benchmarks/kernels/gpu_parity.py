@@ -1,0 +1,94 @@
+"""GPU check helper for benchmarks/gpu_check.sh (not run in CI: needs CUDA).
+
+Builds a tiny random-weight Qwen2 checkpoint, then for each (runner,
+attention backend) pair generates greedy tokens for a fixed batch and times
+the steady decode: prints one line per run and whether every run's tokens
+match the first one's (greedy parity). CUDA graph capture is not built in
+this tree, so there is no graphs-on/off pair to compare; compilation config
+resolves to CUDAGraphMode.NONE.
+
+    python benchmarks/kernels/gpu_parity.py --workdir /tmp/gpu_check
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def make_model(path: str) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=4096, hidden_size=512, intermediate_size=1408,
+                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                      max_position_embeddings=2048, torch_dtype="bfloat16")
+    Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+
+
+def run_one(model: str, backend: str, v2: bool, num_seqs: int, out_len: int) -> dict:
+    """Generate in this process (the caller sets the env before import)."""
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=model, dtype="bfloat16", max_model_len=1024, seed=0,
+              skip_tokenizer_init=True)
+    g = torch.Generator().manual_seed(0)
+    prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, 4000, (64,), generator=g).tolist())
+               for _ in range(num_seqs)]
+    sp = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True, detokenize=False)
+    llm.generate(prompts, sp, use_tqdm=False)  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    return {"backend": backend, "v2": v2, "wall_s": round(wall, 3),
+            "ms_per_decode_step": round(1e3 * wall / out_len, 3),
+            "tokens": [o.outputs[0].token_ids for o in outs]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", default="/tmp/gpu_check")
+    ap.add_argument("--child", default="")
+    ap.add_argument("--num-seqs", type=int, default=32)
+    ap.add_argument("--out-len", type=int, default=64)
+    a = ap.parse_args()
+    model = os.path.join(a.workdir, "qwen2-tiny")
+    if a.child:
+        backend, v2 = a.child.split(":")
+        print("RESULT " + json.dumps(run_one(model, backend, v2 == "1", a.num_seqs, a.out_len)))
+        return
+    if not os.path.exists(os.path.join(model, "config.json")):
+        make_model(model)
+    results = []
+    for backend in ("TRITON_ATTN", "CPU_ATTN"):
+        for v2 in ("0", "1"):
+            env = dict(os.environ, VLLM_ATTENTION_BACKEND=backend, VLLM_USE_V2_MODEL_RUNNER=v2,
+                       VLLM_ENABLE_V1_MULTIPROCESSING="0")
+            proc = subprocess.run([sys.executable, __file__, "--workdir", a.workdir,
+                                   "--child", f"{backend}:{v2}", "--num-seqs", str(a.num_seqs),
+                                   "--out-len", str(a.out_len)],
+                                  env=env, capture_output=True, text=True, timeout=300)
+            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+            if proc.returncode or not line:
+                print(f"{backend} v2={v2}: FAILED\n{proc.stderr[-2000:]}")
+                continue
+            r = json.loads(line[0][7:])
+            results.append(r)
+            print(f"{backend:12s} v2={v2}: {r['ms_per_decode_step']:8.3f} ms/decode step "
+                  f"(batch {a.num_seqs}, eager; no CUDA graphs built)")
+    if results:
+        ref = results[0]["tokens"]
+        for r in results[1:]:
+            same = sum(x == y for x, y in zip(r["tokens"], ref))
+            print(f"greedy parity {r['backend']} v2={r['v2']} vs {results[0]['backend']} "
+                  f"v2={results[0]['v2']}: {same}/{len(ref)} sequences identical")
+
+
+if __name__ == "__main__":
+    main()

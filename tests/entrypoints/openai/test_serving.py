@@ -350,11 +350,38 @@ def test_disconnects_free_kv_blocks(server):
     assert out.usage.completion_tokens == 5 and time.monotonic() - start < 5
 
 
+@pytest.mark.parametrize("backend", ["vllm", "openai-chat"])
+def test_bench_serve(server, backend):
+    """`vllm bench serve` against this server prints upstream's summary."""
+    import subprocess
+    import sys
+
+    from tests.entrypoints.openai.conftest import REPO_ROOT
+
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+           "--backend", backend, "--port", str(server.port), "--num-prompts", "12",
+           "--random-input-len", "24", "--random-output-len", "6", "--request-rate", "50",
+           "--max-concurrency", "4", "--ignore-eos", "--disable-tqdm"]
+    out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    lines = {line.split(":", 1)[0].strip(): line.rsplit(None, 1)[-1]
+             for line in out.splitlines() if ":" in line}
+    assert lines["Successful requests"] == "12" and lines["Failed requests"] == "0"
+    assert lines["Total generated tokens"] == str(12 * 6)
+    for metric in ("TTFT", "TPOT", "ITL", "E2EL"):
+        for stat in ("Mean", "Median", "P99"):
+            assert float(lines[f"{stat} {metric} (ms)"]) > 0
+    for key in ("Request throughput (req/s)", "Output token throughput (tok/s)",
+                "Total Token throughput (tok/s)"):
+        assert float(lines[key]) > 0
+
+
 def test_sigterm_stops_server_and_children(server):
     """SIGTERM with requests in flight (runs last: it stops the module's server)."""
     children = server.children()
     assert children, "the engine core runs in a child process"
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 100, "min_tokens": 100,
+    # Long enough (~1 s or more) to be in flight when the signal lands.
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 480, "min_tokens": 480,
             "ignore_eos": True, "stream": True}
     frames: list[str] = []
 

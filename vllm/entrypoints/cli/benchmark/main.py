@@ -5,11 +5,13 @@ import argparse
 
 from vllm.entrypoints.cli.benchmark.base import BenchmarkSubcommandBase
 from vllm.entrypoints.cli.benchmark.latency import BenchmarkLatencySubcommand
+from vllm.entrypoints.cli.benchmark.serve import BenchmarkServingSubcommand
 from vllm.entrypoints.cli.benchmark.throughput import BenchmarkThroughputSubcommand
 from vllm.entrypoints.cli.types import CLISubcommand
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 BENCHMARKS: list[type[BenchmarkSubcommandBase]] = [BenchmarkLatencySubcommand,
+                                                   BenchmarkServingSubcommand,
                                                    BenchmarkThroughputSubcommand]
 
 

@@ -5,6 +5,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
 
 class CompilationMode(enum.IntEnum):
     NONE = 0
@@ -39,6 +43,9 @@ class CompilationConfig:
     def resolve(self, device_type: str, enforce_eager: bool) -> None:
         """CUDA graphs need CUDA; eager mode turns them off."""
         if device_type != "cuda" or enforce_eager:
+            if self.cudagraph_mode not in (None, CUDAGraphMode.NONE):
+                logger.info("cudagraph_mode %s -> NONE (%s).", self.cudagraph_mode.name,
+                            "enforce_eager" if enforce_eager else f"no CUDA graphs on {device_type}")
             self.cudagraph_mode = CUDAGraphMode.NONE
         elif self.cudagraph_mode is None:
             self.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE

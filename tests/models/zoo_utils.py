@@ -40,6 +40,20 @@ def _spread_routers(model: torch.nn.Module) -> None:
             p.copy_(torch.randn_like(p) * 0.5)
 
 
+def _scale(suffixes: tuple[str, ...], factor: float = 1.0, shift: float = 0.0
+           ) -> Callable[[torch.nn.Module], None]:
+    """A perturbation: parameters named with one of `suffixes` become p * factor + shift.
+
+    With a head tied to the embeddings and a 0.02 init, a tiny random model's
+    greedy token is just its input token repeated; scaling the blocks' weights
+    up makes the layers (attention, positions, windows) decide the output."""
+    def perturb(model: torch.nn.Module) -> None:
+        for name, p in model.named_parameters():
+            if name.endswith(suffixes):
+                p.mul_(factor).add_(shift)
+    return perturb
+
+
 def _amplify_mixers(model: torch.nn.Module) -> None:
     """At init the mixers' outputs are tiny next to the residual stream, so the
     greedy token just repeats the input: scale them up so that the SSM state
@@ -56,18 +70,22 @@ def _moe_kwargs(**extra: Any) -> dict[str, Any]:
 ZOO: dict[str, ZooModel] = {
     "opt": ZooModel("OPTConfig", "OPTForCausalLM", dict(
         _IDS, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=512, word_embed_proj_dim=64), "v2"),
+        max_position_embeddings=512, word_embed_proj_dim=64), "v2",
+        perturb=_scale(("proj.weight", "fc1.weight", "fc2.weight"), 6.0)),
     "opt-proj": ZooModel("OPTConfig", "OPTForCausalLM", dict(
         _IDS, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
         max_position_embeddings=512, word_embed_proj_dim=32, do_layer_norm_before=False),
         "v2"),
     "gpt2": ZooModel("GPT2Config", "GPT2LMHeadModel", dict(
-        _IDS, n_embd=64, n_layer=2, n_head=4, n_positions=512), "v2"),
+        _IDS, n_embd=64, n_layer=2, n_head=4, n_positions=512), "v2",
+        perturb=_scale(("c_attn.weight", "c_proj.weight", "c_fc.weight"), 6.0)),
     "phi3": ZooModel("Phi3Config", "Phi3ForCausalLM", dict(
         _LLAMA_LIKE, partial_rotary_factor=0.5, tie_word_embeddings=False), "v2"),
     "gemma2": ZooModel("Gemma2Config", "Gemma2ForCausalLM", dict(
         _LLAMA_LIKE, head_dim=16, query_pre_attn_scalar=16, sliding_window=12,
-        attn_logit_softcapping=5.0, final_logit_softcapping=3.0), "v2"),
+        attn_logit_softcapping=5.0, final_logit_softcapping=3.0), "v2",
+        perturb=_scale(("post_attention_layernorm.weight",
+                        "post_feedforward_layernorm.weight"), shift=3.0)),
     "mixtral": ZooModel("MixtralConfig", "MixtralForCausalLM", _moe_kwargs(
         num_local_experts=4, num_experts_per_tok=2), "v1", perturb=_spread_routers),
     "qwen2_moe": ZooModel("Qwen2MoeConfig", "Qwen2MoeForCausalLM", _moe_kwargs(

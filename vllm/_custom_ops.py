@@ -76,6 +76,19 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: torc
     input.copy_(F.rms_norm(residual, (residual.shape[-1],), weight, epsilon))
 
 
+def fused_add_rms_norm_out(out: torch.Tensor, residual_out: torch.Tensor,
+                           input: torch.Tensor, residual: torch.Tensor,
+                           weight: torch.Tensor, epsilon: float) -> None:
+    """Out of place (inputs untouched): residual_out <- input + residual;
+    out <- rms_norm(residual_out). One pass over the rows."""
+    if _use_compiled(input) and input.dim() == 2:
+        torch.ops._C_cpu.fused_add_rms_norm_out(out, residual_out, input, residual, weight,
+                                                epsilon)
+        return
+    torch.add(input, residual, out=residual_out)
+    out.copy_(F.rms_norm(residual_out, (residual_out.shape[-1],), weight, epsilon))
+
+
 # --------------------------------------------------------------- activation
 def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
     """out [..., d] = silu(x[..., :d]) * x[..., d:]."""
@@ -108,6 +121,21 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
         o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
         x1.copy_(o1)
         x2.copy_(o2)
+
+
+def rotary_embedding_out(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                         head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool,
+                         query_out: torch.Tensor, key_out: torch.Tensor) -> None:
+    """Out-of-place rotary: rotated copies of query/key into query_out/key_out
+    (one pass; the inputs are untouched)."""
+    if (_use_compiled(query) and query.dim() == 2 and key.dim() == 2
+            and cos_sin_cache.dtype == query.dtype):
+        torch.ops._C_cpu.rotary_embedding_out(positions, query, key, head_size, cos_sin_cache,
+                                              is_neox, query_out, key_out)
+        return
+    query_out.copy_(query)
+    key_out.copy_(key)
+    rotary_embedding(positions, query_out, key_out, head_size, cos_sin_cache, is_neox)
 
 
 # ------------------------------------------------------------------- cache

@@ -3,16 +3,18 @@
 #include <ATen/Parallel.h>
 #include <torch/all.h>
 
+#include <algorithm>
+
 #include "cpu_types.h"
 
 namespace vllm_cpu {
 namespace {
 
 // Sum of squares of a row (fp32). When `res` is given, x + res is formed
-// first (rounded to T, as the unfused path stores it), written to both x and
-// res, and the statistics use that stored sum.
+// first (rounded to T, as the unfused path stores it) and written to
+// `res_out` (which may alias x or res); the statistics use that stored sum.
 template <typename T>
-float sum_squares(T* x, T* res, int64_t n) {
+float sum_squares(const T* x, const T* res, T* res_out, int64_t n) {
   int64_t i = 0;
   float total = 0.f;
 #ifdef VLLM_CPU_AVX512
@@ -21,8 +23,8 @@ float sum_squares(T* x, T* res, int64_t n) {
     __m512 v = load16(x + i);
     if (res != nullptr) {
       v = _mm512_add_ps(v, load16(res + i));
-      store16(res + i, v);
-      v = load16(res + i);  // the rounded sum
+      store16(res_out + i, v);
+      v = load16(res_out + i);  // the rounded sum
     }
     acc = _mm512_fmadd_ps(v, v, acc);
   }
@@ -31,8 +33,8 @@ float sum_squares(T* x, T* res, int64_t n) {
   for (; i < n; ++i) {
     float v = to_float(x[i]);
     if (res != nullptr) {
-      res[i] = from_float<T>(v + to_float(res[i]));
-      v = to_float(res[i]);
+      res_out[i] = from_float<T>(v + to_float(res[i]));
+      v = to_float(res_out[i]);
     }
     total += v * v;
   }
@@ -62,18 +64,46 @@ void scale_row(T* out, const T* src, const T* weight, float inv_rms, int64_t n) 
   }
 }
 
+// Rows of out = rms_norm(in [+ res]); with `res`, the sum goes to res_out.
+struct RowPtrs {
+  void* out;
+  int64_t out_stride;
+  const void* in;
+  int64_t in_stride;
+  const void* res;  // nullptr: plain rms_norm
+  int64_t res_stride;
+  void* res_out;
+  int64_t res_out_stride;
+};
+
 template <typename T>
-void rms_norm_rows(T* out, int64_t out_stride, T* in, int64_t in_stride, T* res,
-                   int64_t res_stride, const T* weight, int64_t rows, int64_t n, double eps) {
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+void rms_norm_rows(const RowPtrs& ptr, const T* weight, int64_t rows, int64_t n, double eps) {
+  // Small batches (decode) in one task: a parallel region costs more than
+  // the work below ~64K elements.
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(n, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      T* x = in + r * in_stride;
-      T* rr = res ? res + r * res_stride : nullptr;
-      const float ss = sum_squares(x, rr, n);
+      const T* x = static_cast<const T*>(ptr.in) + r * ptr.in_stride;
+      const T* rr = ptr.res ? static_cast<const T*>(ptr.res) + r * ptr.res_stride : nullptr;
+      T* ro = ptr.res ? static_cast<T*>(ptr.res_out) + r * ptr.res_out_stride : nullptr;
+      const float ss = sum_squares(x, rr, ro, n);
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
-      scale_row(out + r * out_stride, rr ? rr : x, weight, inv, n);
+      scale_row(static_cast<T*>(ptr.out) + r * ptr.out_stride, ro ? ro : x, weight, inv, n);
     }
   });
+}
+
+void dispatch_rows(const RowPtrs& ptr, const torch::Tensor& input, const torch::Tensor& weight,
+                   double eps) {
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == input.size(1) &&
+                  weight.scalar_type() == input.scalar_type(), "weight must be [hidden] of the input dtype");
+  AT_DISPATCH_SWITCH(input.scalar_type(), "rms_norm",
+      AT_DISPATCH_CASE(at::ScalarType::Float, [&] {
+        rms_norm_rows<float>(ptr, weight.data_ptr<float>(), input.size(0), input.size(1), eps);
+      })
+      AT_DISPATCH_CASE(at::ScalarType::BFloat16, [&] {
+        rms_norm_rows<bf16>(ptr, weight.data_ptr<bf16>(), input.size(0), input.size(1), eps);
+      }));
 }
 
 void check_rows(const torch::Tensor& t, const char* name) {
@@ -87,18 +117,9 @@ void rms_norm(torch::Tensor& out, const torch::Tensor& input, const torch::Tenso
               double epsilon) {
   check_rows(out, "out");
   check_rows(input, "input");
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == input.size(1), "weight must be [hidden]");
-  AT_DISPATCH_SWITCH(input.scalar_type(), "rms_norm",
-      AT_DISPATCH_CASE(at::ScalarType::Float, [&] {
-        rms_norm_rows<float>(out.data_ptr<float>(), out.stride(0), input.data_ptr<float>(),
-                             input.stride(0), nullptr, 0, weight.data_ptr<float>(),
-                             input.size(0), input.size(1), epsilon);
-      })
-      AT_DISPATCH_CASE(at::ScalarType::BFloat16, [&] {
-        rms_norm_rows<bf16>(out.data_ptr<bf16>(), out.stride(0), input.data_ptr<bf16>(),
-                            input.stride(0), nullptr, 0, weight.data_ptr<bf16>(),
-                            input.size(0), input.size(1), epsilon);
-      }));
+  RowPtrs ptr{out.data_ptr(), out.stride(0), input.data_ptr(), input.stride(0),
+              nullptr, 0, nullptr, 0};
+  dispatch_rows(ptr, input, weight, epsilon);
 }
 
 // In place, as upstream: residual <- input + residual; input <- rms_norm(residual).
@@ -106,18 +127,24 @@ void fused_add_rms_norm(torch::Tensor& input, torch::Tensor& residual, const tor
                         double epsilon) {
   check_rows(input, "input");
   check_rows(residual, "residual");
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == input.size(1), "weight must be [hidden]");
-  AT_DISPATCH_SWITCH(input.scalar_type(), "fused_add_rms_norm",
-      AT_DISPATCH_CASE(at::ScalarType::Float, [&] {
-        rms_norm_rows<float>(input.data_ptr<float>(), input.stride(0), input.data_ptr<float>(),
-                             input.stride(0), residual.data_ptr<float>(), residual.stride(0),
-                             weight.data_ptr<float>(), input.size(0), input.size(1), epsilon);
-      })
-      AT_DISPATCH_CASE(at::ScalarType::BFloat16, [&] {
-        rms_norm_rows<bf16>(input.data_ptr<bf16>(), input.stride(0), input.data_ptr<bf16>(),
-                            input.stride(0), residual.data_ptr<bf16>(), residual.stride(0),
-                            weight.data_ptr<bf16>(), input.size(0), input.size(1), epsilon);
-      }));
+  RowPtrs ptr{input.data_ptr(), input.stride(0), input.data_ptr(), input.stride(0),
+              residual.data_ptr(), residual.stride(0), residual.data_ptr(), residual.stride(0)};
+  dispatch_rows(ptr, input, weight, epsilon);
+}
+
+// Out of place: residual_out <- input + residual; out <- rms_norm(residual_out).
+void fused_add_rms_norm_out(torch::Tensor& out, torch::Tensor& residual_out,
+                            const torch::Tensor& input, const torch::Tensor& residual,
+                            const torch::Tensor& weight, double epsilon) {
+  check_rows(out, "out");
+  check_rows(residual_out, "residual_out");
+  check_rows(input, "input");
+  check_rows(residual, "residual");
+  TORCH_CHECK(out.sizes() == input.sizes() && residual.sizes() == input.sizes() &&
+                  residual_out.sizes() == input.sizes(), "shape mismatch");
+  RowPtrs ptr{out.data_ptr(), out.stride(0), input.data_ptr(), input.stride(0),
+              residual.data_ptr(), residual.stride(0), residual_out.data_ptr(), residual_out.stride(0)};
+  dispatch_rows(ptr, input, weight, epsilon);
 }
 
 }  // namespace vllm_cpu

@@ -6,91 +6,132 @@
 #include <ATen/Parallel.h>
 #include <torch/all.h>
 
+#include <cstring>
+
 #include "cpu_types.h"
 
 namespace vllm_cpu {
 namespace {
 
+// Rotate one head from x into y (y may alias x); channels past rot_dim are
+// copied when y is a different buffer.
 template <typename T>
-void rotate_neox(T* x, const T* cos, const T* sin, int64_t half) {
+void rotate_neox(const T* x, T* y, const T* cos, const T* sin, int64_t half) {
   int64_t i = 0;
 #ifdef VLLM_CPU_AVX512
   for (; i + 16 <= half; i += 16) {
     __m512 x1 = load16(x + i), x2 = load16(x + half + i);
     __m512 c = load16(cos + i), s = load16(sin + i);
-    store16(x + i, _mm512_fmsub_ps(x1, c, _mm512_mul_ps(x2, s)));
-    store16(x + half + i, _mm512_fmadd_ps(x2, c, _mm512_mul_ps(x1, s)));
+    store16(y + i, _mm512_fmsub_ps(x1, c, _mm512_mul_ps(x2, s)));
+    store16(y + half + i, _mm512_fmadd_ps(x2, c, _mm512_mul_ps(x1, s)));
   }
 #endif
   for (; i < half; ++i) {
     const float x1 = to_float(x[i]), x2 = to_float(x[half + i]);
     const float c = to_float(cos[i]), s = to_float(sin[i]);
-    x[i] = from_float<T>(x1 * c - x2 * s);
-    x[half + i] = from_float<T>(x2 * c + x1 * s);
+    y[i] = from_float<T>(x1 * c - x2 * s);
+    y[half + i] = from_float<T>(x2 * c + x1 * s);
   }
 }
 
 template <typename T>
-void rotate_gptj(T* x, const T* cos, const T* sin, int64_t half) {
+void rotate_gptj(const T* x, T* y, const T* cos, const T* sin, int64_t half) {
   for (int64_t i = 0; i < half; ++i) {
     const float x1 = to_float(x[2 * i]), x2 = to_float(x[2 * i + 1]);
     const float c = to_float(cos[i]), s = to_float(sin[i]);
-    x[2 * i] = from_float<T>(x1 * c - x2 * s);
-    x[2 * i + 1] = from_float<T>(x2 * c + x1 * s);
+    y[2 * i] = from_float<T>(x1 * c - x2 * s);
+    y[2 * i + 1] = from_float<T>(x2 * c + x1 * s);
   }
 }
 
+struct RopeRows {
+  const void* src;
+  int64_t src_stride;
+  void* dst;
+  int64_t dst_stride;
+  int64_t heads;
+};
+
 template <typename T>
-void rope_all(const int64_t* pos, T* q, int64_t q_stride, int64_t q_heads, T* k, int64_t k_stride,
-              int64_t k_heads, const T* cache, int64_t rot_dim, int64_t head_size, int64_t tokens,
-              bool neox) {
+void rope_all(const int64_t* pos, const RopeRows& q, const RopeRows& k, const T* cache,
+              int64_t rot_dim, int64_t head_size, int64_t tokens, bool neox) {
   const int64_t half = rot_dim / 2;
   at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const T* cos = cache + pos[t] * rot_dim;
       const T* sin = cos + half;
-      for (int64_t h = 0; h < q_heads + k_heads; ++h) {
-        T* x = h < q_heads ? q + t * q_stride + h * head_size
-                           : k + t * k_stride + (h - q_heads) * head_size;
-        neox ? rotate_neox(x, cos, sin, half) : rotate_gptj(x, cos, sin, half);
+      for (const RopeRows* r : {&q, &k}) {
+        for (int64_t h = 0; h < r->heads; ++h) {
+          const T* x = static_cast<const T*>(r->src) + t * r->src_stride + h * head_size;
+          T* y = static_cast<T*>(r->dst) + t * r->dst_stride + h * head_size;
+          neox ? rotate_neox(x, y, cos, sin, half) : rotate_gptj(x, y, cos, sin, half);
+          if (y != x && rot_dim < head_size)
+            std::memcpy(y + rot_dim, x + rot_dim, sizeof(T) * (head_size - rot_dim));
+        }
       }
     }
   });
 }
 
-}  // namespace
+void check_2d(const torch::Tensor& t, int64_t tokens, const char* name) {
+  TORCH_CHECK(t.dim() == 2 && t.size(0) == tokens && t.stride(1) == 1, name,
+              " must be [num_tokens, heads * head_size] with a contiguous last dim");
+}
 
-void rotary_embedding(const torch::Tensor& positions, torch::Tensor& query,
-                      std::optional<torch::Tensor> key, int64_t head_size,
-                      const torch::Tensor& cos_sin_cache, bool is_neox) {
-  const int64_t tokens = positions.numel();
-  TORCH_CHECK(query.dim() == 2 && query.size(0) == tokens && query.stride(1) == 1,
-              "query must be [num_tokens, num_heads * head_size]");
+void rope_dispatch(const torch::Tensor& positions, const RopeRows& q, const RopeRows& k,
+                   const torch::Tensor& query, int64_t head_size,
+                   const torch::Tensor& cos_sin_cache, bool is_neox) {
   TORCH_CHECK(cos_sin_cache.is_contiguous() && cos_sin_cache.scalar_type() == query.scalar_type(),
               "cos_sin_cache must be contiguous and of the query dtype");
   const int64_t rot_dim = cos_sin_cache.size(1);
   TORCH_CHECK(rot_dim <= head_size && rot_dim % 2 == 0, "bad rotary dim");
   const auto pos = positions.reshape({-1}).to(torch::kInt64).contiguous();
-  int64_t k_stride = 0, k_heads = 0;
-  if (key.has_value()) {
-    TORCH_CHECK(key->dim() == 2 && key->size(0) == tokens && key->stride(1) == 1,
-                "key must be [num_tokens, num_kv_heads * head_size]");
-    k_stride = key->stride(0);
-    k_heads = key->size(1) / head_size;
-  }
   AT_DISPATCH_SWITCH(query.scalar_type(), "rotary_embedding",
       AT_DISPATCH_CASE(at::ScalarType::Float, [&] {
-        rope_all<float>(pos.data_ptr<int64_t>(), query.data_ptr<float>(), query.stride(0),
-                        query.size(1) / head_size, key ? key->data_ptr<float>() : nullptr,
-                        k_stride, k_heads, cos_sin_cache.data_ptr<float>(), rot_dim, head_size,
-                        tokens, is_neox);
+        rope_all<float>(pos.data_ptr<int64_t>(), q, k, cos_sin_cache.data_ptr<float>(), rot_dim,
+                        head_size, positions.numel(), is_neox);
       })
       AT_DISPATCH_CASE(at::ScalarType::BFloat16, [&] {
-        rope_all<bf16>(pos.data_ptr<int64_t>(), query.data_ptr<bf16>(), query.stride(0),
-                       query.size(1) / head_size, key ? key->data_ptr<bf16>() : nullptr,
-                       k_stride, k_heads, cos_sin_cache.data_ptr<bf16>(), rot_dim, head_size,
-                       tokens, is_neox);
+        rope_all<bf16>(pos.data_ptr<int64_t>(), q, k, cos_sin_cache.data_ptr<bf16>(), rot_dim,
+                       head_size, positions.numel(), is_neox);
       }));
+}
+
+}  // namespace
+
+// In place on query / key (upstream's op).
+void rotary_embedding(const torch::Tensor& positions, torch::Tensor& query,
+                      std::optional<torch::Tensor> key, int64_t head_size,
+                      const torch::Tensor& cos_sin_cache, bool is_neox) {
+  const int64_t tokens = positions.numel();
+  check_2d(query, tokens, "query");
+  RopeRows q{query.data_ptr(), query.stride(0), query.data_ptr(), query.stride(0),
+             query.size(1) / head_size};
+  RopeRows k{nullptr, 0, nullptr, 0, 0};
+  if (key.has_value()) {
+    check_2d(*key, tokens, "key");
+    k = RopeRows{key->data_ptr(), key->stride(0), key->data_ptr(), key->stride(0),
+                 key->size(1) / head_size};
+  }
+  rope_dispatch(positions, q, k, query, head_size, cos_sin_cache, is_neox);
+}
+
+// Out of place: rotated copies in query_out / key_out, inputs untouched.
+void rotary_embedding_out(const torch::Tensor& positions, const torch::Tensor& query,
+                          const torch::Tensor& key, int64_t head_size,
+                          const torch::Tensor& cos_sin_cache, bool is_neox,
+                          torch::Tensor& query_out, torch::Tensor& key_out) {
+  const int64_t tokens = positions.numel();
+  check_2d(query, tokens, "query");
+  check_2d(key, tokens, "key");
+  check_2d(query_out, tokens, "query_out");
+  check_2d(key_out, tokens, "key_out");
+  TORCH_CHECK(query_out.sizes() == query.sizes() && key_out.sizes() == key.sizes(), "shape mismatch");
+  RopeRows q{query.data_ptr(), query.stride(0), query_out.data_ptr(), query_out.stride(0),
+             query.size(1) / head_size};
+  RopeRows k{key.data_ptr(), key.stride(0), key_out.data_ptr(), key_out.stride(0),
+             key.size(1) / head_size};
+  rope_dispatch(positions, q, k, query, head_size, cos_sin_cache, is_neox);
 }
 
 }  // namespace vllm_cpu

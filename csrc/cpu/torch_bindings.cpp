@@ -17,9 +17,16 @@ void rms_norm(torch::Tensor& out, const torch::Tensor& input, const torch::Tenso
               double epsilon);
 void fused_add_rms_norm(torch::Tensor& input, torch::Tensor& residual, const torch::Tensor& weight,
                         double epsilon);
+void fused_add_rms_norm_out(torch::Tensor& out, torch::Tensor& residual_out,
+                            const torch::Tensor& input, const torch::Tensor& residual,
+                            const torch::Tensor& weight, double epsilon);
 void rotary_embedding(const torch::Tensor& positions, torch::Tensor& query,
                       std::optional<torch::Tensor> key, int64_t head_size,
                       const torch::Tensor& cos_sin_cache, bool is_neox);
+void rotary_embedding_out(const torch::Tensor& positions, const torch::Tensor& query,
+                          const torch::Tensor& key, int64_t head_size,
+                          const torch::Tensor& cos_sin_cache, bool is_neox,
+                          torch::Tensor& query_out, torch::Tensor& key_out);
 void silu_and_mul(torch::Tensor& out, const torch::Tensor& input);
 }  // namespace vllm_cpu
 
@@ -34,9 +41,15 @@ TORCH_LIBRARY(_C_cpu, m) {
   m.impl("rms_norm", torch::kCPU, &vllm_cpu::rms_norm);
   m.def("fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float epsilon) -> ()");
   m.impl("fused_add_rms_norm", torch::kCPU, &vllm_cpu::fused_add_rms_norm);
+  m.def("fused_add_rms_norm_out(Tensor! out, Tensor! residual_out, Tensor input, Tensor residual, "
+        "Tensor weight, float epsilon) -> ()");
+  m.impl("fused_add_rms_norm_out", torch::kCPU, &vllm_cpu::fused_add_rms_norm_out);
   m.def("rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
         "Tensor cos_sin_cache, bool is_neox) -> ()");
   m.impl("rotary_embedding", torch::kCPU, &vllm_cpu::rotary_embedding);
+  m.def("rotary_embedding_out(Tensor positions, Tensor query, Tensor key, int head_size, "
+        "Tensor cos_sin_cache, bool is_neox, Tensor! query_out, Tensor! key_out) -> ()");
+  m.impl("rotary_embedding_out", torch::kCPU, &vllm_cpu::rotary_embedding_out);
   m.def("silu_and_mul(Tensor! out, Tensor input) -> ()");
   m.impl("silu_and_mul", torch::kCPU, &vllm_cpu::silu_and_mul);
 }

@@ -106,6 +106,20 @@ def test_fused_add_rms_norm(dtype, hidden):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [3, 200])
+def test_fused_add_rms_norm_out(dtype, rows):
+    x = torch.randn(rows, 768, dtype=dtype)
+    res = torch.randn_like(x)
+    w = torch.randn(768, dtype=dtype)
+    x0, res0 = x.clone(), res.clone()
+    out, res_out = torch.empty_like(x), torch.empty_like(x)
+    ops.fused_add_rms_norm_out(out, res_out, x, res, w, 1e-6)
+    torch.testing.assert_close(res_out, x0 + res0, **_tol(dtype))
+    torch.testing.assert_close(out, F.rms_norm(x0 + res0, (768,), w, 1e-6), **_tol(dtype))
+    assert torch.equal(x, x0) and torch.equal(res, res0)  # inputs untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [2304, 37])
 def test_silu_and_mul(dtype, d):
     x = torch.randn(19, 2 * d, dtype=dtype)
@@ -138,7 +152,13 @@ def test_rotary_embedding(dtype, head_size, rot, neox):
     cache = torch.randn(300, rot, dtype=dtype)
     pos = torch.randint(0, 300, (t,))
     ref_q, ref_k = (_ref_rope(pos, x, head_size, cache, neox).to(dtype) for x in (q, k))
-    ops.rotary_embedding(pos, q, k, head_size, cache, neox)
+    q_out, k_out = torch.empty_like(ref_q), torch.empty_like(ref_k)
+    q0, k0 = q.clone(), k.clone()
+    ops.rotary_embedding_out(pos, q, k, head_size, cache, neox, q_out, k_out)
+    torch.testing.assert_close(q_out, ref_q, **_tol(dtype))
+    torch.testing.assert_close(k_out, ref_k, **_tol(dtype))
+    assert torch.equal(q, q0) and torch.equal(k, k0)
+    ops.rotary_embedding(pos, q, k, head_size, cache, neox)  # in place
     torch.testing.assert_close(q, ref_q, **_tol(dtype))
     torch.testing.assert_close(k, ref_k, **_tol(dtype))
 

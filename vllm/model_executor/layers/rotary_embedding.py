@@ -93,17 +93,17 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, query: torch.Tensor,
                 key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """positions [T]; query [T, num_heads * head_size]; key [T, num_kv_heads *
-        head_size] -> rotated (query, key) with the input shapes."""
+        head_size] -> rotated (query, key) with the input shapes (new tensors)."""
         if (ops.cpu_ops_available() and query.device.type == "cpu" and query.dim() == 2
-                and (key is None or key.dim() == 2)):
-            # csrc/cpu/pos_encoding.cpp rotates in place; work on copies so the
-            # caller's tensors stay unchanged (a copy costs far less than the
-            # torch path it replaces).
-            query = query.clone()
-            key = key.clone() if key is not None else None
-            ops.rotary_embedding(positions, query, key, self.head_size,
-                                 self.cos_sin_cache, self.is_neox_style)
-            return query, key
+                and key is not None and key.dim() == 2
+                and self.cos_sin_cache.dtype == query.dtype):
+            # csrc/cpu/pos_encoding.cpp: rotated copies in one pass (the
+            # caller's q/k, often views of the qkv projection, are untouched).
+            q_out = torch.empty(query.shape, dtype=query.dtype)
+            k_out = torch.empty(key.shape, dtype=key.dtype)
+            ops.rotary_embedding_out(positions, query, key, self.head_size,
+                                     self.cos_sin_cache, self.is_neox_style, q_out, k_out)
+            return q_out, k_out
         cos_sin = self.cos_sin_cache.index_select(0, positions.flatten())
         cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)  # each [T, 1, rotary_dim / 2]
         num_tokens = positions.numel()

@@ -95,26 +95,23 @@ def test_preflight_passes(server):
 def test_queue_limit(server):
     """3 requests in flight fill the queue: the 4th gets 503 + Retry-After."""
     headers = server.headers()
-    long_body = {**BODY, "max_tokens": 300, "min_tokens": 300, "ignore_eos": True,
+    long_body = {**BODY, "max_tokens": 480, "min_tokens": 480, "ignore_eos": True,
                  "stream": True}
 
     async def run():
         async with httpx.AsyncClient(timeout=60, headers=headers) as client:
-            started = asyncio.Event()
-            count = 0
+            started = [asyncio.Event() for _ in range(3)]
 
-            async def stream() -> None:
-                nonlocal count
+            async def stream(event: asyncio.Event) -> None:
                 async with client.stream("POST", server.url_for("v1/completions"),
                                          json=long_body) as r:
                     assert r.status_code == 200
                     async for _ in r.aiter_lines():
-                        count += 1
-                        if count >= 3:
-                            started.set()
+                        event.set()
 
-            tasks = [asyncio.create_task(stream()) for _ in range(3)]
-            await asyncio.wait_for(started.wait(), 30)
+            tasks = [asyncio.create_task(stream(event)) for event in started]
+            for event in started:
+                await asyncio.wait_for(event.wait(), 30)
             r = await client.post(server.url_for("v1/completions"), json=BODY)
             assert r.status_code == 503 and r.headers["Retry-After"]
             assert "try again" in r.json()["error"]["message"]

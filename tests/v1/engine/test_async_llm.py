@@ -19,8 +19,8 @@ PROMPT = "The quick brown fox jumps over the lazy dog."
 
 
 def _engine_args(model_dir: str) -> AsyncEngineArgs:
-    return AsyncEngineArgs(model=model_dir, dtype="float32", max_model_len=128,
-                           kv_cache_memory_bytes=8 * 2**20, enable_prefix_caching=False)
+    return AsyncEngineArgs(model=model_dir, dtype="float32", max_model_len=512,
+                           kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False)
 
 
 @pytest.fixture(scope="module")
@@ -146,8 +146,8 @@ def test_request_scoped_errors(loop, engine):
                                                _params(5), f"bad-{i}"):
                     pass
         with pytest.raises(ValueError, match="min_tokens"):
-            # max_tokens unset: it becomes the room left in the context (< 200).
-            async for _ in engine.generate(PROMPT, SamplingParams(min_tokens=200,
+            # max_tokens unset: it becomes the room left in the context (< 600).
+            async for _ in engine.generate(PROMPT, SamplingParams(min_tokens=600,
                                                                   max_tokens=None),
                                            "bad-min"):
                 pass
@@ -173,15 +173,24 @@ def test_admission_control(loop, engine):
     async def run():
         engine.max_num_queued_reqs = 3
         try:
-            tasks = [asyncio.create_task(_collect(engine, f"q-{i}", _params(20)))
-                     for i in range(3)]
-            await asyncio.sleep(0.1)
+            started = [asyncio.Event() for _ in range(3)]
+
+            def launch(i: int) -> asyncio.Task:
+                return asyncio.create_task(_collect(engine, f"q-{i}", _params(400),
+                                                    started=started[i]))
+
+            tasks = [launch(0), launch(1)]
+            await started[0].wait()
+            await started[1].wait()
+            # One slot left: n=2 needs two and is refused as a whole.
             with pytest.raises(QueueOverflowError, match="try again"):
-                await _collect(engine, "q-over", _params(2))
-            # n counts n slots: all or nothing.
-            with pytest.raises(QueueOverflowError):
                 await _collect(engine, "q-n", _params(2, n=2, seed=1))
-            assert [await t for t in tasks] == [(20, "length")] * 3
+            assert engine.get_num_unfinished_requests() == 2
+            tasks.append(launch(2))
+            await started[2].wait()
+            with pytest.raises(QueueOverflowError):
+                await _collect(engine, "q-over", _params(2))
+            assert [await t for t in tasks] == [(400, "length")] * 3
             assert await _collect(engine, "q-after", _params(2)) == (2, "length")
         finally:
             engine.max_num_queued_reqs = None
@@ -194,9 +203,12 @@ def test_engine_death(loop, tiny_model_dir):
     async def run():
         engine = AsyncLLM.from_engine_args(_engine_args(tiny_model_dir("llama")))
         try:
-            tasks = [asyncio.create_task(_collect(engine, f"d-{i}", _params(100)))
+            started = [asyncio.Event() for _ in range(4)]
+            tasks = [asyncio.create_task(_collect(engine, f"d-{i}", _params(450),
+                                                  started=started[i]))
                      for i in range(4)]
-            await asyncio.sleep(0.5)
+            for event in started:
+                await event.wait()
             proc = engine.engine_core.resources.engine_manager.processes[0]
             os.kill(proc.pid, signal.SIGKILL)
             for task in tasks:

@@ -39,10 +39,14 @@ def test_get_class(tiny_model_dir):
     config.parallel_config.distributed_executor_backend = (
         "vllm.v1.executor.uniproc_executor.UniProcExecutor")
     assert Executor.get_class(config) is UniProcExecutor
-    for backend in ("mp", "ray"):
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+    from vllm.v1.executor.ray_executor import RayDistributedExecutor
+    for backend, cls in (("mp", MultiprocExecutor), ("ray", RayDistributedExecutor)):
         config.parallel_config.distributed_executor_backend = backend
-        with pytest.raises(ValueError, match="not built yet"):
-            Executor.get_class(config)
+        assert Executor.get_class(config) is cls
+    config.parallel_config.distributed_executor_backend = "external_launcher"
+    with pytest.raises(ValueError, match="not built yet"):
+        Executor.get_class(config)
     config.parallel_config.distributed_executor_backend = dict
     with pytest.raises(TypeError):
         Executor.get_class(config)

@@ -128,3 +128,27 @@ def test_mla_caches_only_the_compressed_latent(zoo_checkpoint, monkeypatch):
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp,
                         use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outs] == expected
+
+
+@pytest.mark.parametrize("kind,flags", [("qwen3_5", (True, False)), ("mamba", (False, True))])
+def test_state_space_models_flags_and_kv_cache_groups(zoo_checkpoint, monkeypatch, kind,
+                                                      flags):
+    """The flags come from the model class and the checkpoint (is_hybrid,
+    is_attention_free), and the engine plans one KV cache group per layer
+    kind: Qwen3.5 gets a paged full-attention group for its attention layer
+    and a state-slot group for its three Gated DeltaNet layers; Mamba only
+    the state-slot group."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    model_dir, _ = zoo_checkpoint(kind)
+    llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0)
+    config = llm.llm_engine.vllm_config
+    assert (config.model_config.is_hybrid, config.model_config.is_attention_free) == flags
+    assert not config.model_config.is_moe
+    groups = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.kv_cache_groups
+    kinds = [(type(g.kv_cache_spec).__name__, len(g.layer_names), g.kv_cache_spec.block_size)
+             for g in groups]
+    if kind == "qwen3_5":
+        assert kinds == [("FullAttentionSpec", 1, 16), ("MambaSpec", 3, 128)]
+    else:
+        assert kinds == [("MambaSpec", 2, 128)]
+    assert runner_of(llm) == "v1"

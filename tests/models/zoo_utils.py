@@ -114,6 +114,13 @@ ZOO: dict[str, ZooModel] = {
         _IDS, hidden_size=64, state_size=8, num_hidden_layers=2, intermediate_size=96,
         conv_kernel=4, time_step_rank=8, use_conv_bias=True, use_bias=False,
         tie_word_embeddings=False), "v1", perturb=_amplify_mixers, preempt_explicitly=True),
+    # Layers 0-2 Gated DeltaNet, layer 3 gated full attention (two KV cache groups).
+    "qwen3_5": ZooModel("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(
+        _IDS, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False),
+        "v1", preempt_explicitly=True),
 }
 # Not in the parity sweep: every layer sliding, for the block-freeing test.
 ZOO_EXTRA: dict[str, ZooModel] = {

@@ -29,6 +29,7 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "GraniteMoeForCausalLM": ("granitemoe", "GraniteMoeForCausalLM"),
     "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
     "MambaForCausalLM": ("mamba", "MambaForCausalLM"),
+    "Qwen3_5ForCausalLM": ("qwen3_5", "Qwen3_5ForCausalLM"),
 }
 
 _POOLING_MODELS: dict[str, tuple[str, str]] = {}

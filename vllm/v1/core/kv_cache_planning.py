@@ -28,6 +28,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
     KVCacheTensor,
+    MambaSpec,
     SlidingWindowSpec,
 )
 
@@ -164,6 +165,8 @@ def get_kv_cache_groups(
     if not kv_cache_spec:
         return []
     unify_hybrid_kv_cache_specs(kv_cache_spec)
+    if not is_kv_cache_spec_uniform(kv_cache_spec) and _is_attention_and_mamba(kv_cache_spec):
+        return _attention_and_mamba_groups(kv_cache_spec)
     if not is_kv_cache_spec_uniform(kv_cache_spec):
         kinds = sorted({type(spec).__name__ for spec in kv_cache_spec.values()})
         raise NotImplementedError(
@@ -173,6 +176,47 @@ def get_kv_cache_groups(
     layer_names = list(kv_cache_spec)
     group_spec = _merge_group_spec([kv_cache_spec[name] for name in layer_names])
     return [KVCacheGroupSpec(layer_names, group_spec)]
+
+
+def _is_attention_and_mamba(kv_cache_spec: dict[str, KVCacheSpec]) -> bool:
+    """Hybrid models (e.g. Qwen3.5): uniform attention layers plus uniform
+    state-space layers."""
+    attention = {name: s for name, s in kv_cache_spec.items() if not isinstance(s, MambaSpec)}
+    mamba = [s for s in kv_cache_spec.values() if isinstance(s, MambaSpec)]
+    return (bool(attention) and bool(mamba) and is_kv_cache_spec_uniform(attention)
+            and all(s == mamba[0] for s in mamba[1:]))
+
+
+def _attention_and_mamba_groups(kv_cache_spec: dict[str, KVCacheSpec]
+                                ) -> list[KVCacheGroupSpec]:
+    """Two KV cache groups, each with its own block table: the attention
+    layers (paged K/V) and the state-space layers (one state slot per request)."""
+    attention = [n for n, s in kv_cache_spec.items() if not isinstance(s, MambaSpec)]
+    mamba = [n for n, s in kv_cache_spec.items() if isinstance(s, MambaSpec)]
+    return [
+        KVCacheGroupSpec(attention, _merge_group_spec([kv_cache_spec[n] for n in attention])),
+        KVCacheGroupSpec(mamba, kv_cache_spec[mamba[0]]),
+    ]
+
+
+def _kv_cache_config_for_several_groups(
+    vllm_config: "VllmConfig", kv_cache_groups: list[KVCacheGroupSpec], available_memory: int
+) -> KVCacheConfig:
+    """Several groups drawing block ids from one pool: any block id may be
+    handed to any group, so every layer gets a tensor of num_blocks pages of
+    its own spec (simple, at the cost of memory a page-size-unified layout
+    would share)."""
+    bytes_per_block = sum(group.kv_cache_spec.page_size_bytes * len(group.layer_names)
+                          for group in kv_cache_groups)
+    num_blocks = may_override_num_blocks(
+        vllm_config, max(int(available_memory // bytes_per_block), 0))
+    kv_cache_tensors = [
+        KVCacheTensor(size=group.kv_cache_spec.page_size_bytes * num_blocks,
+                      shared_by=[layer_name])
+        for group in kv_cache_groups for layer_name in group.layer_names
+    ]
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=kv_cache_tensors,
+                         kv_cache_groups=kv_cache_groups)
 
 
 def may_override_num_blocks(vllm_config: "VllmConfig", num_blocks: int) -> int:
@@ -206,7 +250,9 @@ def get_kv_cache_config_from_groups(
     if not kv_cache_groups:
         # Attention-free model: one dummy block keeps the block pool valid.
         return KVCacheConfig(num_blocks=1, kv_cache_tensors=[], kv_cache_groups=[])
-    assert len(kv_cache_groups) == 1, "only one KV cache group is supported"
+    if len(kv_cache_groups) > 1:
+        return _kv_cache_config_for_several_groups(vllm_config, kv_cache_groups,
+                                                   available_memory)
     group = kv_cache_groups[0]
     page_size = group.kv_cache_spec.page_size_bytes
     num_blocks = get_num_blocks(

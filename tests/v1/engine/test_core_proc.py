@@ -113,6 +113,10 @@ def test_utility_calls(client):
         client.call_utility("run_busy_loop")
     with pytest.raises(TypeError, match="method name"):
         client.collective_rpc(lambda worker: 1)
+    # A result msgpack cannot carry (a torch module) fails this call only.
+    with pytest.raises(Exception, match="could not be sent"):
+        client.collective_rpc("get_model")
+    assert client.collective_rpc("determine_available_memory")[0] > 0
 
 
 def test_malformed_input_is_dropped(client):

@@ -212,7 +212,7 @@ class EngineCoreProc(EngineCore):
         elif request_type == EngineCoreRequestType.UTILITY:
             self._handle_utility(*request)
         elif request_type == EngineCoreRequestType.EXECUTOR_FAILED:
-            raise RuntimeError("Executor failed.")
+            raise RuntimeError(request if isinstance(request, str) else "Executor failed.")
         else:
             logger.error("Unrecognized input request type: %s", request_type)
 
@@ -246,10 +246,24 @@ class EngineCoreProc(EngineCore):
     # Socket threads
     # ------------------------------------------------------------------
 
+    def _thread_failed(self, name: str) -> None:
+        """A socket thread crashed: the engine cannot serve; make the busy loop
+        fail (clients then get ENGINE_CORE_DEAD, or see the process exit)."""
+        logger.exception("EngineCore %s thread failed.", name)
+        self.input_queue.put_nowait((EngineCoreRequestType.EXECUTOR_FAILED,
+                                     f"EngineCore {name} thread failed"))
+
     def process_input_sockets(self, input_addresses: list[str], identity: bytes,
                               ready_event: threading.Event) -> None:
         """Input thread: receive, decode and queue client messages."""
         block_shutdown_signals()
+        try:
+            self._run_input_sockets(input_addresses, identity, ready_event)
+        except Exception:
+            self._thread_failed("input")
+
+    def _run_input_sockets(self, input_addresses: list[str], identity: bytes,
+                           ready_event: threading.Event) -> None:
         decoders = (MsgpackDecoder(EngineCoreRequest), MsgpackDecoder())
         with zmq.Context() as ctx:
             sockets = [make_zmq_socket(ctx, addr, zmq.DEALER, bind=False, identity=identity,
@@ -292,6 +306,12 @@ class EngineCoreProc(EngineCore):
     def process_output_sockets(self, output_paths: list[str], engine_index: int) -> None:
         """Output thread: encode outputs and push them to their client."""
         block_shutdown_signals()
+        try:
+            self._run_output_sockets(output_paths, engine_index)
+        except Exception:
+            self._thread_failed("output")
+
+    def _run_output_sockets(self, output_paths: list[str], engine_index: int) -> None:
         encoder = MsgpackEncoder()
         with zmq.Context() as ctx:
             sockets = [make_zmq_socket(ctx, path, zmq.PUSH, bind=False, linger=4000)
@@ -311,7 +331,8 @@ class EngineCoreProc(EngineCore):
                         break
                     client_index, outputs = output
                     outputs.engine_index = engine_index
-                    sockets[client_index].send_multipart(encoder.encode(outputs), copy=False)
+                    sockets[client_index].send_multipart(_encode(encoder, outputs),
+                                                         copy=False)
             finally:
                 for socket in sockets:
                     socket.close(linger=linger)
@@ -329,6 +350,20 @@ class EngineCoreProc(EngineCore):
 _NOT_UTILITIES = frozenset(("run_busy_loop", "run_engine_core", "process_input_sockets",
                             "process_output_sockets", "shutdown", "step", "step_fn",
                             "step_with_batch_queue", "add_request", "preprocess_add_request"))
+
+
+def _encode(encoder: MsgpackEncoder, outputs: EngineCoreOutputs) -> Any:
+    """Encode; a utility result that cannot be sent becomes a failure message
+    for that call (instead of killing the output thread)."""
+    try:
+        return encoder.encode(outputs)
+    except TypeError as e:
+        utility = outputs.utility_output
+        if utility is None:
+            raise
+        utility.result = None
+        utility.failure_message = f"The result could not be sent to the client: {e}"
+        return encoder.encode(outputs)
 
 
 def _check_payload(request_type: EngineCoreRequestType, payload: Any) -> None:

@@ -18,8 +18,10 @@ BODY = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, chat_template_file):
-    args = default_server_args(chat_template_file) + [
-        "--served-model-name", "tiny", "--api-key", *KEYS, "--max-num-queued-reqs", "3"]
+    # No --chat-template (and the test tokenizer has none): chat must say so.
+    args = [a for a in default_server_args(chat_template_file)
+            if a not in ("--chat-template", chat_template_file)]
+    args += ["--served-model-name", "tiny", "--api-key", *KEYS, "--max-num-queued-reqs", "3"]
     srv = RemoteOpenAIServer(tiny_model_dir("llama"), args, api_key=KEYS[0])
     yield srv
     srv.stop()
@@ -115,11 +117,16 @@ def test_queue_limit(server):
             r = await client.post(server.url_for("v1/completions"), json=BODY)
             assert r.status_code == 503 and r.headers["Retry-After"]
             assert "try again" in r.json()["error"]["message"]
-            r = await client.post(server.url_for("v1/chat/completions"), json={
-                "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2})
+            r = await client.post(server.url_for("v1/completions"), json={**BODY, "n": 2})
             assert r.status_code == 503
             await asyncio.gather(*tasks)
             r = await client.post(server.url_for("v1/completions"), json=BODY)
             assert r.status_code == 200
 
     asyncio.run(run())
+
+
+def test_chat_without_template_is_a_bad_request(server):
+    r = httpx.post(server.url_for("v1/chat/completions"), headers=server.headers(),
+                   json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]

@@ -159,6 +159,24 @@ def test_echo(client):
     assert only.choices[0].text == PROMPT and only.usage.completion_tokens == 0
 
 
+def test_stop_strings(client):
+    full = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, **GREEDY)
+    text = full.choices[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    assert stop.strip(), text
+    for stream in (False, True):
+        kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=16, stop=[stop], **GREEDY)
+        if stream:
+            chunks = list(client.completions.create(stream=True, **kwargs))
+            got = "".join(c.choices[0].text for c in chunks)
+            last = chunks[-1].choices[0]
+        else:
+            last = client.completions.create(**kwargs).choices[0]
+            got = last.text
+        assert got == text[:text.index(stop)], (stream, stop, text)
+        assert last.finish_reason == "stop" and last.stop_reason == stop
+
+
 def test_tokenize_detokenize(server):
     tok = httpx.post(server.url_for("tokenize"), json={"prompt": PROMPT}).json()
     assert tok["count"] == len(tok["tokens"]) > 0 and tok["max_model_len"] == MAX_MODEL_LEN

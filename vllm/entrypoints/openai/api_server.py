@@ -437,7 +437,9 @@ async def run_server(args: Namespace, **uvicorn_kwargs: Any) -> None:
             await serve_http(app, sock, log_level=args.uvicorn_log_level,
                              access_log=not args.disable_uvicorn_access_log,
                              timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
-                             timeout_graceful_shutdown=args.shutdown_timeout,
+                             # uvicorn logs an error for a zero timeout even when
+                             # nothing is in flight; a tenth of a second is "no wait".
+                             timeout_graceful_shutdown=max(args.shutdown_timeout, 0.1),
                              **uvicorn_kwargs)
     finally:
         sock.close()

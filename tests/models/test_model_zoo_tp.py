@@ -1,7 +1,9 @@
-"""Tensor parallelism over the zoo: a dense model (OPT) and an MoE model
-(Qwen2-MoE: experts sliced along their intermediate size, shared expert,
-all-reduced) at TP=2 generate exactly transformers' greedy tokens, with the
-longer prompts prefilled in chunks of 32 tokens."""
+"""Tensor parallelism over the zoo: dense models (OPT; GPT-2, whose fused
+c_attn is split into per-rank q/k/v heads on load) and MoE models (Qwen2-MoE:
+experts sliced along their intermediate size, shared expert, all-reduced;
+DeepSeek-V2: MLA heads split across ranks, grouped top-k) at TP=2 generate
+exactly transformers' greedy tokens, with the longer prompts prefilled in
+chunks of 32 tokens."""
 from __future__ import annotations
 
 import pytest
@@ -13,7 +15,7 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
 
-@pytest.mark.parametrize("kind", ["opt", "qwen2_moe"])
+@pytest.mark.parametrize("kind", ["opt", "gpt2", "qwen2_moe", "deepseek_v2"])
 def test_tp2_greedy_matches_transformers(tmp_path, kind):
     model_dir = build_zoo_model(kind, str(tmp_path))
     expected = hf_greedy(model_dir, _prompts(), MAX_TOKENS)

@@ -18,7 +18,8 @@ from transformers import PretrainedConfig
 
 from vllm.config import CacheConfig, VllmConfig
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.linear import (ColumnParallelLinear, QKVParallelLinear,
+                                               RowParallelLinear)
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
                                                                  VocabParallelEmbedding)
@@ -42,11 +43,12 @@ class GPT2Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.head_dim = hidden // self.num_heads
         self.scale = self.head_dim**-0.5 if getattr(config, "scale_attn_weights", True) else 1.0
-        # c_attn is the fused [q; k; v] projection, already fused in the checkpoint.
-        self.c_attn = ColumnParallelLinear(hidden, 3 * hidden, bias=True,
-                                           prefix=f"{prefix}.c_attn")
+        # c_attn is the fused [q; k; v] projection (fused in the checkpoint too;
+        # split on load so each rank gets its heads of q, k and v).
+        self.c_attn = QKVParallelLinear(hidden, self.head_dim, self.num_heads, bias=True,
+                                        prefix=f"{prefix}.c_attn")
         self.c_proj = RowParallelLinear(hidden, hidden, bias=True, prefix=f"{prefix}.c_proj")
-        self.attn = Attention(self.num_heads, self.head_dim, self.scale,
+        self.attn = Attention(self.c_attn.num_heads, self.head_dim, self.scale,  # this rank's
                               cache_config=cache_config, prefix=f"{prefix}.attn")
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -162,6 +164,10 @@ class GPT2LMHeadModel(nn.Module):
             if name.endswith(_CONV1D_WEIGHTS):
                 weight = weight.t()  # Conv1D [in, out] -> [out, in]
             param = params[name]
-            getattr(param, "weight_loader", default_weight_loader)(param, weight)
+            if ".c_attn." in name:  # [q; k; v] rows: load each as its shard
+                for shard_id, part in zip("qkv", weight.chunk(3, dim=0)):
+                    param.weight_loader(param, part, shard_id)
+            else:
+                getattr(param, "weight_loader", default_weight_loader)(param, weight)
             loaded.add(name)
         return loaded

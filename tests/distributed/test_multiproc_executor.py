@@ -58,7 +58,8 @@ def test_greedy_parity_with_one_worker(tiny_model_dir, runner, tp, pp):
     if runner not in _reference:
         _reference[runner], info = run_engine(model, 1, 1, None)
         assert info["executor"] == "UniProcExecutor"
-    tokens, info = run_engine(model, tp, pp, "mp")
+    # TP=2 leaves the backend unset: more than one worker on one node picks mp.
+    tokens, info = run_engine(model, tp, pp, None if (tp, pp) == (2, 1) else "mp")
     assert tokens == _reference[runner]
     assert info["executor"] == "MultiprocExecutor"
     # V2 schedules asynchronously and keeps one more step in flight than
@@ -66,3 +67,14 @@ def test_greedy_parity_with_one_worker(tiny_model_dir, runner, tp, pp):
     expected = pp + 1 if runner == "V2" else pp
     assert info["async_scheduling"] == (runner == "V2")
     assert info["executor_batches"] == info["core_batches"] == info["config_batches"] == expected
+
+
+def test_backend_choice():
+    from vllm.config import ParallelConfig
+
+    assert ParallelConfig().distributed_executor_backend == "uni"
+    assert ParallelConfig(tensor_parallel_size=2).distributed_executor_backend == "mp"
+    assert ParallelConfig(pipeline_parallel_size=2,
+                          distributed_executor_backend="ray").distributed_executor_backend == "ray"
+    with pytest.raises(ValueError):
+        ParallelConfig(distributed_executor_backend="threads")

@@ -24,7 +24,10 @@ _reference: dict[str, list[list[int]]] = {}
 def run_engine(model: str, tp: int, pp: int, backend: str | None
                ) -> tuple[list[list[int]], dict[str, object]]:
     """Greedy tokens for PROMPTS, and what the engine says about its executor."""
+    # 16-token steps: the 37-token prompt is prefilled in chunks, while the
+    # other requests already decode.
     llm = LLM(model=model, dtype="float32", max_model_len=128, max_num_seqs=4, seed=0,
+              max_num_batched_tokens=16,
               tensor_parallel_size=tp, pipeline_parallel_size=pp,
               distributed_executor_backend=backend)
     try:

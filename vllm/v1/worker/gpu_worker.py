@@ -97,6 +97,12 @@ class Worker(WorkerBase):
 
     def load_model(self) -> None:
         self._runner().load_model()
+        if self.parallel_config.pipeline_parallel_size > 1:
+            from vllm.model_executor.models.interfaces import supports_pp
+
+            if not supports_pp(self.get_model()):
+                raise ValueError(f"{type(self.get_model()).__name__} does not support "
+                                 "pipeline parallelism.")
         if self.device is not None and self.device.type == "cuda":
             self._weights_memory = torch.cuda.memory_allocated(self.device)
 

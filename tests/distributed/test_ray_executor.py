@@ -60,3 +60,31 @@ def test_tp2_on_an_existing_ray_cluster(tiny_model_dir, in_process_engine, monke
         if ray.is_initialized():
             ray.shutdown()
         subprocess.run([RAY_CLI, "stop", "--force"], capture_output=True, timeout=120)
+
+
+def test_dead_ray_worker_fails_the_executor(tiny_model_dir, in_process_engine):
+    import signal
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.executor.ray_executor import RayDistributedExecutor
+
+    config = EngineArgs(model=tiny_model_dir("llama"), dtype="float32", max_model_len=64,
+                        tensor_parallel_size=2,
+                        distributed_executor_backend="ray").create_engine_config()
+    executor = RayDistributedExecutor(config)
+    failures = []
+    executor.register_failure_callback(lambda: failures.append(True))
+    try:
+        pids = executor.collective_rpc("get_pid")
+        assert len(set(pids)) == 2
+        with pytest.raises(TypeError):  # methods travel by name only
+            executor.collective_rpc(lambda worker: worker.rank)
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="Ray worker died"):
+            executor.collective_rpc("check_health", timeout=30)
+        assert executor.is_failed and failures == [True]
+        with pytest.raises(RuntimeError):
+            executor.collective_rpc("check_health")
+    finally:
+        executor.shutdown()
+    assert not ray.is_initialized()

@@ -318,6 +318,37 @@ def test_server_survives_bad_requests(client):
     assert out.usage.completion_tokens == 4
 
 
+def test_openapi_schema_and_type_confusion(server):
+    """The schema documents the error body; a value of the wrong type in any
+    documented field of a request is a 4xx, never a 5xx (a small fuzzer)."""
+    spec = httpx.get(server.url_for("openapi.json")).json()
+    assert "ErrorResponse" in spec["components"]["schemas"]
+    bodies = {"/v1/completions": {"model": "tiny", "prompt": "hi", "max_tokens": 1},
+              "/v1/chat/completions": {"model": "tiny", "messages": MESSAGES,
+                                       "max_tokens": 1}}
+    schemas = spec["components"]["schemas"]
+    cases = []
+    for path, base in bodies.items():
+        assert "400" in spec["paths"][path]["post"]["responses"]
+        ref = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"][
+            "schema"]["$ref"].rsplit("/", 1)[-1]
+        cases += [(path, {**base, field: value}) for field in schemas[ref]["properties"]
+                  for value in ("x", -1, 2**70, {})]
+
+    async def run() -> list[tuple[int, str, str]]:
+        limit = asyncio.Semaphore(16)
+        async with httpx.AsyncClient(base_url=server.url_root, timeout=60) as http:
+            async def one(path: str, body: dict) -> tuple[int, str, str]:
+                async with limit:
+                    r = await http.post(path, json=body)
+                    return r.status_code, json.dumps(body)[:200], r.text[:300]
+
+            return await asyncio.gather(*[one(p, b) for p, b in cases])
+
+    failures = [r for r in asyncio.run(run()) if r[0] >= 500]
+    assert not failures, failures
+
+
 def _wait_idle(server: RemoteOpenAIServer, timeout: float = 15.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:

@@ -219,6 +219,14 @@ class ChatCompletionRequest(SamplingRequestMixin):
 
     @model_validator(mode="after")
     def check_chat_options(self) -> "ChatCompletionRequest":
+        choice = self.tool_choice
+        if isinstance(choice, str) and choice not in ("none", "auto", "required"):
+            raise ValueError("tool_choice must be \"none\", \"auto\", \"required\" or "
+                             "a named function.")
+        if isinstance(choice, dict) and not isinstance(
+                (choice.get("function") or {}).get("name"), str):
+            raise ValueError("A named tool_choice is {\"type\": \"function\", "
+                             "\"function\": {\"name\": ...}}.")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("when using `top_logprobs`, `logprobs` must be set to true.")
         if self.continue_final_message and self.add_generation_prompt:

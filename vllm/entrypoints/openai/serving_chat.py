@@ -135,8 +135,9 @@ class OpenAIServingChat(OpenAIServing):
                 "\"auto\" tool choice requires --enable-auto-tool-choice and "
                 "--tool-call-parser to be set", parameter="tool_choice")
         if choice not in (None, "none", "auto"):
-            raise NotImplementedError("tool_choice \"required\" or a named tool needs "
-                                      "structured output, which is not supported yet.")
+            raise VLLMValidationError("tool_choice \"required\" or a named tool needs "
+                                      "structured output, which this server does not "
+                                      "support.", parameter="tool_choice")
 
     def _num_logprobs(self, request: ChatCompletionRequest) -> int | None:
         if not request.logprobs:

@@ -163,8 +163,9 @@ class OpenAIServing:
 
         response_format = request.response_format
         if response_format is not None and response_format.type != "text":
-            raise NotImplementedError("Structured output (response_format "
-                                      f"{response_format.type!r}) is not supported yet.")
+            raise VLLMValidationError("Structured output (response_format "
+                                      f"{response_format.type!r}) is not supported by this "
+                                      "server.", parameter="response_format")
         logit_bias = None
         if request.logit_bias:
             try:

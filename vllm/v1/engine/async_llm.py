@@ -27,6 +27,7 @@ import vllm.envs as envs
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.protocol import EngineClient
+from vllm.exceptions import VLLMValidationError
 from vllm.inputs import PromptType
 from vllm.logger import init_logger
 from vllm.outputs import RequestOutput
@@ -214,8 +215,15 @@ class AsyncLLM(EngineClient):
         # Register every child with the output processor before the first
         # await: admission and fan-out are atomic on the event loop.
         requests, internal_id = self._fan_out(request, prompt_text, queue)
-        for req in requests:
-            await self.engine_core.add_request_async(req)
+        try:
+            for req in requests:
+                await self.engine_core.add_request_async(req)
+        except (OverflowError, TypeError) as e:
+            # A value msgpack cannot carry (e.g. an int beyond 64 bits): the
+            # request's fault, not the engine's.
+            await self.abort(internal_id, internal=True)
+            raise VLLMValidationError(f"The request could not be sent to the engine: "
+                                      f"{e}") from e
         if self.log_requests:
             logger.info("Added request %s.", request_id)
         return internal_id, queue

@@ -70,7 +70,10 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--intermediate", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: keep default)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     b, hidden = args.batch, 768
     assert ops.cpu_ops_available(), ops.cpu_ops_load_error()
@@ -96,8 +99,9 @@ def main() -> None:
     out = torch.empty_like(x)
     report("rms_norm", bench(lambda: F.rms_norm(x, (hidden,), w, 1e-6)),
            bench(lambda: ops.rms_norm(out, x, w, 1e-6)))
+    res_out = torch.empty_like(x)
     report("add + rms_norm", bench(lambda: F.rms_norm(x + res, (hidden,), w, 1e-6)),
-           bench(lambda: ops.fused_add_rms_norm(x, res, w, 1e-6)))
+           bench(lambda: ops.fused_add_rms_norm_out(out, res_out, x, res, w, 1e-6)))
 
     gu = torch.randn(b, 2 * args.intermediate, dtype=dtype)
     act = torch.empty(b, args.intermediate, dtype=dtype)
@@ -109,8 +113,10 @@ def main() -> None:
     qkv = torch.randn(b, (12 + 4) * 64, dtype=dtype)
     qq, kk = qkv[:, :768], qkv[:, 768:896]
     pos = torch.randint(0, 4096, (b,))
-    report("rotary (neox)", bench(lambda: rope.forward(pos, qq, kk)),
-           bench(lambda: ops.rotary_embedding(pos, qq, kk, 64, rope.cos_sin_cache, True)))
+    q_out, k_out = torch.empty_like(qq), torch.empty_like(kk)
+    report("rotary (neox)", bench(lambda: rope._rotate(qq.view(b, -1, 64), *rope.cos_sin_cache[pos].unsqueeze(1).chunk(2, -1))),
+           bench(lambda: ops.rotary_embedding_out(pos, qq, kk, 64, rope.cos_sin_cache, True,
+                                                  q_out, k_out)))
 
     kvc = torch.zeros(2, 512, 16, 2, 64, dtype=dtype)
     slots = torch.randperm(512 * 16)[:b]

@@ -27,6 +27,7 @@ MODES = {
     "chunked": dict(max_num_batched_tokens=16, max_num_seqs=8),
     "preempt": dict(num_gpu_blocks_override=10, max_num_seqs=8),
 }
+MOE_KINDS = {"mixtral", "qwen2_moe", "granitemoe", "deepseek_v2", "deepseek_v2-lite"}
 EXPLICIT_PREEMPT_MODE = dict(max_num_batched_tokens=32, max_num_seqs=8)
 
 
@@ -58,7 +59,10 @@ def test_greedy_matches_transformers_on_seed_runner(zoo_checkpoint, monkeypatch,
     explicit = mode == "preempt" and ZOO[kind].preempt_explicitly
     llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0,
               enable_prefix_caching=False, **(EXPLICIT_PREEMPT_MODE if explicit else MODES[mode]))
-    assert llm.llm_engine.vllm_config.model_config.architectures == [ZOO[kind].model_cls]
+    model_config = llm.llm_engine.vllm_config.model_config
+    assert model_config.architectures == [ZOO[kind].model_cls]
+    # Derived from the checkpoint's expert count, as upstream does.
+    assert model_config.is_moe == (kind in MOE_KINDS)
     assert runner_of(llm) == ZOO[kind].runner
     preempted = spy_preemptions(llm)
     if explicit:

@@ -1,8 +1,9 @@
 """Coordinates the single-type managers of all KV cache groups.
 
 Every group has its own manager and block tables, but all draw from one
-block pool. Only models with a single group are coordinated (plus any number
-of groups without prefix caching); hybrid models are not supported.
+block pool. Only models with a single group are coordinated with prefix
+caching; any number of groups runs without it (hybrid attention + Mamba
+models, whose state layers rule prefix caching out anyway).
 """
 
 from abc import ABC, abstractmethod

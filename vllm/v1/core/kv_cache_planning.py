@@ -9,10 +9,11 @@ free memory and allocating their KV caches:
         -> KVCacheConfig per worker       (num_blocks, one tensor per layer)
         -> num_blocks = min over workers  (one scheduler drives them all)
 
-Only models whose layers all share one KV cache type are planned (one group).
-Sliding-window layers next to full-attention layers are served as full
-attention (upstream's behaviour with the hybrid KV cache manager disabled);
-other mixes raise NotImplementedError.
+Models whose layers all share one KV cache type get one group. Sliding-window
+layers next to full-attention layers are served as full attention (upstream's
+behaviour with the hybrid KV cache manager disabled). Attention layers next to
+state-space layers (hybrid models such as Qwen3.5) get two groups, one per
+kind, over shared block ids. Other mixes raise NotImplementedError.
 """
 
 import copy

@@ -36,7 +36,7 @@ def _generate(model_dir: str, async_scheduling: bool, monkeypatch) -> tuple[list
 
     def spy(scheduler_output, non_block=False):
         queue = core.batch_queue or ()
-        running_at_launch.append(sum(not future.done() for future, _ in queue))
+        running_at_launch.append(sum(not future.done() for future, *_ in queue))
         return real(scheduler_output, non_block=non_block)
 
     executor.execute_model = spy
@@ -55,3 +55,22 @@ def test_two_steps_in_flight_same_tokens(tiny_model_dir, monkeypatch, kind):
     # Step N+1 was launched while step N still ran, never more than 2 at once.
     assert max(async_running) == 1
     assert async_tokens == sync_tokens
+
+
+class FailingUniProcExecutor(UniProcExecutor):
+    """The real uniproc executor whose forward pass raises."""
+
+    def _call(self, method, args, kwargs):
+        if method == "execute_model":
+            raise RuntimeError("forward failed on purpose")
+        return super()._call(method, args, kwargs)
+
+
+def test_forward_error_surfaces_through_the_batch_queue(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    llm = LLM(model=tiny_model_dir("qwen2"), dtype="float32", max_model_len=128,
+              async_scheduling=True, distributed_executor_backend=FailingUniProcExecutor)
+    with pytest.raises(RuntimeError, match="forward failed on purpose"):
+        llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])],
+                     SamplingParams(max_tokens=4), use_tqdm=False)

@@ -86,7 +86,8 @@ class EngineCore:
 
         # 4. Steps in flight: more than one only with async scheduling.
         self.batch_queue_size = self.model_executor.max_concurrent_batches
-        self.batch_queue: deque[tuple[Future, SchedulerOutput]] | None = None
+        # (output future, forward-pass future, what was scheduled), newest first.
+        self.batch_queue: deque[tuple[Future, Future, SchedulerOutput]] | None = None
         if self.batch_queue_size > 1:
             logger.info("Batch queue is enabled with size %d", self.batch_queue_size)
             self.batch_queue = deque(maxlen=self.batch_queue_size)
@@ -154,22 +155,23 @@ class EngineCore:
     def step_with_batch_queue(self) -> tuple[dict[int, EngineCoreOutputs] | None, bool]:
         """Schedule and launch a step without waiting for the ones in flight.
 
-        Each call schedules a new step when there is work and the queue has
-        room, and returns (None, True) while the oldest step is still running
-        and the queue is not full; otherwise it waits for the oldest step and
-        returns its outputs. Returns (outputs or None, whether a step ran).
+        Each call schedules a new step when there is work, and returns
+        (None, True) while the oldest step is still running and the queue has
+        room; otherwise it waits for the oldest step and returns its outputs.
+        Returns (outputs or None, whether a step ran).
         """
         batch_queue = self.batch_queue
         assert batch_queue is not None
         model_executed = False
-        if self.scheduler.has_requests() and len(batch_queue) < self.batch_queue_size:
+        if self.scheduler.has_requests():
             scheduler_output = self.scheduler.schedule()
-            future = self.model_executor.execute_model(scheduler_output, non_block=True)
+            exec_future = self.model_executor.execute_model(scheduler_output, non_block=True)
             model_executed = scheduler_output.total_num_scheduled_tokens > 0
+            future = exec_future
             if model_executed:
                 # Queued behind the forward pass on the worker: the step's tokens.
                 future = self.model_executor.sample_tokens(None, non_block=True)
-            batch_queue.appendleft((future, scheduler_output))
+            batch_queue.appendleft((future, exec_future, scheduler_output))
             if (model_executed and len(batch_queue) < self.batch_queue_size
                     and not batch_queue[-1][0].done()):
                 # Room for another step and the oldest is still running: go
@@ -177,9 +179,13 @@ class EngineCore:
                 return None, True
         elif not batch_queue:
             return None, False
-        future, scheduler_output = batch_queue.pop()
-        model_output = self.execute_model_with_error_logging(lambda _: future.result(),
-                                                             scheduler_output)
+        future, exec_future, scheduler_output = batch_queue.pop()
+
+        def wait(_: SchedulerOutput) -> "ModelRunnerOutput":
+            exec_future.result()  # a failed forward pass raises its own error here
+            return future.result()
+
+        model_output = self.execute_model_with_error_logging(wait, scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, model_output)
         return outputs, model_executed
 

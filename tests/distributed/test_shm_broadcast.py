@@ -110,3 +110,31 @@ def test_no_reader_unpickles():
                  for n, line in enumerate(path.read_text().splitlines(), 1)
                  if pattern.search(line) and not line.lstrip().startswith("#")]
     assert offenders == []
+
+
+def test_writer_does_not_wait_for_ever_on_a_reader_that_stopped():
+    """A full ring (the reader stopped reading, e.g. died) makes enqueue fail
+    after its timeout, or at once when the cancel event is set."""
+    import threading
+
+    writer = MessageQueue(1, 1, max_chunk_bytes=1024, max_chunks=2)
+    reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
+    ready = threading.Thread(target=reader.wait_until_ready, args=(10,))
+    ready.start()
+    writer.wait_until_ready(timeout=10)
+    ready.join()
+    try:
+        writer.enqueue(1)
+        writer.enqueue(2)
+        with pytest.raises(TimeoutError):
+            writer.enqueue(3, timeout=0.2)
+        cancel = threading.Event()
+        cancel.set()
+        with pytest.raises(RuntimeError):
+            writer.enqueue(3, cancel=cancel)
+        assert reader.dequeue(timeout=5) == 1  # a chunk frees up
+        writer.enqueue(3, timeout=5)
+        assert [reader.dequeue(timeout=5) for _ in range(2)] == [2, 3]
+    finally:
+        reader.close()
+        writer.close()

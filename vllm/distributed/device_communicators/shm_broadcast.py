@@ -225,18 +225,20 @@ class MessageQueue:
         return sock.recv_multipart()
 
     # ---- writing --------------------------------------------------------------------
-    def enqueue(self, obj: Any, timeout: float | None = None) -> None:
-        """Send `obj` (any RPC value) to every reader."""
+    def enqueue(self, obj: Any, timeout: float | None = None,
+                cancel: threading.Event | None = None) -> None:
+        """Send `obj` (any RPC value) to every reader. Waits while the ring is
+        full; raises TimeoutError after `timeout`, RuntimeError if `cancel` is set."""
         assert self._is_writer, "only the writer enqueues"
-        self._write_frames(self.encoder.encode(obj), timeout)
+        self._write_frames(self.encoder.encode(obj), timeout, cancel)
 
-    def _write_frames(self, frames: Sequence[bytes | memoryview], timeout: float | None = None
-                      ) -> None:
+    def _write_frames(self, frames: Sequence[bytes | memoryview], timeout: float | None = None,
+                      cancel: threading.Event | None = None) -> None:
         views = [memoryview(f).cast("B") for f in frames]
         header = _COUNT.size + _LENGTH.size * len(views)
         if self.buffer is not None:
             overflow = 1 + header + sum(len(v) for v in views) > self.buffer.max_chunk_bytes
-            with self._acquire_write(timeout) as chunk:
+            with self._acquire_write(timeout, cancel) as chunk:
                 chunk[0] = _OVERFLOW if overflow else _INLINE
                 if not overflow:
                     _pack_frames(chunk, views)
@@ -246,9 +248,10 @@ class MessageQueue:
             self.remote_socket.send_multipart(views, copy=False)
 
     @contextmanager
-    def _acquire_write(self, timeout: float | None) -> Iterator[memoryview]:
+    def _acquire_write(self, timeout: float | None, cancel: threading.Event | None
+                       ) -> Iterator[memoryview]:
         assert self.buffer is not None
-        backoff = _Backoff(timeout, None)
+        backoff = _Backoff(timeout, cancel)
         # Views are released as soon as they are used (`with`): a live view
         # keeps the segment from being closed.
         while True:

@@ -117,8 +117,13 @@ class MultiprocExecutor(Executor):
         if self.is_failed or self.shutting_down:
             raise RuntimeError("Executor failed." if self.is_failed else "Executor is shut down.")
         with self._rpc_lock:  # broadcast order == response order
-            self.rpc_broadcast_mq.enqueue((method, tuple(args), kwargs or {},
-                                           unique_reply_rank))
+            try:
+                # A dead worker stops reading: do not wait on it for ever.
+                self.rpc_broadcast_mq.enqueue((method, tuple(args), kwargs or {},
+                                               unique_reply_rank),
+                                              cancel=self.shutdown_event)
+            except RuntimeError as e:
+                raise RuntimeError("Executor failed: a worker process died.") from e
             ranks = (range(self.world_size) if unique_reply_rank is None
                      else [unique_reply_rank])
             future = self.io_thread_pool.submit(self._get_responses, method, list(ranks),

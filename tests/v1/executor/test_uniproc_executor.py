@@ -57,7 +57,7 @@ def test_kv_cache_setup_and_one_step(executor):
     assert executor.determine_available_memory() == [1 << 22]
     executor.initialize_from_config([make_kv_cache_config(specs)])
     assert executor.max_concurrent_batches == 1
-    assert not UniProcExecutor.supports_async_scheduling()
+    assert UniProcExecutor.supports_async_scheduling()  # via its worker thread
     assert executor.supported_tasks == ("generate",)
     executor.check_health()
 

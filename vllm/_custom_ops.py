@@ -21,6 +21,12 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 
+# Every op the wrappers below call; a build missing one is not used at all.
+_REQUIRED_OPS = ("paged_attention_decode", "reshape_and_cache", "rms_norm",
+                 "fused_add_rms_norm", "fused_add_rms_norm_out", "rotary_embedding",
+                 "rotary_embedding_out", "silu_and_mul")
+
+
 def _load_extension() -> str | None:
     """Import vllm._C; returns why it is unavailable, or None when loaded.
 
@@ -31,8 +37,9 @@ def _load_extension() -> str | None:
         importlib.import_module("vllm._C")
     except ImportError as e:
         return str(e)
-    if not hasattr(torch.ops, "_C_cpu") or not hasattr(torch.ops._C_cpu, "rms_norm"):
-        return "vllm._C loaded but registered no _C_cpu ops"
+    missing = [op for op in _REQUIRED_OPS if not hasattr(torch.ops._C_cpu, op)]
+    if missing:  # a library built from older sources: rebuild with `pip install -e .`
+        return f"vllm._C is stale (no {', '.join(missing)}); rebuild it"
     return None
 
 

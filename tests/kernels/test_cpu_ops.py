@@ -15,8 +15,14 @@ import torch.nn.functional as F
 from vllm import _custom_ops as ops
 
 
-@pytest.fixture(autouse=True)
-def _require_extension():
+@pytest.fixture(autouse=True, params=["compiled", "torch"])
+def _require_extension(request, monkeypatch):
+    """Every test runs on both paths of the wrappers: the compiled op and the
+    pure-torch fallback used when vllm._C is absent."""
+    torch.manual_seed(0)
+    if request.param == "torch":
+        monkeypatch.setattr(ops, "_LOAD_ERROR", "testing the fallback")
+        return
     if not ops.cpu_ops_available():
         if os.environ.get("VLLM_ALLOW_NO_CSRC") == "1":
             pytest.skip("vllm._C not built (VLLM_ALLOW_NO_CSRC=1)")

@@ -4,8 +4,9 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# Keyed on the packaging files: editing them re-runs the install.
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
+# Keyed on the packaging files and the C++ sources: editing them re-runs the install
+# (which rebuilds vllm._C).
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py CMakeLists.txt $(sort $(wildcard csrc/*/*)) 2>/dev/null | cksum | cut -d' ' -f1)
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
@@ -13,7 +14,7 @@ PORT   ?= 8000
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py CMakeLists.txt $(wildcard csrc/*/*)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# The CPU build of torch lies on these machines' disk; a bare `torch` would pull CUDA.
 	$(PY) -m pip install -q torch==2.13.0

@@ -108,11 +108,20 @@ def test_greedy_matches_transformers(tiny_model_dir, monkeypatch, kind, mode, ru
 
 
 @pytest.mark.parametrize("kind", ["llama"])
-def test_async_scheduling_is_the_default_under_v2(tiny_model_dir, monkeypatch, kind):
+def test_async_scheduling_default_under_v2(tiny_model_dir, monkeypatch, kind):
+    """Dense models run on V2; async scheduling is on by default where it pays
+    (multi-process executors, GPUs) and off for one CPU worker (see
+    VllmConfig._async_scheduling_off_by_default_reason)."""
+    from vllm.engine.arg_utils import EngineArgs
+
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
     llm = LLM(model=tiny_model_dir(kind), dtype="float32", max_model_len=128)
     config = llm.llm_engine.vllm_config
     assert config.use_v2_model_runner  # a dense model
-    assert config.scheduler_config.async_scheduling
-    assert config.max_concurrent_batches == 2
+    assert not config.scheduler_config.async_scheduling
+    assert config.max_concurrent_batches == 1
+    mp = EngineArgs(model=tiny_model_dir(kind), dtype="float32", max_model_len=128,
+                    tensor_parallel_size=2).create_engine_config()
+    assert mp.parallel_config.distributed_executor_backend == "mp"
+    assert mp.scheduler_config.async_scheduling and mp.max_concurrent_batches == 2

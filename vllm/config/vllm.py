@@ -133,11 +133,27 @@ class VllmConfig:
             return "Model Runner V1 does not support it in this version"
         return None
 
+    def _async_scheduling_off_by_default_reason(self) -> str | None:
+        """Where async scheduling works but costs more than it gives.
+
+        With one worker on the CPU the forward pass already uses every core,
+        so overlapping the next step's scheduling with it gains nothing, while
+        the scheduler thread and the worker thread fight over the GIL:
+        measured 1395 vs 1182 output tok/s (64 x 128 -> 128, bf16 Qwen2-120M).
+        Multi-process executors overlap for real and keep it on, as upstream.
+        """
+        if (self.device_config.device_type == "cpu"
+                and self.parallel_config.distributed_executor_backend == "uni"):
+            return "one CPU worker: the overlap gains nothing and costs GIL contention"
+        return None
+
     def _resolve_async_scheduling(self) -> None:
-        """None -> on where supported; an explicit True that cannot work raises."""
+        """None -> on where supported (and worth it); an explicit True that
+        cannot work raises."""
         sc = self.scheduler_config
         reason = self._async_scheduling_unsupported_reason()
         if sc.async_scheduling is None:
+            reason = reason or self._async_scheduling_off_by_default_reason()
             sc.async_scheduling = reason is None
         elif sc.async_scheduling and reason is not None:
             raise ValueError(f"Async scheduling was requested but {reason}.")

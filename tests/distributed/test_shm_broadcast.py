@@ -22,14 +22,15 @@ def _reader(handle: bytes, rank: int, n: int, out) -> None:
     mq = MessageQueue.create_from_handle(decode_handle(handle), rank)
     mq.wait_until_ready(timeout=30)
     got = [mq.dequeue(timeout=30) for _ in range(n)]
-    # Echo a digest of what arrived: (index, tensor sum, payload length).
-    out.put([(i, int(t.sum()), len(blob)) for i, t, blob in got])
+    # A digest of what arrived: (index, tensor sum, payload length).
+    digest = [(i, int(t.sum()), len(blob)) for i, t, blob in got]
     try:
         mq.dequeue(timeout=30)
-        out.put("accepted a pickle")
+        verdict = "accepted a pickle"
     except RpcDecodeError:
-        out.put("rejected")
-    out.put(mq.dequeue(timeout=30))
+        verdict = "rejected"
+    # One message per reader: the readers share `out`, so separate puts interleave.
+    out.put((rank, digest, verdict, mq.dequeue(timeout=30)))
     mq.close()
 
 
@@ -53,10 +54,12 @@ def test_broadcast_across_processes_local_and_remote():
         writer._write_frames([pickle.dumps(("execute_model", (), {}, None))])
         writer.enqueue("still serving")
         expected = [(i, sum(range(i * 120)), i * 500) for i in range(n)]
-        for _ in range(3):
-            assert out.get(timeout=60) == expected
-            assert out.get(timeout=60) == "rejected"
-            assert out.get(timeout=60) == "still serving"
+        results = sorted(out.get(timeout=60) for _ in range(3))
+        assert [r[0] for r in results] == [0, 1, 2]
+        for _, digest, verdict, last in results:
+            assert digest == expected
+            assert verdict == "rejected"
+            assert last == "still serving"
     finally:
         for p in procs:
             p.join(30)

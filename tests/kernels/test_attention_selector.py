@@ -41,14 +41,16 @@ def test_cuda_rules_without_a_gpu():
     assert _select(CudaPlatform, None, head_size=40).endswith("CPUAttentionBackend")
     with pytest.raises(ValueError, match="TRITON_ATTN cannot run"):
         _select(CudaPlatform, "TRITON_ATTN", dtype=torch.int8)
-    with pytest.raises(ValueError, match="FLASHINFER is not built"):
-        _select(CudaPlatform, "FLASHINFER")
+    if not module_available("flashinfer"):
+        with pytest.raises(ValueError, match="FLASHINFER cannot run here: the optional"):
+            _select(CudaPlatform, "FLASHINFER")
 
 
 def test_backend_classes_resolve():
     import importlib
-    for member in (AttentionBackendEnum.CPU_ATTN, AttentionBackendEnum.TRITON_ATTN):
+    for member in AttentionBackendEnum:
         mod, _, cls = member.get_path().rpartition(".")
         backend = getattr(importlib.import_module(mod), cls)
         assert backend.get_name() == member.name
-        assert backend.get_kv_cache_shape(3, 16, 2, 64) == (2, 3, 16, 2, 64)
+        assert backend.get_kv_cache_shape(3, 16, 2, 64) in ((2, 3, 16, 2, 64),
+                                                             (3, 2, 16, 2, 64))

@@ -33,11 +33,12 @@ class CpuPlatform(Platform):
         use_sparse: bool = False,
     ) -> str:
         if selected_backend is not None and selected_backend.upper() != "CPU_ATTN":
-            from vllm.v1.attention.backends.registry import AttentionBackendEnum
-            AttentionBackendEnum.from_name(selected_backend)  # unknown name -> ValueError
-            raise ValueError(
-                f"Attention backend {selected_backend!r} cannot run on CPU (it needs a "
-                "GPU); the only CPU backend is 'CPU_ATTN'.")
+            from vllm.v1.attention.backends.registry import (
+                AttentionBackendEnum, AttentionBackendUnavailableError)
+            backend = AttentionBackendEnum.from_name(selected_backend)  # unknown -> ValueError
+            raise AttentionBackendUnavailableError(
+                backend.name, "it needs a GPU and cannot run on CPU; the only CPU "
+                "backend is CPU_ATTN")
         if use_mla or use_sparse or has_sink:
             raise NotImplementedError(
                 "MLA, sparse and sink attention are not implemented on CPU.")

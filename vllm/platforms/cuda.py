@@ -3,7 +3,9 @@
 Only selected when `torch.cuda.is_available()`. Attention defaults to the
 Triton unified kernel (TRITON_ATTN) when triton is installed and the head
 size is supported, else the paged PyTorch backend (CPU_ATTN, whose tensor
-ops run on any device); FLASHINFER is used only when requested and installed.
+ops run on any device); FLASHINFER (vllm/v1/attention/backends/flashinfer.py)
+is used only when requested (VLLM_ATTENTION_BACKEND=FLASHINFER) and the
+optional `flashinfer` package is installed.
 """
 from __future__ import annotations
 
@@ -13,6 +15,25 @@ from vllm.platforms.interface import Platform, PlatformEnum
 
 TORCH_PAGED_ATTN_BACKEND = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
 _TRITON_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+def _flashinfer_unusable_reason(head_size: int, dtype: torch.dtype,
+                                kv_cache_dtype: str | None) -> str | None:
+    """Why FLASHINFER cannot serve these layers (None when it can). Only the
+    requirements are checked here; `flashinfer` itself is imported on first use."""
+    from vllm.v1.attention.backends.flashinfer import FlashInferBackend
+    from vllm.v1.attention.backends.registry import module_available
+
+    if not module_available("flashinfer"):
+        return "the optional package flashinfer is not installed (pip install flashinfer-python)"
+    if not FlashInferBackend.supports_dtype(dtype):
+        return f"it supports float16 / bfloat16 only (got {dtype})"
+    if not FlashInferBackend.supports_head_size(head_size):
+        return (f"head size {head_size} is not one of "
+                f"{FlashInferBackend.get_supported_head_sizes()}")
+    if kv_cache_dtype not in (None, "auto"):
+        return f"kv_cache_dtype {kv_cache_dtype!r} is not built (use 'auto')"
+    return None
 
 
 class CudaPlatform(Platform):
@@ -38,6 +59,7 @@ class CudaPlatform(Platform):
         use_sparse: bool = False,
     ) -> str:
         from vllm.v1.attention.backends.registry import (AttentionBackendEnum,
+                                                         AttentionBackendUnavailableError,
                                                          module_available)
         if use_mla or use_sparse or has_sink:
             raise NotImplementedError("MLA, sparse and sink attention are not implemented.")
@@ -51,12 +73,13 @@ class CudaPlatform(Platform):
             return TORCH_PAGED_ATTN_BACKEND
         backend = AttentionBackendEnum.from_name(selected_backend)
         if backend == AttentionBackendEnum.TRITON_ATTN and not triton_ok:
-            raise ValueError(f"TRITON_ATTN cannot run here: needs triton and fp16/bf16/fp32 "
-                             f"(got dtype {dtype}, triton installed: "
-                             f"{module_available('triton')}).")
+            raise AttentionBackendUnavailableError(
+                "TRITON_ATTN", f"needs triton and fp16/bf16/fp32 (got dtype {dtype}, "
+                f"triton installed: {module_available('triton')})")
         if backend == AttentionBackendEnum.FLASHINFER:
-            raise ValueError("FLASHINFER is not built in this tree (it is optional); "
-                             "use TRITON_ATTN or CPU_ATTN.")
+            reason = _flashinfer_unusable_reason(head_size, dtype, kv_cache_dtype)
+            if reason is not None:
+                raise AttentionBackendUnavailableError("FLASHINFER", reason)
         return backend.get_path()
 
     @classmethod

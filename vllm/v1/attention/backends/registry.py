@@ -2,7 +2,8 @@
 (upstream: vllm/attention/backends/registry.py, `AttentionBackendEnum`).
 
 `VLLM_ATTENTION_BACKEND` takes one of these names; the platform decides
-whether the named backend can run and raises a ValueError when it cannot.
+whether the named backend can run and raises `AttentionBackendUnavailableError`
+(a ValueError naming the backend and the reason) when it cannot.
 """
 from __future__ import annotations
 
@@ -10,12 +11,22 @@ import enum
 import importlib.util
 
 
+class AttentionBackendUnavailableError(ValueError):
+    """A requested attention backend cannot run with this device / dtype /
+    head size / installed packages."""
+
+    def __init__(self, backend: str, reason: str) -> None:
+        super().__init__(f"{backend} cannot run here: {reason}.")
+        self.backend = backend
+        self.reason = reason
+
+
 class AttentionBackendEnum(enum.Enum):
     """Backend name -> qualified class name."""
 
     CPU_ATTN = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
     TRITON_ATTN = "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend"
-    FLASHINFER = "vllm.v1.attention.backends.flashinfer_attn.FlashInferBackend"
+    FLASHINFER = "vllm.v1.attention.backends.flashinfer.FlashInferBackend"
 
     def get_path(self) -> str:
         return self.value

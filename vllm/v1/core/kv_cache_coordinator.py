@@ -14,7 +14,7 @@ from vllm.logger import init_logger
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
 from vllm.v1.core.single_type_kv_cache_manager import get_manager_for_kv_cache_spec
-from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec, MambaSpec
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -55,6 +55,15 @@ class KVCacheCoordinator(ABC):
             )
             for i, group in enumerate(kv_cache_config.kv_cache_groups)
         )
+        # Requests hash hash_block_size tokens at a time and the hits are
+        # looked up hash by hash: with caching each block must span that many.
+        for manager in self.single_type_managers if enable_caching else ():
+            if manager.block_size != hash_block_size:
+                raise ValueError(
+                    f"hash_block_size ({hash_block_size}) must equal the block size "
+                    f"({manager.block_size}) of KV cache group "
+                    f"{manager.kv_cache_group_id} when prefix caching is enabled."
+                )
 
     def get_num_blocks_to_allocate(
         self,
@@ -148,16 +157,9 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         pcp_world_size: int,
         hash_block_size: int,
     ) -> None:
-        super().__init__(
-            kv_cache_config,
-            max_model_len,
-            use_eagle,
-            False,
-            enable_kv_cache_events,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
-            hash_block_size=hash_block_size,
-        )
+        super().__init__(kv_cache_config, max_model_len, use_eagle, False,
+                         enable_kv_cache_events, dcp_world_size, pcp_world_size,
+                         hash_block_size)
         self.num_single_type_manager = len(self.single_type_managers)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
@@ -173,53 +175,32 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """Coordinator for models with one KV cache group, i.e. one KV cache type
     (all full attention, or all sliding window with one window size)."""
 
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfig,
-        max_model_len: int,
-        use_eagle: bool,
-        enable_caching: bool,
-        enable_kv_cache_events: bool,
-        dcp_world_size: int,
-        pcp_world_size: int,
-        hash_block_size: int,
-    ) -> None:
-        super().__init__(
-            kv_cache_config,
-            max_model_len,
-            use_eagle,
-            enable_caching,
-            enable_kv_cache_events,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
-            hash_block_size=hash_block_size,
-        )
-        assert len(kv_cache_config.kv_cache_groups) == 1, "one KV cache group expected"
-        self.kv_cache_spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
-        self.dcp_world_size = dcp_world_size
-        self.pcp_world_size = pcp_world_size
-        self.block_size = self.kv_cache_spec.block_size * dcp_world_size * pcp_world_size
-        if enable_caching and hash_block_size != self.block_size:
-            raise ValueError(
-                f"hash_block_size ({hash_block_size}) must equal the block size "
-                f"({self.block_size}) of the only KV cache group."
-            )
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return self.single_type_managers[0].kv_cache_spec
+
+    @property
+    def block_size(self) -> int:
+        """The spec's block size times the context parallel sizes."""
+        return self.single_type_managers[0].block_size
 
     def find_longest_cache_hit(
         self, block_hashes: list[BlockHash], max_cache_hit_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        hit_blocks = self.single_type_managers[0].find_longest_cache_hit(
+        assert len(self.single_type_managers) == 1, "one KV cache group expected"
+        manager = self.single_type_managers[0]
+        hit_blocks = manager.find_longest_cache_hit(
             block_hashes=block_hashes,
             max_length=max_cache_hit_length,
             kv_cache_group_ids=[0],
             block_pool=self.block_pool,
-            kv_cache_spec=self.kv_cache_spec,
+            kv_cache_spec=manager.kv_cache_spec,
             use_eagle=self.use_eagle,
-            alignment_tokens=self.block_size,
-            dcp_world_size=self.dcp_world_size,
-            pcp_world_size=self.pcp_world_size,
+            alignment_tokens=manager.block_size,
+            dcp_world_size=manager.dcp_world_size,
+            pcp_world_size=manager.pcp_world_size,
         )
-        return hit_blocks, len(hit_blocks[0]) * self.block_size
+        return hit_blocks, len(hit_blocks[0]) * manager.block_size
 
 
 def get_kv_cache_coordinator(
@@ -248,24 +229,13 @@ def get_kv_cache_coordinator(
     # Without groups (attention-free model) there is nothing to cache.
     if not enable_caching or not kv_cache_config.kv_cache_groups:
         return KVCacheCoordinatorNoPrefixCache(
-            kv_cache_config,
-            max_model_len,
-            use_eagle,
-            enable_kv_cache_events,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
-            hash_block_size=hash_block_size,
+            kv_cache_config, max_model_len, use_eagle, enable_kv_cache_events,
+            dcp_world_size, pcp_world_size, hash_block_size,
         )
     if len(kv_cache_config.kv_cache_groups) == 1:
         return UnitaryKVCacheCoordinator(
-            kv_cache_config,
-            max_model_len,
-            use_eagle,
-            enable_caching,
-            enable_kv_cache_events,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
-            hash_block_size=hash_block_size,
+            kv_cache_config, max_model_len, use_eagle, enable_caching,
+            enable_kv_cache_events, dcp_world_size, pcp_world_size, hash_block_size,
         )
     raise NotImplementedError(
         "Prefix caching with several KV cache groups (hybrid models) is not "

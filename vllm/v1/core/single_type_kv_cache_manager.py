@@ -9,6 +9,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vllm.utils import cdiv
@@ -195,7 +196,6 @@ class SingleTypeKVCacheManager(ABC):
         raise NotImplementedError
 
     @classmethod
-    @abstractmethod
     def find_longest_cache_hit(
         cls,
         block_hashes: Sequence[BlockHash],
@@ -228,45 +228,70 @@ class SingleTypeKVCacheManager(ABC):
             blocks (e.g. ``[NULL, NULL, 7, 8]`` for a sliding window of two
             blocks).
         """
+        block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+        # Positional, in field order: each argument is named as its field.
+        return cls._find_hit(CacheHitSearch(
+            block_hashes, max_length // block_size, kv_cache_group_ids, block_pool,
+            kv_cache_spec, use_eagle, alignment_tokens, block_size,
+        ))
+
+    @classmethod
+    @abstractmethod
+    def _find_hit(cls, search: "CacheHitSearch") -> tuple[list[KVCacheBlock], ...]:
+        """This attention type's rule for find_longest_cache_hit()."""
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class CacheHitSearch:
+    """The inputs of one find_longest_cache_hit() call, in blocks."""
+
+    block_hashes: Sequence[BlockHash]
+    # max_length // block_size: whole blocks only.
+    max_num_blocks: int
+    kv_cache_group_ids: list[int]
+    block_pool: BlockPool
+    kv_cache_spec: KVCacheSpec
+    use_eagle: bool
+    alignment_tokens: int
+    # The spec's block size times the context parallel sizes.
+    block_size: int
+
+    def no_hit(self) -> tuple[list[KVCacheBlock], ...]:
+        return tuple([] for _ in self.kv_cache_group_ids)
+
+    def drop_eagle_block(self, computed_blocks: tuple[list[KVCacheBlock], ...]) -> None:
+        """With EAGLE, drop the last hit block from every group (if any)."""
+        if self.use_eagle and computed_blocks[0]:
+            for computed in computed_blocks:
+                computed.pop()
+
+    def align(self, computed_blocks: tuple[list[KVCacheBlock], ...]) -> None:
+        """Pop tail blocks until the hit length is a multiple of alignment_tokens."""
+        while len(computed_blocks[0]) * self.block_size % self.alignment_tokens != 0:
+            for computed in computed_blocks:
+                computed.pop()
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention: every block is kept until the request finishes."""
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[BlockHash],
-        max_length: int,
-        kv_cache_group_ids: list[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        assert isinstance(kv_cache_spec, FullAttentionSpec)
-        computed_blocks: tuple[list[KVCacheBlock], ...] = tuple(
-            [] for _ in kv_cache_group_ids
-        )
-        block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
-        max_num_blocks = max_length // block_size
+    def _find_hit(cls, search: CacheHitSearch) -> tuple[list[KVCacheBlock], ...]:
+        assert isinstance(search.kv_cache_spec, FullAttentionSpec)
+        computed_blocks = search.no_hit()
         # Hashes chain, so the first miss ends the hit: no later block can be
         # cached under this prefix.
-        for block_hash in itertools.islice(block_hashes, max_num_blocks):
-            cached_blocks = block_pool.get_cached_block(block_hash, kv_cache_group_ids)
+        for block_hash in itertools.islice(search.block_hashes, search.max_num_blocks):
+            cached_blocks = search.block_pool.get_cached_block(
+                block_hash, search.kv_cache_group_ids
+            )
             if cached_blocks is None:
                 break
             for computed, cached in zip(computed_blocks, cached_blocks):
                 computed.append(cached)
-        if use_eagle and computed_blocks[0]:
-            for computed in computed_blocks:
-                computed.pop()
-        while len(computed_blocks[0]) * block_size % alignment_tokens != 0:
-            for computed in computed_blocks:
-                computed.pop()
+        search.drop_eagle_block(computed_blocks)
+        search.align(computed_blocks)
         return computed_blocks
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
@@ -292,39 +317,31 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.sliding_window = kv_cache_spec.sliding_window
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[BlockHash],
-        max_length: int,
-        kv_cache_group_ids: list[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        assert isinstance(kv_cache_spec, SlidingWindowSpec)
-        assert dcp_world_size == 1 and pcp_world_size == 1
-        block_size = kv_cache_spec.block_size
+    def _find_hit(cls, search: CacheHitSearch) -> tuple[list[KVCacheBlock], ...]:
+        spec = search.kv_cache_spec
+        assert isinstance(spec, SlidingWindowSpec)
+        block_size = search.block_size
+        assert block_size == spec.block_size, "no context parallelism here"
         # A hit ending at block i only needs the blocks inside the window of
         # the next token: ceil((window - 1) / block_size) contiguous blocks
         # (-1: the next token itself is part of its window). EAGLE needs one
         # more, which is dropped at the end.
-        num_needed = cdiv(kv_cache_spec.sliding_window - 1, block_size) + int(use_eagle)
-        max_num_blocks = max_length // block_size
+        num_needed = cdiv(spec.sliding_window - 1, block_size) + int(search.use_eagle)
         computed_blocks = tuple(
-            [block_pool.null_block] * max_num_blocks for _ in kv_cache_group_ids
+            [search.block_pool.null_block] * search.max_num_blocks
+            for _ in search.kv_cache_group_ids
         )
         num_contiguous = 0
         # Search right to left: the first run of num_needed cached blocks is
         # the longest hit. Blocks before the run stay null.
-        for i in range(max_num_blocks - 1, -1, -1):
-            cached_blocks = block_pool.get_cached_block(block_hashes[i], kv_cache_group_ids)
+        for i in range(search.max_num_blocks - 1, -1, -1):
+            cached_blocks = search.block_pool.get_cached_block(
+                search.block_hashes[i], search.kv_cache_group_ids
+            )
             if cached_blocks is None:
                 num_contiguous = 0
                 continue
-            if num_contiguous == 0 and (i + 1) * block_size % alignment_tokens != 0:
+            if num_contiguous == 0 and (i + 1) * block_size % search.alignment_tokens != 0:
                 continue  # A hit must end on an aligned boundary.
             for computed, cached in zip(computed_blocks, cached_blocks):
                 computed[i] = cached
@@ -340,12 +357,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             # window, so nothing before it is needed) is a hit.
             for computed in computed_blocks:
                 del computed[num_contiguous:]
-            while len(computed_blocks[0]) * block_size % alignment_tokens != 0:
-                for computed in computed_blocks:
-                    computed.pop()
-        if use_eagle and computed_blocks[0]:
-            for computed in computed_blocks:
-                computed.pop()
+            search.align(computed_blocks)
+        search.drop_eagle_block(computed_blocks)
         return computed_blocks
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
@@ -373,19 +386,8 @@ class MambaManager(SingleTypeKVCacheManager):
             raise ValueError("Prefix caching is not supported for Mamba state layers.")
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[BlockHash],
-        max_length: int,
-        kv_cache_group_ids: list[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        return tuple([] for _ in kv_cache_group_ids)
+    def _find_hit(cls, search: CacheHitSearch) -> tuple[list[KVCacheBlock], ...]:
+        return search.no_hit()
 
     def cache_blocks(self, request: "Request", num_tokens: int) -> None:
         return None  # a state slot is never a reusable prefix

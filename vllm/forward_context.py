@@ -12,10 +12,32 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from vllm.config.compilation import CUDAGraphMode
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+
+class BatchDescriptor(NamedTuple):
+    """The key of one CUDA graph: the (padded) shape of a batch.
+
+    Two batches with equal descriptors can replay the same graph.
+    """
+
+    num_tokens: int
+    # Requests in the batch; None when the graph serves any request count.
+    num_reqs: int | None = None
+    # Every request has the same query length (a uniform decode batch).
+    uniform: bool = False
+    has_lora: bool = False
+
+    def relax_for_mixed_batch_cudagraphs(self) -> "BatchDescriptor":
+        """The descriptor of the general (mixed-batch) graph of the same size,
+        which any batch of this many tokens can replay."""
+        return BatchDescriptor(self.num_tokens, num_reqs=None, uniform=False,
+                               has_lora=self.has_lora)
 
 
 @dataclass
@@ -34,6 +56,10 @@ class ForwardContext:
     num_tokens: int | None = None
     # Free-form extras a runner may attach (kept for forward compatibility).
     extra: dict[str, Any] = field(default_factory=dict)
+    # What the CUDA graph wrappers do in this forward: NONE runs eagerly; FULL
+    # captures or replays the graph keyed by `batch_descriptor`.
+    cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE
+    batch_descriptor: BatchDescriptor | None = None
 
 
 _forward_context: ForwardContext | None = None
@@ -58,6 +84,8 @@ def set_forward_context(
     vllm_config: "VllmConfig",
     virtual_engine: int = 0,
     num_tokens: int | None = None,
+    cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE,
+    batch_descriptor: BatchDescriptor | None = None,
     **extra: Any,
 ) -> Iterator[ForwardContext]:
     """Make `attn_metadata` visible to the layers for the duration of a forward.
@@ -68,6 +96,9 @@ def set_forward_context(
     global _forward_context
     if _forward_context is not None:
         raise RuntimeError("set_forward_context() cannot be nested.")
+    if not cudagraph_runtime_mode.is_valid_runtime_mode():
+        raise ValueError(f"cudagraph_runtime_mode must be NONE, PIECEWISE or FULL, "
+                         f"got {cudagraph_runtime_mode.name}.")
     static_ctx = vllm_config.compilation_config.static_forward_context
     _forward_context = ForwardContext(
         no_compile_layers=static_ctx,
@@ -75,6 +106,8 @@ def set_forward_context(
         virtual_engine=virtual_engine,
         num_tokens=num_tokens,
         extra=dict(extra),
+        cudagraph_runtime_mode=cudagraph_runtime_mode,
+        batch_descriptor=batch_descriptor,
     )
     try:
         yield _forward_context

@@ -1,4 +1,11 @@
-"""Compilation and CUDA graph configuration (upstream: vllm/config/compilation.py)."""
+"""Compilation and CUDA graph configuration (upstream: vllm/config/compilation.py).
+
+Deviation from upstream, by design: this build has no Inductor graph-split
+(piecewise) compilation, so piecewise CUDA graphs cannot be captured. The
+modes that ask for them resolve to the closest mode that needs none (see
+`CompilationConfig.resolve`): PIECEWISE -> NONE, FULL_AND_PIECEWISE ->
+FULL_DECODE_ONLY (full graphs for uniform decode batches, mixed batches eager).
+"""
 from __future__ import annotations
 
 import enum
@@ -9,6 +16,9 @@ from vllm.logger import init_logger
 
 logger = init_logger(__name__)
 
+# Upstream's ceiling on the largest capture size when none is configured.
+_DEFAULT_MAX_CAPTURE_SIZE = 512
+
 
 class CompilationMode(enum.IntEnum):
     NONE = 0
@@ -18,14 +28,76 @@ class CompilationMode(enum.IntEnum):
 
 
 class CUDAGraphMode(enum.Enum):
+    """NONE, PIECEWISE and FULL are runtime modes (what one forward does);
+    the two tuple members are (decode mode, mixed mode) pairs that the
+    dispatcher splits per batch."""
+
     NONE = 0
     PIECEWISE = 1
     FULL = 2
     FULL_DECODE_ONLY = (FULL, NONE)
     FULL_AND_PIECEWISE = (FULL, PIECEWISE)
 
+    def decode_mode(self) -> "CUDAGraphMode":
+        """Mode for uniform decode batches."""
+        return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
 
-def default_capture_sizes(max_size: int = 512) -> list[int]:
+    def mixed_mode(self) -> "CUDAGraphMode":
+        """Mode for prefill / mixed batches."""
+        return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
+
+    def has_mode(self, mode: "CUDAGraphMode") -> bool:
+        if mode.separate_routine():
+            raise ValueError(f"has_mode() takes a runtime mode, not {mode.name}.")
+        if self.separate_routine():
+            return mode.value in self.value
+        return self == mode
+
+    def requires_piecewise_compilation(self) -> bool:
+        return self.has_mode(CUDAGraphMode.PIECEWISE)
+
+    def max_cudagraph_mode(self) -> "CUDAGraphMode":
+        return CUDAGraphMode(max(self.value)) if self.separate_routine() else self
+
+    def has_full_cudagraphs(self) -> bool:
+        return self.max_cudagraph_mode() == CUDAGraphMode.FULL
+
+    def has_piecewise_cudagraphs(self) -> bool:
+        return self.requires_piecewise_compilation()
+
+    def separate_routine(self) -> bool:
+        return isinstance(self.value, tuple)
+
+    @classmethod
+    def valid_runtime_modes(cls) -> frozenset["CUDAGraphMode"]:
+        return frozenset({cls.NONE, cls.PIECEWISE, cls.FULL})
+
+    def is_valid_runtime_mode(self) -> bool:
+        return self in CUDAGraphMode.valid_runtime_modes()
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def parse(cls, value: "CUDAGraphMode | str | int") -> "CUDAGraphMode":
+        """A mode from its name (any case, as `-cc '{"cudagraph_mode": "full"}'`
+        gives it), its integer value, or the member itself."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            member = cls.__members__.get(value.strip().upper())
+            if member is not None:
+                return member
+        elif isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        raise ValueError(f"Invalid cudagraph_mode {value!r}; choose one of "
+                         f"{', '.join(cls.__members__)}.")
+
+
+def default_capture_sizes(max_size: int = _DEFAULT_MAX_CAPTURE_SIZE) -> list[int]:
     """1, 2, 4, then every 8 below 256, then every 16 up to max_size."""
     sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, max_size + 1, 16))
     return [s for s in sizes if s <= max_size]
@@ -34,14 +106,47 @@ def default_capture_sizes(max_size: int = 512) -> list[int]:
 @dataclass
 class CompilationConfig:
     mode: CompilationMode = CompilationMode.NONE
+    # None: decided by `resolve` (FULL_AND_PIECEWISE on CUDA, as upstream, which
+    # this build then narrows; NONE elsewhere).
     cudagraph_mode: CUDAGraphMode | None = None
+    # Token counts a graph is captured for (ascending after resolution). None:
+    # `default_capture_sizes` up to max_cudagraph_capture_size.
     cudagraph_capture_sizes: list[int] | None = None
+    # Largest capture size. None: max(cudagraph_capture_sizes) when those are
+    # given, else min(2 * max_num_seqs, 512) as upstream.
+    max_cudagraph_capture_size: int | None = None
     # Layer prefix -> layer module (attention layers register themselves).
     static_forward_context: dict[str, Any] = field(default_factory=dict, repr=False,
                                                    compare=False)
+    # What the user set, so that `set_cudagraph_sizes` can be re-run with
+    # the scheduler limits and still start from the user's values.
+    _user_sizes: tuple[list[int] | None, int | None] = field(
+        default=(None, None), init=False, repr=False, compare=False)
 
-    def resolve(self, device_type: str, enforce_eager: bool) -> None:
-        """CUDA graphs need CUDA; eager mode turns them off."""
+    def __post_init__(self) -> None:
+        self.mode = CompilationMode(self.mode)
+        if self.cudagraph_mode is not None:
+            self.cudagraph_mode = CUDAGraphMode.parse(self.cudagraph_mode)
+        if self.cudagraph_capture_sizes is not None:
+            sizes = list(self.cudagraph_capture_sizes)
+            if not all(isinstance(s, int) and not isinstance(s, bool) and s > 0
+                       for s in sizes):
+                raise ValueError("cudagraph_capture_sizes must be positive integers, "
+                                 f"got {self.cudagraph_capture_sizes!r}.")
+            self.cudagraph_capture_sizes = sorted(set(sizes))
+        size = self.max_cudagraph_capture_size
+        if size is not None and (not isinstance(size, int) or size < 0):
+            raise ValueError(f"max_cudagraph_capture_size must be a non-negative integer, "
+                             f"got {size!r}.")
+        self._user_sizes = (self.cudagraph_capture_sizes, size)
+
+    def resolve(self, device_type: str, enforce_eager: bool,
+                max_num_batched_tokens: int | None = None,
+                max_num_seqs: int | None = None) -> None:
+        """Settle the mode for this device and the capture sizes.
+
+        CUDA graphs need CUDA; eager mode turns them off. Modes needing
+        piecewise graphs are narrowed (see the module docstring)."""
         if device_type != "cuda" or enforce_eager:
             if self.cudagraph_mode not in (None, CUDAGraphMode.NONE):
                 logger.info("cudagraph_mode %s -> NONE (%s).", self.cudagraph_mode.name,
@@ -49,5 +154,41 @@ class CompilationConfig:
             self.cudagraph_mode = CUDAGraphMode.NONE
         elif self.cudagraph_mode is None:
             self.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
-        if self.cudagraph_capture_sizes is None:
-            self.cudagraph_capture_sizes = default_capture_sizes()
+        self.cudagraph_mode = _without_piecewise(self.cudagraph_mode)
+        self.set_cudagraph_sizes(max_num_batched_tokens, max_num_seqs)
+
+    def set_cudagraph_sizes(self, max_num_batched_tokens: int | None = None,
+                            max_num_seqs: int | None = None) -> None:
+        """max_cudagraph_capture_size and the capture sizes, clipped to it and
+        to max_num_batched_tokens (a graph never holds more tokens than a step).
+        Idempotent: the worker calls it again once the scheduler limits are known.
+        (Uniform decode graphs are further limited to max_num_seqs requests by
+        the dispatchers, as upstream.)"""
+        sizes, max_size = self._user_sizes
+        if max_size is None:
+            if sizes:
+                max_size = max(sizes)
+            elif max_num_seqs is not None:
+                max_size = min(2 * max_num_seqs, _DEFAULT_MAX_CAPTURE_SIZE)
+            else:
+                max_size = _DEFAULT_MAX_CAPTURE_SIZE
+        if max_num_batched_tokens is not None:
+            max_size = min(max_size, max_num_batched_tokens)
+        if sizes is None:
+            sizes = default_capture_sizes(max_size)
+        self.cudagraph_capture_sizes = [s for s in sizes if s <= max_size]
+        self.max_cudagraph_capture_size = max(self.cudagraph_capture_sizes, default=0)
+
+
+def _without_piecewise(mode: CUDAGraphMode) -> CUDAGraphMode:
+    """Piecewise graphs need the Inductor graph split, which is not built:
+    keep only the full-graph half of a mode."""
+    if not mode.has_piecewise_cudagraphs():
+        return mode
+    narrowed = (CUDAGraphMode.FULL_DECODE_ONLY
+                if mode == CUDAGraphMode.FULL_AND_PIECEWISE else CUDAGraphMode.NONE)
+    logger.info("cudagraph_mode %s -> %s: piecewise CUDA graphs need piecewise "
+                "compilation, which this build does not have (%s).", mode.name,
+                narrowed.name, "mixed batches run eagerly"
+                if narrowed == CUDAGraphMode.FULL_DECODE_ONLY else "all batches run eagerly")
+    return narrowed

@@ -239,6 +239,11 @@ class EngineArgs:
             return CompilationConfig()
         if isinstance(cc, int):
             return CompilationConfig(mode=cc)
+        known = {f.name for f in dataclasses.fields(CompilationConfig) if f.init}
+        unknown = sorted(set(cc) - known - {"static_forward_context"})
+        if unknown:
+            raise ValueError(f"Unknown compilation_config key(s) {unknown}; "
+                             f"known: {sorted(known - {'static_forward_context'})}.")
         return CompilationConfig(**cc)
 
 

@@ -11,6 +11,7 @@ A backend is three cooperating classes:
 """
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
@@ -53,6 +54,16 @@ class CommonAttentionMetadata:
     causal: bool = True
 
 
+class AttentionCGSupport(enum.Enum):
+    """How far a backend's metadata and kernels can live inside a full CUDA
+    graph (ordered: a larger value supports more batches)."""
+
+    ALWAYS = 3  # any batch, prefills and mixed batches included
+    UNIFORM_BATCH = 2  # batches whose requests all have the same query length
+    UNIFORM_SINGLE_TOKEN_DECODE = 1  # pure decode batches (query length 1)
+    NEVER = 0
+
+
 M = TypeVar("M")
 
 
@@ -62,6 +73,15 @@ class AttentionMetadataBuilder(ABC, Generic[M]):
     # When set, the model runner orders the batch so that requests whose query
     # length is <= this threshold (decodes) come first.
     reorder_batch_threshold: ClassVar[int | None] = None
+    # Full CUDA graph support; a backend claims more only when its `build`
+    # output lives at fixed addresses for a given padded batch size and its
+    # kernels never synchronise with the host.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config: "VllmConfig",
+                              kv_cache_spec: "AttentionSpec") -> AttentionCGSupport:
+        return cls._cudagraph_support
 
     def __init__(
         self,
@@ -87,6 +107,9 @@ class AttentionMetadataBuilder(ABC, Generic[M]):
         raise NotImplementedError
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> M:
+        """Metadata for a capture run. The runner lays the dummy batch out in
+        the same persistent buffers as real steps, so a plain build is right
+        for backends whose `build` keeps those addresses."""
         return self.build(common_prefix_len=0, common_attn_metadata=common_attn_metadata)
 
 

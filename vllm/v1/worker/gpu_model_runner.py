@@ -21,6 +21,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from vllm.compilation.cuda_graph import CUDAGraphWrapper
+from vllm.config.compilation import CUDAGraphMode
 from vllm.distributed import get_pp_group
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
@@ -28,11 +30,14 @@ from vllm.sampling_params import SamplingType
 from vllm.sequence import IntermediateTensors
 from vllm.utils import is_pin_memory_available
 from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput
 from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.worker import kv_cache_setup
+from vllm.v1.worker.cudagraph_padding import (PaddedBatch, capture_cudagraphs, plan_padding,
+                                              resolve_cudagraph_mode, write_padding)
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 from vllm.v1.worker.prompt_logprobs import get_prompt_logprobs_dict
 from vllm.v1.worker.utils import (AttentionGroup, CpuGpuBuffer,
@@ -58,6 +63,13 @@ class ExecuteModelState(NamedTuple):
     discard_mask: np.ndarray
 
 
+class PreparedInputs(NamedTuple):
+    attn_metadata: dict[str, object]
+    logits_indices: torch.Tensor  # [num_reqs]
+    discard_mask: np.ndarray  # [num_reqs]
+    padded: PaddedBatch  # graph mode and padded shape of the forward
+
+
 class GPUModelRunner:
     """Owns the model, the KV cache tensors, the persistent batch and the sampler."""
 
@@ -75,7 +87,9 @@ class GPUModelRunner:
         self.max_num_reqs = self.scheduler_config.max_num_seqs
         self.vocab_size = self.model_config.get_vocab_size()
 
-        self.model: nn.Module | None = None
+        # The model, wrapped in a CUDAGraphWrapper when full graphs are on.
+        self.model: nn.Module | CUDAGraphWrapper | None = None
+        self.cudagraph_dispatcher = CudagraphDispatcher(vllm_config)
         self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
         self.requests: dict[str, CachedRequestState] = {}
         # req_id -> prompt logprobs filled so far (chunked prefill)
@@ -116,6 +130,8 @@ class GPUModelRunner:
 
     def get_model(self) -> nn.Module:
         assert self.model is not None, "load_model() has not run"
+        if isinstance(self.model, CUDAGraphWrapper):
+            return self.model.unwrap()
         return self.model
 
     def get_kv_cache_spec(self) -> dict[str, "KVCacheSpec"]:
@@ -139,6 +155,20 @@ class GPUModelRunner:
         self.reorder_batch_threshold = min(thresholds) if thresholds else None
         self.kv_caches = kv_cache_setup.allocate_and_bind_kv_caches(
             kv_cache_config, self.attn_groups, self.vllm_config, self.device)
+        self._init_cudagraphs()
+
+    def _init_cudagraphs(self) -> None:
+        """Graph keys for the mode the backends allow; wrap the model for FULL."""
+        mode = resolve_cudagraph_mode(self.vllm_config, self.attn_groups)
+        self.cudagraph_dispatcher.initialize_cudagraph_keys(mode, uniform_decode_query_len=1)
+        if mode.has_full_cudagraphs() and not isinstance(self.model, CUDAGraphWrapper):
+            self.model = CUDAGraphWrapper(self.get_model(), self.vllm_config,
+                                          CUDAGraphMode.FULL)
+
+    def capture_model(self) -> int:
+        """Capture every graph the dispatcher has a key for, largest first
+        (called by the worker after warm-up); returns how many."""
+        return capture_cudagraphs(self.cudagraph_dispatcher, self._dummy_run, self.device)
 
     # ---- one step ------------------------------------------------------------
     @torch.inference_mode()
@@ -156,17 +186,22 @@ class GPUModelRunner:
         if not scheduler_output.total_num_scheduled_tokens:
             return EMPTY_MODEL_RUNNER_OUTPUT
 
-        num_tokens = scheduler_output.total_num_scheduled_tokens
-        attn_metadata, logits_indices, discard_mask = self._prepare_inputs(scheduler_output)
-        with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens):
-            hidden_states = self.get_model()(input_ids=self.input_ids.gpu[:num_tokens],
-                                             positions=self.positions.gpu[:num_tokens],
-                                             intermediate_tensors=intermediate_tensors)
+        attn_metadata, logits_indices, discard_mask, padded = self._prepare_inputs(
+            scheduler_output)
+        num_tokens = padded.num_tokens_padded
+        with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens,
+                                 cudagraph_runtime_mode=padded.runtime_mode,
+                                 batch_descriptor=padded.batch_descriptor):
+            hidden_states = self.model(input_ids=self.input_ids.gpu[:num_tokens],
+                                       positions=self.positions.gpu[:num_tokens],
+                                       intermediate_tensors=intermediate_tensors)
+        if padded.num_tokens != num_tokens and isinstance(hidden_states, torch.Tensor):
+            hidden_states = hidden_states[:padded.num_tokens]  # drop the padding
         if not get_pp_group().is_last_rank:
             self.execute_model_state = ExecuteModelState(scheduler_output, None, None,
                                                          discard_mask)
             return hidden_states  # IntermediateTensors for the next stage
-        logits = self.model.compute_logits(hidden_states[logits_indices])
+        logits = self.get_model().compute_logits(hidden_states[logits_indices])
         self.execute_model_state = ExecuteModelState(scheduler_output, hidden_states, logits,
                                                      discard_mask)
         return None
@@ -290,16 +325,15 @@ class GPUModelRunner:
         return to_add
 
     # ---- inputs --------------------------------------------------------------
-    def _prepare_inputs(self, scheduler_output: "SchedulerOutput"
-                        ) -> tuple[dict[str, object], torch.Tensor, np.ndarray]:
+    def _prepare_inputs(self, scheduler_output: "SchedulerOutput") -> PreparedInputs:
         """Fill the input buffers for the scheduled tokens, vectorised.
 
         Tokens are laid out request after request in batch order. For the
         example batch [req0: 3 tokens from position 5, req1: 1 token at 9]:
             req_indices = [0, 0, 0, 1]    positions = [5, 6, 7, 9]
             query_start_loc = [0, 3, 4]   seq_lens = [8, 10]
-        Returns (attention metadata by layer, logits_indices [num_reqs],
-        discard_mask [num_reqs]).
+        When a CUDA graph serves the batch, dummy requests pad it to the
+        graph's size (see vllm/v1/worker/cudagraph_padding.py).
         """
         batch = self.input_batch
         num_reqs = batch.num_reqs
@@ -320,28 +354,55 @@ class GPUModelRunner:
         token_indices = positions + req_indices * batch.token_ids_cpu.shape[1]
         np.take(batch.token_ids_cpu.ravel(), token_indices, out=self.input_ids.np[:total])
         batch.block_table.compute_slot_mapping(req_indices, positions)
-        batch.block_table.commit_block_table(num_reqs)
-        batch.block_table.commit_slot_mapping(total)
-
         self.query_start_loc.np[0] = 0
         self.query_start_loc.np[1:num_reqs + 1] = cu_num_tokens
         seq_lens = self.seq_lens.np[:num_reqs]
         np.add(batch.num_computed_tokens_cpu[:num_reqs], num_scheduled, out=seq_lens)
-        self.input_ids.copy_to_gpu(total)
-        self.positions.copy_to_gpu(total)
-        query_start_loc = self.query_start_loc.copy_to_gpu(num_reqs + 1)
-        self.seq_lens.copy_to_gpu(num_reqs)
 
-        attn_metadata = self._build_attention_metadata(
-            num_reqs, total, int(num_scheduled.max()), int(seq_lens.max()))
-        logits_indices = query_start_loc[1:].to(torch.int64) - 1
+        padded = self._dispatch_cudagraph(num_scheduled, total)
+        attn_metadata = self._commit_inputs(padded)
+        logits_indices = self.query_start_loc.gpu[1:num_reqs + 1].to(torch.int64) - 1
         # A request whose tokens are not all computed after this step is still
         # in its prefill: the token sampled for it is not a real output.
         discard_mask = seq_lens < batch.num_tokens[:num_reqs]
-        return attn_metadata, logits_indices, discard_mask
+        return PreparedInputs(attn_metadata, logits_indices, discard_mask, padded)
+
+    def _dispatch_cudagraph(self, num_scheduled: np.ndarray, num_tokens: int) -> PaddedBatch:
+        """The dispatcher's graph for this batch and the padding it needs."""
+        num_reqs = len(num_scheduled)
+        uniform_decode = bool((num_scheduled == 1).all())
+        mode, desc = self.cudagraph_dispatcher.dispatch(num_tokens, uniform_decode=uniform_decode,
+                                                        num_reqs=num_reqs)
+        return plan_padding(mode, desc, num_reqs, num_tokens, self.max_num_reqs,
+                            self.max_model_len)
+
+    def _commit_inputs(self, padded: PaddedBatch,
+                       for_cudagraph_capture: bool = False) -> dict[str, object]:
+        """Pad the host buffers, copy them to the device and build the
+        attention metadata over the padded batch (the real entries are filled)."""
+        block_table = self.input_batch.block_table
+        write_padding(padded, self.input_ids.np, self.positions.np, self.query_start_loc.np,
+                      self.seq_lens.np, [bt.slot_mapping.np for bt in block_table.block_tables])
+        num_reqs, num_tokens = padded.num_reqs_padded, padded.num_tokens_padded
+        block_table.commit_block_table(padded.num_reqs)
+        block_table.commit_slot_mapping(num_tokens)
+        self.input_ids.copy_to_gpu(num_tokens)
+        self.positions.copy_to_gpu(num_tokens)
+        self.query_start_loc.copy_to_gpu(num_reqs + 1)
+        self.seq_lens.copy_to_gpu(num_reqs)
+        # Tokens already cached: the real requests', 0 for the dummy ones.
+        num_computed = self.input_batch.num_computed_tokens_cpu_tensor[:padded.num_reqs]
+        if num_reqs > padded.num_reqs:
+            num_computed = torch.cat([num_computed, num_computed.new_zeros(
+                num_reqs - padded.num_reqs)])
+        qsl = self.query_start_loc.np[:num_reqs + 1]
+        return self._build_attention_metadata(
+            num_reqs, num_tokens, int((qsl[1:] - qsl[:-1]).max()),
+            int(self.seq_lens.np[:num_reqs].max()), num_computed, for_cudagraph_capture)
 
     def _build_attention_metadata(self, num_reqs: int, num_tokens: int, max_query_len: int,
-                                  max_seq_len: int) -> dict[str, object]:
+                                  max_seq_len: int, num_computed_tokens_cpu: torch.Tensor,
+                                  for_cudagraph_capture: bool = False) -> dict[str, object]:
         """One metadata object per attention group, mapped to each of its layers."""
         attn_metadata: dict[str, object] = {}
         for gid, groups in enumerate(self.attn_groups):
@@ -351,15 +412,15 @@ class GPUModelRunner:
                 query_start_loc_cpu=self.query_start_loc.cpu[:num_reqs + 1],
                 seq_lens=self.seq_lens.gpu[:num_reqs],
                 seq_lens_cpu=self.seq_lens.cpu[:num_reqs],
-                num_computed_tokens_cpu=(
-                    self.input_batch.num_computed_tokens_cpu_tensor[:num_reqs]),
+                num_computed_tokens_cpu=num_computed_tokens_cpu,
                 num_reqs=num_reqs, num_actual_tokens=num_tokens,
                 max_query_len=max_query_len, max_seq_len=max_seq_len,
                 block_table_tensor=block_table.get_device_tensor(num_reqs),
                 slot_mapping=block_table.slot_mapping.gpu[:num_tokens])
             for group in groups:
-                metadata = group.metadata_builder.build(common_prefix_len=0,
-                                                        common_attn_metadata=common)
+                builder = group.metadata_builder
+                metadata = (builder.build_for_cudagraph_capture(common) if for_cudagraph_capture
+                            else builder.build(common_prefix_len=0, common_attn_metadata=common))
                 for layer_name in group.layer_names:
                     attn_metadata[layer_name] = metadata
         return attn_metadata
@@ -405,68 +466,69 @@ class GPUModelRunner:
             logprobs=logprobs_tensors.tolists() if logprobs_tensors is not None else None,
         )
 
-    # ---- dummy runs (warm-up and memory profiling) ----------------------------
+    # ---- dummy runs (warm-up, memory profiling, graph capture) ----------------
     @torch.inference_mode()
     def _dummy_run(self, num_tokens: int, use_kv_cache: bool = True,
-                   num_reqs: int | None = None) -> torch.Tensor:
+                   num_reqs: int | None = None,
+                   cudagraph_runtime_mode: CUDAGraphMode | None = None,
+                   uniform_decode: bool = False) -> torch.Tensor:
         """Forward `num_tokens` dummy tokens spread over `num_reqs` (default
-        min(num_tokens, max_num_reqs)) fake requests that start at position 0.
+        min(num_tokens, max_num_reqs); one token each with `uniform_decode`)
+        fake requests that start at position 0.
 
-        With `use_kv_cache` (and a KV cache allocated) attention runs for real
-        against a zero block table with every slot -1, so nothing is written;
-        otherwise the layers get no metadata and skip attention (profile run).
-        Returns the hidden states of each fake request's last token.
+        The batch is laid out in the persistent input buffers, as a real step's
+        (so a graph captured here replays real steps). With `use_kv_cache` (and
+        a KV cache allocated) attention runs for real with every slot -1, so
+        nothing is written; otherwise the layers get no metadata and skip
+        attention (profile run). `cudagraph_runtime_mode` FULL captures (or
+        replays) the graph the dispatcher has for this size. Returns the hidden
+        states of each fake request's last token.
         """
         assert 0 < num_tokens <= self.max_num_tokens
+        if uniform_decode:
+            num_reqs = num_tokens
         num_reqs = num_reqs or min(num_tokens, self.max_num_reqs)
         assert num_reqs <= min(num_tokens, self.max_num_reqs)
         num_scheduled = np.full(num_reqs, num_tokens // num_reqs, dtype=np.int32)
         num_scheduled[-1] += num_tokens % num_reqs
-        cu_num_tokens = np.cumsum(num_scheduled)
-        offsets = self.arange_np[:num_tokens] - np.repeat(cu_num_tokens - num_scheduled,
-                                                          num_scheduled)
-        self.input_ids.np[:num_tokens] = 0
-        self.positions.np[:num_tokens] = offsets
-        input_ids = self.input_ids.copy_to_gpu(num_tokens)
-        positions = self.positions.copy_to_gpu(num_tokens)
+        layout = self._dummy_layout(num_tokens, num_reqs, num_scheduled, uniform_decode,
+                                    cudagraph_runtime_mode)
         attn_metadata = None
         if use_kv_cache and self.attn_groups:
-            attn_metadata = self._dummy_attention_metadata(num_scheduled, cu_num_tokens)
+            attn_metadata = self._commit_inputs(
+                layout, for_cudagraph_capture=layout.runtime_mode != CUDAGraphMode.NONE)
+        else:
+            write_padding(layout, self.input_ids.np, self.positions.np,
+                          self.query_start_loc.np, self.seq_lens.np, [])
+            self.input_ids.copy_to_gpu(num_tokens)
+            self.positions.copy_to_gpu(num_tokens)
         # A later pipeline stage starts from zeros (stages run their dummy
         # batches independently).
         intermediate_tensors = None if get_pp_group().is_first_rank else (
             self.get_model().make_empty_intermediate_tensors(num_tokens, self.dtype,
                                                              self.device))
-        with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens):
-            hidden_states = self.get_model()(input_ids=input_ids, positions=positions,
-                                             intermediate_tensors=intermediate_tensors)
-        last = torch.from_numpy(cu_num_tokens - 1).to(self.device)
+        with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens,
+                                 cudagraph_runtime_mode=layout.runtime_mode,
+                                 batch_descriptor=layout.batch_descriptor):
+            hidden_states = self.model(input_ids=self.input_ids.gpu[:num_tokens],
+                                       positions=self.positions.gpu[:num_tokens],
+                                       intermediate_tensors=intermediate_tensors)
+        last = torch.from_numpy(np.cumsum(num_scheduled) - 1).to(self.device)
         return hidden_states[last]
 
-    def _dummy_attention_metadata(self, num_scheduled: np.ndarray,
-                                  cu_num_tokens: np.ndarray) -> dict[str, object]:
-        num_reqs, num_tokens = len(num_scheduled), int(cu_num_tokens[-1])
-        qsl_cpu = torch.from_numpy(np.concatenate([[0], cu_num_tokens]).astype(np.int32))
-        seq_lens_cpu = torch.from_numpy(num_scheduled.copy())
-        attn_metadata: dict[str, object] = {}
-        for gid, groups in enumerate(self.attn_groups):
-            max_blocks = self.input_batch.block_table[gid].max_num_blocks_per_req
-            common = CommonAttentionMetadata(
-                query_start_loc=qsl_cpu.to(self.device), query_start_loc_cpu=qsl_cpu,
-                seq_lens=seq_lens_cpu.to(self.device), seq_lens_cpu=seq_lens_cpu,
-                num_computed_tokens_cpu=torch.zeros(num_reqs, dtype=torch.int32),
-                num_reqs=num_reqs, num_actual_tokens=num_tokens,
-                max_query_len=int(num_scheduled.max()), max_seq_len=int(num_scheduled.max()),
-                block_table_tensor=torch.zeros(num_reqs, max_blocks, dtype=torch.int32,
-                                               device=self.device),
-                slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64,
-                                        device=self.device))
-            for group in groups:
-                metadata = group.metadata_builder.build(common_prefix_len=0,
-                                                        common_attn_metadata=common)
-                for layer_name in group.layer_names:
-                    attn_metadata[layer_name] = metadata
-        return attn_metadata
+    def _dummy_layout(self, num_tokens: int, num_reqs: int, num_scheduled: np.ndarray,
+                      uniform_decode: bool,
+                      cudagraph_runtime_mode: CUDAGraphMode | None) -> PaddedBatch:
+        """A dummy batch is all padding: no real request, `num_scheduled`
+        tokens per fake one; under a graph mode, the dispatcher's key for it."""
+        mode, desc = CUDAGraphMode.NONE, None
+        if cudagraph_runtime_mode not in (None, CUDAGraphMode.NONE):
+            mode, desc = self.cudagraph_dispatcher.dispatch(
+                num_tokens, uniform_decode=uniform_decode, num_reqs=num_reqs)
+            if mode != cudagraph_runtime_mode or desc.num_tokens != num_tokens:
+                raise ValueError(f"No {cudagraph_runtime_mode.name} CUDA graph of "
+                                 f"{num_tokens} tokens (dispatcher: {mode.name}, {desc}).")
+        return PaddedBatch(mode, desc, 0, 0, num_scheduled)
 
     @torch.inference_mode()
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,6 +64,11 @@ class Worker(WorkerBase):
                                             self.distributed_init_method, self.local_rank,
                                             "nccl" if self.device.type == "cuda" else "gloo")
         current_platform.seed_everything(self.model_config.seed)
+        # Capture sizes clipped to what one step can hold (upstream does this
+        # when it builds VllmConfig).
+        sched = self.vllm_config.scheduler_config
+        self.vllm_config.compilation_config.set_cudagraph_sizes(sched.max_num_batched_tokens,
+                                                                sched.max_num_seqs)
         self.model_runner = self._make_model_runner()
 
     def _init_cpu_threads(self) -> None:
@@ -188,14 +194,27 @@ class Worker(WorkerBase):
 
     def compile_or_warm_up_model(self) -> None:
         """Run a decode-shaped and a prefill-shaped step once so first-call
-        costs (kernel selection, allocations) are paid before serving, then
+        costs (kernel selection, allocations) are paid before serving, capture
+        the CUDA graphs (when the resolved cudagraph_mode has any), then
         re-seed so the warm-up does not shift the RNG streams."""
         runner = self._runner()
         max_tokens = runner.max_num_tokens
         decode_tokens = min(runner.max_num_reqs, max_tokens)
         runner._dummy_sampler_run(runner._dummy_run(decode_tokens))
         runner._dummy_run(min(256, max_tokens, runner.max_model_len), num_reqs=1)
+        self._capture_cudagraphs(runner)
         current_platform.seed_everything(self.model_config.seed)
+
+    def _capture_cudagraphs(self, runner: "GPUModelRunner") -> None:
+        if self.device is None or self.device.type != "cuda":
+            return
+        free_before = torch.cuda.mem_get_info()[0]
+        start = time.perf_counter()
+        num_graphs = runner.capture_model()
+        if num_graphs:
+            logger.info("Captured %d CUDA graphs in %.1f s, %.2f GiB", num_graphs,
+                        time.perf_counter() - start,
+                        (free_before - torch.cuda.mem_get_info()[0]) / GiB_bytes)
 
     # ---- steps -----------------------------------------------------------------
     def execute_model(self, scheduler_output: "SchedulerOutput") -> "ModelRunnerOutput | None":

@@ -4,7 +4,15 @@ Every request of a step, decode or prefill chunk, goes through one launch of
 the unified paged-attention kernel (`vllm/v1/attention/ops/
 triton_unified_attention.py`) over the block table. The KV cache layout is
 the CPU backend's, (2, num_blocks, block_size, num_kv_heads, head_size), and
-new K/V are written by slot with `index_copy_` before attention reads them.
+new K/V are written by slot (a Triton kernel that skips padding slots)
+before attention reads them.
+
+Full CUDA graphs (`AttentionCGSupport.ALWAYS`): nothing in `forward` waits
+for the host, every launch's grid depends only on the padded token count, and
+`build` returns tensors at fixed addresses for a given batch (slices of the
+runner's persistent buffers, plus this builder's own `token_to_seq` buffer),
+so a replay reads the current step's metadata. The runner pads a batch with
+dummy requests whose slots are -1, so the kernels need no padding logic.
 Runs wherever Triton has a driver (CUDA GPUs); on CPU it runs only under
 TRITON_INTERPRET=1 (tests), so the selector never picks it there.
 """
@@ -15,7 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from vllm.v1.attention.backend import (AttentionBackend, AttentionImpl,
+from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, AttentionImpl,
                                        AttentionMetadataBuilder, AttentionType,
                                        CommonAttentionMetadata)
 
@@ -66,10 +74,15 @@ class TritonAttentionMetadata:
 class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMetadata]):
     # One kernel serves decodes and prefills in any order.
     reorder_batch_threshold: ClassVar[int | None] = None
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
 
     def __init__(self, kv_cache_spec: "AttentionSpec", layer_names: list[str],
                  vllm_config: "VllmConfig", device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        max_num_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        # Persistent: a CUDA graph replays with the address it captured.
+        self.token_to_seq = torch.zeros(max_num_tokens, dtype=torch.int32, device=device)
+        self.slot_mapping = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> TritonAttentionMetadata:
@@ -78,16 +91,22 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
             raise NotImplementedError("TRITON_ATTN supports causal attention only.")
         qsl = cm.query_start_loc[: cm.num_reqs + 1]
         query_lens = qsl[1:] - qsl[:-1]
+        n = cm.num_actual_tokens
         # output_size: no device -> host sync to size the result.
-        token_to_seq = torch.repeat_interleave(
+        token_to_seq = self.token_to_seq[:n]
+        token_to_seq.copy_(torch.repeat_interleave(
             torch.arange(cm.num_reqs, dtype=torch.int32, device=qsl.device), query_lens,
-            output_size=cm.num_actual_tokens)
+            output_size=n))
+        slot_mapping = cm.slot_mapping[:n]
+        if slot_mapping.dtype != torch.int64:
+            slot_mapping = self.slot_mapping[:n]
+            slot_mapping.copy_(cm.slot_mapping[:n])
         return TritonAttentionMetadata(
-            num_actual_tokens=cm.num_actual_tokens,
+            num_actual_tokens=n,
             query_start_loc=qsl,
             seq_lens=cm.seq_lens[: cm.num_reqs],
             block_table=cm.block_table_tensor[: cm.num_reqs],
-            slot_mapping=cm.slot_mapping[: cm.num_actual_tokens].to(torch.int64),
+            slot_mapping=slot_mapping,
             token_to_seq=token_to_seq,
         )
 
@@ -120,6 +139,8 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
                 output: torch.Tensor | None = None) -> torch.Tensor:
         """query [T, H, D], key/value [T, Hkv, D] -> output [T, H, D]
         (rows past num_actual_tokens are zero)."""
+        from vllm.v1.attention.ops.triton_reshape_and_cache_flash import (
+            triton_reshape_and_cache_flash)
         from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
         md = attn_metadata
@@ -129,10 +150,8 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         if n < query.shape[0]:
             output[n:].zero_()
         key_cache, value_cache = kv_cache.unbind(0)
-        keep = md.slot_mapping >= 0
-        slots = md.slot_mapping[keep]
-        key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slots, key[:n][keep])
-        value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slots, value[:n][keep])
+        triton_reshape_and_cache_flash(key[:n], value[:n], key_cache, value_cache,
+                                       md.slot_mapping)
         unified_attention(output[:n], query[:n], key_cache, value_cache, md.block_table,
                           md.seq_lens, md.query_start_loc, md.token_to_seq, self.scale,
                           self.sliding_window, self.logits_soft_cap)

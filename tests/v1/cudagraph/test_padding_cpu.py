@@ -1,0 +1,112 @@
+"""Padding a batch to a CUDA graph's size, checked on CPU.
+
+The padding logic (dummy requests after the real ones, slots -1) is the same
+with and without a graph: here the dispatcher is given graph keys while the
+model stays unwrapped (no CUDA), so padded batches run eagerly and their
+greedy tokens must equal transformers' `generate`, i.e. the unpadded run.
+"""
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from tests.utils import hf_greedy
+from tests.v1.worker.utils import ScriptedScheduler, make_kv_cache_config, make_vllm_config
+from vllm.config.compilation import CUDAGraphMode
+from vllm.forward_context import BatchDescriptor
+from vllm.sampling_params import SamplingParams
+from vllm.v1.worker.cudagraph_padding import PaddedBatch, plan_padding, write_padding
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
+SIZES = [1, 2, 4, 8, 16, 24, 32, 48]
+
+
+def test_plan_padding_layouts():
+    full = CUDAGraphMode.FULL
+    # uniform decode: 3 requests of 1 token padded to 4 -> one more 1-token request
+    p = plan_padding(full, BatchDescriptor(4, 4, uniform=True), 3, 3, 8, 128)
+    assert p.pad_query_lens.tolist() == [1] and p.num_reqs_padded == 4
+    assert p.num_tokens_padded == 4
+    # mixed: 2 requests, 13 tokens -> 16: one dummy request of 3 tokens
+    p = plan_padding(full, BatchDescriptor(16), 2, 13, 8, 128)
+    assert p.pad_query_lens.tolist() == [3] and p.num_tokens_padded == 16
+    # exact fit: no dummy request
+    p = plan_padding(full, BatchDescriptor(16), 2, 16, 8, 128)
+    assert p.num_reqs_padded == 2 and p.runtime_mode == full
+    # no spare request row, or a dummy longer than max_model_len -> eager, unpadded
+    for p in (plan_padding(full, BatchDescriptor(16), 8, 13, 8, 128),
+              plan_padding(full, BatchDescriptor(16), 2, 4, 8, 8)):
+        assert p.runtime_mode == CUDAGraphMode.NONE and p.batch_descriptor is None
+        assert p.num_tokens_padded == p.num_tokens
+    p = plan_padding(CUDAGraphMode.NONE, BatchDescriptor(13), 2, 13, 8, 128)
+    assert p.num_tokens_padded == 13 and not len(p.pad_query_lens)
+
+
+def test_write_padding_fills_dummy_requests():
+    padded = PaddedBatch(CUDAGraphMode.FULL, BatchDescriptor(9), num_reqs=2, num_tokens=5,
+                         pad_query_lens=np.array([3, 1], dtype=np.int32))
+    ids, pos = np.full(12, 7), np.full(12, 7)
+    qsl, seq = np.array([0, 2, 5, 99, 99, 99]), np.array([10, 20, 99, 99, 99])
+    slots = [np.arange(12), np.arange(12)]
+    write_padding(padded, ids, pos, qsl, seq, slots)
+    assert pos[5:9].tolist() == [0, 1, 2, 0] and ids[5:9].tolist() == [0] * 4
+    assert pos[:5].tolist() == [7] * 5 and pos[9] == 7  # real entries untouched
+    assert qsl[:5].tolist() == [0, 2, 5, 8, 9] and seq[:4].tolist() == [10, 20, 3, 1]
+    for s in slots:
+        assert s[5:9].tolist() == [-1] * 4 and s[:5].tolist() == list(range(5))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir):
+    return tiny_model_dir("llama")
+
+
+def _force_padding(runner, mode: CUDAGraphMode) -> list[int]:
+    """Give the dispatcher graph keys (the model stays unwrapped: eager) and
+    record the padded token count of every forward."""
+    config = runner.vllm_config.compilation_config
+    config.cudagraph_capture_sizes = list(SIZES)
+    runner.cudagraph_dispatcher.initialize_cudagraph_keys(mode, uniform_decode_query_len=1)
+    seen: list[int] = []
+    model = runner.model
+
+    def forward(**kwargs):
+        seen.append(kwargs["input_ids"].shape[0])
+        return model(**kwargs)
+
+    forward.compute_logits = model.compute_logits
+    runner.model = forward
+    return seen
+
+
+@pytest.mark.parametrize("mode", [CUDAGraphMode.FULL, CUDAGraphMode.FULL_DECODE_ONLY])
+def test_v1_padded_forward_matches_unpadded(model_dir, mode, monkeypatch):
+    from vllm.v1.worker.gpu_worker import Worker
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    worker = Worker(make_vllm_config(model_dir))
+    worker.init_device()
+    worker.load_model()
+    worker.initialize_from_config(make_kv_cache_config(worker.get_kv_cache_spec()))
+    seen = _force_padding(worker.model_runner, mode)
+    try:
+        rng = random.Random(3)
+        prompts = [[rng.randrange(1, 512) for _ in range(n)] for n in (11, 5, 7)]
+        expected = hf_greedy(model_dir, prompts, 6)
+        s = ScriptedScheduler(worker)
+        for req_id, prompt in zip("abc", prompts):
+            s.add(req_id, prompt, GREEDY)
+        s.step({"a": 6, "b": 5}, new=("a", "b"))  # 11 tokens -> 16 under FULL
+        s.step({"a": 5, "b": 1, "c": 7}, new=("c",))  # 13 -> 16
+        while min(len(s.reqs[r].outputs) for r in "abc") < 6:
+            s.step({r: 1 for r in "abc" if len(s.reqs[r].outputs) < 6})  # 3 -> 4, 2 -> 2
+        for r, want in zip("abc", expected):
+            assert s.reqs[r].outputs == want, r
+    finally:
+        worker.shutdown()
+    assert 4 in seen  # three decodes padded to a 4-token graph
+    if mode == CUDAGraphMode.FULL:
+        assert seen[:2] == [16, 16]
+    else:  # mixed batches are not padded
+        assert seen[:2] == [11, 13]

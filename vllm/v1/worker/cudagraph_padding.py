@@ -1,0 +1,171 @@
+"""Padding a batch to a CUDA graph's size, for both model runners.
+
+A full CUDA graph is recorded for a fixed token count N; a batch of T < N real
+tokens replays it after being padded to N. Padding here adds *dummy
+requests* after the real ones rather than teaching each attention kernel to
+skip tokens: each dummy request starts at position 0 with all its tokens new
+(seq_len == query_len), its slots are -1 (PAD_SLOT_ID: nothing is written to
+the KV cache) and its block-table row is whatever the unused row holds (only
+valid block ids, read and discarded). Every attention backend then sees an
+ordinary batch of num_reqs_padded requests and N tokens; the outputs of the
+dummy tokens are never read. Layouts:
+
+  uniform decode, q tokens per request: (N - T) / q dummy requests of q tokens
+      (the padded batch is still uniform; at most max_num_seqs requests, as
+      the dispatcher only has decode graphs that fit);
+  otherwise: one dummy request of N - T tokens.
+
+A padding that does not fit (no spare request row, or a dummy request longer
+than max_model_len) is not done: the batch runs eagerly instead.
+
+A dummy run (warm-up, profile, capture) is the same layout with no real
+request: `write_padding` with num_reqs = num_tokens = 0.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from vllm.config.compilation import CUDAGraphMode
+from vllm.forward_context import BatchDescriptor
+from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+    from vllm.v1.worker.utils import AttentionGroup
+
+logger = init_logger(__name__)
+
+PAD_SLOT_ID = -1
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """How one step runs: graph mode and key, and its padded shape."""
+
+    runtime_mode: CUDAGraphMode
+    batch_descriptor: BatchDescriptor | None
+    num_reqs: int  # real requests
+    num_tokens: int  # real tokens
+    # [num_reqs_padded - num_reqs] tokens of each dummy request
+    pad_query_lens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+
+    @property
+    def num_reqs_padded(self) -> int:
+        return self.num_reqs + len(self.pad_query_lens)
+
+    @property
+    def num_tokens_padded(self) -> int:
+        return self.num_tokens + int(self.pad_query_lens.sum())
+
+
+def eager_batch(num_reqs: int, num_tokens: int) -> PaddedBatch:
+    return PaddedBatch(CUDAGraphMode.NONE, None, num_reqs, num_tokens)
+
+
+def plan_padding(runtime_mode: CUDAGraphMode, batch_descriptor: BatchDescriptor,
+                 num_reqs: int, num_tokens: int, max_num_reqs: int,
+                 max_model_len: int) -> PaddedBatch:
+    """The padded batch for a dispatcher decision (NONE: no padding)."""
+    if runtime_mode == CUDAGraphMode.NONE:
+        return eager_batch(num_reqs, num_tokens)
+    num_pad = batch_descriptor.num_tokens - num_tokens
+    assert num_pad >= 0, (batch_descriptor, num_tokens)
+    uniform_q = (num_tokens // num_reqs if batch_descriptor.uniform and num_reqs
+                 and num_tokens % num_reqs == 0 else 0)
+    if num_pad == 0:
+        lens = np.zeros(0, dtype=np.int32)
+    elif uniform_q and num_pad % uniform_q == 0:
+        lens = np.full(num_pad // uniform_q, uniform_q, dtype=np.int32)
+    else:
+        lens = np.array([num_pad], dtype=np.int32)
+    if num_reqs + len(lens) > max_num_reqs or (len(lens) and int(lens.max()) > max_model_len):
+        return eager_batch(num_reqs, num_tokens)
+    return PaddedBatch(runtime_mode, batch_descriptor, num_reqs, num_tokens, lens)
+
+
+def write_padding(padded: PaddedBatch, input_ids: np.ndarray, positions: np.ndarray,
+                  query_start_loc: np.ndarray, seq_lens: np.ndarray,
+                  slot_mappings: list[np.ndarray]) -> None:
+    """Lay the dummy requests out after the real ones in the host buffers
+    (the real entries, [:num_tokens] and [:num_reqs + 1], are already filled).
+
+    For pad_query_lens [3, 1] after T real tokens of R requests:
+        positions[T:T + 4] = [0, 1, 2, 0]     input_ids[T:T + 4] = 0
+        query_start_loc[R + 1:R + 3] = [T + 3, T + 4]   seq_lens[R:R + 2] = [3, 1]
+        slot_mapping[T:T + 4] = -1 (every KV cache group)
+    """
+    lens = padded.pad_query_lens
+    if not len(lens):
+        return
+    t, n = padded.num_tokens, padded.num_tokens_padded
+    r, rp = padded.num_reqs, padded.num_reqs_padded
+    cu = np.cumsum(lens)
+    positions[t:n] = np.arange(n - t) - np.repeat(cu - lens, lens)
+    input_ids[t:n] = 0
+    if r == 0:  # a dummy run: no real request
+        query_start_loc[0] = 0
+    query_start_loc[r + 1:rp + 1] = t + cu
+    seq_lens[r:rp] = lens
+    for slot_mapping in slot_mappings:
+        slot_mapping[t:n] = PAD_SLOT_ID
+
+
+def min_cudagraph_support(attn_groups: "list[list[AttentionGroup]]", vllm_config: "VllmConfig"):
+    """The weakest full-graph support among the model's attention backends."""
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    supports = [g.metadata_builder.get_cudagraph_support(vllm_config, g.kv_cache_spec)
+                for groups in attn_groups for g in groups]
+    return min(supports, key=lambda s: s.value, default=AttentionCGSupport.ALWAYS)
+
+
+def resolve_cudagraph_mode(vllm_config: "VllmConfig",
+                           attn_groups: "list[list[AttentionGroup]]") -> CUDAGraphMode:
+    """The configured mode, narrowed to what the attention backends and the
+    parallel layout allow (upstream: GPUModelRunner._check_and_update_cudagraph_mode).
+
+    ALWAYS keeps the mode; UNIFORM_* keeps only the decode half (FULL ->
+    FULL_DECODE_ONLY); NEVER turns graphs off. Pipeline parallelism turns them
+    off too: the stages' intermediate tensors are not in persistent buffers.
+    """
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    mode = vllm_config.compilation_config.cudagraph_mode or CUDAGraphMode.NONE
+    if mode == CUDAGraphMode.NONE:
+        return mode
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        logger.info("cudagraph_mode %s -> NONE: pipeline parallelism runs eagerly.", mode.name)
+        return CUDAGraphMode.NONE
+    support = min_cudagraph_support(attn_groups, vllm_config)
+    if support == AttentionCGSupport.NEVER:
+        narrowed = CUDAGraphMode.NONE
+    elif support != AttentionCGSupport.ALWAYS and mode.mixed_mode() == CUDAGraphMode.FULL:
+        narrowed = CUDAGraphMode.FULL_DECODE_ONLY
+    else:
+        narrowed = mode
+    if narrowed != mode:
+        logger.info("cudagraph_mode %s -> %s: the attention backends' CUDA graph "
+                    "support is %s.", mode.name, narrowed.name, support.name)
+    return narrowed
+
+
+def capture_cudagraphs(dispatcher: "CudagraphDispatcher",
+                       dummy_run: Callable[..., object], device: torch.device) -> int:
+    """Capture one graph per dispatcher key, largest first, each after one
+    eager run of the same shape (Triton compiles and autotunes there, not
+    inside the capture). Returns the number of graphs."""
+    num_graphs = 0
+    for mode, descs in dispatcher.get_capture_descs():
+        for desc in descs:
+            dummy_run(desc.num_tokens, uniform_decode=desc.uniform)
+            dummy_run(desc.num_tokens, cudagraph_runtime_mode=mode, uniform_decode=desc.uniform)
+            num_graphs += 1
+    if num_graphs and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return num_graphs

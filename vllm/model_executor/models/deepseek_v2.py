@@ -30,7 +30,7 @@ from vllm.model_executor.layers.mla import LatentUpProjection, MLAAttention
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
 from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaMLP
 from vllm.model_executor.models.moe_utils import load_moe_weights
-from vllm.model_executor.models.utils import extract_layer_index
+from vllm.model_executor.models.utils import extract_layer_index, norm_with_residual
 
 
 class DeepseekV2MoE(nn.Module):
@@ -140,11 +140,7 @@ class DeepseekV2DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = norm_with_residual(self.input_layernorm, hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual

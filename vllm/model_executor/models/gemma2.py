@@ -24,13 +24,12 @@ from vllm.model_executor.layers.activation import GeluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
                                                RowParallelLinear)
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
-from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
-                                                                 VocabParallelEmbedding)
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.llama import LlamaForCausalLM, get_layer_sliding_window
-from vllm.model_executor.models.utils import (AutoWeightsLoader, extract_layer_index,
-                                              load_stacked_weights, make_layers, maybe_prefix)
+from vllm.model_executor.models.utils import (CausalLMBase, extract_layer_index,
+                                              load_stacked_weights, make_layers, maybe_prefix,
+                                              norm_with_residual)
 
 
 class GemmaRMSNorm(nn.Module):
@@ -123,11 +122,7 @@ class Gemma2DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = norm_with_residual(self.input_layernorm, hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states)
         hidden_states = self.post_attention_layernorm(hidden_states)
         hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
@@ -171,7 +166,7 @@ class Gemma2Model(nn.Module):
         return load_stacked_weights(self, weights, LlamaForCausalLM.stacked_params_mapping)
 
 
-class Gemma2ForCausalLM(nn.Module):
+class Gemma2ForCausalLM(CausalLMBase):
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = dict(
         LlamaForCausalLM.packed_modules_mapping)
 
@@ -181,22 +176,5 @@ class Gemma2ForCausalLM(nn.Module):
         self.config = config
         self.model = Gemma2Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         # Gemma ties the head to the embeddings.
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
-                                      prefix=maybe_prefix(prefix, "lm_head"))
-        self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
-        self.logits_processor = LogitsProcessor(config.vocab_size,
-                                                soft_cap=config.final_logit_softcapping)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_input_ids(input_ids)
-
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.logits_processor(self.lm_head, hidden_states)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return AutoWeightsLoader(self, skip_prefixes=["lm_head."]).load_weights(weights)
+        self.init_lm_head(config, prefix, self.model.embed_tokens, tie=True,
+                          soft_cap=config.final_logit_softcapping)

@@ -10,7 +10,7 @@ GPT-2 checkpoints store their projections as `Conv1D` weights, laid out
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -20,11 +20,9 @@ from vllm.config import CacheConfig, VllmConfig
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import (ColumnParallelLinear, QKVParallelLinear,
                                                RowParallelLinear)
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
-from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
-                                                                 VocabParallelEmbedding)
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-from vllm.model_executor.models.utils import make_layers, maybe_prefix
+from vllm.model_executor.models.utils import CausalLMBase, make_layers, maybe_prefix
 
 # The projections stored as Conv1D ([in, out]) in GPT-2 checkpoints.
 _CONV1D_WEIGHTS = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
@@ -125,8 +123,9 @@ class GPT2Model(nn.Module):
         return self.ln_f(hidden_states)
 
 
-class GPT2LMHeadModel(nn.Module):
+class GPT2LMHeadModel(CausalLMBase):
     packed_modules_mapping: dict[str, list[str]] = {}
+    body_name: ClassVar[str] = "transformer"
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
@@ -134,22 +133,8 @@ class GPT2LMHeadModel(nn.Module):
         self.config = config
         self.transformer = GPT2Model(vllm_config=vllm_config,
                                      prefix=maybe_prefix(prefix, "transformer"))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
-                                      prefix=maybe_prefix(prefix, "lm_head"))
         # GPT-2 always ties its head to the token embeddings.
-        self.lm_head = self.lm_head.tie_weights(self.transformer.wte)
-        self.logits_processor = LogitsProcessor(config.vocab_size)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.transformer.embed_input_ids(input_ids)
-
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        return self.transformer(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.logits_processor(self.lm_head, hidden_states)
+        self.init_lm_head(config, prefix, self.transformer.wte, tie=True)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters())

@@ -23,13 +23,11 @@ from vllm.model_executor.layers.fused_moe import FusedMoE
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (QKVParallelLinear, ReplicatedLinear,
                                                RowParallelLinear)
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
-from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
-                                                                 VocabParallelEmbedding)
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaForCausalLM
-from vllm.model_executor.models.utils import (AutoWeightsLoader, load_stacked_weights,
+from vllm.model_executor.models.utils import (CausalLMBase, load_stacked_weights,
                                               make_layers, maybe_prefix)
 
 
@@ -154,7 +152,7 @@ class GraniteMoeModel(nn.Module):
                                              LlamaForCausalLM.stacked_params_mapping[:3])
 
 
-class GraniteMoeForCausalLM(nn.Module):
+class GraniteMoeForCausalLM(CausalLMBase):
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
     }
@@ -165,24 +163,6 @@ class GraniteMoeForCausalLM(nn.Module):
         self.config = config
         self.model = GraniteMoeModel(vllm_config=vllm_config,
                                      prefix=maybe_prefix(prefix, "model"))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
-                                      prefix=maybe_prefix(prefix, "lm_head"))
-        if getattr(config, "tie_word_embeddings", False):
-            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
-        self.logits_processor = LogitsProcessor(config.vocab_size,
-                                                scale=1.0 / config.logits_scaling)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_input_ids(input_ids)
-
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.logits_processor(self.lm_head, hidden_states)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        skip = ["lm_head."] if getattr(self.config, "tie_word_embeddings", False) else None
-        return AutoWeightsLoader(self, skip_prefixes=skip).load_weights(weights)
+        self.init_lm_head(config, prefix, self.model.embed_tokens,
+                          tie=getattr(config, "tie_word_embeddings", False),
+                          scale=1.0 / config.logits_scaling)

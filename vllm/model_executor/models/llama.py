@@ -20,16 +20,14 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
                                                RowParallelLinear)
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
-from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
-                                                                 VocabParallelEmbedding)
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.distributed import get_pp_group
 from vllm.model_executor.models.interfaces import SupportsPP
-from vllm.model_executor.models.utils import (AutoWeightsLoader, PPMissingLayer,
+from vllm.model_executor.models.utils import (CausalLMBase, PPMissingLayer,
                                               extract_layer_index, load_stacked_weights,
                                               make_empty_intermediate_tensors_factory,
-                                              make_layers, maybe_prefix)
+                                              make_layers, maybe_prefix, norm_with_residual)
 from vllm.sequence import IntermediateTensors
 
 
@@ -149,11 +147,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = norm_with_residual(self.input_layernorm, hidden_states, residual)
         hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
@@ -219,7 +213,7 @@ class LlamaModel(nn.Module):
         return load_stacked_weights(self, weights, LlamaForCausalLM.stacked_params_mapping)
 
 
-class LlamaForCausalLM(nn.Module, SupportsPP):
+class LlamaForCausalLM(CausalLMBase, SupportsPP):
     """The body plus the LM head (on the last pipeline stage); the model
     contract the runner relies on."""
 
@@ -243,36 +237,11 @@ class LlamaForCausalLM(nn.Module, SupportsPP):
         self.config = config
         self.model = LlamaModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"),
                                 layer_type=layer_type)
-        if get_pp_group().is_last_rank:
-            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
-                                          prefix=maybe_prefix(prefix, "lm_head"))
-            if getattr(config, "tie_word_embeddings", False):
-                self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
-        else:
-            self.lm_head = PPMissingLayer()
-        self.logits_processor = LogitsProcessor(config.vocab_size,
-                                                scale=getattr(config, "logit_scale", 1.0))
+        self.init_lm_head(config, prefix, self.model.embed_tokens,
+                          tie=getattr(config, "tie_word_embeddings", False),
+                          scale=getattr(config, "logit_scale", 1.0))
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_input_ids(input_ids)
 
     def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Older upstream name of `embed_input_ids`."""
         return self.embed_input_ids(input_ids)
-
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: IntermediateTensors | None = None,
-                inputs_embeds: torch.Tensor | None = None
-                ) -> torch.Tensor | IntermediateTensors:
-        """-> hidden_states [T, hidden] (logits come from `compute_logits`), or
-        the IntermediateTensors for the next pipeline stage."""
-        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """hidden_states [N, hidden] -> logits [N, vocab_size] in the model dtype."""
-        return self.logits_processor(self.lm_head, hidden_states)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        skip = ["lm_head."] if getattr(self.config, "tie_word_embeddings", False) else None
-        return AutoWeightsLoader(self, skip_prefixes=skip).load_weights(weights)

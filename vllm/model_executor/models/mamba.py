@@ -7,7 +7,6 @@ per request (`MambaSpec`), so the model declares `IsAttentionFree` and
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -15,12 +14,11 @@ from torch import nn
 
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
-from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
-                                                                 VocabParallelEmbedding)
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.interfaces import HasInnerState, IsAttentionFree
-from vllm.model_executor.models.utils import AutoWeightsLoader, make_layers, maybe_prefix
+from vllm.model_executor.models.utils import (CausalLMBase, make_layers, maybe_prefix,
+                                              norm_with_residual)
 
 
 class MambaDecoderLayer(nn.Module):
@@ -35,11 +33,7 @@ class MambaDecoderLayer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.norm(hidden_states)
-        else:
-            hidden_states, residual = self.norm(hidden_states, residual)
+        hidden_states, residual = norm_with_residual(self.norm, hidden_states, residual)
         return self.mixer(hidden_states), residual
 
 
@@ -70,8 +64,9 @@ class MambaModel(nn.Module):
         return hidden_states
 
 
-class MambaForCausalLM(nn.Module, HasInnerState, IsAttentionFree):
+class MambaForCausalLM(CausalLMBase, HasInnerState, IsAttentionFree):
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {}
+    body_name: ClassVar[str] = "backbone"
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
@@ -79,23 +74,5 @@ class MambaForCausalLM(nn.Module, HasInnerState, IsAttentionFree):
         self.config = config
         self.backbone = MambaModel(vllm_config=vllm_config,
                                    prefix=maybe_prefix(prefix, "backbone"))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
-                                      prefix=maybe_prefix(prefix, "lm_head"))
-        if getattr(config, "tie_word_embeddings", True):
-            self.lm_head = self.lm_head.tie_weights(self.backbone.embeddings)
-        self.logits_processor = LogitsProcessor(config.vocab_size)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.backbone.embed_input_ids(input_ids)
-
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        return self.backbone(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.logits_processor(self.lm_head, hidden_states)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        skip = ["lm_head."] if getattr(self.config, "tie_word_embeddings", True) else None
-        return AutoWeightsLoader(self, skip_prefixes=skip).load_weights(weights)
+        self.init_lm_head(config, prefix, self.backbone.embeddings,
+                          tie=getattr(config, "tie_word_embeddings", True))

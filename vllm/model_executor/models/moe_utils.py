@@ -14,7 +14,8 @@ from vllm.config import VllmConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaAttention
-from vllm.model_executor.models.utils import AutoWeightsLoader, is_pp_missing_parameter
+from vllm.model_executor.models.utils import (AutoWeightsLoader, is_pp_missing_parameter,
+                                              norm_with_residual)
 
 # (param name part, checkpoint name part, expert id, shard id), from
 # FusedMoE.make_expert_params_mapping.
@@ -44,11 +45,7 @@ class MoEDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = norm_with_residual(self.input_layernorm, hidden_states, residual)
         hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual

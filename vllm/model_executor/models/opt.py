@@ -21,10 +21,8 @@ from vllm.config import CacheConfig, VllmConfig
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import (ColumnParallelLinear, QKVParallelLinear,
                                                ReplicatedLinear, RowParallelLinear)
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
-from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
-                                                                 VocabParallelEmbedding)
-from vllm.model_executor.models.utils import (AutoWeightsLoader, load_stacked_weights,
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from vllm.model_executor.models.utils import (CausalLMBase, load_stacked_weights,
                                               make_layers, maybe_prefix)
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
@@ -171,7 +169,7 @@ class OPTModel(nn.Module):
         return load_stacked_weights(self, weights, OPTForCausalLM.stacked_params_mapping)
 
 
-class OPTForCausalLM(nn.Module):
+class OPTForCausalLM(CausalLMBase):
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
     }
@@ -186,26 +184,12 @@ class OPTForCausalLM(nn.Module):
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.model = OPTModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.word_embed_proj_dim,
-                                      prefix=maybe_prefix(prefix, "lm_head"))
-        if getattr(config, "tie_word_embeddings", True):
-            self.lm_head = self.lm_head.tie_weights(self.model.decoder.embed_tokens)
-        self.logits_processor = LogitsProcessor(config.vocab_size)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_input_ids(input_ids)
-
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.logits_processor(self.lm_head, hidden_states)
+        self.init_lm_head(config, prefix, self.model.decoder.embed_tokens,
+                          tie=getattr(config, "tie_word_embeddings", True),
+                          hidden_size=config.word_embed_proj_dim)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # Some OPT checkpoints name the body "decoder." without the "model." prefix.
-        weights = ((name if name.startswith(("model.", "lm_head.")) else f"model.{name}", w)
-                   for name, w in weights)
-        skip = ["lm_head."] if getattr(self.config, "tie_word_embeddings", True) else None
-        return AutoWeightsLoader(self, skip_prefixes=skip).load_weights(weights)
+        return super().load_weights(
+            (name if name.startswith(("model.", "lm_head.")) else f"model.{name}", w)
+            for name, w in weights)

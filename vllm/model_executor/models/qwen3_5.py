@@ -24,16 +24,15 @@ from transformers import PretrainedConfig
 from vllm.config import CacheConfig, VllmConfig
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.mamba.gated_delta_net import GatedDeltaNet
 from vllm.model_executor.layers.rotary_embedding import get_rope
-from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
-                                                                 VocabParallelEmbedding)
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.gemma2 import GemmaRMSNorm
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaMLP
-from vllm.model_executor.models.utils import (AutoWeightsLoader, extract_layer_index,
-                                              load_stacked_weights, make_layers, maybe_prefix)
+from vllm.model_executor.models.utils import (CausalLMBase, extract_layer_index,
+                                              load_stacked_weights, make_layers, maybe_prefix,
+                                              norm_with_residual)
 
 
 class Qwen3_5Attention(nn.Module):
@@ -100,11 +99,7 @@ class Qwen3_5DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = norm_with_residual(self.input_layernorm, hidden_states, residual)
         if self.layer_type == "linear_attention":
             hidden_states = self.linear_attn(hidden_states)
         else:
@@ -144,7 +139,7 @@ class Qwen3_5Model(nn.Module):
         return load_stacked_weights(self, weights, LlamaForCausalLM.stacked_params_mapping[3:])
 
 
-class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid):
+class Qwen3_5ForCausalLM(CausalLMBase, HasInnerState, IsHybrid):
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         "gate_up_proj": ["gate_proj", "up_proj"],
     }
@@ -154,23 +149,5 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid):
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.model = Qwen3_5Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
-                                      prefix=maybe_prefix(prefix, "lm_head"))
-        if getattr(config, "tie_word_embeddings", False):
-            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
-        self.logits_processor = LogitsProcessor(config.vocab_size)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_input_ids(input_ids)
-
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.logits_processor(self.lm_head, hidden_states)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        skip = ["lm_head."] if getattr(self.config, "tie_word_embeddings", False) else None
-        return AutoWeightsLoader(self, skip_prefixes=skip).load_weights(weights)
+        self.init_lm_head(config, prefix, self.model.embed_tokens,
+                          tie=getattr(config, "tie_word_embeddings", False))

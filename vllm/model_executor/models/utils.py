@@ -3,11 +3,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
 
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from vllm.sequence import IntermediateTensors
 
 WeightsIter = Iterable[tuple[str, torch.Tensor]]
 
@@ -82,6 +90,18 @@ def make_empty_intermediate_tensors_factory(keys: list[str], hidden_size: int
             for key in keys})
 
     return make_empty_intermediate_tensors
+
+
+def norm_with_residual(norm: nn.Module, hidden_states: torch.Tensor,
+                       residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's input norm over the residual stream -> (normed, residual).
+
+    The first layer (`residual` None) starts the stream with its input; later
+    layers let the norm fuse the residual add (`norm(x, residual)` returns
+    the normed sum and the sum)."""
+    if residual is None:
+        return norm(hidden_states), hidden_states
+    return norm(hidden_states, residual)
 
 
 class AutoWeightsLoader:
@@ -189,3 +209,51 @@ def _param(params: dict[str, nn.Parameter], target: str, ckpt_name: str) -> nn.P
                          f"({target!r}).")
     return params[target]
 
+
+
+class CausalLMBase(nn.Module):
+    """A decoder body plus an LM head: the runner's model contract
+    (`embed_input_ids`, `forward`, `compute_logits`, `load_weights`), whose
+    methods only delegate. A subclass builds its body under `body_name` and
+    calls `init_lm_head`; a method it needs done otherwise it overrides."""
+
+    # The body's attribute; it is also the checkpoint prefix of its weights.
+    body_name: ClassVar[str] = "model"
+
+    def init_lm_head(self, config: PretrainedConfig, prefix: str, embed_tokens: nn.Module,
+                     tie: bool, hidden_size: int | None = None,
+                     **logits_kwargs: float | None) -> None:
+        """`lm_head` [vocab_size, hidden_size (default config.hidden_size)] on
+        the last pipeline stage, sharing `embed_tokens`' table when `tie`; and
+        the `logits_processor` (`logits_kwargs`: its scale / soft_cap)."""
+        from vllm.distributed import get_pp_group
+
+        if get_pp_group().is_last_rank:
+            self.lm_head = ParallelLMHead(config.vocab_size, hidden_size or config.hidden_size,
+                                          prefix=maybe_prefix(prefix, "lm_head"))
+            if tie:
+                self.lm_head = self.lm_head.tie_weights(embed_tokens)
+        else:
+            self.lm_head = PPMissingLayer()
+        self.logits_processor = LogitsProcessor(config.vocab_size, **logits_kwargs)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return getattr(self, self.body_name).embed_input_ids(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: IntermediateTensors | None = None,
+                inputs_embeds: torch.Tensor | None = None
+                ) -> torch.Tensor | IntermediateTensors:
+        """-> hidden_states [T, hidden] (logits come from `compute_logits`), or
+        the IntermediateTensors for the next pipeline stage."""
+        body = getattr(self, self.body_name)
+        return body(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden_states [N, hidden] -> logits [N, vocab_size] in the model dtype."""
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def load_weights(self, weights: WeightsIter) -> set[str]:
+        """A tied head has no weight of its own: a checkpoint copy is skipped."""
+        skip = ["lm_head."] if getattr(self.lm_head, "tied", False) else None
+        return AutoWeightsLoader(self, skip_prefixes=skip).load_weights(weights)

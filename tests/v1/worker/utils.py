@@ -36,7 +36,7 @@ def make_kv_cache_config(kv_cache_spec: dict, num_blocks: int = NUM_BLOCKS) -> K
 
 
 @dataclass
-class _Req:
+class ScriptedRequest:
     prompt: list[int]
     params: SamplingParams
     outputs: list[int] = field(default_factory=list)
@@ -56,7 +56,7 @@ class ScriptedScheduler:
 
     def __init__(self, worker) -> None:
         self.worker = worker
-        self.reqs: dict[str, _Req] = {}
+        self.reqs: dict[str, ScriptedRequest] = {}
         self.next_block = 1
         # Freed blocks are handed out again first, so stale block ids on the
         # worker side would corrupt another request's KV.
@@ -65,9 +65,9 @@ class ScriptedScheduler:
         self.outputs_per_step: list[dict[str, list[int]]] = []
 
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> None:
-        self.reqs[req_id] = _Req(list(prompt), params)
+        self.reqs[req_id] = ScriptedRequest(list(prompt), params)
 
-    def _grow(self, req: _Req, num_tokens: int) -> list[int]:
+    def _grow(self, req: ScriptedRequest, num_tokens: int) -> list[int]:
         need = max(cdiv(num_tokens, BLOCK_SIZE) - len(req.blocks), 0)
         reused = self.free_blocks[:need]
         del self.free_blocks[:need]
@@ -95,18 +95,14 @@ class ScriptedScheduler:
             req = self.reqs[req_id]
             assert req.num_computed + n <= req.num_tokens
             new_blocks = self._grow(req, req.num_computed + n)
-            if req_id in new:
-                new_reqs.append(NewRequestData(
-                    req_id=req_id, prompt_token_ids=req.prompt, mm_features=[],
-                    sampling_params=req.params, pooling_params=None,
-                    block_ids=(list(req.blocks),), num_computed_tokens=req.num_computed,
-                    lora_request=None))
+            if self._sent_as_new(req_id, new, resumed):
+                new_reqs.append(self._new_request_data(req_id, req))
                 continue
             cached.req_ids.append(req_id)
             if req_id in resumed:
                 cached.resumed_req_ids.add(req_id)
                 new_blocks = list(req.blocks)
-            if not req.scheduled_last_step:
+            if self._resend_token_ids(req):
                 cached.all_token_ids[req_id] = req.prompt + req.outputs
             cached.new_block_ids.append((new_blocks,) if new_blocks else None)
             cached.num_computed_tokens.append(req.num_computed)
@@ -122,6 +118,24 @@ class ScriptedScheduler:
         for req_id in preempted:
             self.preempt(req_id)
         return self._run(so, schedule)
+
+    # The V1 form of the three things Model Runner V2 does differently
+    # (tests/v1/worker/gpu/utils.py overrides them).
+    def _sent_as_new(self, req_id: str, new: tuple[str, ...],
+                     resumed: tuple[str, ...]) -> bool:
+        """V1: only first-time requests; a resumed one is a cached request."""
+        return req_id in new
+
+    def _new_request_data(self, req_id: str, req: ScriptedRequest) -> NewRequestData:
+        return NewRequestData(
+            req_id=req_id, prompt_token_ids=req.prompt, mm_features=[],
+            sampling_params=req.params, pooling_params=None,
+            block_ids=(list(req.blocks),), num_computed_tokens=req.num_computed,
+            lora_request=None)
+
+    def _resend_token_ids(self, req: ScriptedRequest) -> bool:
+        """V1: a request not scheduled last step gets all its token ids again."""
+        return not req.scheduled_last_step
 
     def _run(self, so: SchedulerOutput, schedule: dict[str, int]) -> dict[str, list[int]]:
         assert self.worker.execute_model(so) is None

@@ -8,45 +8,29 @@ blocks; `CachedRequestData` only ever holds running requests.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from tests.v1.worker.utils import ScriptedScheduler, make_kv_cache_config, make_vllm_config
-from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from tests.v1.worker.utils import (ScriptedRequest, ScriptedScheduler, make_kv_cache_config,
+                                   make_vllm_config)
+from vllm.v1.core.sched.output import NewRequestData
 
 
 class V2ScriptedScheduler(ScriptedScheduler):
+    """`ScriptedScheduler.step` in V2 form: `new` and `resumed` requests are
+    sent as NewRequestData with their prefill_token_ids."""
 
-    def step(self, schedule: dict[str, int], new: tuple[str, ...] = (),
-             resumed: tuple[str, ...] = (), preempted: tuple[str, ...] = ()
-             ) -> dict[str, list[int]]:
-        """One step; `new` and `resumed` requests are sent as NewRequestData."""
-        new_reqs, cached = [], CachedRequestData.make_empty()
-        for req_id, n in schedule.items():
-            req = self.reqs[req_id]
-            assert req.num_computed + n <= req.num_tokens
-            new_blocks = self._grow(req, req.num_computed + n)
-            if req_id in new or req_id in resumed:
-                new_reqs.append(NewRequestData(
-                    req_id=req_id, prompt_token_ids=req.prompt, mm_features=[],
-                    sampling_params=req.params, pooling_params=None,
-                    block_ids=(list(req.blocks),), num_computed_tokens=req.num_computed,
-                    lora_request=None, prefill_token_ids=req.prompt + req.outputs))
-                continue
-            cached.req_ids.append(req_id)
-            cached.new_block_ids.append((new_blocks,) if new_blocks else None)
-            cached.num_computed_tokens.append(req.num_computed)
-            cached.num_output_tokens.append(len(req.outputs))
-        so = SchedulerOutput(
-            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
-            num_scheduled_tokens=dict(schedule),
-            total_num_scheduled_tokens=sum(schedule.values()),
-            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
-            num_common_prefix_blocks=[0], finished_req_ids=self.pending_finished,
-            free_encoder_mm_hashes=[], preempted_req_ids=set(preempted))
-        self.pending_finished = set()
-        for req_id in preempted:
-            self.preempt(req_id)
-        return self._run(so, schedule)
+    def _sent_as_new(self, req_id: str, new: tuple[str, ...],
+                     resumed: tuple[str, ...]) -> bool:
+        return req_id in new or req_id in resumed
+
+    def _new_request_data(self, req_id: str, req: ScriptedRequest) -> NewRequestData:
+        return dataclasses.replace(super()._new_request_data(req_id, req),
+                                   prefill_token_ids=req.prompt + req.outputs)
+
+    def _resend_token_ids(self, req: ScriptedRequest) -> bool:
+        return False  # V2 keeps running requests' tokens on the worker side
 
 
 def make_v2_runner(model_dir: str, **overrides):

@@ -110,3 +110,66 @@ def test_v1_padded_forward_matches_unpadded(model_dir, mode, monkeypatch):
         assert seen[:2] == [16, 16]
     else:  # mixed batches are not padded
         assert seen[:2] == [11, 13]
+
+
+@pytest.mark.parametrize("mode", [CUDAGraphMode.FULL, CUDAGraphMode.FULL_DECODE_ONLY])
+def test_v2_padded_forward_matches_unpadded(model_dir, mode):
+    from tests.v1.worker.gpu.utils import V2ScriptedScheduler, make_v2_runner
+
+    runner = make_v2_runner(model_dir, max_num_seqs=8, max_num_batched_tokens=64)
+    runner.vllm_config.compilation_config.cudagraph_capture_sizes = list(SIZES)
+    runner.cudagraph_manager.initialize(mode)
+    seen = _force_padding_v2(runner)
+    rng = random.Random(4)
+    prompts = [[rng.randrange(1, 512) for _ in range(n)] for n in (11, 5, 7)]
+    expected = hf_greedy(model_dir, prompts, 6)
+    s = V2ScriptedScheduler(runner)
+    for req_id, prompt in zip("abc", prompts):
+        s.add(req_id, prompt, GREEDY)
+    s.step({"a": 6, "b": 5}, new=("a", "b"))
+    s.step({"a": 5, "b": 1, "c": 7}, new=("c",))
+    while min(len(s.reqs[r].outputs) for r in "abc") < 6:
+        s.step({r: 1 for r in "abc" if len(s.reqs[r].outputs) < 6})
+    for r, want in zip("abc", expected):
+        assert s.reqs[r].outputs == want, r
+    assert 4 in seen
+    assert seen[:2] == ([16, 16] if mode == CUDAGraphMode.FULL else [11, 13])
+
+
+def _force_padding_v2(runner) -> list[int]:
+    seen: list[int] = []
+    model = runner.model
+
+    def forward(**kwargs):
+        seen.append(kwargs["input_ids"].shape[0])
+        return model(**kwargs)
+
+    forward.compute_logits = model.compute_logits
+    runner.model = forward
+    return seen
+
+
+def test_v2_manager_dispatch():
+    from types import SimpleNamespace
+
+    from vllm.config.compilation import CompilationConfig
+    from vllm.v1.worker.gpu.cudagraph_utils import (BatchExecutionDescriptor,
+                                                    CudaGraphManager)
+
+    cc = CompilationConfig(cudagraph_mode="FULL_DECODE_ONLY", cudagraph_capture_sizes=SIZES)
+    cc.resolve("cuda", False, 64, 8)
+    cfg = SimpleNamespace(compilation_config=cc, scheduler_config=SimpleNamespace(
+        max_num_batched_tokens=64, max_num_seqs=8))
+    m = CudaGraphManager(cfg, torch.device("cpu"))
+    assert m.dispatch(3, 3, 1) is None  # keys not initialised
+    m.initialize(CUDAGraphMode.FULL_DECODE_ONLY)
+    assert m.dispatch(3, 3, 1) == BatchExecutionDescriptor(CUDAGraphMode.FULL, 4, 4, 1)
+    assert m.dispatch(3, 7, None) is None  # mixed batch: eager in this mode
+    assert m.dispatch(9, 9, 1) is None  # more decodes than max_num_seqs
+    assert [d.num_tokens for d in m.get_capture_descs()] == [8, 4, 2, 1]
+    m.initialize(CUDAGraphMode.FULL)
+    assert m.dispatch(2, 13, None) == BatchExecutionDescriptor(CUDAGraphMode.FULL, 16)
+    assert m.dispatch(2, 49, None) is None  # above the largest size
+    assert not m.has_graph(m.dispatch(2, 13, None))
+    with pytest.raises(RuntimeError, match="No CUDA graph"):
+        m.run_fullgraph(BatchExecutionDescriptor(CUDAGraphMode.FULL, 16))

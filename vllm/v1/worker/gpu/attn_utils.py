@@ -30,11 +30,13 @@ def build_attn_metadata(attn_groups: list[list[AttentionGroup]], num_reqs: int,
                         seq_lens_cpu: torch.Tensor, num_computed_tokens_cpu: torch.Tensor,
                         max_query_len: int, max_seq_len: int,
                         block_tables: tuple[torch.Tensor, ...],
-                        slot_mappings: torch.Tensor) -> dict[str, Any]:
+                        slot_mappings: torch.Tensor,
+                        for_cudagraph_capture: bool = False) -> dict[str, Any]:
     """layer name -> its backend's metadata for this step.
 
     block_tables: per KV cache group [num_reqs, max_num_blocks] in batch order;
-    slot_mappings: [num_groups, num_tokens].
+    slot_mappings: [num_groups, num_tokens]. `for_cudagraph_capture`: the
+    builders' capture variant (a dummy batch about to be recorded).
     """
     attn_metadata: dict[str, Any] = {}
     for gid, groups in enumerate(attn_groups):
@@ -46,8 +48,9 @@ def build_attn_metadata(attn_groups: list[list[AttentionGroup]], num_reqs: int,
             max_seq_len=max_seq_len, block_table_tensor=block_tables[gid],
             slot_mapping=slot_mappings[gid])
         for group in groups:
-            metadata = group.metadata_builder.build(common_prefix_len=0,
-                                                    common_attn_metadata=common)
+            builder = group.metadata_builder
+            metadata = (builder.build_for_cudagraph_capture(common) if for_cudagraph_capture
+                        else builder.build(common_prefix_len=0, common_attn_metadata=common))
             for layer_name in group.layer_names:
                 attn_metadata[layer_name] = metadata
     return attn_metadata

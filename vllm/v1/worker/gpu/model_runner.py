@@ -41,6 +41,9 @@ from vllm.v1.worker.gpu.async_utils import AsyncOutput
 from vllm.v1.worker.gpu.attn_utils import build_attn_metadata, get_reorder_batch_threshold
 from vllm.v1.worker.gpu.block_table import BlockTables
 from vllm.v1.worker.gpu.buffer_utils import async_copy_to_gpu
+from vllm.v1.worker.gpu.cudagraph_utils import (BatchExecutionDescriptor, CudaGraphManager,
+                                                build_padded_attn_metadata, dispatch_and_plan,
+                                                pad_input_buffers)
 from vllm.v1.worker.gpu.input_batch import (InputBatch, InputBuffers,
                                             combine_sampled_and_draft_tokens,
                                             get_num_sampled_and_rejected, post_update,
@@ -50,6 +53,7 @@ from vllm.v1.worker.gpu.sample.logprob import compute_topk_logprobs
 from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
 from vllm.v1.worker.gpu.sample.sampler import Sampler
 from vllm.v1.worker.gpu.states import RequestState
+from vllm.v1.worker.cudagraph_padding import PaddedBatch, resolve_cudagraph_mode
 from vllm.v1.worker.utils import AttentionGroup
 
 if TYPE_CHECKING:
@@ -105,6 +109,7 @@ class GPUModelRunner:
         self._ones = torch.ones(self.max_num_reqs, dtype=torch.int32, device=device)
         self._zeros = torch.zeros(self.max_num_reqs, dtype=torch.int32, device=device)
         self.output_copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.cudagraph_manager = CudaGraphManager(vllm_config, device)
 
         self.model: nn.Module | None = None
         self.kv_cache_config: KVCacheConfig | None = None
@@ -141,6 +146,12 @@ class GPUModelRunner:
         self.reorder_batch_threshold = get_reorder_batch_threshold(self.attn_groups)
         self.kv_caches = kv_cache_setup.allocate_and_bind_kv_caches(
             kv_cache_config, self.attn_groups, self.vllm_config, self.device)
+        self.cudagraph_manager.initialize(resolve_cudagraph_mode(self.vllm_config,
+                                                                 self.attn_groups))
+
+    def capture_model(self) -> int:
+        """Capture the full graphs (worker, after warm-up); returns how many."""
+        return self.cudagraph_manager.capture(self._prepare_capture_batch, self.get_model())
 
     def _block_tables(self) -> BlockTables:
         if self.block_tables is None:
@@ -225,12 +236,27 @@ class GPUModelRunner:
                                      dtype=np.int64, count=num_reqs)
         return req_ids, idx_mapping_np, num_scheduled
 
-    def prepare_inputs(self, scheduler_output: "SchedulerOutput") -> InputBatch:
-        """Gather the batch's rows and build its inputs on the device."""
+    def dispatch_cg_and_sync_dp(self, num_scheduled: np.ndarray, num_tokens: int
+                                ) -> tuple[BatchExecutionDescriptor | None, PaddedBatch]:
+        """The CUDA graph for this batch (None: eager) and its padding. No
+        data parallelism here, so there are no ranks to agree with."""
+        return dispatch_and_plan(self.cudagraph_manager, num_scheduled, num_tokens,
+                                 self.max_num_reqs, self.max_model_len)
+
+    def prepare_inputs(self, scheduler_output: "SchedulerOutput",
+                       batch_order: tuple[list[str], np.ndarray, np.ndarray] | None = None,
+                       padded: PaddedBatch | None = None) -> InputBatch:
+        """Gather the batch's rows and build its inputs on the device (in
+        `batch_order`, default `gather_batch_req_state`'s), padded as `padded` says."""
         if scheduler_output.scheduled_spec_decode_tokens:
             raise NotImplementedError("Speculative decoding is not built for Model Runner V2.")
-        req_ids, idx_mapping_np, num_scheduled = self.gather_batch_req_state(scheduler_output)
+        req_ids, idx_mapping_np, num_scheduled = (
+            batch_order or self.gather_batch_req_state(scheduler_output))
         num_reqs, num_tokens = len(req_ids), scheduler_output.total_num_scheduled_tokens
+        num_padded = num_tokens
+        if padded is not None:
+            pad_input_buffers(padded, self.input_buffers)
+            num_padded = padded.num_tokens_padded
         bufs, states = self.input_buffers, self.req_states
         idx_mapping = async_copy_to_gpu(idx_mapping_np, device=self.device)
 
@@ -259,21 +285,26 @@ class GPUModelRunner:
             req_ids=req_ids, num_reqs=num_reqs, idx_mapping=idx_mapping,
             idx_mapping_np=idx_mapping_np, expanded_idx_mapping=idx_mapping,
             num_scheduled_tokens=num_scheduled, num_tokens=num_tokens,
-            num_tokens_after_padding=num_tokens, num_draft_tokens=0,
+            num_tokens_after_padding=num_padded, num_draft_tokens=0,
             query_start_loc=query_start_loc, query_start_loc_np=qsl_np, seq_lens=seq_lens,
             seq_lens_np=num_computed_np + num_scheduled, num_computed_tokens_np=num_computed_np,
-            input_ids=bufs.input_ids[:num_tokens], positions=bufs.positions[:num_tokens],
+            input_ids=bufs.input_ids[:num_padded], positions=bufs.positions[:num_padded],
             logits_indices=logits_indices, cu_num_logits=cu_num_logits,
             cu_num_logits_np=self._arange_np[:num_reqs + 1],
             has_structured_output_reqs=scheduler_output.has_structured_output_requests)
 
-    def prepare_attn(self, input_batch: InputBatch) -> dict[str, Any]:
+    def prepare_attn(self, input_batch: InputBatch,
+                     padded: PaddedBatch | None = None) -> dict[str, Any]:
         """Block tables and slot mappings gathered on the device, then each
-        attention group's metadata."""
+        attention group's metadata (over the padded batch when padded)."""
         block_tables = self._block_tables()
         tables = block_tables.gather_block_tables(input_batch.idx_mapping)
         slot_mappings = block_tables.compute_slot_mappings(
-            input_batch.idx_mapping, input_batch.query_start_loc, input_batch.positions)
+            input_batch.idx_mapping, input_batch.query_start_loc,
+            input_batch.positions[:input_batch.num_tokens])
+        if padded is not None and len(padded.pad_query_lens):
+            return build_padded_attn_metadata(self.attn_groups, input_batch, padded,
+                                              self.input_buffers, block_tables)
         return build_attn_metadata(
             self.attn_groups, input_batch.num_reqs, input_batch.num_tokens,
             input_batch.query_start_loc, torch.from_numpy(input_batch.query_start_loc_np),
@@ -301,10 +332,13 @@ class GPUModelRunner:
         self.apply_staged_writes()
         if scheduler_output.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        input_batch = self.prepare_inputs(scheduler_output)
-        attn_metadata = self.prepare_attn(input_batch)
+        batch_order = self.gather_batch_req_state(scheduler_output)
+        cg_desc, padded = self.dispatch_cg_and_sync_dp(
+            batch_order[2], scheduler_output.total_num_scheduled_tokens)
+        input_batch = self.prepare_inputs(scheduler_output, batch_order, padded)
+        attn_metadata = self.prepare_attn(input_batch, padded)
         hidden_states, logits = self._run_model(input_batch, attn_metadata,
-                                                intermediate_tensors)
+                                                intermediate_tensors, cg_desc)
         if logits is None:  # a stage before the last: hand its tensors on
             self.execute_model_state = ExecuteModelState(input_batch, None, None)
             return hidden_states
@@ -312,18 +346,25 @@ class GPUModelRunner:
         return None
 
     def _run_model(self, input_batch: InputBatch, attn_metadata: dict[str, Any] | None,
-                   intermediate_tensors: Any = None) -> tuple[Any, torch.Tensor | None]:
-        """Forward pass: (hidden states [num_tokens, hidden], logits of the
-        sampled rows [num_logits, vocab]); on a pipeline stage before the last,
-        (IntermediateTensors for the next stage, None)."""
+                   intermediate_tensors: Any = None,
+                   cg_desc: BatchExecutionDescriptor | None = None
+                   ) -> tuple[Any, torch.Tensor | None]:
+        """Forward pass (a graph replay when `cg_desc` has a captured graph,
+        else eager over the same, possibly padded, inputs): (hidden states
+        [num_tokens, hidden], logits of the sampled rows [num_logits, vocab]);
+        on a pipeline stage before the last, (IntermediateTensors, None)."""
         model = self.get_model()
         with set_forward_context(attn_metadata, self.vllm_config,
                                  num_tokens=input_batch.num_tokens_after_padding):
-            hidden_states = model(input_ids=input_batch.input_ids,
-                                  positions=input_batch.positions,
-                                  intermediate_tensors=intermediate_tensors)
+            if cg_desc is not None and self.cudagraph_manager.has_graph(cg_desc):
+                hidden_states = self.cudagraph_manager.run_fullgraph(cg_desc)
+            else:
+                hidden_states = model(input_ids=input_batch.input_ids,
+                                      positions=input_batch.positions,
+                                      intermediate_tensors=intermediate_tensors)
         if not get_pp_group().is_last_rank:
             return hidden_states, None
+        hidden_states = hidden_states[:input_batch.num_tokens]  # drop the padding
         return hidden_states, model.compute_logits(hidden_states[input_batch.logits_indices])
 
     @torch.inference_mode()
@@ -418,13 +459,7 @@ class GPUModelRunner:
         zero block table with every slot padding, so nothing is written;
         otherwise the layers skip attention (profile run). Returns the hidden
         states of each fake request's last token."""
-        assert 0 < num_tokens <= self.max_num_tokens
-        num_reqs = num_reqs or min(num_tokens, self.max_num_reqs)
-        batch = InputBatch.make_dummy(num_reqs, num_tokens, self.input_buffers, self.device)
-        # Positions 0..n-1 within each fake request.
-        batch.positions.copy_(torch.from_numpy(
-            np.arange(num_tokens) - np.repeat(batch.query_start_loc_np[:-1],
-                                              batch.num_scheduled_tokens)))
+        batch = self._make_dummy_batch(num_tokens, num_reqs)
         attn_metadata = None
         if use_kv_cache and self.attn_groups:
             attn_metadata = self._dummy_attn_metadata(batch)
@@ -438,7 +473,28 @@ class GPUModelRunner:
                                   intermediate_tensors=intermediate_tensors)
         return hidden_states[batch.logits_indices]
 
-    def _dummy_attn_metadata(self, batch: InputBatch) -> dict[str, Any]:
+    def _make_dummy_batch(self, num_tokens: int, num_reqs: int | None) -> InputBatch:
+        """`num_tokens` tokens of `num_reqs` fake requests (default
+        min(num_tokens, max_num_reqs)) in the persistent input buffers."""
+        assert 0 < num_tokens <= self.max_num_tokens
+        num_reqs = num_reqs or min(num_tokens, self.max_num_reqs)
+        batch = InputBatch.make_dummy(num_reqs, num_tokens, self.input_buffers, self.device)
+        # Positions 0..n-1 within each fake request.
+        batch.positions.copy_(torch.from_numpy(
+            np.arange(num_tokens) - np.repeat(batch.query_start_loc_np[:-1],
+                                              batch.num_scheduled_tokens)))
+        return batch
+
+    def _prepare_capture_batch(self, desc: BatchExecutionDescriptor
+                               ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+        """A dummy batch of a graph's shape, laid out where real steps put
+        theirs (uniform decode graphs: one token per request)."""
+        batch = self._make_dummy_batch(desc.num_tokens, desc.num_reqs)
+        return (self._dummy_attn_metadata(batch, for_cudagraph_capture=True),
+                batch.input_ids, batch.positions)
+
+    def _dummy_attn_metadata(self, batch: InputBatch,
+                             for_cudagraph_capture: bool = False) -> dict[str, Any]:
         block_tables = self._block_tables()
         tables = tuple(t[:batch.num_reqs].zero_() for t in block_tables.input_block_tables)
         return build_attn_metadata(
@@ -447,7 +503,8 @@ class GPUModelRunner:
             torch.from_numpy(batch.seq_lens_np), torch.from_numpy(batch.num_computed_tokens_np),
             max_query_len=int(batch.num_scheduled_tokens.max()),
             max_seq_len=int(batch.seq_lens_np.max()), block_tables=tables,
-            slot_mappings=block_tables.get_dummy_slot_mappings(batch.num_tokens))
+            slot_mappings=block_tables.get_dummy_slot_mappings(batch.num_tokens),
+            for_cudagraph_capture=for_cudagraph_capture)
 
     @torch.inference_mode()
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:

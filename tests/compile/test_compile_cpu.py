@@ -1,0 +1,114 @@
+"""torch.compile of the model forward on CPU (vllm/compilation/): the
+compiled model gives eager's greedy tokens, one graph serves every batch
+size (no recompile), attention stays opaque and the compiled ops trace."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from tests.v1.worker.utils import ScriptedScheduler, make_kv_cache_config, make_vllm_config
+from vllm import _custom_ops as ops
+from vllm.compilation.backends import resolve_backend
+from vllm.compilation.decorators import maybe_compile_model
+from vllm.compilation.fake_ops import register_cpu_fake_ops
+from vllm.config.compilation import CompilationConfig, CompilationMode
+from vllm.sampling_params import SamplingParams
+from vllm.v1.worker.gpu_worker import Worker
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
+PROMPTS = {"a": [5, 9, 3, 7, 11, 2, 8], "b": [4, 4, 19, 6, 1], "c": [13, 2, 2, 17, 30, 7, 9, 1, 3]}
+
+
+def _worker(model_dir: str, mode: CompilationMode, backend: str | None) -> Worker:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")  # the scripted scheduler speaks V1 form
+        config = make_vllm_config(model_dir)
+        worker = Worker(config)
+        worker.init_device()
+    worker.load_model()
+    config.compilation_config.mode = mode
+    runner = worker.model_runner
+    runner.model = maybe_compile_model(runner.model, config.compilation_config, "cpu",
+                                       backend=backend)
+    worker.initialize_from_config(make_kv_cache_config(worker.get_kv_cache_spec()))
+    return worker
+
+
+def _script(worker: Worker) -> list[dict[str, list[int]]]:
+    """Batch sizes 2 (prefill 12 tokens, then decodes of 2), a mixed step
+    adding a third request, then decodes of 3 and, after two finish, of 1."""
+    s = ScriptedScheduler(worker)
+    for rid, prompt in PROMPTS.items():
+        s.add(rid, prompt, GREEDY)
+    s.step({"a": 7, "b": 5}, new=("a", "b"))
+    s.decode_all(["a", "b"], 2)
+    s.step({"a": 1, "b": 1, "c": 9}, new=("c",))
+    s.decode_all(["a", "b", "c"], 3)
+    s.finish("a")
+    s.finish("b")
+    s.decode_all(["c"], 2)
+    return s.outputs_per_step
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir):
+    return tiny_model_dir("llama")
+
+
+@pytest.fixture(scope="module")
+def eager_tokens(model_dir):
+    worker = _worker(model_dir, CompilationMode.NONE, None)
+    try:
+        return _script(worker)
+    finally:
+        worker.shutdown()
+
+
+# Inductor is what the modes use; "aot_eager" traces and functionalises the
+# same graph without generating code (a quicker check of the tracing alone).
+@pytest.mark.parametrize("backend", ["aot_eager", None])
+def test_compiled_matches_eager_without_recompiles(model_dir, eager_tokens, backend):
+    torch._dynamo.reset()
+    counters.clear()
+    worker = _worker(model_dir, CompilationMode.STOCK_TORCH_COMPILE, backend)
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            tokens = _script(worker)
+    finally:
+        worker.shutdown()
+    assert tokens == eager_tokens
+    assert counters["stats"]["unique_graphs"] == 1  # token counts 12, 2, 11, 3, 1: one graph
+    assert not counters["graph_break"]  # attention is an opaque op, not a break
+
+
+def test_mode_none_returns_the_model_unchanged(model_dir):
+    torch._dynamo.reset()
+    worker = _worker(model_dir, CompilationMode.NONE, None)
+    try:
+        model = worker.model_runner.model
+        assert "forward" not in vars(model)  # the class's own forward
+        assert maybe_compile_model(model, CompilationConfig(), "cpu") is model
+    finally:
+        worker.shutdown()
+
+
+def test_backend_resolution():
+    assert resolve_backend(CompilationConfig(mode=CompilationMode.VLLM_COMPILE)) == "inductor"
+    assert resolve_backend(CompilationConfig(mode=CompilationMode.STOCK_TORCH_COMPILE),
+                           "eager") == "eager"
+    with pytest.raises(ValueError, match="Unknown torch.compile backend 'nope'"):
+        resolve_backend(CompilationConfig(mode=CompilationMode.STOCK_TORCH_COMPILE), "nope")
+    with pytest.raises(ValueError, match="NONE has no compiler backend"):
+        resolve_backend(CompilationConfig())
+
+
+@pytest.mark.skipif(not ops.cpu_ops_available(),
+                    reason=f"compiled CPU ops not loaded: {ops.cpu_ops_load_error()}")
+def test_cpu_ops_have_fake_kernels():
+    names = register_cpu_fake_ops()
+    assert "rms_norm" in names and "paged_attention_decode" in names
+    x = torch.randn(3, 8)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fx, fout, fw = mode.from_tensor(x), mode.from_tensor(x), mode.from_tensor(torch.ones(8))
+        torch.ops._C_cpu.rms_norm(fout, fx, fw, 1e-6)  # raises without a fake kernel

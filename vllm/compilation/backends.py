@@ -1,0 +1,111 @@
+"""What the compiler sees of a model, and which compiler backend runs it
+(upstream: vllm/compilation/backends.py, `VllmBackend`).
+
+Attention stays opaque to the compiler, as upstream keeps it: the layers in
+`compilation_config.static_forward_context` read per-step metadata from the
+forward context and write the KV cache in place, which dynamo must not trace
+(it would guard on, and specialise to, every step's metadata). Upstream
+routes `Attention` through the custom op `torch.ops.vllm.unified_attention*`
+and splits the Inductor graph there. Here:
+- `Attention` layers call `torch.ops.vllm.unified_attention`, a custom op
+  whose kernel is the layer's own eager forward (looked up by name in the
+  forward context) and whose fake kernel only shapes the output: one graph
+  for the whole model, attention an opaque node in it;
+- any other stateful layer (Mamba, MLA) runs under `torch.compiler.disable`,
+  i.e. a graph break around it.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from vllm.config.compilation import CompilationMode
+from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.config.compilation import CompilationConfig
+
+logger = init_logger(__name__)
+
+_OPAQUE_ATTR = "_vllm_compile_opaque"
+
+
+@torch.library.custom_op("vllm::unified_attention", mutates_args=())
+def unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      layer_name: str) -> torch.Tensor:
+    """The named `Attention` layer's eager forward: query [T, H * D], key/value
+    [T, Hkv * D] -> [T, H * D]. Writes the layer's KV cache as a side effect."""
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.layers.attention import Attention
+
+    layer = get_forward_context().no_compile_layers[layer_name]
+    return Attention.forward(layer, query, key, value)
+
+
+@unified_attention.register_fake
+def _unified_attention_fake(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            layer_name: str) -> torch.Tensor:
+    return torch.empty_like(query)
+
+
+def _opaque_attention_forward(layer_name: str):
+    def forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return torch.ops.vllm.unified_attention(query, key, value, layer_name)
+    return forward
+
+
+def make_stateful_layers_opaque(static_forward_context: dict[str, Any]) -> int:
+    """Route every registered layer around the compiler (idempotent, per
+    instance; eager calls still work). Returns how many layers were changed."""
+    from vllm.model_executor.layers.attention import Attention
+
+    changed = 0
+    for name, layer in static_forward_context.items():
+        if not isinstance(layer, nn.Module) or getattr(layer, _OPAQUE_ATTR, False):
+            continue
+        if type(layer) is Attention:
+            layer.forward = _opaque_attention_forward(name)
+        else:
+            layer.forward = torch.compiler.disable(layer.forward, recursive=True)
+        setattr(layer, _OPAQUE_ATTR, True)
+        changed += 1
+    return changed
+
+
+def unpack_cpu_linear_weights(model: nn.Module) -> int:
+    """Give the linears back their dense weights for Inductor on CPU.
+
+    The CPU linears keep a oneDNN-packed weight (`_packed_weight`,
+    layers/utils.py) and drop the dense one. Inductor cannot lower
+    `mkldnn._linear_pointwise` over such a pre-packed tensor (its lowering
+    wants the weight as a frozen graph constant it packed itself), so the
+    dense weight is restored (`to_dense()` is exact) and Inductor's freezing
+    pass packs it again, fused with its neighbours. Returns how many linears
+    were changed."""
+    changed = 0
+    for module in model.modules():
+        packed = getattr(module, "_packed_weight", None)
+        if not isinstance(packed, torch.Tensor) or packed.layout != torch._mkldnn:
+            continue
+        module.weight = nn.Parameter(packed.to_dense(), requires_grad=False)
+        module._packed_weight = None
+        changed += 1
+    return changed
+
+
+def resolve_backend(compilation_config: "CompilationConfig",
+                    backend: str | None = None) -> str:
+    """The torch.compile backend for the config's mode: Inductor for
+    STOCK_TORCH_COMPILE / DYNAMO_TRACE_ONCE / VLLM_COMPILE unless `backend`
+    names another ("eager", "aot_eager": tracing without code generation)."""
+    mode = compilation_config.mode
+    if mode == CompilationMode.NONE:
+        raise ValueError("CompilationMode.NONE has no compiler backend.")
+    if backend is not None:
+        if backend not in torch._dynamo.list_backends(exclude_tags=()):
+            raise ValueError(f"Unknown torch.compile backend {backend!r}; known: "
+                             f"{', '.join(torch._dynamo.list_backends(exclude_tags=()))}.")
+        return backend
+    return "inductor"

@@ -29,7 +29,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmb
 from vllm.model_executor.models.llama import LlamaForCausalLM, get_layer_sliding_window
 from vllm.model_executor.models.utils import (CausalLMBase, extract_layer_index,
                                               load_stacked_weights, make_layers, maybe_prefix,
-                                              norm_with_residual)
+                                              norm_with_residual, single_stage_embeds)
 
 
 class GemmaRMSNorm(nn.Module):
@@ -151,10 +151,8 @@ class Gemma2Model(nn.Module):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 intermediate_tensors: Any = None,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        if intermediate_tensors is not None:
-            raise NotImplementedError("Pipeline parallelism is not built.")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = single_stage_embeds(self, self.embed_tokens, input_ids,
+                                            intermediate_tensors, inputs_embeds)
         hidden_states = inputs_embeds * self.normalizer.to(inputs_embeds.dtype)
         residual = None
         for layer in self.layers:

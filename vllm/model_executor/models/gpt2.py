@@ -22,7 +22,8 @@ from vllm.model_executor.layers.linear import (ColumnParallelLinear, QKVParallel
                                                RowParallelLinear)
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-from vllm.model_executor.models.utils import CausalLMBase, make_layers, maybe_prefix
+from vllm.model_executor.models.utils import (CausalLMBase, make_layers, maybe_prefix,
+                                              single_stage_embeds)
 
 # The projections stored as Conv1D ([in, out]) in GPT-2 checkpoints.
 _CONV1D_WEIGHTS = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
@@ -113,10 +114,8 @@ class GPT2Model(nn.Module):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 intermediate_tensors: Any = None,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        if intermediate_tensors is not None:
-            raise NotImplementedError("Pipeline parallelism is not built.")
-        if inputs_embeds is None:
-            inputs_embeds = self.wte(input_ids)
+        inputs_embeds = single_stage_embeds(self, self.wte, input_ids, intermediate_tensors,
+                                            inputs_embeds)
         hidden_states = inputs_embeds + self.wpe(positions)
         for block in self.h:
             hidden_states = block(hidden_states)

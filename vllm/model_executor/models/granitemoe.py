@@ -28,7 +28,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmb
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.utils import (CausalLMBase, load_stacked_weights,
-                                              make_layers, maybe_prefix)
+                                              make_layers, maybe_prefix, single_stage_embeds)
 
 
 class GraniteMoeMoE(nn.Module):
@@ -117,11 +117,9 @@ class GraniteMoeModel(nn.Module):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 intermediate_tensors: Any = None,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        if intermediate_tensors is not None:
-            raise NotImplementedError("Pipeline parallelism is not built for GraniteMoE.")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        hidden_states = inputs_embeds * self.embedding_multiplier
+        hidden_states = single_stage_embeds(self, self.embed_tokens, input_ids,
+                                            intermediate_tensors, inputs_embeds)
+        hidden_states = hidden_states * self.embedding_multiplier
         for layer in self.layers:
             hidden_states = layer(positions, hidden_states)
         return self.norm(hidden_states)

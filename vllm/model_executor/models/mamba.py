@@ -18,7 +18,7 @@ from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.interfaces import HasInnerState, IsAttentionFree
 from vllm.model_executor.models.utils import (CausalLMBase, make_layers, maybe_prefix,
-                                              norm_with_residual)
+                                              norm_with_residual, single_stage_embeds)
 
 
 class MambaDecoderLayer(nn.Module):
@@ -53,10 +53,8 @@ class MambaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 intermediate_tensors: Any = None,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        if intermediate_tensors is not None:
-            raise NotImplementedError("Pipeline parallelism is not built for Mamba.")
-        hidden_states = inputs_embeds if inputs_embeds is not None else self.embeddings(
-            input_ids)
+        hidden_states = single_stage_embeds(self, self.embeddings, input_ids,
+                                            intermediate_tensors, inputs_embeds)
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(hidden_states, residual)

@@ -32,7 +32,7 @@ from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaMLP
 from vllm.model_executor.models.utils import (CausalLMBase, extract_layer_index,
                                               load_stacked_weights, make_layers, maybe_prefix,
-                                              norm_with_residual)
+                                              norm_with_residual, single_stage_embeds)
 
 
 class Qwen3_5Attention(nn.Module):
@@ -125,10 +125,8 @@ class Qwen3_5Model(nn.Module):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 intermediate_tensors: Any = None,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        if intermediate_tensors is not None:
-            raise NotImplementedError("Pipeline parallelism is not built for Qwen3.5.")
-        hidden_states = inputs_embeds if inputs_embeds is not None else self.embed_tokens(
-            input_ids)
+        hidden_states = single_stage_embeds(self, self.embed_tokens, input_ids,
+                                            intermediate_tensors, inputs_embeds)
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual)

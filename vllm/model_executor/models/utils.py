@@ -104,6 +104,17 @@ def norm_with_residual(norm: nn.Module, hidden_states: torch.Tensor,
     return norm(hidden_states, residual)
 
 
+def single_stage_embeds(model: nn.Module, embed_tokens: nn.Module,
+                        input_ids: torch.Tensor | None, intermediate_tensors: object,
+                        inputs_embeds: torch.Tensor | None) -> torch.Tensor:
+    """The input embeddings [T, hidden] of a body built without pipeline
+    parallelism: `inputs_embeds` when given, else `embed_tokens(input_ids)`."""
+    if intermediate_tensors is not None:
+        raise NotImplementedError(
+            f"Pipeline parallelism is not built for {type(model).__name__}.")
+    return inputs_embeds if inputs_embeds is not None else embed_tokens(input_ids)
+
+
 class AutoWeightsLoader:
     """Route checkpoint tensors to the submodules they belong to.
 

@@ -4,9 +4,10 @@
 #   bash benchmarks/gpu_check.sh [python]
 # 1. environment; 2. build the ops (CPU ops only: no CUDA sources exist in
 # csrc/ yet, so there is nothing for nvcc to build); 3. kernel tests, with the
-# Triton unified attention compiled for the GPU; 4. greedy parity V1/V2 x
-# TRITON_ATTN/CPU_ATTN and decode step times (CUDA graph capture is not built:
-# cudagraph_mode resolves to NONE, so there is no graphs-on run to compare).
+# Triton unified attention compiled for the GPU; 4. CUDA graph tests (capture +
+# replay, graphs on/off parity through both runners), then greedy parity V1/V2
+# x TRITON_ATTN (eager, FULL_DECODE_ONLY, FULL graphs) / CPU_ATTN (eager) and
+# decode step times with and without graphs.
 set -uo pipefail
 PY=${1:-${PY:-.venv/bin/python}}
 [ -x "$PY" ] || PY=python3
@@ -25,7 +26,10 @@ timeout 240 "$PY" setup.py build_ext --inplace > /tmp/gpu_check_build.log 2>&1 \
 step "kernel tests (CPU ops, selector, Triton interpreter + GPU)"
 timeout 240 "$PY" -m pytest -q tests/kernels -x 2>&1 | tail -15
 
-step "greedy parity and decode step time"
-timeout 300 "$PY" benchmarks/kernels/gpu_parity.py --workdir /tmp/gpu_check 2>&1 | grep -v "^INFO"
+step "CUDA graph tests (GPU)"
+timeout 240 "$PY" -m pytest -q tests/v1/cudagraph -x 2>&1 | tail -15
+
+step "greedy parity and decode step time, graphs on/off"
+timeout 420 "$PY" benchmarks/kernels/gpu_parity.py --workdir /tmp/gpu_check 2>&1 | grep -v "^INFO"
 
 step "done"

@@ -1,11 +1,11 @@
 """GPU check helper for benchmarks/gpu_check.sh (not run in CI: needs CUDA).
 
 Builds a tiny random-weight Qwen2 checkpoint, then for each (runner,
-attention backend) pair generates greedy tokens for a fixed batch and times
-the steady decode: prints one line per run and whether every run's tokens
-match the first one's (greedy parity). CUDA graph capture is not built in
-this tree, so there is no graphs-on/off pair to compare; compilation config
-resolves to CUDAGraphMode.NONE.
+attention backend, cudagraph_mode) generates greedy tokens for a fixed batch
+and times the steady decode: prints one line per run, whether every run's
+tokens match the first one's (greedy parity), and per runner the decode step
+time with CUDA graphs against eager. Graph runs use TRITON_ATTN (CPU_ATTN has
+no graph support and would resolve to eager); capture sizes stop at 64.
 
     python benchmarks/kernels/gpu_parity.py --workdir /tmp/gpu_check
 """
@@ -30,14 +30,22 @@ def make_model(path: str) -> None:
     Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
 
 
-def run_one(model: str, backend: str, v2: bool, num_seqs: int, out_len: int) -> dict:
+# (attention backend, cudagraph_mode); "eager" = enforce_eager.
+CONFIGS = [("TRITON_ATTN", "eager"), ("TRITON_ATTN", "FULL_DECODE_ONLY"),
+           ("TRITON_ATTN", "FULL"), ("CPU_ATTN", "eager")]
+
+
+def run_one(model: str, backend: str, v2: bool, graphs: str, num_seqs: int,
+            out_len: int) -> dict:
     """Generate in this process (the caller sets the env before import)."""
     import torch
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    kwargs = dict(enforce_eager=True) if graphs == "eager" else dict(
+        compilation_config={"cudagraph_mode": graphs, "max_cudagraph_capture_size": 64})
     llm = LLM(model=model, dtype="bfloat16", max_model_len=1024, seed=0,
-              skip_tokenizer_init=True)
+              skip_tokenizer_init=True, **kwargs)
     g = torch.Generator().manual_seed(0)
     prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, 4000, (64,), generator=g).tolist())
                for _ in range(num_seqs)]
@@ -46,7 +54,7 @@ def run_one(model: str, backend: str, v2: bool, num_seqs: int, out_len: int) -> 
     t0 = time.perf_counter()
     outs = llm.generate(prompts, sp, use_tqdm=False)
     wall = time.perf_counter() - t0
-    return {"backend": backend, "v2": v2, "wall_s": round(wall, 3),
+    return {"backend": backend, "v2": v2, "graphs": graphs, "wall_s": round(wall, 3),
             "ms_per_decode_step": round(1e3 * wall / out_len, 3),
             "tokens": [o.outputs[0].token_ids for o in outs]}
 
@@ -60,34 +68,53 @@ def main() -> None:
     a = ap.parse_args()
     model = os.path.join(a.workdir, "qwen2-tiny")
     if a.child:
-        backend, v2 = a.child.split(":")
-        print("RESULT " + json.dumps(run_one(model, backend, v2 == "1", a.num_seqs, a.out_len)))
+        backend, v2, graphs = a.child.split(":")
+        print("RESULT " + json.dumps(run_one(model, backend, v2 == "1", graphs, a.num_seqs,
+                                             a.out_len)))
         return
     if not os.path.exists(os.path.join(model, "config.json")):
         make_model(model)
-    results = []
-    for backend in ("TRITON_ATTN", "CPU_ATTN"):
-        for v2 in ("0", "1"):
-            env = dict(os.environ, VLLM_ATTENTION_BACKEND=backend, VLLM_USE_V2_MODEL_RUNNER=v2,
-                       VLLM_ENABLE_V1_MULTIPROCESSING="0")
-            proc = subprocess.run([sys.executable, __file__, "--workdir", a.workdir,
-                                   "--child", f"{backend}:{v2}", "--num-seqs", str(a.num_seqs),
-                                   "--out-len", str(a.out_len)],
-                                  env=env, capture_output=True, text=True, timeout=300)
-            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-            if proc.returncode or not line:
-                print(f"{backend} v2={v2}: FAILED\n{proc.stderr[-2000:]}")
-                continue
-            r = json.loads(line[0][7:])
-            results.append(r)
-            print(f"{backend:12s} v2={v2}: {r['ms_per_decode_step']:8.3f} ms/decode step "
-                  f"(batch {a.num_seqs}, eager; no CUDA graphs built)")
+    results = [r for v2 in ("0", "1") for backend, graphs in CONFIGS
+               if (r := _run_child(a, backend, v2, graphs)) is not None]
     if results:
-        ref = results[0]["tokens"]
-        for r in results[1:]:
-            same = sum(x == y for x, y in zip(r["tokens"], ref))
-            print(f"greedy parity {r['backend']} v2={r['v2']} vs {results[0]['backend']} "
-                  f"v2={results[0]['v2']}: {same}/{len(ref)} sequences identical")
+        _report(results)
+
+
+def _run_child(a: argparse.Namespace, backend: str, v2: str, graphs: str) -> dict | None:
+    env = dict(os.environ, VLLM_ATTENTION_BACKEND=backend, VLLM_USE_V2_MODEL_RUNNER=v2,
+               VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run([sys.executable, __file__, "--workdir", a.workdir,
+                           "--child", f"{backend}:{v2}:{graphs}", "--num-seqs", str(a.num_seqs),
+                           "--out-len", str(a.out_len)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode or not line:
+        print(f"{backend} v2={v2} {graphs}: FAILED\n{proc.stderr[-2000:]}")
+        return None
+    r = json.loads(line[0][7:])
+    print(f"{backend:12s} v2={v2} {graphs:17s}: {r['ms_per_decode_step']:8.3f} ms/decode step "
+          f"(batch {a.num_seqs})")
+    return r
+
+
+def _report(results: list[dict]) -> None:
+    """Greedy parity of every run against the first; graphs-on step time
+    against eager for each runner."""
+    ref = results[0]
+    for r in results[1:]:
+        same = sum(x == y for x, y in zip(r["tokens"], ref["tokens"]))
+        print(f"greedy parity {r['backend']} v2={r['v2']} {r['graphs']} vs {ref['backend']} "
+              f"v2={ref['v2']} {ref['graphs']}: {same}/{len(ref['tokens'])} sequences identical")
+    for v2 in (False, True):
+        runs = {r["graphs"]: r for r in results if r["v2"] == v2 and r["backend"] == "TRITON_ATTN"}
+        eager = runs.get("eager")
+        for mode in ("FULL_DECODE_ONLY", "FULL"):
+            if eager and mode in runs:
+                same = runs[mode]["tokens"] == eager["tokens"]
+                print(f"v2={v2} {mode}: {runs[mode]['ms_per_decode_step']:.3f} vs eager "
+                      f"{eager['ms_per_decode_step']:.3f} ms/decode step "
+                      f"({eager['ms_per_decode_step'] / runs[mode]['ms_per_decode_step']:.2f}x), "
+                      f"tokens {'identical' if same else 'DIFFER'}")
 
 
 if __name__ == "__main__":

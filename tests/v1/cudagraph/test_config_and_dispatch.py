@@ -148,3 +148,29 @@ def test_dispatch_pads_to_next_size_and_falls_back_to_eager():
     # keys not initialised: always eager
     fresh = CudagraphDispatcher(_Cfg("FULL", [1, 2]))
     assert fresh.dispatch(1) == (M.NONE, BatchDescriptor(1))
+
+
+@pytest.mark.parametrize("supports, pp, moe, expected", [
+    (["ALWAYS"], 1, False, M.FULL),
+    (["ALWAYS", "UNIFORM_BATCH"], 1, False, M.FULL_DECODE_ONLY),  # weakest backend wins
+    (["ALWAYS", "NEVER"], 1, False, M.NONE),
+    (["ALWAYS"], 2, False, M.NONE),  # pipeline parallelism runs eagerly
+    (["ALWAYS"], 1, True, M.NONE),  # the MoE layer syncs with the host
+])
+def test_mode_narrowed_by_backends_and_layout(supports, pp, moe, expected):
+    from types import SimpleNamespace
+
+    from vllm.v1.attention.backend import AttentionCGSupport
+    from vllm.v1.worker.cudagraph_padding import resolve_cudagraph_mode
+
+    def group(support):
+        builder = type("B", (), {"get_cudagraph_support": classmethod(
+            lambda cls, cfg, spec: AttentionCGSupport[support])})()
+        return SimpleNamespace(metadata_builder=builder, kv_cache_spec=None)
+
+    cfg = SimpleNamespace(compilation_config=CompilationConfig(cudagraph_mode="FULL"),
+                          parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
+                          model_config=SimpleNamespace(is_moe=moe))
+    assert resolve_cudagraph_mode(cfg, [[group(s) for s in supports]]) == expected
+    cfg.compilation_config.cudagraph_mode = M.NONE
+    assert resolve_cudagraph_mode(cfg, [[group("ALWAYS")]]) == M.NONE

@@ -132,7 +132,8 @@ def resolve_cudagraph_mode(vllm_config: "VllmConfig",
 
     ALWAYS keeps the mode; UNIFORM_* keeps only the decode half (FULL ->
     FULL_DECODE_ONLY); NEVER turns graphs off. Pipeline parallelism turns them
-    off too: the stages' intermediate tensors are not in persistent buffers.
+    off too (the stages' intermediate tensors are not in persistent buffers),
+    and so do MoE models (see below).
     """
     from vllm.v1.attention.backend import AttentionCGSupport
 
@@ -141,6 +142,13 @@ def resolve_cudagraph_mode(vllm_config: "VllmConfig",
         return mode
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         logger.info("cudagraph_mode %s -> NONE: pipeline parallelism runs eagerly.", mode.name)
+        return CUDAGraphMode.NONE
+    model_config = vllm_config.model_config
+    if model_config is not None and model_config.is_moe:
+        # FusedMoE here loops over the experts that received tokens, which
+        # needs their counts on the host: not capturable.
+        logger.info("cudagraph_mode %s -> NONE: the MoE layer synchronises with the "
+                    "host (per-expert loop).", mode.name)
         return CUDAGraphMode.NONE
     support = min_cudagraph_support(attn_groups, vllm_config)
     if support == AttentionCGSupport.NEVER:

@@ -12,9 +12,9 @@ from transformers import PretrainedConfig
 
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaAttention
 from vllm.model_executor.models.utils import (AutoWeightsLoader, is_pp_missing_parameter,
+                                              load_stacked_weight, lookup_param,
                                               norm_with_residual)
 
 # (param name part, checkpoint name part, expert id, shard id), from
@@ -86,26 +86,7 @@ def _load_one(model: nn.Module, params: dict[str, nn.Parameter], name: str,
             target = name.replace(weight_part, param_part)
             if is_pp_missing_parameter(target, model):
                 return None
-            param = _lookup(params, target, name)
+            param = lookup_param(params, target, name)
             param.weight_loader(param, weight, name, shard_id=shard_id, expert_id=expert_id)
             return target
-    for fused, part, shard_id in stacked:
-        if part in name:
-            target = name.replace(part, fused)
-            if is_pp_missing_parameter(target, model):
-                return None
-            param = _lookup(params, target, name)
-            param.weight_loader(param, weight, shard_id)
-            return target
-    if is_pp_missing_parameter(name, model):
-        return None
-    param = _lookup(params, name, name)
-    getattr(param, "weight_loader", default_weight_loader)(param, weight)
-    return name
-
-
-def _lookup(params: dict[str, nn.Parameter], target: str, ckpt_name: str) -> nn.Parameter:
-    if target not in params:
-        raise ValueError(f"Checkpoint weight {ckpt_name!r} has no matching parameter "
-                         f"({target!r}).")
-    return params[target]
+    return load_stacked_weight(model, params, name, weight, stacked)

@@ -198,23 +198,36 @@ def load_stacked_weights(module: nn.Module, weights: WeightsIter,
     for name, weight in weights:
         if any(s in name for s in skip):
             continue
-        target, shard_id = name, None
-        for fused, part, fused_shard_id in stacked_params_mapping:
-            if part in name:
-                target, shard_id = name.replace(part, fused), fused_shard_id
-                break
-        if is_pp_missing_parameter(target, module):
-            continue  # another pipeline stage holds it
-        param = _param(params, target, name)
-        if shard_id is None:
-            getattr(param, "weight_loader", default_weight_loader)(param, weight)
-        else:
-            param.weight_loader(param, weight, shard_id)
-        loaded.add(target)
+        target = load_stacked_weight(module, params, name, weight, stacked_params_mapping)
+        if target is not None:
+            loaded.add(target)
     return loaded
 
 
-def _param(params: dict[str, nn.Parameter], target: str, ckpt_name: str) -> nn.Parameter:
+def load_stacked_weight(module: nn.Module, params: dict[str, nn.Parameter], name: str,
+                        weight: torch.Tensor,
+                        stacked_params_mapping: list[tuple[str, str, str | int]]) -> str | None:
+    """Load one checkpoint tensor of `load_stacked_weights`: into its shard of
+    a fused parameter, else into the parameter of the same name. Returns the
+    parameter's name, or None when another pipeline stage holds it."""
+    target, shard_id = name, None
+    for fused, part, fused_shard_id in stacked_params_mapping:
+        if part in name:
+            target, shard_id = name.replace(part, fused), fused_shard_id
+            break
+    if is_pp_missing_parameter(target, module):
+        return None
+    param = lookup_param(params, target, name)
+    if shard_id is None:
+        getattr(param, "weight_loader", default_weight_loader)(param, weight)
+    else:
+        param.weight_loader(param, weight, shard_id)
+    return target
+
+
+def lookup_param(params: dict[str, nn.Parameter], target: str,
+                 ckpt_name: str) -> nn.Parameter:
+    """`params[target]`, or a ValueError naming the checkpoint tensor."""
     if target not in params:
         raise ValueError(f"Checkpoint weight {ckpt_name!r} has no matching parameter "
                          f"({target!r}).")

@@ -62,22 +62,38 @@ def model_dir(tiny_model_dir):
     return tiny_model_dir("llama")
 
 
-def _force_padding(runner, mode: CUDAGraphMode) -> list[int]:
-    """Give the dispatcher graph keys (the model stays unwrapped: eager) and
-    record the padded token count of every forward."""
-    config = runner.vllm_config.compilation_config
-    config.cudagraph_capture_sizes = list(SIZES)
-    runner.cudagraph_dispatcher.initialize_cudagraph_keys(mode, uniform_decode_query_len=1)
+def _spy_forward(runner, qsl: torch.Tensor, seq_lens: torch.Tensor) -> list[int]:
+    """Record the token count of every forward, and after the first one the
+    device query starts / sequence lengths it ran with."""
     seen: list[int] = []
     model = runner.model
 
     def forward(**kwargs):
         seen.append(kwargs["input_ids"].shape[0])
+        if len(seen) == 1:
+            runner.first_layout = (qsl[:4].tolist(), seq_lens[:3].tolist())
         return model(**kwargs)
 
     forward.compute_logits = model.compute_logits
     runner.model = forward
     return seen
+
+
+def _check_first_layout(runner, mode):
+    """Step 1 is a (6 + 5)-token batch; under FULL one dummy request of 5
+    tokens pads it to 16."""
+    if mode == CUDAGraphMode.FULL:
+        assert runner.first_layout == ([0, 6, 11, 16], [6, 5, 5])
+    else:
+        assert runner.first_layout[0][:3] == [0, 6, 11]
+
+
+def _force_padding(runner, mode: CUDAGraphMode) -> list[int]:
+    """Give the dispatcher graph keys (the model stays unwrapped: eager)."""
+    config = runner.vllm_config.compilation_config
+    config.cudagraph_capture_sizes = list(SIZES)
+    runner.cudagraph_dispatcher.initialize_cudagraph_keys(mode, uniform_decode_query_len=1)
+    return _spy_forward(runner, runner.query_start_loc.gpu, runner.seq_lens.gpu)
 
 
 @pytest.mark.parametrize("mode", [CUDAGraphMode.FULL, CUDAGraphMode.FULL_DECODE_ONLY])
@@ -103,6 +119,7 @@ def test_v1_padded_forward_matches_unpadded(model_dir, mode, monkeypatch):
             s.step({r: 1 for r in "abc" if len(s.reqs[r].outputs) < 6})  # 3 -> 4, 2 -> 2
         for r, want in zip("abc", expected):
             assert s.reqs[r].outputs == want, r
+        _check_first_layout(worker.model_runner, mode)
     finally:
         worker.shutdown()
     assert 4 in seen  # three decodes padded to a 4-token graph
@@ -119,7 +136,8 @@ def test_v2_padded_forward_matches_unpadded(model_dir, mode):
     runner = make_v2_runner(model_dir, max_num_seqs=8, max_num_batched_tokens=64)
     runner.vllm_config.compilation_config.cudagraph_capture_sizes = list(SIZES)
     runner.cudagraph_manager.initialize(mode)
-    seen = _force_padding_v2(runner)
+    seen = _spy_forward(runner, runner.input_buffers.query_start_loc,
+                        runner.input_buffers.seq_lens)
     rng = random.Random(4)
     prompts = [[rng.randrange(1, 512) for _ in range(n)] for n in (11, 5, 7)]
     expected = hf_greedy(model_dir, prompts, 6)
@@ -132,21 +150,9 @@ def test_v2_padded_forward_matches_unpadded(model_dir, mode):
         s.step({r: 1 for r in "abc" if len(s.reqs[r].outputs) < 6})
     for r, want in zip("abc", expected):
         assert s.reqs[r].outputs == want, r
+    _check_first_layout(runner, mode)
     assert 4 in seen
     assert seen[:2] == ([16, 16] if mode == CUDAGraphMode.FULL else [11, 13])
-
-
-def _force_padding_v2(runner) -> list[int]:
-    seen: list[int] = []
-    model = runner.model
-
-    def forward(**kwargs):
-        seen.append(kwargs["input_ids"].shape[0])
-        return model(**kwargs)
-
-    forward.compute_logits = model.compute_logits
-    runner.model = forward
-    return seen
 
 
 def test_v2_manager_dispatch():
@@ -173,3 +179,35 @@ def test_v2_manager_dispatch():
     assert not m.has_graph(m.dispatch(2, 13, None))
     with pytest.raises(RuntimeError, match="No CUDA graph"):
         m.run_fullgraph(BatchExecutionDescriptor(CUDAGraphMode.FULL, 16))
+
+
+def test_v1_capture_path_layout_on_cpu(model_dir, monkeypatch):
+    """The capture loop and the capture-shaped dummy runs, with the model
+    unwrapped (CPU): every key gets one eager and one FULL run, and a size
+    without a graph is refused."""
+    from vllm.v1.worker.cudagraph_padding import capture_cudagraphs
+    from vllm.v1.worker.gpu_worker import Worker
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    worker = Worker(make_vllm_config(model_dir))
+    worker.init_device()
+    worker.load_model()
+    worker.initialize_from_config(make_kv_cache_config(worker.get_kv_cache_spec()))
+    runner = worker.model_runner
+    try:
+        assert runner.capture_model() == 0  # CPU: cudagraph_mode NONE, no keys
+        seen = _force_padding(runner, CUDAGraphMode.FULL_DECODE_ONLY)
+        calls = []
+
+        def dummy_run(num_tokens, **kwargs):
+            calls.append((num_tokens, kwargs.get("cudagraph_runtime_mode")))
+            return runner._dummy_run(num_tokens, **kwargs)
+
+        assert capture_cudagraphs(runner.cudagraph_dispatcher, dummy_run, runner.device) == 4
+        assert calls == [(n, m) for n in (8, 4, 2, 1) for m in (None, CUDAGraphMode.FULL)]
+        assert seen == [8, 8, 4, 4, 2, 2, 1, 1]
+        assert runner.seq_lens.gpu[:8].tolist() == [1] * 8  # eight one-token requests
+        with pytest.raises(ValueError, match="No FULL CUDA graph of 3 tokens"):
+            runner._dummy_run(3, cudagraph_runtime_mode=CUDAGraphMode.FULL, uniform_decode=True)
+    finally:
+        worker.shutdown()

@@ -89,6 +89,23 @@ def plan_padding(runtime_mode: CUDAGraphMode, batch_descriptor: BatchDescriptor,
     return PaddedBatch(runtime_mode, batch_descriptor, num_reqs, num_tokens, lens)
 
 
+def dummy_layout(dispatcher: "CudagraphDispatcher", num_scheduled: np.ndarray,
+                 uniform_decode: bool, cudagraph_runtime_mode: CUDAGraphMode | None
+                 ) -> PaddedBatch:
+    """A dummy batch (warm-up, profile, capture) is all padding: no real
+    request, `num_scheduled` tokens per fake one; under a graph mode, with
+    the dispatcher's key for exactly its size (a capture run)."""
+    num_reqs, num_tokens = len(num_scheduled), int(num_scheduled.sum())
+    mode, desc = CUDAGraphMode.NONE, None
+    if cudagraph_runtime_mode not in (None, CUDAGraphMode.NONE):
+        mode, desc = dispatcher.dispatch(num_tokens, uniform_decode=uniform_decode,
+                                         num_reqs=num_reqs)
+        if mode != cudagraph_runtime_mode or desc.num_tokens != num_tokens:
+            raise ValueError(f"No {cudagraph_runtime_mode.name} CUDA graph of {num_tokens} "
+                             f"tokens (dispatcher: {mode.name}, {desc}).")
+    return PaddedBatch(mode, desc, 0, 0, num_scheduled)
+
+
 def write_padding(padded: PaddedBatch, input_ids: np.ndarray, positions: np.ndarray,
                   query_start_loc: np.ndarray, seq_lens: np.ndarray,
                   slot_mappings: list[np.ndarray]) -> None:

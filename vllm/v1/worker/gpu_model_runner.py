@@ -36,8 +36,9 @@ from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.worker import kv_cache_setup
-from vllm.v1.worker.cudagraph_padding import (PaddedBatch, capture_cudagraphs, plan_padding,
-                                              resolve_cudagraph_mode, write_padding)
+from vllm.v1.worker.cudagraph_padding import (PaddedBatch, capture_cudagraphs, dummy_layout,
+                                              plan_padding, resolve_cudagraph_mode,
+                                              write_padding)
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 from vllm.v1.worker.prompt_logprobs import get_prompt_logprobs_dict
 from vllm.v1.worker.utils import (AttentionGroup, CpuGpuBuffer,
@@ -491,8 +492,8 @@ class GPUModelRunner:
         assert num_reqs <= min(num_tokens, self.max_num_reqs)
         num_scheduled = np.full(num_reqs, num_tokens // num_reqs, dtype=np.int32)
         num_scheduled[-1] += num_tokens % num_reqs
-        layout = self._dummy_layout(num_tokens, num_reqs, num_scheduled, uniform_decode,
-                                    cudagraph_runtime_mode)
+        layout = dummy_layout(self.cudagraph_dispatcher, num_scheduled, uniform_decode,
+                              cudagraph_runtime_mode)
         attn_metadata = None
         if use_kv_cache and self.attn_groups:
             attn_metadata = self._commit_inputs(
@@ -515,20 +516,6 @@ class GPUModelRunner:
                                        intermediate_tensors=intermediate_tensors)
         last = torch.from_numpy(np.cumsum(num_scheduled) - 1).to(self.device)
         return hidden_states[last]
-
-    def _dummy_layout(self, num_tokens: int, num_reqs: int, num_scheduled: np.ndarray,
-                      uniform_decode: bool,
-                      cudagraph_runtime_mode: CUDAGraphMode | None) -> PaddedBatch:
-        """A dummy batch is all padding: no real request, `num_scheduled`
-        tokens per fake one; under a graph mode, the dispatcher's key for it."""
-        mode, desc = CUDAGraphMode.NONE, None
-        if cudagraph_runtime_mode not in (None, CUDAGraphMode.NONE):
-            mode, desc = self.cudagraph_dispatcher.dispatch(
-                num_tokens, uniform_decode=uniform_decode, num_reqs=num_reqs)
-            if mode != cudagraph_runtime_mode or desc.num_tokens != num_tokens:
-                raise ValueError(f"No {cudagraph_runtime_mode.name} CUDA graph of "
-                                 f"{num_tokens} tokens (dispatcher: {mode.name}, {desc}).")
-        return PaddedBatch(mode, desc, 0, 0, num_scheduled)
 
     @torch.inference_mode()
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:

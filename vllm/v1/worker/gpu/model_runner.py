@@ -253,10 +253,6 @@ class GPUModelRunner:
         req_ids, idx_mapping_np, num_scheduled = (
             batch_order or self.gather_batch_req_state(scheduler_output))
         num_reqs, num_tokens = len(req_ids), scheduler_output.total_num_scheduled_tokens
-        num_padded = num_tokens
-        if padded is not None:
-            pad_input_buffers(padded, self.input_buffers)
-            num_padded = padded.num_tokens_padded
         bufs, states = self.input_buffers, self.req_states
         idx_mapping = async_copy_to_gpu(idx_mapping_np, device=self.device)
 
@@ -280,6 +276,10 @@ class GPUModelRunner:
         logits_indices = combine_sampled_and_draft_tokens(
             bufs.input_ids, idx_mapping, states.last_sampled_tokens, query_start_loc,
             seq_lens, states.prefill_len.gpu, states.draft_tokens, cu_num_logits, num_reqs)
+        num_padded = num_tokens
+        if padded is not None:  # after the writes above (they zero seq_lens past num_reqs)
+            pad_input_buffers(padded, bufs)
+            num_padded = padded.num_tokens_padded
 
         return InputBatch(
             req_ids=req_ids, num_reqs=num_reqs, idx_mapping=idx_mapping,

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 # nginx's "client closed request": the answer to a request nobody waits for.
 HTTP_CLIENT_CLOSED_REQUEST = 499
@@ -48,3 +49,16 @@ def with_cancellation(handler_func: Callable[..., Awaitable[Any]]) -> Callable[.
         return Response(status_code=HTTP_CLIENT_CLOSED_REQUEST)
 
     return wrapper
+
+
+class Utf8JSONResponse(JSONResponse):
+    """Starlette's JSONResponse, except that a lone surrogate (JSON may carry
+    "\\ud800", which Python decodes into a str UTF-8 cannot encode) is written
+    back as its JSON escape instead of failing the response with a 500: error
+    messages quote what the client sent (an unknown model name, a bad key)."""
+
+    def render(self, content: Any) -> bytes:
+        # Outside strings json.dumps writes ASCII only, so every character that
+        # UTF-8 rejects sits inside a string, where "\\uXXXX" is its JSON escape.
+        return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                          separators=(",", ":")).encode("utf-8", errors="backslashreplace")

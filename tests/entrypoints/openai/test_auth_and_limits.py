@@ -59,6 +59,19 @@ def test_every_route_but_the_allow_list_needs_the_key(server):
         assert httpx.get(server.url_for(path.lstrip("/"))).status_code == 200
 
 
+def test_schema_declares_401(server):
+    """/openapi.json says which routes may answer 401, with the body they send."""
+    spec = httpx.get(server.url_for("openapi.json")).json()
+    assert spec["components"]["schemas"]["UnauthorizedResponse"]["properties"]["error"]
+    for path, operations in spec["paths"].items():
+        for operation in operations.values():
+            declared = "401" in operation["responses"]
+            assert declared == (path not in UNGUARDED_PATHS), path
+            if declared:
+                assert operation["responses"]["401"]["content"]["application/json"][
+                    "schema"] == {"$ref": "#/components/schemas/UnauthorizedResponse"}
+
+
 def test_keys_are_checked(server):
     url = server.url_for("v1/completions")
     for key in KEYS:

@@ -280,6 +280,10 @@ BAD_REQUESTS = [
      '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser'),
     ("v1/chat/completions", {"messages": []}, 400, "validation error"),
     ("v1/chat/completions", {"model": "nope", "messages": MESSAGES}, 404, "does not exist"),
+    # A lone surrogate (valid JSON, not encodable UTF-8) quoted in the error
+    # body made rendering it fail: a 500.
+    ("v1/completions", {"model": "\ud800", "prompt": "hi"}, 404, "The model `"),
+    ("v1/completions", {"prompt": "hi", "logit_bias": {"1": float("nan")}}, 400, "NaN"),
     ("v1/no/such/route", {"prompt": "hi"}, 404, "Not Found"),
     ("tokenize", {"prompt": 5}, 400, "validation error"),
     ("detokenize", {"tokens": [10**9]}, 400, "out of vocabulary"),
@@ -289,8 +293,10 @@ BAD_REQUESTS = [
 @pytest.mark.parametrize("path,body,status,message", BAD_REQUESTS,
                          ids=[f"{p}:{m[:30]}" for p, _, _, m in BAD_REQUESTS])
 def test_bad_request(server, path, body, status, message):
-    r = httpx.post(server.url_for(path), json={"model": "tiny", **body}
-                   if "model" not in body else body, timeout=30)
+    # json.dumps escapes to ASCII: a lone surrogate travels as "\ud800".
+    content = json.dumps({"model": "tiny", **body} if "model" not in body else body)
+    r = httpx.post(server.url_for(path), content=content, timeout=30,
+                   headers={"Content-Type": "application/json"})
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["code"] == status and message in error["message"]

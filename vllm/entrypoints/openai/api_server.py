@@ -30,7 +30,7 @@ import pydantic
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -45,10 +45,15 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatComplet
                                               DetokenizeRequest, DetokenizeResponse,
                                               ErrorInfo, ErrorResponse, ModelList,
                                               TokenizeRequest, TokenizeResponse)
+from vllm.entrypoints.openai.openapi import (GENERATE_RESPONSES, HEALTH_RESPONSES,
+                                             INVOCATIONS_OPENAPI, INVOCATIONS_RESPONSES,
+                                             TOKENIZE_RESPONSES, install_openapi)
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_models import BaseModelPath, OpenAIServingModels
 from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+# Starlette's, except that it never fails on a lone surrogate (see there).
+from vllm.entrypoints.utils import Utf8JSONResponse as JSONResponse
 from vllm.entrypoints.utils import with_cancellation
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
@@ -63,10 +68,6 @@ UNGUARDED_PATHS = frozenset({"/health", "/ping", "/version", "/openapi.json", "/
                              "/docs/oauth2-redirect", "/redoc"})
 # Seconds between two periodic stats log lines.
 LOG_STATS_INTERVAL_S = 10.0
-_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    int(s): {"model": ErrorResponse} for s in (HTTPStatus.BAD_REQUEST, HTTPStatus.NOT_FOUND,
-                                               HTTPStatus.INTERNAL_SERVER_ERROR,
-                                               HTTPStatus.SERVICE_UNAVAILABLE)}
 
 router = APIRouter()
 
@@ -86,7 +87,7 @@ async def validate_json_request(raw_request: Request) -> None:
             errors=["Unsupported Media Type: Only 'application/json' is allowed"])
 
 
-@router.get("/health", response_class=Response)
+@router.get("/health", response_class=Response, responses=HEALTH_RESPONSES)
 async def health(raw_request: Request) -> Response:
     """200 while the engine is alive, 503 once it is dead."""
     try:
@@ -96,8 +97,15 @@ async def health(raw_request: Request) -> Response:
         return Response(status_code=503)
 
 
-@router.api_route("/ping", methods=["GET", "POST"], response_class=Response)
+@router.get("/ping", response_class=Response, responses=HEALTH_RESPONSES)
 async def ping(raw_request: Request) -> Response:
+    """Liveness, as /health (SageMaker probes this path)."""
+    return await health(raw_request)
+
+
+# A route of its own per method: one operation id each in /openapi.json.
+@router.post("/ping", response_class=Response, responses=HEALTH_RESPONSES)
+async def ping_post(raw_request: Request) -> Response:
     """Liveness, as /health (SageMaker probes this path)."""
     return await health(raw_request)
 
@@ -120,7 +128,7 @@ async def show_available_models(raw_request: Request) -> JSONResponse:
 
 
 @router.post("/tokenize", dependencies=[Depends(validate_json_request)],
-             response_model=TokenizeResponse, responses=_ERROR_RESPONSES)
+             response_model=TokenizeResponse, responses=TOKENIZE_RESPONSES)
 @with_cancellation
 async def tokenize(request: TokenizeRequest, raw_request: Request) -> Response:
     handler: OpenAIServingTokenization = raw_request.app.state.openai_serving_tokenization
@@ -128,7 +136,7 @@ async def tokenize(request: TokenizeRequest, raw_request: Request) -> Response:
 
 
 @router.post("/detokenize", dependencies=[Depends(validate_json_request)],
-             response_model=DetokenizeResponse, responses=_ERROR_RESPONSES)
+             response_model=DetokenizeResponse, responses=TOKENIZE_RESPONSES)
 @with_cancellation
 async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Response:
     handler: OpenAIServingTokenization = raw_request.app.state.openai_serving_tokenization
@@ -136,7 +144,7 @@ async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Respon
 
 
 @router.post("/v1/completions", dependencies=[Depends(validate_json_request)],
-             response_model=CompletionResponse, responses=_ERROR_RESPONSES)
+             response_model=CompletionResponse, responses=GENERATE_RESPONSES)
 @with_cancellation
 async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
     handler: OpenAIServingCompletion = raw_request.app.state.openai_serving_completion
@@ -144,7 +152,7 @@ async def create_completion(request: CompletionRequest, raw_request: Request) ->
 
 
 @router.post("/v1/chat/completions", dependencies=[Depends(validate_json_request)],
-             response_model=ChatCompletionResponse, responses=_ERROR_RESPONSES)
+             response_model=ChatCompletionResponse, responses=GENERATE_RESPONSES)
 @with_cancellation
 async def create_chat_completion(request: ChatCompletionRequest,
                                  raw_request: Request) -> Response:
@@ -153,7 +161,7 @@ async def create_chat_completion(request: ChatCompletionRequest,
 
 
 @router.post("/invocations", dependencies=[Depends(validate_json_request)],
-             responses=_ERROR_RESPONSES)
+             responses=INVOCATIONS_RESPONSES, openapi_extra=INVOCATIONS_OPENAPI)
 async def invocations(raw_request: Request) -> Response:
     """SageMaker's single route: a chat body or a completion body."""
     try:
@@ -345,6 +353,7 @@ def build_app(args: Namespace) -> FastAPI:
         tokens.append(envs.VLLM_API_KEY)
     if tokens:
         app.add_middleware(AuthenticationMiddleware, tokens=tokens)
+    install_openapi(app, guarded=bool(tokens), unguarded_paths=UNGUARDED_PATHS)
     _install_exception_handlers(app)
     return app
 

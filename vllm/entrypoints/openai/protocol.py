@@ -40,6 +40,11 @@ class ErrorResponse(OpenAIBaseModel):
     error: ErrorInfo
 
 
+class UnauthorizedResponse(OpenAIBaseModel):
+    """The body of a 401 (upstream's, not OpenAI's envelope)."""
+    error: Literal["Unauthorized"] = "Unauthorized"
+
+
 class ModelPermission(OpenAIBaseModel):
     id: str = Field(default_factory=lambda: f"modelperm-{random_uuid()}")
     object: str = "model_permission"

@@ -66,6 +66,7 @@ class OpenAIServingChat(OpenAIServing):
         request_id = f"chatcmpl-{self._base_request_id(raw_request, request.request_id)}"
         model_name = self._get_model_name(request.model)
         try:
+            self._check_capacity(request.n)
             tokenizer = await self.engine_client.get_tokenizer()
             prompt_text, prompt_ids = self._render(request, tokenizer)
             requested = (request.max_completion_tokens if request.max_completion_tokens

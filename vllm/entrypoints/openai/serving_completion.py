@@ -49,6 +49,7 @@ class OpenAIServingCompletion(OpenAIServing):
         try:
             tokenizer = await self.engine_client.get_tokenizer()
             prompts = self._tokenize_prompts(request, tokenizer)
+            self._check_capacity(request.n * len(prompts))
             generators = [self._generate(request, ids, text, f"{request_id}-{i}")
                           for i, (ids, text) in enumerate(prompts)]
         except Exception as e:

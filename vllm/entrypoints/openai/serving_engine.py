@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -109,6 +110,17 @@ class OpenAIServing:
             return default
         return raw_request.headers.get("X-Request-Id") or default
 
+    def _check_capacity(self, num_sequences: int) -> None:
+        """A request that needs more sequences than the engine ever admits at
+        once (`--max-num-queued-reqs`) can never run: that is the request's
+        fault (400), not a busy server (503, which clients would retry)."""
+        limit = getattr(self.engine_client, "max_num_queued_reqs", None)
+        if limit is not None and num_sequences > limit:
+            raise VLLMValidationError(
+                f"The request needs {num_sequences} sequences (n times the number of "
+                f"prompts), more than this server ever admits at once ({limit}).",
+                parameter="n", value=num_sequences)
+
     # ------------------------------------------------------------------
     # Prompts
     # ------------------------------------------------------------------
@@ -174,6 +186,10 @@ class OpenAIServing:
             except ValueError as e:
                 raise VLLMValidationError(f"logit_bias keys must be token ids: {e}",
                                           parameter="logit_bias") from e
+            # The clamp would silently turn NaN (JSON may carry it) into -100.
+            if any(math.isnan(v) for v in request.logit_bias.values()):
+                raise VLLMValidationError("logit_bias values must be numbers, not NaN.",
+                                          parameter="logit_bias")
         return SamplingParams.from_optional(
             n=request.n, presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,

@@ -4,9 +4,9 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# Keyed on the packaging files and the C++ sources: editing them re-runs the install
-# (which rebuilds vllm._C).
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py CMakeLists.txt $(sort $(wildcard csrc/*/*)) 2>/dev/null | cksum | cut -d' ' -f1)
+# Keyed on the packaging files and the C++/CUDA sources: editing them re-runs the install
+# (which rebuilds vllm._C, and vllm._C_cuda where it is built).
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py CMakeLists.txt $(sort $(wildcard csrc/*.cu csrc/*.cuh csrc/*.h csrc/*.cpp csrc/*/*)) 2>/dev/null | cksum | cut -d' ' -f1)
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
@@ -14,7 +14,7 @@ PORT   ?= 8000
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py CMakeLists.txt $(wildcard csrc/*/*)
+$(STAMP): pyproject.toml setup.py CMakeLists.txt $(wildcard csrc/*.cu csrc/*.cuh csrc/*.h csrc/*.cpp csrc/*/*)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# The CPU build of torch lies on these machines' disk; a bare `torch` would pull CUDA.
 	$(PY) -m pip install -q torch==2.13.0

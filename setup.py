@@ -1,15 +1,25 @@
-"""Build script: the Python package, plus the optional `vllm._C` op library.
+"""Build script: the Python package, plus the optional compiled op libraries.
 
 Metadata lives in pyproject.toml. This file only adds the compiled ops from
-`csrc/` (upstream: CMakeLists.txt drives the build, setup.py calls CMake).
-The build is best effort: when there is no CMakeLists.txt, no `cmake`, no C++
-compiler, or no importable torch in the build environment, the extension is
-skipped and the package runs on its pure-PyTorch paths. A failed compile is
-reported and skipped too, so `pip install -e .` always succeeds.
+`csrc/` (upstream: CMakeLists.txt drives the build, setup.py calls CMake):
+
+- `vllm._C` (csrc/cpu, `torch.ops._C_cpu`): built when there is a
+  CMakeLists.txt, `cmake`, a C++ compiler and an importable torch.
+- `vllm._C_cuda` (csrc/*.cu, csrc/attention, `torch.ops._C` and
+  `torch.ops._C_cache_ops`): built only when, in addition, `nvcc` is found
+  and that torch is a CUDA build (`torch.version.cuda`). Target GPUs:
+  TORCH_CUDA_ARCH_LIST when set, else DEFAULT_CUDA_ARCHS (those this nvcc
+  knows), the newest also as PTX.
+
+The build is best effort: a missing prerequisite skips a library, and a
+failed compile is reported and skipped too, so `pip install -e .` always
+succeeds and the package runs on its pure-PyTorch paths.
 """
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,22 +30,34 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 
+# Ampere, Ada, Hopper, Blackwell (datacenter, consumer).
+DEFAULT_CUDA_ARCHS = ("8.0", "8.6", "8.9", "9.0", "10.0", "12.0")
+
 
 class CMakeExtension(Extension):
-    """An extension whose sources CMake builds (no sources for setuptools)."""
+    """An extension whose sources CMake builds (no sources for setuptools):
+    the CMake `target`, configured with `cmake_args`."""
 
-    def __init__(self, name: str, source_dir: Path) -> None:
+    def __init__(self, name: str, source_dir: Path, target: str,
+                 cmake_args: tuple[str, ...] = ()) -> None:
         super().__init__(name, sources=[], optional=True)
         self.source_dir = str(source_dir)
+        self.target = target
+        self.cmake_args = list(cmake_args)
 
 
-def _torch_cmake_prefix() -> str | None:
-    """torch's CMake prefix: from the build environment, or else from the
-    environment being installed into (pip's build isolation hides it, but the
-    ops must link against the torch they will run with)."""
+_TORCH_QUERY = ("import torch; print(torch.utils.cmake_prefix_path); "
+                "print(torch.version.cuda or '')")
+
+
+@functools.lru_cache(maxsize=None)
+def _build_torch() -> tuple[str, str] | None:
+    """(CMake prefix, CUDA version or '') of torch: from the build environment,
+    or else from the environment being installed into (pip's build isolation
+    hides it, but the ops must link against the torch they will run with)."""
     try:
         import torch  # noqa: PLC0415  (only needed when building ops)
-        return torch.utils.cmake_prefix_path
+        return torch.utils.cmake_prefix_path, torch.version.cuda or ""
     except Exception:
         pass
     # pip runs this file with the target interpreter and hides its
@@ -43,13 +65,19 @@ def _torch_cmake_prefix() -> str | None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")}
     try:
-        out = subprocess.run(
-            [sys.executable, "-c", "import torch; print(torch.utils.cmake_prefix_path)"],
-            env=env, capture_output=True, text=True, timeout=120, check=True)
+        out = subprocess.run([sys.executable, "-c", _TORCH_QUERY], env=env,
+                             capture_output=True, text=True, timeout=120, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
-    prefix = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
-    return prefix or None
+    lines = out.stdout.splitlines()
+    if len(lines) < 2 or not lines[-2].strip():
+        return None
+    return lines[-2].strip(), lines[-1].strip()
+
+
+def _torch_cmake_prefix() -> str | None:
+    info = _build_torch()
+    return info[0] if info else None
 
 
 def _why_not_buildable() -> str | None:
@@ -66,8 +94,88 @@ def _why_not_buildable() -> str | None:
     return None
 
 
+def find_nvcc() -> str | None:
+    """nvcc from CUDA_HOME / CUDA_PATH, else from PATH."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def why_no_cuda_build(nvcc: str | None, torch_cuda: str | None) -> str | None:
+    """Why vllm._C_cuda is not built (None: build it). `torch_cuda` is the
+    build torch's `torch.version.cuda` ('' or None for a CPU build)."""
+    if os.environ.get("VLLM_SKIP_CUDA_BUILD") == "1":
+        return "VLLM_SKIP_CUDA_BUILD=1"
+    if nvcc is None:
+        return "nvcc not found"
+    if not torch_cuda:
+        return "the build environment's torch is not a CUDA build"
+    return None
+
+
+_ARCH_RE = re.compile(r"^(\d+)\.(\d)([af]?)(\+PTX)?$")
+
+
+def cuda_archs_for_cmake(arch_list: str | None, nvcc_archs: set[str] | None = None) -> str:
+    """TORCH_CUDA_ARCH_LIST syntax ("8.0;9.0+PTX", "8.6 9.0a", commas too) ->
+    CMake CUDA_ARCHITECTURES ("80-real;90-real;90-virtual"): each entry
+    builds SASS for that GPU, "+PTX" adds PTX for newer ones. None/empty:
+    DEFAULT_CUDA_ARCHS, kept to those in `nvcc_archs` (e.g. {"90", "100"},
+    from `nvcc --list-gpu-arch`; None keeps all), the newest with PTX."""
+    if not arch_list or not arch_list.strip():
+        archs = [a for a in DEFAULT_CUDA_ARCHS
+                 if nvcc_archs is None or a.replace(".", "") in nvcc_archs]
+        if not archs:
+            raise ValueError(f"nvcc supports none of {DEFAULT_CUDA_ARCHS}")
+        arch_list = ";".join(archs[:-1] + [archs[-1] + "+PTX"])
+    out: list[str] = []
+    for entry in re.split(r"[;,\s]+", arch_list.strip()):
+        m = _ARCH_RE.match(entry)
+        if m is None:
+            raise ValueError(f"TORCH_CUDA_ARCH_LIST entry {entry!r} is not like "
+                             "'9.0', '9.0a' or '9.0+PTX'")
+        code = f"{m.group(1)}{m.group(2)}{m.group(3)}"
+        for item in (f"{code}-real",) + ((f"{code}-virtual",) if m.group(4) else ()):
+            if item not in out:
+                out.append(item)
+    return ";".join(out)
+
+
+def _nvcc_archs(nvcc: str) -> set[str] | None:
+    """Compute capabilities this nvcc compiles for ("90", "100", ...)."""
+    try:
+        out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(re.findall(r"compute_(\d+)", out)) or None
+
+
+def _cuda_extension() -> Extension | None:
+    nvcc = find_nvcc()
+    info = _build_torch()
+    reason = why_no_cuda_build(nvcc, info[1] if info else None)
+    if reason is None:
+        try:
+            archs = cuda_archs_for_cmake(os.environ.get("TORCH_CUDA_ARCH_LIST"),
+                                         _nvcc_archs(nvcc))
+        except ValueError as e:
+            reason = str(e)
+    if reason is not None:
+        print(f"vllm: not building vllm._C_cuda ({reason}).", file=sys.stderr)
+        return None
+    print(f"vllm: building vllm._C_cuda for CUDA architectures {archs}.", file=sys.stderr)
+    return CMakeExtension("vllm._C_cuda", ROOT, "_C_cuda", (
+        "-DVLLM_BUILD_CUDA=ON", f"-DCMAKE_CUDA_COMPILER={nvcc}",
+        f"-DVLLM_CUDA_ARCHS={archs}"))
+
+
 class CMakeBuild(build_ext):
-    """Runs CMake for each CMakeExtension; never fails the install."""
+    """Runs CMake for each CMakeExtension (one build directory each, so a
+    failing CUDA configure cannot take the CPU ops with it); never fails
+    the install."""
 
     def build_extension(self, ext: Extension) -> None:
         if not isinstance(ext, CMakeExtension):
@@ -80,14 +188,15 @@ class CMakeBuild(build_ext):
             f"-DCMAKE_PREFIX_PATH={_torch_cmake_prefix()}",
             f"-DVLLM_PYTHON_EXECUTABLE={sys.executable}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
+            *ext.cmake_args,
         ]
         jobs = str(max(1, os.cpu_count() or 1))
         try:
             subprocess.run(configure, cwd=build_dir, check=True)
-            subprocess.run(["cmake", "--build", ".", "-j", jobs],
+            subprocess.run(["cmake", "--build", ".", "--target", ext.target, "-j", jobs],
                            cwd=build_dir, check=True)
         except (OSError, subprocess.CalledProcessError) as e:
-            print(f"vllm: skipping the compiled ops ({e}); "
+            print(f"vllm: skipping {ext.name} ({e}); "
                   "the pure-PyTorch paths will be used.", file=sys.stderr)
 
 
@@ -96,7 +205,14 @@ def _ext_modules() -> list[Extension]:
     if reason is not None:
         print(f"vllm: not building vllm._C ({reason}).", file=sys.stderr)
         return []
-    return [CMakeExtension("vllm._C", ROOT)]
+    exts: list[Extension] = [CMakeExtension("vllm._C", ROOT, "_C")]
+    cuda = _cuda_extension()
+    if cuda is not None:
+        exts.append(cuda)
+    return exts
 
 
-setup(ext_modules=_ext_modules(), cmdclass={"build_ext": CMakeBuild})
+# Guarded so tests can import the helpers above; setuptools' build backend
+# and `python setup.py ...` both run this file as __main__.
+if __name__ == "__main__":
+    setup(ext_modules=_ext_modules(), cmdclass={"build_ext": CMakeBuild})

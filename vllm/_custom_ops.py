@@ -1,10 +1,14 @@
 """Python wrappers over the compiled ops (upstream: vllm/_custom_ops.py).
 
 The CPU ops live in `vllm._C` (built from csrc/cpu by CMake through setup.py)
-and register as `torch.ops._C_cpu.<name>`. Importing this module loads the
-library when it was built; every wrapper falls back to a pure-PyTorch
-implementation with the same semantics when it was not, so the package runs
-without a compiler. `cpu_ops_available()` says which path is live.
+and register as `torch.ops._C_cpu.<name>`. The CUDA ops live in
+`vllm._C_cuda` (csrc/*.cu, built only with nvcc and a CUDA torch) and
+register under upstream's namespaces, `torch.ops._C.<name>` and
+`torch.ops._C_cache_ops.<name>`. Importing this module loads the libraries
+that were built; a wrapper runs the compiled op for the tensors' device when
+it is loaded and takes them, else a pure-PyTorch implementation with the
+same semantics, so the package runs without a compiler.
+`cpu_ops_available()` / `cuda_ops_available()` say which paths are live.
 
 Signatures follow upstream's (`out` first, in-place ops return None).
 """
@@ -63,12 +67,80 @@ def _use_compiled(t: torch.Tensor) -> bool:
             and t.dtype in (torch.float32, torch.bfloat16))
 
 
+# ---------------------------------------------------------------- CUDA ops
+_REQUIRED_CUDA_OPS = {
+    "_C": ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul",
+           "paged_attention_v1", "paged_attention_decode"),
+    "_C_cache_ops": ("reshape_and_cache", "reshape_and_cache_flash"),
+}
+
+
+def _load_cuda_extension() -> str | None:
+    """Import vllm._C_cuda; returns why it is unavailable, or None when loaded.
+
+    VLLM_CUDA_DISABLE_CUSTOM_OPS=1 keeps the torch paths on CUDA tensors."""
+    if os.environ.get("VLLM_CUDA_DISABLE_CUSTOM_OPS") == "1":
+        return "disabled by VLLM_CUDA_DISABLE_CUSTOM_OPS=1"
+    if torch.version.cuda is None:
+        return "torch is not a CUDA build"
+    try:
+        importlib.import_module("vllm._C_cuda")
+    except (ImportError, OSError) as e:
+        return str(e)
+    missing = [f"{ns}.{op}" for ns, names in _REQUIRED_CUDA_OPS.items() for op in names
+               if not hasattr(getattr(torch.ops, ns), op)]
+    if missing:
+        return f"vllm._C_cuda is stale (no {', '.join(missing)}); rebuild it"
+    return None
+
+
+_CUDA_LOAD_ERROR = _load_cuda_extension()
+if _CUDA_LOAD_ERROR is not None:
+    logger.debug("Compiled CUDA ops unavailable (%s); using PyTorch fallbacks.",
+                  _CUDA_LOAD_ERROR)
+
+
+def cuda_ops_available() -> bool:
+    """True when the compiled CUDA ops (`torch.ops._C`, `_C_cache_ops`) are loaded."""
+    return _CUDA_LOAD_ERROR is None
+
+
+def cuda_ops_load_error() -> str | None:
+    """Why the compiled CUDA ops are not loaded (None when they are)."""
+    return _CUDA_LOAD_ERROR
+
+
+def _use_cuda(t: torch.Tensor) -> bool:
+    return (_CUDA_LOAD_ERROR is None and t.is_cuda
+            and t.dtype in (torch.float32, torch.float16, torch.bfloat16))
+
+
+def _rows_ok(*ts: torch.Tensor) -> bool:
+    """The row view the CUDA row kernels take: a contiguous last dim, and
+    either 2-D (rows may be padded) or contiguous."""
+    return all(t.dim() >= 1 and t.stride(-1) == 1 and (t.dim() == 2 or t.is_contiguous())
+               for t in ts)
+
+
+_UNIT_SCALES: dict[torch.device, torch.Tensor] = {}
+
+
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    """k_scale / v_scale for unquantized caches (read only by fp8 caches)."""
+    if device not in _UNIT_SCALES:
+        _UNIT_SCALES[device] = torch.ones((), dtype=torch.float32, device=device)
+    return _UNIT_SCALES[device]
+
+
 # ---------------------------------------------------------------- layernorm
 def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
              epsilon: float) -> None:
     """out = input / sqrt(mean(input^2) + eps) * weight, rows of [T, hidden]."""
     if _use_compiled(input) and input.dim() == 2:
         torch.ops._C_cpu.rms_norm(out, input, weight, epsilon)
+        return
+    if _use_cuda(input) and weight.dtype == input.dtype and _rows_ok(input, out):
+        torch.ops._C.rms_norm(out, input, weight, epsilon)
         return
     out.copy_(F.rms_norm(input, (input.shape[-1],), weight, epsilon))
 
@@ -78,6 +150,9 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: torc
     """In place: residual <- input + residual; input <- rms_norm(residual)."""
     if _use_compiled(input) and input.dim() == 2:
         torch.ops._C_cpu.fused_add_rms_norm(input, residual, weight, epsilon)
+        return
+    if _use_cuda(input) and weight.dtype == input.dtype and _rows_ok(input, residual):
+        torch.ops._C.fused_add_rms_norm(input, residual, weight, epsilon)
         return
     residual.add_(input)
     input.copy_(F.rms_norm(residual, (residual.shape[-1],), weight, epsilon))
@@ -93,7 +168,7 @@ def fused_add_rms_norm_out(out: torch.Tensor, residual_out: torch.Tensor,
                                                 epsilon)
         return
     torch.add(input, residual, out=residual_out)
-    out.copy_(F.rms_norm(residual_out, (residual_out.shape[-1],), weight, epsilon))
+    rms_norm(out, residual_out, weight, epsilon)
 
 
 # --------------------------------------------------------------- activation
@@ -101,6 +176,9 @@ def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
     """out [..., d] = silu(x[..., :d]) * x[..., d:]."""
     if _use_compiled(x):
         torch.ops._C_cpu.silu_and_mul(out, x)
+        return
+    if _use_cuda(x) and out.dtype == x.dtype and _rows_ok(x, out):
+        torch.ops._C.silu_and_mul(out, x)
         return
     d = x.shape[-1] // 2
     torch.mul(F.silu(x[..., :d]), x[..., d:], out=out)
@@ -114,6 +192,12 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     if _use_compiled(query) and query.dim() == 2 and cos_sin_cache.dtype == query.dtype:
         torch.ops._C_cpu.rotary_embedding(positions, query, key, head_size,
                                           cos_sin_cache, is_neox)
+        return
+    if (_use_cuda(query) and positions.dim() == 1 and query.dim() in (2, 3)
+            and query.stride(-1) == 1 and (key is None or key.stride(-1) == 1)
+            and cos_sin_cache.dtype == query.dtype and cos_sin_cache.is_contiguous()):
+        torch.ops._C.rotary_embedding(positions.to(torch.int64).contiguous(), query, key,
+                                      head_size, cos_sin_cache, is_neox)
         return
     rot = cos_sin_cache.shape[-1]
     cos, sin = cos_sin_cache.index_select(0, positions.flatten()).unsqueeze(1).chunk(2, -1)
@@ -153,6 +237,13 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     if _use_compiled(key) and key_cache.is_contiguous():
         torch.ops._C_cpu.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
         return
+    if (_use_cuda(key) and key.dim() == 3 and value.shape == key.shape
+            and key.stride(-1) == 1 and value.stride(-1) == 1 and key_cache.stride(-1) == 1
+            and slot_mapping.dim() == 1 and slot_mapping.is_contiguous()):
+        scale = _unit_scale(key.device)
+        torch.ops._C_cache_ops.reshape_and_cache_flash(key, value, key_cache, value_cache,
+                                                       slot_mapping, "auto", scale, scale)
+        return
     n = slot_mapping.numel()
     keep = (slot_mapping >= 0).nonzero().squeeze(1)
     slots = slot_mapping.index_select(0, keep).to(torch.int64)
@@ -160,7 +251,52 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
         cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, src.index_select(0, keep))
 
 
+def reshape_and_cache_flash(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                            value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                            kv_cache_dtype: str, k_scale: torch.Tensor,
+                            v_scale: torch.Tensor) -> None:
+    """Upstream's op: key/value [T, Hkv, D] into caches [NB, BS, Hkv, D] at
+    `slot_mapping` (negative = skip). Only kv_cache_dtype "auto" (the cache
+    keeps the model dtype) is built; the scales serve fp8 caches only."""
+    if kv_cache_dtype != "auto":
+        raise NotImplementedError(f"kv_cache_dtype {kv_cache_dtype!r} is not built "
+                                  "(quantized KV caches); use 'auto'.")
+    if _use_cuda(key):
+        torch.ops._C_cache_ops.reshape_and_cache_flash(key, value, key_cache, value_cache,
+                                                       slot_mapping, kv_cache_dtype,
+                                                       k_scale, v_scale)
+        return
+    reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+def split_kv_cache_to_flash(key_cache: torch.Tensor,
+                            value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Upstream's paged-attention layout (what torch.ops._C_cache_ops.
+    reshape_and_cache writes: key [NB, Hkv, D / x, BS, x], value [NB, Hkv, D,
+    BS]) as flash-layout copies [NB, BS, Hkv, D]."""
+    nb, hkv, _, bs, _ = key_cache.shape
+    d = value_cache.shape[2]
+    return (key_cache.permute(0, 3, 1, 2, 4).reshape(nb, bs, hkv, d),
+            value_cache.permute(0, 3, 1, 2).reshape(nb, bs, hkv, d))
+
+
 # --------------------------------------------------------------- attention
+def _decode_ok(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+               value_cache: torch.Tensor) -> bool:
+    """What torch.ops._C.paged_attention_decode takes: head_size a multiple
+    of 8 up to 256, contiguous rows at 16-byte aligned offsets, one dtype."""
+    if query.dim() != 3 or out.dim() != 3 or key_cache.dim() != 4:
+        return False
+    d = query.shape[-1]
+    rows = (query.stride(0), query.stride(1), *key_cache.stride()[:3])
+    return (d % 8 == 0 and d <= 256
+            and query.stride(2) == 1 and out.stride(2) == 1 and key_cache.stride(3) == 1
+            and value_cache.stride() == key_cache.stride()
+            and all(r % 8 == 0 for r in rows)
+            and all(t.data_ptr() % 16 == 0 for t in (query, key_cache, value_cache))
+            and key_cache.dtype == value_cache.dtype == query.dtype == out.dtype)
+
+
 def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
                            value_cache: torch.Tensor, block_table: torch.Tensor,
                            seq_lens: torch.Tensor, scale: float,
@@ -175,16 +311,52 @@ def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, key_cache: to
             out, query, key_cache, value_cache, block_table, seq_lens, scale,
             sliding_window or 0, soft_cap or 0.0)
         return
+    if (_use_cuda(query) and _decode_ok(out, query, key_cache, value_cache)
+            and block_table.stride(-1) == 1
+            and block_table.dtype in (torch.int32, torch.int64)):
+        torch.ops._C.paged_attention_decode(
+            out, query, key_cache, value_cache, block_table,
+            seq_lens.to(torch.int32).contiguous(), scale, sliding_window or 0, soft_cap or 0.0)
+        return
     out.copy_(ref_paged_attention_decode(query, key_cache, value_cache, block_table,
                                          seq_lens, scale, sliding_window, soft_cap))
+
+
+def paged_attention_v1(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                       value_cache: torch.Tensor, num_kv_heads: int, scale: float,
+                       block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
+                       max_seq_len: int, alibi_slopes: torch.Tensor | None,
+                       kv_cache_dtype: str, k_scale: torch.Tensor, v_scale: torch.Tensor,
+                       tp_rank: int = 0, blocksparse_local_blocks: int = 0,
+                       blocksparse_vert_stride: int = 0, blocksparse_block_size: int = 64,
+                       blocksparse_head_sliding_step: int = 0) -> None:
+    """Upstream's decode attention over upstream's split cache layout (see
+    split_kv_cache_to_flash); query/out [B, H, D], block_tables int32.
+    Not built: quantized caches, block-sparse attention."""
+    if kv_cache_dtype != "auto":
+        raise NotImplementedError(f"kv_cache_dtype {kv_cache_dtype!r} is not built.")
+    if blocksparse_vert_stride > 1:
+        raise NotImplementedError("block-sparse paged attention is not built.")
+    if _use_cuda(query):
+        torch.ops._C.paged_attention_v1(
+            out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
+            block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank,
+            blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
+            blocksparse_head_sliding_step)
+        return
+    k, v = split_kv_cache_to_flash(key_cache, value_cache)
+    out.copy_(ref_paged_attention_decode(query, k, v, block_tables, seq_lens, scale,
+                                         alibi_slopes=alibi_slopes))
 
 
 def ref_paged_attention_decode(query: torch.Tensor, key_cache: torch.Tensor,
                                value_cache: torch.Tensor, block_table: torch.Tensor,
                                seq_lens: torch.Tensor, scale: float,
                                sliding_window: int | None = None,
-                               soft_cap: float | None = None) -> torch.Tensor:
-    """The plain reference: per sequence, gather its keys and attend in fp32."""
+                               soft_cap: float | None = None,
+                               alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+    """The plain reference: per sequence, gather its keys and attend in fp32.
+    ALiBi (upstream's): score of key t += slope[head] * (t - seq_len + 1)."""
     bs, hkv, d = key_cache.shape[1:]
     out = torch.empty_like(query)
     for b, n in enumerate(seq_lens.tolist()):
@@ -197,6 +369,9 @@ def ref_paged_attention_decode(query: torch.Tensor, key_cache: torch.Tensor,
         s = torch.einsum("hgd,thd->hgt", q, k) * scale
         if soft_cap:
             s = soft_cap * torch.tanh(s / soft_cap)
+        if alibi_slopes is not None:
+            dist = torch.arange(first, n, device=s.device, dtype=torch.float32) - (n - 1)
+            s = s + alibi_slopes.float().view(hkv, -1, 1) * dist
         p = torch.softmax(s, dim=-1)
         out[b] = torch.einsum("hgt,thd->hgd", p, v).reshape(-1, d).to(query.dtype)
     return out

@@ -2,9 +2,12 @@
 # GPU check for one H200 (issue 8), under 8 minutes. UNTESTED: no GPU was
 # available where it was written. Run from the repository root:
 #   bash benchmarks/gpu_check.sh [python]
-# 1. environment; 2. build the ops (CPU ops only: no CUDA sources exist in
-# csrc/ yet, so there is nothing for nvcc to build); 3. kernel tests, with the
-# Triton unified attention compiled for the GPU; 4. CUDA graph tests (capture +
+# 1. environment; 2. build the ops in place: vllm._C (CPU) and, as the torch
+# here is a CUDA build and nvcc is found, vllm._C_cuda (csrc/*.cu) for sm_90
+# only (TORCH_CUDA_ARCH_LIST overrides); 3. CUDA op tests
+# (tests/kernels/test_cuda_ops.py: every torch.ops._C / _C_cache_ops op vs a
+# torch reference), then the other kernel tests, with the Triton unified
+# attention compiled for the GPU; 4. CUDA graph tests (capture +
 # replay, graphs on/off parity through both runners), then greedy parity V1/V2
 # x TRITON_ATTN (eager, FULL_DECODE_ONLY, FULL graphs) / CPU_ATTN (eager) and
 # decode step times with and without graphs.
@@ -19,12 +22,20 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'available', torch.cuda.is_available(), 'triton', triton.__version__)" || exit 1
 
-step "build vllm._C (in place)"
-timeout 240 "$PY" setup.py build_ext --inplace > /tmp/gpu_check_build.log 2>&1 \
-  && echo "build ok" || { echo "build failed (tail):"; tail -20 /tmp/gpu_check_build.log; }
+step "build vllm._C and vllm._C_cuda (in place)"
+# setup.py never fails on a failed compile: it says what it skipped ("vllm: ...").
+TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} timeout 300 "$PY" setup.py build_ext --inplace \
+  > /tmp/gpu_check_build.log 2>&1 && echo "build ok" \
+  || { echo "build failed (tail):"; tail -20 /tmp/gpu_check_build.log; }
+grep -E "^vllm: |error" /tmp/gpu_check_build.log | head -20
+"$PY" -c "from vllm import _custom_ops as o; print('CPU ops:', o.cpu_ops_available(), \
+o.cpu_ops_load_error() or ''); print('CUDA ops:', o.cuda_ops_available(), o.cuda_ops_load_error() or '')"
 
-step "kernel tests (CPU ops, selector, Triton interpreter + GPU)"
-timeout 240 "$PY" -m pytest -q tests/kernels -x 2>&1 | tail -15
+step "CUDA op tests (GPU: torch.ops._C / _C_cache_ops vs torch references)"
+timeout 240 "$PY" -m pytest -q tests/kernels/test_cuda_ops.py 2>&1 | tail -25
+
+step "other kernel tests (CPU ops, selector, sources compile, Triton interpreter + GPU)"
+timeout 240 "$PY" -m pytest -q tests/kernels -x --ignore=tests/kernels/test_cuda_ops.py 2>&1 | tail -15
 
 step "CUDA graph tests (GPU)"
 timeout 240 "$PY" -m pytest -q tests/v1/cudagraph -x 2>&1 | tail -15

@@ -133,9 +133,7 @@ class LlamaDecoderLayer(nn.Module):
             max_position_embeddings=getattr(config, "max_position_embeddings", 8192),
             bias=qkv_bias, bias_o_proj=o_bias, cache_config=vllm_config.cache_config,
             prefix=f"{prefix}.self_attn")
-        self.mlp = LlamaMLP(self.hidden_size, config.intermediate_size, config.hidden_act,
-                            bias=bool(getattr(config, "mlp_bias", False)),
-                            prefix=f"{prefix}.mlp")
+        self.mlp = self._make_mlp(config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -144,6 +142,12 @@ class LlamaDecoderLayer(nn.Module):
         """(qkv bias, o_proj bias); Llama ties both to `attention_bias`."""
         bias = bool(getattr(config, "attention_bias", False) or getattr(config, "bias", False))
         return bias, bias
+
+    @classmethod
+    def _make_mlp(cls, config: PretrainedConfig, prefix: str) -> nn.Module:
+        """The block's MLP: dense SwiGLU here; MoE models build their expert block."""
+        return LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
+                        bias=bool(getattr(config, "mlp_bias", False)), prefix=prefix)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,8 +17,8 @@ from transformers import PretrainedConfig
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.fused_moe import FusedMoE
 from vllm.model_executor.layers.linear import ReplicatedLinear
-from vllm.model_executor.models.llama import LlamaForCausalLM
-from vllm.model_executor.models.moe_utils import MoEDecoderLayer, load_moe_weights
+from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from vllm.model_executor.models.moe_utils import load_moe_weights
 
 
 class MixtralMoE(nn.Module):
@@ -40,10 +40,11 @@ class MixtralMoE(nn.Module):
         return self.experts(hidden_states, router_logits)
 
 
-class MixtralDecoderLayer(MoEDecoderLayer):
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
+class MixtralDecoderLayer(LlamaDecoderLayer):
+    @classmethod
+    def _make_mlp(cls, config: PretrainedConfig, prefix: str) -> nn.Module:
         # The checkpoint calls the MoE block "block_sparse_moe"; here it is `mlp`.
-        super().__init__(vllm_config, prefix, lambda config, p: MixtralMoE(config, p))
+        return MixtralMoE(config, prefix)
 
 
 class MixtralForCausalLM(LlamaForCausalLM):

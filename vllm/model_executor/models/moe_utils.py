@@ -1,54 +1,21 @@
-"""Pieces shared by the mixture-of-experts models here (Mixtral, Qwen2-MoE,
-GraniteMoE, DeepSeek-V2): a pre-norm decoder layer around Llama's attention
-with a pluggable MLP, and a weight loader that routes per-expert checkpoint
-tensors into `FusedMoE`'s stacked parameters."""
+"""The weight loader shared by the mixture-of-experts models here (Mixtral,
+Qwen2-MoE, DeepSeek-V2): it routes per-expert checkpoint tensors into
+`FusedMoE`'s stacked parameters. (Their decoder layers are Llama's, with the
+MLP built by `LlamaDecoderLayer._make_mlp`.)"""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
-from vllm.config import VllmConfig
-from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.models.llama import LlamaAttention
 from vllm.model_executor.models.utils import (AutoWeightsLoader, is_pp_missing_parameter,
-                                              load_stacked_weight, lookup_param,
-                                              norm_with_residual)
+                                              load_stacked_weight, lookup_param)
 
 # (param name part, checkpoint name part, expert id, shard id), from
 # FusedMoE.make_expert_params_mapping.
 ExpertMapping = list[tuple[str, str, int, str]]
 StackedMapping = list[tuple[str, str, str | int]]
-
-
-class MoEDecoderLayer(nn.Module):
-    """Llama's pre-norm block, x + attn(norm(x)) then + mlp(norm(.)), where
-    `mlp_fn(config, prefix)` builds the MLP (a MoE block or a dense MLP)."""
-
-    def __init__(self, vllm_config: VllmConfig, prefix: str,
-                 mlp_fn: Callable[[PretrainedConfig, str], nn.Module],
-                 qkv_bias: bool = False) -> None:
-        super().__init__()
-        config = vllm_config.model_config.hf_text_config
-        self.self_attn = LlamaAttention(
-            config=config, hidden_size=config.hidden_size,
-            num_heads=config.num_attention_heads,
-            num_kv_heads=config.num_key_value_heads,
-            max_position_embeddings=config.max_position_embeddings,
-            bias=qkv_bias, cache_config=vllm_config.cache_config,
-            prefix=f"{prefix}.self_attn")
-        self.mlp = mlp_fn(config, f"{prefix}.mlp")
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden_states, residual = norm_with_residual(self.input_layernorm, hidden_states, residual)
-        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
 
 
 def load_moe_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],

@@ -20,7 +20,8 @@ from vllm.config import VllmConfig
 from vllm.model_executor.layers.fused_moe import FusedMoE
 from vllm.model_executor.layers.linear import ReplicatedLinear
 from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaMLP
-from vllm.model_executor.models.moe_utils import MoEDecoderLayer, load_moe_weights
+from vllm.model_executor.models.moe_utils import load_moe_weights
+from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer
 from vllm.model_executor.models.utils import extract_layer_index
 
 
@@ -53,19 +54,16 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
         return out
 
 
-def _make_mlp(config: PretrainedConfig, prefix: str) -> nn.Module:
-    layer_idx = extract_layer_index(prefix)
-    is_sparse = (layer_idx not in config.mlp_only_layers and config.num_experts > 0
-                 and (layer_idx + 1) % config.decoder_sparse_step == 0)
-    if is_sparse:
-        return Qwen2MoeSparseMoeBlock(config, prefix)
-    return LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
-                    prefix=prefix)
-
-
-class Qwen2MoeDecoderLayer(MoEDecoderLayer):
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__(vllm_config, prefix, _make_mlp, qkv_bias=True)
+class Qwen2MoeDecoderLayer(Qwen2DecoderLayer):
+    @classmethod
+    def _make_mlp(cls, config: PretrainedConfig, prefix: str) -> nn.Module:
+        layer_idx = extract_layer_index(prefix)
+        is_sparse = (layer_idx not in config.mlp_only_layers and config.num_experts > 0
+                     and (layer_idx + 1) % config.decoder_sparse_step == 0)
+        if is_sparse:
+            return Qwen2MoeSparseMoeBlock(config, prefix)
+        return LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
+                        prefix=prefix)
 
 
 class Qwen2MoeForCausalLM(LlamaForCausalLM):

@@ -76,7 +76,8 @@ class CUDAGraphWrapper:
         self.vllm_config = vllm_config
         self.runtime_mode = runtime_mode
         self.cudagraph_options = cudagraph_options or CUDAGraphOptions()
-        self.graph_pool = get_global_graph_pool()
+        # Taken at the first capture (so a wrapper can exist without CUDA).
+        self.graph_pool: Any = None
         self.concrete_cudagraph_entries: dict[BatchDescriptor, CUDAGraphEntry] = {}
 
     def __getattr__(self, key: str) -> Any:
@@ -119,6 +120,8 @@ class CUDAGraphWrapper:
         if self.cudagraph_options.debug_log_enable:
             logger.debug("Capturing a %s CUDA graph for %s", self.runtime_mode.name,
                          entry.batch_descriptor)
+        if self.graph_pool is None:
+            self.graph_pool = get_global_graph_pool()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.graph_pool):
             output = self.runnable(*args, **kwargs)

@@ -150,7 +150,8 @@ class CompilationConfig:
         if device_type != "cuda" or enforce_eager:
             if self.cudagraph_mode not in (None, CUDAGraphMode.NONE):
                 logger.info("cudagraph_mode %s -> NONE (%s).", self.cudagraph_mode.name,
-                            "enforce_eager" if enforce_eager else f"no CUDA graphs on {device_type}")
+                            "enforce_eager" if enforce_eager
+                            else f"no CUDA graphs on {device_type}")
             self.cudagraph_mode = CUDAGraphMode.NONE
         elif self.cudagraph_mode is None:
             self.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE

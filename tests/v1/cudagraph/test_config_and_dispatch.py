@@ -174,3 +174,39 @@ def test_mode_narrowed_by_backends_and_layout(supports, pp, moe, expected):
     assert resolve_cudagraph_mode(cfg, [[group(s) for s in supports]]) == expected
     cfg.compilation_config.cudagraph_mode = M.NONE
     assert resolve_cudagraph_mode(cfg, [[group("ALWAYS")]]) == M.NONE
+
+
+def test_wrapper_passes_through_outside_its_mode(tmp_path):
+    """Without a FULL runtime mode in the forward context the wrapper is the
+    model itself (no CUDA needed); FULL without a descriptor is an error."""
+    import torch
+
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.config import VllmConfig
+    from vllm.forward_context import set_forward_context
+
+    class Model(torch.nn.Module):
+        scale = 3.0
+
+        def forward(self, x):
+            return x * self.scale
+
+    config = VllmConfig()
+    model = Model()
+    wrapped = CUDAGraphWrapper(model, config, M.FULL)
+    x = torch.ones(2)
+    with set_forward_context(None, config):
+        assert wrapped(x).tolist() == [3.0, 3.0]
+    with set_forward_context(None, config, cudagraph_runtime_mode=M.PIECEWISE,
+                             batch_descriptor=BatchDescriptor(2)):
+        assert wrapped(x).tolist() == [3.0, 3.0]  # not this wrapper's mode
+    with set_forward_context(None, config, cudagraph_runtime_mode=M.FULL), \
+            pytest.raises(RuntimeError, match="batch descriptor"):
+        wrapped(x)
+    assert not wrapped.concrete_cudagraph_entries
+    assert wrapped.scale == 3.0 and wrapped.unwrap() is model
+    with pytest.raises(ValueError, match="FULL or PIECEWISE"):
+        CUDAGraphWrapper(model, config, M.FULL_DECODE_ONLY)
+    with pytest.raises(ValueError, match="runtime_mode"):
+        with set_forward_context(None, config, cudagraph_runtime_mode=M.FULL_DECODE_ONLY):
+            pass

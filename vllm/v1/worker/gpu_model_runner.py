@@ -6,9 +6,11 @@ are the host buffers themselves and no copies happen.
 One step is two calls, as upstream:
   execute_model(scheduler_output) -> None
       _update_states   apply the scheduler's diffs to the persistent batch
-      _prepare_inputs  token ids, positions, slots, query_start_loc (numpy)
-      attention metadata per KV cache group, forward, logits of the last
-      scheduled token of every request
+      _prepare_inputs  token ids, positions, slots, query_start_loc (numpy);
+                       the CudagraphDispatcher's graph and the padding to its
+                       size (vllm/v1/worker/cudagraph_padding.py)
+      attention metadata per KV cache group, forward (a CUDAGraphWrapper
+      replay under FULL), logits of the last scheduled token of every request
   sample_tokens(grammar_output) -> ModelRunnerOutput
       sampler, then write the sampled tokens back into the persistent batch
 """

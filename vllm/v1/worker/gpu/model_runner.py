@@ -16,9 +16,11 @@ Step order (`execute_model`), as upstream: finished and preempted requests
 leave (`finish_requests`; upstream's `free_states` frees encoder-cache entries,
 which this build does not have), new and resumed requests get rows
 (`add_requests`), cached ones take the scheduler's counts and new blocks
-(`update_requests`), staged writes are applied, the batch is gathered and its
-inputs prepared, attention metadata is built, the model runs and the logits of
-each request's last token are computed. `sample_tokens` then samples, records
+(`update_requests`), staged writes are applied, the batch is gathered, the CUDA
+graph (if any) and padding are chosen (`dispatch_cg_and_sync_dp`, see
+cudagraph_utils.py), its inputs are prepared, attention metadata is built, the
+model runs (or its graph replays) and the logits of each request's last token
+are computed. `sample_tokens` then samples, records
 the tokens on the device (`postprocess`) and returns the output, wrapped in an
 `AsyncOutput` under async scheduling.
 """

@@ -265,13 +265,28 @@ def test_paged_attention_decode_head_sizes_window_softcap(cuda_ops, head_size, w
 
 
 @requires_cuda
-def test_paged_attention_decode_wrapper_on_kv_views(cuda_ops):
-    """Caches as the halves of one (2, NB, BS, Hkv, D) tensor, through ops."""
+def test_wrappers_take_the_sync_free_cuda_ops(cuda_ops):
+    """ops.reshape_and_cache / ops.paged_attention_decode on CUDA tensors (KV
+    caches as the halves of one (2, NB, BS, Hkv, D) tensor) run the CUDA
+    ops: the torch fallbacks would synchronize (nonzero, tolist), which
+    sync debug mode turns into an error."""
     q, kc, vc, bt, lens = _paged_case([5, 33, 64], 2, 4, 128, 16, torch.float16, "cuda")
     kv = torch.stack([kc, vc])
+    key, value = _kv_rows(10, 2, 128, torch.float16, "cuda")
+    slots = _slots(10, kc.shape[0], 16, torch.int64, "cuda")
     out = torch.empty_like(q)
-    ops.paged_attention_decode(out, q, kv[0], kv[1], bt, lens.long(), 0.1)
-    _close(out, _ref(q, kc, vc, bt, lens, 0.1), torch.float16)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ops.reshape_and_cache(key, value, kv[0], kv[1], slots)
+        ops.paged_attention_decode(out, q, kv[0], kv[1], bt, lens.long(), 0.1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    keep = (slots >= 0).cpu()
+    flat = kv.cpu().view(2, -1, 2, 128)
+    assert torch.equal(flat[0][slots.cpu()[keep]], key.cpu()[keep])
+    # The reference reads the caches as written above.
+    _close(out, _ref(q, kv[0], kv[1], bt, lens, 0.1), torch.float16)
 
 
 def _to_split(kc: torch.Tensor, vc: torch.Tensor):

@@ -9,7 +9,7 @@ from torch._dynamo.utils import counters
 
 from tests.v1.worker.utils import ScriptedScheduler, make_kv_cache_config, make_vllm_config
 from vllm import _custom_ops as ops
-from vllm.compilation.backends import resolve_backend
+from vllm.compilation.backends import resolve_backend, unpack_cpu_linear_weights
 from vllm.compilation.decorators import maybe_compile_model
 from vllm.compilation.fake_ops import register_cpu_fake_ops
 from vllm.config.compilation import CompilationConfig, CompilationMode
@@ -89,6 +89,28 @@ def test_mode_none_returns_the_model_unchanged(model_dir):
         model = worker.model_runner.model
         assert "forward" not in vars(model)  # the class's own forward
         assert maybe_compile_model(model, CompilationConfig(), "cpu") is model
+    finally:
+        worker.shutdown()
+
+
+def test_unpack_gives_dense_weights_but_keeps_the_lm_head_packed(model_dir):
+    """Inductor gets dense weights for the compiled forward; compute_logits
+    stays eager, so the LM head keeps its oneDNN-packed weight."""
+    worker = _worker(model_dir, CompilationMode.NONE, None)
+    try:
+        model = worker.model_runner.model
+        packed = {n: m for n, m in model.named_modules()
+                  if getattr(m, "_packed_weight", None) is not None}
+        if not packed:
+            pytest.skip("no oneDNN weight packing on this CPU / torch build")
+        x = torch.randn(3, model.config.hidden_size)
+        qkv = model.model.layers[0].self_attn.qkv_proj
+        before = qkv(x)[0]
+        assert unpack_cpu_linear_weights(model) == len(packed) - ("lm_head" in packed)
+        assert qkv._packed_weight is None and qkv.weight.shape[0] > 0
+        torch.testing.assert_close(qkv(x)[0], before)
+        if "lm_head" in packed:
+            assert model.lm_head._packed_weight is not None
     finally:
         worker.shutdown()
 

@@ -82,10 +82,13 @@ def unpack_cpu_linear_weights(model: nn.Module) -> int:
     `mkldnn._linear_pointwise` over such a pre-packed tensor (its lowering
     wants the weight as a frozen graph constant it packed itself), so the
     dense weight is restored (`to_dense()` is exact) and Inductor's freezing
-    pass packs it again, fused with its neighbours. Returns how many linears
-    were changed."""
+    pass packs it again, fused with its neighbours. The LM head is left
+    packed: `compute_logits` is not part of the compiled forward. Returns how
+    many linears were changed."""
     changed = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "lm_head":
+            continue
         packed = getattr(module, "_packed_weight", None)
         if not isinstance(packed, torch.Tensor) or packed.layout != torch._mkldnn:
             continue

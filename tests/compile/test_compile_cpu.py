@@ -134,3 +134,30 @@ def test_cpu_ops_have_fake_kernels():
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         fx, fout, fw = mode.from_tensor(x), mode.from_tensor(x), mode.from_tensor(torch.ones(8))
         torch.ops._C_cpu.rms_norm(fout, fx, fw, 1e-6)  # raises without a fake kernel
+
+
+def test_compilation_config_flag_compiles_through_the_engine(model_dir, monkeypatch):
+    """`-cc '{"mode": 1, "backend": "aot_eager"}'` reaches the runner's
+    load_model (both runners call maybe_compile_model) and keeps the
+    greedy tokens of transformers."""
+    from tests.utils import hf_greedy
+    from vllm import LLM
+    from vllm.inputs import TokensPrompt
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    torch._dynamo.reset()
+    prompts = list(PROMPTS.values())
+    expected = hf_greedy(model_dir, prompts, 8)
+    for runner_v2 in ("0", "1"):
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", runner_v2)
+        llm = LLM(model_dir, dtype="float32", max_model_len=64,
+                  compilation_config={"mode": 1, "backend": "aot_eager"})
+        try:
+            model = llm.llm_engine.engine_core.engine_core.model_executor \
+                .driver_worker.worker.model_runner.get_model()
+            assert "forward" in vars(model)  # the instance's compiled forward
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                                SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+        assert [list(o.outputs[0].token_ids) for o in outs] == expected

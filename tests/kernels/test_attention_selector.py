@@ -54,3 +54,25 @@ def test_backend_classes_resolve():
         assert backend.get_name() == member.name
         assert backend.get_kv_cache_shape(3, 16, 2, 64) in ((2, 3, 16, 2, 64),
                                                              (3, 2, 16, 2, 64))
+
+
+def test_attention_backend_flag_reaches_the_selector(monkeypatch):
+    """`--attention-backend` lands in VllmConfig.attention_config and wins over
+    VLLM_ATTENTION_BACKEND while that config is current."""
+    from vllm.config import AttentionConfig, VllmConfig, set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.v1.attention.selector import _requested_backend
+
+    args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(
+        ["--attention-backend", "cpu_attn"])
+    assert EngineArgs.from_cli_args(args).attention_backend == "cpu_attn"
+    assert AttentionConfig(backend="cpu_attn").backend == "CPU_ATTN"
+    with pytest.raises(ValueError, match="Unknown attention backend 'NOPE'"):
+        AttentionConfig(backend="NOPE")
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
+    assert _requested_backend() == "TRITON_ATTN"
+    with set_current_vllm_config(VllmConfig(attention_config=AttentionConfig("FLASHINFER"))):
+        assert _requested_backend() == "FLASHINFER"
+    with set_current_vllm_config(VllmConfig()):
+        assert _requested_backend() == "TRITON_ATTN"  # no flag: the variable

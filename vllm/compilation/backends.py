@@ -106,6 +106,8 @@ def resolve_backend(compilation_config: "CompilationConfig",
     mode = compilation_config.mode
     if mode == CompilationMode.NONE:
         raise ValueError("CompilationMode.NONE has no compiler backend.")
+    if backend is None:
+        backend = compilation_config.backend or None
     if backend is not None:
         if backend not in torch._dynamo.list_backends(exclude_tags=()):
             raise ValueError(f"Unknown torch.compile backend {backend!r}; known: "

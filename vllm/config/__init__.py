@@ -1,4 +1,5 @@
 """Engine configuration, one dataclass per concern (upstream: vllm/config/)."""
+from vllm.config.attention import AttentionConfig
 from vllm.config.cache import CacheConfig
 from vllm.config.compilation import CompilationConfig, CompilationMode, CUDAGraphMode
 from vllm.config.device import DeviceConfig
@@ -10,7 +11,7 @@ from vllm.config.vllm import (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, VllmConfig,
                               get_current_vllm_config, set_current_vllm_config)
 
 __all__ = [
-    "CacheConfig", "CompilationConfig", "CompilationMode", "CUDAGraphMode", "DeviceConfig",
+    "AttentionConfig", "CacheConfig", "CompilationConfig", "CompilationMode", "CUDAGraphMode", "DeviceConfig",
     "LoadConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig", "VllmConfig",
     "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", "get_current_vllm_config",
     "set_current_vllm_config",

@@ -106,6 +106,9 @@ def default_capture_sizes(max_size: int = _DEFAULT_MAX_CAPTURE_SIZE) -> list[int
 @dataclass
 class CompilationConfig:
     mode: CompilationMode = CompilationMode.NONE
+    # torch.compile backend for the model forward when `mode` is not NONE
+    # ("" = Inductor; "eager" / "aot_eager" trace without generating code).
+    backend: str = ""
     # None: decided by `resolve` (FULL_AND_PIECEWISE on CUDA, as upstream, which
     # this build then narrows; NONE elsewhere).
     cudagraph_mode: CUDAGraphMode | None = None

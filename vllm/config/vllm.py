@@ -9,6 +9,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from vllm import envs
+from vllm.config.attention import AttentionConfig
 from vllm.config.cache import CacheConfig
 from vllm.config.compilation import CompilationConfig, CompilationMode
 from vllm.config.device import DeviceConfig
@@ -49,6 +50,7 @@ class VllmConfig:
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     load_config: LoadConfig = field(default_factory=LoadConfig)
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    attention_config: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
         mc = self.model_config

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm.config import (CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, ModelConfig,
+from vllm.config import (AttentionConfig, CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, ModelConfig,
                          ParallelConfig, SchedulerConfig, VllmConfig)
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
@@ -146,6 +146,10 @@ class EngineArgs:
     compilation_config: dict[str, Any] | int | None = _arg(
         None, "Compilation settings: a mode number or a JSON object.", "CompilationConfig",
         type=_compilation_arg, aliases=("-cc",))
+    # --- AttentionConfig ---
+    attention_backend: str | None = _arg(
+        None, "Attention backend (CPU_ATTN, TRITON_ATTN, FLASHINFER); default: the platform's "
+        "choice, or VLLM_ATTENTION_BACKEND.", "AttentionConfig", type=_opt_str)
     # --- Observability ---
     disable_log_stats: bool = _arg(False, "Do not log engine statistics.", "ObservabilityConfig")
 
@@ -202,7 +206,8 @@ class EngineArgs:
             scheduler_config=scheduler_config, parallel_config=parallel_config,
             device_config=device_config,
             load_config=LoadConfig(load_format=self.load_format, download_dir=self.download_dir),
-            compilation_config=self._create_compilation_config())
+            compilation_config=self._create_compilation_config(),
+            attention_config=AttentionConfig(backend=self.attention_backend))
 
     def _prefix_caching_default(self, model_config: ModelConfig) -> bool:
         if self.enable_prefix_caching is not None:

@@ -26,11 +26,21 @@ def get_attn_backend(
 ) -> type[AttentionBackend]:
     """The backend class for these layer properties on the current platform.
 
-    `VLLM_ATTENTION_BACKEND` (a backend name) overrides the platform default;
-    the platform raises if it cannot serve the requested one.
+    The current config's `attention_config.backend` (`--attention-backend`),
+    else `VLLM_ATTENTION_BACKEND`, overrides the platform default; the
+    platform raises if it cannot serve the requested one.
     """
     return _cached_get_attn_backend(head_size, dtype, kv_cache_dtype, block_size, use_mla,
-                                    has_sink, use_sparse, envs.VLLM_ATTENTION_BACKEND)
+                                    has_sink, use_sparse, _requested_backend())
+
+
+def _requested_backend() -> str | None:
+    from vllm.config.vllm import _current_vllm_config
+
+    config = _current_vllm_config.get()
+    if config is not None and config.attention_config.backend is not None:
+        return config.attention_config.backend
+    return envs.VLLM_ATTENTION_BACKEND
 
 
 @lru_cache(maxsize=None)

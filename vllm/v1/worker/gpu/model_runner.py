@@ -123,11 +123,16 @@ class GPUModelRunner:
 
     # ---- model and KV cache ------------------------------------------------------
     def load_model(self) -> None:
+        from vllm.compilation.decorators import maybe_compile_model
         from vllm.model_executor.model_loader import get_model
 
         logger.info("Loading model %s on %s (Model Runner V2)", self.model_config.model,
                     self.device)
         self.model = get_model(vllm_config=self.vllm_config)
+        # No-op unless compilation_config.mode asks for torch.compile (on
+        # CPU it measured slower than eager: see vllm/compilation/decorators.py).
+        self.model = maybe_compile_model(self.model, self.vllm_config.compilation_config,
+                                         self.device)
 
     def get_model(self) -> nn.Module:
         assert self.model is not None, "load_model() has not run"

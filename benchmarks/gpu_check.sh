@@ -18,6 +18,12 @@ T0=$(date +%s)
 step() { echo; echo "=== $* ($(( $(date +%s) - T0 )) s)"; }
 
 step "environment"
+# Wheels carried from benchmarks/gpu_wheels.sh (the image lacks msgspec, pyzmq, ...).
+if ls .whl/*.whl > /dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'available', torch.cuda.is_available(), 'triton', triton.__version__)" || exit 1

@@ -115,6 +115,14 @@ def _use_cuda(t: torch.Tensor) -> bool:
             and t.dtype in (torch.float32, torch.float16, torch.bfloat16))
 
 
+def has_compiled_ops(t: torch.Tensor) -> bool:
+    """Whether the compiled library for `t`'s device is loaded (the layers
+    then call the wrappers below, which still fall back per call)."""
+    if t.device.type == "cpu":
+        return _LOAD_ERROR is None
+    return t.is_cuda and _CUDA_LOAD_ERROR is None
+
+
 def _rows_ok(*ts: torch.Tensor) -> bool:
     """The row view the CUDA row kernels take: a contiguous last dim, and
     either 2-D (rows may be padded) or contiguous."""

@@ -16,8 +16,9 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
-        if ops.cpu_ops_available() and x.device.type == "cpu":
-            # One pass in csrc/cpu/activation.cpp instead of silu + mul.
+        if ops.has_compiled_ops(x):
+            # One pass (csrc/cpu/activation.cpp, csrc/activation_kernels.cu)
+            # instead of silu + mul.
             out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype, device=x.device)
             ops.silu_and_mul(out, x)
             return out

@@ -38,10 +38,10 @@ class RMSNorm(nn.Module):
         """x [..., hidden] -> normalized [..., hidden]; with `residual`:
         (normalized(x + residual), x + residual)."""
         weight = self.weight if self.has_weight else None
-        if weight is not None and x.dim() == 2 and ops.cpu_ops_available() \
-                and x.device.type == "cpu" and x.dtype == weight.dtype:
-            # The compiled ops (csrc/cpu/layernorm.cpp), much faster than
-            # F.rms_norm on bf16 rows. Out of place: unlike upstream's in-place
+        if weight is not None and x.dim() == 2 and ops.has_compiled_ops(x) \
+                and x.dtype == weight.dtype:
+            # The compiled ops (csrc/cpu/layernorm.cpp, csrc/layernorm_kernels.cu),
+            # much faster than F.rms_norm on bf16 rows. Out of place: unlike upstream's in-place
             # fused_add_rms_norm, the caller's tensors are left untouched (the
             # first residual may be a runner's inputs_embeds buffer).
             out = torch.empty_like(x)

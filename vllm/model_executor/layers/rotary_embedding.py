@@ -94,13 +94,13 @@ class RotaryEmbedding(nn.Module):
                 key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """positions [T]; query [T, num_heads * head_size]; key [T, num_kv_heads *
         head_size] -> rotated (query, key) with the input shapes (new tensors)."""
-        if (ops.cpu_ops_available() and query.device.type == "cpu" and query.dim() == 2
+        if (ops.has_compiled_ops(query) and query.dim() == 2
                 and key is not None and key.dim() == 2
                 and self.cos_sin_cache.dtype == query.dtype):
             # csrc/cpu/pos_encoding.cpp: rotated copies in one pass (the
             # caller's q/k, often views of the qkv projection, are untouched).
-            q_out = torch.empty(query.shape, dtype=query.dtype)
-            k_out = torch.empty(key.shape, dtype=key.dtype)
+            q_out = torch.empty_like(query, memory_format=torch.contiguous_format)
+            k_out = torch.empty_like(key, memory_format=torch.contiguous_format)
             ops.rotary_embedding_out(positions, query, key, self.head_size,
                                      self.cos_sin_cache, self.is_neox_style, q_out, k_out)
             return q_out, k_out

@@ -1,6 +1,6 @@
 """Greedy parity with transformers' own `generate` on tiny random models,
 through the whole engine (scheduler, paged KV cache, model runner), under
-both model runners (V2 with async scheduling on and off), with prefix caching
+both model runners, each with async scheduling on and off, with prefix caching
 on and off, forced chunked prefill, and forced preemption."""
 from __future__ import annotations
 
@@ -76,8 +76,9 @@ def _spy_batches_in_flight(llm: LLM) -> list[int]:
     return lengths
 
 
-# (runner env value, async scheduling): V1 has no async mode in this version.
-RUNNERS = {"v1": ("0", False), "v2": ("1", False), "v2-async": ("1", True)}
+# (runner env value, async scheduling)
+RUNNERS = {"v1": ("0", False), "v1-async": ("0", True), "v2": ("1", False),
+           "v2-async": ("1", True)}
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS))

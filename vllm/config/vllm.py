@@ -129,10 +129,8 @@ class VllmConfig:
         elif backend not in ("uni", "mp", "ray"):
             return f"the {backend!r} executor does not support it"
         if not self.use_v2_model_runner and self.parallel_config.pipeline_parallel_size > 1:
+            # As upstream: V1 runs ahead only with one pipeline stage.
             return "Model Runner V1 does not support it with pipeline parallelism"
-        if not self.use_v2_model_runner:
-            # Upstream's V1 runner can run ahead too; ours does not yet.
-            return "Model Runner V1 does not support it in this version"
         return None
 
     def _async_scheduling_off_by_default_reason(self) -> str | None:

@@ -133,6 +133,14 @@ class InputBatch:
         self.num_prompt_logprobs: dict[str, int] = {}
         # row -> the request's output token list (the CachedRequestState's)
         self.req_output_token_ids: list[list[int] | None] = []
+        # Async scheduling (vllm/v1/worker/gpu_async_output.py): the previous
+        # step's sampled ids [its num_reqs, 1] on the device and their host
+        # copy (valid once the event fires), and req_id -> row there for the
+        # requests that sampled a real token.
+        self.prev_sampled_token_ids: torch.Tensor | None = None
+        self.prev_req_id_to_index: dict[str, int] | None = None
+        self.sampled_token_ids_cpu: torch.Tensor | None = None
+        self.async_copy_ready_event: torch.cuda.Event | None = None
 
         self.logitsprocs = logitsprocs if logitsprocs is not None else LogitsProcessors()
         self.batch_update_builder = BatchUpdateBuilder()

@@ -12,7 +12,10 @@ One step is two calls, as upstream:
       attention metadata per KV cache group, forward (a CUDAGraphWrapper
       replay under FULL), logits of the last scheduled token of every request
   sample_tokens(grammar_output) -> ModelRunnerOutput
-      sampler, then write the sampled tokens back into the persistent batch
+      sampler, then write the sampled tokens back into the persistent batch;
+      with async scheduling an AsyncGPUModelRunnerOutput instead, and the
+      tokens reach the next step's inputs on the device
+      (vllm/v1/worker/gpu_async_output.py)
 """
 from __future__ import annotations
 
@@ -41,6 +44,9 @@ from vllm.v1.worker import kv_cache_setup
 from vllm.v1.worker.cudagraph_padding import (PaddedBatch, capture_cudagraphs, dummy_layout,
                                               plan_padding, resolve_cudagraph_mode,
                                               write_padding)
+from vllm.v1.worker.gpu_async_output import (PLACEHOLDER_TOKEN_ID, AsyncGPUModelRunnerOutput,
+                                              scatter_prev_sampled_token_ids,
+                                              update_async_output_token_ids)
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 from vllm.v1.worker.prompt_logprobs import get_prompt_logprobs_dict
 from vllm.v1.worker.utils import (AttentionGroup, CpuGpuBuffer,
@@ -116,6 +122,13 @@ class GPUModelRunner:
         self.arange_np = np.arange(max(self.max_num_reqs + 1, self.max_model_len,
                                        self.max_num_tokens), dtype=np.int64)
         self.execute_model_state: ExecuteModelState | None = None
+        # Async scheduling: the sampled ids go to the host on a side stream;
+        # the event guards the pinned input buffers, which the next step
+        # rewrites while this step's copies may still be queued.
+        self.use_async_scheduling = bool(self.scheduler_config.async_scheduling)
+        on_cuda = self.use_async_scheduling and device.type == "cuda"
+        self.async_output_copy_stream = torch.cuda.Stream() if on_cuda else None
+        self.prepare_inputs_event = torch.cuda.Event() if on_cuda else None
 
     def _make_input_batch(self, block_sizes: list[int]) -> InputBatch:
         return InputBatch(
@@ -190,12 +203,18 @@ class GPUModelRunner:
         its own for the next stage."""
         if self.execute_model_state is not None:
             raise RuntimeError("execute_model() called twice without sample_tokens().")
+        if self.prepare_inputs_event is not None:
+            self.prepare_inputs_event.synchronize()
         self._update_states(scheduler_output)
         if not scheduler_output.total_num_scheduled_tokens:
+            # Nothing sampled: the next step has no in-flight tokens to fill.
+            self.input_batch.prev_req_id_to_index = None
             return EMPTY_MODEL_RUNNER_OUTPUT
 
         attn_metadata, logits_indices, discard_mask, padded = self._prepare_inputs(
             scheduler_output)
+        if self.prepare_inputs_event is not None:
+            self.prepare_inputs_event.record()
         num_tokens = padded.num_tokens_padded
         with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens,
                                  cudagraph_runtime_mode=padded.runtime_mode,
@@ -215,7 +234,8 @@ class GPUModelRunner:
         return None
 
     @torch.inference_mode()
-    def sample_tokens(self, grammar_output: object | None) -> ModelRunnerOutput | None:
+    def sample_tokens(self, grammar_output: object | None
+                      ) -> ModelRunnerOutput | AsyncGPUModelRunnerOutput | None:
         """Sample from the logits of the preceding `execute_model`."""
         state = self.execute_model_state
         if state is None:
@@ -232,14 +252,22 @@ class GPUModelRunner:
                               None, state.discard_mask)
             return None
         sampling_metadata = self._sampling_metadata_for_step(state.discard_mask)
+        if self.use_async_scheduling and (not sampling_metadata.no_penalties
+                                          or sampling_metadata.bad_words_token_ids):
+            update_async_output_token_ids(self.input_batch)  # they read output tokens
         sampler_output = self.sampler(state.logits, sampling_metadata)
         if pp_group.world_size > 1:
             pp_group.broadcast(sampler_output.sampled_token_ids.to(torch.int64).cpu(),
                                src=pp_group.world_size - 1)
+        prompt_logprobs_dict = get_prompt_logprobs_dict(
+            self, state.hidden_states, state.scheduler_output.num_scheduled_tokens)
+        if self.use_async_scheduling:
+            return self._bookkeeping_async(sampler_output.sampled_token_ids,
+                                           sampler_output.logprobs_tensors, state.discard_mask,
+                                           prompt_logprobs_dict)
         output = self._bookkeeping(sampler_output.sampled_token_ids,
                                    sampler_output.logprobs_tensors, state.discard_mask)
-        output.prompt_logprobs_dict = get_prompt_logprobs_dict(
-            self, state.hidden_states, state.scheduler_output.num_scheduled_tokens)
+        output.prompt_logprobs_dict = prompt_logprobs_dict
         return output
 
     # ---- state updates -------------------------------------------------------
@@ -369,6 +397,10 @@ class GPUModelRunner:
 
         padded = self._dispatch_cudagraph(num_scheduled, total)
         attn_metadata = self._commit_inputs(padded)
+        if self.use_async_scheduling:
+            # The decode tokens sampled by the step still in flight.
+            scatter_prev_sampled_token_ids(batch, self.input_ids.np, self.input_ids.gpu,
+                                           cu_num_tokens)
         logits_indices = self.query_start_loc.gpu[1:num_reqs + 1].to(torch.int64) - 1
         # A request whose tokens are not all computed after this step is still
         # in its prefill: the token sampled for it is not a real output.
@@ -452,27 +484,57 @@ class GPUModelRunner:
         build the step's output. sampled_token_ids: [num_reqs, 1] int32."""
         batch = self.input_batch
         sampled_np = sampled_token_ids[:, 0].cpu().numpy()
+        rows = self._append_sampled_tokens(sampled_np, discard_mask)
         sampled = sampled_np.tolist()
-        rows = np.flatnonzero(~discard_mask)
-        # Write the new tokens after each row's last token, all rows at once.
-        cols = batch.num_tokens[rows]
-        fits = cols < batch.max_model_len
-        batch.token_ids_cpu[rows[fits], cols[fits]] = sampled_np[rows[fits]]
-        batch.num_tokens[rows] += 1
-
-        output_lists = batch.req_output_token_ids
         sampled_token_ids_list: list[list[int]] = [[] for _ in sampled]
         for row in rows.tolist():
-            token = sampled[row]
-            output_lists[row].append(token)  # type: ignore[union-attr]
-            sampled_token_ids_list[row] = [token]
-
+            sampled_token_ids_list[row] = [sampled[row]]
         return ModelRunnerOutput(
             req_ids=list(batch.req_ids),
             req_id_to_index=dict(batch.req_id_to_index),
             sampled_token_ids=sampled_token_ids_list,
             logprobs=logprobs_tensors.tolists() if logprobs_tensors is not None else None,
         )
+
+    def _bookkeeping_async(self, sampled_token_ids: torch.Tensor,
+                           logprobs_tensors: LogprobsTensors | None, discard_mask: np.ndarray,
+                           prompt_logprobs_dict: dict[str, LogprobsTensors | None]
+                           ) -> AsyncGPUModelRunnerOutput:
+        """As `_bookkeeping`, without waiting for the sampled ids: the batch
+        gets placeholders, the next step's inputs get the ids on the device,
+        and the output gets them when its host copy lands."""
+        batch = self.input_batch
+        placeholders = np.full(len(discard_mask), PLACEHOLDER_TOKEN_ID, dtype=np.int32)
+        rows = self._append_sampled_tokens(placeholders, discard_mask)
+        req_ids = batch.req_ids
+        batch.prev_sampled_token_ids = sampled_token_ids
+        batch.prev_req_id_to_index = {req_ids[row]: row for row in rows.tolist()}
+        output = ModelRunnerOutput(req_ids=list(req_ids),
+                                   req_id_to_index=dict(batch.req_id_to_index),
+                                   prompt_logprobs_dict=prompt_logprobs_dict)
+        async_output = AsyncGPUModelRunnerOutput(
+            output, sampled_token_ids, logprobs_tensors,
+            np.flatnonzero(discard_mask).tolist(), self.async_output_copy_stream)
+        batch.sampled_token_ids_cpu = async_output.sampled_token_ids_cpu
+        batch.async_copy_ready_event = async_output.async_copy_ready_event
+        return async_output
+
+    def _append_sampled_tokens(self, token_ids: np.ndarray,
+                               discard_mask: np.ndarray) -> np.ndarray:
+        """Append token_ids[row] to every row not in `discard_mask`, in the
+        token table and the request's output list; returns those rows."""
+        batch = self.input_batch
+        rows = np.flatnonzero(~discard_mask)
+        # Write the new tokens after each row's last token, all rows at once.
+        cols = batch.num_tokens[rows]
+        fits = cols < batch.max_model_len
+        batch.token_ids_cpu[rows[fits], cols[fits]] = token_ids[rows[fits]]
+        batch.num_tokens[rows] += 1
+        output_lists = batch.req_output_token_ids
+        values = token_ids.tolist()
+        for row in rows.tolist():
+            output_lists[row].append(values[row])  # type: ignore[union-attr]
+        return rows
 
     # ---- dummy runs (warm-up, memory profiling, graph capture) ----------------
     @torch.inference_mode()

@@ -22,9 +22,10 @@ class SlowUniProcExecutor(UniProcExecutor):
         return super()._call(method, args, kwargs)
 
 
-def _generate(model_dir: str, async_scheduling: bool, monkeypatch) -> tuple[list, list[int]]:
+def _generate(model_dir: str, async_scheduling: bool, runner: str,
+              monkeypatch) -> tuple[list, list[int]]:
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", runner)
     llm = LLM(model=model_dir, dtype="float32", max_model_len=128,
               async_scheduling=async_scheduling,
               distributed_executor_backend=SlowUniProcExecutor)
@@ -46,11 +47,12 @@ def _generate(model_dir: str, async_scheduling: bool, monkeypatch) -> tuple[list
     return [o.outputs[0].token_ids for o in outs], running_at_launch
 
 
+@pytest.mark.parametrize("runner", ["0", "1"], ids=["v1", "v2"])
 @pytest.mark.parametrize("kind", ["qwen2"])
-def test_two_steps_in_flight_same_tokens(tiny_model_dir, monkeypatch, kind):
+def test_two_steps_in_flight_same_tokens(tiny_model_dir, monkeypatch, kind, runner):
     model_dir = tiny_model_dir(kind)
-    sync_tokens, sync_running = _generate(model_dir, False, monkeypatch)
-    async_tokens, async_running = _generate(model_dir, True, monkeypatch)
+    sync_tokens, sync_running = _generate(model_dir, False, runner, monkeypatch)
+    async_tokens, async_running = _generate(model_dir, True, runner, monkeypatch)
     assert max(sync_running) == 0  # without async scheduling a step runs alone
     # Step N+1 was launched while step N still ran, never more than 2 at once.
     assert max(async_running) == 1
@@ -66,9 +68,10 @@ class FailingUniProcExecutor(UniProcExecutor):
         return super()._call(method, args, kwargs)
 
 
-def test_forward_error_surfaces_through_the_batch_queue(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("runner", ["0", "1"], ids=["v1", "v2"])
+def test_forward_error_surfaces_through_the_batch_queue(tiny_model_dir, monkeypatch, runner):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", runner)
     llm = LLM(model=tiny_model_dir("qwen2"), dtype="float32", max_model_len=128,
               async_scheduling=True, distributed_executor_backend=FailingUniProcExecutor)
     with pytest.raises(RuntimeError, match="forward failed on purpose"):

@@ -139,6 +139,37 @@ def test_bad_words_read_resolved_tokens(tiny_model_dir, monkeypatch):
     assert _run(async_llm, prompts, params) == expected
 
 
+def test_reset_prefix_cache_with_tokens_in_flight(tiny_model_dir, monkeypatch):
+    """Resetting the prefix cache preempts the running requests while their
+    tokens are in flight: they restart from their known tokens (re-sent
+    whole, no placeholder to fill), the stale tokens are dropped, and the
+    outputs are the synchronous run's."""
+    model_dir = tiny_model_dir("llama")
+    prompts = [_prompt(50 + i, 8 + 6 * i) for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    sync_llm = _llm(model_dir, False, monkeypatch, enable_prefix_caching=True)
+    expected = [t for t, _ in _run(sync_llm, prompts, [params] * len(prompts))]
+    del sync_llm
+
+    llm = _llm(model_dir, True, monkeypatch, enable_prefix_caching=True)
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), TokensPrompt(prompt_token_ids=prompt), params)
+    got: dict[str, list[int]] = {}
+    num_resets = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                got[out.request_id] = list(out.outputs[0].token_ids)
+        in_flight = any(r.num_output_placeholders for r in scheduler.running)
+        if in_flight and num_resets < 2 and len(got) < len(prompts) - 1:
+            assert engine.reset_prefix_cache(reset_running_requests=True)
+            num_resets += 1
+    assert num_resets == 2
+    assert [got[str(i)] for i in range(len(prompts))] == expected
+
+
 def test_async_output_reports_no_token_for_mid_prefill_rows():
     sampled = torch.tensor([[5], [7], [9]], dtype=torch.int32)
     out = ModelRunnerOutput(req_ids=["a", "b", "c"], req_id_to_index={"a": 0, "b": 1, "c": 2})

@@ -292,8 +292,13 @@ class GPUModelRunner:
         reqs_to_add = [self._add_new_request(new_req)
                        for new_req in scheduler_output.scheduled_new_reqs]
         reqs_to_add += self._update_cached_requests(scheduler_output)
+        prev = batch.prev_req_id_to_index
         for req_state in reqs_to_add:
             batch.add_request(req_state)
+            if prev:
+                # Re-sent whole (e.g. force-preempted while its token was in
+                # flight): it holds no placeholder to fill.
+                prev.pop(req_state.req_id, None)
         batch.condense()
         if self.reorder_batch_threshold is not None:
             reorder_batch_to_split_decodes_and_prefills(

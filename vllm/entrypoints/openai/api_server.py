@@ -3,8 +3,9 @@
     run_server(args): bind the socket -> AsyncLLM (engine core in a child
     process) -> build_app(args) -> init_app_state(...) -> uvicorn.
 
-Routes: /v1/completions, /v1/chat/completions, /v1/models, /invocations,
-/tokenize, /detokenize, /metrics, /health, /ping, /version. Errors use the
+Routes here: /v1/completions, /v1/chat/completions, /v1/models, /invocations,
+/ping; from vllm/entrypoints/serve/: /health, /version, /metrics, /tokenize,
+/detokenize (response helpers in openai/utils.py). Errors use the
 envelope {"error": {"message", "type", "param", "code"}} with the HTTP status
 equal to `code`; request validation errors are 400 (never 422).
 
@@ -25,12 +26,11 @@ from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Any
 
-import prometheus_client
 import pydantic
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -40,25 +40,25 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.chat_utils import load_chat_template
 from vllm.entrypoints.launcher import serve_http, terminate_if_errored
-from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
-                                              CompletionRequest, CompletionResponse,
-                                              DetokenizeRequest, DetokenizeResponse,
-                                              ErrorInfo, ErrorResponse, ModelList,
-                                              TokenizeRequest, TokenizeResponse)
 from vllm.entrypoints.openai.openapi import (GENERATE_RESPONSES, HEALTH_RESPONSES,
                                              INVOCATIONS_OPENAPI, INVOCATIONS_RESPONSES,
-                                             TOKENIZE_RESPONSES, install_openapi)
+                                             install_openapi)
+from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
+                                              CompletionRequest, CompletionResponse,
+                                              ErrorInfo, ErrorResponse, ModelList)
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_models import BaseModelPath, OpenAIServingModels
 from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from vllm.entrypoints.openai.utils import respond, validate_json_request
+from vllm.entrypoints.serve import register_vllm_serve_api_routers
+from vllm.entrypoints.serve.instrumentator.health import health
 # Starlette's, except that it never fails on a lone surrogate (see there).
 from vllm.entrypoints.utils import Utf8JSONResponse as JSONResponse
 from vllm.entrypoints.utils import with_cancellation
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError, QueueOverflowError
-from vllm.version import __version__ as VLLM_VERSION
 
 logger = init_logger("vllm.entrypoints.openai.api_server")
 
@@ -76,27 +76,6 @@ router = APIRouter()
 # Routes
 # ----------------------------------------------------------------------
 
-def engine_client(request: Request) -> EngineClient:
-    return request.app.state.engine_client
-
-
-async def validate_json_request(raw_request: Request) -> None:
-    media_type = raw_request.headers.get("content-type", "").lower().split(";", 1)[0].strip()
-    if media_type != "application/json":
-        raise RequestValidationError(
-            errors=["Unsupported Media Type: Only 'application/json' is allowed"])
-
-
-@router.get("/health", response_class=Response, responses=HEALTH_RESPONSES)
-async def health(raw_request: Request) -> Response:
-    """200 while the engine is alive, 503 once it is dead."""
-    try:
-        await engine_client(raw_request).check_health()
-        return Response(status_code=200)
-    except EngineDeadError:
-        return Response(status_code=503)
-
-
 @router.get("/ping", response_class=Response, responses=HEALTH_RESPONSES)
 async def ping(raw_request: Request) -> Response:
     """Liveness, as /health (SageMaker probes this path)."""
@@ -110,37 +89,10 @@ async def ping_post(raw_request: Request) -> Response:
     return await health(raw_request)
 
 
-@router.get("/version")
-async def show_version() -> JSONResponse:
-    return JSONResponse(content={"version": VLLM_VERSION})
-
-
-@router.get("/metrics", response_class=Response)
-async def metrics() -> Response:
-    return Response(prometheus_client.generate_latest(prometheus_client.REGISTRY),
-                    media_type=prometheus_client.CONTENT_TYPE_LATEST)
-
-
 @router.get("/v1/models", response_model=ModelList)
 async def show_available_models(raw_request: Request) -> JSONResponse:
     models = await raw_request.app.state.openai_serving_models.show_available_models()
     return JSONResponse(content=models.model_dump())
-
-
-@router.post("/tokenize", dependencies=[Depends(validate_json_request)],
-             response_model=TokenizeResponse, responses=TOKENIZE_RESPONSES)
-@with_cancellation
-async def tokenize(request: TokenizeRequest, raw_request: Request) -> Response:
-    handler: OpenAIServingTokenization = raw_request.app.state.openai_serving_tokenization
-    return _respond(await handler.create_tokenize(request))
-
-
-@router.post("/detokenize", dependencies=[Depends(validate_json_request)],
-             response_model=DetokenizeResponse, responses=TOKENIZE_RESPONSES)
-@with_cancellation
-async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Response:
-    handler: OpenAIServingTokenization = raw_request.app.state.openai_serving_tokenization
-    return _respond(await handler.create_detokenize(request))
 
 
 @router.post("/v1/completions", dependencies=[Depends(validate_json_request)],
@@ -148,7 +100,7 @@ async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Respon
 @with_cancellation
 async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
     handler: OpenAIServingCompletion = raw_request.app.state.openai_serving_completion
-    return _respond(await handler.create_completion(request, raw_request))
+    return respond(await handler.create_completion(request, raw_request))
 
 
 @router.post("/v1/chat/completions", dependencies=[Depends(validate_json_request)],
@@ -157,7 +109,7 @@ async def create_completion(request: CompletionRequest, raw_request: Request) ->
 async def create_chat_completion(request: ChatCompletionRequest,
                                  raw_request: Request) -> Response:
     handler: OpenAIServingChat = raw_request.app.state.openai_serving_chat
-    return _respond(await handler.create_chat_completion(request, raw_request))
+    return respond(await handler.create_chat_completion(request, raw_request))
 
 
 @router.post("/invocations", dependencies=[Depends(validate_json_request)],
@@ -182,44 +134,6 @@ async def invocations(raw_request: Request) -> Response:
     except pydantic.ValidationError as e:
         raise RequestValidationError(errors=e.errors()) from e
     return await route(request, raw_request)
-
-
-def _respond(result: Any) -> Response:
-    if isinstance(result, ErrorResponse):
-        return error_json(result)
-    if isinstance(result, pydantic.BaseModel):
-        return JSONResponse(content=result.model_dump())
-    return DisconnectAwareStreamingResponse(content=result, media_type="text/event-stream")
-
-
-def error_json(error: ErrorResponse) -> JSONResponse:
-    headers = {"Retry-After": "1"} if error.error.code == 503 else None
-    return JSONResponse(content=error.model_dump(), status_code=error.error.code,
-                        headers=headers)
-
-
-class DisconnectAwareStreamingResponse(StreamingResponse):
-    """A stream that stops (and aborts its request) as soon as the client
-    disconnects, even while no token is being sent, and always closes its
-    generator."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        stream = asyncio.create_task(self.stream_response(send))
-        disconnect = asyncio.create_task(_wait_disconnect(receive))
-        try:
-            await asyncio.wait([stream, disconnect], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (stream, disconnect):
-                task.cancel()
-            await asyncio.gather(stream, disconnect, return_exceptions=True)
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 # ----------------------------------------------------------------------
@@ -343,6 +257,7 @@ def build_app(args: Namespace) -> FastAPI:
     docs = {} if not args.disable_fastapi_docs else {"openapi_url": None, "docs_url": None,
                                                       "redoc_url": None}
     app = FastAPI(lifespan=_lifespan, root_path=args.root_path or "", **docs)
+    register_vllm_serve_api_routers(app)
     app.include_router(router)
     app.root_path = args.root_path or ""
     app.add_middleware(CORSMiddleware, allow_origins=args.allowed_origins,

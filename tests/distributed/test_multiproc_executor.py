@@ -65,10 +65,12 @@ def test_greedy_parity_with_one_worker(tiny_model_dir, runner, tp, pp):
     tokens, info = run_engine(model, tp, pp, None if (tp, pp) == (2, 1) else "mp")
     assert tokens == _reference[runner]
     assert info["executor"] == "MultiprocExecutor"
-    # V2 schedules asynchronously and keeps one more step in flight than
-    # there are pipeline stages; V1 does not run ahead here.
-    expected = pp + 1 if runner == "V2" else pp
-    assert info["async_scheduling"] == (runner == "V2")
+    # Async scheduling is on by default on mp: V2 keeps one more step in
+    # flight than there are pipeline stages; V1 runs ahead only without
+    # pipeline parallelism (2 batches), as upstream.
+    v1_async = runner == "V1" and pp == 1
+    expected = pp + 1 if runner == "V2" else (2 if v1_async else pp)
+    assert info["async_scheduling"] == (runner == "V2" or v1_async)
     assert info["executor_batches"] == info["core_batches"] == info["config_batches"] == expected
 
 

@@ -19,7 +19,6 @@ One step is two calls, as upstream:
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -27,26 +26,25 @@ import torch
 import torch.nn as nn
 
 from vllm.compilation.cuda_graph import CUDAGraphWrapper
-from vllm.config.compilation import CUDAGraphMode
 from vllm.distributed import get_pp_group
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingType
 from vllm.sequence import IntermediateTensors
 from vllm.utils import is_pin_memory_available
-from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput
 from vllm.v1.sample.logits_processor import build_logitsprocs
-from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.worker import kv_cache_setup
-from vllm.v1.worker.cudagraph_padding import (PaddedBatch, capture_cudagraphs, dummy_layout,
-                                              plan_padding, resolve_cudagraph_mode,
-                                              write_padding)
-from vllm.v1.worker.gpu_async_output import (PLACEHOLDER_TOKEN_ID, AsyncGPUModelRunnerOutput,
+from vllm.v1.worker.cudagraph_padding import PaddedBatch, plan_padding, write_padding
+from vllm.v1.worker.gpu_async_output import (AsyncGPUModelRunnerOutput,
                                               scatter_prev_sampled_token_ids,
                                               update_async_output_token_ids)
+from vllm.v1.worker.gpu_attn_metadata import build_attention_metadata
+from vllm.v1.worker.gpu_bookkeeping import (bookkeeping_async, bookkeeping_sync,
+                                            sampling_metadata_for_step)
+from vllm.v1.worker.gpu_dummy_run import GPUModelRunnerDummyRunMixin
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 from vllm.v1.worker.prompt_logprobs import get_prompt_logprobs_dict
 from vllm.v1.worker.utils import (AttentionGroup, CpuGpuBuffer,
@@ -79,8 +77,9 @@ class PreparedInputs(NamedTuple):
     padded: PaddedBatch  # graph mode and padded shape of the forward
 
 
-class GPUModelRunner:
-    """Owns the model, the KV cache tensors, the persistent batch and the sampler."""
+class GPUModelRunner(GPUModelRunnerDummyRunMixin):
+    """Owns the model, the KV cache tensors, the persistent batch and the
+    sampler. Graph capture and dummy runs: vllm/v1/worker/gpu_dummy_run.py."""
 
     def __init__(self, vllm_config: "VllmConfig", device: torch.device) -> None:
         self.vllm_config = vllm_config
@@ -178,19 +177,6 @@ class GPUModelRunner:
             kv_cache_config, self.attn_groups, self.vllm_config, self.device)
         self._init_cudagraphs()
 
-    def _init_cudagraphs(self) -> None:
-        """Graph keys for the mode the backends allow; wrap the model for FULL."""
-        mode = resolve_cudagraph_mode(self.vllm_config, self.attn_groups)
-        self.cudagraph_dispatcher.initialize_cudagraph_keys(mode, uniform_decode_query_len=1)
-        if mode.has_full_cudagraphs() and not isinstance(self.model, CUDAGraphWrapper):
-            self.model = CUDAGraphWrapper(self.get_model(), self.vllm_config,
-                                          CUDAGraphMode.FULL)
-
-    def capture_model(self) -> int:
-        """Capture every graph the dispatcher has a key for, largest first
-        (called by the worker after warm-up); returns how many."""
-        return capture_cudagraphs(self.cudagraph_dispatcher, self._dummy_run, self.device)
-
     # ---- one step ------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, scheduler_output: "SchedulerOutput",
@@ -248,10 +234,11 @@ class GPUModelRunner:
             # A stage before the last: take the last stage's tokens, so this
             # stage's batch holds them too.
             sampled = torch.empty((len(state.discard_mask), 1), dtype=torch.int64)
-            self._bookkeeping(pp_group.broadcast(sampled, src=pp_group.world_size - 1),
-                              None, state.discard_mask)
+            bookkeeping_sync(self.input_batch,
+                             pp_group.broadcast(sampled, src=pp_group.world_size - 1), None,
+                             state.discard_mask)
             return None
-        sampling_metadata = self._sampling_metadata_for_step(state.discard_mask)
+        sampling_metadata = sampling_metadata_for_step(self.input_batch, state.discard_mask)
         if self.use_async_scheduling and (not sampling_metadata.no_penalties
                                           or sampling_metadata.bad_words_token_ids):
             update_async_output_token_ids(self.input_batch)  # they read output tokens
@@ -262,11 +249,11 @@ class GPUModelRunner:
         prompt_logprobs_dict = get_prompt_logprobs_dict(
             self, state.hidden_states, state.scheduler_output.num_scheduled_tokens)
         if self.use_async_scheduling:
-            return self._bookkeeping_async(sampler_output.sampled_token_ids,
-                                           sampler_output.logprobs_tensors, state.discard_mask,
-                                           prompt_logprobs_dict)
-        output = self._bookkeeping(sampler_output.sampled_token_ids,
-                                   sampler_output.logprobs_tensors, state.discard_mask)
+            return bookkeeping_async(self.input_batch, sampler_output.sampled_token_ids,
+                                     sampler_output.logprobs_tensors, state.discard_mask,
+                                     prompt_logprobs_dict, self.async_output_copy_stream)
+        output = bookkeeping_sync(self.input_batch, sampler_output.sampled_token_ids,
+                                  sampler_output.logprobs_tensors, state.discard_mask)
         output.prompt_logprobs_dict = prompt_logprobs_dict
         return output
 
@@ -441,175 +428,7 @@ class GPUModelRunner:
             num_computed = torch.cat([num_computed, num_computed.new_zeros(
                 num_reqs - padded.num_reqs)])
         qsl = self.query_start_loc.np[:num_reqs + 1]
-        return self._build_attention_metadata(
-            num_reqs, num_tokens, int((qsl[1:] - qsl[:-1]).max()),
-            int(self.seq_lens.np[:num_reqs].max()), num_computed, for_cudagraph_capture)
-
-    def _build_attention_metadata(self, num_reqs: int, num_tokens: int, max_query_len: int,
-                                  max_seq_len: int, num_computed_tokens_cpu: torch.Tensor,
-                                  for_cudagraph_capture: bool = False) -> dict[str, object]:
-        """One metadata object per attention group, mapped to each of its layers."""
-        attn_metadata: dict[str, object] = {}
-        for gid, groups in enumerate(self.attn_groups):
-            block_table = self.input_batch.block_table[gid]
-            common = CommonAttentionMetadata(
-                query_start_loc=self.query_start_loc.gpu[:num_reqs + 1],
-                query_start_loc_cpu=self.query_start_loc.cpu[:num_reqs + 1],
-                seq_lens=self.seq_lens.gpu[:num_reqs],
-                seq_lens_cpu=self.seq_lens.cpu[:num_reqs],
-                num_computed_tokens_cpu=num_computed_tokens_cpu,
-                num_reqs=num_reqs, num_actual_tokens=num_tokens,
-                max_query_len=max_query_len, max_seq_len=max_seq_len,
-                block_table_tensor=block_table.get_device_tensor(num_reqs),
-                slot_mapping=block_table.slot_mapping.gpu[:num_tokens])
-            for group in groups:
-                builder = group.metadata_builder
-                metadata = (builder.build_for_cudagraph_capture(common) if for_cudagraph_capture
-                            else builder.build(common_prefix_len=0, common_attn_metadata=common))
-                for layer_name in group.layer_names:
-                    attn_metadata[layer_name] = metadata
-        return attn_metadata
-
-    # ---- outputs -------------------------------------------------------------
-    def _sampling_metadata_for_step(self, discard_mask: np.ndarray) -> SamplingMetadata:
-        """The batch's sampling metadata, minus the generators of requests
-        still mid-prefill: their draw is discarded, so it must not advance
-        their generator (seeded output must not depend on chunking)."""
-        metadata = self.input_batch.sampling_metadata
-        generators = metadata.generators
-        if generators and discard_mask.any():
-            kept = {row: g for row, g in generators.items() if not discard_mask[row]}
-            metadata = dataclasses.replace(metadata, generators=kept)
-        return metadata
-
-    def _bookkeeping(self, sampled_token_ids: torch.Tensor,
-                     logprobs_tensors: LogprobsTensors | None,
-                     discard_mask: np.ndarray) -> ModelRunnerOutput:
-        """Append the sampled tokens to the batch and the request states and
-        build the step's output. sampled_token_ids: [num_reqs, 1] int32."""
-        batch = self.input_batch
-        sampled_np = sampled_token_ids[:, 0].cpu().numpy()
-        rows = self._append_sampled_tokens(sampled_np, discard_mask)
-        sampled = sampled_np.tolist()
-        sampled_token_ids_list: list[list[int]] = [[] for _ in sampled]
-        for row in rows.tolist():
-            sampled_token_ids_list[row] = [sampled[row]]
-        return ModelRunnerOutput(
-            req_ids=list(batch.req_ids),
-            req_id_to_index=dict(batch.req_id_to_index),
-            sampled_token_ids=sampled_token_ids_list,
-            logprobs=logprobs_tensors.tolists() if logprobs_tensors is not None else None,
-        )
-
-    def _bookkeeping_async(self, sampled_token_ids: torch.Tensor,
-                           logprobs_tensors: LogprobsTensors | None, discard_mask: np.ndarray,
-                           prompt_logprobs_dict: dict[str, LogprobsTensors | None]
-                           ) -> AsyncGPUModelRunnerOutput:
-        """As `_bookkeeping`, without waiting for the sampled ids: the batch
-        gets placeholders, the next step's inputs get the ids on the device,
-        and the output gets them when its host copy lands."""
-        batch = self.input_batch
-        placeholders = np.full(len(discard_mask), PLACEHOLDER_TOKEN_ID, dtype=np.int32)
-        rows = self._append_sampled_tokens(placeholders, discard_mask)
-        req_ids = batch.req_ids
-        batch.prev_sampled_token_ids = sampled_token_ids
-        batch.prev_req_id_to_index = {req_ids[row]: row for row in rows.tolist()}
-        output = ModelRunnerOutput(req_ids=list(req_ids),
-                                   req_id_to_index=dict(batch.req_id_to_index),
-                                   prompt_logprobs_dict=prompt_logprobs_dict)
-        async_output = AsyncGPUModelRunnerOutput(
-            output, sampled_token_ids, logprobs_tensors,
-            np.flatnonzero(discard_mask).tolist(), self.async_output_copy_stream)
-        batch.sampled_token_ids_cpu = async_output.sampled_token_ids_cpu
-        batch.async_copy_ready_event = async_output.async_copy_ready_event
-        return async_output
-
-    def _append_sampled_tokens(self, token_ids: np.ndarray,
-                               discard_mask: np.ndarray) -> np.ndarray:
-        """Append token_ids[row] to every row not in `discard_mask`, in the
-        token table and the request's output list; returns those rows."""
-        batch = self.input_batch
-        rows = np.flatnonzero(~discard_mask)
-        # Write the new tokens after each row's last token, all rows at once.
-        cols = batch.num_tokens[rows]
-        fits = cols < batch.max_model_len
-        batch.token_ids_cpu[rows[fits], cols[fits]] = token_ids[rows[fits]]
-        batch.num_tokens[rows] += 1
-        output_lists = batch.req_output_token_ids
-        values = token_ids.tolist()
-        for row in rows.tolist():
-            output_lists[row].append(values[row])  # type: ignore[union-attr]
-        return rows
-
-    # ---- dummy runs (warm-up, memory profiling, graph capture) ----------------
-    @torch.inference_mode()
-    def _dummy_run(self, num_tokens: int, use_kv_cache: bool = True,
-                   num_reqs: int | None = None,
-                   cudagraph_runtime_mode: CUDAGraphMode | None = None,
-                   uniform_decode: bool = False) -> torch.Tensor:
-        """Forward `num_tokens` dummy tokens spread over `num_reqs` (default
-        min(num_tokens, max_num_reqs); one token each with `uniform_decode`)
-        fake requests that start at position 0.
-
-        The batch is laid out in the persistent input buffers, as a real step's
-        (so a graph captured here replays real steps). With `use_kv_cache` (and
-        a KV cache allocated) attention runs for real with every slot -1, so
-        nothing is written; otherwise the layers get no metadata and skip
-        attention (profile run). `cudagraph_runtime_mode` FULL captures (or
-        replays) the graph the dispatcher has for this size. Returns the hidden
-        states of each fake request's last token.
-        """
-        assert 0 < num_tokens <= self.max_num_tokens
-        if uniform_decode:
-            num_reqs = num_tokens
-        num_reqs = num_reqs or min(num_tokens, self.max_num_reqs)
-        assert num_reqs <= min(num_tokens, self.max_num_reqs)
-        num_scheduled = np.full(num_reqs, num_tokens // num_reqs, dtype=np.int32)
-        num_scheduled[-1] += num_tokens % num_reqs
-        layout = dummy_layout(self.cudagraph_dispatcher, num_scheduled, uniform_decode,
-                              cudagraph_runtime_mode)
-        attn_metadata = None
-        if use_kv_cache and self.attn_groups:
-            attn_metadata = self._commit_inputs(
-                layout, for_cudagraph_capture=layout.runtime_mode != CUDAGraphMode.NONE)
-        else:
-            write_padding(layout, self.input_ids.np, self.positions.np,
-                          self.query_start_loc.np, self.seq_lens.np, [])
-            self.input_ids.copy_to_gpu(num_tokens)
-            self.positions.copy_to_gpu(num_tokens)
-        # A later pipeline stage starts from zeros (stages run their dummy
-        # batches independently).
-        intermediate_tensors = None if get_pp_group().is_first_rank else (
-            self.get_model().make_empty_intermediate_tensors(num_tokens, self.dtype,
-                                                             self.device))
-        with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens,
-                                 cudagraph_runtime_mode=layout.runtime_mode,
-                                 batch_descriptor=layout.batch_descriptor):
-            hidden_states = self.model(input_ids=self.input_ids.gpu[:num_tokens],
-                                       positions=self.positions.gpu[:num_tokens],
-                                       intermediate_tensors=intermediate_tensors)
-        last = torch.from_numpy(np.cumsum(num_scheduled) - 1).to(self.device)
-        return hidden_states[last]
-
-    @torch.inference_mode()
-    def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
-        """Logits and a random top-k/top-p draw with logprobs for each row, so
-        the sampler's kernels and buffers are exercised once (on the last
-        pipeline stage: the others have no logits)."""
-        if not get_pp_group().is_last_rank:
-            return
-        logits = self.get_model().compute_logits(hidden_states)
-        n = logits.shape[0]
-        metadata = SamplingMetadata(
-            temperature=torch.full((n,), 0.5, device=self.device), all_greedy=False,
-            all_random=True, top_p=torch.full((n,), 0.9, device=self.device),
-            top_k=torch.full((n,), min(50, self.vocab_size), dtype=torch.int32,
-                             device=self.device),
-            min_p=None, generators={}, max_num_logprobs=self.model_config.max_logprobs)
-        self.sampler(logits, metadata)
-
-    def profile_run(self) -> None:
-        """The largest step the scheduler can produce, without a KV cache: its
-        peak memory is what the KV cache must leave room for."""
-        hidden_states = self._dummy_run(self.max_num_tokens, use_kv_cache=False)
-        self._dummy_sampler_run(hidden_states)
+        return build_attention_metadata(
+            self.attn_groups, block_table, self.query_start_loc, self.seq_lens, num_reqs,
+            num_tokens, int((qsl[1:] - qsl[:-1]).max()), int(self.seq_lens.np[:num_reqs].max()),
+            num_computed, for_cudagraph_capture)

@@ -7,12 +7,17 @@ metadata is assembled from the gathered block tables and slot mappings.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.worker.utils import AttentionGroup
+
+if TYPE_CHECKING:
+    from vllm.v1.worker.gpu.block_table import BlockTables
+    from vllm.v1.worker.gpu.input_batch import InputBatch
 
 
 def get_reorder_batch_threshold(attn_groups: list[list[AttentionGroup]]) -> int | None:
@@ -22,6 +27,18 @@ def get_reorder_batch_threshold(attn_groups: list[list[AttentionGroup]]) -> int 
                   for groups in attn_groups for g in groups
                   if g.metadata_builder.reorder_batch_threshold is not None]
     return min(thresholds) if thresholds else None
+
+
+def decodes_first_order(num_scheduled: np.ndarray, threshold: int | None) -> np.ndarray | None:
+    """The stable batch order that puts requests with at most `threshold`
+    scheduled tokens (decodes) before the others, as the backends that set a
+    `reorder_batch_threshold` require; None when the batch already is so."""
+    if threshold is None or len(num_scheduled) < 2:
+        return None
+    is_prefill = num_scheduled > threshold
+    if not is_prefill.any() or is_prefill[-int(is_prefill.sum()):].all():
+        return None
+    return np.argsort(is_prefill, kind="stable")
 
 
 def build_attn_metadata(attn_groups: list[list[AttentionGroup]], num_reqs: int,
@@ -54,3 +71,31 @@ def build_attn_metadata(attn_groups: list[list[AttentionGroup]], num_reqs: int,
             for layer_name in group.layer_names:
                 attn_metadata[layer_name] = metadata
     return attn_metadata
+
+
+def build_batch_attn_metadata(attn_groups: list[list[AttentionGroup]], batch: "InputBatch",
+                              block_tables: tuple[torch.Tensor, ...],
+                              slot_mappings: torch.Tensor,
+                              for_cudagraph_capture: bool = False) -> dict[str, Any]:
+    """`build_attn_metadata` over an unpadded `InputBatch`: its query starts,
+    sequence lengths and computed-token counts (device tensors and host
+    mirrors), with the given per-group block tables and slot mappings."""
+    return build_attn_metadata(
+        attn_groups, batch.num_reqs, batch.num_tokens, batch.query_start_loc,
+        torch.from_numpy(batch.query_start_loc_np), batch.seq_lens,
+        torch.from_numpy(batch.seq_lens_np), torch.from_numpy(batch.num_computed_tokens_np),
+        max_query_len=int(batch.num_scheduled_tokens.max()),
+        max_seq_len=int(batch.seq_lens_np.max()), block_tables=block_tables,
+        slot_mappings=slot_mappings, for_cudagraph_capture=for_cudagraph_capture)
+
+
+def build_dummy_attn_metadata(attn_groups: list[list[AttentionGroup]], batch: "InputBatch",
+                              block_tables: "BlockTables",
+                              for_cudagraph_capture: bool = False) -> dict[str, Any]:
+    """Metadata for a dummy batch (warm-up, capture): the batch's block-table
+    rows are zeroed and every slot is padding, so attention reads block 0 and
+    writes nothing to the KV cache."""
+    tables = tuple(t[:batch.num_reqs].zero_() for t in block_tables.input_block_tables)
+    return build_batch_attn_metadata(
+        attn_groups, batch, tables, block_tables.get_dummy_slot_mappings(batch.num_tokens),
+        for_cudagraph_capture=for_cudagraph_capture)

@@ -24,7 +24,7 @@ of the flattened batch; the logits of request i are rows
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +32,10 @@ import torch
 from vllm.triton_utils import HAS_TRITON
 from vllm.v1.worker.gpu import input_batch_kernels as kernels
 from vllm.v1.worker.gpu.block_table import token_batch_indices
+from vllm.v1.worker.gpu.buffer_utils import async_copy_to_gpu
+
+if TYPE_CHECKING:
+    from vllm.v1.worker.gpu.states import RequestState
 
 
 class InputBuffers:
@@ -83,10 +87,14 @@ class InputBatch:
     attn_metadata: dict[str, Any] | None = None
 
     @classmethod
-    def make_dummy(cls, num_reqs: int, num_tokens: int, input_buffers: InputBuffers,
+    def make_dummy(cls, num_reqs: int | None, num_tokens: int, input_buffers: InputBuffers,
                    device: torch.device) -> "InputBatch":
-        """A batch of `num_reqs` fresh requests sharing `num_tokens` tokens,
-        for warm-up and profiling runs (no request state is touched)."""
+        """A batch of `num_reqs` (default min(num_tokens, max_num_reqs)) fresh
+        requests sharing `num_tokens` tokens (input ids 0, positions 0..n-1
+        within each request), for warm-up, profiling and capture runs (no
+        request state is touched)."""
+        assert 0 < num_tokens <= input_buffers.max_num_tokens
+        num_reqs = num_reqs or min(num_tokens, input_buffers.max_num_reqs)
         assert 0 < num_reqs <= num_tokens
         num_scheduled = np.full(num_reqs, num_tokens // num_reqs, dtype=np.int32)
         num_scheduled[-1] += num_tokens % num_reqs
@@ -96,6 +104,9 @@ class InputBatch:
         qsl.copy_(torch.from_numpy(qsl_np))
         seq_lens = input_buffers.seq_lens[:num_reqs]
         seq_lens.copy_(torch.from_numpy(num_scheduled))
+        positions = input_buffers.positions[:num_tokens]
+        positions.copy_(torch.from_numpy(
+            np.arange(num_tokens) - np.repeat(qsl_np[:-1], num_scheduled)))
         idx_mapping = torch.arange(num_reqs, dtype=torch.int64, device=device)
         cu_np = np.arange(num_reqs + 1, dtype=np.int32)
         return cls(
@@ -107,7 +118,7 @@ class InputBatch:
             seq_lens_np=num_scheduled.copy(),
             num_computed_tokens_np=np.zeros(num_reqs, dtype=np.int32),
             input_ids=input_buffers.input_ids[:num_tokens].zero_(),
-            positions=input_buffers.positions[:num_tokens].zero_(),
+            positions=positions,
             logits_indices=qsl[1:].to(torch.int64) - 1,
             cu_num_logits=torch.from_numpy(cu_np).to(device), cu_num_logits_np=cu_np)
 
@@ -259,6 +270,42 @@ def _combine_sampled_and_draft_tokens_torch(
     return logits_indices
 
 
+def copy_query_start_loc(num_scheduled: np.ndarray, out: torch.Tensor
+                         ) -> tuple[torch.Tensor, np.ndarray]:
+    """query_start_loc [num_reqs + 1] = 0, cumsum(num_scheduled): written into
+    `out` (device) and returned with its host copy."""
+    qsl_np = np.empty(len(num_scheduled) + 1, dtype=np.int32)
+    qsl_np[0] = 0
+    np.cumsum(num_scheduled, out=qsl_np[1:])
+    return async_copy_to_gpu(qsl_np, out=out[:len(qsl_np)]), qsl_np
+
+
+def prepare_token_inputs(bufs: InputBuffers, states: "RequestState", idx_mapping: torch.Tensor,
+                         idx_mapping_np: np.ndarray, query_start_loc: torch.Tensor,
+                         cu_num_logits: torch.Tensor, num_tokens: int
+                         ) -> tuple[torch.Tensor, np.ndarray]:
+    """A step's input ids, positions and sequence lengths, written into `bufs`
+    on the device from the request rows `idx_mapping` (batch order). Returns
+    (logits_indices [num_logits] int64, the rows' computed-token counts
+    before this step [num_reqs], host)."""
+    num_computed = states.num_computed_tokens.gpu
+    num_computed_np = states.num_computed_tokens_np[idx_mapping_np]
+    if (num_computed_np < states.prefill_len.np[idx_mapping_np]).any():
+        # Some request is prefilling (the host knows; in a decode-only step
+        # every input token comes from combine_sampled_and_draft_tokens).
+        prepare_prefill_inputs(bufs.input_ids, idx_mapping, query_start_loc,
+                               states.all_token_ids.gpu, states.prefill_len.gpu,
+                               num_computed, num_tokens)
+    prepare_pos_seq_lens(idx_mapping, query_start_loc, num_computed, bufs.positions,
+                         bufs.seq_lens, num_tokens)
+    num_reqs = len(idx_mapping_np)
+    logits_indices = combine_sampled_and_draft_tokens(
+        bufs.input_ids, idx_mapping, states.last_sampled_tokens, query_start_loc,
+        bufs.seq_lens[:num_reqs], states.prefill_len.gpu, states.draft_tokens, cu_num_logits,
+        num_reqs)
+    return logits_indices, num_computed_np
+
+
 # ---- after sampling -----------------------------------------------------------------
 
 def get_num_sampled_and_rejected(num_sampled: torch.Tensor, seq_lens: torch.Tensor,
@@ -281,6 +328,24 @@ def _get_num_sampled_and_rejected_torch(
     num_logits = (cu_num_logits[1:] - cu_num_logits[:-1]).to(num_sampled.dtype)
     num_rejected = (num_logits - num_sampled).masked_fill_(chunked, 0)
     return num_sampled, num_rejected
+
+
+def num_sampled_and_rejected(input_batch: InputBatch, prefill_len_np: np.ndarray,
+                             prefill_len: torch.Tensor, ones: torch.Tensor, zeros: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[num_reqs] tokens sampled and drafts rejected per request of the batch:
+    1 and 0, except 0 and 0 for requests still mid-prefill. Without drafts the
+    host knows whether any request is mid-prefill, and the device work is
+    skipped in the common case where none is (`ones` / `zeros`: read-only
+    [max_num_reqs] int32 buffers; `prefill_len(_np)`: per request row)."""
+    num_reqs = input_batch.num_reqs
+    batch_prefill_len_np = prefill_len_np[input_batch.idx_mapping_np]
+    if input_batch.num_draft_tokens == 0 and (
+            input_batch.seq_lens_np >= batch_prefill_len_np).all():
+        return ones[:num_reqs], zeros[:num_reqs]
+    return get_num_sampled_and_rejected(ones[:num_reqs].clone(), input_batch.seq_lens,
+                                        input_batch.cu_num_logits, input_batch.idx_mapping,
+                                        prefill_len)
 
 
 def post_update(idx_mapping: torch.Tensor, num_computed_tokens: torch.Tensor,

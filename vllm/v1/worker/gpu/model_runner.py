@@ -1,28 +1,21 @@
 """Model Runner V2 (upstream: vllm/v1/worker/gpu/model_runner.py).
 
-Same class name and worker-facing surface as the V1 runner
-(vllm/v1/worker/gpu_model_runner.py), different design:
+Same class name and worker-facing surface as the V1 runner, different design:
+every request keeps one row of `RequestState` (and of the block tables and
+sampling states) until it finishes or is preempted; a step's inputs are
+gathered on the device through `idx_mapping` (batch position -> row); host-side
+changes are staged and applied once per step; sampling is Gumbel-max keyed by
+(seed, position). Input prep lives in input_batch.py, attention metadata in
+attn_utils.py, CUDA graphs in cudagraph_utils.py, pipeline-parallel token
+exchange in pp_utils.py.
 
-- every request keeps one row of `RequestState` (and of the block tables and
-  sampling states) from the step it arrives until it finishes or is
-  preempted; nothing is moved or condensed;
-- a step's inputs are gathered on the device through `idx_mapping` (batch
-  position -> row): prefill tokens from the rows' token ids, decode tokens from
-  the device-resident last sampled tokens, positions, slots and block tables;
-- host-side changes are staged and applied once per step;
-- sampling is Gumbel-max keyed by (seed, position), see sample/gumbel.py.
-
-Step order (`execute_model`), as upstream: finished and preempted requests
-leave (`finish_requests`; upstream's `free_states` frees encoder-cache entries,
-which this build does not have), new and resumed requests get rows
-(`add_requests`), cached ones take the scheduler's counts and new blocks
-(`update_requests`), staged writes are applied, the batch is gathered, the CUDA
-graph (if any) and padding are chosen (`dispatch_cg_and_sync_dp`, see
-cudagraph_utils.py), its inputs are prepared, attention metadata is built, the
-model runs (or its graph replays) and the logits of each request's last token
-are computed. `sample_tokens` then samples, records
-the tokens on the device (`postprocess`) and returns the output, wrapped in an
-`AsyncOutput` under async scheduling.
+Step order (`execute_model`), as upstream: `finish_requests` (upstream's
+`free_states` frees encoder-cache entries, which this build does not have),
+`add_requests`, `update_requests`, `apply_staged_writes`,
+`gather_batch_req_state`, `dispatch_cg_and_sync_dp`, `prepare_inputs`,
+`prepare_attn`, forward (or graph replay) and the logits of each request's last
+token. `sample_tokens` then samples, records the tokens on the device
+(`postprocess`) and returns the output, an `AsyncOutput` under async scheduling.
 """
 from __future__ import annotations
 
@@ -37,23 +30,21 @@ from vllm.distributed import get_pp_group
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
-from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.worker import kv_cache_setup
 from vllm.v1.worker.gpu.async_utils import AsyncOutput
-from vllm.v1.worker.gpu.attn_utils import build_attn_metadata, get_reorder_batch_threshold
+from vllm.v1.worker.gpu.attn_utils import (build_batch_attn_metadata, build_dummy_attn_metadata,
+                                           decodes_first_order, get_reorder_batch_threshold)
 from vllm.v1.worker.gpu.block_table import BlockTables
 from vllm.v1.worker.gpu.buffer_utils import async_copy_to_gpu
 from vllm.v1.worker.gpu.cudagraph_utils import (BatchExecutionDescriptor, CudaGraphManager,
                                                 build_padded_attn_metadata, dispatch_and_plan,
                                                 pad_input_buffers)
 from vllm.v1.worker.gpu.input_batch import (InputBatch, InputBuffers,
-                                            combine_sampled_and_draft_tokens,
-                                            get_num_sampled_and_rejected, post_update,
-                                            prepare_pos_seq_lens, prepare_prefill_inputs)
-from vllm.v1.worker.gpu.sample.gumbel import gumbel_sample
-from vllm.v1.worker.gpu.sample.logprob import compute_topk_logprobs
+                                            copy_query_start_loc, num_sampled_and_rejected,
+                                            post_update, prepare_token_inputs)
+from vllm.v1.worker.gpu.pp_utils import pp_broadcast, pp_dummy_intermediate_tensors, pp_receive
 from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
-from vllm.v1.worker.gpu.sample.sampler import Sampler
+from vllm.v1.worker.gpu.sample.sampler import Sampler, dummy_sample
 from vllm.v1.worker.gpu.states import RequestState
 from vllm.v1.worker.cudagraph_padding import PaddedBatch, resolve_cudagraph_mode
 from vllm.v1.worker.utils import AttentionGroup
@@ -70,8 +61,7 @@ class ExecuteModelState(NamedTuple):
     """What `execute_model` leaves for the `sample_tokens` call that follows."""
 
     input_batch: InputBatch
-    # [num_tokens, hidden] (for prompt logprobs); None on a pipeline stage
-    # before the last, which has no logits either.
+    # [num_tokens, hidden] (prompt logprobs); None before the last PP stage.
     hidden_states: torch.Tensor | None
     logits: torch.Tensor | None  # [num_logits, vocab]
 
@@ -95,10 +85,8 @@ class GPUModelRunner:
         self.num_speculative_steps = 0
 
         self.req_states = RequestState(
-            max_num_reqs=self.max_num_reqs, max_model_len=self.max_model_len,
-            max_num_batched_tokens=self.max_num_tokens,
-            num_speculative_steps=self.num_speculative_steps, vocab_size=self.vocab_size,
-            device=device)
+            self.max_num_reqs, self.max_model_len, self.max_num_tokens,
+            self.num_speculative_steps, self.vocab_size, device)
         self.input_buffers = InputBuffers(self.max_num_reqs, self.max_num_tokens, device)
         self.sampler = Sampler(self.max_num_reqs, self.vocab_size, device,
                                logprobs_mode=self.model_config.logprobs_mode,
@@ -129,8 +117,7 @@ class GPUModelRunner:
         logger.info("Loading model %s on %s (Model Runner V2)", self.model_config.model,
                     self.device)
         self.model = get_model(vllm_config=self.vllm_config)
-        # No-op unless compilation_config.mode asks for torch.compile (on
-        # CPU it measured slower than eager: see vllm/compilation/decorators.py).
+        # No-op unless compilation_config.mode asks for torch.compile.
         self.model = maybe_compile_model(self.model, self.vllm_config.compilation_config,
                                          self.device)
 
@@ -142,8 +129,7 @@ class GPUModelRunner:
         return kv_cache_setup.get_kv_cache_spec(self.vllm_config)
 
     def initialize_kv_cache(self, kv_cache_config: "KVCacheConfig") -> None:
-        """Allocate and bind the KV cache, build the metadata builders and one
-        block table per KV cache group."""
+        """KV cache tensors, metadata builders, one block table per KV cache group."""
         self.kv_cache_config = kv_cache_config
         block_sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
         self.block_tables = BlockTables(block_sizes, self.max_num_reqs, self.max_num_tokens,
@@ -153,8 +139,8 @@ class GPUModelRunner:
         self.reorder_batch_threshold = get_reorder_batch_threshold(self.attn_groups)
         self.kv_caches = kv_cache_setup.allocate_and_bind_kv_caches(
             kv_cache_config, self.attn_groups, self.vllm_config, self.device)
-        self.cudagraph_manager.initialize(resolve_cudagraph_mode(self.vllm_config,
-                                                                 self.attn_groups))
+        self.cudagraph_manager.initialize(
+            resolve_cudagraph_mode(self.vllm_config, self.attn_groups))
 
     def capture_model(self) -> int:
         """Capture the full graphs (worker, after warm-up); returns how many."""
@@ -198,14 +184,12 @@ class GPUModelRunner:
                 new_req.sampling_params)
 
     def update_requests(self, scheduler_output: "SchedulerOutput") -> None:
-        """Cached requests: the scheduler's computed-token counts (one vectorised
-        write) and their new blocks."""
+        """Cached requests: the scheduler's computed-token counts, and new blocks."""
         cached = scheduler_output.scheduled_cached_reqs
         if not cached.req_ids:
             return
         assert not cached.resumed_req_ids, "V2 receives resumed requests as new requests"
-        req_indices = np.fromiter(map(self.req_states.req_id_to_index.__getitem__,
-                                      cached.req_ids), dtype=np.int64, count=cached.num_reqs)
+        req_indices = self.req_states.get_req_indices(cached.req_ids)
         self.req_states.set_num_computed_tokens(
             req_indices, np.asarray(cached.num_computed_tokens, dtype=np.int32))
         block_tables = self._block_tables()
@@ -222,26 +206,17 @@ class GPUModelRunner:
     # ---- inputs ------------------------------------------------------------------
     def gather_batch_req_state(self, scheduler_output: "SchedulerOutput"
                                ) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """The step's batch order: (req_ids, idx_mapping_np, num_scheduled_tokens).
-
-        The scheduler's order, except that requests with at most
-        `reorder_batch_threshold` tokens (decodes) move first when the attention
-        backend asks for it (a stable partition).
-        """
+        """The step's batch order: (req_ids, idx_mapping_np, num_scheduled_tokens),
+        the scheduler's order with decodes first if the backend asks for it."""
         tokens_per_req = scheduler_output.num_scheduled_tokens
         num_reqs = len(tokens_per_req)
         req_ids = list(tokens_per_req)
         num_scheduled = np.fromiter(tokens_per_req.values(), dtype=np.int32, count=num_reqs)
-        threshold = self.reorder_batch_threshold
-        if threshold is not None and num_reqs > 1:
-            is_prefill = num_scheduled > threshold
-            if is_prefill.any() and not is_prefill[-int(is_prefill.sum()):].all():
-                order = np.argsort(is_prefill, kind="stable")
-                req_ids = list(operator.itemgetter(*order)(req_ids))
-                num_scheduled = num_scheduled[order]
-        idx_mapping_np = np.fromiter(map(self.req_states.req_id_to_index.__getitem__, req_ids),
-                                     dtype=np.int64, count=num_reqs)
-        return req_ids, idx_mapping_np, num_scheduled
+        order = decodes_first_order(num_scheduled, self.reorder_batch_threshold)
+        if order is not None:
+            req_ids = list(operator.itemgetter(*order)(req_ids))
+            num_scheduled = num_scheduled[order]
+        return req_ids, self.req_states.get_req_indices(req_ids), num_scheduled
 
     def dispatch_cg_and_sync_dp(self, num_scheduled: np.ndarray, num_tokens: int
                                 ) -> tuple[BatchExecutionDescriptor | None, PaddedBatch]:
@@ -260,29 +235,13 @@ class GPUModelRunner:
         req_ids, idx_mapping_np, num_scheduled = (
             batch_order or self.gather_batch_req_state(scheduler_output))
         num_reqs, num_tokens = len(req_ids), scheduler_output.total_num_scheduled_tokens
-        bufs, states = self.input_buffers, self.req_states
+        bufs = self.input_buffers
         idx_mapping = async_copy_to_gpu(idx_mapping_np, device=self.device)
-
-        qsl_np = np.empty(num_reqs + 1, dtype=np.int32)
-        qsl_np[0] = 0
-        np.cumsum(num_scheduled, out=qsl_np[1:])
-        query_start_loc = async_copy_to_gpu(qsl_np, out=bufs.query_start_loc[:num_reqs + 1])
-
-        num_computed = states.num_computed_tokens.gpu
-        num_computed_np = states.num_computed_tokens_np[idx_mapping_np]
-        if (num_computed_np < states.prefill_len.np[idx_mapping_np]).any():
-            # Some request is prefilling (the host knows; in a decode-only step
-            # every input token comes from combine_sampled_and_draft_tokens).
-            prepare_prefill_inputs(bufs.input_ids, idx_mapping, query_start_loc,
-                                   states.all_token_ids.gpu, states.prefill_len.gpu,
-                                   num_computed, num_tokens)
-        prepare_pos_seq_lens(idx_mapping, query_start_loc, num_computed, bufs.positions,
-                             bufs.seq_lens, num_tokens)
-        seq_lens = bufs.seq_lens[:num_reqs]
+        query_start_loc, qsl_np = copy_query_start_loc(num_scheduled, bufs.query_start_loc)
         cu_num_logits = self._arange[:num_reqs + 1]
-        logits_indices = combine_sampled_and_draft_tokens(
-            bufs.input_ids, idx_mapping, states.last_sampled_tokens, query_start_loc,
-            seq_lens, states.prefill_len.gpu, states.draft_tokens, cu_num_logits, num_reqs)
+        logits_indices, num_computed_np = prepare_token_inputs(
+            bufs, self.req_states, idx_mapping, idx_mapping_np, query_start_loc,
+            cu_num_logits, num_tokens)
         num_padded = num_tokens
         if padded is not None:  # after the writes above (they zero seq_lens past num_reqs)
             pad_input_buffers(padded, bufs)
@@ -293,7 +252,8 @@ class GPUModelRunner:
             idx_mapping_np=idx_mapping_np, expanded_idx_mapping=idx_mapping,
             num_scheduled_tokens=num_scheduled, num_tokens=num_tokens,
             num_tokens_after_padding=num_padded, num_draft_tokens=0,
-            query_start_loc=query_start_loc, query_start_loc_np=qsl_np, seq_lens=seq_lens,
+            query_start_loc=query_start_loc, query_start_loc_np=qsl_np,
+            seq_lens=bufs.seq_lens[:num_reqs],
             seq_lens_np=num_computed_np + num_scheduled, num_computed_tokens_np=num_computed_np,
             input_ids=bufs.input_ids[:num_padded], positions=bufs.positions[:num_padded],
             logits_indices=logits_indices, cu_num_logits=cu_num_logits,
@@ -312,14 +272,7 @@ class GPUModelRunner:
         if padded is not None and len(padded.pad_query_lens):
             return build_padded_attn_metadata(self.attn_groups, input_batch, padded,
                                               self.input_buffers, block_tables)
-        return build_attn_metadata(
-            self.attn_groups, input_batch.num_reqs, input_batch.num_tokens,
-            input_batch.query_start_loc, torch.from_numpy(input_batch.query_start_loc_np),
-            input_batch.seq_lens, torch.from_numpy(input_batch.seq_lens_np),
-            torch.from_numpy(input_batch.num_computed_tokens_np),
-            max_query_len=int(input_batch.num_scheduled_tokens.max()),
-            max_seq_len=int(input_batch.seq_lens_np.max()), block_tables=tables,
-            slot_mappings=slot_mappings)
+        return build_batch_attn_metadata(self.attn_groups, input_batch, tables, slot_mappings)
 
     # ---- one step --------------------------------------------------------------------
     @torch.inference_mode()
@@ -327,10 +280,8 @@ class GPUModelRunner:
                       intermediate_tensors: Any = None) -> ModelRunnerOutput | None:
         """Update the request rows and run the forward pass; returns None and
         leaves the logits for `sample_tokens` (EMPTY_MODEL_RUNNER_OUTPUT when
-        nothing is scheduled). Dummy batches (warm-up, profiling) go through
-        `_dummy_run`, which touches no request state. Under pipeline
-        parallelism a later stage starts from the previous stage's
-        `intermediate_tensors`; a stage before the last returns its own."""
+        nothing is scheduled). Under pipeline parallelism a later stage starts
+        from `intermediate_tensors`; a stage before the last returns its own."""
         if self.execute_model_state is not None:
             raise RuntimeError("execute_model() called twice without sample_tokens().")
         self.finish_requests(scheduler_output)
@@ -395,10 +346,7 @@ class GPUModelRunner:
                                       input_batch.idx_mapping_np, pos, input_batch.seq_lens_np,
                                       self.req_states.all_token_ids.gpu)
         num_sampled, num_rejected = self._num_sampled_and_rejected(input_batch)
-        pp_group = get_pp_group()
-        if pp_group.world_size > 1:  # the earlier stages record the tokens too
-            pp_group.broadcast(sampler_output.sampled_token_ids.cpu(),
-                               src=pp_group.world_size - 1)
+        pp_broadcast(sampler_output.sampled_token_ids)  # the earlier stages record them too
         output = ModelRunnerOutput(
             req_ids=input_batch.req_ids,
             req_id_to_index={req_id: i for i, req_id in enumerate(input_batch.req_ids)},
@@ -413,29 +361,16 @@ class GPUModelRunner:
         return async_output if self.use_async_scheduling else async_output.get_output()
 
     def _receive_pp_sampled_tokens(self, input_batch: InputBatch) -> None:
-        """A pipeline stage before the last: take the tokens the last stage
-        sampled ([num_logits, 1] int64) and record them in the rows, as if
-        sampled here, so the next step's inputs are right on every stage."""
-        pp_group = get_pp_group()
-        sampled = torch.empty((len(input_batch.logits_indices), 1), dtype=torch.int64)
-        pp_group.broadcast(sampled, src=pp_group.world_size - 1)
+        """A stage before the last records the last stage's tokens as if it had
+        sampled them, so the next step's inputs are right on every stage."""
+        sampled = pp_receive(len(input_batch.logits_indices), self.device)
         num_sampled, num_rejected = self._num_sampled_and_rejected(input_batch)
-        self.postprocess(input_batch, sampled.to(self.device), num_sampled, num_rejected)
+        self.postprocess(input_batch, sampled, num_sampled, num_rejected)
 
-    def _num_sampled_and_rejected(self, input_batch: InputBatch
-                                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[num_reqs] tokens sampled and drafts rejected per request: 1 and 0,
-        except 0 and 0 for requests still mid-prefill. Without drafts the host
-        knows whether any request is mid-prefill, and the device work is
-        skipped in the common case where none is."""
-        num_reqs = input_batch.num_reqs
-        prefill_len_np = self.req_states.prefill_len.np[input_batch.idx_mapping_np]
-        if input_batch.num_draft_tokens == 0 and (input_batch.seq_lens_np >= prefill_len_np).all():
-            return self._ones[:num_reqs], self._zeros[:num_reqs]
-        num_sampled = self._ones[:num_reqs].clone()
-        return get_num_sampled_and_rejected(
-            num_sampled, input_batch.seq_lens, input_batch.cu_num_logits,
-            input_batch.idx_mapping, self.req_states.prefill_len.gpu)
+    def _num_sampled_and_rejected(self, batch: InputBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        prefill_len = self.req_states.prefill_len
+        return num_sampled_and_rejected(batch, prefill_len.np, prefill_len.gpu, self._ones,
+                                        self._zeros)
 
     def postprocess(self, input_batch: InputBatch, sampled_tokens: torch.Tensor,
                     num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> None:
@@ -446,92 +381,48 @@ class GPUModelRunner:
                     states.last_sampled_tokens, sampled_tokens, num_sampled, num_rejected,
                     input_batch.query_start_loc, states.all_token_ids.gpu,
                     states.total_len.gpu)
-        idx = input_batch.idx_mapping_np
-        states.num_computed_tokens_np[idx] += input_batch.num_scheduled_tokens
-        computed_prefill = states.num_computed_prefill_tokens
-        computed_prefill[idx] = np.minimum(
-            computed_prefill[idx] + input_batch.num_scheduled_tokens, states.prefill_len.np[idx])
+        states.advance_host_counts(input_batch.idx_mapping_np, input_batch.num_scheduled_tokens)
 
     def take_draft_token_ids(self) -> None:
         """No speculative decoding: never any draft tokens."""
         return None
 
-    # ---- dummy runs (warm-up and memory profiling) -------------------------------------
+    # ---- dummy runs (warm-up, memory profiling and graph capture) --------------------
     @torch.inference_mode()
     def _dummy_run(self, num_tokens: int, use_kv_cache: bool = True,
                    num_reqs: int | None = None) -> torch.Tensor:
-        """Forward `num_tokens` tokens of `num_reqs` (default min(num_tokens,
-        max_num_reqs)) fake requests starting at position 0; no request row is
-        touched. With `use_kv_cache` (and a KV cache) attention runs against a
-        zero block table with every slot padding, so nothing is written;
-        otherwise the layers skip attention (profile run). Returns the hidden
-        states of each fake request's last token."""
-        batch = self._make_dummy_batch(num_tokens, num_reqs)
-        attn_metadata = None
-        if use_kv_cache and self.attn_groups:
-            attn_metadata = self._dummy_attn_metadata(batch)
+        """Forward a dummy batch (`InputBatch.make_dummy`); no request row is
+        touched. With `use_kv_cache` (and a KV cache) attention reads a zero
+        block table and writes nothing (`build_dummy_attn_metadata`); otherwise
+        the layers skip attention (profile run). Returns the hidden states of
+        each fake request's last token."""
+        batch = InputBatch.make_dummy(num_reqs, num_tokens, self.input_buffers, self.device)
+        attn_metadata = (build_dummy_attn_metadata(self.attn_groups, batch, self._block_tables())
+                         if use_kv_cache and self.attn_groups else None)
         model = self.get_model()
-        # A later pipeline stage starts from zeros (stages run dummy batches alone).
-        intermediate_tensors = None if get_pp_group().is_first_rank else (
-            model.make_empty_intermediate_tensors(num_tokens, self.model_config.dtype,
-                                                  self.device))
+        intermediate_tensors = pp_dummy_intermediate_tensors(
+            model, num_tokens, self.model_config.dtype, self.device)
         with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens):
             hidden_states = model(input_ids=batch.input_ids, positions=batch.positions,
                                   intermediate_tensors=intermediate_tensors)
         return hidden_states[batch.logits_indices]
 
-    def _make_dummy_batch(self, num_tokens: int, num_reqs: int | None) -> InputBatch:
-        """`num_tokens` tokens of `num_reqs` fake requests (default
-        min(num_tokens, max_num_reqs)) in the persistent input buffers."""
-        assert 0 < num_tokens <= self.max_num_tokens
-        num_reqs = num_reqs or min(num_tokens, self.max_num_reqs)
-        batch = InputBatch.make_dummy(num_reqs, num_tokens, self.input_buffers, self.device)
-        # Positions 0..n-1 within each fake request.
-        batch.positions.copy_(torch.from_numpy(
-            np.arange(num_tokens) - np.repeat(batch.query_start_loc_np[:-1],
-                                              batch.num_scheduled_tokens)))
-        return batch
-
     def _prepare_capture_batch(self, desc: BatchExecutionDescriptor
                                ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
         """A dummy batch of a graph's shape, laid out where real steps put
         theirs (uniform decode graphs: one token per request)."""
-        batch = self._make_dummy_batch(desc.num_tokens, desc.num_reqs)
-        return (self._dummy_attn_metadata(batch, for_cudagraph_capture=True),
+        batch = InputBatch.make_dummy(desc.num_reqs, desc.num_tokens, self.input_buffers,
+                                      self.device)
+        return (build_dummy_attn_metadata(self.attn_groups, batch, self._block_tables(),
+                                          for_cudagraph_capture=True),
                 batch.input_ids, batch.positions)
-
-    def _dummy_attn_metadata(self, batch: InputBatch,
-                             for_cudagraph_capture: bool = False) -> dict[str, Any]:
-        block_tables = self._block_tables()
-        tables = tuple(t[:batch.num_reqs].zero_() for t in block_tables.input_block_tables)
-        return build_attn_metadata(
-            self.attn_groups, batch.num_reqs, batch.num_tokens, batch.query_start_loc,
-            torch.from_numpy(batch.query_start_loc_np), batch.seq_lens,
-            torch.from_numpy(batch.seq_lens_np), torch.from_numpy(batch.num_computed_tokens_np),
-            max_query_len=int(batch.num_scheduled_tokens.max()),
-            max_seq_len=int(batch.seq_lens_np.max()), block_tables=tables,
-            slot_mappings=block_tables.get_dummy_slot_mappings(batch.num_tokens),
-            for_cudagraph_capture=for_cudagraph_capture)
 
     @torch.inference_mode()
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
-        """Logits, top-k/top-p, a Gumbel draw and top logprobs for each row,
-        with throw-away parameters (no sampling state is touched). Only the
-        last pipeline stage has logits."""
-        if not get_pp_group().is_last_rank:
-            return
-        logits = self.get_model().compute_logits(hidden_states).to(torch.float32)
-        n = logits.shape[0]
-        rows = torch.arange(n, device=self.device)
-        logits = apply_top_k_top_p(
-            logits.div_(0.5), torch.full((n,), min(50, self.vocab_size), device=self.device),
-            torch.full((n,), 0.9, device=self.device))
-        sampled = gumbel_sample(logits, rows, torch.full((n,), 0.5, device=self.device),
-                                torch.zeros(n, dtype=torch.int64, device=self.device),
-                                torch.zeros(n, dtype=torch.int64, device=self.device))
-        max_logprobs = self.model_config.max_logprobs  # -1: the whole vocabulary
-        compute_topk_logprobs(logits, self.vocab_size if max_logprobs == -1 else max_logprobs,
-                              sampled)
+        """`dummy_sample` over the rows' logits (only the last PP stage has any)."""
+        if get_pp_group().is_last_rank:
+            dummy_sample(self.get_model().compute_logits(hidden_states), self.vocab_size,
+                         self.model_config.max_logprobs)
 
     def profile_run(self) -> None:
         """The largest step the scheduler can produce, without a KV cache."""

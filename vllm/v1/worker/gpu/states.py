@@ -107,6 +107,11 @@ class RequestState:
         self.free_indices.append(req_idx)
         return req_idx
 
+    def get_req_indices(self, req_ids: list[str]) -> np.ndarray:
+        """[len(req_ids)] int64: the row of each request (KeyError if unknown)."""
+        return np.fromiter(map(self.req_id_to_index.__getitem__, req_ids), dtype=np.int64,
+                           count=len(req_ids))
+
     def set_num_computed_tokens(self, req_indices: np.ndarray,
                                 num_computed_tokens: np.ndarray) -> None:
         """Take the scheduler's counts for requests already in their rows
@@ -117,6 +122,14 @@ class RequestState:
         idx = torch.from_numpy(req_indices).to(self.device, non_blocking=True)
         values = torch.from_numpy(num_computed_tokens).to(self.device, non_blocking=True)
         self.num_computed_tokens.gpu.index_copy_(0, idx, values)
+
+    def advance_host_counts(self, req_indices: np.ndarray, num_scheduled: np.ndarray) -> None:
+        """After a step: the host mirrors of the computed-token counts advance
+        by the tokens scheduled (prefill tokens capped at prefill_len)."""
+        self.num_computed_tokens_np[req_indices] += num_scheduled
+        computed_prefill = self.num_computed_prefill_tokens
+        computed_prefill[req_indices] = np.minimum(computed_prefill[req_indices] + num_scheduled,
+                                                   self.prefill_len.np[req_indices])
 
     def apply_staged_writes(self) -> None:
         """Publish every host-side change of this step to the device."""

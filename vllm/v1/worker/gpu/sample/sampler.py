@@ -133,3 +133,21 @@ class Sampler:
         sampled = gumbel_sample(logits, idx_mapping, states.temperature.gpu,
                                 states.seeds.gpu, pos, states.is_greedy(idx_mapping_np))
         return sampled, logits
+
+
+def dummy_sample(logits: torch.Tensor, vocab_size: int, max_logprobs: int) -> None:
+    """Warm-up / profiling: top-k/top-p, a Gumbel draw and the top logprobs of
+    every row of `logits` [n, vocab], with throw-away parameters (temperature
+    0.5, top-k min(50, vocab), top-p 0.9, seed 0); no sampling state is read
+    or written. `max_logprobs` -1 means the whole vocabulary."""
+    device = logits.device
+    logits = logits.to(torch.float32)
+    n = logits.shape[0]
+    rows = torch.arange(n, device=device)
+    logits = apply_top_k_top_p(
+        logits.div_(0.5), torch.full((n,), min(50, vocab_size), device=device),
+        torch.full((n,), 0.9, device=device))
+    sampled = gumbel_sample(logits, rows, torch.full((n,), 0.5, device=device),
+                            torch.zeros(n, dtype=torch.int64, device=device),
+                            torch.zeros(n, dtype=torch.int64, device=device))
+    compute_topk_logprobs(logits, vocab_size if max_logprobs == -1 else max_logprobs, sampled)

@@ -71,6 +71,9 @@ def test_v2_model_runner_env_tri_state(monkeypatch, value, expected):
     assert cfg.use_v2_model_runner is False  # unset: back to the default rule
 
 
+# Upstream's rule (0.28 and 0.33): async + V2 -> pp + 1; async + V1 -> 2 if
+# pp <= 1 else pp; not async -> pp. (V1 + async + pp > 1 is refused when the
+# config is built: tests/v1/worker/test_gpu_model_runner_async.py.)
 @pytest.mark.parametrize("async_sched,use_v2,pp,expected", [
     (False, False, 1, 1), (False, True, 1, 1), (False, True, 2, 2),
     (True, False, 1, 2), (True, False, 2, 2), (True, False, 3, 3),

@@ -222,3 +222,21 @@ def test_config_allows_v1_async_but_not_with_pipeline_parallelism(monkeypatch):
     assert _config(2, True, monkeypatch).max_concurrent_batches == 3
     with pytest.raises(ValueError, match="pipeline parallelism"):
         _config(2, False, monkeypatch)
+
+
+def test_v1_async_default_follows_the_executor(tiny_model_dir, monkeypatch):
+    """Off by default for one CPU worker (measured slower there, see
+    VllmConfig._async_scheduling_off_by_default_reason), on for mp, as V2."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    model = tiny_model_dir("llama")
+    uni = EngineArgs(model=model, dtype="float32", max_model_len=128).create_engine_config()
+    assert not uni.use_v2_model_runner
+    assert not uni.scheduler_config.async_scheduling and uni.max_concurrent_batches == 1
+    mp = EngineArgs(model=model, dtype="float32", max_model_len=128,
+                    tensor_parallel_size=2).create_engine_config()
+    assert mp.scheduler_config.async_scheduling and mp.max_concurrent_batches == 2
+    pp = EngineArgs(model=model, dtype="float32", max_model_len=128,
+                    pipeline_parallel_size=2).create_engine_config()
+    assert not pp.scheduler_config.async_scheduling and pp.max_concurrent_batches == 2

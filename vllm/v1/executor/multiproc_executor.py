@@ -159,8 +159,8 @@ class MultiprocExecutor(Executor):
     # ---- properties and lifecycle ---------------------------------------------------------
     @property
     def max_concurrent_batches(self) -> int:
-        """Pipeline stages (plus one under async scheduling with Model Runner V2):
-        the engine core's batch queue size."""
+        """The engine core's batch queue size (`VllmConfig.max_concurrent_batches`:
+        pp, or under async scheduling pp + 1 with V2 and 2 with V1 at pp = 1)."""
         return self.vllm_config.max_concurrent_batches
 
     @classmethod

@@ -1,5 +1,7 @@
 """Gated DeltaNet linear attention (upstream: `Qwen3NextGatedDeltaNet` in
-vllm/model_executor/models/qwen3_next.py), in PyTorch, token by token.
+vllm/model_executor/models/qwen3_next.py), in PyTorch, all requests of a step
+batched: one recurrent step for decodes, the chunked (WY) form for prefills
+(ops in vllm/model_executor/layers/fla/ops/).
 
 Per request and layer the state is (conv_state [C, K - 1], recurrent state
 S [Hv, Dk, Dv]), C = 2 * Hk * Dk + Hv * Dv (the conv runs over q, k, v
@@ -23,6 +25,11 @@ from torch import nn
 from vllm.config import get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.fla.ops import (chunk_gated_delta_rule,
+                                                fused_recurrent_gated_delta_rule)
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import (causal_conv1d_fn,
+                                                                causal_conv1d_update)
+from vllm.model_executor.layers.mamba.ops.varlen import StateGroup, build_state_groups
 from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
 from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -92,7 +99,8 @@ class GatedDeltaNet(nn.Module):
                          dtypes=(self.dtype, self.dtype), mamba_type="gdn_attention")
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """hidden_states [T, H] -> [T, H], request by request from its slot's state."""
+        """hidden_states [T, H] -> [T, H]; all requests batched, each from its
+        slot's state: decodes in one recurrent step, prefills in the chunked form."""
         ctx = get_forward_context()
         md = ctx.attn_metadata[self.layer_name] if ctx.attn_metadata else None
         mixed, _ = self.in_proj_qkv(hidden_states)  # [T, C]
@@ -101,59 +109,52 @@ class GatedDeltaNet(nn.Module):
         a, _ = self.in_proj_a(hidden_states)
         beta = b.float().sigmoid()  # [T, Hv]
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        if md is None:  # dummy / profiling run: one stateless sequence
+            groups = build_state_groups([0, mixed.shape[0]], mixed.device)
+            states = None
+        else:
+            groups, states = md.state_groups, self.kv_cache[ctx.virtual_engine]
+        # Tokens past the scheduled ones (padding) stay 0.
         out = torch.zeros(hidden_states.shape[0], self.num_v_heads, self.head_v_dim,
                           dtype=hidden_states.dtype, device=hidden_states.device)
-        if md is None:  # dummy / profiling run: one stateless sequence
-            out = self._run(mixed, beta, g, None, None)
-        else:
-            conv_states, rec_states = self.kv_cache[ctx.virtual_engine]
-            qsl = md.query_start_loc
-            for i in range(md.num_reqs):
-                slot, s, e = md.state_indices[i], qsl[i], qsl[i + 1]
-                if not md.has_initial_states[i]:
-                    conv_states[slot].zero_()
-                    rec_states[slot].zero_()
-                out[s:e] = self._run(mixed[s:e], beta[s:e], g[s:e], conv_states[slot],
-                                     rec_states[slot])
+        for group in groups:
+            out[group.flat_index] = self._run_group(mixed, beta, g, group, states)
         out = self.norm(out, z.view_as(out)).reshape(hidden_states.shape[0], -1)
         result, _ = self.out_proj(out)
         return result
 
-    def _run(self, mixed: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
-             conv_state: torch.Tensor | None, rec_state: torch.Tensor | None) -> torch.Tensor:
-        """One chunk of one request: mixed [L, C], beta/g [L, Hv] -> [L, Hv, Dv];
-        the states are updated in place."""
-        length = mixed.shape[0]
-        x = self._conv(mixed, conv_state)
+    def _run_group(self, mixed: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
+                   group: StateGroup, states: tuple[torch.Tensor, torch.Tensor] | None
+                   ) -> torch.Tensor:
+        """One group: mixed [T, C], beta/g [T, Hv] (the whole step) ->
+        [n, Hv, Dv] for group.flat_index; the group's state slots are updated."""
+        gn, length = group.token_index.shape
+        xg = mixed[group.token_index]  # [G, L, C]
+        if states is not None:
+            conv_in = group.gather_states(states[0], mixed.dtype)
+            s0 = group.gather_states(states[1], torch.float32)
+        else:
+            conv_in = mixed.new_zeros(gn, self.conv_dim, self.conv_kernel_size - 1)
+            s0 = None
+        if length == 1:
+            x, conv_out = causal_conv1d_update(xg[:, 0], conv_in, self.conv1d.weight, None)
+            x = x[:, None]
+        else:
+            x, conv_out = causal_conv1d_fn(xg, self.conv1d.weight, None, conv_in,
+                                           group.lengths)
         q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.num_v_heads // self.num_k_heads
-        q = q.reshape(length, self.num_k_heads, -1).repeat_interleave(rep, dim=1).float()
-        k = k.reshape(length, self.num_k_heads, -1).repeat_interleave(rep, dim=1).float()
-        v = v.reshape(length, self.num_v_heads, -1).float()
-        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) / self.head_k_dim**0.5
+        q = q.reshape(gn, length, self.num_k_heads, -1).repeat_interleave(rep, dim=2).float()
+        k = k.reshape(gn, length, self.num_k_heads, -1).repeat_interleave(rep, dim=2).float()
+        v = v.reshape(gn, length, self.num_v_heads, -1)
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-        state = (rec_state.float() if rec_state is not None else
-                 mixed.new_zeros(self.num_v_heads, self.head_k_dim, self.head_v_dim,
-                                 dtype=torch.float32))
-        decay = g.exp()  # [L, Hv]
-        outs = []
-        for t in range(length):
-            state = state * decay[t][:, None, None]
-            kv_mem = torch.einsum("hkv,hk->hv", state, k[t])
-            delta = (v[t] - kv_mem) * beta[t][:, None]
-            state = state + k[t][:, :, None] * delta[:, None, :]
-            outs.append(torch.einsum("hkv,hk->hv", state, q[t]))
-        if rec_state is not None:
-            rec_state.copy_(state)
-        return torch.stack(outs).to(mixed.dtype)
-
-    def _conv(self, x: torch.Tensor, conv_state: torch.Tensor | None) -> torch.Tensor:
-        """Causal depthwise conv over [previous K-1 inputs; x], then SiLU."""
-        k = self.conv_kernel_size
-        prev = (conv_state.t() if conv_state is not None
-                else x.new_zeros(k - 1, self.conv_dim))
-        seq = torch.cat((prev.to(x.dtype), x), dim=0)
-        if conv_state is not None:
-            conv_state.copy_(seq[-(k - 1):].t())
-        out = F.conv1d(seq.t().unsqueeze(0), self.conv1d.weight, None, groups=self.conv_dim)
-        return F.silu(out[0].t())
+        # beta = g = 0 on padding: the state passes it unchanged.
+        mask = group.mask[..., None]
+        bg, gg = beta[group.token_index] * mask, g[group.token_index] * mask
+        rule = fused_recurrent_gated_delta_rule if length == 1 else chunk_gated_delta_rule
+        o, state = rule(q, k, v, gg, bg, s0, scale=self.head_k_dim**-0.5)
+        if states is not None:
+            group.scatter_states(states[0], conv_out)
+            group.scatter_states(states[1], state)
+        return o[group.mask].to(mixed.dtype)

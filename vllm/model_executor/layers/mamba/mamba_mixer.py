@@ -1,5 +1,6 @@
 """The Mamba-1 mixer (upstream: vllm/model_executor/layers/mamba/mamba_mixer.py),
-in PyTorch: causal depthwise conv + selective scan, one request at a time.
+in PyTorch: causal depthwise conv + selective scan, all requests of a step
+batched (ops/: one-token decode step, chunked parallel scan for prefills).
 
 Per layer and request the state is (conv_state [D, K - 1]: the last K - 1
 conv inputs; ssm_state [D, N]), D = intermediate size, K = conv kernel,
@@ -24,6 +25,11 @@ from vllm.config import get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.linear import (ColumnParallelLinear, ReplicatedLinear,
                                                RowParallelLinear)
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import (causal_conv1d_fn,
+                                                                causal_conv1d_update)
+from vllm.model_executor.layers.mamba.ops.mamba_ssm import (selective_scan_fn,
+                                                            selective_state_update)
+from vllm.model_executor.layers.mamba.ops.varlen import StateGroup, build_state_groups
 from vllm.v1.attention.backends.mamba1_attn import Mamba1AttentionBackend
 from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -76,59 +82,57 @@ class MambaMixer(nn.Module):
                          dtypes=(self.dtype, self.dtype))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """hidden_states [T, H] -> [T, H]; each request's slice is scanned
-        from its slot's state (or zeros) and the slot gets the final state."""
+        """hidden_states [T, H] -> [T, H]; each request's tokens are scanned
+        from its slot's state (or zeros) and the slot gets the final state.
+        Requests are batched: decodes in one step, prefills in one chunked scan."""
         ctx = get_forward_context()
         md = ctx.attn_metadata[self.layer_name] if ctx.attn_metadata else None
         xz, _ = self.in_proj(hidden_states)
         x, z = xz.chunk(2, dim=-1)  # [T, D] each
-        y = torch.zeros_like(x)
         if md is None:  # dummy / profiling run: one stateless sequence
-            y = self._run(x, z, None, None)
+            groups, states = build_state_groups([0, x.shape[0]], x.device), None
         else:
-            conv_states, ssm_states = self.kv_cache[ctx.virtual_engine]
-            qsl = md.query_start_loc
-            for i in range(md.num_reqs):
-                slot = md.state_indices[i]
-                if not md.has_initial_states[i]:
-                    conv_states[slot].zero_()
-                    ssm_states[slot].zero_()
-                s, e = qsl[i], qsl[i + 1]
-                y[s:e] = self._run(x[s:e], z[s:e], conv_states[slot], ssm_states[slot])
+            groups, states = md.state_groups, self.kv_cache[ctx.virtual_engine]
+        y = torch.zeros_like(x)  # tokens past the scheduled ones (padding) stay 0
+        for group in groups:
+            y[group.flat_index] = self._run_group(x, z, group, states)
         out, _ = self.out_proj(y)
         return out
 
-    def _run(self, x: torch.Tensor, z: torch.Tensor, conv_state: torch.Tensor | None,
-             ssm_state: torch.Tensor | None) -> torch.Tensor:
-        """One sequence chunk: x, z [L, D]; states updated in place -> [L, D]."""
-        u = self._conv(x, conv_state)  # [L, D]
-        params, _ = self.x_proj(u)
+    def _run_group(self, x: torch.Tensor, z: torch.Tensor, group: StateGroup,
+                   states: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """One group's tokens: x, z [T, D] (the whole step) -> [n, D] for
+        group.flat_index; the group's state slots are updated."""
+        g, length = group.token_index.shape
+        xg = x[group.token_index]  # [G, L, D]
+        if states is not None:
+            conv_in = group.gather_states(states[0], x.dtype)
+            h0 = group.gather_states(states[1], torch.float32)
+        else:
+            conv_in = x.new_zeros(g, self.d_inner, self.conv_kernel_size - 1)
+            h0 = None
+        weight, bias = self.conv1d.weight, self.conv1d.bias
+        if length == 1:
+            u, conv_out = causal_conv1d_update(xg[:, 0], conv_in, weight, bias)
+            u = u[:, None]
+        else:
+            u, conv_out = causal_conv1d_fn(xg, weight, bias, conv_in, group.lengths)
+        params, _ = self.x_proj(u.reshape(g * length, -1))
         dt, b, c = params.split([self.time_step_rank, self.d_state, self.d_state], dim=-1)
         dt, _ = self.dt_proj(dt)
-        dt = F.softplus(dt.float())  # [L, D]
+        # dt = 0 on padding: the state passes it unchanged.
+        dt = F.softplus(dt.float()).view(g, length, -1) * group.mask[..., None]
+        b, c = b.reshape(g, length, -1), c.reshape(g, length, -1)
         a = -torch.exp(self.A_log.float())  # [D, N]
-        h = (ssm_state.float() if ssm_state is not None
-             else u.new_zeros(self.d_inner, self.d_state, dtype=torch.float32))
-        decay = torch.exp(dt[:, :, None] * a)  # [L, D, N]
-        drive = dt[:, :, None] * b.float()[:, None, :] * u.float()[:, :, None]  # [L, D, N]
-        ys = []
-        for t in range(u.shape[0]):
-            h = decay[t] * h + drive[t]
-            ys.append(h @ c[t].float())  # [D]
-        if ssm_state is not None:
-            ssm_state.copy_(h)
-        y = torch.stack(ys) + u.float() * self.D.float()
-        return (y * F.silu(z.float())).to(x.dtype)
-
-    def _conv(self, x: torch.Tensor, conv_state: torch.Tensor | None) -> torch.Tensor:
-        """Causal depthwise conv over [previous K-1 inputs; x], then SiLU;
-        the last K-1 inputs become the new conv state."""
-        k = self.conv_kernel_size
-        prev = (conv_state.t() if conv_state is not None
-                else x.new_zeros(k - 1, self.d_inner))  # [K-1, D]
-        seq = torch.cat((prev.to(x.dtype), x), dim=0)  # [K-1+L, D]
-        if conv_state is not None:
-            conv_state.copy_(seq[-(k - 1):].t())
-        out = F.conv1d(seq.t().unsqueeze(0), self.conv1d.weight, self.conv1d.bias,
-                       groups=self.d_inner)  # [1, D, L]
-        return F.silu(out[0].t())
+        zg = z[group.token_index]
+        if length == 1:
+            y, h = selective_state_update(
+                h0 if h0 is not None else u.new_zeros(g, *a.shape, dtype=torch.float32),
+                u[:, 0], dt[:, 0], a, b[:, 0], c[:, 0], self.D, zg[:, 0])
+            y = y[:, None]
+        else:
+            y, h = selective_scan_fn(u, dt, a, b, c, self.D, zg, h0)
+        if states is not None:
+            group.scatter_states(states[0], conv_out)
+            group.scatter_states(states[1], h)
+        return y[group.mask].to(x.dtype)

@@ -9,11 +9,12 @@ zeros (a new request, or one preempted and now recomputed from scratch).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
+from vllm.model_executor.layers.mamba.ops.varlen import StateGroup, build_state_groups
 from vllm.v1.attention.backend import (AttentionBackend, AttentionMetadataBuilder,
                                        CommonAttentionMetadata)
 
@@ -25,6 +26,9 @@ class Mamba1AttentionMetadata:
     query_start_loc: list[int]  # [num_reqs + 1], host ints
     state_indices: list[int]  # [num_reqs]: the state slot (block id) of each request
     has_initial_states: list[bool]  # [num_reqs]
+    # The same requests laid out for the batched ops (decodes, prefills),
+    # built once per step and shared by every layer of the group.
+    state_groups: list[StateGroup] = field(default_factory=list)
 
 
 class Mamba1AttentionMetadataBuilder(AttentionMetadataBuilder[Mamba1AttentionMetadata]):
@@ -35,12 +39,17 @@ class Mamba1AttentionMetadataBuilder(AttentionMetadataBuilder[Mamba1AttentionMet
               fast_build: bool = False) -> Mamba1AttentionMetadata:
         cm = common_attn_metadata
         n = cm.num_reqs
+        query_start_loc = cm.query_start_loc_cpu[: n + 1].tolist()
+        state_indices = cm.block_table_tensor[:n, 0].tolist()
+        has_initial_states = (cm.num_computed_tokens_cpu[:n] > 0).tolist()
         return Mamba1AttentionMetadata(
             num_reqs=n,
             num_actual_tokens=cm.num_actual_tokens,
-            query_start_loc=cm.query_start_loc_cpu[: n + 1].tolist(),
-            state_indices=cm.block_table_tensor[:n, 0].tolist(),
-            has_initial_states=(cm.num_computed_tokens_cpu[:n] > 0).tolist(),
+            query_start_loc=query_start_loc,
+            state_indices=state_indices,
+            has_initial_states=has_initial_states,
+            state_groups=build_state_groups(query_start_loc, cm.block_table_tensor.device,
+                                            state_indices, has_initial_states),
         )
 
 

@@ -38,11 +38,33 @@ def _summary(outs) -> list:
               for c in o.outputs]) for o in outs]
 
 
+def _assert_same(a, b, path: str = "") -> None:
+    """Structural equality with floats (logprobs) compared to 1e-5."""
+    if isinstance(a, float) and isinstance(b, float):
+        assert abs(a - b) <= 1e-5, f"{path}: {a} != {b}"
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), f"{path}: keys {a.keys()} != {b.keys()}"
+        for k in a:
+            _assert_same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        assert len(a) == len(b), f"{path}: length {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{path}[{i}]")
+    elif hasattr(a, "logprob") and type(a) is type(b):  # Logprob
+        _assert_same(a.logprob, b.logprob, f"{path}.logprob")
+        assert (a.rank, a.decoded_token) == (b.rank, b.decoded_token), path
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
 def test_multiprocess_core_gives_the_same_results(tiny_model_dir):
     model_dir = tiny_model_dir("llama")
     inproc = _run(model_dir, multiprocessing=False)
     multiproc = _run(model_dir, multiprocessing=True)
-    assert _summary(multiproc) == _summary(inproc)
+    # Requests reach a separate core at their own pace, so its first steps may
+    # batch them differently; logits then differ in the last float bits. The
+    # tokens must match exactly, the logprobs to rounding.
+    _assert_same(_summary(multiproc), _summary(inproc))
     allowed = {0, 4, 8, 15, 16, 23, 42}
     for out in (multiproc[1], multiproc[3]):
         assert len(out.outputs) == 2

@@ -63,6 +63,14 @@ class PaddedBatch:
     def num_tokens_padded(self) -> int:
         return self.num_tokens + int(self.pad_query_lens.sum())
 
+    def dummy_layout(self) -> tuple[np.ndarray, np.ndarray]:
+        """(positions of the dummy tokens, each request counting from 0;
+        query end offsets of the dummy requests, after the real tokens)."""
+        lens = self.pad_query_lens
+        ends = np.cumsum(lens)
+        positions = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - lens, lens)
+        return positions, self.num_tokens + ends
+
 
 def eager_batch(num_reqs: int, num_tokens: int) -> PaddedBatch:
     return PaddedBatch(CUDAGraphMode.NONE, None, num_reqs, num_tokens)
@@ -122,12 +130,11 @@ def write_padding(padded: PaddedBatch, input_ids: np.ndarray, positions: np.ndar
         return
     t, n = padded.num_tokens, padded.num_tokens_padded
     r, rp = padded.num_reqs, padded.num_reqs_padded
-    cu = np.cumsum(lens)
-    positions[t:n] = np.arange(n - t) - np.repeat(cu - lens, lens)
+    positions[t:n], query_ends = padded.dummy_layout()
     input_ids[t:n] = 0
     if r == 0:  # a dummy run: no real request
         query_start_loc[0] = 0
-    query_start_loc[r + 1:rp + 1] = t + cu
+    query_start_loc[r + 1:rp + 1] = query_ends
     seq_lens[r:rp] = lens
     for slot_mapping in slot_mappings:
         slot_mapping[t:n] = PAD_SLOT_ID

@@ -7,7 +7,7 @@ import torch
 
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.worker.block_table import MultiGroupBlockTable
-from vllm.v1.worker.utils import AttentionGroup, CpuGpuBuffer
+from vllm.v1.worker.utils import AttentionGroup, CpuGpuBuffer, build_group_attn_metadata
 
 
 def build_attention_metadata(attn_groups: list[list[AttentionGroup]],
@@ -32,10 +32,5 @@ def build_attention_metadata(attn_groups: list[list[AttentionGroup]],
             max_query_len=max_query_len, max_seq_len=max_seq_len,
             block_table_tensor=group_table.get_device_tensor(num_reqs),
             slot_mapping=group_table.slot_mapping.gpu[:num_tokens])
-        for group in groups:
-            builder = group.metadata_builder
-            metadata = (builder.build_for_cudagraph_capture(common) if for_cudagraph_capture
-                        else builder.build(common_prefix_len=0, common_attn_metadata=common))
-            for layer_name in group.layer_names:
-                attn_metadata[layer_name] = metadata
+        build_group_attn_metadata(groups, common, for_cudagraph_capture, attn_metadata)
     return attn_metadata

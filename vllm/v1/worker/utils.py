@@ -10,7 +10,8 @@ import torch
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.attention.backend import AttentionBackend, AttentionMetadataBuilder
+    from vllm.v1.attention.backend import (AttentionBackend, AttentionMetadataBuilder,
+                                           CommonAttentionMetadata)
     from vllm.v1.kv_cache_interface import KVCacheSpec
     from vllm.v1.worker.gpu_input_batch import InputBatch
 
@@ -39,6 +40,19 @@ class CpuGpuBuffer:
         if not self.on_cpu:
             self.gpu[:n].copy_(self.cpu[:n], non_blocking=True)
         return self.gpu[:n]
+
+
+def build_group_attn_metadata(groups: list["AttentionGroup"],
+                              common: "CommonAttentionMetadata", for_cudagraph_capture: bool,
+                              out: dict[str, Any]) -> None:
+    """One KV cache group's metadata: each backend group's builder builds it
+    once from `common` and every layer of that group shares it (out[layer])."""
+    for group in groups:
+        builder = group.metadata_builder
+        metadata = (builder.build_for_cudagraph_capture(common) if for_cudagraph_capture
+                    else builder.build(common_prefix_len=0, common_attn_metadata=common))
+        for layer_name in group.layer_names:
+            out[layer_name] = metadata
 
 
 def get_layers_from_vllm_config(vllm_config: "VllmConfig",

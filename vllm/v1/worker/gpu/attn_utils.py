@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from vllm.v1.attention.backend import CommonAttentionMetadata
-from vllm.v1.worker.utils import AttentionGroup
+from vllm.v1.worker.utils import AttentionGroup, build_group_attn_metadata
 
 if TYPE_CHECKING:
     from vllm.v1.worker.gpu.block_table import BlockTables
@@ -64,12 +64,7 @@ def build_attn_metadata(attn_groups: list[list[AttentionGroup]], num_reqs: int,
             num_actual_tokens=num_tokens, max_query_len=max_query_len,
             max_seq_len=max_seq_len, block_table_tensor=block_tables[gid],
             slot_mapping=slot_mappings[gid])
-        for group in groups:
-            builder = group.metadata_builder
-            metadata = (builder.build_for_cudagraph_capture(common) if for_cudagraph_capture
-                        else builder.build(common_prefix_len=0, common_attn_metadata=common))
-            for layer_name in group.layer_names:
-                attn_metadata[layer_name] = metadata
+        build_group_attn_metadata(groups, common, for_cudagraph_capture, attn_metadata)
     return attn_metadata
 
 

@@ -153,11 +153,10 @@ def pad_input_buffers(padded: PaddedBatch, bufs: "InputBuffers") -> None:
         return
     t, n = padded.num_tokens, padded.num_tokens_padded
     r, rp = padded.num_reqs, padded.num_reqs_padded
-    cu = np.cumsum(lens)
-    positions = np.arange(n - t) - np.repeat(cu - lens, lens)
+    positions, query_ends = padded.dummy_layout()
     bufs.input_ids[t:n].zero_()
     bufs.positions[t:n].copy_(torch.from_numpy(positions))
-    bufs.query_start_loc[r + 1:rp + 1].copy_(torch.from_numpy((t + cu).astype(np.int32)))
+    bufs.query_start_loc[r + 1:rp + 1].copy_(torch.from_numpy(query_ends.astype(np.int32)))
     bufs.seq_lens[r:rp].copy_(torch.from_numpy(lens))
 
 

@@ -111,7 +111,10 @@ def test_abort(loop, engine):
 def test_mid_stream_cancellation(loop, engine):
     async def run():
         n, reason = await _collect(engine, "mid", _params(40), cancel_after=5)
-        assert n == 5 and reason is None
+        # A slow consumer gets the deltas produced meanwhile merged into one
+        # output (as upstream's RequestOutputCollector), so the 5th token may
+        # arrive together with the next few; the request still never finishes.
+        assert 5 <= n < 40 and reason is None
         assert engine.get_num_unfinished_requests() == 0
 
     loop.run_until_complete(run())

@@ -106,3 +106,53 @@ def test_random_sample_seeded_rows_use_their_generator():
         sequences.append(tokens)
     assert sequences[0] == sequences[1]
     assert len(set(sequences[0])) > 1  # it is really sampling
+
+
+def _mask_of(out: torch.Tensor) -> torch.Tensor:
+    return ~torch.isinf(out)
+
+
+@pytest.mark.parametrize("scale", [0.3, 6.0])  # a flat and a peaked distribution
+def test_top_p_candidates_path_equals_the_sort_path(scale):
+    """The top-256-candidates path keeps exactly the tokens the full sort
+    keeps, or declines (flat rows whose candidates hold less than p)."""
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
+
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(8, 32000, generator=gen) * scale
+    k = torch.tensor([32000, 5, 200, 32000, 100, 1, 32000, 40])
+    p = torch.tensor([0.9, 0.8, 0.95, 1.0, 1.0, 0.5, 0.3, 0.99])
+    for kk in (k, None):
+        expected = ops._top_k_top_p_by_sort(logits.clone(), kk, p)
+        fast = logits.clone()
+        took = ops._top_k_top_p_from_candidates(fast, kk, p)
+        if scale == 6.0:
+            assert took  # peaked: every row's kept set is among the candidates
+        if took:
+            assert torch.equal(_mask_of(fast), _mask_of(expected))
+            kept = _mask_of(expected)
+            assert torch.equal(fast[kept], logits[kept])  # kept logits unchanged
+        else:
+            assert torch.equal(fast, logits)  # declined: untouched
+        out = apply_top_k_top_p(logits.clone(), kk, p)
+        assert torch.equal(_mask_of(out), _mask_of(expected))
+
+
+def test_top_p_candidates_path_declines_what_it_cannot_decide():
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
+
+    flat = torch.zeros(2, 1000)  # uniform: 256 candidates hold 0.256 < p
+    p = torch.tensor([0.9, 0.9])
+    assert not ops._top_k_top_p_from_candidates(flat.clone(), None, p)
+    assert _mask_of(apply_top_k_top_p(flat.clone(), None, p)).sum(-1).tolist() == [900, 900]
+    # A k-th value beyond the candidates, and ties at the k-th value past them.
+    logits = torch.randn(2, 1000) * 3
+    assert not ops._top_k_top_p_from_candidates(logits.clone(), torch.tensor([300, 5]), p)
+    assert not ops._top_k_top_p_from_candidates(flat.clone(), torch.tensor([10, 10]), p)
+    # All tied: top-k keeps every token, then top-p keeps 900 of them.
+    assert _mask_of(apply_top_k_top_p(flat.clone(), torch.tensor([10, 10]),
+                                      p)).sum(-1).tolist() == [900, 900]
+    # Only p = 1 and no top-k: the rows are left as they are.
+    out = logits.clone()
+    assert ops._top_k_top_p_from_candidates(out, None, torch.ones(2))
+    assert torch.equal(out, logits)

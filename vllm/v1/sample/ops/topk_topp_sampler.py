@@ -58,7 +58,69 @@ def apply_top_k_top_p(
         if k is None:
             return logits
         return apply_top_k_only(logits, k)
+    if _top_k_top_p_from_candidates(logits, k, p):
+        return logits
+    return _top_k_top_p_by_sort(logits, k, p)
 
+
+# Top-p is first tried among each row's most likely tokens: `topk` of 256 out
+# of a 32k-150k vocabulary costs a small fraction of a full sort, and for the
+# usual p (and peaked distributions) the kept set lies well inside them.
+TOP_P_CANDIDATES = 256
+
+
+def _top_k_top_p_from_candidates(logits: torch.Tensor, k: torch.Tensor | None,
+                                 p: torch.Tensor) -> bool:
+    """`apply_top_k_top_p` computed among each row's TOP_P_CANDIDATES most
+    likely tokens, in place. Returns False (logits untouched) unless that is
+    exact for every row: the row's top-k already drops every other token, or
+    the candidates hold at least mass p, so the next token (whose mass above
+    is then >= p) is dropped, and so is everything after it.
+
+    Keep rule, in descending order: a token stays while the mass of the
+    tokens strictly more likely than it is < p (the sort path's rule, read
+    from the other end), and the most likely token always stays.
+    """
+    vocab = logits.shape[1]
+    c = min(vocab, TOP_P_CANDIDATES)
+    cand, cand_idx = logits.topk(c, dim=-1)  # [B, c], descending
+    lse = torch.logsumexp(logits, dim=-1)  # softmax over the whole row
+    no_top_p = p >= 1.0
+    if k is None:
+        with_top_k = torch.zeros_like(no_top_p)
+    else:
+        k = k.to(torch.long)
+        with_top_k = k < vocab
+        if bool((with_top_k & (k > c)).any()):
+            return False  # a k-th value outside the candidates
+        kth = cand.gather(1, (k.clamp(1, c) - 1).unsqueeze(1))
+        # Ties with the k-th value are kept; they must not reach past c.
+        if c < vocab and bool((with_top_k & (cand[:, -1] >= kth[:, 0])).any()):
+            return False
+        cand = cand.masked_fill(with_top_k.unsqueeze(1) & (cand < kth), float("-inf"))
+        # Top-k rows renormalise over their k survivors (all among the candidates).
+        lse = torch.where(with_top_k, torch.logsumexp(cand, dim=-1), lse)
+    probs = (cand - lse.unsqueeze(1)).exp()
+    cum = probs.cumsum(dim=-1)
+    if c < vocab and not bool((with_top_k | no_top_p | (cum[:, -1] >= p)).all()):
+        return False
+    keep = (cum - probs) < p.unsqueeze(1)
+    keep[:, 0] = True
+    # p >= 1 rows keep every candidate their top-k left (and, without top-k,
+    # the whole row: it is left untouched below).
+    keep |= no_top_p.unsqueeze(1)
+    kept = cand.masked_fill(~keep, float("-inf"))
+    untouched = no_top_p & ~with_top_k
+    if bool(untouched.all()):
+        return True
+    filtered = torch.full_like(logits, float("-inf")).scatter_(1, cand_idx, kept)
+    logits.copy_(torch.where(untouched.unsqueeze(1), logits, filtered))
+    return True
+
+
+def _top_k_top_p_by_sort(logits: torch.Tensor, k: torch.Tensor | None,
+                         p: torch.Tensor) -> torch.Tensor:
+    """`apply_top_k_top_p` over a full sort of each row (any k and p)."""
     # Work in ascending order: the k-th largest value sits at index vocab - k,
     # and the tokens to drop for top-p form a prefix of the sorted row.
     logits_sort, logits_idx = logits.sort(dim=-1, descending=False)

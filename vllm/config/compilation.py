@@ -143,6 +143,13 @@ class CompilationConfig:
                              f"got {size!r}.")
         self._user_sizes = (self.cudagraph_capture_sizes, size)
 
+    def register_stateful_layer(self, prefix: str, layer: Any, kind: str) -> None:
+        """Enter a layer that keeps per-request state (its cache) in
+        `static_forward_context` under its unique, non-empty prefix."""
+        if not prefix or prefix in self.static_forward_context:
+            raise ValueError(f"{kind} layers need a unique, non-empty prefix (got {prefix!r}).")
+        self.static_forward_context[prefix] = layer
+
     def resolve(self, device_type: str, enforce_eager: bool,
                 max_num_batched_tokens: int | None = None,
                 max_num_seqs: int | None = None) -> None:

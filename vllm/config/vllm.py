@@ -198,6 +198,11 @@ def set_current_vllm_config(vllm_config: VllmConfig) -> Iterator[None]:
         _current_vllm_config.reset(token)
 
 
+def get_current_vllm_config_or_none() -> VllmConfig | None:
+    """The config set by `set_current_vllm_config`, or None outside it."""
+    return _current_vllm_config.get()
+
+
 def get_current_vllm_config() -> VllmConfig:
     config = _current_vllm_config.get()
     if config is None:

@@ -63,10 +63,7 @@ class MLAAttention(nn.Module):
             q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank,
             qk_nope_head_dim=qk_nope_head_dim, qk_rope_head_dim=qk_rope_head_dim,
             qk_head_dim=self.qk_head_dim, v_head_dim=v_head_dim, kv_b_proj=kv_b_proj)
-        static_ctx = vllm_config.compilation_config.static_forward_context
-        if not prefix or prefix in static_ctx:
-            raise ValueError(f"MLA layers need a unique, non-empty prefix (got {prefix!r}).")
-        static_ctx[prefix] = self
+        vllm_config.compilation_config.register_stateful_layer(prefix, self, "MLA")
         self.kv_cache: list[torch.Tensor] = [
             torch.tensor([]) for _ in range(vllm_config.parallel_config.pipeline_parallel_size)]
 

@@ -35,9 +35,9 @@ def get_attn_backend(
 
 
 def _requested_backend() -> str | None:
-    from vllm.config.vllm import _current_vllm_config
+    from vllm.config.vllm import get_current_vllm_config_or_none
 
-    config = _current_vllm_config.get()
+    config = get_current_vllm_config_or_none()
     if config is not None and config.attention_config.backend is not None:
         return config.attention_config.backend
     return envs.VLLM_ATTENTION_BACKEND

@@ -83,10 +83,7 @@ class GatedDeltaNet(nn.Module):
                                          prefix=f"{prefix}.out_proj")
         self.layer_name = prefix
         self.dtype = torch.get_default_dtype()
-        static_ctx = vllm_config.compilation_config.static_forward_context
-        if not prefix or prefix in static_ctx:
-            raise ValueError(f"GDN layers need a unique, non-empty prefix (got {prefix!r}).")
-        static_ctx[prefix] = self
+        vllm_config.compilation_config.register_stateful_layer(prefix, self, "GDN")
         self.kv_cache: list = [()]  # bound by the runner: (conv_states, recurrent_states)
 
     def get_attn_backend(self) -> type[GDNAttentionBackend]:

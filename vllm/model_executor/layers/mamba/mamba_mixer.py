@@ -66,10 +66,7 @@ class MambaMixer(nn.Module):
                                           prefix=f"{prefix}.out_proj")
         self.layer_name = prefix
         self.dtype = torch.get_default_dtype()
-        static_ctx = vllm_config.compilation_config.static_forward_context
-        if not prefix or prefix in static_ctx:
-            raise ValueError(f"Mamba layers need a unique, non-empty prefix (got {prefix!r}).")
-        static_ctx[prefix] = self
+        vllm_config.compilation_config.register_stateful_layer(prefix, self, "Mamba")
         self.kv_cache: list = [()]  # bound by the runner: (conv_states, ssm_states)
 
     def get_attn_backend(self) -> type[Mamba1AttentionBackend]:

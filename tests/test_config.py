@@ -86,3 +86,16 @@ def test_max_concurrent_batches(monkeypatch, async_sched, use_v2, pp, expected):
     cfg.scheduler_config.async_scheduling = async_sched
     monkeypatch.setattr(VllmConfig, "use_v2_model_runner", property(lambda self: use_v2))
     assert cfg.max_concurrent_batches == expected
+
+
+def test_register_stateful_layer_needs_a_unique_prefix():
+    from vllm.config import CompilationConfig
+
+    cc = CompilationConfig()
+    layer = object()
+    cc.register_stateful_layer("model.layers.0.mixer", layer, "Mamba")
+    assert cc.static_forward_context["model.layers.0.mixer"] is layer
+    with pytest.raises(ValueError, match="Mamba layers need a unique, non-empty prefix"):
+        cc.register_stateful_layer("model.layers.0.mixer", object(), "Mamba")
+    with pytest.raises(ValueError, match="GDN layers need a unique, non-empty prefix"):
+        cc.register_stateful_layer("", object(), "GDN")

@@ -44,18 +44,29 @@ def run_one(model: str, backend: str, v2: bool, graphs: str, num_seqs: int,
 
     kwargs = dict(enforce_eager=True) if graphs == "eager" else dict(
         compilation_config={"cudagraph_mode": graphs, "max_cudagraph_capture_size": 64})
+    t0 = time.perf_counter()
     llm = LLM(model=model, dtype="bfloat16", max_model_len=1024, seed=0,
               skip_tokenizer_init=True, **kwargs)
+    init_s = time.perf_counter() - t0
     g = torch.Generator().manual_seed(0)
     prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, 4000, (64,), generator=g).tolist())
                for _ in range(num_seqs)]
     sp = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True, detokenize=False)
+    sp1 = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
     llm.generate(prompts, sp, use_tqdm=False)  # warm-up
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, sp, use_tqdm=False)
-    wall = time.perf_counter() - t0
-    return {"backend": backend, "v2": v2, "graphs": graphs, "wall_s": round(wall, 3),
-            "ms_per_decode_step": round(1e3 * wall / out_len, 3),
+
+    def timed(params: SamplingParams) -> tuple[float, list]:
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        t = time.perf_counter()
+        res = llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - t, res
+
+    prefill_s = min(timed(sp1)[0] for _ in range(3))
+    wall, outs = timed(sp)
+    # Steady decode: the whole run less a prefill-only run, per decode step.
+    step_ms = 1e3 * (wall - prefill_s) / max(1, out_len - 1)
+    return {"backend": backend, "v2": v2, "graphs": graphs, "init_s": round(init_s, 1),
+            "wall_s": round(wall, 3), "ms_per_decode_step": round(step_ms, 3),
             "tokens": [o.outputs[0].token_ids for o in outs]}
 
 
@@ -65,6 +76,7 @@ def main() -> None:
     ap.add_argument("--child", default="")
     ap.add_argument("--num-seqs", type=int, default=32)
     ap.add_argument("--out-len", type=int, default=64)
+    ap.add_argument("--child-timeout", type=float, default=300.0)
     a = ap.parse_args()
     model = os.path.join(a.workdir, "qwen2-tiny")
     if a.child:
@@ -83,17 +95,23 @@ def main() -> None:
 def _run_child(a: argparse.Namespace, backend: str, v2: str, graphs: str) -> dict | None:
     env = dict(os.environ, VLLM_ATTENTION_BACKEND=backend, VLLM_USE_V2_MODEL_RUNNER=v2,
                VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run([sys.executable, __file__, "--workdir", a.workdir,
-                           "--child", f"{backend}:{v2}:{graphs}", "--num-seqs", str(a.num_seqs),
-                           "--out-len", str(a.out_len)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--workdir", a.workdir,
+                               "--child", f"{backend}:{v2}:{graphs}",
+                               "--num-seqs", str(a.num_seqs), "--out-len", str(a.out_len)],
+                              env=env, capture_output=True, text=True,
+                              timeout=a.child_timeout)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        print(f"{backend} v2={v2} {graphs}: TIMED OUT after {a.child_timeout:.0f} s\n{err[-1500:]}")
+        return None
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not line:
-        print(f"{backend} v2={v2} {graphs}: FAILED\n{proc.stderr[-2000:]}")
+        print(f"{backend} v2={v2} {graphs}: FAILED\n{proc.stderr[-2500:]}")
         return None
     r = json.loads(line[0][7:])
     print(f"{backend:12s} v2={v2} {graphs:17s}: {r['ms_per_decode_step']:8.3f} ms/decode step "
-          f"(batch {a.num_seqs})")
+          f"(batch {a.num_seqs}; LLM() {r['init_s']} s)")
     return r
 
 

@@ -83,7 +83,12 @@ def _run(device: str, interpret: bool) -> None:
 
 def test_unified_attention_interpreter():
     """All cases in one interpreter process (importing torch + triton is the slow part)."""
-    pytest.importorskip("triton")
+    triton = pytest.importorskip("triton")
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7):
+        # Seen with 3.6 (the H200 image's): its interpreter keeps
+        # program_id as a 1-element array, which range() refuses as a loop
+        # bound ("only 0-dimensional arrays can be converted"); 3.7 squeezes.
+        pytest.skip(f"triton {triton.__version__}'s interpreter cannot take runtime loop bounds")
     _run("cpu", interpret=True)
 
 

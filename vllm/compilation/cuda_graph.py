@@ -31,9 +31,11 @@ _global_graph_pool: Any = None
 
 
 def get_global_graph_pool() -> Any:
-    """One memory pool shared by every graph of the process: graphs are
-    captured largest first and replayed one at a time, so the smaller ones
-    fit in the memory the largest one reserved."""
+    """One memory pool id for the whole process (upstream's helper). The
+    runners do not use it: once every graph in a pool is freed (an engine shut
+    down), the caching allocator may still hold the pool with no users, and a
+    new capture into the same id trips its `use_count > 0` assert. Each runner
+    takes its own id from `torch.cuda.graph_pool_handle()` instead."""
     global _global_graph_pool
     if _global_graph_pool is None:
         _global_graph_pool = torch.cuda.graph_pool_handle()
@@ -64,7 +66,12 @@ def _tensor_addresses(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int
 
 
 class CUDAGraphWrapper:
-    """Wraps `runnable` with capture/replay for one runtime mode."""
+    """Wraps `runnable` with capture/replay for one runtime mode.
+
+    Contract (as upstream's): the caller has run each shape eagerly once
+    before its first capture, so that cuBLAS handles, workspaces and Triton
+    kernels exist; creating them inside a capture fails it. The V1 runner's
+    capture loop (cudagraph_padding.capture_cudagraphs) does that."""
 
     def __init__(self, runnable: Callable[..., Any], vllm_config: "VllmConfig",
                  runtime_mode: CUDAGraphMode,
@@ -76,7 +83,10 @@ class CUDAGraphWrapper:
         self.vllm_config = vllm_config
         self.runtime_mode = runtime_mode
         self.cudagraph_options = cudagraph_options or CUDAGraphOptions()
-        # Taken at the first capture (so a wrapper can exist without CUDA).
+        # The owner (the V1 runner) sets its own pool id; else a fresh one is
+        # taken at the first capture (so a wrapper can exist without CUDA).
+        # Graphs are captured largest first and replayed one at a time, so
+        # the smaller ones fit in the memory the largest one reserved.
         self.graph_pool: Any = None
         self.concrete_cudagraph_entries: dict[BatchDescriptor, CUDAGraphEntry] = {}
 
@@ -121,7 +131,7 @@ class CUDAGraphWrapper:
             logger.debug("Capturing a %s CUDA graph for %s", self.runtime_mode.name,
                          entry.batch_descriptor)
         if self.graph_pool is None:
-            self.graph_pool = get_global_graph_pool()
+            self.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.graph_pool):
             output = self.runnable(*args, **kwargs)

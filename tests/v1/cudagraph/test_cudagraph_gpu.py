@@ -42,6 +42,7 @@ def test_wrapper_capture_then_replay_equals_eager(tiny_model_dir):
     static = torch.zeros(8, 16, device="cuda")
     desc = BatchDescriptor(8)
     with torch.inference_mode():
+        model(static)  # the eager run the contract asks for (cuBLAS handle)
         for step in range(3):
             static.copy_(torch.randn(8, 16, device="cuda"))
             with set_forward_context(None, config, cudagraph_runtime_mode=CUDAGraphMode.FULL,

@@ -103,15 +103,16 @@ class CudaGraphManager:
     def capture(self, prepare: PrepareFn, model: Callable[..., torch.Tensor]) -> int:
         """Capture every key: an eager run of the dummy batch (Triton compiles
         there), then the recording. Returns the number of graphs."""
-        from vllm.compilation.cuda_graph import get_global_graph_pool
-
+        # A pool of this manager's own (see get_global_graph_pool for why not
+        # the process-wide one), shared by its graphs: largest first.
+        pool = torch.cuda.graph_pool_handle()
         for desc in self.get_capture_descs():
             attn_metadata, input_ids, positions = prepare(desc)
             with set_forward_context(attn_metadata, self.vllm_config,
                                      num_tokens=desc.num_tokens):
                 model(input_ids=input_ids, positions=positions)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=get_global_graph_pool()):
+                with torch.cuda.graph(graph, pool=pool):
                     hidden_states = model(input_ids=input_ids, positions=positions)
             self.graphs[desc] = graph
             self.hidden_states[desc] = hidden_states

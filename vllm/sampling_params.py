@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
+from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import Any
 
@@ -24,6 +26,77 @@ class RequestOutputKind(Enum):
     CUMULATIVE = 0  # every output carries everything generated so far
     DELTA = 1  # every output carries only what is new since the last one
     FINAL_ONLY = 2  # one output, when the request finishes
+
+
+# The constraint kinds of StructuredOutputsParams; exactly one must be set.
+_STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object",
+                            "structural_tag")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """One output constraint (upstream: vllm/sampling_params.py).
+
+    Exactly one of `json` (a JSON schema, as a dict or its JSON text), `regex`,
+    `choice`, `grammar` (EBNF), `json_object` (any JSON object) or
+    `structural_tag` (its JSON text) is set. `_backend` and
+    `_backend_was_auto` are filled in by the input processor.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+    _backend: str | None = None
+    _backend_was_auto: bool = False
+
+    def __post_init__(self) -> None:
+        kinds = [k for k in _STRUCTURED_OUTPUT_KINDS if _is_set(getattr(self, k))]
+        if len(kinds) != 1:
+            raise VLLMValidationError(
+                "You must use one kind of structured outputs constraint but "
+                f"{'none' if not kinds else ', '.join(kinds)} "
+                f"{'was' if len(kinds) < 2 else 'were'} specified; set exactly one of "
+                f"{', '.join(_STRUCTURED_OUTPUT_KINDS)}.",
+                parameter="structured_outputs", value=kinds)
+        self._verify_types()
+
+    def _verify_types(self) -> None:
+        def bad(name: str, expected: str) -> VLLMValidationError:
+            value = getattr(self, name)
+            return VLLMValidationError(
+                f"structured_outputs.{name} must be {expected}, got "
+                f"{type(value).__name__}: {value!r:.200}", parameter=name, value=value)
+
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise bad("json", "a JSON schema (an object or its JSON text)")
+        for name in ("regex", "grammar", "structural_tag", "whitespace_pattern"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise bad(name, "a string")
+        if self.choice is not None and not (
+                isinstance(self.choice, list) and self.choice
+                and all(isinstance(c, str) for c in self.choice)):
+            raise bad("choice", "a non-empty list of strings")
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            raise bad("json_object", "a boolean")
+
+    @property
+    def json_str(self) -> str | None:
+        """The JSON schema as text (a dict schema is serialised)."""
+        if isinstance(self.json, dict):
+            return json.dumps(self.json)
+        return self.json
+
+
+def _is_set(value: Any) -> bool:
+    """Whether a constraint field counts as given (False/""/[] do not)."""
+    return value is not None and value is not False and value != "" and value != []
 
 
 class SamplingParams(
@@ -61,6 +134,8 @@ class SamplingParams(
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     extra_args: dict[str, Any] | None = None
+    # Constrain the output to a JSON schema, regex, choice, grammar, ...
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled in by the engine, not by users.
     output_text_buffer_length: int = 0
     _all_stop_token_ids: set[int] = msgspec.field(default_factory=set)

@@ -7,13 +7,15 @@ from vllm.config.load import LoadConfig
 from vllm.config.model import ModelConfig
 from vllm.config.parallel import ParallelConfig
 from vllm.config.scheduler import SchedulerConfig
+from vllm.config.structured_outputs import StructuredOutputsConfig
 from vllm.config.vllm import (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, VllmConfig,
                               get_current_vllm_config, get_current_vllm_config_or_none,
                               set_current_vllm_config)
 
 __all__ = [
     "AttentionConfig", "CacheConfig", "CompilationConfig", "CompilationMode", "CUDAGraphMode",
-    "DeviceConfig", "LoadConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig", "VllmConfig",
+    "DeviceConfig", "LoadConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig",
+    "StructuredOutputsConfig", "VllmConfig",
     "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", "get_current_vllm_config",
     "get_current_vllm_config_or_none",
     "set_current_vllm_config",

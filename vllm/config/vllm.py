@@ -17,6 +17,7 @@ from vllm.config.load import LoadConfig
 from vllm.config.model import ModelConfig
 from vllm.config.parallel import ParallelConfig
 from vllm.config.scheduler import SchedulerConfig
+from vllm.config.structured_outputs import StructuredOutputsConfig
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -51,6 +52,8 @@ class VllmConfig:
     load_config: LoadConfig = field(default_factory=LoadConfig)
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     attention_config: AttentionConfig = field(default_factory=AttentionConfig)
+    structured_outputs_config: StructuredOutputsConfig = field(
+        default_factory=StructuredOutputsConfig)
 
     def __post_init__(self) -> None:
         mc = self.model_config

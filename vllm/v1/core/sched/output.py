@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
@@ -119,3 +121,16 @@ class SchedulerOutput:
                    scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
                    num_common_prefix_blocks=[], finished_req_ids=set(),
                    free_encoder_mm_hashes=[])
+
+
+@dataclass
+class GrammarOutput:
+    """The structured-output token masks of one step (upstream:
+    vllm/v1/core/sched/output.py), sent to the workers with sample_tokens."""
+
+    # The requests that sample under a grammar this step.
+    structured_output_request_ids: list[str]
+    # int32 [len(structured_output_request_ids), ceil(vocab_size / 32)]: row i
+    # belongs to structured_output_request_ids[i]; bit j (word j // 32, bit
+    # j % 32) set = token j allowed (xgrammar's layout).
+    grammar_bitmask: np.ndarray

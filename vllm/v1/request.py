@@ -13,6 +13,7 @@ from vllm.v1.engine import (EngineCoreEvent, EngineCoreEventType, EngineCoreRequ
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_utils import BlockHash
+    from vllm.v1.structured_output.request import StructuredOutputRequest
 
 
 class RequestStatus(enum.IntEnum):
@@ -95,6 +96,16 @@ class Request:
         self.arrival_time = arrival_time if arrival_time is not None else time.time()
 
         self.status = RequestStatus.WAITING
+        # The constraint and, once compiled, the grammar; a structured request
+        # waits in WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR until the grammar is
+        # ready (or failed to compile).
+        self.structured_output_request: StructuredOutputRequest | None = None
+        if sampling_params is not None and sampling_params.structured_outputs is not None:
+            from vllm.v1.structured_output.request import StructuredOutputRequest
+
+            self.structured_output_request = StructuredOutputRequest(
+                sampling_params.structured_outputs)
+            self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         self.events: list[EngineCoreEvent] = []
         self.stop_reason: int | str | None = None
 
@@ -162,7 +173,7 @@ class Request:
 
     @property
     def use_structured_output(self) -> bool:
-        return False  # structured outputs are not built
+        return self.structured_output_request is not None
 
     @property
     def is_output_corrupted(self) -> bool:

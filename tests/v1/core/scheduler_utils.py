@@ -16,6 +16,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
 
 EOS_TOKEN_ID = 50
 MAX_POSITION_EMBEDDINGS = 16384
@@ -80,6 +81,7 @@ def create_scheduler(
     )
     scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
     return scheduler_cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                         structured_output_manager=StructuredOutputManager(vllm_config),
                          include_finished_set=include_finished_set, log_stats=log_stats)
 
 

@@ -69,7 +69,8 @@ def test_unknown_policy_is_rejected():
     scheduler.scheduler_config.policy = "sjf"
     with pytest.raises(ValueError, match="Unknown scheduling policy"):
         type(scheduler)(vllm_config=scheduler.vllm_config,
-                        kv_cache_config=scheduler.kv_cache_config)
+                        kv_cache_config=scheduler.kv_cache_config,
+                        structured_output_manager=scheduler.structured_output_manager)
 
 
 # ---------------------------------------------------------------------------

@@ -7,6 +7,12 @@ With async scheduling the executor can hold `max_concurrent_batches` steps
 in flight, and `step_with_batch_queue` schedules step N+1 before it waits for
 step N's tokens (the AsyncScheduler counts the missing tokens as placeholders).
 
+Structured outputs: `add_request` starts compiling the request's grammar
+(`StructuredOutputManager.grammar_init`, a thread pool); `sample_tokens` gets
+the step's grammar bitmask (`Scheduler.get_grammar_bitmask`), which must see
+the grammars advanced by every earlier step's tokens - see
+`step_with_batch_queue` for how the batch queue keeps that order.
+
 At start-up the core sizes the paged KV cache: the executor reports each
 layer's KV spec and the memory it can give the cache, `get_kv_cache_configs`
 turns that into a block count and tensor layout, and the workers allocate it.
@@ -31,6 +37,7 @@ from vllm.v1.core.kv_cache_utils import (generate_scheduler_kv_cache_config,
                                          init_none_hash)
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
 from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
 
 from vllm.v1.core.sched.output import SchedulerOutput
 
@@ -71,9 +78,11 @@ class EngineCore:
                     time.perf_counter() - start)
 
         # 3. The scheduler, and the block hasher that prefix caching keys on.
+        self.structured_output_manager = StructuredOutputManager(vllm_config)
         scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
         self.scheduler = scheduler_cls(
             vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+            structured_output_manager=self.structured_output_manager,
             include_finished_set=vllm_config.parallel_config.data_parallel_size > 1,
             log_stats=self.log_stats)
         self.request_block_hasher: Callable[[Request], list[Any]] | None = None
@@ -91,6 +100,9 @@ class EngineCore:
         if self.batch_queue_size > 1:
             logger.info("Batch queue is enabled with size %d", self.batch_queue_size)
             self.batch_queue = deque(maxlen=self.batch_queue_size)
+        # A scheduled step whose sampling waits for the steps in flight (its
+        # grammar bitmask needs their tokens): (forward-pass future, step).
+        self._deferred_sampling: tuple[Future, SchedulerOutput] | None = None
         self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue
 
     def _initialize_kv_caches(self, vllm_config: VllmConfig) -> tuple[int, "KVCacheConfig"]:
@@ -124,6 +136,9 @@ class EngineCore:
             raise TypeError(f"request_id must be a string, got {type(request.request_id)}")
         if request.pooling_params is not None:
             raise ValueError("Pooling requests are not supported yet.")
+        if request.use_structured_output:
+            # Compiles in the background; the scheduler waits for it.
+            self.structured_output_manager.grammar_init(request)
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -144,11 +159,13 @@ class EngineCore:
             return {}, False
         scheduler_output = self.scheduler.schedule()
         future = self.model_executor.execute_model(scheduler_output, non_block=True)
+        # Built while the forward pass runs.
+        grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)
         with self.log_error_detail(scheduler_output):
             model_output = future.result()
             if model_output is None:
                 # The runner stopped after the forward pass: sample now.
-                model_output = self.model_executor.sample_tokens(None)
+                model_output = self.model_executor.sample_tokens(grammar_output)
         engine_core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
         return engine_core_outputs, scheduler_output.total_num_scheduled_tokens > 0
 
@@ -159,24 +176,35 @@ class EngineCore:
         (None, True) while the oldest step is still running and the queue has
         room; otherwise it waits for the oldest step and returns its outputs.
         Returns (outputs or None, whether a step ran).
+
+        Structured outputs: the bitmask of step N+1 needs the grammars
+        advanced by the tokens of the steps still in flight, which only
+        their update_from_output does. So a step with structured-output
+        requests, scheduled while others are in flight, launches its forward
+        pass at once but defers its sample_tokens call (`_deferred_sampling`):
+        the in-flight steps are processed first (no new step is scheduled
+        meanwhile: the runner takes no second forward pass before sampling),
+        then its bitmask is built and its sampling queued. Its forward pass
+        still overlaps the processing of the step before.
         """
         batch_queue = self.batch_queue
         assert batch_queue is not None
         model_executed = False
-        if self.scheduler.has_requests():
+        if self.scheduler.has_requests() and self._deferred_sampling is None:
             scheduler_output = self.scheduler.schedule()
             exec_future = self.model_executor.execute_model(scheduler_output, non_block=True)
             model_executed = scheduler_output.total_num_scheduled_tokens > 0
-            future = exec_future
-            if model_executed:
-                # Queued behind the forward pass on the worker: the step's tokens.
-                future = self.model_executor.sample_tokens(None, non_block=True)
-            batch_queue.appendleft((future, exec_future, scheduler_output))
-            if (model_executed and len(batch_queue) < self.batch_queue_size
-                    and not batch_queue[-1][0].done()):
-                # Room for another step and the oldest is still running: go
-                # schedule the next one instead of waiting.
-                return None, True
+            if not model_executed:
+                batch_queue.appendleft((exec_future, exec_future, scheduler_output))
+            elif scheduler_output.has_structured_output_requests and batch_queue:
+                self._deferred_sampling = (exec_future, scheduler_output)
+            else:
+                self._queue_sampling(exec_future, scheduler_output)
+                if (len(batch_queue) < self.batch_queue_size
+                        and not batch_queue[-1][0].done()):
+                    # Room for another step and the oldest is still running:
+                    # go schedule the next one instead of waiting.
+                    return None, True
         elif not batch_queue:
             return None, False
         future, exec_future, scheduler_output = batch_queue.pop()
@@ -187,7 +215,19 @@ class EngineCore:
 
         model_output = self.execute_model_with_error_logging(wait, scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        if self._deferred_sampling is not None and not batch_queue:
+            # Every earlier step is processed: the deferred step may sample.
+            deferred, self._deferred_sampling = self._deferred_sampling, None
+            self._queue_sampling(*deferred)
         return outputs, model_executed
+
+    def _queue_sampling(self, exec_future: Future, scheduler_output: SchedulerOutput) -> None:
+        """Queue a launched step's sampling behind its forward pass (on the
+        worker) and put the step in the batch queue."""
+        assert self.batch_queue is not None
+        grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)
+        future = self.model_executor.sample_tokens(grammar_output, non_block=True)
+        self.batch_queue.appendleft((future, exec_future, scheduler_output))
 
     def execute_model_with_error_logging(
             self, model_fn: Callable[["SchedulerOutput"], "ModelRunnerOutput"],
@@ -225,6 +265,8 @@ class EngineCore:
             self.model_executor.shutdown()
         if getattr(self, "scheduler", None) is not None:
             self.scheduler.shutdown()
+        if getattr(self, "structured_output_manager", None) is not None:
+            self.structured_output_manager.clear_backend()
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,8 @@ One step is two calls, as upstream:
       attention metadata per KV cache group, forward (a CUDAGraphWrapper
       replay under FULL), logits of the last scheduled token of every request
   sample_tokens(grammar_output) -> ModelRunnerOutput
-      sampler, then write the sampled tokens back into the persistent batch;
+      the structured-output bitmask masks the logits (rows found by request
+      id), sampler, then write the sampled tokens back into the persistent batch;
       with async scheduling an AsyncGPUModelRunnerOutput instead, and the
       tokens reach the next step's inputs on the device
       (vllm/v1/worker/gpu_async_output.py)
@@ -36,6 +37,7 @@ from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput
 from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
+from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker import kv_cache_setup
 from vllm.v1.worker.cudagraph_padding import PaddedBatch, plan_padding, write_padding
 from vllm.v1.worker.gpu_async_output import (AsyncGPUModelRunnerOutput,
@@ -52,7 +54,7 @@ from vllm.v1.worker.utils import (AttentionGroup, CpuGpuBuffer,
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+    from vllm.v1.core.sched.output import GrammarOutput, NewRequestData, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
 logger = init_logger(__name__)
@@ -220,15 +222,19 @@ class GPUModelRunner(GPUModelRunnerDummyRunMixin):
         return None
 
     @torch.inference_mode()
-    def sample_tokens(self, grammar_output: object | None
+    def sample_tokens(self, grammar_output: "GrammarOutput | None"
                       ) -> ModelRunnerOutput | AsyncGPUModelRunnerOutput | None:
-        """Sample from the logits of the preceding `execute_model`."""
+        """Sample from the logits of the preceding `execute_model`, masked by
+        the step's grammar bitmask first (penalties, temperature and top-k/p
+        come after and cannot revive a masked token)."""
         state = self.execute_model_state
         if state is None:
             return None
         self.execute_model_state = None
-        if grammar_output is not None:
-            raise NotImplementedError("Structured output (grammar bitmasks) is not built yet.")
+        if grammar_output is not None and state.logits is not None:
+            # Logits row i is self.input_batch.req_ids[i].
+            apply_grammar_bitmask(state.scheduler_output, grammar_output, self.input_batch,
+                                  state.logits)
         pp_group = get_pp_group()
         if state.logits is None:
             # A stage before the last: take the last stage's tokens, so this

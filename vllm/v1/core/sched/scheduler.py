@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vllm.v1.core.sched.interface import SchedulerInterface
-from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.output_builder import (make_cached_request_data,
                                                make_engine_core_outputs,
                                                make_new_reqs_data)
 from vllm.v1.core.sched.request_queue import (SchedulingPolicy,
                                               create_request_queue)
 from vllm.v1.core.sched.scheduling_step import SchedulingStep
+from vllm.v1.core.sched.structured_output_mixin import StructuredOutputSchedulerMixin
 from vllm.v1.core.sched.utils import check_stop, remove_all
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.stats import SchedulerStats
@@ -30,11 +31,12 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.structured_output import StructuredOutputManager
 
 logger = init_logger(__name__)
 
 
-class Scheduler(SchedulerInterface):
+class Scheduler(StructuredOutputSchedulerMixin, SchedulerInterface):
     """Continuous-batching scheduler with chunked prefill, prefix caching and
     recompute-style preemption, under one token budget per step."""
 
@@ -42,15 +44,14 @@ class Scheduler(SchedulerInterface):
         self,
         vllm_config: VllmConfig,
         kv_cache_config: KVCacheConfig,
-        structured_output_manager: Any | None = None,
+        structured_output_manager: StructuredOutputManager,
         block_size: int | None = None,
         mm_registry: Any | None = None,
         include_finished_set: bool = False,
         log_stats: bool = False,
     ) -> None:
-        # structured_output_manager and mm_registry are part of upstream's
-        # signature; structured outputs and multimodal inputs are not built,
-        # so they are kept only for callers that pass them.
+        # mm_registry is part of upstream's signature; multimodal inputs are
+        # not built, so it is kept only for callers that pass it.
         self.vllm_config = vllm_config
         self.scheduler_config = vllm_config.scheduler_config
         self.cache_config = vllm_config.cache_config
@@ -86,6 +87,7 @@ class Scheduler(SchedulerInterface):
         # Requests finished since the last schedule(); the next
         # SchedulerOutput tells the workers to drop their state.
         self.finished_req_ids: set[str] = set()
+        self._init_structured_output_state()
 
         self.kv_cache_manager = KVCacheManager(
             kv_cache_config=kv_cache_config,
@@ -222,10 +224,16 @@ class Scheduler(SchedulerInterface):
         self.waiting.prepend_request(request)
 
     def _schedule_waiting(self, step: SchedulingStep) -> None:
+        # Requests whose grammar is still compiling step aside for this step
+        # and go back to the head of the queue, in order, afterwards.
+        skipped_waiting = create_request_queue(self.policy)
         while self.waiting and step.token_budget > 0:
             if len(self.running) == self.max_num_running_reqs:
                 break
             request = self.waiting.peek_request()
+            if (request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+                    and not self._is_grammar_ready(request, skipped_waiting)):
+                continue
             new_computed_blocks, num_computed_tokens = (
                 self._get_computed_blocks(request))
             num_new_tokens = self._num_new_tokens_waiting(
@@ -245,6 +253,8 @@ class Scheduler(SchedulerInterface):
                 break
             self.waiting.pop_request()
             self._admit_request(request, num_new_tokens, num_computed_tokens, step)
+        if skipped_waiting:
+            self.waiting.prepend_requests(skipped_waiting)
 
     def _get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """The request's prefix-cache hit: (blocks, number of tokens)."""
@@ -306,10 +316,12 @@ class Scheduler(SchedulerInterface):
         new_reqs_data, resumed_reqs = make_new_reqs_data(
             step.new_reqs, step.resumed_reqs, step.req_to_new_blocks,
             self.use_v2_model_runner)
-        cached_reqs_data = self._make_cached_request_data(
+        # Diffs for the requests the workers already hold.
+        cached_reqs_data = make_cached_request_data(
             step.running_reqs, resumed_reqs, step.num_scheduled_tokens, {},
-            step.req_to_new_blocks)
-        # Must follow _make_cached_request_data, which reads the old value.
+            step.req_to_new_blocks, self.prev_step_scheduled_req_ids, self.use_pp,
+            self.use_v2_model_runner)
+        # Must follow make_cached_request_data, which reads the old value.
         self.prev_step_scheduled_req_ids = set(step.num_scheduled_tokens)
         return SchedulerOutput(
             scheduled_new_reqs=new_reqs_data,
@@ -319,27 +331,15 @@ class Scheduler(SchedulerInterface):
             scheduled_spec_decode_tokens={},
             scheduled_encoder_inputs={},
             num_common_prefix_blocks=num_common_prefix_blocks,
+            has_structured_output_requests=any(
+                self.requests[req_id].use_structured_output
+                for req_id in step.num_scheduled_tokens),
             preempted_req_ids={req.request_id for req in step.preempted_reqs},
             # Not decided in this step: the requests that finished since the
             # previous one (_update_after_schedule starts a new set).
             finished_req_ids=self.finished_req_ids,
             free_encoder_mm_hashes=[],
         )
-
-    def _make_cached_request_data(
-        self,
-        running_reqs: list[Request],
-        resumed_reqs: list[Request],
-        num_scheduled_tokens: dict[str, int],
-        spec_decode_tokens: dict[str, list[int]],
-        req_to_new_blocks: dict[str, KVCacheBlocks],
-    ) -> CachedRequestData:
-        """Diffs for the requests the workers already hold (see
-        output_builder.make_cached_request_data)."""
-        return make_cached_request_data(
-            running_reqs, resumed_reqs, num_scheduled_tokens, spec_decode_tokens,
-            req_to_new_blocks, self.prev_step_scheduled_req_ids, self.use_pp,
-            self.use_v2_model_runner)
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         # Advance num_computed_tokens now, before the step runs: the output
@@ -360,7 +360,7 @@ class Scheduler(SchedulerInterface):
         scheduler_output: SchedulerOutput,
         model_runner_output: ModelRunnerOutput,
     ) -> dict[int, EngineCoreOutputs]:
-        outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
+        outputs, self._error_outputs = self._error_outputs, defaultdict(list)
         stopped_running_reqs: set[Request] = set()
         stopped_preempted_reqs: set[Request] = set()
         for req_id in scheduler_output.num_scheduled_tokens:
@@ -405,6 +405,8 @@ class Scheduler(SchedulerInterface):
         if new_token_ids:
             new_token_ids, stopped = self._update_request_with_output(
                 request, new_token_ids)
+            if new_token_ids and self.structured_output_manager.should_advance(request):
+                self._advance_grammar(request, new_token_ids)
         elif request.pooling_params is not None and pooler_output is not None:
             # A pooling request is done as soon as it has its output.
             request.status = RequestStatus.FINISHED_STOPPED

@@ -1,4 +1,5 @@
-"""Helpers of the scheduler: the stop check and fast list removal."""
+"""Helpers of the scheduler: the stop check, fast list removal, and which
+structured-output requests sample in a step."""
 from __future__ import annotations
 
 import contextlib
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING
 from vllm.v1.request import RequestStatus
 
 if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
 
@@ -76,3 +78,26 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
+
+
+def structured_output_req_ids_to_sample(requests: dict[str, Request],
+                                        scheduler_output: SchedulerOutput) -> list[str]:
+    """The scheduled structured-output requests that sample a token in this
+    step, in scheduling order; a request in a partial prefill chunk does not.
+
+    Right after scheduling, a request that samples has computed every known
+    token, plus (async scheduling) each in-flight token but the one this step
+    samples: num_computed_tokens == num_tokens + max(placeholders - 1, 0).
+    The equality holds whether or not the earlier steps' outputs are in
+    (each one moves a token from placeholder to known); a mid-prefill chunk
+    stays below num_tokens and has no placeholders.
+    """
+    req_ids = []
+    for req_id in scheduler_output.num_scheduled_tokens:
+        request = requests.get(req_id)
+        if request is None or not request.use_structured_output:
+            continue
+        in_flight = max(request.num_output_placeholders - 1, 0)
+        if request.num_computed_tokens >= request.num_tokens + in_flight:
+            req_ids.append(req_id)
+    return req_ids

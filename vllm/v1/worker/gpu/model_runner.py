@@ -30,6 +30,7 @@ from vllm.distributed import get_pp_group
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker import kv_cache_setup
 from vllm.v1.worker.gpu.async_utils import AsyncOutput
 from vllm.v1.worker.gpu.attn_utils import (build_batch_attn_metadata, build_dummy_attn_metadata,
@@ -51,7 +52,7 @@ from vllm.v1.worker.utils import AttentionGroup
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
 logger = init_logger(__name__)
@@ -60,6 +61,7 @@ logger = init_logger(__name__)
 class ExecuteModelState(NamedTuple):
     """What `execute_model` leaves for the `sample_tokens` call that follows."""
 
+    scheduler_output: "SchedulerOutput"
     input_batch: InputBatch
     # [num_tokens, hidden] (prompt logprobs); None before the last PP stage.
     hidden_states: torch.Tensor | None
@@ -298,9 +300,11 @@ class GPUModelRunner:
         hidden_states, logits = self._run_model(input_batch, attn_metadata,
                                                 intermediate_tensors, cg_desc)
         if logits is None:  # a stage before the last: hand its tensors on
-            self.execute_model_state = ExecuteModelState(input_batch, None, None)
+            self.execute_model_state = ExecuteModelState(scheduler_output, input_batch, None,
+                                                         None)
             return hidden_states
-        self.execute_model_state = ExecuteModelState(input_batch, hidden_states, logits)
+        self.execute_model_state = ExecuteModelState(scheduler_output, input_batch,
+                                                     hidden_states, logits)
         return None
 
     def _run_model(self, input_batch: InputBatch, attn_metadata: dict[str, Any] | None,
@@ -326,20 +330,23 @@ class GPUModelRunner:
         return hidden_states, model.compute_logits(hidden_states[input_batch.logits_indices])
 
     @torch.inference_mode()
-    def sample_tokens(self, grammar_output: object | None
+    def sample_tokens(self, grammar_output: "GrammarOutput | None"
                       ) -> ModelRunnerOutput | AsyncOutput | None:
-        """Sample from the preceding `execute_model`'s logits and record the
-        tokens in the request rows, on the device."""
+        """Sample from the preceding `execute_model`'s logits, masked by the
+        step's grammar bitmask first, and record the tokens in the request
+        rows, on the device."""
         state = self.execute_model_state
         if state is None:
             return None
         self.execute_model_state = None
-        if grammar_output is not None:
-            raise NotImplementedError("Structured output (grammar bitmasks) is not built yet.")
-        input_batch, hidden_states, logits = state
+        scheduler_output, input_batch, hidden_states, logits = state
         if logits is None:
             self._receive_pp_sampled_tokens(input_batch)
             return None
+        if grammar_output is not None:
+            # The batch order may differ from the scheduler's (decodes first):
+            # the bitmask rows are matched to input_batch.req_ids by request id.
+            apply_grammar_bitmask(scheduler_output, grammar_output, input_batch, logits)
         # Each logits row is sampled at its token's position (the noise key).
         pos = input_batch.positions[input_batch.logits_indices]
         sampler_output = self.sampler(logits, input_batch.expanded_idx_mapping,

@@ -1,0 +1,92 @@
+"""The scheduler's structured-output steps (upstream keeps them in
+vllm/v1/core/sched/scheduler.py; split out to keep that file short).
+
+    add_request        request waits in WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    schedule()         `_is_grammar_ready`: compiled -> WAITING, schedulable;
+                       compiling -> skipped this step (others are not blocked);
+                       failed -> FINISHED_ERROR, finish_reason "error"
+    engine core        `get_grammar_bitmask(scheduler_output)` -> sample_tokens
+    update_from_output `_advance_grammar` with the accepted tokens
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from vllm.logger import init_logger
+from vllm.v1.core.sched.output import GrammarOutput
+from vllm.v1.core.sched.utils import structured_output_req_ids_to_sample
+from vllm.v1.engine import EngineCoreOutput
+from vllm.v1.request import RequestStatus
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.request_queue import RequestQueue
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+logger = init_logger(__name__)
+
+
+class StructuredOutputSchedulerMixin:
+    """Mixed into `Scheduler`, whose state it uses."""
+
+    requests: dict[str, Request]
+    waiting: RequestQueue
+    structured_output_manager: StructuredOutputManager
+
+    def _init_structured_output_state(self) -> None:
+        # Outputs of requests finished inside schedule() (a grammar that
+        # failed to compile), sent with the next update_from_output().
+        self._error_outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
+
+    if TYPE_CHECKING:
+        def _free_request(self, request: Request) -> None: ...
+
+    def _is_grammar_ready(self, request: Request, skipped_waiting: RequestQueue) -> bool:
+        """For the request at the head of the waiting queue: True once its
+        grammar compiled (it becomes WAITING). Otherwise it leaves the queue:
+        into `skipped_waiting` while compiling, finished with FINISHED_ERROR
+        if compilation failed (the engine carries on)."""
+        so_request = request.structured_output_request
+        assert so_request is not None
+        if so_request.is_grammar_ready and so_request.compile_error is None:
+            request.status = RequestStatus.WAITING
+            return True
+        self.waiting.pop_request()
+        if not so_request.is_grammar_ready:
+            skipped_waiting.prepend_request(request)
+            return False
+        logger.error("Request %s failed: its structured output grammar did not compile: %s",
+                     request.request_id, so_request.compile_error)
+        request.status = RequestStatus.FINISHED_ERROR
+        self._free_request(request)
+        self._error_outputs[request.client_index].append(EngineCoreOutput(
+            request_id=request.request_id, new_token_ids=[],
+            finish_reason=request.get_finished_reason(), events=request.take_events(),
+            trace_headers=request.trace_headers))
+        return False
+
+    def _advance_grammar(self, request: Request, new_token_ids: list[int]) -> None:
+        """Feed the request's accepted tokens to its grammar."""
+        so_request = request.structured_output_request
+        assert so_request is not None and so_request.grammar is not None
+        if not so_request.grammar.accept_tokens(request.request_id, new_token_ids):
+            # The bitmask forbids such tokens: a bug, not bad input.
+            logger.error("Request %s: the grammar rejected tokens %s", request.request_id,
+                         new_token_ids)
+
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """The bitmask of the structured-output requests that sample in this
+        step (row i: request `structured_output_request_ids[i]`), or None.
+
+        Needs the grammars advanced by every earlier step's tokens: call it
+        after the earlier steps' update_from_output (see EngineCore)."""
+        if not scheduler_output.has_structured_output_requests:
+            return None
+        req_ids = structured_output_req_ids_to_sample(self.requests, scheduler_output)
+        bitmask = self.structured_output_manager.grammar_bitmask(
+            self.requests, req_ids, scheduler_output.scheduled_spec_decode_tokens)
+        if bitmask is None:
+            return None
+        return GrammarOutput(structured_output_request_ids=req_ids, grammar_bitmask=bitmask)

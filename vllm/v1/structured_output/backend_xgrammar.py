@@ -52,6 +52,8 @@ def _clean_error(err: BaseException) -> str:
 class XgrammarBackend(StructuredOutputBackend):
     """Compiles constraints with one xgrammar GrammarCompiler per engine."""
 
+    # Bound of the compiled-grammar cache (least recently used entries go first).
+    cache_limit_bytes: int = field(default_factory=_cache_limit_bytes)
     compiler: xgr.GrammarCompiler = field(init=False)
     tokenizer_info: xgr.TokenizerInfo = field(init=False)
 
@@ -66,7 +68,7 @@ class XgrammarBackend(StructuredOutputBackend):
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info,
                                             max_threads=_COMPILER_THREADS,
                                             cache_enabled=True,
-                                            cache_limit_bytes=_cache_limit_bytes())
+                                            cache_limit_bytes=self.cache_limit_bytes)
 
     def compile_grammar(self, request_type: StructuredOutputOptions, grammar_spec: str,
                         *, params: "StructuredOutputsParams | None" = None,

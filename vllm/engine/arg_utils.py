@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.config import (AttentionConfig, CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, ModelConfig,
-                         ParallelConfig, SchedulerConfig, VllmConfig)
+                         ParallelConfig, SchedulerConfig, StructuredOutputsConfig, VllmConfig)
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import (human_readable_int, human_readable_int_or_auto, json_dict,
@@ -150,6 +150,11 @@ class EngineArgs:
     attention_backend: str | None = _arg(
         None, "Attention backend (CPU_ATTN, TRITON_ATTN, FLASHINFER); default: the platform's "
         "choice, or VLLM_ATTENTION_BACKEND.", "AttentionConfig", type=_opt_str)
+    # --- StructuredOutputsConfig ---
+    structured_outputs_config: dict[str, Any] | StructuredOutputsConfig | None = _arg(
+        None, "Structured-output settings as a JSON object, e.g. '{\"backend\": "
+        "\"xgrammar\", \"disable_any_whitespace\": true}' (backends: auto, xgrammar).",
+        "StructuredOutputsConfig", type=json_dict)
     # --- Observability ---
     disable_log_stats: bool = _arg(False, "Do not log engine statistics.", "ObservabilityConfig")
 
@@ -207,7 +212,8 @@ class EngineArgs:
             device_config=device_config,
             load_config=LoadConfig(load_format=self.load_format, download_dir=self.download_dir),
             compilation_config=self._create_compilation_config(),
-            attention_config=AttentionConfig(backend=self.attention_backend))
+            attention_config=AttentionConfig(backend=self.attention_backend),
+            structured_outputs_config=self._create_structured_outputs_config())
 
     def _prefix_caching_default(self, model_config: ModelConfig) -> bool:
         if self.enable_prefix_caching is not None:
@@ -250,6 +256,22 @@ class EngineArgs:
             raise ValueError(f"Unknown compilation_config key(s) {unknown}; "
                              f"known: {sorted(known - {'static_forward_context'})}.")
         return CompilationConfig(**cc)
+
+    def _create_structured_outputs_config(self) -> StructuredOutputsConfig:
+        so = self.structured_outputs_config
+        if so is None:
+            return StructuredOutputsConfig()
+        if isinstance(so, StructuredOutputsConfig):
+            return so
+        if not isinstance(so, dict):
+            raise TypeError("structured_outputs_config must be a dict or a "
+                            f"StructuredOutputsConfig, got {type(so).__name__}")
+        known = {f.name for f in dataclasses.fields(StructuredOutputsConfig) if f.init}
+        unknown = sorted(set(so) - known)
+        if unknown:
+            raise ValueError(f"Unknown structured_outputs_config key(s) {unknown}; "
+                             f"known: {sorted(known)}.")
+        return StructuredOutputsConfig(**so)
 
 
 def get_batch_defaults(device_type: str, world_size: int

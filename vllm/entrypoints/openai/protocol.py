@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from vllm.sampling_params import StructuredOutputsParams
 from vllm.utils import random_uuid
 
 # Upstream's VLLM_MAX_N_SEQUENCES: the largest `n` a request may ask for.
@@ -92,16 +93,39 @@ class StreamOptions(OpenAIBaseModel):
     continuous_usage_stats: bool | None = False
 
 
+class JsonSchemaResponseFormat(OpenAIBaseModel):
+    """`response_format.json_schema` of OpenAI's structured outputs."""
+
+    name: str
+    description: str | None = None
+    # OpenAI's key is "schema", which would shadow pydantic's BaseModel.schema:
+    # the field is json_schema, read from "schema" (upstream does the same).
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(OpenAIBaseModel):
+    """"text" (no constraint), "json_object" (any JSON object) or "json_schema"."""
+
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    json_schema: JsonSchemaResponseFormat | None = None
 
     @model_validator(mode="after")
     def check_schema(self) -> "ResponseFormat":
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("`response_format.json_schema` is required when "
-                             "`response_format.type` is \"json_schema\".")
+        if self.type == "json_schema" and (self.json_schema is None
+                                           or self.json_schema.json_schema is None):
+            raise ValueError("`response_format.json_schema` with its `schema` is required "
+                             "when `response_format.type` is \"json_schema\".")
         return self
+
+    def to_structured_outputs(self) -> StructuredOutputsParams | None:
+        """The constraint this format asks for (None for "text")."""
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.type == "json_schema":
+            assert self.json_schema is not None  # check_schema
+            return StructuredOutputsParams(json=self.json_schema.json_schema)
+        return None
 
 
 Int64 = Annotated[int, Field(ge=_INT64_MIN, le=_INT64_MAX)]
@@ -146,6 +170,9 @@ class SamplingRequestMixin(OpenAIBaseModel):
     return_tokens_as_token_ids: bool | None = None
     cache_salt: str | None = None
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
+    structured_outputs: StructuredOutputsParams | None = Field(
+        default=None, description="Constrain the output: exactly one of json (a JSON "
+        "schema), regex, choice, grammar (EBNF), json_object or structural_tag.")
 
     @model_validator(mode="after")
     def check_stream_options(self) -> "SamplingRequestMixin":
@@ -155,6 +182,10 @@ class SamplingRequestMixin(OpenAIBaseModel):
             raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
         if self.cache_salt is not None and not self.cache_salt:
             raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+        if self.structured_outputs is not None and self.response_format is not None \
+                and self.response_format.type != "text":
+            raise ValueError("`structured_outputs` and a non-text `response_format` both "
+                             "constrain the output: set only one of them.")
         return self
 
 

@@ -88,7 +88,7 @@ class OpenAIServingChat(OpenAIServing):
         except Exception as e:
             if isinstance(e, type(self.engine_client.dead_error)):
                 raise
-            return self.error_from_exception(e)
+            return self.error_from_exception(e, request)
         if request.stream:
             return self.chat_completion_stream_generator(request, result_generator,
                                                          request_id, model_name, tokenizer)
@@ -136,9 +136,11 @@ class OpenAIServingChat(OpenAIServing):
                 "\"auto\" tool choice requires --enable-auto-tool-choice and "
                 "--tool-call-parser to be set", parameter="tool_choice")
         if choice not in (None, "none", "auto"):
-            raise VLLMValidationError("tool_choice \"required\" or a named tool needs "
-                                      "structured output, which this server does not "
-                                      "support.", parameter="tool_choice")
+            # Upstream turns these into a JSON-schema constraint over the tools'
+            # parameters and parses the output into tool_calls; not built yet.
+            raise VLLMValidationError("tool_choice \"required\" or a named tool is not "
+                                      "supported by this server yet.",
+                                      parameter="tool_choice")
 
     def _num_logprobs(self, request: ChatCompletionRequest) -> int | None:
         if not request.logprobs:

@@ -59,7 +59,7 @@ class OpenAIServingCompletion(OpenAIServing):
         except Exception as e:
             if isinstance(e, type(self.engine_client.dead_error)):
                 raise
-            return self.error_from_exception(e)
+            return self.error_from_exception(e, request)
         if request.stream:
             return self.completion_stream_generator(request, result_generator, request_id,
                                                     created_time, model_name, len(prompts),

@@ -6,6 +6,7 @@ formatting and merging the streams of several prompts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 from collections.abc import AsyncIterator
@@ -17,7 +18,8 @@ from starlette.requests import Request
 from vllm.exceptions import VLLMValidationError
 from vllm.logger import init_logger
 from vllm.logprobs import Logprob
-from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.sampling_params import (RequestOutputKind, SamplingParams,
+                                  StructuredOutputsParams)
 from vllm.v1.engine.exceptions import QueueOverflowError
 from vllm.entrypoints.openai.protocol import (LOGPROB_FLOOR, ChatCompletionRequest,
                                               CompletionRequest, ErrorInfo, ErrorResponse)
@@ -74,10 +76,17 @@ class OpenAIServing:
         return json.dumps(self.create_error_response(message, err_type,
                                                      status_code).model_dump())
 
-    def error_from_exception(self, e: Exception) -> ErrorResponse:
-        """Map an exception raised while serving a request to its error body."""
+    def error_from_exception(self, e: Exception, request: CompletionRequest
+                             | ChatCompletionRequest | None = None) -> ErrorResponse:
+        """Map an exception raised while serving a request to its error body.
+
+        With `request`, a structured-output error names the field the client
+        used (`response_format` or `structured_outputs`)."""
         if isinstance(e, VLLMValidationError):
-            return self.create_error_response(str(e), param=e.parameter)
+            param = e.parameter
+            if param == "structured_outputs" and request is not None:
+                param = self._where_constrained(request)
+            return self.create_error_response(str(e), param=param)
         if isinstance(e, (ValueError, TypeError, OverflowError)):
             return self.create_error_response(str(e))
         if isinstance(e, NotImplementedError):
@@ -173,11 +182,6 @@ class OpenAIServing:
             value = getattr(request, name)
             return value if value is not None else defaults.get(name)
 
-        response_format = request.response_format
-        if response_format is not None and response_format.type != "text":
-            raise VLLMValidationError("Structured output (response_format "
-                                      f"{response_format.type!r}) is not supported by this "
-                                      "server.", parameter="response_format")
         logit_bias = None
         if request.logit_bias:
             try:
@@ -204,7 +208,27 @@ class OpenAIServing:
             output_kind=(RequestOutputKind.DELTA if request.stream
                          else RequestOutputKind.FINAL_ONLY),
             logit_bias=logit_bias, allowed_token_ids=request.allowed_token_ids,
-            bad_words=request.bad_words or None, extra_args=request.vllm_xargs)
+            bad_words=request.bad_words or None, extra_args=request.vllm_xargs,
+            structured_outputs=self._structured_outputs(request))
+
+    @staticmethod
+    def _structured_outputs(request: CompletionRequest | ChatCompletionRequest
+                            ) -> StructuredOutputsParams | None:
+        """The request's constraint: `structured_outputs`, else the one its
+        `response_format` asks for (the protocol refuses both at once). A copy:
+        the engine front end records the chosen backend on it."""
+        if request.structured_outputs is not None:
+            return dataclasses.replace(request.structured_outputs)
+        if request.response_format is not None:
+            return request.response_format.to_structured_outputs()
+        return None
+
+    @staticmethod
+    def _where_constrained(request: CompletionRequest | ChatCompletionRequest) -> str:
+        """The request field a structured-output error is about."""
+        if request.structured_outputs is None and request.response_format is not None:
+            return "response_format"
+        return "structured_outputs"
 
 
 # ----------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Everything a user can get wrong is checked here, before the request reaches
 the engine core, and raised as a `ValueError` (`VLLMValidationError`, HTTP 400
 in the server): an empty prompt, a token id outside the vocabulary, a prompt
-that leaves no room in `max_model_len`, logprob counts over `max_logprobs`.
+that leaves no room in `max_model_len`, logprob counts over `max_logprobs`, a
+structured-output constraint xgrammar cannot compile.
 """
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm.config import VllmConfig
+from vllm.config.structured_outputs import verify_backend_name
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import PromptType
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams
 from vllm.utils import random_uuid
 from vllm.v1.engine import EngineCoreRequest
+from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
 logger = init_logger(__name__)
 
@@ -98,6 +101,7 @@ class InputProcessor:
             raise VLLMValidationError("This model does not support generation")
         self._validate_logprobs(params)
         self._validate_token_id_params(params)
+        self._validate_structured_output(params)
 
     def _validate_logprobs(self, params: SamplingParams) -> None:
         max_logprobs = self.model_config.max_logprobs
@@ -139,6 +143,42 @@ class InputProcessor:
         if params.bad_words and self.tokenizer is None:
             raise VLLMValidationError("bad_words needs a tokenizer (skip_tokenizer_init is "
                                       "set).", parameter="bad_words")
+
+    def _validate_structured_output(self, params: SamplingParams) -> None:
+        """Resolve the backend and check that xgrammar can compile the
+        constraint, so that a bad one is a 400 here and never an error in the
+        engine core. Records the backend on `params.structured_outputs`."""
+        so_params = params.structured_outputs
+        if so_params is None:
+            return
+        if self.model_config.skip_tokenizer_init or self.tokenizer is None:
+            raise VLLMValidationError(
+                "Structured outputs requires a tokenizer so it can't be used with "
+                "'skip_tokenizer_init'", parameter="structured_outputs")
+        backend = self.vllm_config.structured_outputs_config.backend
+        if so_params._backend and so_params._backend != backend and not (
+                backend == "auto" and so_params._backend_was_auto):
+            # Params reused after an "auto" request carry "xgrammar" and
+            # `_backend_was_auto`; anything else is a per-request choice.
+            raise VLLMValidationError(
+                "Request-level structured output backend selection is not supported. The "
+                f"request specified {so_params._backend!r}, but vLLM was initialised with "
+                f"{backend!r}. This error can be resolved by removing '_backend' from the "
+                "request.", parameter="structured_outputs")
+        try:
+            # The config refuses these when built; a config set by hand may not be.
+            verify_backend_name(backend)
+        except ValueError as e:
+            raise VLLMValidationError(str(e), parameter="structured_outputs") from e
+        if isinstance(so_params.grammar, str) and not so_params.grammar.strip():
+            raise VLLMValidationError("structured_outputs.grammar cannot be an empty string",
+                                      parameter="structured_outputs")
+        try:
+            validate_xgrammar_grammar(params)
+        except ValueError as e:
+            raise VLLMValidationError(str(e), parameter="structured_outputs") from e
+        so_params._backend = "xgrammar"
+        so_params._backend_was_auto = backend == "auto"
 
     # ------------------------------------------------------------------
     # Prompts

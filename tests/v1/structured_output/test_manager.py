@@ -55,7 +55,7 @@ def own_row(grammar) -> np.ndarray:
 
 
 def ids_of(row: np.ndarray) -> set[int]:
-    return {t for t in range(WORDS * 32) if (int(row[t // 32]) >> (t % 32)) & 1}
+    return {t for t in range(len(row) * 32) if (int(row[t // 32]) >> (t % 32)) & 1}
 
 
 def tok(manager, text: str) -> int:
@@ -158,3 +158,21 @@ def test_clear_backend_and_rebuild(manager):
     manager.grammar_init(again)
     wait_ready(again)
     assert again.structured_output_request.grammar is not None
+
+
+def test_gguf_model_tokenizer(embedded_model_path):
+    """The tokenizer comes from the engine's loader, GGUF files included."""
+    config = VllmConfig(model_config=ModelConfig(model=embedded_model_path))
+    manager = StructuredOutputManager(config)
+    request = make_request("g", json={"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]})
+    manager.grammar_init(request)
+    wait_ready(request)
+    grammar = request.structured_output_request.grammar
+    assert grammar is not None
+    tokenizer = manager.tokenizer
+    assert grammar.accept_tokens("g", tokenizer.encode('{"a": 12}', add_special_tokens=False))
+    mask = manager.grammar_bitmask({"g": request}, ["g"], {})
+    assert mask.shape == (1, (config.model_config.get_vocab_size() + 31) // 32)
+    assert ids_of(mask[0]) == {tokenizer.eos_token_id}
+    manager.clear_backend()

@@ -114,3 +114,34 @@ def test_grammar_is_likely_lark():
     assert not grammar_is_likely_lark('# start: x\nroot ::= "a"')
     assert grammar_is_likely_lark('start: "a" | b\nb: "c"')
     assert not grammar_is_likely_lark("  ")
+
+
+def random_case(rows: int, vocab: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-2**31, 2**31 - 1, (rows, words), generator=gen,
+                            dtype=torch.int64).to(torch.int32)
+    return torch.randn(rows, vocab + 5, generator=gen), bitmask
+
+
+def test_torch_fallback_matches_xgrammar():
+    import xgrammar as xgr
+
+    from vllm.v1.structured_output.utils import _apply_torch
+    logits, bitmask = random_case(6, 200)
+    ours, theirs = logits.clone(), logits.clone()
+    _apply_torch(ours, bitmask, [0, 2, 5], 200)
+    xgr.apply_token_bitmask_inplace(theirs, bitmask, vocab_size=200, indices=[0, 2, 5])
+    assert torch.equal(ours, theirs)
+    assert torch.equal(ours[1], logits[1]) and torch.isinf(ours[0]).any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_logits_match_cpu():
+    batch = make_batch(["a", "b", "c"])
+    logits, bitmask = random_case(3, VOCAB, seed=1)
+    output = GrammarOutput(["c", "a"], bitmask[:2].numpy())
+    on_cpu, on_gpu = logits.clone(), logits.clone().cuda()
+    apply_grammar_bitmask(SchedulerOutput.make_empty(), output, batch, on_cpu)
+    apply_grammar_bitmask(SchedulerOutput.make_empty(), output, batch, on_gpu)
+    assert torch.equal(on_gpu.cpu(), on_cpu)

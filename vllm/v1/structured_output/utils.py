@@ -9,8 +9,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from vllm.logger import init_logger
+
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+
+logger = init_logger(__name__)
 
 _EBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -88,10 +92,20 @@ def _apply(logits: torch.Tensor, bitmask: torch.Tensor, indices: list[int]) -> N
     width = bitmask.shape[1] * 32
     vocab = min(width, logits.shape[-1])
     bitmask = bitmask.to(logits.device, non_blocking=True)
+    done = False
     if logits.is_contiguous() and logits.dtype in (torch.float32, torch.float16,
                                                    torch.bfloat16):
-        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=indices)
-    else:
+        try:
+            # CPU: xgrammar's C++ loop; CUDA: its Triton kernel.
+            xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab,
+                                            indices=indices)
+            done = True
+        except (ImportError, RuntimeError) as e:
+            # No Triton (or its kernel failed to build) on this device: the
+            # torch ops below do the same (masking twice changes nothing).
+            logger.warning_once("xgrammar's bitmask kernel is unavailable (%s); "
+                                "using torch ops.", e)
+    if not done:
         _apply_torch(logits, bitmask, indices, vocab)
     if logits.shape[-1] > width:
         # Padded vocabulary: ids the grammar never sees are never allowed.

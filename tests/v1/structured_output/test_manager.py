@@ -176,3 +176,36 @@ def test_gguf_model_tokenizer(embedded_model_path):
     assert mask.shape == (1, (config.model_config.get_vocab_size() + 31) // 32)
     assert ids_of(mask[0]) == {tokenizer.eos_token_id}
     manager.clear_backend()
+
+
+def test_request_state_without_the_manager():
+    from concurrent.futures import Future
+
+    from vllm.v1.structured_output.request import StructuredOutputRequest
+    assert StructuredOutputRequest.from_sampling_params(SamplingParams()) is None
+    so = StructuredOutputRequest.from_sampling_params(SamplingParams(
+        structured_outputs=StructuredOutputsParams(choice=["a", "b"])))
+    assert so is not None and so.structured_output_key[1] == '["a", "b"]'
+    assert so.is_grammar_ready is False and so.grammar is None  # nothing started
+    future: Future = Future()
+    so.grammar = future
+    assert not so.is_grammar_ready and so.grammar is None
+    future.cancel()  # a pool shut down before compiling it
+    assert so.is_grammar_ready and so.grammar is None
+    assert "cancelled" in so.compile_error
+    failed = StructuredOutputRequest(StructuredOutputsParams(regex="a"))
+    future = Future()
+    failed.grammar = future
+    future.set_exception(ValueError("boom"))
+    assert failed.is_grammar_ready and failed.compile_error == "ValueError: boom"
+
+
+def test_bitmask_is_a_copy(manager):
+    request = make_request("cp", regex="a")
+    manager.grammar_init(request)
+    wait_ready(request)
+    first = manager.grammar_bitmask({"cp": request}, ["cp"], {})
+    kept = first.copy()
+    request.structured_output_request.grammar.accept_tokens("cp", [tok(manager, "a")])
+    manager.grammar_bitmask({"cp": request}, ["cp"], {})  # reuses the buffer
+    np.testing.assert_array_equal(first, kept)

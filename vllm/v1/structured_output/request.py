@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from vllm.sampling_params import StructuredOutputsParams
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm.v1.structured_output.backend_types import (StructuredOutputGrammar,
                                                      StructuredOutputKey,
                                                      StructuredOutputOptions)
@@ -58,11 +58,22 @@ class StructuredOutputRequest:
         """Turn the finished future into the grammar or a compile_error."""
         assert isinstance(self._grammar, Future) and self._grammar.done()
         future, self._grammar = self._grammar, None
+        if future.cancelled():  # the manager shut down (clear_backend)
+            self.compile_error = "grammar compilation was cancelled"
+            return
         exc = future.exception()
         if exc is None:
             self._grammar = future.result()
         else:
             self.compile_error = f"{type(exc).__name__}: {exc}"
+
+    @staticmethod
+    def from_sampling_params(sampling_params: "SamplingParams | None",
+                             ) -> "StructuredOutputRequest | None":
+        """The request's structured output state, or None without a constraint."""
+        if sampling_params is None or sampling_params.structured_outputs is None:
+            return None
+        return StructuredOutputRequest(sampling_params.structured_outputs)
 
     @cached_property
     def structured_output_key(self) -> StructuredOutputKey:

@@ -103,8 +103,12 @@ def _make_llm(model_dir: str, runner: str, engine_process: bool = False, **kwarg
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if engine_process else "0")
         mp.setenv("VLLM_USE_V2_MODEL_RUNNER", runner)
+        # A long prompt is prefilled 8 tokens a step while short ones decode:
+        # the runners put decodes first, so batch rows differ from the
+        # scheduler's order (see test_rows_follow_request_ids_...).
         return LLM(model=model_dir, dtype="float32", max_model_len=256, max_num_seqs=16,
-                   seed=0, **kwargs)
+                   max_num_batched_tokens=64, long_prefill_token_threshold=8, seed=0,
+                   **kwargs)
 
 
 @pytest.fixture(scope="module", params=["0", "1"], ids=["v1", "v2"])
@@ -133,6 +137,24 @@ def test_unstructured_batch_mates_get_their_own_tokens(sync_llm, sync_results):
     alone = _generate(sync_llm, UNSTRUCTURED)
     mixed = sync_results[len(KINDS):]
     assert [tokens for _, tokens, _ in mixed] == [tokens for _, tokens, _ in alone]
+
+
+def test_rows_follow_request_ids_when_the_batch_is_reordered(sync_llm):
+    """A structured request mid-prefill ahead of decoding ones in the
+    scheduler's order: the runner reorders the batch (decodes first), and each
+    bitmask row must still reach its own request's logits."""
+    from vllm.inputs import TokensPrompt
+
+    long_prompt = TokensPrompt(prompt_token_ids=[(7 * i) % 500 + 1 for i in range(60)])
+    kinds = ["regex", "json", "grammar", "choice"]
+    params = [_structured(kind) for kind in kinds] + UNSTRUCTURED[:1]
+    outs = sync_llm.generate([long_prompt] + [PROMPT] * (len(params) - 1), params,
+                             use_tqdm=False)
+    for kind, out in zip(kinds, outs):
+        assert out.outputs[0].finish_reason == "stop", (kind, out.outputs[0].text)
+        CHECKS[kind](out.outputs[0].text)
+    alone = _generate(sync_llm, UNSTRUCTURED[:1])[0][1]
+    assert list(outs[-1].outputs[0].token_ids) == alone
 
 
 def test_compile_failure_is_a_request_error(sync_llm, monkeypatch):

@@ -50,11 +50,14 @@ class StructuredOutputSchedulerMixin:
         if compilation failed (the engine carries on)."""
         so_request = request.structured_output_request
         assert so_request is not None
-        if so_request.is_grammar_ready and so_request.compile_error is None:
+        # Read once: compilation finishes on another thread, and a second read
+        # could see it done after the first saw it running.
+        ready = so_request.is_grammar_ready
+        if ready and so_request.compile_error is None:
             request.status = RequestStatus.WAITING
             return True
         self.waiting.pop_request()
-        if not so_request.is_grammar_ready:
+        if not ready:
             skipped_waiting.prepend_request(request)
             return False
         logger.error("Request %s failed: its structured output grammar did not compile: %s",

@@ -25,6 +25,29 @@ def test_gumbel_max_draws_follow_the_softmax():
     assert ((freq - probs).abs() < 5 * sigma + 1e-4).all(), (freq, probs)
 
 
+def test_noise_is_finite_for_every_uniform_and_masks_hold():
+    """Every one of the 2**23 uniforms gives finite noise (before the floor
+    the 8 largest gave -inf: +inf on a finite logit, NaN on a masked one,
+    and argmax picked the NaN), so a row with one finite logit always
+    samples it (the grammar / min_tokens / bad_words masks rely on that)."""
+    from vllm.v1.worker.gpu.sample.gumbel import log_neg_log_u_
+
+    k_half = torch.arange(2 ** 23, dtype=torch.float32) + 0.5
+    noise = log_neg_log_u_(k_half)
+    assert torch.isfinite(noise).all()
+    # Monotone in k (U grows, -log U shrinks) up to the floor.
+    assert (noise[1:] <= noise[:-1]).all()
+    # 20000 rows of 512 with one allowed token each: before the floor about
+    # 9 of them picked a masked token (4.4e-4 per row).
+    n, vocab = 20000, 512
+    allowed = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(0))
+    logits = torch.full((n, vocab), float("-inf"))
+    logits[torch.arange(n), allowed] = 0.0
+    tokens = gumbel_sample(logits, torch.arange(n), torch.ones(n), torch.arange(n),
+                           torch.zeros(n, dtype=torch.int64))
+    assert torch.equal(tokens, allowed)
+
+
 def test_noise_is_uniform_gumbel_and_keyed_by_seed_and_position():
     keys = row_keys(torch.tensor([7, 7, 8]), torch.tensor([3, 4, 3]))
     assert len(set(keys.tolist())) == 3

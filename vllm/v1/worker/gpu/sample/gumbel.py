@@ -52,6 +52,8 @@ _VOCAB_MUL = 0x9E3779B9  # odd: v -> v * c is a bijection modulo 2**32
 _POS_SALT = 0x7F4A7C15
 # -log(U) = 23 * ln 2 - log(k + 0.5) for U = (k + 0.5) * 2**-23.
 _NEG_LOG_SCALE = 23 * math.log(2)
+# Floor of -log(U) (see log_neg_log_u_): 2**-24, ~ -log U of the largest k.
+_MIN_NEG_LOG_U = 2.0 ** -24
 # Elements per row chunk of the torch path (4 MiB per int32/float32 buffer):
 # small enough to stay in cache, large enough that the ~20 passes of a chunk
 # are not dominated by thread hand-offs (measured on 2 cores).
@@ -168,9 +170,19 @@ def _add_noise_chunk(logits: torch.Tensor, keys: torch.Tensor, ws: _Workspace) -
     torch.bitwise_right_shift(h, 9, out=tmp)
     tmp.bitwise_and_(0x7FFFFF)  # k: the top 23 bits
     torch.add(tmp, 0.5, out=noisy)
-    # log(-log U) = log(23 ln 2 - log(k + 0.5)), negated twice to stay in place.
-    noisy.log_().sub_(_NEG_LOG_SCALE).neg_().log_()
+    log_neg_log_u_(noisy)
     return torch.sub(logits, noisy, out=noisy)
+
+
+def log_neg_log_u_(k_half: torch.Tensor) -> torch.Tensor:
+    """In place: k + 0.5 -> log(-log U) for U = (k + 0.5) * 2**-23.
+
+    -log U = 23 ln 2 - log(k + 0.5) cancels for k near 2**23: in float32 the
+    8 largest k give exactly 0 (noise -inf, so a finite logit becomes +inf and
+    a masked -inf one NaN, which argmax picks - a masked token sampled). The
+    floor 2**-24 is the true -log U of the largest k to within a factor of
+    ~1.3, for a 1e-6 tail; everything else is unchanged."""
+    return k_half.log_().sub_(_NEG_LOG_SCALE).neg_().clamp_min_(_MIN_NEG_LOG_U).log_()
 
 
 def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -247,7 +259,10 @@ def _gumbel_sample_kernel(out_ptr, logits_ptr, logits_stride, idx_mapping_ptr, t
             # k + 0.5 for k = the top 23 bits; 15.942385... = 23 * ln 2, so
             # noise = log(-log U) for U = (k + 0.5) * 2**-23.
             k_half = (h >> 9).to(tl.float32) + 0.5
-            noise = tl.log(15.942385152878742 - tl.log(k_half))
+            # Floored at 2**-24 as the torch path (log_neg_log_u_): near U = 1
+            # the difference cancels to 0 and the noise would be -inf.
+            neg_log_u = tl.maximum(15.942385152878742 - tl.log(k_half), 5.960464477539063e-08)
+            noise = tl.log(neg_log_u)
             x = tl.where(mask, x - noise, -float("inf"))
         val, idx = tl.max(x, axis=0, return_indices=True)
         # Strictly greater: ties keep the earlier block (torch.argmax's first index).

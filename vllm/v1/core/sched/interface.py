@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.engine import EngineCoreOutputs
     from vllm.v1.metrics.stats import SchedulerStats
     from vllm.v1.outputs import ModelRunnerOutput
@@ -33,6 +33,12 @@ class SchedulerInterface(ABC):
         need to update their cached per-request state (new requests in full,
         running ones as diffs, finished and preempted ids).
         """
+
+    @abstractmethod
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """The grammar bitmask for the structured-output requests that sample
+        in `scheduler_output`'s step (None when there are none); the engine
+        core passes it to the executor's `sample_tokens`."""
 
     @abstractmethod
     def update_from_output(

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vllm.v1.core.sched.interface import SchedulerInterface
-from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.core.sched.output_builder import (make_cached_request_data,
                                                make_engine_core_outputs,
                                                make_new_reqs_data)
 from vllm.v1.core.sched.request_queue import (SchedulingPolicy,
                                               create_request_queue)
 from vllm.v1.core.sched.scheduling_step import SchedulingStep
-from vllm.v1.core.sched.structured_output_mixin import StructuredOutputSchedulerMixin
+from vllm.v1.core.sched.structured_output import StructuredOutputScheduling
 from vllm.v1.core.sched.utils import check_stop, remove_all
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.stats import SchedulerStats
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-class Scheduler(StructuredOutputSchedulerMixin, SchedulerInterface):
+class Scheduler(SchedulerInterface):
     """Continuous-batching scheduler with chunked prefill, prefix caching and
     recompute-style preemption, under one token budget per step."""
 
@@ -87,7 +87,8 @@ class Scheduler(StructuredOutputSchedulerMixin, SchedulerInterface):
         # Requests finished since the last schedule(); the next
         # SchedulerOutput tells the workers to drop their state.
         self.finished_req_ids: set[str] = set()
-        self._init_structured_output_state()
+        self.structured_output = StructuredOutputScheduling(structured_output_manager,
+                                                            self._free_request)
 
         self.kv_cache_manager = KVCacheManager(
             kv_cache_config=kv_cache_config,
@@ -232,7 +233,8 @@ class Scheduler(StructuredOutputSchedulerMixin, SchedulerInterface):
                 break
             request = self.waiting.peek_request()
             if (request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
-                    and not self._is_grammar_ready(request, skipped_waiting)):
+                    and not self.structured_output.admit(request, self.waiting,
+                                                         skipped_waiting)):
                 continue
             new_computed_blocks, num_computed_tokens = (
                 self._get_computed_blocks(request))
@@ -351,6 +353,12 @@ class Scheduler(StructuredOutputSchedulerMixin, SchedulerInterface):
         # A new set, not clear(): the output holds the old one.
         self.finished_req_ids = set()
 
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """The grammar bitmask of the structured-output requests that sample
+        in this step, or None. Call it only after every earlier step's
+        update_from_output (the grammars must have seen their tokens)."""
+        return self.structured_output.grammar_bitmask(self.requests, scheduler_output)
+
     # ------------------------------------------------------------------
     # update_from_output()
     # ------------------------------------------------------------------
@@ -360,7 +368,7 @@ class Scheduler(StructuredOutputSchedulerMixin, SchedulerInterface):
         scheduler_output: SchedulerOutput,
         model_runner_output: ModelRunnerOutput,
     ) -> dict[int, EngineCoreOutputs]:
-        outputs, self._error_outputs = self._error_outputs, defaultdict(list)
+        outputs = self.structured_output.take_error_outputs()
         stopped_running_reqs: set[Request] = set()
         stopped_preempted_reqs: set[Request] = set()
         for req_id in scheduler_output.num_scheduled_tokens:
@@ -405,8 +413,7 @@ class Scheduler(StructuredOutputSchedulerMixin, SchedulerInterface):
         if new_token_ids:
             new_token_ids, stopped = self._update_request_with_output(
                 request, new_token_ids)
-            if new_token_ids and self.structured_output_manager.should_advance(request):
-                self._advance_grammar(request, new_token_ids)
+            self.structured_output.advance(request, new_token_ids)
         elif request.pooling_params is not None and pooler_output is not None:
             # A pooling request is done as soon as it has its output.
             request.status = RequestStatus.FINISHED_STOPPED

@@ -1,16 +1,19 @@
 """The scheduler's structured-output steps (upstream keeps them in
-vllm/v1/core/sched/scheduler.py; split out to keep that file short).
+vllm/v1/core/sched/scheduler.py; here a part the Scheduler owns, to keep
+that file short).
 
     add_request        request waits in WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
-    schedule()         `_is_grammar_ready`: compiled -> WAITING, schedulable;
+    schedule()         `admit`: compiled -> WAITING, schedulable;
                        compiling -> skipped this step (others are not blocked);
                        failed -> FINISHED_ERROR, finish_reason "error"
-    engine core        `get_grammar_bitmask(scheduler_output)` -> sample_tokens
-    update_from_output `_advance_grammar` with the accepted tokens
+    engine core        `Scheduler.get_grammar_bitmask(scheduler_output)`
+                       (`grammar_bitmask` here) -> sample_tokens
+    update_from_output `advance` with the accepted tokens
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from vllm.logger import init_logger
@@ -28,22 +31,26 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-class StructuredOutputSchedulerMixin:
-    """Mixed into `Scheduler`, whose state it uses."""
+class StructuredOutputScheduling:
+    """Owned by the Scheduler: grammar readiness at admission, the step's
+    bitmask, grammar advance, and the outputs of requests whose grammar
+    failed to compile."""
 
-    requests: dict[str, Request]
-    waiting: RequestQueue
-    structured_output_manager: StructuredOutputManager
-
-    def _init_structured_output_state(self) -> None:
+    def __init__(self, manager: StructuredOutputManager,
+                 free_request: Callable[[Request], object]) -> None:
+        self.manager = manager
+        self._free_request = free_request
         # Outputs of requests finished inside schedule() (a grammar that
         # failed to compile), sent with the next update_from_output().
         self._error_outputs: dict[int, list[EngineCoreOutput]] = defaultdict(list)
 
-    if TYPE_CHECKING:
-        def _free_request(self, request: Request) -> None: ...
+    def take_error_outputs(self) -> dict[int, list[EngineCoreOutput]]:
+        """The error outputs gathered since the last call (client -> list)."""
+        outputs, self._error_outputs = self._error_outputs, defaultdict(list)
+        return outputs
 
-    def _is_grammar_ready(self, request: Request, skipped_waiting: RequestQueue) -> bool:
+    def admit(self, request: Request, waiting: RequestQueue,
+              skipped_waiting: RequestQueue) -> bool:
         """For the request at the head of the waiting queue: True once its
         grammar compiled (it becomes WAITING). Otherwise it leaves the queue:
         into `skipped_waiting` while compiling, finished with FINISHED_ERROR
@@ -56,7 +63,7 @@ class StructuredOutputSchedulerMixin:
         if ready and so_request.compile_error is None:
             request.status = RequestStatus.WAITING
             return True
-        self.waiting.pop_request()
+        waiting.pop_request()
         if not ready:
             skipped_waiting.prepend_request(request)
             return False
@@ -70,8 +77,11 @@ class StructuredOutputSchedulerMixin:
             trace_headers=request.trace_headers))
         return False
 
-    def _advance_grammar(self, request: Request, new_token_ids: list[int]) -> None:
-        """Feed the request's accepted tokens to its grammar."""
+    def advance(self, request: Request, new_token_ids: list[int]) -> None:
+        """Feed the request's accepted tokens to its grammar (when it has one
+        that advances)."""
+        if not new_token_ids or not self.manager.should_advance(request):
+            return
         so_request = request.structured_output_request
         assert so_request is not None and so_request.grammar is not None
         if not so_request.grammar.accept_tokens(request.request_id, new_token_ids):
@@ -79,7 +89,8 @@ class StructuredOutputSchedulerMixin:
             logger.error("Request %s: the grammar rejected tokens %s", request.request_id,
                          new_token_ids)
 
-    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+    def grammar_bitmask(self, requests: dict[str, Request],
+                        scheduler_output: SchedulerOutput) -> GrammarOutput | None:
         """The bitmask of the structured-output requests that sample in this
         step (row i: request `structured_output_request_ids[i]`), or None.
 
@@ -87,9 +98,9 @@ class StructuredOutputSchedulerMixin:
         after the earlier steps' update_from_output (see EngineCore)."""
         if not scheduler_output.has_structured_output_requests:
             return None
-        req_ids = structured_output_req_ids_to_sample(self.requests, scheduler_output)
-        bitmask = self.structured_output_manager.grammar_bitmask(
-            self.requests, req_ids, scheduler_output.scheduled_spec_decode_tokens)
+        req_ids = structured_output_req_ids_to_sample(requests, scheduler_output)
+        bitmask = self.manager.grammar_bitmask(
+            requests, req_ids, scheduler_output.scheduled_spec_decode_tokens)
         if bitmask is None:
             return None
         return GrammarOutput(structured_output_request_ids=req_ids, grammar_bitmask=bitmask)

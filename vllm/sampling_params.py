@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any
 
@@ -53,8 +53,10 @@ class StructuredOutputsParams:
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
     structural_tag: str | None = None
-    _backend: str | None = None
-    _backend_was_auto: bool = False
+    # Not constructor arguments (upstream: init=False), so a client cannot
+    # send them; msgspec still carries them to the engine core.
+    _backend: str | None = field(default=None, init=False)
+    _backend_was_auto: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         kinds = [k for k in _STRUCTURED_OUTPUT_KINDS if _is_set(getattr(self, k))]

@@ -104,3 +104,14 @@ def test_engine_rejects_and_keeps_serving(llm, parameter, kwargs, message):
                                         SamplingParams(**GREEDY, **kwargs)], use_tqdm=False)
     assert engine.get_num_unfinished_requests() == 0
     assert not engine.engine_core.engine_core.scheduler.has_unfinished_requests()
+
+
+def test_priority_needs_the_priority_policy(llm):
+    """Under FCFS (the default) a non-zero priority would be silently
+    ignored: upstream refuses it, and so do we; 0 is fine."""
+    with pytest.raises(VLLMValidationError, match="Priority scheduling is not enabled") as exc:
+        llm.generate([PROMPT], SamplingParams(**GREEDY), priority=[1], use_tqdm=False)
+    assert exc.value.parameter == "priority"
+    (out,) = llm.generate([PROMPT], SamplingParams(**GREEDY), priority=[0], use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == GREEDY["max_tokens"]
+    assert llm.llm_engine.get_num_unfinished_requests() == 0

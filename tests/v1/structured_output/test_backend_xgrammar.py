@@ -235,3 +235,15 @@ def test_compiled_grammar_cache_stays_bounded(so_tokenizer):
     assert max(sizes) <= limit
     backend.destroy()
     assert backend.cache_size_bytes() == 0
+
+
+def test_json_object_is_an_object_not_any_json(xgr_backend, so_tokenizer):
+    """json_object means an object (upstream and OpenAI's mode), so a
+    top-level array or scalar is refused from the first token."""
+    grammar = xgr_backend.compile_grammar(Opt.JSON_OBJECT, "")
+    texts = token_texts(so_tokenizer)
+    first = {texts[i] for i in allowed_ids(grammar) if i in texts}
+    assert "{" in first
+    assert not first & {"[", '"', "1", "t"}
+    drive(grammar, so_tokenizer, '{"a": [1, 2]}')
+    finish(grammar)

@@ -60,6 +60,10 @@ class InputProcessor:
         if lora_request is not None:
             raise VLLMValidationError(f"Got lora_request {lora_request} but LoRA is not "
                                       "enabled!")
+        if priority != 0 and self.vllm_config.scheduler_config.policy != "priority":
+            # Upstream's check: under FCFS a priority would be silently ignored.
+            raise VLLMValidationError(f"Got priority {priority} but Priority scheduling is "
+                                      "not enabled.", parameter="priority")
         if data_parallel_rank is not None and not (
                 0 <= data_parallel_rank < self.vllm_config.parallel_config.data_parallel_size):
             raise VLLMValidationError(f"data_parallel_rank {data_parallel_rank} is out of "

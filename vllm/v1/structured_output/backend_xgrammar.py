@@ -89,8 +89,10 @@ class XgrammarBackend(StructuredOutputBackend):
         if request_type == opts.JSON:
             return self.compiler.compile_json_schema(spec, **self._json_kwargs(params))
         if request_type == opts.JSON_OBJECT:
-            # Any JSON value xgrammar's builtin JSON grammar admits (object or array).
-            return self.compiler.compile_builtin_json_grammar()
+            # An object, as upstream and OpenAI's json_object mode: xgrammar's
+            # builtin JSON grammar would also admit a top-level array.
+            return self.compiler.compile_json_schema('{"type": "object"}',
+                                                     **self._json_kwargs(params))
         if request_type == opts.REGEX:
             return self.compiler.compile_regex(spec)
         if request_type == opts.GRAMMAR:

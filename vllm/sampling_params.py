@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import Any
 
@@ -53,10 +53,12 @@ class StructuredOutputsParams:
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
     structural_tag: str | None = None
-    # Not constructor arguments (upstream: init=False), so a client cannot
-    # send them; msgspec still carries them to the engine core.
-    _backend: str | None = field(default=None, init=False)
-    _backend_was_auto: bool = field(default=False, init=False)
+    # Set by the input processor. Upstream makes them init=False; pydantic
+    # refuses init=False fields in a dataclass nested in the server's
+    # extra="allow" request models, so here a client may send them, and the
+    # input processor refuses a `_backend` other than the server's.
+    _backend: str | None = None
+    _backend_was_auto: bool = False
 
     def __post_init__(self) -> None:
         kinds = [k for k in _STRUCTURED_OUTPUT_KINDS if _is_set(getattr(self, k))]

@@ -226,6 +226,16 @@ class ChatCompletionToolsParam(OpenAIBaseModel):
     function: FunctionDefinition
 
 
+class ChatCompletionNamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
+    """`tool_choice: {"type": "function", "function": {"name": ...}}`: call that tool."""
+    function: ChatCompletionNamedFunction
+    type: Literal["function"] = "function"
+
+
 class ChatMessageParam(OpenAIBaseModel):
     """One message of a conversation; unknown keys are kept (and reach the template)."""
 
@@ -243,7 +253,9 @@ class ChatCompletionRequest(SamplingRequestMixin):
     max_tokens: int | None = Field(None, ge=0, deprecated=True)
     max_completion_tokens: int | None = Field(None, ge=0)
     tools: list[ChatCompletionToolsParam] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    # None with tools means "auto" (OpenAI's default); see tool_choice.py.
+    tool_choice: (Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam
+                  | None) = None
     parallel_tool_calls: bool | None = True
     # --- vLLM's chat extras ---
     echo: bool = False
@@ -255,14 +267,6 @@ class ChatCompletionRequest(SamplingRequestMixin):
 
     @model_validator(mode="after")
     def check_chat_options(self) -> "ChatCompletionRequest":
-        choice = self.tool_choice
-        if isinstance(choice, str) and choice not in ("none", "auto", "required"):
-            raise ValueError("tool_choice must be \"none\", \"auto\", \"required\" or "
-                             "a named function.")
-        if isinstance(choice, dict) and not isinstance(
-                (choice.get("function") or {}).get("name"), str):
-            raise ValueError("A named tool_choice is {\"type\": \"function\", "
-                             "\"function\": {\"name\": ...}}.")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("when using `top_logprobs`, `logprobs` must be set to true.")
         if self.continue_final_message and self.add_generation_prompt:
@@ -340,11 +344,39 @@ class ChatCompletionLogProbs(OpenAIBaseModel):
     content: list[ChatCompletionLogProbsContent] | None = None
 
 
+def make_tool_call_id() -> str:
+    return f"chatcmpl-tool-{random_uuid()}"
+
+
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str  # the arguments as JSON text
+
+
+class ToolCall(OpenAIBaseModel):
+    id: str = Field(default_factory=make_tool_call_id)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(OpenAIBaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(OpenAIBaseModel):
+    """A streamed piece of a tool call: the first carries id, type and name."""
+    id: str | None = None
+    type: Literal["function"] | None = None
+    index: int  # the call's position in the message's tool_calls
+    function: DeltaFunctionCall | None = None
+
+
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | None = None
     refusal: str | None = None
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):
@@ -371,7 +403,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_calls: list[DeltaToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionResponseStreamChoice(OpenAIBaseModel):

@@ -21,9 +21,10 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionLogProb,
                                               ChatCompletionRequest, ChatCompletionResponse,
                                               ChatCompletionResponseChoice,
                                               ChatCompletionResponseStreamChoice,
-                                              ChatCompletionStreamResponse, ChatMessage,
-                                              DeltaMessage, ErrorResponse,
-                                              PromptTokenUsageInfo, UsageInfo)
+                                              ChatCompletionStreamResponse, DeltaMessage,
+                                              ErrorResponse, PromptTokenUsageInfo,
+                                              UsageInfo)
+from vllm.entrypoints.openai import tool_choice
 from vllm.entrypoints.openai.serving_completion import format_prompt_logprobs
 from vllm.entrypoints.openai.serving_engine import (GenerationError, OpenAIServing,
                                                     clamp_logprob, decoded_token, prime,
@@ -33,6 +34,7 @@ from vllm.inputs import TokensPrompt
 from vllm.logger import init_logger
 from vllm.logprobs import Logprob
 from vllm.outputs import RequestOutput
+from vllm.sampling_params import StructuredOutputsParams
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
@@ -106,7 +108,7 @@ class OpenAIServingChat(OpenAIServing):
     # ------------------------------------------------------------------
 
     def _render(self, request: ChatCompletionRequest, tokenizer: Any) -> tuple[str, list[int]]:
-        self._check_tool_choice(request)
+        tool_choice.check_tool_choice(request, self.enable_auto_tools)
         if request.chat_template is not None and not self.trust_request_chat_template:
             raise VLLMValidationError(
                 "Chat template is passed with request, but --trust-request-chat-template is "
@@ -127,20 +129,20 @@ class OpenAIServingChat(OpenAIServing):
             raise VLLMValidationError("The rendered prompt is empty.", parameter="messages")
         return text, ids
 
-    def _check_tool_choice(self, request: ChatCompletionRequest) -> None:
-        choice = request.tool_choice
-        if choice is None and request.tools:
-            choice = "auto"  # OpenAI's default when tools are given
-        if choice == "auto" and not self.enable_auto_tools:
-            raise VLLMValidationError(
-                "\"auto\" tool choice requires --enable-auto-tool-choice and "
-                "--tool-call-parser to be set", parameter="tool_choice")
-        if choice not in (None, "none", "auto"):
-            # Upstream turns these into a JSON-schema constraint over the tools'
-            # parameters and parses the output into tool_calls; not built yet.
-            raise VLLMValidationError("tool_choice \"required\" or a named tool is not "
-                                      "supported by this server yet.",
-                                      parameter="tool_choice")
+    @staticmethod
+    def _structured_outputs(request: Any) -> StructuredOutputsParams | None:
+        """A "required" or named tool_choice constrains the output to the
+        tools' JSON schema (tool_choice.py refuses it with another constraint)."""
+        schema = tool_choice.forced_tool_schema(request)
+        if schema is not None:
+            return StructuredOutputsParams(json=schema)
+        return OpenAIServing._structured_outputs(request)
+
+    @staticmethod
+    def _where_constrained(request: Any) -> str:
+        if tool_choice.is_forced(request):
+            return "tools"  # the tools' schema failed to compile
+        return OpenAIServing._where_constrained(request)
 
     def _num_logprobs(self, request: ChatCompletionRequest) -> int | None:
         if not request.logprobs:
@@ -179,6 +181,7 @@ class OpenAIServingChat(OpenAIServing):
         num_choices = request.n
         role = self.get_chat_request_role(request)
         sent_role = [False] * num_choices
+        tool_streams = [tool_choice.tool_call_stream(request) for _ in range(num_choices)]
         num_tokens = [0] * num_choices
         num_prompt_tokens = 0
         options = request.stream_options
@@ -215,9 +218,20 @@ class OpenAIServingChat(OpenAIServing):
                         logprobs = create_chat_logprobs(
                             output.token_ids, output.logprobs, request.top_logprobs or 0,
                             tokenizer, bool(request.return_tokens_as_token_ids))
+                    stream = tool_streams[i]
+                    finish_reason = output.finish_reason
+                    if stream is None:
+                        delta: DeltaMessage | None = DeltaMessage(content=output.text)
+                    else:
+                        delta = stream.delta(output.text)
+                        finish_reason = tool_choice.finish_reason(request, finish_reason,
+                                                                  stream.called)
+                        if delta is None and not (finish_reason or logprobs
+                                                  or request.return_token_ids):
+                            continue  # text still inside the JSON around the calls
                     yield chunk(ChatCompletionResponseStreamChoice(
-                        index=i, delta=DeltaMessage(content=output.text), logprobs=logprobs,
-                        finish_reason=output.finish_reason, stop_reason=output.stop_reason,
+                        index=i, delta=delta or DeltaMessage(), logprobs=logprobs,
+                        finish_reason=finish_reason, stop_reason=output.stop_reason,
                         token_ids=list(output.token_ids) if request.return_token_ids else None),
                         i)
             if include_usage:
@@ -265,9 +279,11 @@ class OpenAIServingChat(OpenAIServing):
                 logprobs = create_chat_logprobs(
                     output.token_ids, output.logprobs, request.top_logprobs or 0, tokenizer,
                     bool(request.return_tokens_as_token_ids))
+            message, finish_reason = tool_choice.response_message(
+                request, role, output.text, echo, output.finish_reason)
             choices.append(ChatCompletionResponseChoice(
-                index=output.index, message=ChatMessage(role=role, content=echo + output.text),
-                logprobs=logprobs, finish_reason=output.finish_reason,
+                index=output.index, message=message,
+                logprobs=logprobs, finish_reason=finish_reason,
                 stop_reason=output.stop_reason,
                 token_ids=list(output.token_ids) if request.return_token_ids else None))
         choices.sort(key=lambda c: c.index)

@@ -123,19 +123,33 @@ class Executor(ABC):
         raise NotImplementedError
 
     # ---- steps -------------------------------------------------------------------
+    # Whether `collective_rpc` takes `unique_reply_rank` (only that rank replies,
+    # and its result comes back as is, not in a list).
+    unique_reply_rpc: bool = False
+
+    @property
+    def output_rank(self) -> int:
+        """The rank whose output a step returns: the first tensor-parallel
+        rank of the last pipeline stage, the one that samples."""
+        return self.parallel_config.world_size - self.parallel_config.tensor_parallel_size
+
     def execute_model(self, scheduler_output: "SchedulerOutput", non_block: bool = False
                       ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
         """Forward pass of one step. None means: call `sample_tokens` next."""
-        output = self.collective_rpc("execute_model", args=(scheduler_output,),
-                                     non_block=non_block)
-        return _first(output)
+        return self._step_rpc("execute_model", scheduler_output, non_block)
 
     def sample_tokens(self, grammar_output: Any, non_block: bool = False
                       ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
         """Sample the step's tokens (with the structured-output bitmask, if any)."""
-        output = self.collective_rpc("sample_tokens", args=(grammar_output,),
-                                     non_block=non_block)
-        return _first(output)
+        return self._step_rpc("sample_tokens", grammar_output, non_block)
+
+    def _step_rpc(self, method: str, arg: Any, non_block: bool) -> Any:
+        """`method(arg)` on every worker; `output_rank`'s reply when
+        `unique_reply_rpc`, else (as upstream's base) the driver's, rank 0."""
+        if self.unique_reply_rpc:
+            return self.collective_rpc(method, args=(arg,), non_block=non_block,
+                                       unique_reply_rank=self.output_rank)
+        return _first(self.collective_rpc(method, args=(arg,), non_block=non_block))
 
     @property
     def max_concurrent_batches(self) -> int:

@@ -20,19 +20,15 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait as wait_for_processes
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 from vllm.distributed.utils import get_distributed_init_method, get_open_port
 from vllm.logger import init_logger
 from vllm.v1.executor.abstract import Executor
 from vllm.v1.executor.worker_proc import WorkerProc, shutdown_processes
-
-if TYPE_CHECKING:
-    from vllm.v1.core.sched.output import SchedulerOutput
-    from vllm.v1.outputs import ModelRunnerOutput
 
 logger = init_logger(__name__)
 
@@ -44,6 +40,7 @@ class MultiprocExecutor(Executor):
     """Executor over `world_size` spawned worker processes on this node."""
 
     supports_pp: bool = True
+    unique_reply_rpc: bool = True  # steps: only `output_rank` replies
 
     def _init_executor(self) -> None:
         self.is_failed = False
@@ -51,9 +48,6 @@ class MultiprocExecutor(Executor):
         self.shutdown_event = threading.Event()
         self.failure_callback: Callable[[], None] | None = None
         self.world_size = self.parallel_config.world_size
-        tp_size = self.parallel_config.tensor_parallel_size
-        # The first tensor-parallel rank of the last pipeline stage samples.
-        self.output_rank = self.world_size - tp_size
         init_method = get_distributed_init_method("127.0.0.1", get_open_port())
         self.rpc_broadcast_mq = MessageQueue(self.world_size, self.world_size)
         self._rpc_lock = threading.Lock()
@@ -145,16 +139,6 @@ class MultiprocExecutor(Executor):
                 raise RuntimeError(f"Worker {rank} failed in {method}: {result}")
             results.append(result)
         return results[0] if single else results
-
-    def execute_model(self, scheduler_output: "SchedulerOutput", non_block: bool = False
-                      ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
-        return self.collective_rpc("execute_model", args=(scheduler_output,),
-                                   non_block=non_block, unique_reply_rank=self.output_rank)
-
-    def sample_tokens(self, grammar_output: Any, non_block: bool = False
-                      ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
-        return self.collective_rpc("sample_tokens", args=(grammar_output,),
-                                   non_block=non_block, unique_reply_rank=self.output_rank)
 
     # ---- properties and lifecycle ---------------------------------------------------------
     @property

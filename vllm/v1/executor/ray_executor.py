@@ -12,8 +12,8 @@ returns one rank's result. A dead actor fails the call and the executor
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from vllm.distributed.device_communicators.rpc_codec import RpcDecoder, RpcEncoder
 from vllm.distributed.utils import get_distributed_init_method, get_open_port
@@ -21,10 +21,6 @@ from vllm.logger import init_logger
 from vllm.v1.executor.abstract import Executor
 from vllm.v1.executor.ray_utils import (RayWorkerWrapper, assert_ray_available,
                                         initialize_ray_cluster, ray, vllm_env_vars)
-
-if TYPE_CHECKING:
-    from vllm.v1.core.sched.output import SchedulerOutput
-    from vllm.v1.outputs import ModelRunnerOutput
 
 logger = init_logger(__name__)
 
@@ -34,6 +30,7 @@ class RayDistributedExecutor(Executor):
 
     uses_ray: bool = True
     supports_pp: bool = True
+    unique_reply_rpc: bool = True  # steps: only `output_rank` replies
 
     def _init_executor(self) -> None:
         assert_ray_available()
@@ -44,7 +41,6 @@ class RayDistributedExecutor(Executor):
             self.parallel_config, self.device_config.device_type)
         self._owns_placement_group = ray.util.get_current_placement_group() is None
         self.world_size = self.parallel_config.world_size
-        self.output_rank = self.world_size - self.parallel_config.tensor_parallel_size
         self._encoder, self._decoder = RpcEncoder(), RpcDecoder()
         self.io_thread_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray_exec_io")
         try:
@@ -122,16 +118,6 @@ class RayDistributedExecutor(Executor):
             callback()
         else:
             self.failure_callback = callback
-
-    def execute_model(self, scheduler_output: "SchedulerOutput", non_block: bool = False
-                      ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
-        return self.collective_rpc("execute_model", args=(scheduler_output,),
-                                   non_block=non_block, unique_reply_rank=self.output_rank)
-
-    def sample_tokens(self, grammar_output: Any, non_block: bool = False
-                      ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
-        return self.collective_rpc("sample_tokens", args=(grammar_output,),
-                                   non_block=non_block, unique_reply_rank=self.output_rank)
 
     # ---- properties and lifecycle ---------------------------------------------------------
     @property

@@ -26,7 +26,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.distributed import get_pp_group
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
@@ -39,21 +38,22 @@ from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker import kv_cache_setup
-from vllm.v1.worker.cudagraph_padding import PaddedBatch, plan_padding, write_padding
+from vllm.v1.worker.cudagraph_padding import PaddedBatch
 from vllm.v1.worker.gpu_async_output import (AsyncGPUModelRunnerOutput,
                                               scatter_prev_sampled_token_ids,
                                               update_async_output_token_ids)
-from vllm.v1.worker.gpu_attn_metadata import build_attention_metadata
 from vllm.v1.worker.gpu_bookkeeping import (bookkeeping_async, bookkeeping_sync,
                                             sampling_metadata_for_step)
-from vllm.v1.worker.gpu_dummy_run import GPUModelRunnerDummyRunMixin
+from vllm.v1.worker.gpu_dummy_run import CudaGraphRunner, unwrap_model
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 from vllm.v1.worker.prompt_logprobs import get_prompt_logprobs_dict
 from vllm.v1.worker.utils import (AttentionGroup, CpuGpuBuffer,
                                   reorder_batch_to_split_decodes_and_prefills)
 
 if TYPE_CHECKING:
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
     from vllm.config import VllmConfig
+    from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.core.sched.output import GrammarOutput, NewRequestData, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
@@ -79,9 +79,10 @@ class PreparedInputs(NamedTuple):
     padded: PaddedBatch  # graph mode and padded shape of the forward
 
 
-class GPUModelRunner(GPUModelRunnerDummyRunMixin):
-    """Owns the model, the KV cache tensors, the persistent batch and the
-    sampler. Graph capture and dummy runs: vllm/v1/worker/gpu_dummy_run.py."""
+class GPUModelRunner:
+    """Owns the model, the KV cache tensors, the persistent batch, the sampler
+    and a CudaGraphRunner (graph keys and dispatch, padded inputs, capture,
+    dummy runs: vllm/v1/worker/gpu_dummy_run.py)."""
 
     def __init__(self, vllm_config: "VllmConfig", device: torch.device) -> None:
         self.vllm_config = vllm_config
@@ -123,6 +124,9 @@ class GPUModelRunner(GPUModelRunnerDummyRunMixin):
         self.arange_np = np.arange(max(self.max_num_reqs + 1, self.max_model_len,
                                        self.max_num_tokens), dtype=np.int64)
         self.execute_model_state: ExecuteModelState | None = None
+        self.cudagraph_runner = CudaGraphRunner(
+            vllm_config, device, self.cudagraph_dispatcher, self.sampler, self.input_ids,
+            self.positions, self.query_start_loc, self.seq_lens)
         # Async scheduling: the sampled ids go to the host on a side stream;
         # the event guards the pinned input buffers, which the next step
         # rewrites while this step's copies may still be queued.
@@ -151,10 +155,7 @@ class GPUModelRunner(GPUModelRunnerDummyRunMixin):
                                          self.device)
 
     def get_model(self) -> nn.Module:
-        assert self.model is not None, "load_model() has not run"
-        if isinstance(self.model, CUDAGraphWrapper):
-            return self.model.unwrap()
-        return self.model
+        return unwrap_model(self.model)
 
     def get_kv_cache_spec(self) -> dict[str, "KVCacheSpec"]:
         """KV cache spec of every attention layer the model registered."""
@@ -177,7 +178,28 @@ class GPUModelRunner(GPUModelRunnerDummyRunMixin):
         self.reorder_batch_threshold = min(thresholds) if thresholds else None
         self.kv_caches = kv_cache_setup.allocate_and_bind_kv_caches(
             kv_cache_config, self.attn_groups, self.vllm_config, self.device)
-        self._init_cudagraphs()
+        self.model = self.cudagraph_runner.init_cudagraphs(self.model, self.attn_groups)
+
+    # ---- dummy runs and graph capture: CudaGraphRunner (gpu_dummy_run.py) --------
+    def _dummy_run(self, num_tokens: int, use_kv_cache: bool = True, num_reqs: int | None = None,
+                   cudagraph_runtime_mode: "CUDAGraphMode | None" = None,
+                   uniform_decode: bool = False) -> torch.Tensor:
+        return self.cudagraph_runner.dummy_run(
+            self.model, self.input_batch, self.attn_groups if use_kv_cache else [], num_tokens,
+            num_reqs, cudagraph_runtime_mode, uniform_decode)
+
+    def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
+        self.cudagraph_runner.dummy_sampler_run(self.get_model(), hidden_states)
+
+    def profile_run(self) -> None:
+        """The largest step the scheduler can produce, without a KV cache: its
+        peak memory is what the KV cache must leave room for."""
+        self._dummy_sampler_run(self._dummy_run(self.max_num_tokens, use_kv_cache=False))
+
+    def capture_model(self) -> int:
+        """Capture every graph the dispatcher has a key for, largest first
+        (called by the worker after warm-up); returns how many."""
+        return self.cudagraph_runner.capture(self._dummy_run)
 
     # ---- one step ------------------------------------------------------------
     @torch.inference_mode()
@@ -393,8 +415,9 @@ class GPUModelRunner(GPUModelRunnerDummyRunMixin):
         seq_lens = self.seq_lens.np[:num_reqs]
         np.add(batch.num_computed_tokens_cpu[:num_reqs], num_scheduled, out=seq_lens)
 
-        padded = self._dispatch_cudagraph(num_scheduled, total)
-        attn_metadata = self._commit_inputs(padded)
+        padded = self.cudagraph_runner.dispatch(num_scheduled, total)
+        attn_metadata = self.cudagraph_runner.commit_inputs(padded, self.input_batch,
+                                                            self.attn_groups)
         if self.use_async_scheduling:
             # The decode tokens sampled by the step still in flight.
             scatter_prev_sampled_token_ids(batch, self.input_ids.np, self.input_ids.gpu,
@@ -404,37 +427,3 @@ class GPUModelRunner(GPUModelRunnerDummyRunMixin):
         # in its prefill: the token sampled for it is not a real output.
         discard_mask = seq_lens < batch.num_tokens[:num_reqs]
         return PreparedInputs(attn_metadata, logits_indices, discard_mask, padded)
-
-    def _dispatch_cudagraph(self, num_scheduled: np.ndarray, num_tokens: int) -> PaddedBatch:
-        """The dispatcher's graph for this batch and the padding it needs."""
-        num_reqs = len(num_scheduled)
-        uniform_decode = bool((num_scheduled == 1).all())
-        mode, desc = self.cudagraph_dispatcher.dispatch(num_tokens, uniform_decode=uniform_decode,
-                                                        num_reqs=num_reqs)
-        return plan_padding(mode, desc, num_reqs, num_tokens, self.max_num_reqs,
-                            self.max_model_len)
-
-    def _commit_inputs(self, padded: PaddedBatch,
-                       for_cudagraph_capture: bool = False) -> dict[str, object]:
-        """Pad the host buffers, copy them to the device and build the
-        attention metadata over the padded batch (the real entries are filled)."""
-        block_table = self.input_batch.block_table
-        write_padding(padded, self.input_ids.np, self.positions.np, self.query_start_loc.np,
-                      self.seq_lens.np, [bt.slot_mapping.np for bt in block_table.block_tables])
-        num_reqs, num_tokens = padded.num_reqs_padded, padded.num_tokens_padded
-        block_table.commit_block_table(padded.num_reqs)
-        block_table.commit_slot_mapping(num_tokens)
-        self.input_ids.copy_to_gpu(num_tokens)
-        self.positions.copy_to_gpu(num_tokens)
-        self.query_start_loc.copy_to_gpu(num_reqs + 1)
-        self.seq_lens.copy_to_gpu(num_reqs)
-        # Tokens already cached: the real requests', 0 for the dummy ones.
-        num_computed = self.input_batch.num_computed_tokens_cpu_tensor[:padded.num_reqs]
-        if num_reqs > padded.num_reqs:
-            num_computed = torch.cat([num_computed, num_computed.new_zeros(
-                num_reqs - padded.num_reqs)])
-        qsl = self.query_start_loc.np[:num_reqs + 1]
-        return build_attention_metadata(
-            self.attn_groups, block_table, self.query_start_loc, self.seq_lens, num_reqs,
-            num_tokens, int((qsl[1:] - qsl[:-1]).max()), int(self.seq_lens.np[:num_reqs].max()),
-            num_computed, for_cudagraph_capture)

@@ -11,7 +11,9 @@ in protocol.py, the tool-choice branches of serving_chat.py).
 
 The message's `content` is "" (upstream). finish_reason (upstream, as OpenAI):
 "tool_calls" for "required" when the engine stopped at the end of the JSON,
-the engine's own reason ("stop", "length") for a named tool.
+the engine's own reason ("stop", "length") for a named tool. As upstream, a
+"required" call's non-streamed `arguments` are its parameters re-serialized
+(json.dumps), the streamed ones the generated text; `tools: []` is a 400.
 
 Differences from upstream, on purpose:
 - A named tool without `parameters` is constrained to an empty-parameter

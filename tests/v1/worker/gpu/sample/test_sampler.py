@@ -43,8 +43,9 @@ def test_noise_is_finite_for_every_uniform_and_masks_hold():
     allowed = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(0))
     logits = torch.full((n, vocab), float("-inf"))
     logits[torch.arange(n), allowed] = 0.0
-    tokens = gumbel_sample(logits, torch.arange(n), torch.ones(n), torch.arange(n),
-                           torch.zeros(n, dtype=torch.int64))
+    with torch.inference_mode():  # as the runner (the workspaces are inference tensors)
+        tokens = gumbel_sample(logits, torch.arange(n), torch.ones(n), torch.arange(n),
+                               torch.zeros(n, dtype=torch.int64))
     assert torch.equal(tokens, allowed)
 
 

@@ -28,7 +28,7 @@ logger = init_logger(__name__)
 # Every op the wrappers below call; a build missing one is not used at all.
 _REQUIRED_OPS = ("paged_attention_decode", "reshape_and_cache", "rms_norm",
                  "fused_add_rms_norm", "fused_add_rms_norm_out", "rotary_embedding",
-                 "rotary_embedding_out", "silu_and_mul")
+                 "rotary_embedding_out", "silu_and_mul", "apply_token_bitmask")
 
 
 def _load_extension() -> str | None:
@@ -190,6 +190,21 @@ def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
         return
     d = x.shape[-1] // 2
     torch.mul(F.silu(x[..., :d]), x[..., d:], out=out)
+
+
+# ------------------------------------------------------- structured outputs
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
+                        indices: torch.Tensor) -> bool:
+    """Grammar mask in place on CPU logits [n, V] (fp32/bf16) from an int32
+    bitmask [n, W] (xgrammar's layout), rows `indices` (int64) only: clear
+    bits and ids >= 32 * W become -inf. False when the compiled op cannot
+    take these tensors (the caller falls back to xgrammar's kernel)."""
+    if not (_use_compiled(logits) and logits.dim() == 2 and logits.stride(1) == 1
+            and bitmask.device.type == "cpu" and bitmask.dtype == torch.int32
+            and bitmask.shape[0] == logits.shape[0] and bitmask.stride(1) == 1):
+        return False
+    torch.ops._C_cpu.apply_token_bitmask(logits, bitmask, indices)
+    return True
 
 
 # ------------------------------------------------------------ pos encoding

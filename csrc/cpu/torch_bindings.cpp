@@ -28,6 +28,8 @@ void rotary_embedding_out(const torch::Tensor& positions, const torch::Tensor& q
                           const torch::Tensor& cos_sin_cache, bool is_neox,
                           torch::Tensor& query_out, torch::Tensor& key_out);
 void silu_and_mul(torch::Tensor& out, const torch::Tensor& input);
+void apply_token_bitmask(torch::Tensor& logits, const torch::Tensor& bitmask,
+                         const torch::Tensor& indices);
 }  // namespace vllm_cpu
 
 TORCH_LIBRARY(_C_cpu, m) {
@@ -52,6 +54,9 @@ TORCH_LIBRARY(_C_cpu, m) {
   m.impl("rotary_embedding_out", torch::kCPU, &vllm_cpu::rotary_embedding_out);
   m.def("silu_and_mul(Tensor! out, Tensor input) -> ()");
   m.impl("silu_and_mul", torch::kCPU, &vllm_cpu::silu_and_mul);
+  // Structured outputs (this project's own: upstream masks with xgrammar's kernels).
+  m.def("apply_token_bitmask(Tensor! logits, Tensor bitmask, Tensor indices) -> ()");
+  m.impl("apply_token_bitmask", torch::kCPU, &vllm_cpu::apply_token_bitmask);
 }
 
 // `import vllm._C` loads this library (and so runs the registration above);

@@ -91,6 +91,13 @@ def _apply(logits: torch.Tensor, bitmask: torch.Tensor, indices: list[int]) -> N
 
     width = bitmask.shape[1] * 32
     vocab = min(width, logits.shape[-1])
+    if logits.device.type == "cpu":
+        from vllm import _custom_ops as ops
+
+        # The compiled op (csrc/cpu/bitmask.cpp) also masks the padded ids.
+        if ops.apply_token_bitmask(logits, bitmask,
+                                   torch.tensor(indices, dtype=torch.int64)):
+            return
     bitmask = bitmask.to(logits.device, non_blocking=True)
     done = False
     if logits.is_contiguous() and logits.dtype in (torch.float32, torch.float16,

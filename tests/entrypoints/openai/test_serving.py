@@ -98,6 +98,22 @@ def test_chat_stream_equals_non_stream_and_usage(client):
     assert all(c.usage is None for c in no_usage)
 
 
+def test_chat_stream_deltas_carry_only_what_is_present(server):
+    """Raw SSE: the first delta has the role, later ones do not, and no delta
+    carries an empty `tool_calls` (a JS client's `if (delta.tool_calls)` would
+    take [] for a tool call)."""
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4, "stream": True,
+            "temperature": 0.0, "ignore_eos": True}
+    with httpx.stream("POST", server.url_for("v1/chat/completions"), json=body,
+                      timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    assert deltas[0]["role"] == "assistant"
+    assert all("role" not in d for d in deltas[1:]), deltas
+    assert all("tool_calls" not in d for d in deltas), deltas
+
+
 def test_continuous_usage_stats(client):
     chunks = list(client.chat.completions.create(
         model="tiny", messages=MESSAGES, max_tokens=10, stream=True,

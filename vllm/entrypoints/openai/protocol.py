@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.utils import random_uuid
@@ -404,6 +404,18 @@ class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler: Any) -> dict[str, Any]:
+        # As upstream's exclude_unset chunks and OpenAI's: a delta carries
+        # `role` only in its first chunk and `tool_calls` only when there are
+        # some (an empty list is truthy in JS: `if (delta.tool_calls)`).
+        data = handler(self)
+        if not data.get("tool_calls"):
+            data.pop("tool_calls", None)
+        if data.get("role") is None:
+            data.pop("role", None)
+        return data
 
 
 class ChatCompletionResponseStreamChoice(OpenAIBaseModel):

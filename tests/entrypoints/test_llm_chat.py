@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm import LLM, SamplingParams
+from tests.entrypoints.utils import make_inproc_llm
+from vllm import SamplingParams
 from vllm.entrypoints.chat_utils import apply_hf_chat_template
 
 # A ChatML-like template that reads a custom variable, as thinking models do.
@@ -23,10 +24,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        return LLM(model=tiny_model_dir("llama"), dtype="float32", max_model_len=128,
-                   kv_cache_memory_bytes=8 * 2**20, seed=0)
+    return make_inproc_llm(tiny_model_dir("llama"), max_model_len=128)
 
 
 def test_chat_renders_the_template_and_generates(llm):

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from vllm import LLM, SamplingParams
+from tests.entrypoints.utils import make_inproc_llm
+from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
 GREEDY = dict(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -65,10 +66,7 @@ def test_accepted_edge_values():
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        return LLM(model=tiny_model_dir("llama"), dtype="float32", max_model_len=64,
-                   kv_cache_memory_bytes=8 * 2**20, seed=0)
+    return make_inproc_llm(tiny_model_dir("llama"))
 
 
 # Values only the engine can judge (they depend on the model and tokenizer).

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.entrypoints.utils import make_inproc_llm
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.exceptions import VLLMValidationError
@@ -21,10 +22,7 @@ GREEDY = dict(temperature=0.0, max_tokens=6)
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        return LLM(model=tiny_model_dir("llama"), dtype="float32", max_model_len=64,
-                   kv_cache_memory_bytes=8 * 2**20, seed=0)
+    return make_inproc_llm(tiny_model_dir("llama"))
 
 
 def _params(**constraint) -> SamplingParams:

@@ -16,7 +16,7 @@ from vllm.logger import init_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
     from vllm.v1.outputs import ModelRunnerOutput
 
@@ -138,7 +138,7 @@ class Executor(ABC):
         """Forward pass of one step. None means: call `sample_tokens` next."""
         return self._step_rpc("execute_model", scheduler_output, non_block)
 
-    def sample_tokens(self, grammar_output: Any, non_block: bool = False
+    def sample_tokens(self, grammar_output: "GrammarOutput | None", non_block: bool = False
                       ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
         """Sample the step's tokens (with the structured-output bitmask, if any)."""
         return self._step_rpc("sample_tokens", grammar_output, non_block)

@@ -11,7 +11,7 @@ from vllm.v1.outputs import AsyncModelRunnerOutput
 from vllm.v1.worker.worker_base import WorkerWrapperBase, run_method
 
 if TYPE_CHECKING:
-    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.outputs import ModelRunnerOutput
 
 
@@ -75,7 +75,7 @@ class UniProcExecutor(Executor):
         return self.collective_rpc("execute_model", args=(scheduler_output,),
                                    non_block=non_block, single_value=True)
 
-    def sample_tokens(self, grammar_output: Any, non_block: bool = False
+    def sample_tokens(self, grammar_output: "GrammarOutput | None", non_block: bool = False
                       ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
         return self.collective_rpc("sample_tokens", args=(grammar_output,),
                                    non_block=non_block, single_value=True)

@@ -60,7 +60,6 @@ class XgrammarBackend(StructuredOutputBackend):
     def __post_init__(self) -> None:
         so_config = self.vllm_config.structured_outputs_config
         self.disable_any_whitespace = so_config.disable_any_whitespace
-        self.disable_additional_properties = so_config.disable_additional_properties
         # vocab_size is the logits width; ids past the tokenizer's vocabulary
         # (padding of the embedding table) are never allowed by xgrammar.
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(self.tokenizer,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -25,7 +25,7 @@ from vllm.v1.worker.worker_base import WorkerBase
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -233,7 +233,7 @@ class Worker(WorkerBase):
             return None
         return output
 
-    def sample_tokens(self, grammar_output: Any) -> "ModelRunnerOutput | None":
+    def sample_tokens(self, grammar_output: "GrammarOutput | None") -> "ModelRunnerOutput | None":
         return self._runner().sample_tokens(grammar_output)
 
     def check_health(self) -> None:

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
     from vllm.v1.outputs import ModelRunnerOutput
 
@@ -70,7 +70,7 @@ class WorkerBase:
         """Run one step's forward pass. None means: call `sample_tokens` next."""
         raise NotImplementedError
 
-    def sample_tokens(self, grammar_output: Any) -> "ModelRunnerOutput | None":
+    def sample_tokens(self, grammar_output: "GrammarOutput | None") -> "ModelRunnerOutput | None":
         raise NotImplementedError
 
     def check_health(self) -> None:

@@ -160,9 +160,9 @@ def test_rows_follow_request_ids_when_the_batch_is_reordered(sync_llm):
 def test_compile_failure_is_a_request_error(sync_llm, monkeypatch):
     """A constraint that passes validation but fails to compile finishes its
     request with finish_reason "error"; the engine and batch-mates carry on."""
-    import vllm.v1.engine.input_processor as input_processor
+    from vllm.v1.structured_output import backend_xgrammar
 
-    monkeypatch.setattr(input_processor, "validate_xgrammar_grammar", lambda params: None)
+    monkeypatch.setattr(backend_xgrammar, "validate_xgrammar_grammar", lambda params: None)
     bad = SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(
         regex="foo**"))
     results = _generate(sync_llm, [bad, UNSTRUCTURED[0]])

@@ -58,6 +58,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Seconds an idle HTTP keep-alive connection stays open.
     "VLLM_HTTP_TIMEOUT_KEEP_ALIVE":
     lambda: int(os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "5")),
+    # Register the operator routes of `vllm serve` (/sleep, /wake_up,
+    # /is_sleeping, /reset_prefix_cache, /collective_rpc): never on a public server.
+    "VLLM_SERVER_DEV_MODE": _bool("VLLM_SERVER_DEV_MODE", "0"),
 }
 
 

@@ -15,3 +15,7 @@ class LoadConfig:
         if self.load_format not in _LOAD_FORMATS:
             raise ValueError(f"Unknown load_format {self.load_format!r}; choose one of "
                              f"{_LOAD_FORMATS}.")
+        if self.download_dir is not None:
+            raise ValueError(
+                f"download_dir={self.download_dir!r} (--download-dir) cannot be honoured: "
+                "models are loaded from local paths only and nothing is downloaded.")

@@ -1,6 +1,9 @@
 """Model configuration (upstream: vllm/config/model.py)."""
 from __future__ import annotations
 
+import copy
+import json
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,8 +27,27 @@ _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_l
                  "model_max_length", "max_sequence_length", "max_seq_length", "seq_len")
 # generation_config.json keys that become default sampling parameters.
 _GEN_CONFIG_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+# --tokenizer-mode values built here ("hf" is upstream's name for the
+# Hugging Face tokenizer, which "auto" also picks for every model we load).
+_TOKENIZER_MODES = ("auto", "hf", "slow")
 # HF keys that count experts; the first non-zero one makes a model MoE.
 _NUM_EXPERTS_KEYS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
+
+
+def _tokenizer_model_max_length(tokenizer: str | None) -> int | None:
+    """model_max_length from a local tokenizer_config.json (None when absent or
+    one of transformers' "unbounded" sentinels, ~1e30)."""
+    if not tokenizer or not os.path.isdir(tokenizer):
+        return None
+    path = os.path.join(tokenizer, "tokenizer_config.json")
+    try:
+        with open(path) as f:
+            value = json.load(f).get("model_max_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(value, (int, float)) and 0 < value < 1e12:
+        return int(value)
+    return None
 
 
 def _parse_max_model_len(value: int | str | None) -> int | None:
@@ -69,8 +91,11 @@ class ModelConfig:
             self.tokenizer = self.model
         self.gguf_file: str | None = self.model if is_gguf(self.model) else None
         self.hf_config = get_config(self.model, self.trust_remote_code, self.revision)
-        for key, value in (self.hf_overrides or {}).items():
-            setattr(self.hf_config, key, value)
+        if self.hf_overrides:
+            # get_config is cached per path: override a copy, not the shared object.
+            self.hf_config = copy.deepcopy(self.hf_config)
+            for key, value in self.hf_overrides.items():
+                setattr(self.hf_config, key, value)
         get_text = getattr(self.hf_config, "get_text_config", None)
         self.hf_text_config = get_text() if get_text else self.hf_config
         self.architectures: list[str] = list(self.hf_config.architectures or [])
@@ -79,11 +104,44 @@ class ModelConfig:
         self.served_model_name = self.served_model_name or self.model
         self.dtype = self._resolve_dtype(self.dtype)
         self.max_model_len = self._resolve_max_model_len(_parse_max_model_len(self.max_model_len))
+        self._verify_unbuilt_options()
         if self.logprobs_mode not in ("raw_logprobs", "raw_logits", "processed_logprobs",
                                       "processed_logits"):
             raise ValueError(f"Invalid logprobs_mode: {self.logprobs_mode!r}")
         self._model_info, self._architecture = self._inspect()
         self.runner_type: RunnerType = self._resolve_runner_type()
+
+    # ---- refusals -----------------------------------------------------------
+    def _verify_unbuilt_options(self) -> None:
+        """Refuse what this build parses but cannot honour, naming the flag."""
+        if self.revision is not None:
+            raise ValueError(
+                f"revision={self.revision!r} (--revision) cannot be honoured: models are "
+                "loaded from local paths only, so there is no hub revision to pick. Check "
+                "out the revision into a folder and pass that folder instead.")
+        if self.tokenizer_mode not in _TOKENIZER_MODES:
+            built = "built" if self.tokenizer_mode in ("mistral", "custom") else "known"
+            raise ValueError(f"tokenizer_mode={self.tokenizer_mode!r} (--tokenizer-mode) is not "
+                             f"{built} here; choose one of {_TOKENIZER_MODES}.")
+        self._verify_quantization()
+
+    def _verify_quantization(self) -> None:
+        """GGUF is the only quantized format this build loads (dequantized at
+        load time). Other methods, asked for or named by the checkpoint's
+        quantization_config, are refused before any weight is read."""
+        method = self.quantization
+        if method is not None and not (method == "gguf" and self.gguf_file is not None):
+            raise ValueError(
+                f"quantization={method!r} (-q/--quantization) is not supported yet: the "
+                "only quantized checkpoints this build loads are GGUF files (pass the "
+                ".gguf file as the model; --quantization gguf is then accepted).")
+        quant_cfg = getattr(self.hf_config, "quantization_config", None)
+        if quant_cfg is not None and self.gguf_file is None:
+            name = (quant_cfg.get("quant_method") if isinstance(quant_cfg, dict)
+                    else getattr(quant_cfg, "quant_method", None))
+            raise ValueError(
+                f"The checkpoint is quantized (quantization_config.quant_method={name!r}); "
+                "quantized checkpoints other than GGUF files are not supported yet.")
 
     # ---- derivation helpers -------------------------------------------------
     def _inspect(self):
@@ -112,10 +170,25 @@ class ModelConfig:
         return config_dtype
 
     def _derived_max_model_len(self) -> int:
+        """The context length the checkpoint allows, as upstream derives it: the
+        smallest length key of the config, capped by the tokenizer's
+        model_max_length, 2048 when nothing names one, times the RoPE scaling
+        factor (except for llama3 / longrope / su, whose positions are already
+        the scaled ones; yarn scales original_max_position_embeddings)."""
         cfg = self.hf_text_config
         values = [getattr(cfg, k) for k in _MAX_LEN_KEYS if getattr(cfg, k, None)]
-        # 2048 when the config names no limit (upstream's fallback).
-        return int(min(values)) if values else 2048
+        tokenizer_max = _tokenizer_model_max_length(self.tokenizer)
+        if tokenizer_max is not None:
+            values.append(tokenizer_max)
+        derived = min(values) if values else 2048
+        rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None)
+        rope_type = (rope or {}).get("rope_type", (rope or {}).get("type"))
+        if isinstance(rope, dict) and rope_type not in (None, "default", "su", "longrope",
+                                                        "llama3"):
+            if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
+                derived = rope["original_max_position_embeddings"]
+            derived = derived * rope.get("factor", 1.0)
+        return int(derived)
 
     def _resolve_max_model_len(self, max_model_len: int | None) -> int:
         derived = self._derived_max_model_len()
@@ -178,6 +251,19 @@ class ModelConfig:
         block_configs = getattr(cfg, "block_configs", None) or []
         counts = [getattr(getattr(b, "ffn", None), "num_experts", 0) or 0 for b in block_configs]
         return max(counts, default=0)
+
+    @property
+    def is_chunked_prefill_supported(self) -> bool:
+        # Upstream: every generative decoder model (encoder-decoder ones are
+        # not built here).
+        return self.runner_type == "generate"
+
+    @property
+    def is_prefix_caching_supported(self) -> bool:
+        # Upstream: decoder-only generative models; off by default for hybrid
+        # and attention-free ones ("still experimental" there).
+        return (self.runner_type == "generate" and not self.is_hybrid
+                and not self.is_attention_free)
 
     @property
     def is_moe(self) -> bool:

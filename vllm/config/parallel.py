@@ -19,6 +19,12 @@ class ParallelConfig:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1.")
+        if self.data_parallel_size > 1:
+            raise ValueError(
+                f"data_parallel_size={self.data_parallel_size} (-dp/--data-parallel-size) is "
+                "not built yet: data parallelism (several engine replicas) is not "
+                "implemented, and one engine would run. Use -dp 1 (the default), or start "
+                "one server per replica behind a load balancer.")
         backend = self.distributed_executor_backend
         if isinstance(backend, str) and backend not in _BACKENDS:
             raise ValueError(f"Unknown distributed executor backend {backend!r}; choose one "

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 SchedulerPolicy = Literal["fcfs", "priority"]
 
@@ -10,6 +10,11 @@ SchedulerPolicy = Literal["fcfs", "priority"]
 @dataclass
 class SchedulerConfig:
     """Limits of one scheduling step and the queueing policy."""
+
+    # Used when no entry point picked a default (`EngineArgs.
+    # _set_default_max_num_seqs_and_batched_tokens_args`), as upstream.
+    DEFAULT_MAX_NUM_BATCHED_TOKENS: ClassVar[int] = 2048
+    DEFAULT_MAX_NUM_SEQS: ClassVar[int] = 128
 
     max_num_batched_tokens: int = 2048  # token budget of one step
     max_num_seqs: int = 128  # most requests in one step

@@ -46,3 +46,12 @@ class StructuredOutputsConfig:
 
     def __post_init__(self) -> None:
         verify_backend_name(self.backend)
+        if self.reasoning_parser:
+            raise ValueError(
+                f"structured_outputs_config.reasoning_parser={self.reasoning_parser!r} is not "
+                "built yet: this build has no reasoning parsers, so the reasoning section "
+                "could not be told apart from the constrained output.")
+        if self.enable_in_reasoning:
+            raise ValueError(
+                "structured_outputs_config.enable_in_reasoning=True needs a reasoning "
+                "parser, and reasoning parsers are not built yet.")

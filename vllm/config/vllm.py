@@ -60,7 +60,8 @@ class VllmConfig:
         if mc is not None:
             self.scheduler_config.verify_with_model_len(mc.max_model_len)
             if mc.runner_type == "pooling":
-                raise ValueError("Pooling models are not supported yet.")
+                raise ValueError(f"Pooling models (runner={mc.runner!r}, --runner) are not "
+                                 "supported yet; only the 'generate' runner is built.")
         self.compilation_config.resolve(self.device_config.device_type,
                                         mc.enforce_eager if mc else False)
         self._resolve_async_scheduling()

@@ -188,59 +188,110 @@ class EngineArgs:
             hf_overrides=self.hf_overrides)
 
     def create_engine_config(self, usage_context: UsageContext | None = None) -> VllmConfig:
-        """Resolve the defaults and build the `VllmConfig` the engine runs with."""
+        """Resolve the defaults and build the `VllmConfig` the engine runs with.
+
+        As upstream, the defaults that depend on the model and on who started
+        the engine are written back into these fields first
+        (`_set_default_chunked_prefill_and_prefix_caching_args`, then
+        `_set_default_max_num_seqs_and_batched_tokens_args`), so a second call
+        resolves to the same config.
+        """
         device_config = DeviceConfig(device=self.device)
         model_config = self.create_model_config()
+        self._check_feature_supported(model_config)
+        self._set_default_chunked_prefill_and_prefix_caching_args(model_config)
+        self._set_default_max_num_seqs_and_batched_tokens_args(usage_context, model_config,
+                                                              device_config)
         parallel_config = ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,
             data_parallel_size=self.data_parallel_size,
             distributed_executor_backend=self.distributed_executor_backend)
+        assert self.enable_prefix_caching is not None
         cache_config = CacheConfig(
             block_size=16 if self.block_size is None else self.block_size,
             gpu_memory_utilization=self.gpu_memory_utilization,
             cache_dtype=self.kv_cache_dtype,
-            enable_prefix_caching=self._prefix_caching_default(model_config),
+            enable_prefix_caching=self.enable_prefix_caching,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             num_gpu_blocks_override=self.num_gpu_blocks_override)
-        scheduler_config = self._create_scheduler_config(usage_context, model_config,
-                                                         parallel_config, device_config)
         return VllmConfig(
             model_config=model_config, cache_config=cache_config,
-            scheduler_config=scheduler_config, parallel_config=parallel_config,
-            device_config=device_config,
+            scheduler_config=self._create_scheduler_config(model_config),
+            parallel_config=parallel_config, device_config=device_config,
             load_config=LoadConfig(load_format=self.load_format, download_dir=self.download_dir),
             compilation_config=self._create_compilation_config(),
             attention_config=AttentionConfig(backend=self.attention_backend),
             structured_outputs_config=self._create_structured_outputs_config())
 
-    def _prefix_caching_default(self, model_config: ModelConfig) -> bool:
-        if self.enable_prefix_caching is not None:
-            return self.enable_prefix_caching
-        # Upstream turns it off where blocks cannot be reused: pooling models
-        # and models without (full) attention KV.
-        return model_config.runner_type == "generate" and not model_config.is_attention_free
+    def _check_feature_supported(self, model_config: ModelConfig) -> None:
+        """Refuse flag values this build accepts on the command line but cannot
+        honour here (the per-config ones are refused by the configs themselves)."""
+        if (self.gpu_memory_utilization != EngineArgs.gpu_memory_utilization
+                and DeviceConfig(device=self.device).device_type == "cpu"):
+            raise ValueError(
+                f"gpu_memory_utilization={self.gpu_memory_utilization} has no effect on CPU "
+                "(--gpu-memory-utilization sizes GPU memory only); size the KV cache with "
+                "--kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE instead.")
 
-    def _create_scheduler_config(self, usage_context: UsageContext | None,
-                                 model_config: ModelConfig, parallel_config: ParallelConfig,
-                                 device_config: DeviceConfig) -> SchedulerConfig:
-        world_size = self.tensor_parallel_size * self.pipeline_parallel_size
+    def _set_default_chunked_prefill_and_prefix_caching_args(self,
+                                                             model_config: ModelConfig) -> None:
+        """Chunked prefill and prefix caching default to what the model supports
+        (upstream: `ModelConfig.is_chunked_prefill_supported` /
+        `is_prefix_caching_supported`); explicit values are kept."""
+        if self.enable_chunked_prefill is None:
+            self.enable_chunked_prefill = model_config.is_chunked_prefill_supported
+            logger.debug("%s chunked prefill by default",
+                         "Enabling" if self.enable_chunked_prefill else "Disabling")
+        if self.enable_prefix_caching is None:
+            self.enable_prefix_caching = model_config.is_prefix_caching_supported
+            logger.debug("%s prefix caching by default",
+                         "Enabling" if self.enable_prefix_caching else "Disabling")
+
+    def _set_default_max_num_seqs_and_batched_tokens_args(
+            self, usage_context: UsageContext | None, model_config: ModelConfig,
+            device_config: DeviceConfig) -> None:
+        """The step's token and request budgets, as upstream.
+
+        Unset values come from `get_batch_defaults` (by device and entry
+        point). A defaulted token budget grows to max_model_len without
+        chunked prefill (a whole prompt must fit in one step) and never exceeds
+        max_num_seqs * max_model_len; a defaulted max_num_seqs is capped at the
+        token budget, so `LLM(model, max_num_batched_tokens=4)` runs with 4.
+        Values the user set are never changed.
+        """
+        world_size = self.pipeline_parallel_size * self.tensor_parallel_size
         default_tokens, default_seqs = get_batch_defaults(device_config.device_type, world_size)
-        chunked = True if self.enable_chunked_prefill is None else self.enable_chunked_prefill
-        max_tokens = self.max_num_batched_tokens
-        if max_tokens is None:
-            max_tokens = default_tokens.get(usage_context, 2048)
-            if not chunked:
-                # Without chunking a whole prompt must fit in one step.
-                max_tokens = max(max_tokens, model_config.max_model_len)
-        max_seqs = self.max_num_seqs
-        if max_seqs is None:
-            max_seqs = default_seqs.get(usage_context, 128)
+        user_tokens, user_seqs = self.max_num_batched_tokens, self.max_num_seqs
+        if user_tokens is None:
+            self.max_num_batched_tokens = default_tokens.get(
+                usage_context, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        if user_seqs is None:
+            self.max_num_seqs = default_seqs.get(usage_context,
+                                                 SchedulerConfig.DEFAULT_MAX_NUM_SEQS)
+        assert self.max_num_batched_tokens is not None and self.max_num_seqs is not None
+        if user_tokens is None:
+            if not self.enable_chunked_prefill:
+                self.max_num_batched_tokens = max(model_config.max_model_len,
+                                                  self.max_num_batched_tokens)
+            self.max_num_batched_tokens = min(self.max_num_seqs * model_config.max_model_len,
+                                              self.max_num_batched_tokens)
+            logger.debug("Defaulting max_num_batched_tokens to %d for %s usage context.",
+                         self.max_num_batched_tokens,
+                         usage_context.value if usage_context else None)
+        if user_seqs is None:
+            self.max_num_seqs = min(self.max_num_seqs, self.max_num_batched_tokens)
+            logger.debug("Defaulting max_num_seqs to %d for %s usage context.",
+                         self.max_num_seqs, usage_context.value if usage_context else None)
+
+    def _create_scheduler_config(self, model_config: ModelConfig) -> SchedulerConfig:
+        assert self.max_num_batched_tokens is not None and self.max_num_seqs is not None
+        assert self.enable_chunked_prefill is not None
         return SchedulerConfig(
-            max_num_batched_tokens=max_tokens, max_num_seqs=max_seqs,
-            max_model_len=model_config.max_model_len, enable_chunked_prefill=chunked,
-            policy=self.scheduling_policy,
+            max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs,
+            max_model_len=model_config.max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             async_scheduling=self.async_scheduling, stream_interval=self.stream_interval)
 

@@ -80,6 +80,8 @@ class ModelConfig:
     generation_config: str = "auto"
     runner: str = "auto"
     hf_overrides: dict[str, Any] | None = None
+    # Allow sleep / wake_up (the KV cache's and the weights' memory given back).
+    enable_sleep_mode: bool = False
 
     hf_config: PretrainedConfig = field(init=False, repr=False)
     hf_text_config: PretrainedConfig = field(init=False, repr=False)

@@ -87,6 +87,9 @@ class EngineArgs:
                                   "folder path loads it from there.", "ModelConfig")
     hf_overrides: dict[str, Any] | None = _arg(None, "JSON object merged into the Hugging Face "
                                                "config.", "ModelConfig", type=json_dict)
+    enable_sleep_mode: bool = _arg(False, "Allow sleep / wake_up (LLM.sleep, POST /sleep under "
+                                   "VLLM_SERVER_DEV_MODE=1): level 1 frees the KV cache, "
+                                   "level 2 the weights too.", "ModelConfig")
     # --- LoadConfig ---
     load_format: str = _arg("auto", "Weight format: auto, safetensors, pt, gguf or dummy "
                             "(random weights).", "LoadConfig")
@@ -185,7 +188,7 @@ class EngineArgs:
             enforce_eager=self.enforce_eager, served_model_name=self.served_model_name,
             quantization=self.quantization, skip_tokenizer_init=self.skip_tokenizer_init,
             generation_config=self.generation_config, runner=self.runner,
-            hf_overrides=self.hf_overrides)
+            hf_overrides=self.hf_overrides, enable_sleep_mode=self.enable_sleep_mode)
 
     def create_engine_config(self, usage_context: UsageContext | None = None) -> VllmConfig:
         """Resolve the defaults and build the `VllmConfig` the engine runs with.

@@ -78,3 +78,16 @@ class EngineClient(ABC):
     @abstractmethod
     async def get_supported_tasks(self) -> tuple[str, ...]:
         """Tasks of the served model ("generate", ...)."""
+
+    @abstractmethod
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """Sleep mode: pause scheduling, abort the requests in flight; level
+        1 gives back the KV cache's memory, level 2 the weights' too."""
+
+    @abstractmethod
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back the memory of `tags` ("weights", "kv_cache"; None: all)."""
+
+    @abstractmethod
+    async def is_sleeping(self) -> bool:
+        """Whether the engine is asleep (or partly so)."""

@@ -224,6 +224,16 @@ class LLM:
         """Call `method` on every worker."""
         return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
 
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """Give back memory until `wake_up` (needs enable_sleep_mode=True):
+        level 1 the KV cache's, level 2 the weights' too (reloaded from the
+        checkpoint on wake-up). The prefix cache is reset."""
+        self.llm_engine.sleep(level, mode)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back the memory of `tags` ("weights", "kv_cache"; None: all)."""
+        self.llm_engine.wake_up(tags)
+
     # ------------------------------------------------------------------
     # Internals
     # ------------------------------------------------------------------

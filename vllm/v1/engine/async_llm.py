@@ -35,6 +35,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import cached_tokenizer_from_config
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
+from vllm.v1.engine.core import validate_sleep_args, validate_wake_up_tags
 from vllm.v1.engine.core_client import EngineCoreClient
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError, QueueOverflowError
 from vllm.v1.engine.input_processor import InputProcessor
@@ -370,6 +371,20 @@ class AsyncLLM(EngineClient):
 
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return await self.engine_core.reset_prefix_cache_async(reset_running_requests)
+
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """Put the engine to sleep. Mode "abort": the requests in flight end
+        with finish_reason "abort"; requests submitted while asleep wait for
+        `wake_up`, as upstream."""
+        validate_sleep_args(self.vllm_config, level, mode)
+        await self.engine_core.sleep_async(level, mode)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        validate_wake_up_tags(self.vllm_config, tags)
+        await self.engine_core.wake_up_async(tags)
+
+    async def is_sleeping(self) -> bool:
+        return await self.engine_core.is_sleeping_async()
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()

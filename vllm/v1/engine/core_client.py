@@ -80,6 +80,16 @@ class EngineCoreClient(ABC):
                        args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
         """Call `method` on every worker and return their results."""
 
+    # Sleep mode (EngineCore.sleep / wake_up / is_sleeping).
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        raise NotImplementedError(f"{type(self).__name__}: use sleep_async()")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        raise NotImplementedError(f"{type(self).__name__}: use wake_up_async()")
+
+    def is_sleeping(self) -> bool:
+        raise NotImplementedError(f"{type(self).__name__}: use is_sleeping_async()")
+
 
 class InprocClient(EngineCoreClient):
     """The engine core in the caller's process: `get_output()` runs one step."""
@@ -89,6 +99,8 @@ class InprocClient(EngineCoreClient):
         self.engine_core = EngineCore(vllm_config, executor_class, log_stats)
 
     def get_output(self) -> EngineCoreOutputs:
+        if self.engine_core.is_sleeping():
+            return EngineCoreOutputs()  # nothing is scheduled while asleep
         outputs, _ = self.engine_core.step_fn()
         return (outputs and outputs.get(0)) or EngineCoreOutputs()
 
@@ -106,6 +118,15 @@ class InprocClient(EngineCoreClient):
     def collective_rpc(self, method: str | Callable, timeout: float | None = None,
                        args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
         return self.engine_core.collective_rpc(method, timeout, args, kwargs)
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        self.engine_core.sleep(level, mode)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.engine_core.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine_core.is_sleeping()
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

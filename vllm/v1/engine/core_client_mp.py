@@ -280,6 +280,15 @@ class SyncMPClient(MPClient):
         _check_rpc_method(method)
         return self.call_utility("collective_rpc", method, timeout, args, kwargs)
 
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        self.call_utility("sleep", level, mode)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.call_utility("wake_up", tags)
+
+    def is_sleeping(self) -> bool:
+        return self.call_utility("is_sleeping")
+
 
 def _process_outputs_socket(resources: BackgroundResources, decoder: MsgpackDecoder,
                             utility_results: dict[int, AnyFuture],
@@ -421,6 +430,15 @@ class AsyncMPClient(MPClient):
                                    kwargs: dict[str, Any] | None = None) -> list[Any]:
         _check_rpc_method(method)
         return await self.call_utility_async("collective_rpc", method, timeout, args, kwargs)
+
+    async def sleep_async(self, level: int = 1, mode: str = "abort") -> None:
+        await self.call_utility_async("sleep", level, mode)
+
+    async def wake_up_async(self, tags: list[str] | None = None) -> None:
+        await self.call_utility_async("wake_up", tags)
+
+    async def is_sleeping_async(self) -> bool:
+        return await self.call_utility_async("is_sleeping")
 
     # The synchronous interface does not apply to an asyncio client.
     def get_output(self) -> EngineCoreOutputs:

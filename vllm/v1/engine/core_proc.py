@@ -169,6 +169,8 @@ class EngineCoreProc(EngineCore):
             self._process_engine_step()
 
     def _has_work(self) -> bool:
+        if self._paused:
+            return False  # asleep: only input (wake_up) is handled
         batch_queue = getattr(self, "batch_queue", None)
         return self.engines_running or self.scheduler.has_requests() or bool(batch_queue)
 
@@ -191,6 +193,8 @@ class EngineCoreProc(EngineCore):
 
     def _process_engine_step(self) -> bool:
         """One step; its outputs go to the output thread."""
+        if self._paused:
+            return False  # a sleep utility arrived with the last input
         outputs, model_executed = self.step_fn()
         # step_with_batch_queue returns None while its first batch is in flight.
         for output in (outputs.items() if outputs else ()):
@@ -201,6 +205,10 @@ class EngineCoreProc(EngineCore):
                                request: Any) -> None:
         if request_type == EngineCoreRequestType.ADD:
             req, request_wave = request
+            if self._paused:
+                # Upstream's sleep: requests are accepted and wait for wake_up.
+                logger.info("Engine is sleeping: request %s waits for wake_up.",
+                            req.request_id)
             try:
                 self.add_request(req, request_wave)
             except Exception as e:
@@ -228,6 +236,11 @@ class EngineCoreProc(EngineCore):
             logger.exception("Invocation of %s method failed", method_name)
             output.failure_message = f"Call to {method_name} method failed: {e}"
         self.output_queue.put_nowait((client_idx, EngineCoreOutputs(utility_output=output)))
+
+    def _emit_outputs(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        """Outputs made outside the busy loop's step (sleep's aborts)."""
+        for client_index, client_outputs in outputs.items():
+            self.output_queue.put_nowait((client_index, client_outputs))
 
     def _send_request_error(self, request_id: str, client_index: int) -> None:
         eco = EngineCoreOutput(request_id=request_id, new_token_ids=[],

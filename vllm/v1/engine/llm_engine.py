@@ -20,6 +20,7 @@ from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import cached_tokenizer_from_config
 from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine.core import validate_sleep_args, validate_wake_up_tags
 from vllm.v1.engine.core_client import EngineCoreClient
 from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.engine.output_processor import OutputProcessor
@@ -55,6 +56,7 @@ class LLMEngine:
         self.engine_core = EngineCoreClient.make_client(
             multiprocess_mode=multiprocess_mode, asyncio_mode=False, vllm_config=vllm_config,
             executor_class=executor_class, log_stats=log_stats)
+        self._sleeping = False
         # The in-process core's executor, for callers that reach into it (None
         # when the core runs in its own process).
         inproc_core = getattr(self.engine_core, "engine_core", None)
@@ -105,6 +107,10 @@ class LLMEngine:
         """
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id)}")
+        if self._sleeping:
+            # Nothing would be scheduled: step() would wait forever.
+            raise RuntimeError("The engine is sleeping: call wake_up() before adding "
+                               "requests.")
         request = self.input_processor.process_inputs(
             request_id, prompt, params, arrival_time=arrival_time, lora_request=lora_request,
             tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
@@ -152,6 +158,23 @@ class LLMEngine:
     def collective_rpc(self, method: str | Callable, timeout: float | None = None,
                        args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
         return self.engine_core.collective_rpc(method, timeout, args, kwargs)
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """Abort the requests in flight and put the engine to sleep (level 1:
+        the KV cache's memory is given back; level 2: the weights' too)."""
+        validate_sleep_args(self.vllm_config, level, mode)
+        self.abort_request(list(self.output_processor.request_states), internal=True)
+        self.engine_core.sleep(level, mode)
+        self._sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back the memory of `tags` ("weights", "kv_cache"; None: all)."""
+        validate_wake_up_tags(self.vllm_config, tags)
+        self.engine_core.wake_up(tags)
+        self._sleeping = self.engine_core.is_sleeping()
+
+    def is_sleeping(self) -> bool:
+        return self.engine_core.is_sleeping()
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

@@ -6,6 +6,7 @@ An executor owns the workers and fans calls out to them with
 from __future__ import annotations
 
 import importlib
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -13,6 +14,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from vllm.logger import init_logger
+from vllm.v1.worker.worker_sleep import SLEEP_TAGS
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -169,6 +171,40 @@ class Executor(ABC):
     def check_health(self) -> None:
         """Raise if an executor component is unhealthy."""
         raise NotImplementedError
+
+    # ---- sleep mode (Worker.sleep / wake_up on every worker) ---------------------------
+    # Tags whose memory the workers gave back: "weights", "kv_cache".
+    sleeping_tags: frozenset[str] = frozenset()
+
+    @property
+    def is_sleeping(self) -> bool:
+        return bool(self.sleeping_tags)
+
+    def sleep(self, level: int = 1) -> None:
+        """Every worker gives back its KV cache (level 1) and weights (level 2)."""
+        if self.is_sleeping:
+            logger.warning("Executor is already sleeping.")
+            return
+        start = time.perf_counter()
+        self.collective_rpc("sleep", kwargs={"level": level})
+        self.sleeping_tags = frozenset(SLEEP_TAGS)
+        logger.info("It took %.6f seconds to fall asleep.", time.perf_counter() - start)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Every worker takes back the memory of `tags` (None: all of it)."""
+        if tags is not None:
+            unknown = sorted(set(tags) - set(SLEEP_TAGS))
+            if unknown:
+                raise ValueError(f"Unknown wake-up tags {unknown}; the tags are "
+                                 f"{list(SLEEP_TAGS)}.")
+        if not self.is_sleeping:
+            logger.warning("Executor is not sleeping.")
+            return
+        start = time.perf_counter()
+        self.collective_rpc("wake_up", kwargs={"tags": tags})
+        self.sleeping_tags = frozenset() if tags is None else self.sleeping_tags - set(tags)
+        logger.info("It took %.6f seconds to wake up tags %s.", time.perf_counter() - start,
+                    tags if tags is not None else list(SLEEP_TAGS))
 
     def shutdown(self) -> None:
         """Shut the workers down."""

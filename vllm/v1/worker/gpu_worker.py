@@ -7,6 +7,7 @@ useful about what the rest of the machine needs.
 """
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import time
@@ -21,6 +22,7 @@ from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 from vllm.utils import GiB_bytes
+from vllm.v1.worker import worker_sleep
 from vllm.v1.worker.worker_base import WorkerBase
 
 if TYPE_CHECKING:
@@ -49,6 +51,11 @@ class Worker(WorkerBase):
         # CUDA: (free, total) bytes right after device init, before the model.
         self._init_mem_snapshot: tuple[int, int] | None = None
         self._weights_memory = 0
+        # Sleep mode (worker_sleep.py): the tags asleep, the level they went
+        # to sleep at, and weights moved to host memory by level 1.
+        self._sleeping_tags: set[str] = set()
+        self._sleep_level = 0
+        self._host_weights: dict[tuple[str, str], torch.Tensor] | None = None
 
     # ---- set-up ----------------------------------------------------------------
     def init_device(self) -> None:
@@ -250,10 +257,66 @@ class Worker(WorkerBase):
                 layer.kv_cache = []
         runner.kv_caches.clear()
 
+    # ---- sleep mode (upstream: Worker.sleep / wake_up; see worker_sleep.py) ------------
+    def sleep(self, level: int = 1) -> None:
+        """Level 1: discard the KV cache (and move the weights to host memory
+        on an accelerator); level 2: discard the weights too."""
+        if level not in (1, 2):
+            raise ValueError(f"Worker sleep level must be 1 or 2, got {level!r}.")
+        worker_sleep.check_sleep_supported(self.vllm_config, level)
+        runner = self._runner()
+        before = _memory_in_use(self.device)
+        if "kv_cache" not in self._sleeping_tags:
+            worker_sleep.discard_kv_cache(runner, self.vllm_config)
+        if "weights" not in self._sleeping_tags:
+            self._sleep_level = level
+            if level == 2:
+                worker_sleep.discard_weights(runner.get_model())
+            elif self.device is not None and self.device.type != "cpu":
+                self._host_weights = worker_sleep.offload_weights(runner.get_model())
+        self._sleeping_tags = set(worker_sleep.SLEEP_TAGS)
+        gc.collect()
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        logger.info("Sleep level %d: %.2f GiB freed (%.2f GiB still in use).", level,
+                    (before - _memory_in_use(self.device)) / GiB_bytes,
+                    _memory_in_use(self.device) / GiB_bytes)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back the memory of `tags` ("weights", "kv_cache"; None: both)."""
+        tags = list(worker_sleep.SLEEP_TAGS) if tags is None else tags
+        unknown = sorted(set(tags) - set(worker_sleep.SLEEP_TAGS))
+        if unknown:
+            raise ValueError(f"Unknown wake-up tags {unknown}; the tags are "
+                             f"{list(worker_sleep.SLEEP_TAGS)}.")
+        runner = self._runner()
+        if "weights" in tags and "weights" in self._sleeping_tags:
+            if self._sleep_level == 2:
+                worker_sleep.reload_weights(runner.get_model(), self.vllm_config)
+            elif self._host_weights is not None:
+                assert self.device is not None
+                worker_sleep.onload_weights(runner.get_model(), self._host_weights,
+                                            self.device)
+                self._host_weights = None
+            self._sleeping_tags.discard("weights")
+        if "kv_cache" in tags and "kv_cache" in self._sleeping_tags:
+            worker_sleep.reallocate_kv_cache(runner, self.vllm_config)
+            self._sleeping_tags.discard("kv_cache")
+
     def _runner(self) -> "GPUModelRunner":
         if self.model_runner is None:
             raise RuntimeError("init_device() must run before this worker call.")
         return self.model_runner
+
+
+def _memory_in_use(device: torch.device | None) -> int:
+    """Bytes this process holds on `device`: allocated device memory on
+    CUDA, the resident set on CPU."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    import psutil
+
+    return psutil.Process().memory_info().rss
 
 
 def init_worker_distributed_environment(vllm_config: "VllmConfig", rank: int,

@@ -76,6 +76,14 @@ class WorkerBase:
     def check_health(self) -> None:
         """Raise if the worker is unusable."""
 
+    def sleep(self, level: int = 1) -> None:
+        """Give back the KV cache's memory (level 1) and the weights' (level 2)."""
+        raise NotImplementedError(f"{type(self).__name__} has no sleep mode.")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back the memory of `tags` ("weights", "kv_cache"; None: both)."""
+        raise NotImplementedError(f"{type(self).__name__} has no sleep mode.")
+
     def apply_model(self, fn: Callable[[nn.Module], _R]) -> _R:
         """Run `fn(model)` in the worker (tests and tools inspect the model this way)."""
         return fn(self.get_model())

@@ -38,6 +38,9 @@ GENERATE_RESPONSES: Responses = {
     200: {"content": {"text/event-stream": {}}},
     **_errors(HTTPStatus.BAD_REQUEST, HTTPStatus.NOT_FOUND,
               HTTPStatus.INTERNAL_SERVER_ERROR, HTTPStatus.SERVICE_UNAVAILABLE)}
+# The operator routes (VLLM_SERVER_DEV_MODE=1, vllm/entrypoints/serve/dev/).
+DEV_ROUTE_RESPONSES = _errors(HTTPStatus.BAD_REQUEST, HTTPStatus.CONFLICT,
+                              HTTPStatus.INTERNAL_SERVER_ERROR)
 HEALTH_RESPONSES: Responses = {200: {"description": "The engine is alive."},
                                503: {"description": "The engine is dead."}}
 # /invocations reads its body by hand (a chat or a completion body): declare both.

@@ -1,0 +1,108 @@
+"""Sleep mode offline: `LLM.sleep` / `LLM.wake_up` (upstream: tests/basic_correctness/
+test_cumem.py's test_end_to_end, on this build's CPU path).
+
+Level 1 gives back the KV cache, level 2 the weights too; greedy outputs after
+wake-up equal those before. The engine core runs in its own process (the LLM
+default) with MALLOC_MMAP_THRESHOLD_=1 MiB, so that its resident set shows
+what the engine released (see tests/entrypoints/openai/test_dev_mode.py).
+"""
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from vllm import LLM, SamplingParams
+
+MiB = 2**20
+KV_BYTES = 128 * MiB
+PROMPTS = ["The quick brown fox", "def hello(world):"]
+GREEDY = SamplingParams(temperature=0, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        mp.setenv("MALLOC_MMAP_THRESHOLD_", str(MiB))
+        engine = LLM(tiny_model_dir("llama"), dtype="float32", max_model_len=128,
+                     kv_cache_memory_bytes=KV_BYTES, enable_sleep_mode=True)
+    yield engine
+    engine.llm_engine.shutdown()
+
+
+def _tokens(llm: LLM) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+def _core_rss() -> int:
+    children = psutil.Process().children(recursive=True)
+    return sum(p.memory_info().rss for p in children
+               if "resource_tracker" not in " ".join(p.cmdline()))
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_wake_up_keeps_greedy_outputs(llm, level):
+    reference = _tokens(llm)
+    before = _core_rss()
+    llm.sleep(level)
+    assert llm.llm_engine.is_sleeping()
+    freed = before - _core_rss()
+    assert freed >= 0.9 * KV_BYTES, f"level {level} freed {freed / MiB:.0f} MiB"
+    # Nothing is scheduled while asleep: refused rather than waiting forever.
+    with pytest.raises(RuntimeError, match="sleeping"):
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    llm.wake_up()
+    assert not llm.llm_engine.is_sleeping()
+    assert _tokens(llm) == reference
+
+
+def test_wake_up_in_parts(llm):
+    reference = _tokens(llm)
+    llm.sleep(2)
+    llm.wake_up(["kv_cache"])
+    assert llm.llm_engine.is_sleeping()  # the weights still sleep
+    llm.wake_up(["weights"])
+    assert not llm.llm_engine.is_sleeping()
+    assert _tokens(llm) == reference
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda llm: llm.sleep(3), "level"),
+    (lambda llm: llm.sleep(True), "level"),
+    (lambda llm: llm.sleep(1, mode="wait"), "not built"),
+    (lambda llm: llm.wake_up(["bogus"]), "tags"),
+])
+def test_bad_arguments_are_refused(llm, call, match):
+    with pytest.raises(ValueError, match=match):
+        call(llm)
+    assert not llm.llm_engine.is_sleeping()
+
+
+def test_sleep_needs_enable_sleep_mode(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    plain = LLM(tiny_model_dir("llama"), dtype="float32", max_model_len=64,
+                kv_cache_memory_bytes=4 * MiB)
+    try:
+        with pytest.raises(ValueError, match="enable_sleep_mode"):
+            plain.sleep(1)
+        with pytest.raises(ValueError, match="enable_sleep_mode"):
+            plain.wake_up()
+    finally:
+        plain.llm_engine.shutdown()
+
+
+def test_sleep_in_process(tiny_model_dir, monkeypatch):
+    """The in-process core (InprocClient) sleeps and wakes the same way."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    inproc = LLM(tiny_model_dir("llama"), dtype="float32", max_model_len=64,
+                 kv_cache_memory_bytes=4 * MiB, enable_sleep_mode=True)
+    try:
+        reference = _tokens(inproc)
+        runner = inproc.llm_engine.model_executor.driver_worker.worker.model_runner
+        inproc.sleep(2)
+        assert runner.kv_caches == []
+        assert all(p.numel() == 0 for p in runner.get_model().parameters())
+        inproc.wake_up()
+        assert _tokens(inproc) == reference
+    finally:
+        inproc.llm_engine.shutdown()

@@ -53,6 +53,12 @@ def get_tokenizer(tokenizer_name: str | os.PathLike, tokenizer_mode: str = "auto
     else:
         tokenizer = _from_pretrained(name, trust_remote_code=trust_remote_code,
                                      revision=revision, **kwargs)
+    if tokenizer_mode == "slow" and getattr(tokenizer, "is_fast", False):
+        # transformers gives the fast tokenizer when it has no slow one for
+        # this model (always for tokenizer.json-only folders and GGUF files).
+        raise ValueError(f"tokenizer_mode='slow' (--tokenizer-mode) cannot be honoured for "
+                         f"{name!r}: transformers has no slow (Python) tokenizer for it. "
+                         "Use tokenizer_mode='auto'.")
     _CACHE[key] = tokenizer
     return tokenizer
 

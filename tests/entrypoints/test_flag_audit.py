@@ -1,0 +1,254 @@
+"""Every `vllm serve` flag and every JSON-config field either works (a named test
+shows its effect) or refuses a non-default value with an error naming it.
+
+The table below is the audit. Each row is one flag dest (as `vllm serve`'s parser
+names it) or one field of a JSON-config flag ("compilation_config.mode"):
+
+    ("tested", "tests/path.py::test_name")   the test exists and shows the effect
+    ("refused", value)                        building the engine config (engine
+                                              flags, on CPU) or validating the
+                                              parsed serve args (front-end flags)
+                                              with `value` raises an error whose
+                                              message names the flag
+
+A flag added to the parser without a row here, or a row whose flag is gone,
+fails this test. Add your row when you add a flag.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm.config import CompilationConfig, StructuredOutputsConfig
+from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.usage.usage_lib import UsageContext
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVING = "tests/entrypoints/openai/test_serving.py"
+AUTH = "tests/entrypoints/openai/test_auth_and_limits.py"
+FRONTEND = "tests/entrypoints/openai/test_frontend_flags.py"
+EFFECTS = "tests/engine/test_engine_flag_effects.py"
+DEFAULTS = "tests/engine/test_arg_utils_defaults.py"
+ARGS = "tests/engine/test_arg_utils.py"
+
+AUDIT: dict[str, tuple[str, Any]] = {
+    # ---- front end (cli_args.py) ----
+    "model_tag": ("tested", f"{SERVING}::test_models_and_meta"),
+    "host": ("tested", f"{SERVING}::test_models_and_meta"),
+    "port": ("tested", f"{SERVING}::test_models_and_meta"),
+    "uvicorn_log_level": ("tested", f"{FRONTEND}::test_uvicorn_log_level_trace_logs_asgi_messages"),
+    "disable_uvicorn_access_log": ("tested", f"{FRONTEND}::test_access_log_is_on_by_default_and_off_with_the_flag"),
+    "allowed_origins": ("tested", f"{FRONTEND}::test_cors_flags"),
+    "allow_credentials": ("tested", f"{FRONTEND}::test_cors_flags"),
+    "allowed_methods": ("tested", f"{FRONTEND}::test_cors_flags"),
+    "allowed_headers": ("tested", f"{FRONTEND}::test_cors_flags"),
+    "api_key": ("tested", f"{AUTH}::test_keys_are_checked"),
+    "chat_template": ("tested", f"{FRONTEND}::test_chat_template_flags"),
+    "trust_request_chat_template": ("tested", f"{FRONTEND}::test_chat_template_flags"),
+    "response_role": ("tested", f"{FRONTEND}::test_response_role"),
+    "root_path": ("tested", f"{FRONTEND}::test_root_path"),
+    "enable_force_include_usage": ("tested", f"{FRONTEND}::test_force_include_usage"),
+    "enable_prompt_tokens_details": ("tested", f"{FRONTEND}::test_prompt_tokens_details"),
+    "max_num_queued_reqs": ("tested", f"{AUTH}::test_queue_limit"),
+    "shutdown_timeout": ("tested", "tests/entrypoints/openai/test_shutdown.py::"
+                                   "test_sigterm_lets_in_flight_requests_finish"),
+    "disable_fastapi_docs": ("tested", f"{FRONTEND}::test_disable_fastapi_docs"),
+    # ---- ModelConfig ----
+    "model": ("tested", f"{SERVING}::test_models_and_meta"),
+    "served_model_name": ("tested", f"{SERVING}::test_models_and_meta"),
+    "tokenizer": ("tested", f"{EFFECTS}::test_tokenizer_flag_picks_the_tokenizer"),
+    "tokenizer_mode": ("refused", "mistral"),
+    "trust_remote_code": ("tested", f"{EFFECTS}::test_trust_remote_code"),
+    "runner": ("refused", "pooling"),
+    "skip_tokenizer_init": ("tested", f"{EFFECTS}::test_skip_tokenizer_init"),
+    "dtype": ("tested", f"{ARGS}::test_round_trip_to_engine_config"),
+    "seed": ("tested", f"{EFFECTS}::test_engine_seed_drives_unseeded_sampling"),
+    "max_model_len": ("tested", f"{DEFAULTS}::"
+                                "test_max_model_len_defaults_to_the_config_and_is_capped_by_the_tokenizer"),
+    "max_logprobs": ("tested", f"{EFFECTS}::test_max_logprobs_caps_requests"),
+    "logprobs_mode": ("tested", "tests/samplers/test_logprobs_mode.py::test_processed_logprobs"),
+    "revision": ("refused", "main"),
+    "quantization": ("refused", "awq"),
+    "enforce_eager": ("tested", "tests/v1/cudagraph/test_config_and_dispatch.py::test_resolution"),
+    "generation_config": ("tested", "tests/entrypoints/test_generation_config.py::"
+                                    "test_generation_config_vllm_ignores_the_file"),
+    "enable_sleep_mode": ("tested", "tests/entrypoints/openai/test_dev_mode.py::"
+                                    "test_sleep_frees_memory_and_outputs_survive"),
+    "hf_overrides": ("tested", f"{DEFAULTS}::"
+                               "test_without_chunked_prefill_the_defaulted_budget_covers_max_model_len"),
+    # ---- LoadConfig ----
+    "load_format": ("tested", "tests/model_executor/test_models.py::"
+                              "test_dummy_load_format_gives_random_weights"),
+    "download_dir": ("refused", "/tmp/weights"),
+    # ---- CacheConfig ----
+    "block_size": ("tested", f"{EFFECTS}::test_block_size_and_hash_algo_reach_the_kv_cache"),
+    "gpu_memory_utilization": ("refused", 0.5),  # on CPU; CUDA: tests/v1/cudagraph/
+    "kv_cache_memory_bytes": ("tested", "tests/v1/worker/test_gpu_worker.py::"
+                                        "test_cpu_kv_cache_budget_sources"),
+    "kv_cache_dtype": ("refused", "fp8"),
+    "enable_prefix_caching": ("tested", "tests/v1/core/test_scheduler.py::"
+                                        "test_prefix_cache_hit_across_requests"),
+    "prefix_caching_hash_algo": ("tested", f"{EFFECTS}::"
+                                           "test_block_size_and_hash_algo_reach_the_kv_cache"),
+    "num_gpu_blocks_override": ("tested", "tests/models/test_model_zoo.py::"
+                                          "test_mla_caches_only_the_compressed_latent"),
+    # ---- SchedulerConfig ----
+    "max_num_batched_tokens": ("tested", f"{DEFAULTS}::"
+                                         "test_llm_with_only_max_num_batched_tokens_runs_chunked"),
+    "max_num_seqs": ("tested", f"{DEFAULTS}::test_user_values_are_never_changed"),
+    "enable_chunked_prefill": ("tested", "tests/v1/core/test_scheduler.py::"
+                                         "test_chunked_prefill_disabled_stops_at_a_prompt_that_does_not_fit"),
+    "long_prefill_token_threshold": ("tested", "tests/v1/core/test_scheduler.py::"
+                                               "test_long_prefill_token_threshold"),
+    "scheduling_policy": ("tested", "tests/v1/core/test_scheduler.py::"
+                                    "test_priority_preemption_victim_is_lowest_priority_latest_arrival"),
+    "async_scheduling": ("tested", "tests/v1/engine/test_batch_queue.py::"
+                                   "test_two_steps_in_flight_same_tokens"),
+    "stream_interval": ("tested", "tests/v1/engine/test_output_processor.py::"
+                                  "test_stream_interval_batches_delta_outputs"),
+    # ---- ParallelConfig ----
+    "tensor_parallel_size": ("tested", "tests/distributed/test_multiproc_executor.py::"
+                                       "test_greedy_parity_with_one_worker"),
+    "pipeline_parallel_size": ("tested", "tests/distributed/test_multiproc_executor.py::"
+                                         "test_greedy_parity_with_one_worker"),
+    "data_parallel_size": ("refused", 2),
+    "distributed_executor_backend": ("tested", "tests/distributed/test_multiproc_executor.py::"
+                                               "test_backend_choice"),
+    # ---- DeviceConfig / AttentionConfig ----
+    "device": ("tested", f"{EFFECTS}::test_device_flag"),
+    "attention_backend": ("tested", "tests/kernels/test_attention_selector.py::"
+                                    "test_attention_backend_flag_reaches_the_selector"),
+    # ---- JSON configs: the flag itself, then each field ----
+    "compilation_config": ("tested", "tests/compile/test_compile_cpu.py::"
+                                     "test_compilation_config_flag_compiles_through_the_engine"),
+    "compilation_config.mode": ("tested", "tests/compile/test_compile_cpu.py::"
+                                          "test_compilation_config_flag_compiles_through_the_engine"),
+    "compilation_config.backend": ("tested", "tests/compile/test_compile_cpu.py::"
+                                             "test_compiled_matches_eager_without_recompiles"),
+    "compilation_config.cudagraph_mode": ("tested", "tests/v1/cudagraph/test_config_and_dispatch.py::"
+                                                    "test_cli_compilation_config"),
+    "compilation_config.cudagraph_capture_sizes": (
+        "tested", "tests/v1/cudagraph/test_padding_cpu.py::test_v2_padded_forward_matches_unpadded"),
+    "compilation_config.max_cudagraph_capture_size": (
+        "tested", "tests/v1/cudagraph/test_config_and_dispatch.py::"
+                  "test_capture_sizes_default_and_clipping"),
+    "structured_outputs_config": ("tested", "tests/entrypoints/test_structured_outputs_validation.py::"
+                                            "test_structured_outputs_config_flag"),
+    "structured_outputs_config.backend": ("tested", "tests/v1/structured_output/test_params.py::"
+                                                    "test_config_defaults_and_refused_backends"),
+    # Only xgrammar is built, so there is never a fallback: a constraint xgrammar
+    # cannot take is refused whatever this says (the behaviour disable_fallback
+    # asks for), shown by the refusal test named here.
+    "structured_outputs_config.disable_fallback": (
+        "tested", "tests/entrypoints/test_structured_outputs_validation.py::"
+                  "test_structured_outputs_config_flag"),
+    "structured_outputs_config.disable_any_whitespace": (
+        "tested", "tests/v1/structured_output/test_backend_xgrammar.py::"
+                  "test_config_disable_any_whitespace"),
+    "structured_outputs_config.disable_additional_properties": (
+        "tested", "tests/v1/structured_output/test_backend_xgrammar.py::test_whitespace_options"),
+    "structured_outputs_config.reasoning_parser": ("refused", "deepseek_r1"),
+    "structured_outputs_config.enable_in_reasoning": ("refused", True),
+    # ---- observability / AsyncEngineArgs ----
+    "disable_log_stats": ("tested", f"{EFFECTS}::test_log_stats_report_request_metrics"),
+    "enable_log_requests": ("tested", f"{FRONTEND}::test_enable_log_requests"),
+}
+
+# Fields of the JSON-config flags, audited as "<flag>.<field>".
+JSON_CONFIGS: dict[str, type] = {
+    "compilation_config": CompilationConfig,
+    "structured_outputs_config": StructuredOutputsConfig,
+}
+# Internal fields a user cannot set from the command line.
+_NOT_USER_FIELDS = {"compilation_config.static_forward_context"}
+
+
+@cache
+def _serve_parser() -> argparse.ArgumentParser:
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+def _flag_dests() -> set[str]:
+    return {a.dest for a in _serve_parser()._actions if a.dest != "help"}
+
+
+def _json_fields() -> set[str]:
+    return {f"{flag}.{f.name}" for flag, cls in JSON_CONFIGS.items()
+            for f in dataclasses.fields(cls) if f.init} - _NOT_USER_FIELDS
+
+
+def _option_strings(dest: str) -> list[str]:
+    for action in _serve_parser()._actions:
+        if action.dest == dest:
+            return list(action.option_strings)
+    return []
+
+
+def test_every_flag_and_json_field_is_audited():
+    audited = set(AUDIT)
+    expected = _flag_dests() | _json_fields()
+    missing = sorted(expected - audited)
+    stale = sorted(audited - expected)
+    assert not missing, f"flags / JSON fields without an audit row: {missing}"
+    assert not stale, f"audit rows for flags / fields that no longer exist: {stale}"
+
+
+def test_engine_fields_are_all_serve_flags():
+    fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    assert fields <= _flag_dests(), sorted(fields - _flag_dests())
+
+
+@cache
+def _test_functions(path: str) -> frozenset[str]:
+    tree = ast.parse((REPO_ROOT / path).read_text())
+    return frozenset(n.name for n in ast.walk(tree)
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+
+@pytest.mark.parametrize("dest", sorted(d for d, (kind, _) in AUDIT.items() if kind == "tested"))
+def test_tested_rows_name_an_existing_test(dest):
+    path, _, name = AUDIT[dest][1].partition("::")
+    assert (REPO_ROOT / path).is_file(), f"{dest}: no file {path}"
+    assert name.startswith("test") and name in _test_functions(path), \
+        f"{dest}: {path} has no test function {name!r}"
+
+
+def _refusal_error(dest: str, value: Any, model: str) -> Exception:
+    """The error building the config (or validating the serve args) raises."""
+    engine_fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    flag, _, field = dest.partition(".")
+    try:
+        if field:
+            EngineArgs(model=model, device="cpu", **{flag: {field: value}}
+                       ).create_engine_config(UsageContext.OPENAI_API_SERVER)
+        elif dest in engine_fields:
+            AsyncEngineArgs(model=model, device="cpu", **{dest: value}
+                            ).create_engine_config(UsageContext.OPENAI_API_SERVER)
+        else:
+            args = _serve_parser().parse_args([])
+            setattr(args, dest, value)
+            validate_parsed_serve_args(args)
+    except (ValueError, TypeError, NotImplementedError) as e:
+        return e
+    pytest.fail(f"{dest}={value!r} was accepted; the audit says it is refused")
+
+
+@pytest.mark.parametrize("dest", sorted(d for d, (kind, _) in AUDIT.items() if kind == "refused"))
+def test_refused_rows_raise_an_error_naming_the_flag(dest, tiny_model_dir):
+    error = _refusal_error(dest, AUDIT[dest][1], tiny_model_dir("llama"))
+    message = str(error)
+    names = [dest, *(_option_strings(dest) if "." not in dest else [])]
+    assert any(name in message for name in names), \
+        f"{dest}: the error does not name the flag ({names}): {message!r}"
+
+
+def test_every_kind_is_known():
+    assert {kind for kind, _ in AUDIT.values()} <= {"tested", "refused"}

@@ -153,3 +153,48 @@ def test_device_flag(tiny_model_dir):
         with pytest.raises(ValueError, match="device='cuda'"):
             EngineArgs(model=model, device="cuda").create_engine_config()
 
+
+
+# ---- structured_outputs_config.disable_additional_properties --------------------------
+def test_disable_additional_properties(tmp_path):
+    """Asked for, a JSON object gets no property the schema does not list (the
+    only behaviour of the built xgrammar backend, as upstream's xgrammar): after
+    '{"a": 1' only the closing brace (or space) may follow, not a comma; a schema
+    that allows additionalProperties explicitly still gets its comma."""
+    from vllm.config import StructuredOutputsConfig, VllmConfig
+    from vllm.v1.structured_output.backend_types import StructuredOutputOptions as Opt
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+
+    tokenizer = make_tiny_tokenizer(str(tmp_path))
+    config = VllmConfig(structured_outputs_config=StructuredOutputsConfig(
+        disable_additional_properties=True))
+    backend = XgrammarBackend(config, tokenizer=tokenizer, vocab_size=TINY_VOCAB)
+    comma = tokenizer.convert_tokens_to_ids(",")
+
+    def comma_allowed(schema: dict) -> bool:
+        grammar = backend.compile_grammar(Opt.JSON, json.dumps(schema))
+        assert grammar.accept_tokens("r", tokenizer.encode('{"a": 1'))
+        bitmask = torch.zeros(1, (TINY_VOCAB + 31) // 32, dtype=torch.int32)
+        grammar.fill_bitmask(bitmask, 0)
+        return bool((bitmask[0, comma // 32].item() >> (comma % 32)) & 1)
+
+    props = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert not comma_allowed(props)
+    assert comma_allowed({**props, "additionalProperties": True})
+
+
+def test_disable_fallback(tmp_path):
+    """disable_fallback=True: a constraint the backend cannot take fails instead of
+    moving to another backend. xgrammar is the only backend built, so there is no
+    fallback to disable: such a constraint is refused with or without the flag."""
+    from vllm.config import StructuredOutputsConfig, VllmConfig
+    from vllm.v1.structured_output.backend_types import StructuredOutputOptions as Opt
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+
+    tokenizer = make_tiny_tokenizer(str(tmp_path))
+    for disable_fallback in (True, False):
+        config = VllmConfig(structured_outputs_config=StructuredOutputsConfig(
+            backend="auto", disable_fallback=disable_fallback))
+        backend = XgrammarBackend(config, tokenizer=tokenizer, vocab_size=TINY_VOCAB)
+        with pytest.raises(ValueError):
+            backend.compile_grammar(Opt.REGEX, "(unclosed")

@@ -144,17 +144,12 @@ AUDIT: dict[str, tuple[str, Any]] = {
                                             "test_structured_outputs_config_flag"),
     "structured_outputs_config.backend": ("tested", "tests/v1/structured_output/test_params.py::"
                                                     "test_config_defaults_and_refused_backends"),
-    # Only xgrammar is built, so there is never a fallback: a constraint xgrammar
-    # cannot take is refused whatever this says (the behaviour disable_fallback
-    # asks for), shown by the refusal test named here.
-    "structured_outputs_config.disable_fallback": (
-        "tested", "tests/entrypoints/test_structured_outputs_validation.py::"
-                  "test_structured_outputs_config_flag"),
+    "structured_outputs_config.disable_fallback": ("tested", f"{EFFECTS}::test_disable_fallback"),
     "structured_outputs_config.disable_any_whitespace": (
         "tested", "tests/v1/structured_output/test_backend_xgrammar.py::"
                   "test_config_disable_any_whitespace"),
     "structured_outputs_config.disable_additional_properties": (
-        "tested", "tests/v1/structured_output/test_backend_xgrammar.py::test_whitespace_options"),
+        "tested", f"{EFFECTS}::test_disable_additional_properties"),
     "structured_outputs_config.reasoning_parser": ("refused", "deepseek_r1"),
     "structured_outputs_config.enable_in_reasoning": ("refused", True),
     # ---- observability / AsyncEngineArgs ----

@@ -76,10 +76,11 @@ class EngineArgs:
     logprobs_mode: str = _arg("raw_logprobs", "What logprobs report.", "ModelConfig",
                               choices=["raw_logprobs", "raw_logits", "processed_logprobs",
                                        "processed_logits"])
-    revision: str | None = _arg(None, "Model revision (branch, tag or commit).", "ModelConfig",
-                                type=_opt_str)
-    quantization: str | None = _arg(None, "Quantization method of the weights.", "ModelConfig",
-                                    type=_opt_str, aliases=("-q",))
+    revision: str | None = _arg(None, "Model revision (branch, tag or commit). Refused: models "
+                                "load from local paths only.", "ModelConfig", type=_opt_str)
+    quantization: str | None = _arg(None, "Quantization method of the weights. Only \"gguf\" "
+                                    "(with a .gguf model) is built; others are refused.",
+                                    "ModelConfig", type=_opt_str, aliases=("-q",))
     enforce_eager: bool = _arg(False, "Always run the model eagerly (no CUDA graphs).",
                                "ModelConfig")
     generation_config: str = _arg("auto", "\"auto\" takes default sampling parameters from the "
@@ -93,13 +94,15 @@ class EngineArgs:
     # --- LoadConfig ---
     load_format: str = _arg("auto", "Weight format: auto, safetensors, pt, gguf or dummy "
                             "(random weights).", "LoadConfig")
-    download_dir: str | None = _arg(None, "Directory for downloaded weights.", "LoadConfig",
+    download_dir: str | None = _arg(None, "Directory for downloaded weights. Refused: nothing "
+                                    "is downloaded (local paths only).", "LoadConfig",
                                     type=_opt_str)
     # --- CacheConfig ---
     block_size: int | None = _arg(None, "Tokens per KV-cache block (default 16).", "CacheConfig",
                                   type=_opt_int)
     gpu_memory_utilization: float = _arg(0.92, "Fraction of GPU memory the engine may use "
-                                         "(weights, activations and KV cache).", "CacheConfig",
+                                         "(weights, activations and KV cache). GPUs only: "
+                                         "another value is refused on CPU.", "CacheConfig",
                                          type=float)
     kv_cache_memory_bytes: int | None = _arg(
         None, "KV-cache size in bytes (1G-style suffixes accepted); overrides "
@@ -108,7 +111,8 @@ class EngineArgs:
     kv_cache_dtype: str = _arg("auto", "KV-cache data type (\"auto\": the model dtype).",
                                "CacheConfig")
     enable_prefix_caching: bool | None = _arg(None, "Reuse the KV cache of shared prompt "
-                                              "prefixes (default: on).", "CacheConfig")
+                                              "prefixes (default: on, except for hybrid and "
+                                              "attention-free models).", "CacheConfig")
     prefix_caching_hash_algo: str = _arg("sha256", "Hash of prefix-cache blocks.", "CacheConfig",
                                          choices=["sha256", "sha256_cbor", "xxhash",
                                                   "xxhash_cbor"])
@@ -120,7 +124,8 @@ class EngineArgs:
         None, "Token budget of one engine step (default: by hardware and entry point).",
         "SchedulerConfig", type=optional_type(human_readable_int))
     max_num_seqs: int | None = _arg(None, "Most requests in one engine step (default: by "
-                                    "hardware and entry point).", "SchedulerConfig",
+                                    "hardware and entry point, at most "
+                                    "--max-num-batched-tokens).", "SchedulerConfig",
                                     type=_opt_int)
     enable_chunked_prefill: bool | None = _arg(None, "Split long prompts over several steps "
                                                "(default: on).", "SchedulerConfig")
@@ -137,7 +142,8 @@ class EngineArgs:
                                      aliases=("-tp",))
     pipeline_parallel_size: int = _arg(1, "Pipeline stages.", "ParallelConfig", type=int,
                                        aliases=("-pp",))
-    data_parallel_size: int = _arg(1, "Data-parallel engine replicas.", "ParallelConfig",
+    data_parallel_size: int = _arg(1, "Data-parallel engine replicas (not built yet: only 1).",
+                                   "ParallelConfig",
                                    type=int, aliases=("-dp",))
     distributed_executor_backend: str | None = _arg(
         None, "Executor: uni, mp, ray or external_launcher (default: by world size).",

@@ -84,6 +84,40 @@ def test_resolved_defaults_are_written_back_and_stable(tiny_model_dir):
     assert first.scheduler_config == second.scheduler_config
 
 
+def test_throughput_mode_doubles_only_the_defaults(tiny_model_dir):
+    model = tiny_model_dir("llama")
+    sc = _sched(model, performance_mode="throughput")
+    assert (sc.max_num_batched_tokens, sc.max_num_seqs) == (2 * 4096, 2 * 256)
+    sc = _sched(model, SERVER, performance_mode="throughput", max_num_seqs=100)
+    assert (sc.max_num_batched_tokens, sc.max_num_seqs) == (2 * 2048, 100)
+    # Then the usual caps: <= max_num_seqs * max_model_len.
+    sc = _sched(model, performance_mode="throughput", max_model_len=16, max_num_seqs=4)
+    assert sc.max_num_batched_tokens == 64
+    with pytest.raises(ValueError, match="--performance-mode"):
+        EngineArgs(model=model, performance_mode="fastest").create_engine_config()
+
+
+def test_interactivity_mode_captures_every_small_batch_size(tiny_model_dir):
+    from vllm.config import CompilationConfig
+
+    model = tiny_model_dir("llama")
+    cc = EngineArgs(model=model, performance_mode="interactivity").create_engine_config(
+        LLM_CLASS).compilation_config
+    cc.set_cudagraph_sizes(max_num_batched_tokens=8192, max_num_seqs=256)
+    assert cc.cudagraph_capture_sizes[:33] == list(range(1, 33)) + [40]
+    assert cc.cudagraph_capture_sizes[-1] == 512
+    balanced = EngineArgs(model=model).create_engine_config(LLM_CLASS).compilation_config
+    balanced.set_cudagraph_sizes(max_num_batched_tokens=8192, max_num_seqs=256)
+    assert balanced.cudagraph_capture_sizes[:5] == [1, 2, 4, 8, 16]
+    # Sizes the user gives are kept as they are.
+    user = EngineArgs(model=model, performance_mode="interactivity",
+                      compilation_config={"cudagraph_capture_sizes": [1, 8]}
+                      ).create_engine_config(LLM_CLASS).compilation_config
+    user.set_cudagraph_sizes(max_num_batched_tokens=8192, max_num_seqs=256)
+    assert user.cudagraph_capture_sizes == [1, 8]
+    assert CompilationConfig()._performance_mode == "balanced"
+
+
 # ---- chunked prefill / prefix caching --------------------------------------------------
 def _config_only_model(kind: str, out_dir: Path) -> str:
     """A checkpoint folder with just the config (ModelConfig reads no weights)."""

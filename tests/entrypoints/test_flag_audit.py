@@ -152,6 +152,7 @@ AUDIT: dict[str, tuple[str, Any]] = {
         "tested", f"{EFFECTS}::test_disable_additional_properties"),
     "structured_outputs_config.reasoning_parser": ("refused", "deepseek_r1"),
     "structured_outputs_config.enable_in_reasoning": ("refused", True),
+    "performance_mode": ("tested", f"{DEFAULTS}::test_throughput_mode_doubles_only_the_defaults"),
     # ---- observability / AsyncEngineArgs ----
     "disable_log_stats": ("tested", f"{EFFECTS}::test_log_stats_report_request_metrics"),
     "enable_log_requests": ("tested", f"{FRONTEND}::test_enable_log_requests"),

@@ -97,6 +97,9 @@ class CUDAGraphMode(enum.Enum):
                          f"{', '.join(cls.__members__)}.")
 
 
+PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")
+
+
 def default_capture_sizes(max_size: int = _DEFAULT_MAX_CAPTURE_SIZE) -> list[int]:
     """1, 2, 4, then every 8 below 256, then every 16 up to max_size."""
     sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, max_size + 1, 16))
@@ -125,6 +128,10 @@ class CompilationConfig:
     # the scheduler limits and still start from the user's values.
     _user_sizes: tuple[list[int] | None, int | None] = field(
         default=(None, None), init=False, repr=False, compare=False)
+    # `--performance-mode`: "interactivity" captures every batch size up to 32
+    # when the capture sizes are not given (set by EngineArgs, as upstream's
+    # VllmConfig._set_cudagraph_sizes reads VllmConfig.performance_mode).
+    _performance_mode: str = field(default="balanced", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.mode = CompilationMode(self.mode)
@@ -187,6 +194,9 @@ class CompilationConfig:
             max_size = min(max_size, max_num_batched_tokens)
         if sizes is None:
             sizes = default_capture_sizes(max_size)
+            if self._performance_mode == "interactivity":
+                # One graph per batch size up to 32: no padding of small batches.
+                sizes = sorted(set(range(1, min(max_size, 32) + 1)) | set(sizes))
         self.cudagraph_capture_sizes = [s for s in sizes if s <= max_size]
         self.max_cudagraph_capture_size = max(self.cudagraph_capture_sizes, default=0)
 

@@ -11,27 +11,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from vllm.config import (AttentionConfig, CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, ModelConfig,
                          ParallelConfig, SchedulerConfig, StructuredOutputsConfig, VllmConfig)
+from vllm.config.compilation import PERFORMANCE_MODES
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
+from vllm.utils.argparse_utils import add_field_flag as _add_flag
+from vllm.utils.argparse_utils import field_arg as _arg
 from vllm.utils.argparse_utils import (human_readable_int, human_readable_int_or_auto, json_dict,
                                        optional_type)
 
 logger = init_logger(__name__)
 
 _GiB = 1 << 30
-
-
-def _arg(default: Any, help: str, group: str, *, type: Any = None, choices: Any = None,
-         aliases: tuple[str, ...] = (), nargs: str | None = None) -> Any:
-    """A dataclass field that also describes its command-line flag."""
-    meta = {"help": help, "group": group, "type": type, "choices": choices,
-            "aliases": aliases, "nargs": nargs}
-    return field(default=default, metadata=meta)
 
 
 def _compilation_arg(value: str) -> dict[str, Any] | int:
@@ -164,6 +159,11 @@ class EngineArgs:
         None, "Structured-output settings as a JSON object, e.g. '{\"backend\": "
         "\"xgrammar\", \"disable_any_whitespace\": true}' (backends: auto, xgrammar).",
         "StructuredOutputsConfig", type=json_dict)
+    performance_mode: str = _arg(
+        "balanced", "\"throughput\" doubles the defaulted --max-num-batched-tokens and "
+        "--max-num-seqs; \"interactivity\" captures a CUDA graph for every batch size up to "
+        "32 (when --compilation-config gives no capture sizes).", "VllmConfig",
+        choices=list(PERFORMANCE_MODES))
     # --- Observability ---
     disable_log_stats: bool = _arg(False, "Do not log engine statistics.", "ObservabilityConfig")
 
@@ -280,6 +280,12 @@ class EngineArgs:
             self.max_num_seqs = default_seqs.get(usage_context,
                                                  SchedulerConfig.DEFAULT_MAX_NUM_SEQS)
         assert self.max_num_batched_tokens is not None and self.max_num_seqs is not None
+        if self.performance_mode == "throughput":
+            # Twice the defaults (never the user's values), before the caps below.
+            if user_tokens is None:
+                self.max_num_batched_tokens *= 2
+            if user_seqs is None:
+                self.max_num_seqs *= 2
         if user_tokens is None:
             if not self.enable_chunked_prefill:
                 self.max_num_batched_tokens = max(model_config.max_model_len,
@@ -305,6 +311,16 @@ class EngineArgs:
             async_scheduling=self.async_scheduling, stream_interval=self.stream_interval)
 
     def _create_compilation_config(self) -> CompilationConfig:
+        if self.performance_mode not in PERFORMANCE_MODES:
+            raise ValueError(f"performance_mode={self.performance_mode!r} (--performance-mode) "
+                             f"must be one of {PERFORMANCE_MODES}.")
+        if self.performance_mode != "balanced":
+            logger.info("Performance mode set to %r.", self.performance_mode)
+        config = self._compilation_config_from_arg()
+        config._performance_mode = self.performance_mode
+        return config
+
+    def _compilation_config_from_arg(self) -> CompilationConfig:
         cc = self.compilation_config
         if cc is None:
             return CompilationConfig()
@@ -363,24 +379,6 @@ def _device_memory_and_name() -> tuple[int, str]:
         # No usable device here (e.g. config built on a head node): use the
         # small-GPU defaults, as upstream does.
         return 0, ""
-
-
-def _add_flag(group: Any, f: dataclasses.Field, meta: Any) -> None:
-    flag = "--" + f.name.replace("_", "-")
-    names = [flag, *meta["aliases"]]
-    kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": meta["help"]}
-    if isinstance(f.default, bool) or f.type in ("bool", "bool | None"):
-        kwargs["action"] = argparse.BooleanOptionalAction
-    else:
-        parse = meta["type"]
-        if parse is None:
-            parse = type(f.default) if f.default is not None else str
-        kwargs["type"] = parse
-        if meta["choices"] is not None:
-            kwargs["choices"] = meta["choices"]
-        if meta["nargs"] is not None:
-            kwargs["nargs"] = meta["nargs"]
-    group.add_argument(*names, **kwargs)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -59,6 +60,35 @@ def json_dict(value: str) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
     return parsed
+
+
+def field_arg(default: Any, help: str, group: str, *, type: Any = None, choices: Any = None,
+              aliases: tuple[str, ...] = (), nargs: str | None = None) -> Any:
+    """A dataclass field that also describes its command-line flag (read by
+    `add_field_flag`): help text, argparse group, value parser, choices,
+    aliases such as "-tp", nargs."""
+    meta = {"help": help, "group": group, "type": type, "choices": choices,
+            "aliases": aliases, "nargs": nargs}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def add_field_flag(group: Any, f: dataclasses.Field, meta: Any) -> None:
+    """`--kebab-case` flag for the field `f`; booleans get `--no-...` too."""
+    flag = "--" + f.name.replace("_", "-")
+    names = [flag, *meta["aliases"]]
+    kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": meta["help"]}
+    if isinstance(f.default, bool) or f.type in ("bool", "bool | None"):
+        kwargs["action"] = argparse.BooleanOptionalAction
+    else:
+        parse = meta["type"]
+        if parse is None:
+            parse = type(f.default) if f.default is not None else str
+        kwargs["type"] = parse
+        if meta["choices"] is not None:
+            kwargs["choices"] = meta["choices"]
+        if meta["nargs"] is not None:
+            kwargs["nargs"] = meta["nargs"]
+    group.add_argument(*names, **kwargs)
 
 
 class FlexibleArgumentParser(argparse.ArgumentParser):

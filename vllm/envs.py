@@ -37,6 +37,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_USE_V2_MODEL_RUNNER": _tri_state("VLLM_USE_V2_MODEL_RUNNER"),
     # KV cache size on CPU, in GiB (upstream's CPU knob).
     "VLLM_CPU_KVCACHE_SPACE": _opt_int("VLLM_CPU_KVCACHE_SPACE"),
+    # KV cache events carry block hashes as 64-bit ints (1) or raw bytes (0).
+    "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": _bool("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1"),
     # Run the engine core in its own process (the multiprocess clients).
     "VLLM_ENABLE_V1_MULTIPROCESSING": _bool("VLLM_ENABLE_V1_MULTIPROCESSING", "1"),
     "VLLM_LOGGING_LEVEL": lambda: os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper(),

@@ -13,10 +13,14 @@ from vllm.config.attention import AttentionConfig
 from vllm.config.cache import CacheConfig
 from vllm.config.compilation import CompilationConfig, CompilationMode
 from vllm.config.device import DeviceConfig
+from vllm.config.ec_transfer import ECTransferConfig
+from vllm.config.kv_events import KVEventsConfig
+from vllm.config.kv_transfer import KVTransferConfig, refuse_unbuilt_transfer_features
 from vllm.config.load import LoadConfig
 from vllm.config.model import ModelConfig
 from vllm.config.parallel import ParallelConfig
 from vllm.config.scheduler import SchedulerConfig
+from vllm.config.speculative import SpeculativeConfig
 from vllm.config.structured_outputs import StructuredOutputsConfig
 from vllm.logger import init_logger
 
@@ -54,8 +58,15 @@ class VllmConfig:
     attention_config: AttentionConfig = field(default_factory=AttentionConfig)
     structured_outputs_config: StructuredOutputsConfig = field(
         default_factory=StructuredOutputsConfig)
+    # Upstream's records for features not built here: refused when set.
+    kv_transfer_config: KVTransferConfig | None = None
+    kv_events_config: KVEventsConfig | None = None
+    ec_transfer_config: ECTransferConfig | None = None
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        refuse_unbuilt_transfer_features(self.kv_transfer_config, self.ec_transfer_config,
+                                         self.speculative_config, self.kv_events_config)
         mc = self.model_config
         if mc is not None:
             self.scheduler_config.verify_with_model_len(mc.max_model_len)

@@ -2,13 +2,20 @@
 
 A KV cache is split into blocks of `block_size` token slots. A spec says how
 many bytes one block of one layer takes (its page) and how blocks are managed
-(full attention keeps every block; a sliding window can drop old ones).
+(full attention keeps every block; a sliding window can drop old ones; a Mamba
+layer keeps one state slot). The spec family and its fields are upstream's, so
+that specs built by upstream code and tests mean the same here; which kinds the
+KV cache manager can serve is decided in `single_type_kv_cache_manager.py`
+(the others are refused there by name). Grouping layers of one type
+(`UniformTypeKVCacheSpecs`) and naming a spec's kind live in
+`kv_cache_spec_registry.py` and are re-exported at the bottom.
 """
 from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from enum import Enum, IntEnum
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,6 +24,68 @@ from vllm.utils import cdiv, get_dtype_size
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+
+class KVQuantMode(IntEnum):
+    """How a KV cache is quantized; backends dispatch on it, not on strings.
+    Only NONE is built here (quantized KV cache dtypes are refused)."""
+
+    NONE = 0
+    FP8_PER_TENSOR = 1
+    INT8_PER_TOKEN_HEAD = 2
+    FP8_PER_TOKEN_HEAD = 3
+    INT4_PER_TOKEN_HEAD = 4
+    NVFP4 = 5
+    TURBOQUANT_K8V4 = 6
+    TURBOQUANT_4BIT_NC = 7
+    TURBOQUANT_K3V4_NC = 8
+    TURBOQUANT_3BIT_NC = 9
+
+    @property
+    def is_per_token_head(self) -> bool:
+        return self in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD,
+                        KVQuantMode.INT4_PER_TOKEN_HEAD)
+
+    @property
+    def is_nvfp4(self) -> bool:
+        return self == KVQuantMode.NVFP4
+
+    @property
+    def is_turboquant(self) -> bool:
+        return self.name.startswith("TURBOQUANT_")
+
+
+def get_kv_quant_mode(kv_cache_dtype: str) -> KVQuantMode:
+    """The quant mode a `--kv-cache-dtype` string names."""
+    if kv_cache_dtype in ("int4_per_token_head", "int8_per_token_head",
+                          "fp8_per_token_head"):
+        return KVQuantMode[kv_cache_dtype.upper()]
+    if kv_cache_dtype.startswith("nvfp4"):
+        return KVQuantMode.NVFP4
+    if kv_cache_dtype.startswith("turboquant_"):
+        return KVQuantMode[kv_cache_dtype.upper()]
+    if kv_cache_dtype.startswith("fp8"):
+        return KVQuantMode.FP8_PER_TENSOR
+    return KVQuantMode.NONE
+
+
+def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
+    return get_kv_quant_mode(kv_cache_dtype) != KVQuantMode.NONE
+
+
+class KVCacheSpecKind(str, Enum):
+    """A spec's kind by name (KV cache events report it)."""
+
+    FULL_ATTENTION = "full_attention"
+    MLA_ATTENTION = "mla_attention"
+    SLIDING_WINDOW = "sliding_window"
+    SLIDING_WINDOW_MLA = "sliding_window_mla"
+    MAMBA = "mamba"
+    CHUNKED_LOCAL_ATTENTION = "chunked_local_attention"
+    SINK_FULL_ATTENTION = "sink_full_attention"
+    ENCODER_ONLY_ATTENTION = "encoder_only_attention"
+    CROSS_ATTENTION = "cross_attention"
+    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)
@@ -29,70 +98,293 @@ class KVCacheSpec:
     def page_size_bytes(self) -> int:
         raise NotImplementedError
 
+    @property
+    def storage_block_size(self) -> int:
+        """Token rows one page stores (less than block_size when compressed)."""
+        return self.block_size
+
     def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
         """Worst-case bytes one request can need in this layer."""
         raise NotImplementedError
 
+    def max_num_blocks_per_req(self, vllm_config: "VllmConfig", max_len: int) -> int:
+        """Block-table row length this layer's group needs for `max_len` tokens."""
+        return cdiv(max_len, self.block_size)
+
+    def copy_with_new_block_size(self, block_size: int) -> "KVCacheSpec":
+        return replace(self, block_size=block_size)
+
     @classmethod
-    def merge(cls, specs: list["KVCacheSpec"]) -> "KVCacheSpec":
+    def merge(cls, specs: list) -> "KVCacheSpec":
         """Merge the specs of the layers of one group; they must agree."""
         assert all(spec == specs[0] for spec in specs[1:]), (
-            "All layers in the same KV cache group must have the same spec.")
+            "All layers in the same KV cache group must be the same.")
         return copy.deepcopy(specs[0])
 
+    def is_uniform_with_collection(self, kv_cache_specs: dict[str, "KVCacheSpec"]) -> bool:
+        """Whether every spec in `kv_cache_specs` is of this spec's type."""
+        from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
-@dataclass(frozen=True)
+        base = KVCacheSpecRegistry.get_uniform_type_base_spec(self)
+        assert base is not None, f"Unsupported KV cache spec type: {type(self)}."
+        return all(isinstance(spec, base) for spec in kv_cache_specs.values())
+
+
+@dataclass(frozen=True, kw_only=True)
 class AttentionSpec(KVCacheSpec):
+    """K and V rows per token and head. A page is
+    num_heads x storage_block_size x (head_size + head_size_v) elements,
+    unless the backend packs it (`num_head_slots`, `state_content_bytes`) or
+    pads it (`page_size_padded`)."""
+
     num_kv_heads: int
     head_size: int
     dtype: torch.dtype
+    head_size_v: int = None  # type: ignore[assignment]  # defaults to head_size
+    kv_quant_mode: KVQuantMode = KVQuantMode.NONE
+    page_size_padded: int | None = None
+    indexes_kv_by_block_stride: bool = False
+    num_head_slots: int | None = None
+    state_content_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.head_size_v is None:
+            object.__setattr__(self, "head_size_v", self.head_size)
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_head_slots if self.num_head_slots is not None else self.num_kv_heads
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        """Bytes per (head slot, token row) cell of the page."""
+        if self.state_content_bytes is not None:
+            return self.state_content_bytes
+        return (self.head_size + self.head_size_v) * get_dtype_size(self.dtype)
+
+    @property
+    def unpadded_page_size_bytes(self) -> int:
+        return self.num_heads * self.storage_block_size * self.state_content_size_bytes
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        return self.unpadded_page_size_bytes
 
     @property
     def page_size_bytes(self) -> int:
-        # K and V: 2 * block_size * num_kv_heads * head_size elements.
-        return 2 * self.block_size * self.num_kv_heads * self.head_size * get_dtype_size(
-            self.dtype)
+        if self.page_size_padded is not None:
+            assert self.page_size_padded >= self.unpadded_page_size_bytes
+            return self.page_size_padded
+        return self.unpadded_page_size_bytes
+
+    def max_num_blocks_per_req(self, vllm_config: "VllmConfig", max_len: int) -> int:
+        dcp = getattr(vllm_config.parallel_config, "decode_context_parallel_size", 1)
+        return cdiv(max_len, self.block_size * dcp)
 
 
-@dataclass(frozen=True)
+def _merge_window(values: set[int]) -> int | None:
+    if len(values) > 1:
+        raise ValueError("All attention layers in the same KV cache group must have "
+                         "the same window size.")
+    return values.pop() if values else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class FullAttentionSpec(AttentionSpec):
-    """Attention over every earlier token. `sliding_window` is set only when a
-    sliding-window layer is served by a full-attention manager."""
+    """Attention over every earlier token. `sliding_window` /
+    `attention_chunk_size` are set only when such a layer is served by a
+    full-attention manager (blocks kept for all tokens, attention still
+    windowed in the kernel). `non_causal`: the layer attends bidirectionally."""
 
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    non_causal: bool = False
 
     def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
         max_model_len = vllm_config.model_config.max_model_len
         return cdiv(max_model_len, self.block_size) * self.page_size_bytes
 
+    @classmethod
+    def merge_window_sizes(cls, window_sizes: set[int]) -> int | None:
+        return _merge_window(window_sizes)
 
-@dataclass(frozen=True)
+    @classmethod
+    def merge(cls, specs: list) -> "FullAttentionSpec":
+        """One spec for a group: the attention fields must agree; windows are
+        merged (at most one size); non-causal if any layer is."""
+        assert all(isinstance(s, FullAttentionSpec) for s in specs), (
+            "All attention layers in the same KV cache group must be FullAttentionSpec.")
+        assert not any(isinstance(s, MLAAttentionSpec) for s in specs), (
+            "MLAAttentionSpec should be merged in MLAAttentionSpec.merge")
+        windows = {s.sliding_window for s in specs if s.sliding_window is not None}
+        chunks = {s.attention_chunk_size for s in specs if s.attention_chunk_size is not None}
+        merged = replace(specs[0], sliding_window=_merge_window(windows),
+                         attention_chunk_size=_merge_window(chunks),
+                         non_causal=any(s.non_causal for s in specs))
+        for spec in specs:
+            for f in fields(AttentionSpec):
+                assert getattr(spec, f.name) == getattr(merged, f.name), (
+                    "All attention layers in the same KV cache group must have the same "
+                    "attention spec.")
+        assert (merged.sliding_window is not None) + (
+            merged.attention_chunk_size is not None) <= 1, (
+            "Model with both sliding window layers and chunked local attention layers "
+            "is not supported.")
+        return merged
+
+
+def _mla_merge(cls: type, specs: list, extra: tuple[str, ...]) -> "AttentionSpec":
+    assert all(isinstance(s, cls) for s in specs), (
+        f"All attention layers in the same KV cache group must be {cls.__name__}.")
+    for name in ("cache_dtype_str", "compress_ratio", "model_version",
+                 "indexes_kv_by_block_stride", *extra):
+        assert len({getattr(s, name) for s in specs}) == 1, (
+            "All attention layers in the same KV cache group must use the same "
+            f"{name}.")
+    return copy.deepcopy(specs[0])
+
+
+def _apply_alignment_padding(spec: "MLAAttentionSpec | SlidingWindowMLASpec") -> None:
+    if spec.alignment is None:
+        return
+    padded = cdiv(spec.real_page_size_bytes, spec.alignment) * spec.alignment
+    if padded != spec.real_page_size_bytes:
+        object.__setattr__(spec, "page_size_padded", padded)
+
+
+@dataclass(frozen=True, kw_only=True)
 class MLAAttentionSpec(FullAttentionSpec):
     """Multi-head latent attention: one cached row per token, the compressed
     latent plus the rotary key ([kv_lora_rank + qk_rope_head_dim], one "KV
-    head"), so a page holds no separate K and V."""
+    head"), so a page holds no separate V (`head_size_v` 0)."""
 
     cache_dtype_str: str | None = None
+    alignment: int | None = None
+    compress_ratio: int = 1
+    model_version: str | None = None
+    non_causal_multi_token_decode: bool = False
+    head_size_v: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _apply_alignment_padding(self)
 
     @property
-    def page_size_bytes(self) -> int:
-        return self.block_size * self.num_kv_heads * self.head_size * get_dtype_size(
-            self.dtype)
+    def storage_block_size(self) -> int:
+        return self.block_size // self.compress_ratio
+
+    @classmethod
+    def merge(cls, specs: list) -> "MLAAttentionSpec":
+        return _mla_merge(cls, specs, ())
 
 
-@dataclass(frozen=True)
-class SlidingWindowSpec(AttentionSpec):
-    """Attention over the last `sliding_window` tokens only."""
+@dataclass(frozen=True, kw_only=True)
+class HiddenStateCacheSpec(MLAAttentionSpec):
+    """Marker for hidden-state cache layers (upstream's extract_hidden_states)."""
 
-    sliding_window: int
+
+@dataclass(frozen=True, kw_only=True)
+class SinkFullAttentionSpec(FullAttentionSpec):
+    """Full attention with `sink_len` learned sink tokens."""
+
+    sink_len: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RSWASpec(FullAttentionSpec):
+    """Reference sliding-window attention: prompt tokens stay visible; only the
+    last `rswa_window` generated tokens are kept."""
+
+    rswa_window: int
+
+    @classmethod
+    def merge(cls, specs: list) -> "RSWASpec":
+        assert all(isinstance(s, RSWASpec) for s in specs), (
+            "All attention layers in the same KV cache group must be RSWASpec.")
+        assert len({s.rswa_window for s in specs}) == 1, (
+            "All R-SWA layers must share the same rswa_window.")
+        return FullAttentionSpec.merge.__func__(cls, specs)  # type: ignore[attr-defined]
+
+
+def _max_in_flight_tokens(vllm_config: "VllmConfig") -> int:
+    explicit = getattr(vllm_config, "max_in_flight_tokens", None)
+    if explicit is not None:
+        return explicit
+    return vllm_config.scheduler_config.max_num_batched_tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    """Attention within fixed chunks of `attention_chunk_size` tokens."""
+
+    attention_chunk_size: int
+
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int,
+                                         max_model_len: int) -> int:
+        # One chunk window plus the tokens in flight (freed once processed).
+        num_tokens = min(self.attention_chunk_size + max_in_flight_tokens, max_model_len)
+        return cdiv(num_tokens, self.block_size)
 
     def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
-        max_model_len = vllm_config.model_config.max_model_len
-        max_num_batched_tokens = vllm_config.scheduler_config.max_num_batched_tokens
-        # The window, plus one step of new tokens, plus one partially used block.
-        num_tokens = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
-        return (cdiv(num_tokens, self.block_size) + 1) * self.page_size_bytes
+        return self.max_admission_blocks_per_request(
+            _max_in_flight_tokens(vllm_config),
+            vllm_config.model_config.max_model_len) * self.page_size_bytes
+
+    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
+        return all(isinstance(s, ChunkedLocalAttentionSpec)
+                   and s.attention_chunk_size == self.attention_chunk_size
+                   for s in kv_cache_specs.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindowSpec(AttentionSpec):
+    """Attention over the last `sliding_window` tokens only;
+    `extra_retained_tokens` more trailing tokens keep their blocks."""
+
+    sliding_window: int
+    extra_retained_tokens: int = 0
+
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int,
+                                         max_model_len: int) -> int:
+        # The window, the retained tail and the tokens in flight; +1 because the
+        # window need not start at a block boundary.
+        num_tokens = min(self.sliding_window - 1 + self.extra_retained_tokens
+                         + max_in_flight_tokens, max_model_len)
+        return cdiv(num_tokens, self.block_size) + 1
+
+    def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
+        return self.max_admission_blocks_per_request(
+            _max_in_flight_tokens(vllm_config),
+            vllm_config.model_config.max_model_len) * self.page_size_bytes
+
+    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
+        return all(isinstance(s, SlidingWindowSpec) and s.sliding_window == self.sliding_window
+                   for s in kv_cache_specs.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindowMLASpec(SlidingWindowSpec):
+    """Sliding-window attention over an MLA-format cache."""
+
+    cache_dtype_str: str | None = None
+    alignment: int | None = None
+    compress_ratio: int = 1
+    model_version: str | None = None
+    head_size_v: int = 0
+
+    def __post_init__(self) -> None:
+        assert self.model_version in (None, "deepseek_v4"), (
+            f"Unsupported model version: {self.model_version}")
+        super().__post_init__()
+        _apply_alignment_padding(self)
+
+    @property
+    def storage_block_size(self) -> int:
+        return self.block_size // self.compress_ratio
+
+    @classmethod
+    def merge(cls, specs: list) -> "SlidingWindowMLASpec":
+        return _mla_merge(cls, specs, ("sliding_window", "extra_retained_tokens"))
 
 
 @dataclass(frozen=True)
@@ -101,27 +393,72 @@ class MambaSpec(KVCacheSpec):
     K/V. One block is one request's state slot: `shapes[i]` / `dtypes[i]`
     describe its tensors (Mamba-1: conv state [d_inner, d_conv - 1] and SSM
     state [d_inner, d_state]); `block_size` is max_model_len, so a request
-    never needs a second block."""
+    never needs a second block. Only `mamba_cache_mode="none"` (no prefix
+    caching of states) is built."""
 
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[torch.dtype, ...]
+    page_size_padded: int | None = None
     mamba_type: str = "mamba1"
+    mamba_cache_mode: str = "none"
+    num_speculative_blocks: int = 0
 
     @property
     def page_size_bytes(self) -> int:
-        return sum(math.prod(shape) * get_dtype_size(dtype)
+        size = sum(math.prod(shape) * get_dtype_size(dtype)
                    for shape, dtype in zip(self.shapes, self.dtypes))
+        if self.page_size_padded is not None:
+            assert self.page_size_padded >= size
+            return self.page_size_padded
+        return size
 
     def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
-        return self.page_size_bytes  # one state slot, whatever the length
+        mode = self.mamba_cache_mode
+        if vllm_config is not None:
+            mode = getattr(vllm_config.cache_config, "mamba_cache_mode", mode)
+        if mode == "all":
+            max_model_len = vllm_config.model_config.max_model_len
+            return (cdiv(max_model_len, self.block_size)
+                    + self.num_speculative_blocks) * self.page_size_bytes
+        slots = 2 if mode == "align" else 1
+        return (slots + self.num_speculative_blocks) * self.page_size_bytes
+
+    def max_num_blocks_per_req(self, vllm_config: "VllmConfig", max_len: int) -> int:
+        return cdiv(self.max_memory_usage_bytes(vllm_config), self.page_size_bytes)
+
+    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
+        return all(isinstance(s, MambaSpec)
+                   and s.num_speculative_blocks == self.num_speculative_blocks
+                   for s in kv_cache_specs.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderOnlyAttentionSpec(AttentionSpec):
+    """Encoder-only layers: no KV cache is kept."""
+
+    def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
+        return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrossAttentionSpec(AttentionSpec):
+    """Cross-attention of encoder-decoder models: caches the encoder states."""
+
+    def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
+        max_encoder_len = getattr(vllm_config.scheduler_config,
+                                  "max_num_encoder_input_tokens", 0)
+        return cdiv(max_encoder_len, self.block_size) * self.page_size_bytes
 
 
 @dataclass
 class KVCacheTensor:
-    """One allocation; `shared_by` lists the layers that use it."""
+    """One allocation; `shared_by` lists the layers that use it. `offset` /
+    `block_stride` describe a packed layout (0 = one tensor per layer)."""
 
     size: int  # bytes
     shared_by: list[str]
+    offset: int = 0
+    block_stride: int = 0
 
 
 @dataclass
@@ -130,6 +467,7 @@ class KVCacheGroupSpec:
 
     layer_names: list[str]
     kv_cache_spec: KVCacheSpec
+    is_eagle_group: bool = False
 
 
 @dataclass
@@ -139,3 +477,26 @@ class KVCacheConfig:
     num_blocks: int
     kv_cache_tensors: list[KVCacheTensor]
     kv_cache_groups: list[KVCacheGroupSpec]
+
+    @property
+    def has_mamba_layers(self) -> bool:
+        return any(isinstance(g.kv_cache_spec, MambaSpec) for g in self.kv_cache_groups)
+
+
+# Grouping and naming, defined apart to keep this file to the spec classes.
+from vllm.v1.kv_cache_spec_registry import (  # noqa: E402
+    KVCacheSpecRegistry,
+    UniformTypeKVCacheSpecs,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
+
+__all__ = [
+    "AttentionSpec", "ChunkedLocalAttentionSpec", "CrossAttentionSpec",
+    "EncoderOnlyAttentionSpec", "FullAttentionSpec", "HiddenStateCacheSpec", "KVCacheConfig",
+    "KVCacheGroupSpec", "KVCacheSpec", "KVCacheSpecKind", "KVCacheSpecRegistry",
+    "KVCacheTensor", "KVQuantMode", "MLAAttentionSpec", "MambaSpec", "RSWASpec",
+    "SinkFullAttentionSpec", "SlidingWindowMLASpec", "SlidingWindowSpec",
+    "UniformTypeKVCacheSpecs", "get_kv_cache_spec_kind", "get_kv_cache_spec_sliding_window",
+    "get_kv_quant_mode", "is_quantized_kv_cache",
+]

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
 
 
 class LogprobsLists(NamedTuple):
@@ -51,6 +54,35 @@ class SamplerOutput:
 
 
 @dataclass
+class KVConnectorOutput:
+    """What a KV connector reports after a step (upstream's record). KV
+    connectors are not built, so no runner here fills one in."""
+
+    finished_sending: set[str] | None = None
+    finished_recving: set[str] | None = None
+    kv_connector_stats: Any | None = None
+    kv_cache_events: Any | None = None
+    kv_connector_worker_meta: Any | None = None
+    invalid_block_ids: set[int] = field(default_factory=set)
+    expected_finished_count: int = 0
+
+    def is_empty(self) -> bool:
+        return (not self.finished_sending and not self.finished_recving
+                and not self.kv_connector_stats and not self.kv_cache_events
+                and not self.invalid_block_ids)
+
+
+@dataclass
+class ECConnectorOutput:
+    """What an encoder-cache connector reports after a step (upstream's
+    record). EC connectors are not built."""
+
+    finished_sending: set[str] | None = None
+    finished_recving: set[str] | None = None
+    ec_connector_worker_meta: Any | None = None
+
+
+@dataclass
 class ModelRunnerOutput:
     """One step's results, indexed by the runner's batch order."""
 
@@ -65,6 +97,9 @@ class ModelRunnerOutput:
     # req_id -> prompt logprobs computed this step
     prompt_logprobs_dict: dict[str, LogprobsTensors | None] = field(default_factory=dict)
     pooler_output: list[Any] | None = None
+    # Set only by KV / EC connectors, which are not built: always None here.
+    kv_connector_output: KVConnectorOutput | None = None
+    ec_connector_output: ECConnectorOutput | None = None
     # req_id -> number of NaNs in its logits (debugging aid)
     num_nans_in_logits: dict[str, int] | None = None
 
@@ -80,3 +115,25 @@ class AsyncModelRunnerOutput(ABC):
 
 
 EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], req_id_to_index={})
+
+
+@dataclass
+class DraftTokenIds:
+    """Draft tokens proposed for the next step, per request (speculative
+    decoding, which is not built: the scheduler refuses them)."""
+
+    req_ids: list[str]
+    draft_token_ids: list[list[int]]
+
+
+def make_empty_encoder_model_runner_output(
+        scheduler_output: "SchedulerOutput") -> ModelRunnerOutput:
+    """The output of a step that only ran encoders: every scheduled request
+    present, no tokens sampled."""
+    if not scheduler_output.num_scheduled_tokens:
+        return EMPTY_MODEL_RUNNER_OUTPUT
+    req_ids = list(scheduler_output.num_scheduled_tokens)
+    return ModelRunnerOutput(req_ids=req_ids,
+                             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+                             sampled_token_ids=[[] for _ in req_ids],
+                             pooler_output=[None for _ in req_ids])

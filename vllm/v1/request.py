@@ -54,6 +54,26 @@ _FINISHED_REASON_MAP = {
 }
 
 
+# Upstream v0.28 request fields whose features are not built: their defaults
+# are accepted, any other value is refused by name.
+_UNBUILT_FIELDS: dict[str, tuple[Any, str]] = {
+    "prompt_is_token_ids": (None, "prompts mixing embeddings and token ids"),
+    "resumable": (False, "resumable streaming-input requests"),
+    "session_id": (None, "streaming-input sessions"),
+    "reasoning_ended": (None, "reasoning parsers"),
+    "reasoning_parser_kwargs": (None, "reasoning parsers"),
+    "abort_immediately": (False, "abort-on-arrival requests"),
+}
+
+
+def _refuse_unbuilt_fields(**values: Any) -> None:
+    for name, value in values.items():
+        default, feature = _UNBUILT_FIELDS[name]
+        if value != default:
+            raise NotImplementedError(f"Request field {name}={value!r}: {feature} are not "
+                                      "built yet.")
+
+
 class Request:
     """A request inside the engine core.
 
@@ -81,7 +101,17 @@ class Request:
         priority: int = 0,
         trace_headers: dict[str, str] | None = None,
         block_hasher: Callable[["Request"], list["BlockHash"]] | None = None,
+        prompt_is_token_ids: list[bool] | None = None,
+        resumable: bool = False,
+        session_id: str | None = None,
+        reasoning_ended: bool | None = None,
+        reasoning_parser_kwargs: dict[str, Any] | None = None,
+        abort_immediately: bool = False,
     ) -> None:
+        _refuse_unbuilt_fields(prompt_is_token_ids=prompt_is_token_ids, resumable=resumable,
+                               session_id=session_id, reasoning_ended=reasoning_ended,
+                               reasoning_parser_kwargs=reasoning_parser_kwargs,
+                               abort_immediately=abort_immediately)
         self.request_id = request_id
         self.client_index = client_index
         self.priority = priority
@@ -108,6 +138,12 @@ class Request:
             self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         self.events: list[EngineCoreEvent] = []
         self.stop_reason: int | str | None = None
+        # KV / EC connector parameters (upstream reads them from
+        # sampling_params.extra_args); connectors are not built, so these stay
+        # None unless a caller sets them, and nothing here reads them.
+        self.kv_transfer_params: dict[str, Any] | None = None
+        self.ec_transfer_params: dict[str, Any] | None = None
+        self.num_nans_in_logits = 0
 
         if sampling_params is not None:
             self.max_tokens = sampling_params.max_tokens
@@ -116,9 +152,14 @@ class Request:
         else:
             raise ValueError("sampling_params and pooling_params can't both be unset")
 
-        assert prompt_token_ids is not None
+        if prompt_token_ids is None:
+            # An embeddings-only prompt: placeholder ids, one per embedding row.
+            assert prompt_embeds is not None, "prompt_token_ids or prompt_embeds required"
+            prompt_token_ids = [0] * len(prompt_embeds)
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
+        # (start, end) -> digest of those prompt-embedding rows (block hashing).
+        self._prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = {}
         self._output_token_ids: list[int] = []
         self._all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids = ConstantList(self._output_token_ids)
@@ -133,10 +174,9 @@ class Request:
         self.num_external_computed_tokens = 0
 
         self.block_hashes: list[BlockHash] = []
-        self.get_hash_new_full_blocks = (
-            (lambda: block_hasher(self)) if block_hasher is not None else None)
-        if self.get_hash_new_full_blocks is not None:
-            self.block_hashes = self.get_hash_new_full_blocks()
+        self._block_hasher = block_hasher
+        self.update_block_hashes()
+        self.skip_reading_prefix_cache = self.get_skip_reading_prefix_cache()
 
     @classmethod
     def from_engine_core_request(
@@ -159,6 +199,12 @@ class Request:
             priority=request.priority,
             trace_headers=request.trace_headers,
             block_hasher=block_hasher,
+            prompt_is_token_ids=request.prompt_is_token_ids,
+            resumable=request.resumable,
+            session_id=request.session_id,
+            reasoning_ended=request.reasoning_ended,
+            reasoning_parser_kwargs=request.reasoning_parser_kwargs,
+            abort_immediately=request.abort_immediately,
         )
 
     def append_output_token_ids(self, token_ids: int | list[int]) -> None:
@@ -168,8 +214,29 @@ class Request:
         else:
             self._output_token_ids.extend(token_ids)
             self._all_token_ids.extend(token_ids)
-        if self.get_hash_new_full_blocks is not None:
-            self.block_hashes.extend(self.get_hash_new_full_blocks())
+        self.update_block_hashes()
+
+    def update_block_hashes(self) -> None:
+        """Hash the blocks that became full since the last call."""
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+    @property
+    def get_hash_new_full_blocks(self) -> Callable[[], list["BlockHash"]] | None:
+        """The hasher bound to this request (None without prefix caching)."""
+        hasher = self._block_hasher
+        return None if hasher is None else (lambda: hasher(self))
+
+    @property
+    def num_encoder_inputs(self) -> int:
+        return len(self.mm_features)
+
+    @property
+    def has_encoder_inputs(self) -> bool:
+        return self.num_encoder_inputs > 0
+
+    def get_num_encoder_embeds(self, input_id: int) -> int:
+        return self.mm_features[input_id].mm_position.get_num_embeds()
 
     @property
     def use_structured_output(self) -> bool:

@@ -203,6 +203,20 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         return hit_blocks, len(hit_blocks[0]) * manager.block_size
 
 
+class HybridKVCacheCoordinator(KVCacheCoordinator):
+    """Upstream's coordinator for prefix caching over several KV cache groups
+    of different attention types (hybrid models). Not built: hybrid models run
+    without prefix caching here, and constructing this is refused."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        raise NotImplementedError(
+            "Prefix caching with several KV cache groups (hybrid models) is not "
+            "supported; disable prefix caching.")
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):  # pragma: no cover
+        raise NotImplementedError
+
+
 def get_kv_cache_coordinator(
     kv_cache_config: KVCacheConfig,
     max_model_len: int,

@@ -30,6 +30,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheSpec,
     KVCacheTensor,
     MambaSpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 
@@ -282,6 +283,26 @@ def get_max_concurrency_for_kv_cache_config(
     if num_blocks_per_request == 0:
         return 0.0
     return kv_cache_config.num_blocks / num_blocks_per_request
+
+
+def get_kv_cache_capacity(vllm_config: "VllmConfig",
+                          kv_cache_config: KVCacheConfig) -> tuple[int, float]:
+    """(tokens the cache holds counted in max_model_len requests, max concurrency)."""
+    max_concurrency = get_max_concurrency_for_kv_cache_config(vllm_config, kv_cache_config)
+    return int(max_concurrency * vllm_config.model_config.max_model_len), max_concurrency
+
+
+def group_and_unify_kv_cache_specs(
+        kv_cache_spec: dict[str, KVCacheSpec]) -> list | None:
+    """Upstream packs sliding-window MLA layers of different page sizes into
+    tuples of layers (DeepSeek-V4). None when no such packing is needed; the
+    packing itself is not built and is refused."""
+    if not any(isinstance(spec, SlidingWindowMLASpec) for spec in kv_cache_spec.values()):
+        return None
+    if len({spec.page_size_bytes for spec in kv_cache_spec.values()}) <= 1:
+        return None
+    raise NotImplementedError("Sliding-window MLA layers with mixed page sizes "
+                              "(DeepSeek-V4 KV cache packing) are not supported.")
 
 
 def _report_kv_cache_config(vllm_config: "VllmConfig", config: KVCacheConfig) -> None:

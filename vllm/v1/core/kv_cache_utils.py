@@ -15,17 +15,20 @@ import torch
 
 from vllm.logger import init_logger
 from vllm.utils.hashing import xxhash, xxhash_cbor
+from vllm.v1.utils import tensor_data
 
 # Re-exported: callers import the planning API from this module.
 from vllm.v1.core.kv_cache_planning import (  # noqa: F401
     check_enough_kv_cache_memory,
     estimate_max_model_len,
     generate_scheduler_kv_cache_config,
+    get_kv_cache_capacity,
     get_kv_cache_config_from_groups,
     get_kv_cache_configs,
     get_kv_cache_groups,
     get_max_concurrency_for_kv_cache_config,
     get_num_blocks,
+    group_and_unify_kv_cache_specs,
     is_kv_cache_spec_uniform,
     max_memory_usage_bytes,
     may_override_num_blocks,
@@ -46,6 +49,18 @@ BlockHash = NewType("BlockHash", bytes)
 # key of the prefix cache. Kept as flat bytes (no tuple) to keep the cache dict
 # small and cheap to hash.
 BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
+
+# A block hash as KV cache events publish it: the low 64 bits as an int
+# (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, the default) or the raw bytes.
+ExternalBlockHash = bytes | int
+
+
+def maybe_convert_block_hash(hash_bytes: BlockHash) -> ExternalBlockHash:
+    from vllm import envs
+
+    if not envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES:
+        return hash_bytes
+    return int.from_bytes(hash_bytes, byteorder="big") & ((1 << 64) - 1)
 
 
 def make_block_hash_with_group_id(
@@ -269,15 +284,52 @@ def _gen_prompt_embeds_extra_hash_keys(
     """A digest of the block's prompt embeddings, when the prompt is embeds.
 
     Such prompts carry placeholder token ids, so the ids alone say nothing
-    about the block's contents.
+    about the block's contents. The digest is cached on the request per block
+    range: the hasher runs again whenever tokens are appended.
     """
-    prompt_embeds = request.prompt_embeds
-    if prompt_embeds is None:
+    if request.prompt_embeds is None:
         return []
-    # Hash the raw bytes of the block's rows (any dtype, viewed as uint8).
-    block_embeds = prompt_embeds[start_token_idx:end_token_idx].contiguous()
-    raw_bytes = block_embeds.flatten().view(torch.uint8).numpy().tobytes()
-    return [hashlib.sha256(raw_bytes).digest()]
+    block_range = (start_token_idx, end_token_idx)
+    digest = request._prompt_embeds_per_block_hashes.get(block_range)
+    if digest is None:
+        block_embeds = request.prompt_embeds[start_token_idx:end_token_idx]
+        digest = hashlib.sha256(tensor_data(block_embeds)).digest()
+        request._prompt_embeds_per_block_hashes[block_range] = digest
+    return [digest]
+
+
+def _gen_mm_extra_hash_keys(
+    request: "Request", start_token_idx: int, end_token_idx: int, start_mm_idx: int
+) -> tuple[list[Any], int]:
+    """(identifier, offset of the item relative to the block start) for each
+    multimodal item whose placeholder overlaps the block, and the index of the
+    item the next block starts looking at. Items are sorted by offset;
+    ``start_mm_idx`` -1 means the last item."""
+    features = request.mm_features
+    if not features:
+        return [], start_mm_idx
+    last = features[-1].mm_position
+    if last.offset + last.length <= start_token_idx:
+        return [], start_mm_idx  # past every item (late prefill, decode)
+    if start_mm_idx < 0:
+        start_mm_idx += len(features)
+    keys: list[Any] = []
+    idx = start_mm_idx
+    while idx < len(features):
+        offset = features[idx].mm_position.offset
+        end = offset + features[idx].mm_position.length
+        if end_token_idx <= offset:
+            break  # the block ends before this item
+        if start_token_idx >= end:
+            idx += 1  # the block starts after this item
+            continue
+        # The relative offset keeps keys distinct when one item sits at
+        # different places in otherwise identical placeholder blocks.
+        keys.append((features[idx].identifier, offset - start_token_idx))
+        if end_token_idx < end:
+            break  # the item continues into the next block
+        idx += 1
+    return keys, idx
 
 
 def generate_block_hash_extra_keys(
@@ -285,22 +337,23 @@ def generate_block_hash_extra_keys(
 ) -> tuple[tuple[Any, ...] | None, int]:
     """Keys besides the token ids that make a block's contents unique.
 
-    Order: LoRA name, cache salt (first block only: the hash chain carries it
-    into every later block), prompt-embeds digest. Multimodal inputs are not
-    supported, so ``start_mm_idx`` is returned unchanged.
+    Order (upstream's): LoRA name, multimodal items, cache salt (first block
+    only: the hash chain carries it into every later block), prompt-embeds
+    digest.
 
     Returns:
         The extra keys (None when there are none) and the next multimodal index.
     """
-    if request.mm_features:
-        raise NotImplementedError("Prefix caching of multimodal inputs is not supported.")
+    mm_keys, next_mm_idx = _gen_mm_extra_hash_keys(
+        request, start_token_idx, end_token_idx, start_mm_idx)
     salt_keys = [request.cache_salt] if start_token_idx == 0 and request.cache_salt else []
     extra_keys: list[Any] = [
         *_gen_lora_extra_hash_keys(request),
+        *mm_keys,
         *salt_keys,
         *_gen_prompt_embeds_extra_hash_keys(request, start_token_idx, end_token_idx),
     ]
-    return (tuple(extra_keys) if extra_keys else None), start_mm_idx
+    return (tuple(extra_keys) if extra_keys else None), next_mm_idx
 
 
 def hash_block_tokens(

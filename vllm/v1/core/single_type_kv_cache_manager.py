@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING
 from vllm.utils import cdiv
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
-from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheSpec, MambaSpec,
-                                        MLAAttentionSpec, SlidingWindowSpec)
+from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, CrossAttentionSpec,
+                                        FullAttentionSpec, KVCacheSpec, MambaSpec,
+                                        MLAAttentionSpec, RSWASpec, SinkFullAttentionSpec,
+                                        SlidingWindowMLASpec, SlidingWindowSpec)
+from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -232,7 +235,7 @@ class SingleTypeKVCacheManager(ABC):
         # Positional, in field order: each argument is named as its field.
         return cls._find_hit(CacheHitSearch(
             block_hashes, max_length // block_size, kv_cache_group_ids, block_pool,
-            kv_cache_spec, use_eagle, alignment_tokens, block_size,
+            kv_cache_spec, use_eagle, alignment_tokens, block_size, max_length,
         ))
 
     @classmethod
@@ -256,6 +259,8 @@ class CacheHitSearch:
     alignment_tokens: int
     # The spec's block size times the context parallel sizes.
     block_size: int
+    # The bound in tokens (chunked local attention needs the exact position).
+    max_length: int
 
     def no_hit(self) -> tuple[list[KVCacheBlock], ...]:
         return tuple([] for _ in self.kv_cache_group_ids)
@@ -384,6 +389,11 @@ class MambaManager(SingleTypeKVCacheManager):
         super().__init__(kv_cache_spec, **kwargs)
         if self.enable_caching:
             raise ValueError("Prefix caching is not supported for Mamba state layers.")
+        if kv_cache_spec.mamba_cache_mode != "none" or kv_cache_spec.num_speculative_blocks:
+            raise NotImplementedError(
+                f"MambaSpec(mamba_cache_mode={kv_cache_spec.mamba_cache_mode!r}, "
+                f"num_speculative_blocks={kv_cache_spec.num_speculative_blocks}): only one "
+                "state slot per request (mode 'none', no speculative blocks) is built.")
 
     @classmethod
     def _find_hit(cls, search: CacheHitSearch) -> tuple[list[KVCacheBlock], ...]:
@@ -396,22 +406,48 @@ class MambaManager(SingleTypeKVCacheManager):
         return 0
 
 
-spec_manager_map: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
-    FullAttentionSpec: FullAttentionManager,
-    # MLA keeps every token's latent row, exactly like full attention.
-    MLAAttentionSpec: FullAttentionManager,
-    SlidingWindowSpec: SlidingWindowManager,
-    MambaSpec: MambaManager,
-}
+def register_all_kvcache_specs(vllm_config=None) -> None:
+    """Register the built-in spec types with their managers and grouping bases
+    (upstream's names; `vllm_config` is accepted for upstream's signature)."""
+    from vllm.v1.core.single_type_kv_cache_manager_chunked import (
+        ChunkedLocalAttentionManager)
+    from vllm.v1.core.single_type_kv_cache_manager_unbuilt import (CrossAttentionManager,
+                                                                   RSWAManager)
+
+    register = KVCacheSpecRegistry.register
+    register(FullAttentionSpec, FullAttentionManager, FullAttentionSpec)
+    register(SlidingWindowSpec, SlidingWindowManager, SlidingWindowSpec)
+    register(SlidingWindowMLASpec, SlidingWindowManager, SlidingWindowMLASpec)
+    register(MambaSpec, MambaManager, MambaSpec)
+    register(ChunkedLocalAttentionSpec, ChunkedLocalAttentionManager,
+             ChunkedLocalAttentionSpec)
+    register(CrossAttentionSpec, CrossAttentionManager, CrossAttentionSpec)
+    # Full-attention variants share full attention's groups. MLA keeps every
+    # token's latent row, exactly like full attention.
+    register(MLAAttentionSpec, FullAttentionManager, FullAttentionSpec)
+    register(RSWASpec, RSWAManager, FullAttentionSpec)
+    register(SinkFullAttentionSpec, FullAttentionManager, FullAttentionSpec)
 
 
 def get_manager_for_kv_cache_spec(
     kv_cache_spec: KVCacheSpec, **kwargs
 ) -> SingleTypeKVCacheManager:
-    """Build the manager class registered for the spec's type."""
-    manager_class = spec_manager_map.get(type(kv_cache_spec))
+    """Build the manager registered for the spec's type (or nearest base)."""
+    manager_class = KVCacheSpecRegistry.get_manager_class(kv_cache_spec)
     if manager_class is None:
         raise NotImplementedError(
             f"No KV cache manager for {type(kv_cache_spec).__name__}."
         )
     return manager_class(kv_cache_spec, **kwargs)
+
+
+def __getattr__(name: str):
+    # Upstream defines these managers in this module; ours live in sibling
+    # modules (this one is full) and import the base class from here.
+    if name == "ChunkedLocalAttentionManager":
+        from vllm.v1.core import single_type_kv_cache_manager_chunked as mod
+    elif name in ("CrossAttentionManager", "RSWAManager"):
+        from vllm.v1.core import single_type_kv_cache_manager_unbuilt as mod
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(mod, name)

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 from vllm.v1.outputs import LogprobsLists, LogprobsTensors
 
@@ -49,7 +50,7 @@ class EngineCoreRequest(
     pooling_params: Any | None
     eos_token_id: int | None
     arrival_time: float
-    lora_request: Any | None
+    lora_request: LoRARequest | None
     cache_salt: str | None
     data_parallel_rank: int | None
     prompt_embeds: Any | None = None
@@ -60,6 +61,24 @@ class EngineCoreRequest(
     trace_headers: dict[str, str] | None = None
     # The user-facing id; request_id is the engine's unique internal id.
     external_req_id: str | None = None
+    # Upstream v0.28's fields for features not built here (prompts mixing
+    # embeddings and token ids, resumable streaming-input sessions, reasoning
+    # parsers, abort-on-arrival). They travel with their defaults; a request
+    # that sets one is refused by `Request` with an error naming the field.
+    prompt_is_token_ids: list[bool] | None = None
+    resumable: bool = False
+    reasoning_ended: bool | None = None
+    reasoning_parser_kwargs: dict[str, Any] | None = None
+    abort_immediately: bool = False
+    session_id: str | None = None
+
+    @property
+    def params(self) -> SamplingParams | Any:
+        """The request's sampling (or pooling) params."""
+        if self.sampling_params is not None:
+            return self.sampling_params
+        assert self.pooling_params is not None
+        return self.pooling_params
 
 
 class EngineCoreEventType(enum.IntEnum):

@@ -1,6 +1,7 @@
 """Statistics the engine core reports alongside its outputs."""
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,51 @@ class PrefixCacheStats(BaseCacheStats):
             self.preempted_hits += num_hits
         else:
             super().record(num_tokens, num_hits)
+
+
+class CachingMetrics:
+    """Hit rate of a cache over (about) the most recent `max_recent_requests`
+    requests: a window of per-report (requests, queries, hits) triples, the
+    oldest dropped while the window holds more requests than the limit (the
+    newest report always stays)."""
+
+    def __init__(self, max_recent_requests: int = 1000) -> None:
+        self.max_recent_requests = max_recent_requests
+        self.aggregated_requests = 0
+        self.aggregated_query_total = 0
+        self.aggregated_query_hit = 0
+        self.query_queue: deque[tuple[int, int, int]] = deque()
+
+    def observe(self, stats: BaseCacheStats) -> None:
+        if stats.reset:  # the cache was reset before these lookups
+            self.reset()
+        if stats.requests == 0:  # an empty report would only push out real ones
+            return
+        self.query_queue.append((stats.requests, stats.queries, stats.hits))
+        self.aggregated_requests += stats.requests
+        self.aggregated_query_total += stats.queries
+        self.aggregated_query_hit += stats.hits
+        while len(self.query_queue) > 1 and self.aggregated_requests > self.max_recent_requests:
+            requests, queries, hits = self.query_queue.popleft()
+            self.aggregated_requests -= requests
+            self.aggregated_query_total -= queries
+            self.aggregated_query_hit -= hits
+
+    def reset(self) -> None:
+        self.aggregated_requests = 0
+        self.aggregated_query_total = 0
+        self.aggregated_query_hit = 0
+        self.query_queue.clear()
+
+    @property
+    def empty(self) -> bool:
+        return self.aggregated_requests == 0
+
+    @property
+    def hit_rate(self) -> float:
+        if self.aggregated_query_total == 0:
+            return 0.0
+        return self.aggregated_query_hit / self.aggregated_query_total
 
 
 @dataclass

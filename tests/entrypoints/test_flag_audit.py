@@ -63,7 +63,7 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "disable_fastapi_docs": ("tested", f"{FRONTEND}::test_disable_fastapi_docs"),
     # ---- ModelConfig ----
     "model": ("tested", f"{SERVING}::test_models_and_meta"),
-    "served_model_name": ("tested", f"{SERVING}::test_models_and_meta"),
+    "served_model_name": ("tested", f"{FRONTEND}::test_served_model_names"),
     "tokenizer": ("tested", f"{EFFECTS}::test_tokenizer_flag_picks_the_tokenizer"),
     "tokenizer_mode": ("refused", "mistral"),
     "trust_remote_code": ("tested", f"{EFFECTS}::test_trust_remote_code"),

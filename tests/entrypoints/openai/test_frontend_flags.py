@@ -2,7 +2,7 @@
 tests/entrypoints/test_flag_audit.py), against two real servers whose output is
 captured to a file:
 
-- `flagged`: CORS lists, --allow-credentials, --response-role, --root-path,
+- `flagged`: two --served-model-name names, CORS lists, --allow-credentials, --response-role, --root-path,
   --enable-force-include-usage, --enable-prompt-tokens-details,
   --enable-log-requests, --trust-request-chat-template, --uvicorn-log-level trace,
   and uvicorn's access log left on (the default);
@@ -59,7 +59,7 @@ class LoggedServer(RemoteOpenAIServer):
 @pytest.fixture(scope="module")
 def flagged(tiny_model_dir, chat_template_file, tmp_path_factory):
     args = default_server_args(chat_template_file) + [
-        "--served-model-name", "tiny",
+        "--served-model-name", "tiny", "alias",
         "--allowed-origins", json.dumps([ORIGIN]), "--allow-credentials",
         "--allowed-methods", '["GET", "POST"]', "--allowed-headers", '["X-Custom"]',
         "--response-role", "bot", "--root-path", "/proxy",
@@ -108,6 +108,15 @@ def test_cors_flags(flagged):
     assert _preflight(flagged, ORIGIN, headers="X-Other").status_code == 400
     simple = httpx.get(flagged.url_for("v1/models"), headers={"Origin": "http://evil.example"})
     assert "access-control-allow-origin" not in simple.headers
+
+
+def test_served_model_names(flagged):
+    """Every name given is served, and a request may use any of them."""
+    models = httpx.get(flagged.url_for("v1/models")).json()["data"]
+    assert [m["id"] for m in models] == ["tiny", "alias"]
+    assert _complete(flagged, model="alias").json()["model"] == "alias"
+    r = httpx.post(flagged.url_for("v1/completions"), json={"model": "other", "prompt": "a"})
+    assert r.status_code == 404
 
 
 def test_response_role(flagged):

@@ -33,14 +33,17 @@ class RemoteOpenAIServer:
 
     def __init__(self, model: str, args: list[str], env: dict[str, str] | None = None,
                  launcher: list[str] | None = None, api_key: str | None = None,
-                 wait: bool = True) -> None:
+                 wait: bool = True, log_path: str | None = None) -> None:
         self.host, self.port = "127.0.0.1", get_open_port()
         self.api_key = api_key
         cmd = launcher or [sys.executable, "-m", "vllm.entrypoints.cli.main"]
         cmd = [*cmd, "serve", model, "--host", self.host, "--port", str(self.port),
                "--disable-uvicorn-access-log", *args]
         full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
-        self.proc = subprocess.Popen(cmd, env=full_env, cwd=REPO_ROOT)
+        # log_path: the child's stdout and stderr go to that file (to read its log).
+        self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, env=full_env, cwd=REPO_ROOT, stdout=self._log,
+                                     stderr=subprocess.STDOUT if self._log else None)
         self.ps = psutil.Process(self.proc.pid)
         if wait:
             self.wait_until_healthy()
@@ -115,6 +118,8 @@ class RemoteOpenAIServer:
         _, alive = psutil.wait_procs(children, timeout=10)
         for p in alive:
             p.kill()
+        if self._log is not None:
+            self._log.close()
         return self.proc.returncode
 
 

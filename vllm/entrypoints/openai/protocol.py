@@ -1,44 +1,34 @@
-"""Request and response bodies of the OpenAI-compatible API (upstream:
-vllm/entrypoints/openai/protocol.py).
+"""Request bodies of the OpenAI-compatible API, and (re-exported) every
+other body (upstream: vllm/entrypoints/openai/protocol.py, one module there;
+here the base and the generation responses live in protocol_base.py and
+protocol_responses.py).
 
-Requests accept unknown fields (OpenAI clients send new ones all the time)
-and validate what they know with pydantic; what pydantic rejects becomes a
-400 with the error envelope, never FastAPI's 422. Sizes are bounded here,
-before any tokenization: `n`, the number of prompts, logprob counts.
+Requests validate what they know with pydantic, strictly typed (a string is
+not a boolean); what pydantic rejects becomes a 400 with the error envelope,
+never FastAPI's 422. Unknown fields are accepted and logged as ignored, as
+upstream. Sizes are bounded here, before any tokenization: `n`, the number of
+prompts, logprob counts.
 """
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import Field, model_validator
 
-from vllm.sampling_params import StructuredOutputsParams
+from vllm.entrypoints.openai.protocol_base import (  # noqa: F401 (re-exported)
+    LOGPROB_FLOOR, MAX_N_SEQUENCES, MAX_PROMPTS_PER_REQUEST, ErrorInfo, ErrorResponse, Int64,
+    OpenAIBaseModel, PromptTokenUsageInfo, StrictBool, StrictFloat, StrictInt, TokenId,
+    UsageInfo)
+from vllm.entrypoints.openai.protocol_responses import (  # noqa: F401 (re-exported)
+    ChatCompletionLogProb, ChatCompletionLogProbs, ChatCompletionLogProbsContent,
+    ChatCompletionResponse, ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse, ChatMessage, CompletionLogProbs, CompletionResponse,
+    CompletionResponseChoice, CompletionResponseStreamChoice, CompletionStreamResponse,
+    DeltaFunctionCall, DeltaMessage, DeltaToolCall, FunctionCall, ToolCall,
+    make_tool_call_id)
+from vllm.sampling_params import BeamSearchParams, StructuredOutputsParams
 from vllm.utils import random_uuid
-
-# Upstream's VLLM_MAX_N_SEQUENCES: the largest `n` a request may ask for.
-MAX_N_SEQUENCES = 16384
-# Most prompts one completion request may batch.
-MAX_PROMPTS_PER_REQUEST = 1024
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-# Logprobs of -inf do not survive JSON: report this floor instead.
-LOGPROB_FLOOR = -9999.0
-
-
-class OpenAIBaseModel(BaseModel):
-    # Clients send fields this server does not know: accept them.
-    model_config = ConfigDict(extra="allow")
-
-
-class ErrorInfo(OpenAIBaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: int
-
-
-class ErrorResponse(OpenAIBaseModel):
-    error: ErrorInfo
 
 
 class UnauthorizedResponse(OpenAIBaseModel):
@@ -77,20 +67,9 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard] = Field(default_factory=list)
 
 
-class PromptTokenUsageInfo(OpenAIBaseModel):
-    cached_tokens: int | None = None
-
-
-class UsageInfo(OpenAIBaseModel):
-    prompt_tokens: int = 0
-    total_tokens: int = 0
-    completion_tokens: int | None = 0
-    prompt_tokens_details: PromptTokenUsageInfo | None = None
-
-
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool | None = True
-    continuous_usage_stats: bool | None = False
+    include_usage: StrictBool | None = True
+    continuous_usage_stats: StrictBool | None = False
 
 
 class JsonSchemaResponseFormat(OpenAIBaseModel):
@@ -101,7 +80,7 @@ class JsonSchemaResponseFormat(OpenAIBaseModel):
     # OpenAI's key is "schema", which would shadow pydantic's BaseModel.schema:
     # the field is json_schema, read from "schema" (upstream does the same).
     json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class ResponseFormat(OpenAIBaseModel):
@@ -128,51 +107,62 @@ class ResponseFormat(OpenAIBaseModel):
         return None
 
 
-Int64 = Annotated[int, Field(ge=_INT64_MIN, le=_INT64_MAX)]
-TokenId = Annotated[int, Field(ge=0)]
-
-
 class SamplingRequestMixin(OpenAIBaseModel):
     """Fields shared by completion and chat requests (OpenAI's and vLLM's extras)."""
 
     model: str | None = None
-    frequency_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
-    n: int = Field(1, ge=1, le=MAX_N_SEQUENCES)
-    presence_penalty: float | None = 0.0
+    frequency_penalty: StrictFloat | None = 0.0
+    logit_bias: dict[str, StrictFloat] | None = None
+    n: StrictInt = Field(1, ge=1, le=MAX_N_SEQUENCES)
+    presence_penalty: StrictFloat | None = 0.0
     response_format: ResponseFormat | None = None
     seed: Int64 | None = None
     stop: str | list[str] | None = Field(default_factory=list)
-    stream: bool | None = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
     user: str | None = None
     # --- vLLM's sampling extras ---
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: StrictInt | None = None
+    min_p: StrictFloat | None = None
+    repetition_penalty: StrictFloat | None = None
     stop_token_ids: list[TokenId] | None = Field(default_factory=list)
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    include_stop_str_in_output: StrictBool = False
+    ignore_eos: StrictBool = False
+    min_tokens: StrictInt = Field(0, ge=0)
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    truncate_prompt_tokens: StrictInt | None = Field(None, ge=-1)
     allowed_token_ids: list[TokenId] | None = None
-    prompt_logprobs: int | None = Field(None, ge=-1)
+    prompt_logprobs: StrictInt | None = Field(None, ge=-1)
     bad_words: list[str] = Field(default_factory=list)
-    priority: int = 0
+    priority: StrictInt = 0
     request_id: str = Field(default_factory=random_uuid,
                             description="The request_id related to this request.")
-    return_token_ids: bool | None = None
+    return_token_ids: StrictBool | None = None
     # Logprob entries named "token_id:<id>" rather than by their (maybe ambiguous) text.
-    return_tokens_as_token_ids: bool | None = None
+    return_tokens_as_token_ids: StrictBool | None = None
     cache_salt: str | None = None
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
     structured_outputs: StructuredOutputsParams | None = Field(
         default=None, description="Constrain the output: exactly one of json (a JSON "
         "schema), regex, choice, grammar (EBNF), json_object or structural_tag.")
+    # Beam search (upstream's request fields): `n` is the beam width.
+    use_beam_search: StrictBool = False
+    length_penalty: StrictFloat = 1.0
+
+    # What beam search honours (the rest, set to a non-default value, is a 400
+    # rather than silently dropped): the prompt, its template and tokenization,
+    # n, the length cap, temperature, EOS handling, streaming, the request's
+    # identity and what the response carries.
+    BEAM_SEARCH_FIELDS: ClassVar[frozenset[str]] = frozenset({
+        "model", "prompt", "messages", "n", "max_tokens", "max_completion_tokens",
+        "temperature", "ignore_eos", "length_penalty", "include_stop_str_in_output",
+        "use_beam_search", "stream", "stream_options", "user", "request_id", "priority",
+        "add_special_tokens", "truncate_prompt_tokens", "add_generation_prompt",
+        "continue_final_message", "chat_template", "chat_template_kwargs",
+        "return_token_ids"})
 
     @model_validator(mode="after")
     def check_stream_options(self) -> "SamplingRequestMixin":
@@ -188,6 +178,29 @@ class SamplingRequestMixin(OpenAIBaseModel):
                              "constrain the output: set only one of them.")
         return self
 
+    @model_validator(mode="after")
+    def check_beam_search(self) -> "SamplingRequestMixin":
+        if not self.use_beam_search:
+            return self
+        for name in sorted(self.model_fields_set - self.BEAM_SEARCH_FIELDS):
+            default = type(self).model_fields[name].get_default(call_default_factory=True)
+            value = getattr(self, name)
+            if value is not None and value != [] and value != default:
+                raise ValueError(f"`{name}` is not supported with `use_beam_search`.")
+        return self
+
+    def to_beam_search_params(self, max_tokens: int,
+                              default_sampling_params: dict[str, Any]) -> BeamSearchParams:
+        """As upstream: beam width `n`; temperature from the request, else
+        generation_config.json, else 1.0 (greedy beams need temperature 0)."""
+        temperature = self.temperature
+        if temperature is None:
+            temperature = default_sampling_params.get("temperature", 1.0)
+        return BeamSearchParams(beam_width=self.n, max_tokens=max_tokens,
+                                ignore_eos=self.ignore_eos, temperature=temperature,
+                                length_penalty=self.length_penalty,
+                                include_stop_str_in_output=self.include_stop_str_in_output)
+
 
 class CompletionRequest(SamplingRequestMixin):
     # https://platform.openai.com/docs/api-reference/completions/create
@@ -197,11 +210,11 @@ class CompletionRequest(SamplingRequestMixin):
              | str
              | Annotated[list[str], Field(max_length=MAX_PROMPTS_PER_REQUEST)]
              | None) = None
-    echo: bool | None = False
-    logprobs: int | None = Field(None, ge=0)
-    max_tokens: int | None = Field(16, ge=0)
+    echo: StrictBool | None = False
+    logprobs: StrictInt | None = Field(None, ge=0)
+    max_tokens: StrictInt | None = Field(16, ge=0)
     suffix: str | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: StrictBool = True
     prompt_embeds: bytes | list[bytes] | None = None
 
     @model_validator(mode="after")
@@ -209,7 +222,8 @@ class CompletionRequest(SamplingRequestMixin):
         if self.prompt in (None, "", []) and not self.prompt_embeds:
             raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
         if self.prompt_embeds is not None:
-            raise ValueError("Prompt embeddings are not supported by this server.")
+            raise ValueError("`prompt_embeds` (prompt embeddings) are not supported "
+                             "by this server.")
         if self.suffix is not None:
             raise ValueError("suffix is not currently supported")
         return self
@@ -239,6 +253,9 @@ class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
 class ChatMessageParam(OpenAIBaseModel):
     """One message of a conversation; unknown keys are kept (and reach the template)."""
 
+    # Not ignored: every key of a message reaches the chat template.
+    log_extra_fields: ClassVar[bool] = False
+
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -248,20 +265,20 @@ class ChatCompletionRequest(SamplingRequestMixin):
     # https://platform.openai.com/docs/api-reference/chat/create
     messages: Annotated[list[ChatMessageParam], Field(min_length=1,
                                                       max_length=MAX_PROMPTS_PER_REQUEST)]
-    logprobs: bool | None = False
-    top_logprobs: int | None = Field(0, ge=0)
-    max_tokens: int | None = Field(None, ge=0, deprecated=True)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = Field(0, ge=0)
+    max_tokens: StrictInt | None = Field(None, ge=0, deprecated=True)
+    max_completion_tokens: StrictInt | None = Field(None, ge=0)
     tools: list[ChatCompletionToolsParam] | None = None
     # None with tools means "auto" (OpenAI's default); see tool_choice.py.
     tool_choice: (Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam
                   | None) = None
-    parallel_tool_calls: bool | None = True
+    parallel_tool_calls: StrictBool | None = True
     # --- vLLM's chat extras ---
-    echo: bool = False
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    add_special_tokens: bool = False
+    echo: StrictBool = False
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -276,186 +293,24 @@ class ChatCompletionRequest(SamplingRequestMixin):
 
 
 # ----------------------------------------------------------------------
-# Completion responses
-# ----------------------------------------------------------------------
-
-class CompletionLogProbs(OpenAIBaseModel):
-    text_offset: list[int] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    tokens: list[str] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-
-
-class CompletionResponseChoice(OpenAIBaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    prompt_logprobs: list[dict[int, dict[str, Any]] | None] | None = None
-    token_ids: list[int] | None = None
-    prompt_token_ids: list[int] | None = None
-
-
-class CompletionResponse(OpenAIBaseModel):
-    id: str = Field(default_factory=lambda: f"cmpl-{random_uuid()}")
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionResponseChoice]
-    system_fingerprint: str | None = None
-    usage: UsageInfo
-
-
-class CompletionResponseStreamChoice(OpenAIBaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    token_ids: list[int] | None = None
-    prompt_token_ids: list[int] | None = None
-
-
-class CompletionStreamResponse(OpenAIBaseModel):
-    id: str = Field(default_factory=lambda: f"cmpl-{random_uuid()}")
-    object: str = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionResponseStreamChoice]
-    usage: UsageInfo | None = Field(default=None)
-
-
-# ----------------------------------------------------------------------
-# Chat responses
-# ----------------------------------------------------------------------
-
-class ChatCompletionLogProb(OpenAIBaseModel):
-    token: str
-    logprob: float = LOGPROB_FLOOR
-    bytes: list[int] | None = None
-
-
-class ChatCompletionLogProbsContent(ChatCompletionLogProb):
-    top_logprobs: list[ChatCompletionLogProb] = Field(default_factory=list)
-
-
-class ChatCompletionLogProbs(OpenAIBaseModel):
-    content: list[ChatCompletionLogProbsContent] | None = None
-
-
-def make_tool_call_id() -> str:
-    return f"chatcmpl-tool-{random_uuid()}"
-
-
-class FunctionCall(OpenAIBaseModel):
-    name: str
-    arguments: str  # the arguments as JSON text
-
-
-class ToolCall(OpenAIBaseModel):
-    id: str = Field(default_factory=make_tool_call_id)
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class DeltaFunctionCall(OpenAIBaseModel):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class DeltaToolCall(OpenAIBaseModel):
-    """A streamed piece of a tool call: the first carries id, type and name."""
-    id: str | None = None
-    type: Literal["function"] | None = None
-    index: int  # the call's position in the message's tool_calls
-    function: DeltaFunctionCall | None = None
-
-
-class ChatMessage(OpenAIBaseModel):
-    role: str
-    content: str | None = None
-    refusal: str | None = None
-    tool_calls: list[ToolCall] = Field(default_factory=list)
-
-
-class ChatCompletionResponseChoice(OpenAIBaseModel):
-    index: int
-    message: ChatMessage
-    logprobs: ChatCompletionLogProbs | None = None
-    finish_reason: str | None = "stop"
-    stop_reason: int | str | None = None
-    token_ids: list[int] | None = None
-
-
-class ChatCompletionResponse(OpenAIBaseModel):
-    id: str = Field(default_factory=lambda: f"chatcmpl-{random_uuid()}")
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionResponseChoice]
-    usage: UsageInfo
-    system_fingerprint: str | None = None
-    prompt_logprobs: list[dict[int, dict[str, Any]] | None] | None = None
-    prompt_token_ids: list[int] | None = None
-
-
-class DeltaMessage(OpenAIBaseModel):
-    role: str | None = None
-    content: str | None = None
-    tool_calls: list[DeltaToolCall] = Field(default_factory=list)
-
-    @model_serializer(mode="wrap")
-    def _drop_absent(self, handler: Any) -> dict[str, Any]:
-        # As upstream's exclude_unset chunks and OpenAI's: a delta carries
-        # `role` only in its first chunk and `tool_calls` only when there are
-        # some (an empty list is truthy in JS: `if (delta.tool_calls)`).
-        data = handler(self)
-        if not data.get("tool_calls"):
-            data.pop("tool_calls", None)
-        if data.get("role") is None:
-            data.pop("role", None)
-        return data
-
-
-class ChatCompletionResponseStreamChoice(OpenAIBaseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatCompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    token_ids: list[int] | None = None
-
-
-class ChatCompletionStreamResponse(OpenAIBaseModel):
-    id: str = Field(default_factory=lambda: f"chatcmpl-{random_uuid()}")
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionResponseStreamChoice]
-    usage: UsageInfo | None = Field(default=None)
-    prompt_token_ids: list[int] | None = None
-
-
-# ----------------------------------------------------------------------
 # Tokenization
 # ----------------------------------------------------------------------
 
 class TokenizeCompletionRequest(OpenAIBaseModel):
     model: str | None = None
     prompt: str
-    add_special_tokens: bool = True
-    return_token_strs: bool | None = False
+    add_special_tokens: StrictBool = True
+    return_token_strs: StrictBool | None = False
 
 
 class TokenizeChatRequest(OpenAIBaseModel):
     model: str | None = None
     messages: Annotated[list[ChatMessageParam], Field(min_length=1,
                                                       max_length=MAX_PROMPTS_PER_REQUEST)]
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    add_special_tokens: bool = False
-    return_token_strs: bool | None = False
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False
+    return_token_strs: StrictBool | None = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ChatCompletionToolsParam] | None = None

@@ -75,18 +75,22 @@ class OpenAIServingChat(OpenAIServing):
                          is not None else request.max_tokens)
             self._validate_input(prompt_ids, requested)
             max_tokens = self.get_max_tokens(len(prompt_ids), requested)
-            params = self.build_sampling_params(
-                request, max_tokens, self._num_logprobs(request),
-                self._num_prompt_logprobs(request))
+            params: Any = (request.to_beam_search_params(max_tokens,
+                                                         self.default_sampling_params)
+                           if request.use_beam_search else self.build_sampling_params(
+                               request, max_tokens, self._num_logprobs(request),
+                               self._num_prompt_logprobs(request)))
         except Exception as e:
             return self.error_from_exception(e)
         prompt = TokensPrompt(prompt_token_ids=prompt_ids)
         if request.cache_salt is not None:
             prompt["cache_salt"] = request.cache_salt
         try:
-            result_generator = await prime(self.engine_client.generate(
-                prompt, params, request_id, prompt_text=prompt_text,
-                priority=request.priority))
+            result_generator = await prime(
+                self.beam_search(prompt, request_id, params, priority=request.priority)
+                if request.use_beam_search else self.engine_client.generate(
+                    prompt, params, request_id, prompt_text=prompt_text,
+                    priority=request.priority))
         except Exception as e:
             if isinstance(e, type(self.engine_client.dead_error)):
                 raise
@@ -114,9 +118,9 @@ class OpenAIServingChat(OpenAIServing):
                 "Chat template is passed with request, but --trust-request-chat-template is "
                 "not set. Refused request with untrusted chat template.",
                 parameter="chat_template")
-        tools = None
-        if request.tools and request.tool_choice != "none":
-            tools = [t.model_dump() for t in request.tools]
+        # As upstream (without --exclude-tools-when-tool-choice-none), the
+        # template sees the tools also under tool_choice "none".
+        tools = [t.model_dump() for t in request.tools] if request.tools else None
         conversation = [m.model_dump(exclude_none=True) for m in request.messages]
         text = apply_hf_chat_template(
             tokenizer, conversation, request.chat_template or self.chat_template, tools,

@@ -116,6 +116,8 @@ class OpenAIServingCompletion(OpenAIServing):
         # Echo-only still runs one step (the engine always samples a token);
         # the sampled token is dropped from the response.
         max_tokens = 1 if echo_only else self.get_max_tokens(len(ids), request.max_tokens)
+        if request.use_beam_search:
+            return self._beam_search(request, ids, text, request_id, max_tokens)
         self._check_logprobs(request.logprobs, request.prompt_logprobs)
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None and prompt_logprobs is None:
@@ -127,6 +129,14 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt["cache_salt"] = request.cache_salt
         return self.engine_client.generate(prompt, params, request_id, prompt_text=text,
                                            priority=request.priority)
+
+    def _beam_search(self, request: CompletionRequest, ids: list[int], text: str | None,
+                     request_id: str, max_tokens: int) -> AsyncIterator[RequestOutput]:
+        params = request.to_beam_search_params(max_tokens, self.default_sampling_params)
+        prompt = TokensPrompt(prompt_token_ids=ids)
+        if text is not None:
+            prompt["prompt"] = text
+        return self.beam_search(prompt, request_id, params, priority=request.priority)
 
     def _check_logprobs(self, *counts: int | None) -> None:
         max_logprobs = self.model_config.max_logprobs

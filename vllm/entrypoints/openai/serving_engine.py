@@ -230,6 +230,100 @@ class OpenAIServing:
             return "response_format"
         return "structured_outputs"
 
+    # ------------------------------------------------------------------
+    # Beam search (`use_beam_search` on completions and chat)
+    # ------------------------------------------------------------------
+
+    async def beam_search(self, prompt: Any, request_id: str, params: Any,
+                          priority: int = 0) -> AsyncIterator[Any]:
+        """Beam search over one tokenized prompt on the engine, as upstream and
+        as `LLM.beam_search`: each step, every live beam is generated for one
+        token with its top 2 * beam_width logprobs (all beams at once); a
+        candidate ending in EOS (unless ignore_eos) is finished, the best
+        beam_width others live on. Yields one finished RequestOutput with the
+        best beam_width sequences, best first (cumulative logprob / length **
+        length_penalty). Cancelling it cancels (aborts) the step in flight."""
+        from vllm.beam_search import BeamSearchInstance, create_sort_beams_key_function
+        from vllm.inputs import TokensPrompt
+        from vllm.outputs import CompletionOutput, RequestOutput
+
+        max_logprobs = self.model_config.max_logprobs
+        if max_logprobs != -1 and 2 * params.beam_width > max_logprobs:
+            raise VLLMValidationError(
+                f"Beam search with n={params.beam_width} needs the top "
+                f"{2 * params.beam_width} logprobs of each step, more than this server "
+                f"allows (--max-logprobs {max_logprobs}).", parameter="n")
+        tokenizer = await self.engine_client.get_tokenizer()
+        eos = tokenizer.eos_token_id
+        prompt_ids = list(prompt["prompt_token_ids"])
+        sort_key = create_sort_beams_key_function(eos, params.length_penalty)
+        step_params = SamplingParams(logprobs=2 * params.beam_width, max_tokens=1,
+                                     temperature=params.temperature)
+        instance = BeamSearchInstance.from_prompt(prompt_ids)
+        for step in range(params.max_tokens):
+            if not instance.beams:
+                break
+            results = await asyncio.gather(*(
+                _final_output(self.engine_client.generate(
+                    TokensPrompt(prompt_token_ids=beam.tokens), step_params,
+                    f"{request_id}-beam{step}-{i}", priority=priority))
+                for i, beam in enumerate(instance.beams)))
+            _extend_beams(instance, results, params, sort_key, eos)
+        best = sorted(instance.completed + instance.beams, key=sort_key,
+                      reverse=True)[:params.beam_width]
+        outputs = []
+        for i, beam in enumerate(best):
+            generated = beam.tokens[len(prompt_ids):]
+            finished_by_eos = beam.finish_reason == "stop"
+            text_ids = generated[:-1] if finished_by_eos else generated
+            token_ids = generated if (params.include_stop_str_in_output
+                                      or not finished_by_eos) else text_ids
+            outputs.append(CompletionOutput(
+                index=i, text=tokenizer.decode(text_ids), token_ids=token_ids,
+                cumulative_logprob=beam.cum_logprob, logprobs=None,
+                finish_reason=beam.finish_reason or "length", stop_reason=beam.stop_reason))
+        yield RequestOutput(request_id=request_id, prompt=prompt.get("prompt"),
+                            prompt_token_ids=prompt_ids, prompt_logprobs=None,
+                            outputs=outputs, finished=True)
+
+
+async def _final_output(generator: AsyncIterator[T]) -> T:
+    """The last item of a generator (closing it, so that a cancel aborts it)."""
+    last = None
+    try:
+        async for item in generator:
+            last = item
+    finally:
+        await generator.aclose()  # type: ignore[attr-defined]
+    assert last is not None, "the engine yields until a request is finished"
+    return last
+
+
+def _extend_beams(instance: Any, results: list[Any], params: Any, sort_key: Any,
+                  eos: int | None) -> None:
+    """One beam search step: every live beam times its candidate tokens; EOS
+    candidates finish (kept with the EOS, which the score does not count)."""
+    from vllm.beam_search import BeamSearchSequence
+
+    candidates = []
+    for beam, result in zip(instance.beams, results):
+        output = result.outputs[0]
+        if output.finish_reason == "error":
+            raise GenerationError()
+        if not output.logprobs:  # finished without a token (aborted)
+            continue
+        for token_id, logprob in output.logprobs[0].items():
+            new_beam = BeamSearchSequence(
+                tokens=beam.tokens + [token_id], logprobs=beam.logprobs + [output.logprobs[0]],
+                cum_logprob=beam.cum_logprob + logprob.logprob)
+            if token_id == eos and not params.ignore_eos:
+                new_beam.finish_reason, new_beam.stop_reason = "stop", eos
+                instance.completed.append(new_beam)
+            else:
+                candidates.append(new_beam)
+    candidates.sort(key=sort_key, reverse=True)
+    instance.beams = candidates[:params.beam_width]
+
 
 # ----------------------------------------------------------------------
 # Logprob formatting

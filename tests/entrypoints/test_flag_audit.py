@@ -39,13 +39,22 @@ EFFECTS = "tests/engine/test_engine_flag_effects.py"
 DEFAULTS = "tests/engine/test_arg_utils_defaults.py"
 ARGS = "tests/engine/test_arg_utils.py"
 
+SCHED = "tests/v1/core/test_scheduler.py"
+CUDAGRAPH = "tests/v1/cudagraph/test_config_and_dispatch.py"
+COMPILE = "tests/compile/test_compile_cpu.py"
+MULTIPROC = "tests/distributed/test_multiproc_executor.py"
+SO_VALIDATION = "tests/entrypoints/test_structured_outputs_validation.py"
+XGRAMMAR = "tests/v1/structured_output/test_backend_xgrammar.py"
+
 AUDIT: dict[str, tuple[str, Any]] = {
     # ---- front end (cli_args.py) ----
     "model_tag": ("tested", f"{SERVING}::test_models_and_meta"),
     "host": ("tested", f"{SERVING}::test_models_and_meta"),
     "port": ("tested", f"{SERVING}::test_models_and_meta"),
-    "uvicorn_log_level": ("tested", f"{FRONTEND}::test_uvicorn_log_level_trace_logs_asgi_messages"),
-    "disable_uvicorn_access_log": ("tested", f"{FRONTEND}::test_access_log_is_on_by_default_and_off_with_the_flag"),
+    "uvicorn_log_level": ("tested", f"{FRONTEND}::"
+                                    "test_uvicorn_log_level_trace_logs_asgi_messages"),
+    "disable_uvicorn_access_log": ("tested", f"{FRONTEND}::"
+                                             "test_access_log_is_on_by_default_and_off_with_the_flag"),
     "allowed_origins": ("tested", f"{FRONTEND}::test_cors_flags"),
     "allow_credentials": ("tested", f"{FRONTEND}::test_cors_flags"),
     "allowed_methods": ("tested", f"{FRONTEND}::test_cors_flags"),
@@ -77,7 +86,7 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "logprobs_mode": ("tested", "tests/samplers/test_logprobs_mode.py::test_processed_logprobs"),
     "revision": ("refused", "main"),
     "quantization": ("refused", "awq"),
-    "enforce_eager": ("tested", "tests/v1/cudagraph/test_config_and_dispatch.py::test_resolution"),
+    "enforce_eager": ("tested", f"{CUDAGRAPH}::test_resolution"),
     "generation_config": ("tested", "tests/entrypoints/test_generation_config.py::"
                                     "test_generation_config_vllm_ignores_the_file"),
     "enable_sleep_mode": ("tested", "tests/entrypoints/openai/test_dev_mode.py::"
@@ -94,7 +103,7 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "kv_cache_memory_bytes": ("tested", "tests/v1/worker/test_gpu_worker.py::"
                                         "test_cpu_kv_cache_budget_sources"),
     "kv_cache_dtype": ("refused", "fp8"),
-    "enable_prefix_caching": ("tested", "tests/v1/core/test_scheduler.py::"
+    "enable_prefix_caching": ("tested", f"{SCHED}::"
                                         "test_prefix_cache_hit_across_requests"),
     "prefix_caching_hash_algo": ("tested", f"{EFFECTS}::"
                                            "test_block_size_and_hash_algo_reach_the_kv_cache"),
@@ -104,49 +113,49 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "max_num_batched_tokens": ("tested", f"{DEFAULTS}::"
                                          "test_llm_with_only_max_num_batched_tokens_runs_chunked"),
     "max_num_seqs": ("tested", f"{DEFAULTS}::test_user_values_are_never_changed"),
-    "enable_chunked_prefill": ("tested", "tests/v1/core/test_scheduler.py::"
+    "enable_chunked_prefill": ("tested", f"{SCHED}::"
                                          "test_chunked_prefill_disabled_stops_at_a_prompt_that_does_not_fit"),
-    "long_prefill_token_threshold": ("tested", "tests/v1/core/test_scheduler.py::"
+    "long_prefill_token_threshold": ("tested", f"{SCHED}::"
                                                "test_long_prefill_token_threshold"),
-    "scheduling_policy": ("tested", "tests/v1/core/test_scheduler.py::"
+    "scheduling_policy": ("tested", f"{SCHED}::"
                                     "test_priority_preemption_victim_is_lowest_priority_latest_arrival"),
     "async_scheduling": ("tested", "tests/v1/engine/test_batch_queue.py::"
                                    "test_two_steps_in_flight_same_tokens"),
     "stream_interval": ("tested", "tests/v1/engine/test_output_processor.py::"
                                   "test_stream_interval_batches_delta_outputs"),
     # ---- ParallelConfig ----
-    "tensor_parallel_size": ("tested", "tests/distributed/test_multiproc_executor.py::"
+    "tensor_parallel_size": ("tested", f"{MULTIPROC}::"
                                        "test_greedy_parity_with_one_worker"),
-    "pipeline_parallel_size": ("tested", "tests/distributed/test_multiproc_executor.py::"
+    "pipeline_parallel_size": ("tested", f"{MULTIPROC}::"
                                          "test_greedy_parity_with_one_worker"),
     "data_parallel_size": ("refused", 2),
-    "distributed_executor_backend": ("tested", "tests/distributed/test_multiproc_executor.py::"
+    "distributed_executor_backend": ("tested", f"{MULTIPROC}::"
                                                "test_backend_choice"),
     # ---- DeviceConfig / AttentionConfig ----
     "device": ("tested", f"{EFFECTS}::test_device_flag"),
     "attention_backend": ("tested", "tests/kernels/test_attention_selector.py::"
                                     "test_attention_backend_flag_reaches_the_selector"),
     # ---- JSON configs: the flag itself, then each field ----
-    "compilation_config": ("tested", "tests/compile/test_compile_cpu.py::"
+    "compilation_config": ("tested", f"{COMPILE}::"
                                      "test_compilation_config_flag_compiles_through_the_engine"),
-    "compilation_config.mode": ("tested", "tests/compile/test_compile_cpu.py::"
+    "compilation_config.mode": ("tested", f"{COMPILE}::"
                                           "test_compilation_config_flag_compiles_through_the_engine"),
-    "compilation_config.backend": ("tested", "tests/compile/test_compile_cpu.py::"
+    "compilation_config.backend": ("tested", f"{COMPILE}::"
                                              "test_compiled_matches_eager_without_recompiles"),
-    "compilation_config.cudagraph_mode": ("tested", "tests/v1/cudagraph/test_config_and_dispatch.py::"
+    "compilation_config.cudagraph_mode": ("tested", f"{CUDAGRAPH}::"
                                                     "test_cli_compilation_config"),
     "compilation_config.cudagraph_capture_sizes": (
         "tested", "tests/v1/cudagraph/test_padding_cpu.py::test_v2_padded_forward_matches_unpadded"),
     "compilation_config.max_cudagraph_capture_size": (
-        "tested", "tests/v1/cudagraph/test_config_and_dispatch.py::"
+        "tested", f"{CUDAGRAPH}::"
                   "test_capture_sizes_default_and_clipping"),
-    "structured_outputs_config": ("tested", "tests/entrypoints/test_structured_outputs_validation.py::"
+    "structured_outputs_config": ("tested", f"{SO_VALIDATION}::"
                                             "test_structured_outputs_config_flag"),
     "structured_outputs_config.backend": ("tested", "tests/v1/structured_output/test_params.py::"
                                                     "test_config_defaults_and_refused_backends"),
     "structured_outputs_config.disable_fallback": ("tested", f"{EFFECTS}::test_disable_fallback"),
     "structured_outputs_config.disable_any_whitespace": (
-        "tested", "tests/v1/structured_output/test_backend_xgrammar.py::"
+        "tested", f"{XGRAMMAR}::"
                   "test_config_disable_any_whitespace"),
     "structured_outputs_config.disable_additional_properties": (
         "tested", f"{EFFECTS}::test_disable_additional_properties"),

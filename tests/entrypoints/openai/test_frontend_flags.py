@@ -2,7 +2,8 @@
 tests/entrypoints/test_flag_audit.py), against two real servers whose output is
 captured to a file:
 
-- `flagged`: two --served-model-name names, CORS lists, --allow-credentials, --response-role, --root-path,
+- `flagged`: two --served-model-name names, CORS lists, --allow-credentials,
+  --response-role, --root-path,
   --enable-force-include-usage, --enable-prompt-tokens-details,
   --enable-log-requests, --trust-request-chat-template, --uvicorn-log-level trace,
   and uvicorn's access log left on (the default);

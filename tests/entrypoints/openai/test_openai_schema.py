@@ -38,11 +38,20 @@ MAX_QUEUED = 8
 MAX_EXAMPLES = 50
 
 
+# The operator routes (VLLM_SERVER_DEV_MODE=1) are fuzzed too; after each
+# /sleep example the engine is woken up, so the next example finds it awake.
+DEV_ROUTES = ("/sleep", "/wake_up", "/is_sleeping", "/reset_prefix_cache", "/collective_rpc")
+_SERVER_URL: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, chat_template_file):
     srv = RemoteOpenAIServer(tiny_model_dir("llama"), default_server_args(chat_template_file)
                              + ["--served-model-name", "tiny",
-                                "--max-num-queued-reqs", str(MAX_QUEUED)])
+                                "--max-num-queued-reqs", str(MAX_QUEUED),
+                                "--enable-sleep-mode"],
+                             env={"VLLM_SERVER_DEV_MODE": "1"})
+    _SERVER_URL["root"] = srv.url_root
     yield srv
     srv.stop()
 
@@ -106,7 +115,12 @@ def test_openapi_stateless(case: schemathesis.Case):
         return  # stateful (none served here yet)
     timeout = (LONG_TIMEOUT_SECONDS if case.operation.path in GENERATION_ROUTES
                else DEFAULT_TIMEOUT_SECONDS)
-    case.call_and_validate(timeout=timeout, headers={"Content-Type": "application/json"})
+    try:
+        case.call_and_validate(timeout=timeout, headers={"Content-Type": "application/json"})
+    finally:
+        if case.operation.path == "/sleep":
+            wake = httpx.post(_SERVER_URL["root"] + "/wake_up", timeout=LONG_TIMEOUT_SECONDS)
+            assert wake.status_code == 200, wake.text
 
 
 def test_schema_declares_the_error_envelope(server):
@@ -124,6 +138,11 @@ def test_schema_declares_the_error_envelope(server):
             assert schema_ref == {"$ref": "#/components/schemas/ErrorResponse"}, path
         assert "422" not in responses and "401" not in responses, path
     assert set(spec["paths"]["/health"]["get"]["responses"]) == {"200", "503"}
+    for path in DEV_ROUTES:
+        operation = next(iter(spec["paths"][path].values()))
+        for status in ("400", "500"):
+            schema_ref = operation["responses"][status]["content"]["application/json"]["schema"]
+            assert schema_ref == {"$ref": "#/components/schemas/ErrorResponse"}, path
     body = spec["paths"]["/invocations"]["post"]["requestBody"]["content"]
     assert len(body["application/json"]["schema"]["anyOf"]) == 2
 

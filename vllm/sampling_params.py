@@ -80,6 +80,14 @@ class StructuredOutputsParams:
 
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise bad("json", "a JSON schema (an object or its JSON text)")
+        if isinstance(self.json, dict):
+            # Before anything copies it (SamplingParams.clone): a schema
+            # thousands of levels deep would exhaust the recursion limit.
+            from vllm.v1.structured_output.utils import check_json_schema_depth
+            try:
+                check_json_schema_depth(self.json)
+            except ValueError as e:
+                raise VLLMValidationError(str(e), parameter="structured_outputs") from e
         for name in ("regex", "grammar", "structural_tag", "whitespace_pattern"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise bad(name, "a string")

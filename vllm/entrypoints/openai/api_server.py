@@ -46,6 +46,9 @@ from vllm.entrypoints.openai.openapi import (GENERATE_RESPONSES, HEALTH_RESPONSE
 from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
                                               CompletionRequest, CompletionResponse,
                                               ErrorInfo, ErrorResponse, ModelList)
+from vllm.entrypoints.openai.request_limits import (RequestBodyLimitMiddleware,
+                                                    default_max_request_body_bytes,
+                                                    prompt_length_bound)
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_models import BaseModelPath, OpenAIServingModels
@@ -260,6 +263,9 @@ def build_app(args: Namespace) -> FastAPI:
     register_vllm_serve_api_routers(app)
     app.include_router(router)
     app.root_path = args.root_path or ""
+    # Innermost of the three: the API key is checked before any body is read,
+    # and a 413 still carries the CORS headers.
+    app.add_middleware(RequestBodyLimitMiddleware)
     app.add_middleware(CORSMiddleware, allow_origins=args.allowed_origins,
                        allow_credentials=args.allow_credentials,
                        allow_methods=args.allowed_methods, allow_headers=args.allowed_headers)
@@ -302,6 +308,10 @@ async def init_app_state(engine_client: EngineClient, state: Any, args: Namespac
     common = dict(enable_force_include_usage=args.enable_force_include_usage,
                   enable_prompt_tokens_details=args.enable_prompt_tokens_details)
     state.engine_client = engine_client
+    state.max_request_body_bytes = (args.max_request_body_bytes
+                                    or default_max_request_body_bytes(model_config.max_model_len))
+    if not model_config.skip_tokenizer_init:
+        prompt_length_bound(await engine_client.get_tokenizer())  # computed once, now
     state.log_stats = not args.disable_log_stats
     state.vllm_config = engine_client.vllm_config
     state.openai_serving_models = models

@@ -51,6 +51,12 @@ def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--shutdown-timeout", type=float, default=0.0,
                        help="On SIGTERM/SIGINT, seconds to let in-flight requests finish "
                        "before they are aborted.")
+    group.add_argument("--max-request-body-bytes", type=int, default=None,
+                       help="Largest request body accepted, in bytes; a larger one gets 413 "
+                       "before it is read (a declared Content-Length) or as soon as it "
+                       "passes the limit (a chunked body). Default: max(16 MiB, 128 x "
+                       "max_model_len), room for a full-context prompt; raise it for "
+                       "batched completions of many long prompts.")
     group.add_argument("--disable-fastapi-docs", action="store_true",
                        help="Disable /docs, /redoc and /openapi.json.")
 
@@ -73,5 +79,7 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
         args.model = args.model_tag
     if args.max_num_queued_reqs is not None and args.max_num_queued_reqs < 1:
         raise ValueError("--max-num-queued-reqs must be at least 1")
+    if args.max_request_body_bytes is not None and args.max_request_body_bytes < 1:
+        raise ValueError("--max-request-body-bytes must be at least 1")
     if args.shutdown_timeout < 0:
         raise ValueError("--shutdown-timeout must be >= 0")

@@ -25,6 +25,7 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionLogProb,
                                               ErrorResponse, PromptTokenUsageInfo,
                                               UsageInfo)
 from vllm.entrypoints.openai import tool_choice
+from vllm.entrypoints.openai.request_limits import check_prompt_text_length
 from vllm.entrypoints.openai.serving_completion import format_prompt_logprobs
 from vllm.entrypoints.openai.serving_engine import (GenerationError, OpenAIServing,
                                                     clamp_logprob, decoded_token, prime,
@@ -127,6 +128,11 @@ class OpenAIServingChat(OpenAIServing):
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
             chat_template_kwargs=request.chat_template_kwargs)
+        if request.truncate_prompt_tokens is None:  # refused before tokenizing
+            check_prompt_text_length(tokenizer, text, self.max_model_len,
+                                     request.max_completion_tokens if request.
+                                     max_completion_tokens is not None else request.max_tokens,
+                                     "messages")
         ids = list(tokenizer.encode(text, add_special_tokens=request.add_special_tokens))
         ids = self._truncate(ids, request.truncate_prompt_tokens, self.max_model_len)
         if not ids:

@@ -17,6 +17,7 @@ from vllm.entrypoints.openai.protocol import (CompletionLogProbs, CompletionRequ
                                               CompletionResponseStreamChoice,
                                               CompletionStreamResponse, ErrorResponse,
                                               UsageInfo)
+from vllm.entrypoints.openai.request_limits import check_prompt_text_length
 from vllm.entrypoints.openai.serving_engine import (GenerationError, OpenAIServing,
                                                     clamp_logprob, decoded_token,
                                                     merge_async_iterators, prime)
@@ -91,6 +92,10 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = []
         for item in raw:
             if isinstance(item, str):
+                if request.truncate_prompt_tokens is None:  # refused before tokenizing
+                    check_prompt_text_length(tokenizer, item, self.max_model_len,
+                                             None if request.echo and request.max_tokens == 0
+                                             else request.max_tokens)
                 ids = list(tokenizer.encode(item, add_special_tokens=request.add_special_tokens))
                 text: str | None = item
             else:

@@ -8,6 +8,7 @@ from vllm.entrypoints.chat_utils import apply_hf_chat_template
 from vllm.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse,
                                               ErrorResponse, TokenizeChatRequest,
                                               TokenizeRequest, TokenizeResponse)
+from vllm.entrypoints.openai.request_limits import check_prompt_text_length, check_token_count
 from vllm.entrypoints.openai.serving_engine import OpenAIServing
 from vllm.exceptions import VLLMValidationError
 
@@ -36,6 +37,11 @@ class OpenAIServingTokenization(OpenAIServing):
                 text = self._render_chat(request, tokenizer)
             else:
                 text = request.prompt
+            # At most max_model_len tokens: refused before tokenizing when the
+            # text alone proves it longer (bounded work per request).
+            check_prompt_text_length(tokenizer, text, self.max_model_len, 0,
+                                     "messages" if isinstance(request, TokenizeChatRequest)
+                                     else "prompt")
             ids = list(tokenizer.encode(text, add_special_tokens=request.add_special_tokens))
         except Exception as e:
             return self.error_from_exception(e)
@@ -63,6 +69,10 @@ class OpenAIServingTokenization(OpenAIServing):
         error = await self._check_model(request)
         if error is not None:
             return error
+        try:
+            check_token_count(len(request.tokens), self.max_model_len, "tokens")
+        except ValueError as e:
+            return self.error_from_exception(e)
         vocab_size = self.model_config.get_vocab_size()
         bad = [t for t in request.tokens if t >= vocab_size]
         if bad:

@@ -20,7 +20,8 @@ from vllm.logger import init_logger
 from vllm.v1.structured_output.backend_types import (StructuredOutputBackend,
                                                      StructuredOutputGrammar,
                                                      StructuredOutputOptions)
-from vllm.v1.structured_output.utils import choice_as_grammar, grammar_is_likely_lark
+from vllm.v1.structured_output.utils import (check_json_schema_depth, choice_as_grammar,
+                                             grammar_is_likely_lark)
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams
@@ -234,11 +235,15 @@ def validate_xgrammar_grammar(sampling_params: "SamplingParams") -> None:
 
 def _check_spec(so: "StructuredOutputsParams") -> None:
     if so.json is not None:
-        if isinstance(so.json, str):
+        schema = so.json
+        if isinstance(schema, str):
             try:
-                json.loads(so.json)
+                schema = json.loads(schema)
             except json.JSONDecodeError as e:
                 raise ValueError(f"Invalid JSON schema (not JSON): {e}") from e
+            except RecursionError as e:
+                raise ValueError("The JSON schema is nested too deeply.") from e
+        check_json_schema_depth(schema)
         if so.whitespace_pattern is not None:
             raise ValueError("whitespace_pattern is not supported by the xgrammar backend; "
                              "use disable_any_whitespace instead.")

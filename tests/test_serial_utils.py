@@ -23,7 +23,7 @@ VLLM_ROOT = pathlib.Path(__file__).resolve().parents[1] / "vllm"
 def _request() -> EngineCoreRequest:
     sp = SamplingParams(temperature=0.7, top_k=5, stop=["x"], max_tokens=9, min_tokens=2,
                         output_kind=RequestOutputKind.DELTA, logprobs=3)
-    sp.update_from_generation_config({}, model_eos_token_id=7)
+    sp.update_from_generation_config({}, eos_token_id=7)
     return EngineCoreRequest(request_id="r-1", prompt_token_ids=[1, 2, 3], mm_features=None,
                              sampling_params=sp, pooling_params=None, eos_token_id=7,
                              arrival_time=12.5, lora_request=None, cache_salt="s",

@@ -308,18 +308,18 @@ class SamplingParams(
         return self._bad_words_token_ids
 
     def update_from_generation_config(self, generation_config: dict[str, Any],
-                                      model_eos_token_id: int | None = None) -> None:
+                                      eos_token_id: int | None = None) -> None:
         """Add the model's extra EOS ids (generation_config.json) to the stop ids."""
-        if model_eos_token_id is not None:
+        if eos_token_id is not None:
             # Known to the stop checks (and min_tokens) even with ignore_eos.
-            self._eos_token_id = model_eos_token_id
-            self._all_stop_token_ids.add(model_eos_token_id)
+            self._eos_token_id = eos_token_id
+            self._all_stop_token_ids.add(eos_token_id)
         eos_ids = generation_config.get("eos_token_id")
         if eos_ids is None:
             return
         eos_ids = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)
-        if model_eos_token_id is not None:
-            eos_ids.discard(model_eos_token_id)
+        if eos_token_id is not None:
+            eos_ids.discard(eos_token_id)
         if eos_ids:
             self._all_stop_token_ids.update(eos_ids)
             if not self.ignore_eos:

@@ -226,6 +226,12 @@ class ModelConfig:
         return self._architecture
 
     @property
+    def is_encoder_decoder(self) -> bool:
+        # Read from the HF config as upstream; no encoder-decoder model is
+        # registered here, so loading one fails on its architecture.
+        return bool(getattr(self.hf_config, "is_encoder_decoder", False))
+
+    @property
     def is_attention_free(self) -> bool:
         return self._model_info.is_attention_free
 

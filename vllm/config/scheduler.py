@@ -30,6 +30,12 @@ class SchedulerConfig:
     stream_interval: int = 1
     max_num_partial_prefills: int = 1
     is_encoder_decoder: bool = False
+    # Fraction of KV cache blocks kept free when admitting a waiting or
+    # preempted request while others run (0 = off), so running ones can grow.
+    watermark: float = 0.0
+    # Upstream: never split one multimodal item across steps. Multimodal
+    # inputs are not built (refused on arrival), so there is nothing to split.
+    disable_chunked_mm_input: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):
@@ -39,6 +45,8 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive.")
         if self.stream_interval < 1:
             raise ValueError("stream_interval must be at least 1.")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}.")
 
     def verify_with_model_len(self, max_model_len: int) -> None:
         self.max_model_len = max_model_len

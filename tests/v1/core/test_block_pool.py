@@ -192,7 +192,36 @@ def test_check_integrity_detects_corruption():
         pool.check_integrity()
 
 
-def test_kv_cache_events_are_not_supported():
-    with pytest.raises(NotImplementedError):
-        BlockPool(num_gpu_blocks=5, enable_caching=True, hash_block_size=4,
-                  enable_kv_cache_events=True)
+def test_kv_cache_events_record_store_evict_and_clear():
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    pool = BlockPool(num_gpu_blocks=4, enable_caching=True, hash_block_size=4,
+                     enable_kv_cache_events=True)
+    req = make_request("0", list(range(10)), 4, sha256)  # two full blocks
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(req, blocks, 0, 1, 4, kv_cache_group_id=0)
+    pool.cache_full_blocks(req, blocks, 1, 2, 4, kv_cache_group_id=0)
+    first, second = pool.take_events()
+    hashes = [maybe_convert_block_hash(h) for h in req.block_hashes]
+    assert isinstance(first, BlockStored) and first.parent_block_hash is None
+    assert first.block_hashes == hashes[:1] and first.token_ids == [0, 1, 2, 3]
+    # The second store chains on the first block's hash.
+    assert second.parent_block_hash == hashes[0] and second.block_hashes == hashes[1:2]
+    assert second.token_ids == [4, 5, 6, 7] and second.group_idx == 0
+    assert pool.take_events() == []  # taken once
+    # Reusing a cached block for someone else evicts it: BlockRemoved.
+    pool.free_blocks(reversed(blocks))  # unhashed block 3 first, then 2, 1
+    pool.get_new_blocks(2)
+    (removed,) = pool.take_events()
+    assert isinstance(removed, BlockRemoved) and removed.block_hashes == hashes[1:2]
+    pool.free_blocks(pool.blocks[2:4])
+    assert pool.reset_prefix_cache()
+    assert isinstance(pool.take_events()[-1], AllBlocksCleared)
+
+
+def test_no_events_recorded_unless_enabled():
+    pool = BlockPool(num_gpu_blocks=4, enable_caching=True, hash_block_size=4)
+    req = make_request("0", list(range(8)), 4, sha256)
+    pool.cache_full_blocks(req, pool.get_new_blocks(2), 0, 2, 4, kv_cache_group_id=0)
+    assert pool.take_events() == []

@@ -27,7 +27,7 @@ def make_request(
 ) -> Request:
     """A real Request whose block hashes use ``block_size`` and ``hash_fn``."""
     sampling_params = SamplingParams(max_tokens=17, prompt_logprobs=prompt_logprobs)
-    sampling_params.update_from_generation_config({}, model_eos_token_id=100)
+    sampling_params.update_from_generation_config({}, eos_token_id=100)
     return Request(
         request_id=request_id,
         prompt_token_ids=prompt_token_ids,

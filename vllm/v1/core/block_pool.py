@@ -1,15 +1,21 @@
 """The pool of KV-cache blocks: allocation, freeing and the prefix cache."""
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from vllm.distributed.kv_events import (MEDIUM_GPU, AllBlocksCleared, BlockRemoved,
+                                        BlockStored, KVCacheEvent)
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_utils import (
     BlockHash,
     BlockHashWithGroupId,
     FreeKVCacheBlockQueue,
     KVCacheBlock,
+    generate_block_hash_extra_keys,
+    get_block_hash,
+    get_group_id,
     make_block_hash_with_group_id,
+    maybe_convert_block_hash,
 )
 
 if TYPE_CHECKING:
@@ -82,7 +88,9 @@ class BlockPool:
         enable_caching: Whether prefix caching is enabled.
         hash_block_size: The block size the request's block hashes are computed
             with; equal to the block size of the (single) KV cache group.
-        enable_kv_cache_events: KV cache events are not supported; must be False.
+        enable_kv_cache_events: Record a `vllm.distributed.kv_events` event
+            for every change to the prefix cache (`take_events()` hands them
+            over): blocks stored, blocks evicted, cache cleared.
     """
 
     def __init__(
@@ -94,8 +102,8 @@ class BlockPool:
     ) -> None:
         if num_gpu_blocks <= 0:
             raise ValueError(f"num_gpu_blocks must be positive, got {num_gpu_blocks}")
-        if enable_kv_cache_events:
-            raise NotImplementedError("KV cache events are not supported.")
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.kv_event_queue: list[KVCacheEvent] = []
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
@@ -149,6 +157,7 @@ class BlockPool:
             return
         assert block_size == self.hash_block_size, "block hashes are per block"
         assert len(request.block_hashes) >= num_full_blocks
+        stored: list[int] = []
         for block_idx in range(num_cached_blocks, num_full_blocks):
             block = blocks[block_idx]
             if block.is_null:
@@ -158,6 +167,11 @@ class BlockPool:
             )
             block.block_hash = key
             self.cached_block_hash_to_block.insert(key, block)
+            stored.append(block_idx)
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(_block_stored_event(
+                request, stored, num_cached_blocks, num_full_blocks, block_size,
+                kv_cache_group_id))
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take ``num_blocks`` blocks from the front of the free queue.
@@ -190,6 +204,10 @@ class BlockPool:
         if self.cached_block_hash_to_block.pop(block_hash, block.block_id) is None:
             return False
         block.reset_hash()
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(BlockRemoved(
+                block_hashes=[maybe_convert_block_hash(get_block_hash(block_hash))],
+                medium=MEDIUM_GPU, group_idx=get_group_id(block_hash)))
         return True
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
@@ -246,6 +264,8 @@ class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         for block in self.blocks:
             block.reset_hash()
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
         logger.info("Successfully reset prefix cache")
         return True
 
@@ -260,10 +280,10 @@ class BlockPool:
             return 0.0
         return 1.0 - self.get_num_free_blocks() / total_blocks
 
-    def take_events(self) -> list:
-        """KV cache events since the last call; always empty, since events
-        cannot be enabled."""
-        return []
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV cache events since the last call (empty when disabled)."""
+        events, self.kv_event_queue = self.kv_event_queue, []
+        return events
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless the pool's invariants hold.
@@ -290,3 +310,32 @@ class BlockPool:
             group = [blocks] if isinstance(blocks, KVCacheBlock) else blocks.values()
             if any(block.block_hash != key for block in group):
                 raise AssertionError("a cached block does not carry its cache key")
+
+
+def _block_stored_event(request: "Request", stored: list[int], num_cached_blocks: int,
+                        num_full_blocks: int, block_size: int,
+                        kv_cache_group_id: int) -> BlockStored:
+    """The event for blocks ``stored`` (indices into the request's blocks)
+    newly cached; the tokens span every block from num_cached_blocks on."""
+    hashes = request.block_hashes
+    parent = (maybe_convert_block_hash(hashes[num_cached_blocks - 1])
+              if num_cached_blocks > 0 else None)
+    extra_keys: list[tuple[Any, ...] | None] = []
+    mm_idx = 0
+    for idx in stored:  # each stored block's own extra keys, in order
+        keys, mm_idx = generate_block_hash_extra_keys(
+            request, idx * block_size, (idx + 1) * block_size, mm_idx)
+        extra_keys.append(keys)
+    lora = request.lora_request
+    return BlockStored(
+        block_hashes=[maybe_convert_block_hash(hashes[idx]) for idx in stored],
+        parent_block_hash=parent,
+        token_ids=list(request.all_token_ids[num_cached_blocks * block_size:
+                                             num_full_blocks * block_size]),
+        block_size=block_size,
+        lora_id=lora.adapter_id if lora else None,
+        medium=MEDIUM_GPU,
+        lora_name=lora.name if lora else None,
+        extra_keys=extra_keys or None,
+        group_idx=kv_cache_group_id,
+    )

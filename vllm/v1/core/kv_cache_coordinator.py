@@ -22,6 +22,17 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
+def _admission_cap(spec: KVCacheSpec, max_in_flight_tokens: int | None,
+                   max_model_len: int) -> int | None:
+    """Most blocks one request of a windowed spec holds at once (the same bound
+    the KV cache was sized with); None for specs that keep every block."""
+    cap = getattr(spec, "max_admission_blocks_per_request", None)
+    if cap is None:
+        return None
+    in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
+    return cap(in_flight, max_model_len)
+
+
 class KVCacheCoordinator(ABC):
     """Fans the KV cache manager's calls out to one manager per group."""
 
@@ -35,6 +46,7 @@ class KVCacheCoordinator(ABC):
         dcp_world_size: int,
         pcp_world_size: int,
         hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
     ) -> None:
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
@@ -52,6 +64,8 @@ class KVCacheCoordinator(ABC):
                 kv_cache_group_id=i,
                 dcp_world_size=dcp_world_size,
                 pcp_world_size=pcp_world_size,
+                max_admission_blocks_per_request=_admission_cap(
+                    group.kv_cache_spec, max_in_flight_tokens, max_model_len),
             )
             for i, group in enumerate(kv_cache_config.kv_cache_groups)
         )
@@ -71,11 +85,13 @@ class KVCacheCoordinator(ABC):
         num_tokens: int,
         new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
         total_computed_tokens: int,
+        apply_admission_cap: bool = False,
     ) -> int:
         """Free blocks all groups together need for ``num_tokens`` slots."""
         return sum(
             manager.get_num_blocks_to_allocate(
-                request_id, num_tokens, new_computed_blocks[i], total_computed_tokens
+                request_id, num_tokens, new_computed_blocks[i], total_computed_tokens,
+                apply_admission_cap=apply_admission_cap,
             )
             for i, manager in enumerate(self.single_type_managers)
         )
@@ -156,10 +172,11 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         dcp_world_size: int,
         pcp_world_size: int,
         hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
     ) -> None:
         super().__init__(kv_cache_config, max_model_len, use_eagle, False,
                          enable_kv_cache_events, dcp_world_size, pcp_world_size,
-                         hash_block_size)
+                         hash_block_size, max_in_flight_tokens)
         self.num_single_type_manager = len(self.single_type_managers)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
@@ -189,18 +206,17 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         assert len(self.single_type_managers) == 1, "one KV cache group expected"
         manager = self.single_type_managers[0]
-        hit_blocks = manager.find_longest_cache_hit(
+        return manager.find_longest_cache_hit(
             block_hashes=block_hashes,
             max_length=max_cache_hit_length,
             kv_cache_group_ids=[0],
             block_pool=self.block_pool,
             kv_cache_spec=manager.kv_cache_spec,
-            use_eagle=self.use_eagle,
+            drop_eagle_block=self.use_eagle,
             alignment_tokens=manager.block_size,
             dcp_world_size=manager.dcp_world_size,
             pcp_world_size=manager.pcp_world_size,
         )
-        return hit_blocks, len(hit_blocks[0]) * manager.block_size
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
@@ -226,6 +242,7 @@ def get_kv_cache_coordinator(
     dcp_world_size: int,
     pcp_world_size: int,
     hash_block_size: int,
+    max_in_flight_tokens: int | None = None,
 ) -> KVCacheCoordinator:
     """The coordinator for this config: no-prefix-cache, or unitary.
 
@@ -244,12 +261,13 @@ def get_kv_cache_coordinator(
     if not enable_caching or not kv_cache_config.kv_cache_groups:
         return KVCacheCoordinatorNoPrefixCache(
             kv_cache_config, max_model_len, use_eagle, enable_kv_cache_events,
-            dcp_world_size, pcp_world_size, hash_block_size,
+            dcp_world_size, pcp_world_size, hash_block_size, max_in_flight_tokens,
         )
     if len(kv_cache_config.kv_cache_groups) == 1:
         return UnitaryKVCacheCoordinator(
             kv_cache_config, max_model_len, use_eagle, enable_caching,
             enable_kv_cache_events, dcp_world_size, pcp_world_size, hash_block_size,
+            max_in_flight_tokens,
         )
     raise NotImplementedError(
         "Prefix caching with several KV cache groups (hybrid models) is not "

@@ -3,13 +3,16 @@
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
-from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.distributed.kv_events import BlockStored
+from vllm.v1.kv_cache_interface import (KVCacheConfig, get_kv_cache_spec_kind,
+                                        get_kv_cache_spec_sliding_window)
 from vllm.v1.metrics.stats import PrefixCacheStats
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 logger = init_logger(__name__)
 
@@ -51,6 +54,29 @@ class KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in range(len(self.blocks))))
 
 
+def _check_unbuilt_args(kv_cache_config: KVCacheConfig, scheduler_block_size: int | None,
+                        dcp_world_size: int, pcp_world_size: int,
+                        num_prefill_lookahead: int, metrics_collector: Any) -> None:
+    """Refuse KVCacheManager arguments for features not built here."""
+    if num_prefill_lookahead:
+        raise NotImplementedError(f"num_prefill_lookahead={num_prefill_lookahead}: "
+                                  "prefill lookahead slots (speculative decoding) are "
+                                  "not built.")
+    if metrics_collector is not None:
+        raise NotImplementedError("metrics_collector: KV cache residency metrics are "
+                                  "not built.")
+    if scheduler_block_size is None or not kv_cache_config.kv_cache_groups:
+        return
+    # One group (or groups of one block size): the scheduler allocates in
+    # that block size, times the context-parallel sizes.
+    sizes = {g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups}
+    expected = sizes.pop() * dcp_world_size * pcp_world_size if len(sizes) == 1 else None
+    if scheduler_block_size != expected:
+        raise NotImplementedError(
+            f"scheduler_block_size={scheduler_block_size}: only the groups' common "
+            f"block size ({expected}) is supported (mixed block sizes are not built).")
+
+
 class KVCacheManager:
     """Allocates KV cache blocks to requests and finds prefix-cache hits.
 
@@ -63,7 +89,7 @@ class KVCacheManager:
         use_eagle: Whether EAGLE speculative decoding is used (the last hit
             block is dropped so that its hidden states are recomputed).
         log_stats: Whether to collect prefix-cache hit statistics.
-        enable_kv_cache_events: KV cache events are not supported.
+        enable_kv_cache_events: Record KV cache events (see `BlockPool`).
         dcp_world_size: Decode context parallel size.
         pcp_world_size: Prefill context parallel size.
     """
@@ -72,15 +98,34 @@ class KVCacheManager:
         self,
         kv_cache_config: KVCacheConfig,
         max_model_len: int,
-        hash_block_size: int,
+        scheduler_block_size: int | None = None,
+        hash_block_size: int | None = None,
+        max_in_flight_tokens: int | None = None,
         enable_caching: bool = True,
         use_eagle: bool = False,
+        num_prefill_lookahead: int = 0,
         log_stats: bool = False,
         enable_kv_cache_events: bool = False,
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
+        metrics_collector: Any | None = None,
+        watermark: float = 0.0,
     ) -> None:
+        _check_unbuilt_args(kv_cache_config, scheduler_block_size, dcp_world_size,
+                            pcp_world_size, num_prefill_lookahead, metrics_collector)
+        if hash_block_size is None:
+            raise TypeError("KVCacheManager needs hash_block_size")
+        if watermark < 0.0:
+            raise ValueError(f"watermark must be non-negative, got {watermark}")
         self.max_model_len = max_model_len
+        # Tokens scheduled but not yet processed (upstream sizes admission caps
+        # of windowed attention with it); defaults to max_model_len.
+        self.max_in_flight_tokens = (max_model_len if max_in_flight_tokens is None
+                                     else max_in_flight_tokens)
+        # Blocks kept free when admitting waiting / preempted requests while
+        # others are running, so that the running ones can grow.
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.enable_kv_cache_events = enable_kv_cache_events
         self.enable_caching = enable_caching
         self.use_eagle = use_eagle
         self.log_stats = log_stats
@@ -94,6 +139,7 @@ class KVCacheManager:
             dcp_world_size=dcp_world_size,
             pcp_world_size=pcp_world_size,
             hash_block_size=hash_block_size,
+            max_in_flight_tokens=self.max_in_flight_tokens,
         )
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
@@ -103,6 +149,10 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(
             tuple(() for _ in range(self.num_kv_cache_groups))
         )
+
+    def new_step_starts(self) -> None:
+        """Upstream's per-step hook (its Mamba prefix-caching mode keeps state
+        per step); no manager here keeps any, so there is nothing to reset."""
 
     @property
     def usage(self) -> float:
@@ -158,6 +208,9 @@ class KVCacheManager:
         num_external_computed_tokens: int = 0,
         delay_cache_blocks: bool = False,
         num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
     ) -> KVCacheBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens.
 
@@ -176,6 +229,12 @@ class KVCacheManager:
                 in a later step, e.g. through a KV transfer).
             num_encoder_tokens: Encoder tokens for cross-attention; must be 0
                 (encoder-decoder models are not supported).
+            full_sequence_must_fit: Admission gate: allocate only if blocks for
+                the whole sequence (request.num_tokens, hits counted) are free,
+                not just for this step's chunk.
+            reserved_blocks: Free blocks to leave for other in-flight requests.
+            has_scheduled_reqs: Whether other requests already run this step;
+                the watermark applies to waiting / preempted requests only then.
 
         Token ranges of the request, left to right (the block table covers
         them in order):
@@ -238,6 +297,17 @@ class KVCacheManager:
         # With async scheduling, num_computed_tokens already counts the tokens
         # of the step still running, whose attention reads one window back
         # from them: free relative to the tokens actually processed.
+        watermark_blocks = 0
+        if has_scheduled_reqs and request.status in (RequestStatus.WAITING,
+                                                     RequestStatus.PREEMPTED):
+            watermark_blocks = self.watermark_blocks
+        if full_sequence_must_fit:
+            full_num_tokens = min(request.num_tokens, self.max_model_len)
+            needed = self.coordinator.get_num_blocks_to_allocate(
+                request.request_id, full_num_tokens, new_computed_block_list,
+                total_computed_tokens, apply_admission_cap=True)
+            if needed + watermark_blocks > self.block_pool.get_num_free_blocks():
+                return None
         self.coordinator.remove_skipped_blocks(
             request.request_id,
             max(0, total_computed_tokens - request.num_output_placeholders),
@@ -248,7 +318,8 @@ class KVCacheManager:
             new_computed_block_list,
             total_computed_tokens,
         )
-        if num_blocks_to_allocate > self.block_pool.get_num_free_blocks():
+        available_blocks = self.block_pool.get_num_free_blocks() - reserved_blocks
+        if num_blocks_to_allocate + watermark_blocks > available_blocks:
             return None
 
         # Reference the hits first, so that taking new blocks cannot evict them.
@@ -299,8 +370,17 @@ class KVCacheManager:
         return self.coordinator.get_num_common_prefix_blocks(running_request_id)
 
     def take_events(self) -> list:
-        """KV cache events since the last call (always empty: unsupported)."""
-        return self.block_pool.take_events()
+        """The KV cache events since the last call (see `BlockPool`); stored
+        blocks are labelled with their group's spec kind and window here (the
+        pool knows blocks, not specs)."""
+        events = self.block_pool.take_events()
+        groups = self.kv_cache_config.kv_cache_groups
+        for event in events:
+            if isinstance(event, BlockStored) and event.group_idx is not None:
+                spec = groups[event.group_idx].kv_cache_spec
+                event.kv_cache_spec_kind = get_kv_cache_spec_kind(spec).value
+                event.kv_cache_spec_sliding_window = get_kv_cache_spec_sliding_window(spec)
+        return events
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """The blocks of a request."""

@@ -149,6 +149,15 @@ class KVCacheBlock:
         assert self._block_hash is None, "The block already has a hash."
         self._block_hash = block_hash
 
+    def set_block_hash(self, block_hash: BlockHashWithGroupId,
+                       num_tokens: int | None = None) -> None:
+        """Upstream's setter. ``num_tokens`` (tokens the hash covers) is for
+        partially filled cached blocks, which are not built: a hash here always
+        covers a full block, so only None is accepted."""
+        if num_tokens is not None:
+            raise NotImplementedError("Caching partially filled blocks is not built.")
+        self.block_hash = block_hash
+
     def reset_hash(self) -> None:
         """Forget the hash when the block is evicted from the prefix cache."""
         self._block_hash = None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from vllm.utils import cdiv
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
-from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, CrossAttentionSpec,
+from vllm.v1.kv_cache_interface import (AttentionSpec, ChunkedLocalAttentionSpec, CrossAttentionSpec,
                                         FullAttentionSpec, KVCacheSpec, MambaSpec,
                                         MLAAttentionSpec, RSWASpec, SinkFullAttentionSpec,
                                         SlidingWindowMLASpec, SlidingWindowSpec)
@@ -44,10 +44,28 @@ class SingleTypeKVCacheManager(ABC):
         block_pool: BlockPool,
         enable_caching: bool,
         kv_cache_group_id: int,
+        scheduler_block_size: int | None = None,
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
+        needs_kv_cache_zeroing: bool = False,
+        max_admission_blocks_per_request: int | None = None,
     ) -> None:
         self.block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+        # The scheduler's allocation granularity; a multiple of block_size
+        # only with groups of mixed block sizes, which are not built.
+        if scheduler_block_size is not None and scheduler_block_size != self.block_size:
+            raise NotImplementedError(
+                f"scheduler_block_size={scheduler_block_size} differs from the group's "
+                f"block size {self.block_size}: mixed block sizes are not built.")
+        self.scheduler_block_size = self.block_size
+        # Per-request block cap of the admission check (windowed specs recycle
+        # blocks, so a request never holds more than this); None = no cap.
+        self._max_admission_blocks_per_request = max_admission_blocks_per_request
+        # Attention blocks handed out since the last take_new_block_ids(),
+        # when the worker must zero new blocks before use.
+        self._record_new_block_ids = needs_kv_cache_zeroing and isinstance(
+            kv_cache_spec, AttentionSpec)
+        self.new_block_ids: list[int] = []
         self.dcp_world_size = dcp_world_size
         self.pcp_world_size = pcp_world_size
         self.kv_cache_spec = kv_cache_spec
@@ -67,6 +85,9 @@ class SingleTypeKVCacheManager(ABC):
         num_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock],
         total_computed_tokens: int,
+        num_local_computed_tokens: int | None = None,
+        num_tokens_main_model: int | None = None,
+        apply_admission_cap: bool = False,
     ) -> int:
         """Free blocks needed to give the request ``num_tokens`` slots.
 
@@ -75,12 +96,23 @@ class SingleTypeKVCacheManager(ABC):
             num_tokens: Tokens that need a slot, including already allocated.
             new_computed_blocks: Prefix-cache hits about to be added.
             total_computed_tokens: Tokens computed once the hits are added.
+            num_local_computed_tokens, num_tokens_main_model: upstream's
+                split of the above for KV connectors / speculative decoding
+                (not built): only used to check they say the same.
+            apply_admission_cap: Cap the blocks a request needs at
+                max_admission_blocks_per_request (admission checks).
 
         Returns:
             New blocks to take, plus hit blocks that are currently free (taking
             a reference pulls them out of the free queue too).
         """
+        assert num_tokens_main_model is None or num_tokens_main_model <= num_tokens
+        assert (num_local_computed_tokens is None
+                or num_local_computed_tokens <= total_computed_tokens)
         num_required_blocks = cdiv(num_tokens, self.block_size)
+        if apply_admission_cap and self._max_admission_blocks_per_request is not None:
+            num_required_blocks = min(num_required_blocks,
+                                      self._max_admission_blocks_per_request)
         num_req_blocks = len(self.req_to_blocks.get(request_id, ()))
         if request_id in self.num_cached_block:
             # A running request gets no new prefix hits.
@@ -127,8 +159,11 @@ class SingleTypeKVCacheManager(ABC):
         # Hits are cached already; cache_blocks() must not hash them again.
         self.num_cached_block[request_id] = len(req_blocks)
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+    def allocate_new_blocks(self, request_id: str, num_tokens: int,
+                            num_tokens_main_model: int | None = None) -> list[KVCacheBlock]:
         """Append blocks until the request has ``num_tokens`` slots.
+        (``num_tokens_main_model``: upstream's count without draft-model
+        lookahead slots; without speculative decoding it is num_tokens.)
 
         Returns:
             The newly taken blocks (possibly none).
@@ -139,7 +174,19 @@ class SingleTypeKVCacheManager(ABC):
             return []
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
         req_blocks.extend(new_blocks)
+        if self._record_new_block_ids:
+            self.new_block_ids.extend(block.block_id for block in new_blocks)
         return new_blocks
+
+    @property
+    def records_new_block_ids(self) -> bool:
+        """Whether the worker zeroes this manager's new blocks."""
+        return self._record_new_block_ids
+
+    def take_new_block_ids(self) -> list[int]:
+        """The block ids handed out since the last call."""
+        ids, self.new_block_ids = self.new_block_ids, []
+        return ids
 
     def cache_blocks(self, request: "Request", num_tokens: int) -> None:
         """Register the request's full blocks among its first ``num_tokens``
@@ -206,11 +253,11 @@ class SingleTypeKVCacheManager(ABC):
         kv_cache_group_ids: list[int],
         block_pool: BlockPool,
         kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
+        drop_eagle_block: bool,
         alignment_tokens: int,
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """The longest usable prefix-cache hit of at most ``max_length`` tokens.
 
         Args:
@@ -220,23 +267,24 @@ class SingleTypeKVCacheManager(ABC):
                 a block hits only if it is cached in all of them.
             block_pool: The block pool.
             kv_cache_spec: The groups' spec.
-            use_eagle: Drop the last hit block: EAGLE must recompute it to get
-                the hidden states its draft head needs.
+            drop_eagle_block: Drop the last hit block: EAGLE must recompute it
+                to get the hidden states its draft head needs.
             alignment_tokens: The hit length must be a multiple of this.
             dcp_world_size: Decode context parallel size.
             pcp_world_size: Prefill context parallel size.
 
         Returns:
-            Per group, the hit blocks; blocks the attention skips are null
-            blocks (e.g. ``[NULL, NULL, 7, 8]`` for a sliding window of two
-            blocks).
+            Per group, the hit blocks (blocks the attention skips are null
+            blocks, e.g. ``[NULL, NULL, 7, 8]`` for a sliding window of two
+            blocks), and the hit length in tokens.
         """
         block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
         # Positional, in field order: each argument is named as its field.
-        return cls._find_hit(CacheHitSearch(
+        hit_blocks = cls._find_hit(CacheHitSearch(
             block_hashes, max_length // block_size, kv_cache_group_ids, block_pool,
-            kv_cache_spec, use_eagle, alignment_tokens, block_size, max_length,
+            kv_cache_spec, drop_eagle_block, alignment_tokens, block_size, max_length,
         ))
+        return hit_blocks, len(hit_blocks[0]) * block_size if hit_blocks else 0
 
     @classmethod
     @abstractmethod

@@ -23,6 +23,9 @@ class _UnbuiltManager(SingleTypeKVCacheManager):
     def _find_hit(cls, search):  # pragma: no cover - never constructed
         raise NotImplementedError
 
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:  # pragma: no cover
+        raise NotImplementedError
+
 
 class CrossAttentionManager(_UnbuiltManager):
     """Cross-attention layers (encoder-decoder models)."""

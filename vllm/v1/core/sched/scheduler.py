@@ -46,6 +46,7 @@ class Scheduler(SchedulerInterface):
         kv_cache_config: KVCacheConfig,
         structured_output_manager: StructuredOutputManager,
         block_size: int | None = None,
+        hash_block_size: int | None = None,
         mm_registry: Any | None = None,
         include_finished_set: bool = False,
         log_stats: bool = False,
@@ -93,9 +94,15 @@ class Scheduler(SchedulerInterface):
         self.kv_cache_manager = KVCacheManager(
             kv_cache_config=kv_cache_config,
             max_model_len=self.max_model_len,
-            hash_block_size=self.block_size,
+            scheduler_block_size=self.block_size,
+            hash_block_size=hash_block_size or self.block_size,
+            # Tokens scheduled but not yet processed: one full budget per batch
+            # in flight (upstream's VllmConfig.max_in_flight_tokens).
+            max_in_flight_tokens=(vllm_config.max_concurrent_batches
+                                  * self.max_num_scheduled_tokens),
             enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats,
+            watermark=self.scheduler_config.watermark,
         )
         self.use_pp = self.parallel_config.pipeline_parallel_size > 1
         # Model Runner V2 wants resumed requests re-sent whole (see
@@ -249,6 +256,7 @@ class Scheduler(SchedulerInterface):
                 num_new_tokens,
                 num_new_computed_tokens=num_computed_tokens,
                 new_computed_blocks=new_computed_blocks,
+                has_scheduled_reqs=bool(step.num_scheduled_tokens),
             )
             if new_blocks is None:
                 # Out of KV blocks: later requests would not fit either.

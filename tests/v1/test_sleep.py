@@ -106,3 +106,18 @@ def test_sleep_in_process(tiny_model_dir, monkeypatch):
         assert _tokens(inproc) == reference
     finally:
         inproc.llm_engine.shutdown()
+
+
+def test_sleep_with_tensor_parallelism(tiny_model_dir, monkeypatch):
+    """tp=2 (MultiprocExecutor): every worker frees and reloads its shard."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    tp = LLM(tiny_model_dir("llama"), dtype="float32", max_model_len=64,
+             kv_cache_memory_bytes=4 * MiB, enable_sleep_mode=True, tensor_parallel_size=2)
+    try:
+        reference = _tokens(tp)
+        tp.sleep(2)
+        assert tp.llm_engine.is_sleeping()
+        tp.wake_up()
+        assert _tokens(tp) == reference
+    finally:
+        tp.llm_engine.shutdown()

@@ -121,3 +121,23 @@ def test_sleep_with_tensor_parallelism(tiny_model_dir, monkeypatch):
         assert _tokens(tp) == reference
     finally:
         tp.llm_engine.shutdown()
+
+
+def test_what_cannot_sleep_is_refused_before_anything_is_freed(tiny_model_dir):
+    """CUDA graphs keep the addresses sleep would free; a compiled model keeps
+    weights that level 2's reload would not reach (worker_sleep.py)."""
+    from vllm.config.compilation import CompilationMode, CUDAGraphMode
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.core import validate_sleep_args
+
+    config = EngineArgs(tiny_model_dir("llama"), max_model_len=64,
+                        enable_sleep_mode=True).create_engine_config()
+    validate_sleep_args(config, 2, "abort")
+    config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    with pytest.raises(ValueError, match="CUDA graphs.*--enforce-eager"):
+        validate_sleep_args(config, 1, "abort")
+    config.compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+    config.compilation_config.mode = CompilationMode(3)
+    validate_sleep_args(config, 1, "abort")
+    with pytest.raises(ValueError, match="level 2"):
+        validate_sleep_args(config, 2, "abort")

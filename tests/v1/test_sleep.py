@@ -69,7 +69,7 @@ def test_wake_up_in_parts(llm):
 @pytest.mark.parametrize("call,match", [
     (lambda llm: llm.sleep(3), "level"),
     (lambda llm: llm.sleep(True), "level"),
-    (lambda llm: llm.sleep(1, mode="wait"), "not built"),
+    (lambda llm: llm.sleep(1, mode="keep"), "not built"),
     (lambda llm: llm.wake_up(["bogus"]), "tags"),
 ])
 def test_bad_arguments_are_refused(llm, call, match):
@@ -128,7 +128,7 @@ def test_what_cannot_sleep_is_refused_before_anything_is_freed(tiny_model_dir):
     weights that level 2's reload would not reach (worker_sleep.py)."""
     from vllm.config.compilation import CompilationMode, CUDAGraphMode
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.engine.core import validate_sleep_args
+    from vllm.v1.engine.core_sleep import validate_sleep_args
 
     config = EngineArgs(tiny_model_dir("llama"), max_model_len=64,
                         enable_sleep_mode=True).create_engine_config()
@@ -141,3 +141,19 @@ def test_what_cannot_sleep_is_refused_before_anything_is_freed(tiny_model_dir):
     validate_sleep_args(config, 1, "abort")
     with pytest.raises(ValueError, match="level 2"):
         validate_sleep_args(config, 2, "abort")
+
+
+def test_mode_wait_offline(llm):
+    """LLM steps its requests itself: "wait" sleeps at once when none is in
+    flight, and is refused (not deadlocked) while one is."""
+    reference = _tokens(llm)
+    engine = llm.llm_engine
+    engine.add_request("in-flight", "Hello", GREEDY)
+    with pytest.raises(ValueError, match="wait"):
+        llm.sleep(1, mode="wait")
+    while engine.has_unfinished_requests():
+        engine.step()
+    llm.sleep(1, mode="wait")
+    assert engine.is_sleeping()
+    llm.wake_up()
+    assert _tokens(llm) == reference

@@ -203,6 +203,36 @@ def test_sleep_aborts_requests_in_flight(server):
     assert len(_greedy(server)) == len(PROMPTS)
 
 
+def test_sleep_mode_wait_lets_requests_in_flight_finish(server):
+    """Mode "wait": the running request completes; one sent meanwhile is held
+    until /wake_up; /sleep answers once the engine is asleep."""
+    reference = _greedy(server)
+    stream = server.get_client().completions.create(
+        model=server_model(server), prompt="Hello", max_tokens=64, temperature=0,
+        stream=True, extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    next(chunks)  # the request is running
+    result: dict = {}
+    sleeper = threading.Thread(target=lambda: result.setdefault(
+        "sleep", _post(server, "/sleep", level=1, mode="wait")))
+    sleeper.start()
+    deadline = time.monotonic() + 30
+    while not _is_sleeping(server):  # the sleep is pending in the core
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    late = threading.Thread(target=lambda: result.setdefault("late", _greedy(server)))
+    late.start()
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == "length"
+    sleeper.join(timeout=60)
+    assert result["sleep"].status_code == 200, result["sleep"].text
+    late.join(timeout=2)
+    assert late.is_alive(), "a request sent during a 'wait' sleep was served"
+    assert _post(server, "/wake_up").status_code == 200
+    late.join(timeout=60)
+    assert result["late"] == reference
+
+
 def test_reset_prefix_cache(server):
     """After a reset a repeated prompt no longer hits the prefix cache."""
     client = server.get_client()

@@ -35,7 +35,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import cached_tokenizer_from_config
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
-from vllm.v1.engine.core import validate_sleep_args, validate_wake_up_tags
+from vllm.v1.engine.core_sleep import validate_sleep_args, validate_wake_up_tags
 from vllm.v1.engine.core_client import EngineCoreClient
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError, QueueOverflowError
 from vllm.v1.engine.input_processor import InputProcessor
@@ -374,7 +374,8 @@ class AsyncLLM(EngineClient):
 
     async def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """Put the engine to sleep. Mode "abort": the requests in flight end
-        with finish_reason "abort"; requests submitted while asleep wait for
+        with finish_reason "abort"; "wait": they finish first (this returns
+        once the engine is asleep). Requests submitted while asleep wait for
         `wake_up`, as upstream."""
         validate_sleep_args(self.vllm_config, level, mode)
         await self.engine_core.sleep_async(level, mode)

@@ -35,8 +35,8 @@ from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import (generate_scheduler_kv_cache_config,
                                          get_kv_cache_configs, get_request_block_hasher,
                                          init_none_hash)
-from vllm.v1.engine import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
-                            FinishReason)
+from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
+from vllm.v1.engine.core_sleep import EngineCoreSleepMixin
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -50,8 +50,9 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-class EngineCore:
-    """Inner loop of vLLM's engine: owns the scheduler and the model executor."""
+class EngineCore(EngineCoreSleepMixin):
+    """Inner loop of vLLM's engine: owns the scheduler and the model executor.
+    Sleep mode (sleep / wake_up / is_sleeping) is in core_sleep.py."""
 
     def __init__(self, vllm_config: VllmConfig, executor_class: type["Executor"],
                  log_stats: bool,
@@ -105,9 +106,7 @@ class EngineCore:
         # grammar bitmask needs their tokens): (forward-pass future, step).
         self._deferred_sampling: tuple[Future, SchedulerOutput] | None = None
         self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue
-        # Sleep mode: no step is scheduled while paused (requests that arrive
-        # wait in the scheduler's queue until wake_up).
-        self._paused = False
+        self._init_sleep_state()  # core_sleep.py
 
     def _initialize_kv_caches(self, vllm_config: VllmConfig) -> tuple[int, "KVCacheConfig"]:
         """Plan the KV cache from the workers' specs and free memory; allocate it.
@@ -140,6 +139,10 @@ class EngineCore:
             raise TypeError(f"request_id must be a string, got {type(request.request_id)}")
         if request.pooling_params is not None:
             raise ValueError("Pooling requests are not supported yet.")
+        if not self._hold_request(request):  # held while a "wait" sleep is pending
+            self._admit_request(request)
+
+    def _admit_request(self, request: Request) -> None:
         if request.use_structured_output:
             # Compiles in the background; the scheduler waits for it.
             self.structured_output_manager.grammar_init(request)
@@ -147,6 +150,7 @@ class EngineCore:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort requests (unknown or finished ids are ignored)."""
+        self._abort_held(request_ids)
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     # ------------------------------------------------------------------
@@ -264,71 +268,6 @@ class EngineCore:
                        args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
         return self.model_executor.collective_rpc(method, timeout, args, kwargs)
 
-    # ------------------------------------------------------------------
-    # Sleep mode (upstream: EngineCore.sleep / wake_up / is_sleeping)
-    # ------------------------------------------------------------------
-
-    def sleep(self, level: int = 1, mode: str = "abort") -> None:
-        """Stop scheduling, abort every request (mode "abort"), and at level
-        1 give back the KV cache, at level 2 the weights too (level 0 only
-        pauses). Requests added while asleep wait for `wake_up`."""
-        validate_sleep_args(self.vllm_config, level, mode)
-        self._paused = True
-        self._abort_all_and_drain()
-        if level >= 1:
-            # The KV cache's content is about to be forgotten.
-            if not self.scheduler.reset_prefix_cache():
-                raise RuntimeError("The prefix cache could not be reset before sleeping.")
-            self.model_executor.sleep(level)
-        logger.info("Engine asleep (level %d).", level)
-
-    def wake_up(self, tags: list[str] | None = None) -> None:
-        """Take back the memory of `tags` ("weights", "kv_cache"; None: all)
-        and resume scheduling once nothing is asleep ("scheduling" resumes
-        after a level-0 sleep)."""
-        validate_wake_up_tags(self.vllm_config, tags)
-        memory_tags = None if tags is None else [t for t in tags if t != "scheduling"]
-        if memory_tags is None or memory_tags:
-            self.model_executor.wake_up(memory_tags)
-        if self.model_executor.is_sleeping:
-            # Upstream resumes anyway; a step without weights or KV cache
-            # would fail, so scheduling waits for the rest of the wake-up.
-            logger.info("Still asleep: %s; scheduling resumes when they wake up.",
-                        sorted(self.model_executor.sleeping_tags))
-            return
-        self._paused = False
-        logger.info("Engine awake.")
-
-    def is_sleeping(self) -> bool:
-        return self._paused or self.model_executor.is_sleeping
-
-    def _abort_all_and_drain(self) -> None:
-        """Abort every request, tell their clients, and step until the
-        workers have dropped them and no step is in flight."""
-        aborted = [r for r in self.scheduler.requests.values() if not r.is_finished()]
-        self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
-        by_client: dict[int, list[EngineCoreOutput]] = {}
-        for request in aborted:
-            by_client.setdefault(request.client_index, []).append(EngineCoreOutput(
-                request_id=request.request_id, new_token_ids=[],
-                finish_reason=FinishReason.ABORT))
-        self._emit_outputs({i: EngineCoreOutputs(outputs=outs) for i, outs in by_client.items()})
-        for _ in range(_MAX_DRAIN_STEPS):
-            if not (self.scheduler.has_requests() or self.batch_queue
-                    or self._deferred_sampling is not None):
-                return
-            outputs, _ = self.step_fn()
-            self._emit_outputs(outputs or {})
-        raise RuntimeError("The engine did not drain its steps before sleeping.")
-
-    def _emit_outputs(self, outputs: dict[int, EngineCoreOutputs]) -> None:
-        """Outputs made outside `step` (sleep's aborts). In process, the front
-        end aborts its own requests before it puts the engine to sleep, so
-        there is nobody to send them to; EngineCoreProc sends them."""
-        if any(o.outputs for o in outputs.values()):
-            logger.debug("Dropping %d outputs made while going to sleep.",
-                         sum(len(o.outputs) for o in outputs.values()))
-
     def shutdown(self) -> None:
         if getattr(self, "model_executor", None) is not None:
             self.model_executor.shutdown()
@@ -336,47 +275,6 @@ class EngineCore:
             self.scheduler.shutdown()
         if getattr(self, "structured_output_manager", None) is not None:
             self.structured_output_manager.clear_backend()
-
-
-# Steps sleep() may take to let the workers drop the aborted requests.
-_MAX_DRAIN_STEPS = 64
-SLEEP_LEVELS = (0, 1, 2)
-SLEEP_MODES = ("abort", "wait", "keep")
-
-
-def validate_sleep_args(vllm_config: VllmConfig, level: Any, mode: Any) -> None:
-    """ValueError (a 400 on the server) for a sleep this engine cannot do;
-    called by the front end too, before anything is sent to the core."""
-    _require_sleep_mode(vllm_config)
-    if type(level) is not int or level not in SLEEP_LEVELS:
-        raise ValueError(f"Sleep level must be one of {list(SLEEP_LEVELS)}, got {level!r}.")
-    if mode not in SLEEP_MODES:
-        raise ValueError(f"Sleep mode must be one of {list(SLEEP_MODES)}, got {mode!r}.")
-    if mode != "abort":
-        raise ValueError(f"Sleep mode {mode!r} (keep or wait for the requests in flight) is "
-                         "not built yet; mode 'abort' aborts them.")
-    if level >= 1:
-        from vllm.v1.worker.worker_sleep import check_sleep_supported
-
-        check_sleep_supported(vllm_config, level)
-
-
-def validate_wake_up_tags(vllm_config: VllmConfig, tags: Any) -> None:
-    _require_sleep_mode(vllm_config)
-    if tags is None:
-        return
-    known = ("weights", "kv_cache", "scheduling")
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        raise ValueError(f"Wake-up tags must be a list of strings, got {tags!r}.")
-    unknown = sorted(set(tags) - set(known))
-    if unknown:
-        raise ValueError(f"Unknown wake-up tags {unknown}; the tags are {list(known)}.")
-
-
-def _require_sleep_mode(vllm_config: VllmConfig) -> None:
-    if not vllm_config.model_config.enable_sleep_mode:
-        raise ValueError("Sleep mode is not enabled: start the engine with "
-                         "enable_sleep_mode=True (--enable-sleep-mode).")
 
 
 def __getattr__(name: str) -> Any:

@@ -120,7 +120,10 @@ class InprocClient(EngineCoreClient):
         return self.engine_core.collective_rpc(method, timeout, args, kwargs)
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
-        self.engine_core.sleep(level, mode)
+        pending = self.engine_core.sleep(level, mode)
+        # In process nothing steps the engine while the caller waits here:
+        # LLMEngine.sleep refuses mode "wait" while requests are in flight.
+        assert pending is None, "sleep mode 'wait' with requests in flight, in process"
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.engine_core.wake_up(tags)

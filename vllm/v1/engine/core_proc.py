@@ -25,6 +25,7 @@ import queue
 import signal
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +172,8 @@ class EngineCoreProc(EngineCore):
     def _has_work(self) -> bool:
         if self._paused:
             return False  # asleep: only input (wake_up) is handled
+        if self._pending_sleep is not None:
+            return True  # a "wait" sleep falls asleep from the step loop
         batch_queue = getattr(self, "batch_queue", None)
         return self.engines_running or self.scheduler.has_requests() or bool(batch_queue)
 
@@ -199,6 +202,7 @@ class EngineCoreProc(EngineCore):
         # step_with_batch_queue returns None while its first batch is in flight.
         for output in (outputs.items() if outputs else ()):
             self.output_queue.put_nowait(output)
+        self._maybe_fall_asleep()  # sleep mode "wait", once nothing is in flight
         return model_executed
 
     def _handle_client_request(self, request_type: EngineCoreRequestType,
@@ -231,10 +235,26 @@ class EngineCoreProc(EngineCore):
             if method_name.startswith("_") or method_name in _NOT_UTILITIES:
                 raise AttributeError(f"{method_name} is not a utility method")
             method = getattr(self, method_name)
-            output.result = UtilityResult(method(*args))
+            result = method(*args)
+            if isinstance(result, Future):
+                # Answered when it resolves (sleep mode "wait"), on the busy loop.
+                result.add_done_callback(
+                    lambda f: self._send_utility_future(client_idx, call_id, method_name, f))
+                return
+            output.result = UtilityResult(result)
         except Exception as e:
             logger.exception("Invocation of %s method failed", method_name)
             output.failure_message = f"Call to {method_name} method failed: {e}"
+        self.output_queue.put_nowait((client_idx, EngineCoreOutputs(utility_output=output)))
+
+    def _send_utility_future(self, client_idx: int, call_id: int, method_name: str,
+                             future: Future) -> None:
+        output = UtilityOutput(call_id)
+        if (e := future.exception()) is not None:
+            logger.error("Invocation of %s method failed: %s", method_name, e)
+            output.failure_message = f"Call to {method_name} method failed: {e}"
+        else:
+            output.result = UtilityResult(future.result())
         self.output_queue.put_nowait((client_idx, EngineCoreOutputs(utility_output=output)))
 
     def _emit_outputs(self, outputs: dict[int, EngineCoreOutputs]) -> None:

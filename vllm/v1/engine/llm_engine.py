@@ -20,7 +20,7 @@ from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import cached_tokenizer_from_config
 from vllm.usage.usage_lib import UsageContext
-from vllm.v1.engine.core import validate_sleep_args, validate_wake_up_tags
+from vllm.v1.engine.core_sleep import validate_sleep_args, validate_wake_up_tags
 from vllm.v1.engine.core_client import EngineCoreClient
 from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.engine.output_processor import OutputProcessor
@@ -163,6 +163,10 @@ class LLMEngine:
         """Abort the requests in flight and put the engine to sleep (level 1:
         the KV cache's memory is given back; level 2: the weights' too)."""
         validate_sleep_args(self.vllm_config, level, mode)
+        if mode == "wait" and self.has_unfinished_requests():
+            # Only step() runs them, and sleep() cannot return their outputs.
+            raise ValueError("Sleep mode 'wait' with requests in flight: step() them to "
+                             "completion first, or use mode 'abort'.")
         self.abort_request(list(self.output_processor.request_states), internal=True)
         self.engine_core.sleep(level, mode)
         self._sleeping = True

@@ -2,8 +2,10 @@
 vllm/entrypoints/serve/dev/sleep/api_router.py). Needs --enable-sleep-mode.
 
     POST /sleep?level=1&mode=abort   level 0 pauses scheduling, 1 also frees
-                                     the KV cache, 2 the weights too; the
-                                     requests in flight end with "abort"
+                                     the KV cache, 2 the weights too; mode
+                                     "abort": the requests in flight end with
+                                     "abort"; "wait": they finish first (the
+                                     response comes once the engine is asleep)
     POST /wake_up?tags=weights&tags=kv_cache   (no tags: everything)
     GET  /is_sleeping  -> {"is_sleeping": bool}
 

@@ -298,20 +298,26 @@ def prompt_length_bound(tokenizer: Any) -> PromptLengthBound:
 
 def check_prompt_text_length(tokenizer: Any, text: str, max_model_len: int,
                              max_tokens: int | None, param: str = "prompt") -> None:
-    """Refuse a text provably too long for the context, before tokenizing it.
+    """Refuse a text provably too long for the context, before tokenizing it,
+    with upstream's messages for a prompt of (at least) that many tokens.
 
     The prompt needs `max_tokens` more positions (at least one when not given,
     as the exact check after tokenizing). Only `min_tokens(text)` is known
     here, so a text that passes may still be refused once tokenized."""
-    room = max_model_len - (max_tokens if max_tokens is not None else 1)
     min_tokens = prompt_length_bound(tokenizer).min_tokens(text)
-    if min_tokens <= max(room, 0):
+    room = max_model_len - (1 if max_tokens is None else max_tokens)
+    if min_tokens <= room:
         return
-    asked = f" and asks for {max_tokens} output tokens" if max_tokens else ""
+    if not max_tokens:  # None, or 0 on /tokenize (the prompt alone)
+        raise VLLMValidationError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"request has at least {min_tokens} input tokens ({_utf8_len(text)} bytes of "
+            "text). Please reduce the length of the input messages.", parameter=param)
     raise VLLMValidationError(
-        f"This model's maximum context length is {max_model_len} tokens. However, your "
-        f"request has at least {min_tokens} input tokens ({_utf8_len(text)} bytes of "
-        f"text){asked}. Please reduce the length of the input.", parameter=param)
+        f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+        f"maximum context length is {max_model_len} tokens and your request has at least "
+        f"{min_tokens} input tokens ({max_tokens} > {max_model_len} - {min_tokens}).",
+        parameter="max_tokens")
 
 
 def check_token_count(num_tokens: int, max_model_len: int, param: str) -> None:

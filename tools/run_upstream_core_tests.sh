@@ -46,9 +46,28 @@ for f in __init__.py utils.py "${TESTS[@]}"; do
 done
 
 cat > "$RUN/tests/conftest.py" <<'EOF'
+import json
 import logging
+import os
 
 import pytest
+
+_OUTCOMES = {}
+
+
+def pytest_runtest_logreport(report):
+    # One line per test for triage: outcome and the crash message.
+    if report.when == "call" or report.outcome != "passed":
+        crash = getattr(report.longrepr, "reprcrash", None)
+        msg = crash.message.splitlines()[0][:300] if crash else ""
+        _OUTCOMES[report.nodeid] = (report.outcome, msg)
+
+
+def pytest_sessionfinish(session):
+    path = os.environ.get("UPSTREAM_OUTCOMES")
+    if path:
+        with open(path, "w") as f:
+            json.dump(_OUTCOMES, f, indent=0, sort_keys=True)
 
 
 @pytest.fixture()
@@ -82,6 +101,7 @@ cat > "$RUN/facebook/opt-125m/config.json" <<'EOF'
 EOF
 
 cd "$RUN"
+export UPSTREAM_OUTCOMES="$WORK/outcomes.json"
 "$PY" -c "import vllm, sys; assert vllm.__file__.startswith('$REPO'), vllm.__file__"
 set +e
 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" --tb=line -rN \

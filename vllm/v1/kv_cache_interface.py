@@ -482,6 +482,24 @@ class KVCacheConfig:
     def has_mamba_layers(self) -> bool:
         return any(isinstance(g.kv_cache_spec, MambaSpec) for g in self.kv_cache_groups)
 
+    @property
+    def has_mixed_precision_kv_cache(self) -> bool:
+        """Whether attention groups store KV at more than one precision."""
+        precisions = set()
+        for group in self.kv_cache_groups:
+            spec = group.kv_cache_spec
+            specs = getattr(spec, "kv_cache_specs", {"": spec}).values()
+            precisions.update((s.dtype, s.kv_quant_mode) for s in specs
+                              if isinstance(s, AttentionSpec))
+        return len(precisions) > 1
+
+    @property
+    def needs_kv_cache_zeroing(self) -> bool:
+        """Whether new blocks must be zeroed before use: Mamba state is read
+        before it is fully written, and a block reused at another precision
+        would decode stale bytes as NaN / Inf."""
+        return self.has_mamba_layers or self.has_mixed_precision_kv_cache
+
 
 # Grouping and naming, defined apart to keep this file to the spec classes.
 from vllm.v1.kv_cache_spec_registry import (  # noqa: E402

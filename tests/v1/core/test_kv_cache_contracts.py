@@ -180,3 +180,25 @@ def test_unbuilt_features_are_refused_by_name():
         LoRARequest("a", 0, "/p")
     with pytest.raises(NotImplementedError):
         pool.blocks[1].set_block_hash(make_block_hash_with_group_id(b"x", 0), num_tokens=2)
+
+
+def test_event_of_an_unknown_group_is_passed_on_unlabelled():
+    manager = _manager(5, enable_caching=True, enable_kv_cache_events=True)
+    event = BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[0, 1, 2, 3],
+                        block_size=4, lora_id=None, medium=None, lora_name=None, group_idx=1)
+    manager.block_pool.kv_event_queue.append(event)
+    assert manager.take_events() == [event] and event.kv_cache_spec_kind is None
+
+
+def test_mixed_precision_and_mamba_configs_need_zeroed_blocks():
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+    def config(*specs):
+        return KVCacheConfig(num_blocks=4, kv_cache_tensors=[], kv_cache_groups=[
+            KVCacheGroupSpec([f"l{i}"], spec) for i, spec in enumerate(specs)])
+
+    assert not config(_attn(), _attn()).needs_kv_cache_zeroing
+    half = FullAttentionSpec(block_size=4, num_kv_heads=2, head_size=8, dtype=torch.float16)
+    assert config(_attn(), half).needs_kv_cache_zeroing
+    mamba = MambaSpec(block_size=64, shapes=((2, 3),), dtypes=(torch.float32,))
+    assert config(mamba).needs_kv_cache_zeroing

@@ -257,13 +257,29 @@ def test_get_kv_cache_configs_workers_agree(vllm_config):
     )
     assert [c.num_blocks for c in configs] == [8, 8]
     assert [c.kv_cache_groups[0].layer_names for c in configs] == [["layer1"], ["layer2"]]
-    assert configs[0].kv_cache_tensors[0].size == PAGE * 12  # only 8 get used
+    # The worker with more memory shrinks its tensor to the 8 blocks used: it
+    # allocates by size, so 12 would waste 4 blocks' memory.
+    assert [c.kv_cache_tensors[0].size for c in configs] == [PAGE * 8, PAGE * 8]
 
     scheduler_config = generate_scheduler_kv_cache_config(configs)
     assert scheduler_config == configs[0] and scheduler_config is not configs[0]
     with pytest.raises(ValueError):
         get_kv_cache_configs(vllm_config, [{"l": full_spec()}, {"l": full_spec(32)}],
                              [PAGE * 8, PAGE * 8])
+
+
+def test_scheduler_config_represents_a_uniform_group_by_one_spec():
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+    from vllm.v1.kv_cache_interface import (KVCacheConfig, KVCacheGroupSpec,
+                                            UniformTypeKVCacheSpecs)
+
+    specs = {"a": full_spec(), "b": full_spec()}
+    worker = KVCacheConfig(num_blocks=4, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["a", "b"], UniformTypeKVCacheSpecs(block_size=16,
+                                                             kv_cache_specs=specs))])
+    (group,) = generate_scheduler_kv_cache_config([worker]).kv_cache_groups
+    assert group.kv_cache_spec == full_spec()
+    assert isinstance(worker.kv_cache_groups[0].kv_cache_spec, UniformTypeKVCacheSpecs)
 
 
 def test_check_enough_kv_cache_memory(vllm_config):

@@ -377,6 +377,10 @@ class KVCacheManager:
         groups = self.kv_cache_config.kv_cache_groups
         for event in events:
             if isinstance(event, BlockStored) and event.group_idx is not None:
+                if not 0 <= event.group_idx < len(groups):
+                    logger.warning("Group index `%s` not in KV cache metadata",
+                                   event.group_idx)
+                    continue
                 spec = groups[event.group_idx].kv_cache_spec
                 event.kv_cache_spec_kind = get_kv_cache_spec_kind(spec).value
                 event.kv_cache_spec_sliding_window = get_kv_cache_spec_sliding_window(spec)

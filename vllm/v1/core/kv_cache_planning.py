@@ -32,6 +32,7 @@ from vllm.v1.kv_cache_interface import (
     MambaSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
 )
 
 if TYPE_CHECKING:
@@ -357,10 +358,15 @@ def get_kv_cache_configs(
             get_kv_cache_config_from_groups(vllm_config, groups_one_worker, memory_one_worker)
         )
 
-    # Only the first num_blocks blocks of a bigger worker's tensors get used.
+    # One scheduler hands out one set of block ids: every worker gets the
+    # smallest count, and a worker with more memory shrinks its tensors to
+    # match, since it allocates them by size and would never use the rest.
     min_num_blocks = min(config.num_blocks for config in kv_cache_configs)
     for config in kv_cache_configs:
-        config.num_blocks = min_num_blocks
+        old_num_blocks, config.num_blocks = config.num_blocks, min_num_blocks
+        for tensor in config.kv_cache_tensors if old_num_blocks else ():
+            assert tensor.size % old_num_blocks == 0, "a tensor is whole blocks"
+            tensor.size = tensor.size // old_num_blocks * min_num_blocks
     _report_kv_cache_config(vllm_config, kv_cache_configs[0])
     return kv_cache_configs
 
@@ -369,6 +375,12 @@ def generate_scheduler_kv_cache_config(
     kv_cache_configs: list[KVCacheConfig],
 ) -> KVCacheConfig:
     """The KVCacheConfig the scheduler uses: all workers' configs agree except
-    for layer names, so a copy of the first one."""
+    for layer names, so a copy of the first one, where a group of several
+    specs of one type (`UniformTypeKVCacheSpecs`) is represented by one of them
+    (they need the same token slots; the scheduler never looks at bytes)."""
     assert all(cfg.num_blocks == kv_cache_configs[0].num_blocks for cfg in kv_cache_configs)
-    return copy.deepcopy(kv_cache_configs[0])
+    config = copy.deepcopy(kv_cache_configs[0])
+    for group in config.kv_cache_groups:
+        if isinstance(group.kv_cache_spec, UniformTypeKVCacheSpecs):
+            group.kv_cache_spec = next(iter(group.kv_cache_spec.kv_cache_specs.values()))
+    return config

@@ -70,6 +70,8 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "shutdown_timeout": ("tested", "tests/entrypoints/openai/test_shutdown.py::"
                                    "test_sigterm_lets_in_flight_requests_finish"),
     "disable_fastapi_docs": ("tested", f"{FRONTEND}::test_disable_fastapi_docs"),
+    "max_request_body_bytes": ("tested", "tests/entrypoints/openai/test_hostile_inputs.py::"
+                                         "test_declared_body_over_limit_is_refused_before_it_is_sent"),
     # ---- ModelConfig ----
     "model": ("tested", f"{SERVING}::test_models_and_meta"),
     "served_model_name": ("tested", f"{FRONTEND}::test_served_model_names"),

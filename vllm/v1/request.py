@@ -143,6 +143,11 @@ class Request:
         # None unless a caller sets them, and nothing here reads them.
         self.kv_transfer_params: dict[str, Any] | None = None
         self.ec_transfer_params: dict[str, Any] | None = None
+        # "full": KV cache events also cover the prefix-cache blocks this
+        # request reuses; "incremental" (default): only blocks it stores.
+        extra_args = sampling_params.extra_args if sampling_params is not None else None
+        self.kv_cache_report_mode: str = (extra_args or {}).get("kv_cache_report_mode",
+                                                                "incremental")
         self.num_nans_in_logits = 0
 
         if sampling_params is not None:

@@ -202,3 +202,19 @@ def test_mixed_precision_and_mamba_configs_need_zeroed_blocks():
     assert config(_attn(), half).needs_kv_cache_zeroing
     mamba = MambaSpec(block_size=64, shapes=((2, 3),), dtypes=(torch.float32,))
     assert config(mamba).needs_kv_cache_zeroing
+
+
+def test_full_report_mode_emits_events_for_reused_blocks():
+    manager = _manager(8, enable_caching=True, enable_kv_cache_events=True)
+    manager.allocate_slots(make_request("0", list(range(9)), 4, sha256), 9)
+    manager.take_events()
+    for mode, expected in (("incremental", 0), ("full", 1)):
+        sp = SamplingParams(max_tokens=4, extra_args={"kv_cache_report_mode": mode})
+        req = Request(mode, list(range(9)), sp,
+                      block_hasher=get_request_block_hasher(4, sha256))
+        blocks, num_hit, _ = manager.get_computed_blocks(req)
+        assert num_hit == 8
+        events = manager.take_events()
+        assert len(events) == expected
+    (event,) = events
+    assert event.parent_block_hash is None and event.token_ids == list(range(8))

@@ -173,6 +173,17 @@ class BlockPool:
                 request, stored, num_cached_blocks, num_full_blocks, block_size,
                 kv_cache_group_id))
 
+    def emit_cached_block_events(self, request: "Request", num_cached_blocks: int,
+                                 block_size: int, kv_cache_group_id: int) -> None:
+        """A BlockStored event for the request's first ``num_cached_blocks``
+        blocks, which it reuses from the prefix cache (blocks unchanged), so a
+        consumer tracking the cache learns they are in use again."""
+        if not self.enable_kv_cache_events or num_cached_blocks == 0:
+            return
+        self.kv_event_queue.append(_block_stored_event(
+            request, list(range(num_cached_blocks)), 0, num_cached_blocks, block_size,
+            kv_cache_group_id))
+
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take ``num_blocks`` blocks from the front of the free queue.
 

@@ -190,6 +190,15 @@ class KVCacheManager:
         computed_blocks, num_new_computed_tokens = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_cache_hit_length
         )
+        # A request asking for "full" KV cache reports (sampling_params
+        # extra_args kv_cache_report_mode) also gets events for the blocks
+        # it reuses, not only for the ones it stores.
+        if (num_new_computed_tokens and self.block_pool.enable_kv_cache_events
+                and request.kv_cache_report_mode == "full"):
+            for group_id, group_blocks in enumerate(computed_blocks):
+                block_size = self.kv_cache_config.kv_cache_groups[group_id].kv_cache_spec.block_size
+                self.block_pool.emit_cached_block_events(request, len(group_blocks),
+                                                         block_size, group_id)
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.record(
                 num_tokens=request.num_tokens,

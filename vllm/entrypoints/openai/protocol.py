@@ -112,12 +112,14 @@ class SamplingRequestMixin(OpenAIBaseModel):
 
     model: str | None = None
     frequency_penalty: StrictFloat | None = 0.0
-    logit_bias: dict[str, StrictFloat] | None = None
+    # fail_fast on every list / dict field: one error, not one per item (a
+    # list of 10**6 wrong items made 10**6 error records, about a GB).
+    logit_bias: Annotated[dict[str, StrictFloat], Field(fail_fast=True)] | None = None
     n: StrictInt = Field(1, ge=1, le=MAX_N_SEQUENCES)
     presence_penalty: StrictFloat | None = 0.0
     response_format: ResponseFormat | None = None
     seed: Int64 | None = None
-    stop: str | list[str] | None = Field(default_factory=list)
+    stop: str | Annotated[list[str], Field(fail_fast=True)] | None = Field(default_factory=list)
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     temperature: StrictFloat | None = None
@@ -127,16 +129,17 @@ class SamplingRequestMixin(OpenAIBaseModel):
     top_k: StrictInt | None = None
     min_p: StrictFloat | None = None
     repetition_penalty: StrictFloat | None = None
-    stop_token_ids: list[TokenId] | None = Field(default_factory=list)
+    stop_token_ids: Annotated[list[TokenId], Field(fail_fast=True)] | None = Field(
+        default_factory=list)
     include_stop_str_in_output: StrictBool = False
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = Field(0, ge=0)
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
     truncate_prompt_tokens: StrictInt | None = Field(None, ge=-1)
-    allowed_token_ids: list[TokenId] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(fail_fast=True)] | None = None
     prompt_logprobs: StrictInt | None = Field(None, ge=-1)
-    bad_words: list[str] = Field(default_factory=list)
+    bad_words: Annotated[list[str], Field(fail_fast=True)] = Field(default_factory=list)
     priority: StrictInt = 0
     request_id: str = Field(default_factory=random_uuid,
                             description="The request_id related to this request.")
@@ -204,11 +207,11 @@ class SamplingRequestMixin(OpenAIBaseModel):
 
 class CompletionRequest(SamplingRequestMixin):
     # https://platform.openai.com/docs/api-reference/completions/create
-    prompt: (Annotated[list[TokenId], Field(max_length=MAX_N_SEQUENCES * 64)]
-             | Annotated[list[Annotated[list[TokenId], Field(min_length=0)]],
-                         Field(max_length=MAX_PROMPTS_PER_REQUEST)]
+    prompt: (Annotated[list[TokenId], Field(max_length=MAX_N_SEQUENCES * 64, fail_fast=True)]
+             | Annotated[list[Annotated[list[TokenId], Field(min_length=0, fail_fast=True)]],
+                         Field(max_length=MAX_PROMPTS_PER_REQUEST, fail_fast=True)]
              | str
-             | Annotated[list[str], Field(max_length=MAX_PROMPTS_PER_REQUEST)]
+             | Annotated[list[str], Field(max_length=MAX_PROMPTS_PER_REQUEST, fail_fast=True)]
              | None) = None
     echo: StrictBool | None = False
     logprobs: StrictInt | None = Field(None, ge=0)
@@ -257,7 +260,7 @@ class ChatMessageParam(OpenAIBaseModel):
     log_extra_fields: ClassVar[bool] = False
 
     role: str
-    content: str | list[dict[str, Any]] | None = None
+    content: str | Annotated[list[dict[str, Any]], Field(fail_fast=True)] | None = None
     name: str | None = None
 
 
@@ -269,7 +272,7 @@ class ChatCompletionRequest(SamplingRequestMixin):
     top_logprobs: StrictInt | None = Field(0, ge=0)
     max_tokens: StrictInt | None = Field(None, ge=0, deprecated=True)
     max_completion_tokens: StrictInt | None = Field(None, ge=0)
-    tools: list[ChatCompletionToolsParam] | None = None
+    tools: Annotated[list[ChatCompletionToolsParam], Field(fail_fast=True)] | None = None
     # None with tools means "auto" (OpenAI's default); see tool_choice.py.
     tool_choice: (Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam
                   | None) = None
@@ -313,7 +316,7 @@ class TokenizeChatRequest(OpenAIBaseModel):
     return_token_strs: StrictBool | None = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[ChatCompletionToolsParam] | None = None
+    tools: Annotated[list[ChatCompletionToolsParam], Field(fail_fast=True)] | None = None
 
     @model_validator(mode="after")
     def check_generation_prompt(self) -> "TokenizeChatRequest":
@@ -335,7 +338,7 @@ class TokenizeResponse(OpenAIBaseModel):
 
 class DetokenizeRequest(OpenAIBaseModel):
     model: str | None = None
-    tokens: Annotated[list[TokenId], Field(max_length=MAX_N_SEQUENCES * 64)]
+    tokens: Annotated[list[TokenId], Field(max_length=MAX_N_SEQUENCES * 64, fail_fast=True)]
 
 
 class DetokenizeResponse(OpenAIBaseModel):

@@ -218,3 +218,16 @@ def test_full_report_mode_emits_events_for_reused_blocks():
         assert len(events) == expected
     (event,) = events
     assert event.parent_block_hash is None and event.token_ids == list(range(8))
+
+
+def test_scheduler_refuses_requests_using_unbuilt_features():
+    from tests.v1.core.scheduler_utils import create_scheduler
+
+    scheduler = create_scheduler(max_num_batched_tokens=64)
+    lora = Request("l", [1, 2], SamplingParams(max_tokens=2),
+                   lora_request=LoRARequest("adapter", 1, "/adapters/a"))
+    with pytest.raises(ValueError, match="LoRA"):
+        scheduler.add_request(lora)
+    with pytest.raises(ValueError, match="Multimodal"):
+        scheduler.add_request(_mm_request("img", 0))
+    assert not scheduler.requests and not scheduler.waiting

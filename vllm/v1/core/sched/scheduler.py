@@ -70,6 +70,9 @@ class Scheduler(SchedulerInterface):
         # Requests scheduled in the previous step (V1 runner: the others
         # were dropped from its persistent batch and need all their tokens).
         self.prev_step_scheduled_req_ids: set[str] = set()
+        # Preempted outside schedule() (reset_prefix_cache with running
+        # requests): the next output tells the workers (V2 frees their rows).
+        self.preempted_outside_schedule: set[str] = set()
 
         self.max_num_running_reqs = self.scheduler_config.max_num_seqs
         self.max_num_scheduled_tokens = self.scheduler_config.max_num_batched_tokens
@@ -344,7 +347,8 @@ class Scheduler(SchedulerInterface):
             has_structured_output_requests=any(
                 self.requests[req_id].use_structured_output
                 for req_id in step.num_scheduled_tokens),
-            preempted_req_ids={req.request_id for req in step.preempted_reqs},
+            preempted_req_ids=({req.request_id for req in step.preempted_reqs}
+                               | self._take_preempted_outside_schedule()),
             # Not decided in this step: the requests that finished since the
             # previous one (_update_after_schedule starts a new set).
             finished_req_ids=self.finished_req_ids,
@@ -470,8 +474,14 @@ class Scheduler(SchedulerInterface):
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"Request id {request.request_id} is already in use")
+        # Requests built past the InputProcessor (e.g. an EngineCoreRequest sent
+        # to the core directly) must not run with their adapter or images
+        # silently dropped.
         if request.mm_features:
             raise ValueError("Multimodal inputs are not supported")
+        if request.lora_request is not None:
+            raise ValueError(f"lora_request {request.lora_request.lora_name!r}: LoRA is not "
+                             "supported yet")
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
         if self.log_stats:
@@ -538,13 +548,19 @@ class Scheduler(SchedulerInterface):
         """(number of running requests, number of waiting requests)."""
         return len(self.running), len(self.waiting)
 
+    def _take_preempted_outside_schedule(self) -> set[str]:
+        taken, self.preempted_outside_schedule = self.preempted_outside_schedule, set()
+        return taken
+
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         if reset_running_requests:
             # Preempt from the back so that the requests come back in their
             # running order (each is prepended to the waiting queue).
             timestamp = time.monotonic()
             while self.running:
-                self._preempt_request(self.running.pop(), timestamp)
+                request = self.running.pop()
+                self._preempt_request(request, timestamp)
+                self.preempted_outside_schedule.add(request.request_id)
             # The workers will drop these requests; act as if none was
             # scheduled in the previous step.
             self.prev_step_scheduled_req_ids.clear()

@@ -6,6 +6,7 @@ whose 2 * n logprobs the server does not allow."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -128,3 +129,22 @@ def test_beam_width_beyond_max_logprobs_is_refused(server):
     ok = _post(server, "v1/completions", prompt=PROMPT, n=2, max_tokens=2,
                use_beam_search=True, temperature=0.0)
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
+
+
+def test_client_gone_mid_search_aborts_every_beam(server):
+    # A search of many steps; the client gives up after a second.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url_for("v1/completions"), timeout=1.0, json=dict(
+            prompt=PROMPT, n=2, max_tokens=480, ignore_eos=True, temperature=0.0,
+            use_beam_search=True))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        metrics = server.metrics()
+        if metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"] == 0:
+            break
+        time.sleep(0.2)
+    generated = server.metrics()["vllm:generation_tokens_total"]
+    time.sleep(1.0)
+    metrics = server.metrics()
+    assert metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"] == 0
+    assert metrics["vllm:generation_tokens_total"] == generated  # no step after the abort

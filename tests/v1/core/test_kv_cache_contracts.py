@@ -231,3 +231,19 @@ def test_scheduler_refuses_requests_using_unbuilt_features():
     with pytest.raises(ValueError, match="Multimodal"):
         scheduler.add_request(_mm_request("img", 0))
     assert not scheduler.requests and not scheduler.waiting
+
+
+def test_evictable_hit_is_counted_once_and_not_allocated_again():
+    spec = SlidingWindowSpec(block_size=2, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                             sliding_window=4)
+    pool = BlockPool(num_gpu_blocks=10, enable_caching=True, hash_block_size=2)
+    manager = get_manager_for_kv_cache_spec(spec, block_pool=pool, enable_caching=True,
+                                            kv_cache_group_id=0, scheduler_block_size=2)
+    evictable = pool.blocks[1]  # ref_cnt 0: taking it costs a free block too
+    assert manager.get_num_blocks_to_allocate("r", 4, [evictable], 2, 2, 4) == 2
+    manager.add_local_computed_blocks("r", [evictable], num_local_computed_tokens=2,
+                                      num_external_computed_tokens=0)
+    assert len(manager.allocate_new_blocks("r", num_tokens=4, num_tokens_main_model=4)) == 1
+    assert manager.req_to_blocks["r"][0] is evictable and evictable.ref_cnt == 1
+    with pytest.raises(NotImplementedError, match="Partial-block"):
+        manager.add_local_computed_blocks("s", [pool.blocks[2]], 1, 0)

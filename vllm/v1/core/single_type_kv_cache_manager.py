@@ -159,6 +159,19 @@ class SingleTypeKVCacheManager(ABC):
         # Hits are cached already; cache_blocks() must not hash them again.
         self.num_cached_block[request_id] = len(req_blocks)
 
+    def add_local_computed_blocks(self, request_id: str,
+                                  new_computed_blocks: Sequence[KVCacheBlock],
+                                  num_local_computed_tokens: int,
+                                  num_external_computed_tokens: int) -> None:
+        """Upstream's name for save_new_computed_blocks, with the computed
+        tokens split into local hits and external (connector) tokens. Hits are
+        whole blocks here (partial-block hits are not built)."""
+        if num_local_computed_tokens % self.block_size:
+            raise NotImplementedError("Partial-block prefix-cache hits are not built.")
+        self.save_new_computed_blocks(
+            request_id, new_computed_blocks,
+            num_local_computed_tokens + num_external_computed_tokens)
+
     def allocate_new_blocks(self, request_id: str, num_tokens: int,
                             num_tokens_main_model: int | None = None) -> list[KVCacheBlock]:
         """Append blocks until the request has ``num_tokens`` slots.

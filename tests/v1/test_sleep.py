@@ -69,7 +69,7 @@ def test_wake_up_in_parts(llm):
 @pytest.mark.parametrize("call,match", [
     (lambda llm: llm.sleep(3), "level"),
     (lambda llm: llm.sleep(True), "level"),
-    (lambda llm: llm.sleep(1, mode="keep"), "not built"),
+    (lambda llm: llm.sleep(1, mode="bogus"), "mode"),
     (lambda llm: llm.wake_up(["bogus"]), "tags"),
 ])
 def test_bad_arguments_are_refused(llm, call, match):
@@ -157,3 +157,24 @@ def test_mode_wait_offline(llm):
     assert engine.is_sleeping()
     llm.wake_up()
     assert _tokens(llm) == reference
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_mode_keep_resumes_the_requests_in_flight(llm, level):
+    """Mode "keep": a running request is paused (preempted at level 1) and
+    resumes after wake-up with the tokens it would have had anyway."""
+    reference = _tokens(llm)[0]
+    engine = llm.llm_engine
+    engine.add_request("kept", PROMPTS[0], GREEDY)
+    tokens: list[int] = []
+    for out in engine.step() + engine.step():
+        tokens = list(out.outputs[0].token_ids)
+    assert engine.has_unfinished_requests()
+    llm.sleep(level, mode="keep")
+    with pytest.raises(RuntimeError, match="sleeping"):
+        engine.step()
+    llm.wake_up()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens = list(out.outputs[0].token_ids)
+    assert tokens == reference

@@ -117,7 +117,7 @@ def test_collective_rpc_is_refused(server):
 @pytest.mark.parametrize("path,params,needle", [
     ("/sleep", {"level": 3}, "level"),
     ("/sleep", {"level": "one"}, "level"),
-    ("/sleep", {"level": 1, "mode": "keep"}, "not built"),
+    ("/sleep", {"level": -1}, "level"),
     ("/sleep", {"level": 1, "mode": "bogus"}, "mode"),
     ("/wake_up", {"tags": "bogus"}, "tags"),
     ("/reset_prefix_cache", {"reset_external": "true"}, "connector"),
@@ -231,6 +231,40 @@ def test_sleep_mode_wait_lets_requests_in_flight_finish(server):
     assert _post(server, "/wake_up").status_code == 200
     late.join(timeout=60)
     assert result["late"] == reference
+
+
+def test_sleep_mode_keep_resumes_requests_in_flight(server):
+    """Mode "keep": the running request is preempted, and after /wake_up it
+    completes with the text an uninterrupted run gives."""
+    kwargs = dict(model=server_model(server), prompt="Hello", max_tokens=48, temperature=0,
+                  extra_body={"ignore_eos": True})
+    client = server.get_client()
+    reference = client.completions.create(**kwargs).choices[0].text
+    chunks = iter(client.completions.create(stream=True, **kwargs))
+    text = next(chunks).choices[0].text
+    assert _post(server, "/sleep", level=1, mode="keep").status_code == 200
+    assert _is_sleeping(server) is True
+    assert _post(server, "/wake_up").status_code == 200
+    finish = None
+    for chunk in chunks:
+        text += chunk.choices[0].text
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "length" and text == reference
+
+
+def test_reset_with_running_requests_preempts_them(server):
+    """reset_running_requests=true: the running request is preempted (the
+    workers are told) and completes as if nothing happened."""
+    kwargs = dict(model=server_model(server), prompt="Hello", max_tokens=48, temperature=0,
+                  extra_body={"ignore_eos": True})
+    client = server.get_client()
+    reference = client.completions.create(**kwargs).choices[0].text
+    chunks = iter(client.completions.create(stream=True, **kwargs))
+    text = next(chunks).choices[0].text
+    r = _post(server, "/reset_prefix_cache", reset_running_requests="true")
+    assert r.status_code == 200, r.text
+    text += "".join(chunk.choices[0].text for chunk in chunks)
+    assert text == reference
 
 
 def test_reset_prefix_cache(server):

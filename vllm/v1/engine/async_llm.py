@@ -375,7 +375,8 @@ class AsyncLLM(EngineClient):
     async def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """Put the engine to sleep. Mode "abort": the requests in flight end
         with finish_reason "abort"; "wait": they finish first (this returns
-        once the engine is asleep). Requests submitted while asleep wait for
+        once the engine is asleep); "keep": they are paused and resume after
+        `wake_up`. Requests submitted while asleep wait for
         `wake_up`, as upstream."""
         validate_sleep_args(self.vllm_config, level, mode)
         await self.engine_core.sleep_async(level, mode)

@@ -198,7 +198,8 @@ class EngineCore(EngineCoreSleepMixin):
         batch_queue = self.batch_queue
         assert batch_queue is not None
         model_executed = False
-        if self.scheduler.has_requests() and self._deferred_sampling is None:
+        if (self.scheduler.has_requests() and self._deferred_sampling is None
+                and not self._paused):  # a "keep" sleep only finishes the steps in flight
             scheduler_output = self.scheduler.schedule()
             exec_future = self.model_executor.execute_model(scheduler_output, non_block=True)
             model_executed = scheduler_output.total_num_scheduled_tokens > 0

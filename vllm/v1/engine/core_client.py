@@ -99,6 +99,9 @@ class InprocClient(EngineCoreClient):
         self.engine_core = EngineCore(vllm_config, executor_class, log_stats)
 
     def get_output(self) -> EngineCoreOutputs:
+        stashed = self.engine_core.take_stashed_outputs()
+        if stashed:  # made while going to sleep
+            return EngineCoreOutputs(outputs=[o for s in stashed for o in s.outputs])
         if self.engine_core.is_sleeping():
             return EngineCoreOutputs()  # nothing is scheduled while asleep
         outputs, _ = self.engine_core.step_fn()

@@ -11,7 +11,10 @@
         mode "wait":     they run to completion first; requests that arrive
                          meanwhile are held (not scheduled). The call returns
                          a Future, resolved when the engine is asleep.
-        mode "keep":     refused (not built).
+        mode "keep":     they are paused and kept: the steps in flight
+                         finish, and at level 1+ the running ones are
+                         preempted (their KV cache is freed); after wake_up
+                         they resume (recomputing what was preempted).
     wake_up(tags):       take back "weights" / "kv_cache" (None: all);
                          scheduling resumes once nothing is asleep.
 
@@ -52,6 +55,8 @@ class EngineCoreSleepMixin:
         # requests that arrive meanwhile are held here, unscheduled.
         self._pending_sleep: tuple[int, Future] | None = None
         self._held_requests: list[Request] = []
+        # In process: outputs made while going to sleep (see _emit_outputs).
+        self._stashed_outputs: list[EngineCoreOutputs] = []
 
     def sleep(self, level: int = 1, mode: str = "abort") -> Future | None:
         """Put the engine to sleep (see the module docstring). Returns a
@@ -64,10 +69,17 @@ class EngineCoreSleepMixin:
             self._pending_sleep = (level, future)
             logger.info("Waiting for in-flight requests to complete before sleeping...")
             return future
-        if mode == "abort":
-            self._abort_all()
-        self._paused = True
-        self._drain()
+        if mode == "keep":
+            self._paused = True  # from here on nothing new is scheduled
+            self._finish_steps_in_flight()
+            if level >= 1:
+                # Preempt the running requests: they give up their blocks.
+                self.scheduler.reset_prefix_cache(reset_running_requests=True)
+        else:
+            if mode == "abort":
+                self._abort_all()
+            self._drain()  # steps that tell the workers what finished
+            self._paused = True
         self._fall_asleep(level)
         return None
 
@@ -164,13 +176,25 @@ class EngineCoreSleepMixin:
             self._emit_outputs(outputs or {})
         raise RuntimeError("The engine did not drain its steps before sleeping.")
 
+    def _finish_steps_in_flight(self) -> None:
+        """Mode "keep": process the steps launched under async scheduling
+        (while paused, step_with_batch_queue schedules nothing new)."""
+        for _ in range(_MAX_DRAIN_STEPS):
+            if not (self.batch_queue or self._deferred_sampling is not None):
+                return
+            outputs, _ = self.step_fn()
+            self._emit_outputs(outputs or {})
+        raise RuntimeError("The engine did not finish its steps in flight before sleeping.")
+
     def _emit_outputs(self, outputs: dict[int, EngineCoreOutputs]) -> None:
-        """Outputs made outside `step` (sleep's aborts). In process, the front
-        end aborts its own requests before it puts the engine to sleep, so
-        there is nobody to send them to; EngineCoreProc sends them."""
-        if any(o.outputs for o in outputs.values()):
-            logger.debug("Dropping %d outputs made while going to sleep.",
-                         sum(len(o.outputs) for o in outputs.values()))
+        """Outputs made outside `step` (aborts, the steps finished while
+        going to sleep). In process they wait for the client's next
+        `get_output` (InprocClient); EngineCoreProc sends them at once."""
+        self._stashed_outputs.extend(o for o in outputs.values() if o.outputs)
+
+    def take_stashed_outputs(self) -> list[EngineCoreOutputs]:
+        stashed, self._stashed_outputs = self._stashed_outputs, []
+        return stashed
 
 
 def validate_sleep_args(vllm_config: "VllmConfig", level: Any, mode: Any) -> None:
@@ -180,9 +204,6 @@ def validate_sleep_args(vllm_config: "VllmConfig", level: Any, mode: Any) -> Non
         raise ValueError(f"Sleep level must be one of {list(SLEEP_LEVELS)}, got {level!r}.")
     if mode not in SLEEP_MODES:
         raise ValueError(f"Sleep mode must be one of {list(SLEEP_MODES)}, got {mode!r}.")
-    if mode == "keep":
-        raise ValueError("Sleep mode 'keep' (pause the requests in flight and resume them "
-                         "after wake-up) is not built yet; use 'abort' or 'wait'.")
     if level >= 1:
         from vllm.v1.worker.worker_sleep import check_sleep_supported
 

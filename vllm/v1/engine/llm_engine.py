@@ -142,6 +142,9 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step and return the outputs it produced."""
+        if self._sleeping:
+            # Nothing is scheduled: waiting for outputs would never end.
+            raise RuntimeError("The engine is sleeping: call wake_up() before step().")
         outputs = self.engine_core.get_output()
         processed = self.output_processor.process_outputs(
             outputs.outputs, engine_core_timestamp=outputs.timestamp)
@@ -167,7 +170,8 @@ class LLMEngine:
             # Only step() runs them, and sleep() cannot return their outputs.
             raise ValueError("Sleep mode 'wait' with requests in flight: step() them to "
                              "completion first, or use mode 'abort'.")
-        self.abort_request(list(self.output_processor.request_states), internal=True)
+        if mode == "abort":
+            self.abort_request(list(self.output_processor.request_states), internal=True)
         self.engine_core.sleep(level, mode)
         self._sleeping = True
 

@@ -5,7 +5,8 @@ vllm/entrypoints/serve/dev/sleep/api_router.py). Needs --enable-sleep-mode.
                                      the KV cache, 2 the weights too; mode
                                      "abort": the requests in flight end with
                                      "abort"; "wait": they finish first (the
-                                     response comes once the engine is asleep)
+                                     response comes once the engine is asleep);
+                                     "keep": they resume after /wake_up
     POST /wake_up?tags=weights&tags=kv_cache   (no tags: everything)
     GET  /is_sleeping  -> {"is_sleeping": bool}
 

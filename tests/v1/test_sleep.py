@@ -178,3 +178,27 @@ def test_mode_keep_resumes_the_requests_in_flight(llm, level):
         for out in engine.step():
             tokens = list(out.outputs[0].token_ids)
     assert tokens == reference
+
+
+def test_mode_keep_under_async_scheduling(tiny_model_dir, monkeypatch):
+    """With a step in flight (async scheduling's batch queue) "keep" first
+    finishes it, scheduling nothing new, then preempts."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    inproc = LLM(tiny_model_dir("llama"), dtype="float32", max_model_len=64,
+                 kv_cache_memory_bytes=4 * MiB, enable_sleep_mode=True, async_scheduling=True)
+    try:
+        reference = _tokens(inproc)[0]
+        engine = inproc.llm_engine
+        engine.add_request("kept", PROMPTS[0], GREEDY)
+        tokens: list[int] = []
+        for out in engine.step() + engine.step() + engine.step():
+            tokens = list(out.outputs[0].token_ids)
+        assert engine.engine_core.engine_core.batch_queue  # a step is in flight
+        inproc.sleep(1, mode="keep")
+        inproc.wake_up()
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                tokens = list(out.outputs[0].token_ids)
+        assert tokens == reference
+    finally:
+        engine.shutdown()

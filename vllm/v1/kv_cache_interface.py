@@ -177,10 +177,6 @@ class AttentionSpec(KVCacheSpec):
             return self.page_size_padded
         return self.unpadded_page_size_bytes
 
-    def max_num_blocks_per_req(self, vllm_config: "VllmConfig", max_len: int) -> int:
-        dcp = getattr(vllm_config.parallel_config, "decode_context_parallel_size", 1)
-        return cdiv(max_len, self.block_size * dcp)
-
 
 def _merge_window(values: set[int]) -> int | None:
     if len(values) > 1:
@@ -214,6 +210,8 @@ class FullAttentionSpec(AttentionSpec):
         merged (at most one size); non-causal if any layer is."""
         assert all(isinstance(s, FullAttentionSpec) for s in specs), (
             "All attention layers in the same KV cache group must be FullAttentionSpec.")
+        from vllm.v1.kv_cache_spec_mla import MLAAttentionSpec
+
         assert not any(isinstance(s, MLAAttentionSpec) for s in specs), (
             "MLAAttentionSpec should be merged in MLAAttentionSpec.merge")
         windows = {s.sliding_window for s in specs if s.sliding_window is not None}
@@ -231,56 +229,6 @@ class FullAttentionSpec(AttentionSpec):
             "Model with both sliding window layers and chunked local attention layers "
             "is not supported.")
         return merged
-
-
-def _mla_merge(cls: type, specs: list, extra: tuple[str, ...]) -> "AttentionSpec":
-    assert all(isinstance(s, cls) for s in specs), (
-        f"All attention layers in the same KV cache group must be {cls.__name__}.")
-    for name in ("cache_dtype_str", "compress_ratio", "model_version",
-                 "indexes_kv_by_block_stride", *extra):
-        assert len({getattr(s, name) for s in specs}) == 1, (
-            "All attention layers in the same KV cache group must use the same "
-            f"{name}.")
-    return copy.deepcopy(specs[0])
-
-
-def _apply_alignment_padding(spec: "MLAAttentionSpec | SlidingWindowMLASpec") -> None:
-    if spec.alignment is None:
-        return
-    padded = cdiv(spec.real_page_size_bytes, spec.alignment) * spec.alignment
-    if padded != spec.real_page_size_bytes:
-        object.__setattr__(spec, "page_size_padded", padded)
-
-
-@dataclass(frozen=True, kw_only=True)
-class MLAAttentionSpec(FullAttentionSpec):
-    """Multi-head latent attention: one cached row per token, the compressed
-    latent plus the rotary key ([kv_lora_rank + qk_rope_head_dim], one "KV
-    head"), so a page holds no separate V (`head_size_v` 0)."""
-
-    cache_dtype_str: str | None = None
-    alignment: int | None = None
-    compress_ratio: int = 1
-    model_version: str | None = None
-    non_causal_multi_token_decode: bool = False
-    head_size_v: int = 0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _apply_alignment_padding(self)
-
-    @property
-    def storage_block_size(self) -> int:
-        return self.block_size // self.compress_ratio
-
-    @classmethod
-    def merge(cls, specs: list) -> "MLAAttentionSpec":
-        return _mla_merge(cls, specs, ())
-
-
-@dataclass(frozen=True, kw_only=True)
-class HiddenStateCacheSpec(MLAAttentionSpec):
-    """Marker for hidden-state cache layers (upstream's extract_hidden_states)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -362,31 +310,6 @@ class SlidingWindowSpec(AttentionSpec):
                    for s in kv_cache_specs.values())
 
 
-@dataclass(frozen=True, kw_only=True)
-class SlidingWindowMLASpec(SlidingWindowSpec):
-    """Sliding-window attention over an MLA-format cache."""
-
-    cache_dtype_str: str | None = None
-    alignment: int | None = None
-    compress_ratio: int = 1
-    model_version: str | None = None
-    head_size_v: int = 0
-
-    def __post_init__(self) -> None:
-        assert self.model_version in (None, "deepseek_v4"), (
-            f"Unsupported model version: {self.model_version}")
-        super().__post_init__()
-        _apply_alignment_padding(self)
-
-    @property
-    def storage_block_size(self) -> int:
-        return self.block_size // self.compress_ratio
-
-    @classmethod
-    def merge(cls, specs: list) -> "SlidingWindowMLASpec":
-        return _mla_merge(cls, specs, ("sliding_window", "extra_retained_tokens"))
-
-
 @dataclass(frozen=True)
 class MambaSpec(KVCacheSpec):
     """State-space layers: a fixed-size state per request instead of per-token
@@ -413,9 +336,9 @@ class MambaSpec(KVCacheSpec):
         return size
 
     def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
+        # Upstream reads the mode from CacheConfig; only "none" is built here
+        # (MambaManager refuses the others), so the spec's own field decides.
         mode = self.mamba_cache_mode
-        if vllm_config is not None:
-            mode = getattr(vllm_config.cache_config, "mamba_cache_mode", mode)
         if mode == "all":
             max_model_len = vllm_config.model_config.max_model_len
             return (cdiv(max_model_len, self.block_size)
@@ -501,13 +424,28 @@ class KVCacheConfig:
         return self.has_mamba_layers or self.has_mixed_precision_kv_cache
 
 
-# Grouping and naming, defined apart to keep this file to the spec classes.
-from vllm.v1.kv_cache_spec_registry import (  # noqa: E402
-    KVCacheSpecRegistry,
-    UniformTypeKVCacheSpecs,
-    get_kv_cache_spec_kind,
-    get_kv_cache_spec_sliding_window,
-)
+# The MLA family, grouping and naming are defined apart to keep this file
+# short. They subclass / import the classes above, so they are loaded on first
+# use (PEP 562), which keeps any import order free of cycles.
+_LAZY = {
+    "HiddenStateCacheSpec": "vllm.v1.kv_cache_spec_mla",
+    "MLAAttentionSpec": "vllm.v1.kv_cache_spec_mla",
+    "SlidingWindowMLASpec": "vllm.v1.kv_cache_spec_mla",
+    "KVCacheSpecRegistry": "vllm.v1.kv_cache_spec_registry",
+    "UniformTypeKVCacheSpecs": "vllm.v1.kv_cache_spec_registry",
+    "get_kv_cache_spec_kind": "vllm.v1.kv_cache_spec_registry",
+    "get_kv_cache_spec_sliding_window": "vllm.v1.kv_cache_spec_registry",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "AttentionSpec", "ChunkedLocalAttentionSpec", "CrossAttentionSpec",

@@ -1,0 +1,91 @@
+"""The multi-head latent attention (MLA) spec family (upstream: in
+vllm/v1/kv_cache_interface.py; here apart to keep that file short, and
+re-exported there, which is where callers import them from).
+
+An MLA layer caches one row per token, the compressed latent plus the rotary
+key, so a page holds no separate V (`head_size_v` 0). DeepSeek-V4's fields
+(`alignment` padding, `compress_ratio`, `model_version`) are carried as
+upstream's; `compress_ratio` shrinks the rows a page stores.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from vllm.utils import cdiv
+from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, SlidingWindowSpec
+
+
+def _mla_merge(cls: type, specs: list, extra: tuple[str, ...]) -> "AttentionSpec":
+    assert all(isinstance(s, cls) for s in specs), (
+        f"All attention layers in the same KV cache group must be {cls.__name__}.")
+    for name in ("cache_dtype_str", "compress_ratio", "model_version",
+                 "indexes_kv_by_block_stride", *extra):
+        assert len({getattr(s, name) for s in specs}) == 1, (
+            "All attention layers in the same KV cache group must use the same "
+            f"{name}.")
+    return copy.deepcopy(specs[0])
+
+
+def _apply_alignment_padding(spec: "MLAAttentionSpec | SlidingWindowMLASpec") -> None:
+    if spec.alignment is None:
+        return
+    padded = cdiv(spec.real_page_size_bytes, spec.alignment) * spec.alignment
+    if padded != spec.real_page_size_bytes:
+        object.__setattr__(spec, "page_size_padded", padded)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """Multi-head latent attention: one cached row per token, the compressed
+    latent plus the rotary key ([kv_lora_rank + qk_rope_head_dim], one "KV
+    head"), so a page holds no separate V (`head_size_v` 0)."""
+
+    cache_dtype_str: str | None = None
+    alignment: int | None = None
+    compress_ratio: int = 1
+    model_version: str | None = None
+    non_causal_multi_token_decode: bool = False
+    head_size_v: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _apply_alignment_padding(self)
+
+    @property
+    def storage_block_size(self) -> int:
+        return self.block_size // self.compress_ratio
+
+    @classmethod
+    def merge(cls, specs: list) -> "MLAAttentionSpec":
+        return _mla_merge(cls, specs, ())
+
+
+@dataclass(frozen=True, kw_only=True)
+class HiddenStateCacheSpec(MLAAttentionSpec):
+    """Marker for hidden-state cache layers (upstream's extract_hidden_states)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindowMLASpec(SlidingWindowSpec):
+    """Sliding-window attention over an MLA-format cache."""
+
+    cache_dtype_str: str | None = None
+    alignment: int | None = None
+    compress_ratio: int = 1
+    model_version: str | None = None
+    head_size_v: int = 0
+
+    def __post_init__(self) -> None:
+        assert self.model_version in (None, "deepseek_v4"), (
+            f"Unsupported model version: {self.model_version}")
+        super().__post_init__()
+        _apply_alignment_padding(self)
+
+    @property
+    def storage_block_size(self) -> int:
+        return self.block_size // self.compress_ratio
+
+    @classmethod
+    def merge(cls, specs: list) -> "SlidingWindowMLASpec":
+        return _mla_merge(cls, specs, ("sliding_window", "extra_retained_tokens"))

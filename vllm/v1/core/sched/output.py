@@ -28,6 +28,9 @@ class NewRequestData:
     num_computed_tokens: int
     lora_request: Any | None
     prompt_embeds: Any | None = None
+    # Upstream: which prompt positions are token ids in a prompt mixing ids and
+    # embeddings. Not built (refused by Request), so always None.
+    prompt_is_token_ids: list[bool] | None = None
     # V2 only: the tokens to prefill when they differ from the prompt
     # (prompt + generated tokens of a resumed request).
     prefill_token_ids: list[int] | None = None
@@ -87,6 +90,15 @@ class CachedRequestData:
 
 
 @dataclass
+class ScheduledEncoderInputStats:
+    """Encoder inputs scheduled in a step (upstream's record; multimodal inputs
+    are not built, so never filled)."""
+
+    num_inputs: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
 class SchedulerOutput:
     """Everything the workers need to run one step."""
 
@@ -113,6 +125,18 @@ class SchedulerOutput:
     # Whether the scheduled requests hold structured-output requests.
     has_structured_output_requests: bool = False
     kv_connector_metadata: Any | None = None
+    # Upstream v0.28's fields for features not built here (encoder inputs,
+    # speculative decoding, KV / EC connectors, partial-block caching). The
+    # scheduler never sets them, so workers never see anything but defaults.
+    scheduled_encoder_input_stats: "ScheduledEncoderInputStats | None" = None
+    pending_structured_output_tokens: bool = False
+    num_invalid_spec_tokens: dict[str, int] | None = None
+    ec_connector_metadata: Any | None = None
+    ec_manager_metadata: Any | None = None
+    new_block_ids_to_zero: list[int] | None = None
+    kv_cache_block_copies: list[Any] | None = None
+    partial_tail_offloads: dict[str, list[tuple[int, int, int]]] | None = None
+    num_spec_tokens_to_schedule: int = 0
 
     @classmethod
     def make_empty(cls) -> "SchedulerOutput":

@@ -297,8 +297,13 @@ def test_nested_unknown_fields_are_logged_message_keys_are_not(server, log_path)
         "messages": msgs, "max_tokens": 1, "stream": True,
         "stream_options": {"include_usage": True, "nested_extra": 1}})
     assert resp.status_code == 200, resp.text
+    resp = httpx.post(server.url_for("v1/completions"), timeout=30, json={
+        "prompt": PROMPT, "max_tokens": 2,
+        "structured_outputs": {"choice": ["a", "b"], "so_extra": 1}})
+    assert resp.status_code == 200, resp.text
     logged = [ln for ln in _log_tail(log_path, start).splitlines() if IGNORED_LOG in ln]
     assert any("'nested_extra'" in ln for ln in logged), logged
+    assert any("'so_extra'" in ln for ln in logged), logged
     # Every key of a message reaches the chat template: not ignored, not logged.
     assert not any("extra_field" in ln for ln in logged), logged
 
@@ -359,6 +364,19 @@ def test_wrong_scalar_type_is_refused(model, field, bad):
     with pytest.raises(ValidationError) as e:
         model.model_validate({**BASE_BODIES[model], field: bad})
     assert any(err["loc"][:1] == (field,) for err in e.value.errors()), e.value
+
+
+@pytest.mark.parametrize("constraint,message", [
+    ({"choice": ["a"], "_backend": "xgrammar"}, "set by the server"),
+    ({"choice": ["a"], "_backend_was_auto": True}, "set by the server"),
+    ({"choice": ["a"], "disable_fallback": "yes"}, "must be a boolean"),
+    ({"json_object": 1}, "must be a boolean"),
+])
+def test_structured_outputs_keys_are_checked(constraint, message):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        CompletionRequest.model_validate({"prompt": PROMPT, "structured_outputs": constraint})
 
 
 def test_float_fields_take_json_integers():

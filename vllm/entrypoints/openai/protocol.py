@@ -11,15 +11,17 @@ prompts, logprob counts.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
+import typing
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from vllm.entrypoints.openai.protocol_base import (  # noqa: F401 (re-exported)
     LOGPROB_FLOOR, MAX_N_SEQUENCES, MAX_PROMPTS_PER_REQUEST, ErrorInfo, ErrorResponse, Int64,
     OpenAIBaseModel, PromptTokenUsageInfo, StrictBool, StrictFloat, StrictInt, TokenId,
-    UsageInfo)
+    UsageInfo, log_ignored_fields)
 from vllm.entrypoints.openai.protocol_responses import (  # noqa: F401 (re-exported)
     ChatCompletionLogProb, ChatCompletionLogProbs, ChatCompletionLogProbsContent,
     ChatCompletionResponse, ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
@@ -107,6 +109,13 @@ class ResponseFormat(OpenAIBaseModel):
         return None
 
 
+_STRUCTURED_OUTPUTS_FIELDS = frozenset(
+    f.name for f in dataclasses.fields(StructuredOutputsParams) if not f.name.startswith("_"))
+_STRUCTURED_OUTPUTS_BOOLS = frozenset(
+    name for name, hint in typing.get_type_hints(StructuredOutputsParams).items()
+    if name in _STRUCTURED_OUTPUTS_FIELDS and (hint is bool or bool in typing.get_args(hint)))
+
+
 class SamplingRequestMixin(OpenAIBaseModel):
     """Fields shared by completion and chat requests (OpenAI's and vLLM's extras)."""
 
@@ -166,6 +175,23 @@ class SamplingRequestMixin(OpenAIBaseModel):
         "add_special_tokens", "truncate_prompt_tokens", "add_generation_prompt",
         "continue_final_message", "chat_template", "chat_template_kwargs",
         "return_token_ids"})
+
+    @field_validator("structured_outputs", mode="before")
+    @classmethod
+    def check_structured_outputs_keys(cls, value: Any) -> Any:
+        """StructuredOutputsParams is a dataclass (pydantic would drop unknown
+        keys silently, take "yes" for true, and let a client set the fields
+        the server fills in): log the unknown, refuse the rest."""
+        if not isinstance(value, dict):
+            return value
+        for key, item in value.items():
+            if isinstance(key, str) and key.startswith("_"):
+                raise ValueError(f"`structured_outputs.{key}` is set by the server, not by "
+                                 "a request.")
+            if key in _STRUCTURED_OUTPUTS_BOOLS and not isinstance(item, bool | None):
+                raise ValueError(f"`structured_outputs.{key}` must be a boolean.")
+        log_ignored_fields([k for k in value if k not in _STRUCTURED_OUTPUTS_FIELDS])
+        return value
 
     @model_validator(mode="after")
     def check_stream_options(self) -> "SamplingRequestMixin":

@@ -52,11 +52,15 @@ class OpenAIBaseModel(BaseModel):
     def __log_extra_fields__(cls, data: Any, handler: Any) -> Any:
         result = handler(data)
         if cls.log_extra_fields and isinstance(data, dict):
-            ignored = [k for k in data if k not in _known_field_names(cls)]
-            if ignored:
-                logger.warning("The following fields were present in the request but "
-                               "ignored: %s", _bounded_names(ignored))
+            log_ignored_fields([k for k in data if k not in _known_field_names(cls)])
         return result
+
+
+def log_ignored_fields(names: list[Any]) -> None:
+    """Upstream's warning for request fields nothing reads."""
+    if names:
+        logger.warning("The following fields were present in the request but ignored: %s",
+                       _bounded_names(names))
 
 
 def _known_field_names(cls: type[BaseModel]) -> frozenset[str]:

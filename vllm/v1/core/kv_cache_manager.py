@@ -69,12 +69,16 @@ def _check_unbuilt_args(kv_cache_config: KVCacheConfig, scheduler_block_size: in
         return
     # One group (or groups of one block size): the scheduler allocates in
     # that block size, times the context-parallel sizes.
-    sizes = {g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups}
-    expected = sizes.pop() * dcp_world_size * pcp_world_size if len(sizes) == 1 else None
+    sizes = sorted({g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups})
+    if len(sizes) > 1:
+        raise NotImplementedError(
+            f"KV cache groups with different block sizes {sizes} (scheduler_block_size="
+            f"{scheduler_block_size}) need the hybrid KV cache manager, which is not built.")
+    expected = sizes[0] * dcp_world_size * pcp_world_size
     if scheduler_block_size != expected:
         raise NotImplementedError(
-            f"scheduler_block_size={scheduler_block_size}: only the groups' common "
-            f"block size ({expected}) is supported (mixed block sizes are not built).")
+            f"scheduler_block_size={scheduler_block_size}: only the groups' block size "
+            f"({expected}) is supported (a coarser scheduling granularity is not built).")
 
 
 class KVCacheManager:

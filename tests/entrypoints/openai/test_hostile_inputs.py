@@ -135,6 +135,10 @@ CASES = [
     Case("structured-outputs-nested-300", "v1/completions",
          {"prompt": "hi", "structured_outputs": {"json": nested_schema(300)}}, 400,
          "nested more than"),
+    Case("structural-tag-nested-100", "v1/completions", {"prompt": "hi", "structured_outputs": {
+        "structural_tag": json.dumps({"structures": [
+            {"begin": "<a>", "schema": nested_schema(100), "end": "</a>"}],
+            "triggers": ["<a>"]})}}, 400, "nested more than"),
     Case("schema-missing-ref", "v1/completions", schema_body({"$ref": "#/$defs/nope"}), 400),
     Case("schema-min-over-max", "v1/completions",
          schema_body({"type": "integer", "minimum": 5, "maximum": 1}), 400),

@@ -135,6 +135,9 @@ def _structural_tag_args(spec: str) -> tuple[Any, ...]:
         tag = json.loads(spec)
     except json.JSONDecodeError as e:
         raise ValueError(f"structural_tag must be JSON: {e}") from e
+    except RecursionError as e:
+        raise ValueError("The structural tag is nested too deeply.") from e
+    check_json_schema_depth(tag)  # its schemas cost as much as a json constraint's
     if isinstance(tag, dict) and "structures" in tag:
         try:
             items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]),

@@ -159,9 +159,10 @@ class PromptLengthBound:
         a run of them is one unknown token) - those characters are counted out
         of T, which is sound only without a normalizer that could make them;
         a UTF-8 lead byte without a token drops one byte of a character of at
-        least 2 whose continuation bytes all have tokens - halving M covers it.
+        least 2 whose continuation bytes all have tokens - doubling M covers it.
         So each token covers at most s * M bytes of what is left of the input,
-        M the longest vocabulary or added-token string in bytes, and the
+        M the most bytes a vocabulary piece (a byte-level piece: one byte per
+        character) or an added token (its UTF-8 length) stands for, and the
         post-processor only adds tokens: tokens >= (T - dropped) / (s * M).
         """
         try:
@@ -272,8 +273,13 @@ def _token_coverage(spec: dict, byte_level: bool) -> tuple[int, str] | str:
     added = spec.get("added_tokens") or []
     if any(t.get("lstrip") or t.get("rstrip") for t in added):
         return "an added token absorbs neighbouring whitespace (lstrip/rstrip)"
-    strings = pieces + [t.get("content", "") for t in added]
-    return factor * max(len(s.encode("utf-8")) for s in strings if s), dropped
+    # A byte-level piece covers one input byte per character (its UTF-8 form
+    # is up to twice as long); added tokens match raw text, their UTF-8 bytes.
+    alphabet = set(_byte_level_chars().values()) if byte_level else set()
+    longest = max((len(p) if byte_level and set(p) <= alphabet else len(p.encode("utf-8"))
+                   for p in pieces), default=1)
+    longest = max([longest, *(len(t.get("content", "").encode("utf-8")) for t in added)])
+    return factor * longest, dropped
 
 
 # One bound per tokenizer (a server has one), computed at start-up by

@@ -9,7 +9,7 @@ from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.distributed.kv_events import BlockStored
-from vllm.v1.kv_cache_interface import (KVCacheConfig, get_kv_cache_spec_kind,
+from vllm.v1.kv_cache_interface import (KVCacheConfig, MambaSpec, get_kv_cache_spec_kind,
                                         get_kv_cache_spec_sliding_window)
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
@@ -68,8 +68,14 @@ def _check_unbuilt_args(kv_cache_config: KVCacheConfig, scheduler_block_size: in
     if scheduler_block_size is None or not kv_cache_config.kv_cache_groups:
         return
     # One group (or groups of one block size): the scheduler allocates in
-    # that block size, times the context-parallel sizes.
-    sizes = sorted({g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups})
+    # that block size, times the context-parallel sizes. Mamba groups hold one
+    # state slot per request (their block_size is max_model_len, not a paging
+    # granularity), so only token-paged groups set the scheduler's block size.
+    paged = [g for g in kv_cache_config.kv_cache_groups
+             if not isinstance(g.kv_cache_spec, MambaSpec)]
+    if not paged:
+        return
+    sizes = sorted({g.kv_cache_spec.block_size for g in paged})
     if len(sizes) > 1:
         raise NotImplementedError(
             f"KV cache groups with different block sizes {sizes} (scheduler_block_size="

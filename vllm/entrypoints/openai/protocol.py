@@ -211,8 +211,11 @@ class SamplingRequestMixin(OpenAIBaseModel):
     def check_beam_search(self) -> "SamplingRequestMixin":
         if not self.use_beam_search:
             return self
-        for name in sorted(self.model_fields_set - self.BEAM_SEARCH_FIELDS):
-            default = type(self).model_fields[name].get_default(call_default_factory=True)
+        fields = type(self).model_fields
+        # model_fields_set also holds the unknown (extra) keys: those are only
+        # logged as ignored, never checked here.
+        for name in sorted(self.model_fields_set & fields.keys() - self.BEAM_SEARCH_FIELDS):
+            default = fields[name].get_default(call_default_factory=True)
             value = getattr(self, name)
             if value is not None and value != [] and value != default:
                 raise ValueError(f"`{name}` is not supported with `use_beam_search`.")

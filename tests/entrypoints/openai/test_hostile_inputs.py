@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -241,3 +242,33 @@ def test_just_under_the_limit_is_read(server, baseline_rss):
                    headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and CONTEXT in r.json()["error"]["message"], r.text[:300]
     normal_request(server)
+
+
+def test_slow_grammar_compile_does_not_stall_other_requests(server, baseline_rss):
+    """A schema that takes seconds to compile (a 16k-item enum) delays only
+    its own request: the engine used to spin while the grammar compiled,
+    sending the front end a message per spin, and every other route waited
+    about as long as the compilation."""
+    tag = f"{time.monotonic_ns()}"  # never in the compiled-grammar cache
+    body = schema_body({"enum": [f"{tag}-{i}" for i in range(16000)]})
+    done: dict[str, float | int] = {}
+
+    def slow() -> None:
+        start = time.monotonic()
+        r = httpx.post(server.url_for("v1/completions"), json=body, timeout=600)
+        done.update(status=r.status_code, seconds=time.monotonic() - start)
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    latencies = []
+    time.sleep(0.5)
+    while thread.is_alive():
+        start = time.monotonic()
+        assert httpx.get(server.url_for("v1/models"), timeout=600).status_code == 200
+        normal_request(server)
+        latencies.append(time.monotonic() - start)
+        time.sleep(0.2)
+    thread.join()
+    assert done["status"] == 200
+    assert latencies, f"compiled in {done['seconds']:.1f} s: too fast to show anything"
+    assert max(latencies) < max(1.5, done["seconds"] / 4), (latencies, done)

@@ -24,6 +24,7 @@ import contextlib
 import queue
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
@@ -202,6 +203,12 @@ class EngineCoreProc(EngineCore):
         # step_with_batch_queue returns None while its first batch is in flight.
         for output in (outputs.items() if outputs else ()):
             self.output_queue.put_nowait(output)
+        if not model_executed and self.scheduler.has_unfinished_requests():
+            # As upstream: nothing ran but requests wait (a grammar still
+            # compiling): yield briefly instead of spinning, which flooded the
+            # front end with a stats message per spin and starved the compile
+            # threads (a 40k-item enum stalled every other route for ~40 s).
+            time.sleep(0.001)
         self._maybe_fall_asleep()  # sleep mode "wait", once nothing is in flight
         return model_executed
 

@@ -21,6 +21,8 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from vllm.entrypoints.utils import Utf8JSONResponse
 from vllm.exceptions import VLLMValidationError
 from vllm.logger import init_logger
 
@@ -28,7 +30,7 @@ logger = init_logger(__name__)
 
 # Default body limit: max(floor, bytes per token x max_model_len). 128 bytes a
 # token covers a full-context prompt as JSON even when every token is a long
-# piece written with \\uXXXX escapes (12 bytes per 4-byte character), with room
+# piece written with \uXXXX escapes (12 bytes per 4-byte character), with room
 # for a few such prompts; the floor keeps chat requests with large tool lists
 # or schemas on short-context models working.
 DEFAULT_BODY_BYTES_PER_TOKEN = 128
@@ -85,10 +87,6 @@ class RequestBodyLimitMiddleware:
 
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int) -> None:
-        # Imported here: the API server imports this module.
-        from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
-        from vllm.entrypoints.utils import Utf8JSONResponse
-
         body = ErrorResponse(error=ErrorInfo(message=body_too_large_message(limit),
                                              type="Request Entity Too Large", param=None,
                                              code=413))

@@ -183,11 +183,16 @@ def parse_metrics(text: str) -> dict[str, float]:
 async def _watch_for_lost(client: httpx.AsyncClient, base: str,
                           tasks: list[asyncio.Task]) -> set[int]:
     """Lost, as opposed to slow: a client still waits while the engine has had
-    nothing running or waiting for ENGINE_IDLE_LOST_S. Returns their indices."""
+    nothing running or waiting for ENGINE_IDLE_LOST_S (counted once the round
+    has reached the engine: before that the deadline alone decides). Returns
+    their indices."""
     idle_since: float | None = None
+    seen_busy = False
     while pending := [t for t in tasks if not t.done()]:
         values = parse_metrics((await client.get(f"{base}/metrics")).text)
-        if values["vllm:num_requests_running"] + values["vllm:num_requests_waiting"] == 0:
+        busy = values["vllm:num_requests_running"] + values["vllm:num_requests_waiting"] > 0
+        seen_busy = seen_busy or busy
+        if seen_busy and not busy:
             idle_since = idle_since or time.monotonic()
             if time.monotonic() - idle_since >= ENGINE_IDLE_LOST_S:
                 return {i for i, t in enumerate(tasks) if not t.done()}
@@ -325,6 +330,33 @@ def test_round_of_streams_all_end_and_leave_nothing(server):
 
 
 
+
+
+def test_lost_request_detector_fires(server):
+    """The lost-request check can fail: a request the server never answers (its
+    body never completes) is reported once the rest of the round is done."""
+    async def never_answered() -> None:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        await writer.drain()
+        try:
+            await reader.read()
+        finally:
+            writer.close()
+
+    async def run() -> set[int]:
+        async with httpx.AsyncClient(timeout=REQUEST_DEADLINE_S) as client:
+            tasks = [asyncio.create_task(_one(client, server.url_root, spec))
+                     for spec in make_specs(8)]
+            tasks.append(asyncio.create_task(never_answered()))
+            lost = await asyncio.wait_for(_watch_for_lost(client, server.url_root, tasks),
+                                          ROUND_DEADLINE_S)
+            tasks[-1].cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return lost
+
+    assert asyncio.run(run()) == {8}
 
 if __name__ == "__main__":
     # A round against a running server: PORT [NUM_STREAMS] [SEED].

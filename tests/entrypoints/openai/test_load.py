@@ -184,15 +184,15 @@ async def _watch_for_lost(client: httpx.AsyncClient, base: str,
                           tasks: list[asyncio.Task]) -> set[int]:
     """Lost, as opposed to slow: a client still waits while the engine has had
     nothing running or waiting for ENGINE_IDLE_LOST_S (counted once the round
-    has reached the engine: before that the deadline alone decides). Returns
-    their indices."""
+    has reached the engine -- seen busy, or a request answered -- before that
+    the deadline alone decides). Returns their indices."""
     idle_since: float | None = None
-    seen_busy = False
+    reached = False
     while pending := [t for t in tasks if not t.done()]:
         values = parse_metrics((await client.get(f"{base}/metrics")).text)
         busy = values["vllm:num_requests_running"] + values["vllm:num_requests_waiting"] > 0
-        seen_busy = seen_busy or busy
-        if seen_busy and not busy:
+        reached = reached or busy or len(pending) < len(tasks)
+        if reached and not busy:
             idle_since = idle_since or time.monotonic()
             if time.monotonic() - idle_since >= ENGINE_IDLE_LOST_S:
                 return {i for i, t in enumerate(tasks) if not t.done()}

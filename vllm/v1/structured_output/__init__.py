@@ -40,13 +40,6 @@ class StructuredOutputManager:
         self._tokenizer: Any | None = None
         self._grammar_bitmask: torch.Tensor | None = None
         self._executor: ThreadPoolExecutor | None = None
-        so_config = vllm_config.structured_outputs_config
-        if so_config.reasoning_parser:
-            # No reasoning parsers are built here: the grammar applies from
-            # the first generated token.
-            logger.warning_once("structured_outputs_config.reasoning_parser=%r is ignored: "
-                                "reasoning parsers are not built in this implementation.",
-                                so_config.reasoning_parser)
 
     # ---- lazily built parts ------------------------------------------------------------
     @property

@@ -143,19 +143,32 @@ def test_force_include_usage(flagged):
     assert events[-1]["usage"]["completion_tokens"] == 3
 
 
-def _chat_usage(server: RemoteOpenAIServer) -> dict:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": LONG_PROMPT}],
-            "max_tokens": 2, "temperature": 0}
-    r = httpx.post(server.url_for("v1/chat/completions"), json=body, timeout=60)
-    assert r.status_code == 200, r.text
-    return r.json()["usage"]
+def _usage(server: RemoteOpenAIServer, route: str, stream: bool) -> dict:
+    """The final usage of a request on `route` (chat or completions)."""
+    body: dict = {"model": "tiny", "max_tokens": 2, "temperature": 0}
+    if route == "chat":
+        path, body["messages"] = "v1/chat/completions", [{"role": "user",
+                                                          "content": LONG_PROMPT}]
+    else:
+        path, body["prompt"] = "v1/completions", LONG_PROMPT
+    if not stream:
+        r = httpx.post(server.url_for(path), json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]
+    body.update(stream=True, stream_options={"include_usage": True})
+    with httpx.stream("POST", server.url_for(path), json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    return events[-1]["usage"]
 
 
-def test_prompt_tokens_details(flagged, plain):
-    _chat_usage(flagged)
-    usage = _chat_usage(flagged)
+@pytest.mark.parametrize("route", ["chat", "completions"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_prompt_tokens_details(flagged, plain, route, stream):
+    _usage(flagged, route, stream)
+    usage = _usage(flagged, route, stream)
     assert usage["prompt_tokens_details"]["cached_tokens"] >= 16  # a prefix-cache hit
-    assert _chat_usage(plain).get("prompt_tokens_details") is None
+    assert _usage(plain, route, stream).get("prompt_tokens_details") is None
 
 
 def test_enable_log_requests(flagged, plain):

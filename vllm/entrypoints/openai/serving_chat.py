@@ -22,8 +22,7 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionLogProb,
                                               ChatCompletionResponseChoice,
                                               ChatCompletionResponseStreamChoice,
                                               ChatCompletionStreamResponse, DeltaMessage,
-                                              ErrorResponse, PromptTokenUsageInfo,
-                                              UsageInfo)
+                                              ErrorResponse)
 from vllm.entrypoints.openai import tool_choice
 from vllm.entrypoints.openai.request_limits import check_prompt_text_length
 from vllm.entrypoints.openai.serving_completion import format_prompt_logprobs
@@ -194,6 +193,7 @@ class OpenAIServingChat(OpenAIServing):
         tool_streams = [tool_choice.tool_call_stream(request) for _ in range(num_choices)]
         num_tokens = [0] * num_choices
         num_prompt_tokens = 0
+        num_cached_tokens: int | None = None
         options = request.stream_options
         include_usage = self.enable_force_include_usage or bool(options and options.include_usage)
         continuous = include_usage and bool(options and options.continuous_usage_stats)
@@ -202,12 +202,13 @@ class OpenAIServingChat(OpenAIServing):
             response = ChatCompletionStreamResponse(id=request_id, created=created_time,
                                                     model=model_name, choices=[choice])
             if continuous:
-                response.usage = _usage(num_prompt_tokens, num_tokens[index])
+                response.usage = self.usage_info(num_prompt_tokens, num_tokens[index])
             return f"data: {response.model_dump_json()}\n\n"
 
         try:
             async for res in result_generator:
                 num_prompt_tokens = len(res.prompt_token_ids or [])
+                num_cached_tokens = res.num_cached_tokens
                 for output in res.outputs:
                     i = output.index
                     if output.finish_reason == "error":
@@ -247,7 +248,7 @@ class OpenAIServingChat(OpenAIServing):
             if include_usage:
                 final = ChatCompletionStreamResponse(
                     id=request_id, created=created_time, model=model_name, choices=[],
-                    usage=_usage(num_prompt_tokens, sum(num_tokens)))
+                    usage=self.usage_info(num_prompt_tokens, sum(num_tokens), num_cached_tokens))
                 yield f"data: {final.model_dump_json(exclude_none=True)}\n\n"
         except Exception as e:
             logger.info("Streaming chat completion %s failed: %s", request_id, e)
@@ -298,10 +299,9 @@ class OpenAIServingChat(OpenAIServing):
                 token_ids=list(output.token_ids) if request.return_token_ids else None))
         choices.sort(key=lambda c: c.index)
         num_prompt_tokens = len(final_res.prompt_token_ids or [])
-        usage = _usage(num_prompt_tokens, sum(len(o.token_ids) for o in final_res.outputs))
-        if self.enable_prompt_tokens_details and final_res.num_cached_tokens is not None:
-            usage.prompt_tokens_details = PromptTokenUsageInfo(
-                cached_tokens=final_res.num_cached_tokens)
+        usage = self.usage_info(num_prompt_tokens,
+                                sum(len(o.token_ids) for o in final_res.outputs),
+                                final_res.num_cached_tokens)
         return ChatCompletionResponse(
             id=request_id, created=created_time, model=model_name, choices=choices,
             usage=usage,
@@ -309,11 +309,6 @@ class OpenAIServingChat(OpenAIServing):
                                                    request.prompt_logprobs),
             prompt_token_ids=(final_res.prompt_token_ids if request.return_token_ids
                               else None))
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
-    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens)
 
 
 def create_chat_logprobs(token_ids: Sequence[int],

@@ -15,8 +15,7 @@ from starlette.requests import Request
 from vllm.entrypoints.openai.protocol import (CompletionLogProbs, CompletionRequest,
                                               CompletionResponse, CompletionResponseChoice,
                                               CompletionResponseStreamChoice,
-                                              CompletionStreamResponse, ErrorResponse,
-                                              UsageInfo)
+                                              CompletionStreamResponse, ErrorResponse)
 from vllm.entrypoints.openai.request_limits import check_prompt_text_length
 from vllm.entrypoints.openai.serving_engine import (GenerationError, OpenAIServing,
                                                     clamp_logprob, decoded_token,
@@ -165,12 +164,14 @@ class OpenAIServingCompletion(OpenAIServing):
         previous_num_tokens = [0] * num_choices * num_prompts
         has_echoed = [False] * num_choices * num_prompts
         num_prompt_tokens = [0] * num_prompts
+        num_cached_tokens: list[int | None] = [None] * num_prompts
         options = request.stream_options
         include_usage = self.enable_force_include_usage or bool(options and options.include_usage)
         continuous = include_usage and bool(options and options.continuous_usage_stats)
         try:
             async for prompt_idx, res in result_generator:
                 num_prompt_tokens[prompt_idx] = len(res.prompt_token_ids or [])
+                num_cached_tokens[prompt_idx] = res.num_cached_tokens
                 for output in res.outputs:
                     i = output.index + prompt_idx * num_choices
                     if output.finish_reason == "error":
@@ -196,11 +197,12 @@ class OpenAIServingCompletion(OpenAIServing):
                             stop_reason=output.stop_reason,
                             token_ids=delta_ids if request.return_token_ids else None)])
                     if continuous:
-                        chunk.usage = _usage(num_prompt_tokens[prompt_idx],
+                        chunk.usage = self.usage_info(num_prompt_tokens[prompt_idx],
                                              previous_num_tokens[i])
                     yield f"data: {chunk.model_dump_json()}\n\n"
             if include_usage:
-                usage = _usage(sum(num_prompt_tokens), sum(previous_num_tokens))
+                usage = self.usage_info(sum(num_prompt_tokens), sum(previous_num_tokens),
+                                        _total_cached(num_cached_tokens))
                 final = CompletionStreamResponse(id=request_id, created=created_time,
                                                  model=model_name, choices=[], usage=usage)
                 yield f"data: {final.model_dump_json(exclude_none=True)}\n\n"
@@ -239,6 +241,7 @@ class OpenAIServingCompletion(OpenAIServing):
             tokenizer: Any) -> CompletionResponse:
         choices: list[CompletionResponseChoice] = []
         num_prompt_tokens = num_generated_tokens = 0
+        cached: list[int | None] = []
         for final_res in final_res_batch:
             assert final_res is not None
             for output in final_res.outputs:
@@ -263,14 +266,17 @@ class OpenAIServingCompletion(OpenAIServing):
                 if not (request.echo and request.max_tokens == 0):
                     num_generated_tokens += len(output.token_ids)
             num_prompt_tokens += len(final_res.prompt_token_ids or [])
+            cached.append(final_res.num_cached_tokens)
         return CompletionResponse(id=request_id, created=created_time, model=model_name,
                                   choices=choices,
-                                  usage=_usage(num_prompt_tokens, num_generated_tokens))
+                                  usage=self.usage_info(num_prompt_tokens, num_generated_tokens,
+                                                        _total_cached(cached)))
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
-    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens)
+def _total_cached(per_prompt: list[int | None]) -> int | None:
+    """Prefix-cache hits over a request's prompts (None when none was reported)."""
+    known = [n for n in per_prompt if n is not None]
+    return sum(known) if known else None
 
 
 def create_completion_logprobs(token_ids: list[int],

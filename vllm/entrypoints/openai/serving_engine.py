@@ -22,7 +22,8 @@ from vllm.sampling_params import (RequestOutputKind, SamplingParams,
                                   StructuredOutputsParams)
 from vllm.v1.engine.exceptions import QueueOverflowError
 from vllm.entrypoints.openai.protocol import (LOGPROB_FLOOR, ChatCompletionRequest,
-                                              CompletionRequest, ErrorInfo, ErrorResponse)
+                                              CompletionRequest, ErrorInfo, ErrorResponse,
+                                              PromptTokenUsageInfo, UsageInfo)
 
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
@@ -58,6 +59,17 @@ class OpenAIServing:
         self.enable_force_include_usage = enable_force_include_usage
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.default_sampling_params = self.model_config.get_diff_sampling_param()
+
+    def usage_info(self, prompt_tokens: int, completion_tokens: int,
+                   cached_tokens: int | None = None) -> UsageInfo:
+        """A response's usage; with --enable-prompt-tokens-details its
+        prompt_tokens_details.cached_tokens too (the final usage of both routes,
+        streamed or not, as upstream)."""
+        usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                          total_tokens=prompt_tokens + completion_tokens)
+        if self.enable_prompt_tokens_details and cached_tokens is not None:
+            usage.prompt_tokens_details = PromptTokenUsageInfo(cached_tokens=cached_tokens)
+        return usage
 
     # ------------------------------------------------------------------
     # Errors

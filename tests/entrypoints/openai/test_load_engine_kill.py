@@ -77,7 +77,8 @@ def _health(server: RemoteOpenAIServer) -> int | None:
 
 
 @pytest.mark.parametrize("keep_alive", [False, True], ids=["exits", "keep-alive"])
-def test_engine_core_sigkill_under_load(tiny_model_dir, chat_template_file, keep_alive):
+def test_engine_core_sigkill_under_load(tiny_model_dir, chat_template_file, keep_alive,
+                                        tmp_path):
     """Some streams decoding, some still waiting for a slot: SIGKILL the engine
     core. Every client gets an error; /health is 503 until the server exits
     (on its own by default; with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 it stays up,
@@ -86,7 +87,8 @@ def test_engine_core_sigkill_under_load(tiny_model_dir, chat_template_file, keep
     env = {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1" if keep_alive else "0"}
     server = RemoteOpenAIServer(tiny_model_dir("llama"), default_server_args(chat_template_file)
                                 + ["--served-model-name", MODEL,
-                                   "--max-num-seqs", str(max_num_seqs)], env=env)
+                                   "--max-num-seqs", str(max_num_seqs)], env=env,
+                                log_path=str(tmp_path / "server.log"))
     try:
         tree = [server.ps, *server.children()]
         engines = server.engine_processes()
@@ -111,6 +113,11 @@ def test_engine_core_sigkill_under_load(tiny_model_dir, chat_template_file, keep
 
         ends, killed_at = asyncio.run(run())
         print("\n" + "; ".join(f"{e}: {ends.count(e)}" for e in sorted(set(ends))))
+        # The death is logged with its cause once, not with a traceback per
+        # request in flight (there are KILL_STREAMS of them).
+        log = (tmp_path / "server.log").read_text(errors="replace")
+        assert "Engine core is dead" in log
+        assert log.count("Traceback") <= 2, log.count("Traceback")
         ok = ("status 5", "error frame", "connection error")
         assert all(e.startswith(ok) for e in ends), ends
         health = _health(server)

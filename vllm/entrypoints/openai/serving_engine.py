@@ -20,7 +20,7 @@ from vllm.logger import init_logger
 from vllm.logprobs import Logprob
 from vllm.sampling_params import (RequestOutputKind, SamplingParams,
                                   StructuredOutputsParams)
-from vllm.v1.engine.exceptions import QueueOverflowError
+from vllm.v1.engine.exceptions import EngineDeadError, QueueOverflowError
 from vllm.entrypoints.openai.protocol import (LOGPROB_FLOOR, ChatCompletionRequest,
                                               CompletionRequest, ErrorInfo, ErrorResponse,
                                               PromptTokenUsageInfo, UsageInfo)
@@ -110,7 +110,12 @@ class OpenAIServing:
         if isinstance(e, GenerationError):
             return self.create_error_response(str(e), "InternalServerError",
                                               HTTPStatus.INTERNAL_SERVER_ERROR)
-        logger.exception("Error in request")
+        if isinstance(e, EngineDeadError):
+            # AsyncLLM has logged the death once; a traceback per request in
+            # flight (dozens under load) would bury that line.
+            logger.error("Request failed: %s", e)
+        else:
+            logger.exception("Error in request")
         return self.create_error_response(str(e) or type(e).__name__, "InternalServerError",
                                           HTTPStatus.INTERNAL_SERVER_ERROR)
 

@@ -6,6 +6,10 @@ The model runner wraps each model call in `set_forward_context(...)`; an
 `get_forward_context().attn_metadata[layer_name]`. Keeping the metadata out of
 the model signature is what lets every model keep the plain
 `forward(input_ids, positions)` contract.
+
+`set_forward_context` refuses to nest. The context also carries the CUDA
+graph runtime mode and the `BatchDescriptor` of the forward, which
+`CUDAGraphWrapper` reads to pick the graph to replay.
 """
 from __future__ import annotations
 

@@ -1,5 +1,13 @@
 """The whole engine configuration (upstream: vllm/config/vllm.py), and the
-rule that picks the model runner for each model (upstream PR #44443)."""
+rule that picks the model runner for each model (upstream PR #44443).
+
+`VllmConfig` cross-checks the per-concern configs and decides, per model,
+the model runner (`_is_default_v2_model_runner_model`, overridden by
+VLLM_USE_V2_MODEL_RUNNER; read as `use_v2_model_runner`) and how many
+batches the engine core keeps in flight (`max_concurrent_batches`: the
+pipeline depth, one more under async scheduling except for V1 with
+pipeline parallelism).
+"""
 from __future__ import annotations
 
 import contextlib

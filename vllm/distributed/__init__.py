@@ -1,4 +1,11 @@
-"""Distributed execution: process groups and collectives (upstream: vllm/distributed)."""
+"""Distributed execution: process groups and collectives (upstream: vllm/distributed).
+
+`parallel_state.py`: `GroupCoordinator` and the TP / PP groups (gloo on CPU,
+NCCL on GPU); `communication_op.py`: the collectives the layers call;
+`device_communicators/`: the shared-memory `MessageQueue` the multiprocess
+executor talks to its workers through, and its msgpack RPC codec;
+`kv_events.py`: the KV cache event records.
+"""
 from vllm.distributed.communication_op import (tensor_model_parallel_all_gather,
                                                tensor_model_parallel_all_reduce,
                                                tensor_model_parallel_gather)

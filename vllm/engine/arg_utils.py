@@ -6,6 +6,9 @@ booleans use `BooleanOptionalAction` (`--enable-prefix-caching` /
 `--no-enable-prefix-caching`). `create_engine_config` turns the flat fields
 into the per-concern config dataclasses and fills the defaults that depend on
 the hardware and on who started the engine (`UsageContext`).
+
+`--structured-outputs-config` takes JSON: the dict is checked field by
+field against `StructuredOutputsConfig` (an unknown field is an error).
 """
 from __future__ import annotations
 

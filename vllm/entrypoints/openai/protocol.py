@@ -8,6 +8,11 @@ not a boolean); what pydantic rejects becomes a 400 with the error envelope,
 never FastAPI's 422. Unknown fields are accepted and logged as ignored, as
 upstream. Sizes are bounded here, before any tokenization: `n`, the number of
 prompts, logprob counts.
+
+`response_format` (json_object, json_schema{name, schema, strict}) and the
+`structured_outputs` field both become `SamplingParams.structured_outputs`
+(both at once is a 400). `use_beam_search` turns a request into beam search
+params (`to_beam_search_params`), run by `OpenAIServing.beam_search`.
 """
 from __future__ import annotations
 

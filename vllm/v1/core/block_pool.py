@@ -1,4 +1,12 @@
-"""The pool of KV-cache blocks: allocation, freeing and the prefix cache."""
+"""The pool of KV-cache blocks: allocation, freeing and the prefix cache.
+
+Block 0 is the null block (popped at start-up, never freed: it fills the
+block-table entries a sliding-window, chunked-local or Mamba group skips).
+Free blocks sit in a doubly linked free queue in eviction order; a free block
+keeps its hash in the prefix-cache map until it is reused. With `enable_kv_cache_events`
+every store / removal / clear is recorded as a `vllm.distributed.kv_events`
+event.
+"""
 
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any

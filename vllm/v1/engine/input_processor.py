@@ -5,6 +5,12 @@ the engine core, and raised as a `ValueError` (`VLLMValidationError`, HTTP 400
 in the server): an empty prompt, a token id outside the vocabulary, a prompt
 that leaves no room in `max_model_len`, logprob counts over `max_logprobs`, a
 structured-output constraint xgrammar cannot compile.
+
+Structured outputs (`_validate_structured_output`): backend "auto" resolves
+to xgrammar, unbuilt backends and `skip_tokenizer_init` are refused, and the
+constraint is compiled once here so a bad one never reaches the core. A
+request priority other than 0 is refused unless the scheduling policy is
+"priority".
 """
 from __future__ import annotations
 

@@ -1,5 +1,10 @@
 """One worker in the engine core's own process (upstream:
-vllm/v1/executor/uniproc_executor.py)."""
+vllm/v1/executor/uniproc_executor.py).
+
+Calls are plain method calls on the worker; under async scheduling they run
+on one worker thread, so `execute_model(non_block=True)` returns a Future
+while the engine core goes on scheduling.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -4,6 +4,10 @@ Runs on the device `vllm_config.device_config` names, CPU or CUDA. The KV
 cache budget comes from a memory profile on CUDA and from configuration on
 CPU, where the "device" memory is the host's and profiling it says nothing
 useful about what the rest of the machine needs.
+
+`_make_model_runner` builds Model Runner V2 (`vllm/v1/worker/gpu/`) when
+`VllmConfig.use_v2_model_runner` says so, else the V1 runner
+(`gpu_model_runner.py`).
 """
 from __future__ import annotations
 

@@ -3,6 +3,12 @@
 Read these at the edges (start-up, executor, server), never inside the
 scheduler or the KV-cache allocator. Access as ``vllm.envs.NAME``: each read
 evaluates the variable now, so tests can monkeypatch the environment.
+
+Not every read goes through here yet: `VLLM_XGRAMMAR_CACHE_MB`
+(v1/structured_output/backend_xgrammar.py), `VLLM_CPU_DISABLE_CUSTOM_OPS` and
+`VLLM_CUDA_DISABLE_CUSTOM_OPS` (_custom_ops.py), `VLLM_LOGGING_LEVEL`
+(logger.py) and `PYTHONHASHSEED` (v1/core/kv_cache_utils.py) are read with
+`os.environ` / `os.getenv` where they are used.
 """
 from __future__ import annotations
 

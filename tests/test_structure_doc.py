@@ -1,5 +1,7 @@
 """docs/structure.md is a map: every hop it names (`path.py:function` or
 `path.py:Class.method`) must exist, and so must every path it names.
+csrc/README.md is held to the tree the same way: the source files it names
+exist and the ops it lists are registered by the bindings.
 
 A hop's file is parsed (never imported) and searched for the definition:
 module-level functions and classes, and methods (or nested classes) of a
@@ -16,6 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "structure.md"
+CSRC = ROOT / "csrc"
 
 # A backticked span; hops and paths are found among them.
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -93,3 +96,43 @@ def test_resolver_rejects_missing_names() -> None:
     assert not _resolve("vllm/v1/engine/core.py", "EngineCore.no_such_method")
     assert not _resolve("vllm/v1/engine/core.py", "NoSuchClass")
     assert not _resolve("vllm/v1/engine/core.py", "EngineCore.step.inner")
+
+
+# ---- csrc/README.md ------------------------------------------------------------------
+_SOURCE_FILE = re.compile(r"^[\w./-]+\.(?:cu|cuh|cpp|h|py|sh|txt)$")
+_CUDA_OP = re.compile(r"^(_C|_C_cache_ops)\.(\w+)$")
+_BINDING_DEF = re.compile(r'm\.def\("(\w+)\(')
+
+
+def _csrc_spans() -> list[str]:
+    return sorted(set(_CODE_SPAN.findall((CSRC / "README.md").read_text())))
+
+
+def _registered_ops(bindings: Path) -> set[str]:
+    return set(_BINDING_DEF.findall(bindings.read_text()))
+
+
+@pytest.mark.parametrize("name", [s for s in _csrc_spans() if _SOURCE_FILE.match(s)])
+def test_csrc_readme_file_exists(name: str) -> None:
+    # Names are relative to csrc/ or to the repository root; a bare file name
+    # (`cpu_attn.py`, `benchmark_cpu_ops.py`) is looked up anywhere below them.
+    found = ((CSRC / name).exists() or (ROOT / name).exists()
+             or ("/" not in name and any((ROOT / top).rglob(name))
+                 for top in ("csrc", "vllm", "benchmarks")))
+    assert found, f"csrc/README.md names {name}, which is missing"
+
+
+def test_csrc_readme_ops_are_registered() -> None:
+    cuda_ops = _registered_ops(CSRC / "torch_bindings.cpp")
+    named = [m.group(2) for s in _csrc_spans() if (m := _CUDA_OP.match(s))]
+    assert len(named) >= 7
+    assert set(named) <= cuda_ops, set(named) - cuda_ops
+    # The first column of the CPU ops table: each op is a `_C_cpu` op.
+    text = (CSRC / "README.md").read_text()
+    table = text.split("## CPU ops (`cpu/`)", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in table.splitlines()
+            if line.startswith("| `")]
+    cpu_named = {op for cell in rows for op in _CODE_SPAN.findall(cell)}
+    cpu_ops = _registered_ops(CSRC / "cpu" / "torch_bindings.cpp")
+    assert len(cpu_named) >= 6
+    assert cpu_named <= cpu_ops, cpu_named - cpu_ops

@@ -60,12 +60,3 @@ class SchedulerConfig:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than "
                 f"or equal to max_num_seqs ({self.max_num_seqs}).")
-
-    def get_scheduler_cls(self) -> type:
-        if self.async_scheduling:
-            from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
-            return AsyncScheduler
-        from vllm.v1.core.sched.scheduler import Scheduler
-
-        return Scheduler

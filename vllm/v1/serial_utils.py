@@ -35,7 +35,7 @@ DEFAULT_SIZE_THRESHOLD = 256
 
 # The only dtypes a message may name: decoding never looks a name up in the
 # torch or numpy namespace.
-_TORCH_DTYPES: dict[str, torch.dtype] = {
+TORCH_DTYPES: dict[str, torch.dtype] = {
     str(dt).removeprefix("torch."): dt
     for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
                torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool)
@@ -92,7 +92,7 @@ class MsgpackEncoder:
 
     def _encode_tensor(self, t: torch.Tensor) -> Any:
         dtype = str(t.dtype).removeprefix("torch.")
-        if dtype not in _TORCH_DTYPES:
+        if dtype not in TORCH_DTYPES:
             raise TypeError(f"Tensors of dtype {dtype} cannot be serialized")
         t = t.detach().cpu().contiguous()
         # bfloat16 has no numpy twin: ship raw bytes, reinterpret on the far side.
@@ -176,7 +176,7 @@ class MsgpackDecoder:
 
     def _decode_tensor(self, obj: Any) -> torch.Tensor:
         dtype, shape, data = self._parts(obj)
-        torch_dtype = _TORCH_DTYPES.get(dtype) if isinstance(dtype, str) else None
+        torch_dtype = TORCH_DTYPES.get(dtype) if isinstance(dtype, str) else None
         if torch_dtype is None:
             raise msgspec.ValidationError(f"Tensor dtype {dtype!r} is not allowed")
         numel = 1

@@ -9,6 +9,7 @@ from tests.v1.core.scheduler_utils import (create_requests, create_scheduler,
                                            make_model_runner_output, make_request)
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.engine import FinishReason
+from vllm.v1.engine.core import get_scheduler_cls
 from vllm.v1.request import RequestStatus
 
 pytestmark = pytest.mark.cpu_test
@@ -41,7 +42,7 @@ def run_pipelined(scheduler, before_update=None) -> int:
 def test_scheduler_class_follows_the_config():
     scheduler = create_scheduler(async_scheduling=True)
     assert isinstance(scheduler, AsyncScheduler)
-    assert scheduler.scheduler_config.get_scheduler_cls() is AsyncScheduler
+    assert get_scheduler_cls(scheduler.scheduler_config) is AsyncScheduler
 
 
 def test_placeholders_track_tokens_in_flight():

@@ -13,7 +13,8 @@ from tests.v1.engine.conftest import make_request
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequestType, FinishReason
-from vllm.v1.engine.core_client import EngineCoreClient, SyncMPClient
+from vllm.v1.engine.core_client import EngineCoreClient
+from vllm.v1.engine.core_client_mp import SyncMPClient
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.executor.abstract import Executor
 

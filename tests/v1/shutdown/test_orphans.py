@@ -14,7 +14,7 @@ from tests.entrypoints.openai.conftest import REPO_ROOT, wait_exited
 SCRIPT = """
 import os, signal, sys
 from vllm import LLM, SamplingParams
-from vllm.v1.engine.core_client import SyncMPClient
+from vllm.v1.engine.core_client_mp import SyncMPClient
 llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=64,
           kv_cache_memory_bytes=8 * 2**20)
 client = llm.llm_engine.engine_core

@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 import torch
 
-from vllm.v1.serial_utils import _TORCH_DTYPES, MsgpackDecoder, MsgpackEncoder, bytestr
+from vllm.v1.serial_utils import TORCH_DTYPES, MsgpackDecoder, MsgpackEncoder, bytestr
 
 TAG = "__t"
 # A dotted module path inside the vllm package (identifiers only).
@@ -164,9 +164,9 @@ class RpcDecoder(MsgpackDecoder):
         if kind == "ndarray":
             return self._decode_ndarray(v)
         if kind == "dtype":
-            if v not in _TORCH_DTYPES:
+            if v not in TORCH_DTYPES:
                 raise RpcDecodeError(f"dtype {v!r} is not allowed")
-            return _TORCH_DTYPES[v]
+            return TORCH_DTYPES[v]
         if kind == "device":
             return torch.device(str(v))
         if kind == "enum":

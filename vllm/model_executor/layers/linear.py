@@ -26,7 +26,7 @@ from vllm.model_executor.layers.utils import pack_weight_for_cpu, unquantized_ge
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 
-def _tp_size_and_rank() -> tuple[int, int]:
+def tp_size_and_rank() -> tuple[int, int]:
     """Tensor-parallel world size and rank of this process."""
     return get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
 
@@ -53,7 +53,7 @@ class LinearBase(nn.Module):
         self.skip_bias_add = skip_bias_add
         self.params_dtype = params_dtype or torch.get_default_dtype()
         self.prefix = prefix
-        self.tp_size, self.tp_rank = _tp_size_and_rank()
+        self.tp_size, self.tp_rank = tp_size_and_rank()
         self._packed_weight: torch.Tensor | None = None  # set after loading on CPU
 
     def _create_weights(self, out_features: int, in_features: int, bias: bool,
@@ -184,7 +184,7 @@ class QKVParallelLinear(ColumnParallelLinear):
                  total_num_kv_heads: int | None = None, bias: bool = True,
                  skip_bias_add: bool = False, params_dtype: torch.dtype | None = None,
                  quant_config: Any = None, prefix: str = "") -> None:
-        tp_size, _ = _tp_size_and_rank()
+        tp_size, _ = tp_size_and_rank()
         self.hidden_size = hidden_size
         self.head_size = head_size
         self.total_num_heads = total_num_heads

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parameter import Parameter
 
 from vllm.distributed import divide, tensor_model_parallel_all_reduce
-from vllm.model_executor.layers.linear import _tp_size_and_rank
+from vllm.model_executor.layers.linear import tp_size_and_rank
 from vllm.model_executor.layers.utils import pack_weight_for_cpu
 from vllm.utils import round_up
 
@@ -37,7 +37,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         if quant_config is not None:
             raise NotImplementedError("Quantized embeddings are not built.")
-        self.tp_size, self.tp_rank = _tp_size_and_rank()
+        self.tp_size, self.tp_rank = tp_size_and_rank()
         self.num_embeddings = num_embeddings
         self.org_vocab_size = org_num_embeddings or num_embeddings
         self.embedding_dim = embedding_dim

@@ -299,11 +299,11 @@ def _gen_prompt_embeds_extra_hash_keys(
     if request.prompt_embeds is None:
         return []
     block_range = (start_token_idx, end_token_idx)
-    digest = request._prompt_embeds_per_block_hashes.get(block_range)
+    digest = request.prompt_embeds_per_block_hashes.get(block_range)
     if digest is None:
         block_embeds = request.prompt_embeds[start_token_idx:end_token_idx]
         digest = hashlib.sha256(tensor_data(block_embeds)).digest()
-        request._prompt_embeds_per_block_hashes[block_range] = digest
+        request.prompt_embeds_per_block_hashes[block_range] = digest
     return [digest]
 
 

@@ -17,7 +17,7 @@ At start-up the core sizes the paged KV cache: the executor reports each
 layer's KV spec and the memory it can give the cache, `get_kv_cache_configs`
 turns that into a block count and tensor layout, and the workers allocate it.
 
-`EngineCoreProc` (core_proc.py, importable from here as upstream) runs this
+`EngineCoreProc` (core_proc.py; upstream keeps it in this file) runs this
 class in its own process, a busy loop fed over ZMQ.
 """
 from __future__ import annotations
@@ -40,14 +40,24 @@ from vllm.v1.engine.core_sleep import EngineCoreSleepMixin
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
 
 if TYPE_CHECKING:
+    from vllm.config.scheduler import SchedulerConfig
     from vllm.v1.executor.abstract import Executor
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.outputs import ModelRunnerOutput
 
 logger = init_logger(__name__)
+
+
+def get_scheduler_cls(scheduler_config: "SchedulerConfig") -> type[Scheduler]:
+    """The scheduler class the engine core builds: `AsyncScheduler` with async
+    scheduling, else `Scheduler`. Resolved here, not in `SchedulerConfig`, so
+    that vllm/config stays below vllm/v1 (see .importlinter)."""
+    return AsyncScheduler if scheduler_config.async_scheduling else Scheduler
 
 
 class EngineCore(EngineCoreSleepMixin):
@@ -81,7 +91,7 @@ class EngineCore(EngineCoreSleepMixin):
 
         # 3. The scheduler, and the block hasher that prefix caching keys on.
         self.structured_output_manager = StructuredOutputManager(vllm_config)
-        scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
+        scheduler_cls = get_scheduler_cls(vllm_config.scheduler_config)
         self.scheduler = scheduler_cls(
             vllm_config=vllm_config, kv_cache_config=kv_cache_config,
             structured_output_manager=self.structured_output_manager,
@@ -276,13 +286,3 @@ class EngineCore(EngineCoreSleepMixin):
             self.scheduler.shutdown()
         if getattr(self, "structured_output_manager", None) is not None:
             self.structured_output_manager.clear_backend()
-
-
-def __getattr__(name: str) -> Any:
-    # Upstream's path for EngineCoreProc; it lives in core_proc.py (imported
-    # lazily: core_proc imports this module).
-    if name == "EngineCoreProc":
-        from vllm.v1.engine.core_proc import EngineCoreProc
-
-        return EngineCoreProc
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -136,13 +136,3 @@ class InprocClient(EngineCoreClient):
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()
-
-
-def __getattr__(name: str) -> Any:
-    # The multiprocess clients live in core_client_mp.py (this file would pass
-    # 600 lines); they are importable from here, upstream's path.
-    if name in ("MPClient", "SyncMPClient", "AsyncMPClient", "BackgroundResources"):
-        from vllm.v1.engine import core_client_mp
-
-        return getattr(core_client_mp, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """The multiprocess engine-core clients (upstream: `MPClient`, `SyncMPClient`,
-`AsyncMPClient` in vllm/v1/engine/core_client.py, re-exported from there).
+`AsyncMPClient` in vllm/v1/engine/core_client.py; import them from here).
 
     MPClient.__init__: launch_core_engines() (spawn + handshake up to READY)
                        -> bind ROUTER (inputs) / PULL (outputs)

@@ -33,8 +33,8 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.worker.cudagraph_padding import (PaddedBatch, capture_cudagraphs, dummy_layout,
                                               plan_padding, resolve_cudagraph_mode,
                                               write_padding)
-from vllm.v1.worker.gpu.pp_utils import pp_dummy_intermediate_tensors
 from vllm.v1.worker.gpu_attn_metadata import build_attention_metadata
+from vllm.v1.worker.utils import pp_dummy_intermediate_tensors
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -1,19 +1,22 @@
-"""Small helpers of the V1 model runner (upstream: vllm/v1/worker/utils.py and
-the `CpuGpuBuffer` of vllm/v1/utils.py)."""
+"""Small helpers shared by both model runners (upstream: vllm/v1/worker/utils.py
+and the `CpuGpuBuffer` of vllm/v1/utils.py). This module imports neither runner
+(.importlinter)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
+import torch.nn as nn
+
+from vllm.distributed import get_pp_group
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.attention.backend import (AttentionBackend, AttentionMetadataBuilder,
                                            CommonAttentionMetadata)
     from vllm.v1.kv_cache_interface import KVCacheSpec
-    from vllm.v1.worker.gpu_input_batch import InputBatch
 
 
 class CpuGpuBuffer:
@@ -101,8 +104,19 @@ class AttentionGroup:
     kv_cache_spec: "KVCacheSpec"
 
 
+class SwappableBatch(Protocol):
+    """What `reorder_batch_to_split_decodes_and_prefills` needs of a batch (the
+    V1 runner's `InputBatch`): its rows' request ids and a row swap. A protocol,
+    so that this module, shared by both runners, imports neither."""
+
+    @property
+    def req_ids(self) -> list[str]: ...
+
+    def swap_states(self, i1: int, i2: int) -> None: ...
+
+
 def reorder_batch_to_split_decodes_and_prefills(
-    input_batch: "InputBatch",
+    input_batch: SwappableBatch,
     num_scheduled_tokens: dict[str, int],
     decode_threshold: int = 1,
 ) -> bool:
@@ -128,3 +142,13 @@ def reorder_batch_to_split_decodes_and_prefills(
     for prefill_row, decode_row in zip(prefills_in_front.tolist(), decodes_in_back.tolist()):
         input_batch.swap_states(prefill_row, decode_row)
     return len(prefills_in_front) > 0
+
+
+def pp_dummy_intermediate_tensors(model: nn.Module, num_tokens: int, dtype: torch.dtype,
+                                  device: torch.device) -> Any:
+    """What a dummy batch's forward starts from: None on the first stage, zeros
+    (the model's `make_empty_intermediate_tensors`) on a later one, since the
+    stages run their dummy batches independently."""
+    if get_pp_group().is_first_rank:
+        return None
+    return model.make_empty_intermediate_tensors(num_tokens, dtype, device)

@@ -36,7 +36,7 @@ def make_new_reqs_data(
     data = [
         # A copy: the request keeps appending to its own list.
         NewRequestData.from_request(req, req_to_new_blocks[req.request_id].get_block_ids(),
-                                    prefill_token_ids=list(req._all_token_ids))
+                                    prefill_token_ids=req.all_token_ids.copy())
         for req in itertools.chain(new_reqs, resumed_reqs)
     ]
     return data, []

@@ -43,12 +43,12 @@ from vllm.v1.worker.gpu.cudagraph_utils import (BatchExecutionDescriptor, CudaGr
 from vllm.v1.worker.gpu.input_batch import (InputBatch, InputBuffers,
                                             copy_query_start_loc, num_sampled_and_rejected,
                                             post_update, prepare_token_inputs)
-from vllm.v1.worker.gpu.pp_utils import pp_broadcast, pp_dummy_intermediate_tensors, pp_receive
+from vllm.v1.worker.gpu.pp_utils import pp_broadcast, pp_receive
 from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
 from vllm.v1.worker.gpu.sample.sampler import Sampler, dummy_sample
 from vllm.v1.worker.gpu.states import RequestState
 from vllm.v1.worker.cudagraph_padding import PaddedBatch, resolve_cudagraph_mode
-from vllm.v1.worker.utils import AttentionGroup
+from vllm.v1.worker.utils import AttentionGroup, pp_dummy_intermediate_tensors
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

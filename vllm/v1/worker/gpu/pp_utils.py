@@ -6,14 +6,13 @@ stage's `last_sampled_tokens`; so the last stage broadcasts the tokens it
 sampled and the earlier stages record them as if they had sampled them.
 
 The broadcast goes through host memory (`[num_logits, 1]` int64 on the CPU),
-which every backend of the PP group can carry.
+which every backend of the PP group can carry. A dummy batch's intermediate
+tensors (`pp_dummy_intermediate_tensors`) are shared with the V1 runner, in
+vllm/v1/worker/utils.py.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-import torch.nn as nn
 
 from vllm.distributed import get_pp_group
 
@@ -34,12 +33,3 @@ def pp_receive(num_logits: int, device: torch.device) -> torch.Tensor:
     pp_group.broadcast(sampled, src=pp_group.world_size - 1)
     return sampled.to(device)
 
-
-def pp_dummy_intermediate_tensors(model: nn.Module, num_tokens: int, dtype: torch.dtype,
-                                  device: torch.device) -> Any:
-    """What a dummy batch's forward starts from: None on the first stage, zeros
-    (the model's `make_empty_intermediate_tensors`) on a later one, since the
-    stages run their dummy batches independently."""
-    if get_pp_group().is_first_rank:
-        return None
-    return model.make_empty_intermediate_tensors(num_tokens, dtype, device)

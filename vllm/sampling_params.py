@@ -83,7 +83,8 @@ class StructuredOutputsParams:
         if isinstance(self.json, dict):
             # Before anything copies it (SamplingParams.clone): a schema
             # thousands of levels deep would exhaust the recursion limit.
-            from vllm.v1.structured_output.utils import check_json_schema_depth
+            # Imported here: vllm.utils imports torch, which this module does not.
+            from vllm.utils.json_schema import check_json_schema_depth
             try:
                 check_json_schema_depth(self.json)
             except ValueError as e:

@@ -21,7 +21,7 @@ from vllm.entrypoints.openai.request_limits import (MAX_CANONICAL_DECOMPOSITION,
                                                     default_max_request_body_bytes)
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import StructuredOutputsParams
-from vllm.v1.structured_output.utils import MAX_JSON_SCHEMA_DEPTH, check_json_schema_depth
+from vllm.utils.json_schema import MAX_JSON_SCHEMA_DEPTH, check_json_schema_depth
 
 CORPUS = ("The quick brown fox jumps over the lazy dog. Ünïcödé テキスト 😀 "
           "spaces    and\ttabs\nnew lines, café, 한국어, ﬁ ligature, Å Ω. ") * 20

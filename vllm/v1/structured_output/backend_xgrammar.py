@@ -17,11 +17,11 @@ import torch
 import xgrammar as xgr
 
 from vllm.logger import init_logger
+from vllm.utils.json_schema import check_json_schema_depth
 from vllm.v1.structured_output.backend_types import (StructuredOutputBackend,
                                                      StructuredOutputGrammar,
                                                      StructuredOutputOptions)
-from vllm.v1.structured_output.utils import (check_json_schema_depth, choice_as_grammar,
-                                             grammar_is_likely_lark)
+from vllm.v1.structured_output.utils import choice_as_grammar, grammar_is_likely_lark
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams

@@ -10,18 +10,8 @@ they sit behind `--api-key` when one is set.
 from __future__ import annotations
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 
 import vllm.envs as envs
-from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
-
-
-def error_response(message: str, status_code: int = 400,
-                   err_type: str = "BadRequestError", param: str | None = None) -> JSONResponse:
-    """Upstream's error envelope."""
-    body = ErrorResponse(error=ErrorInfo(message=message, type=err_type, param=param,
-                                         code=status_code))
-    return JSONResponse(body.model_dump(), status_code=status_code)
 
 
 def register_dev_api_routers(app: FastAPI) -> None:

@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from vllm.entrypoints.openai.openapi import DEV_ROUTE_RESPONSES
-from vllm.entrypoints.serve.dev import error_response
+from vllm.entrypoints.serve.dev.errors import error_response
 
 router = APIRouter()
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai.openapi import DEV_ROUTE_RESPONSES
-from vllm.entrypoints.serve.dev import error_response
+from vllm.entrypoints.serve.dev.errors import error_response
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)

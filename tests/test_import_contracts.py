@@ -65,6 +65,28 @@ def test_every_contract_has_a_violation_case():
     assert contracts == set(VIOLATIONS)
 
 
+# Modules of vllm/v1/worker/ above both runners (they pick one, or serve whichever runs).
+WORKER_LEVEL = {"gpu_worker", "worker_base", "worker_sleep"}
+
+
+def test_every_worker_module_is_placed_in_a_layer():
+    """A new file in vllm/v1/worker/ is a V1 runner part, a shared module or
+    worker-level, and the contracts must say which (V2 is the gpu/ package)."""
+    config = _config()
+    runner = set(config["importlinter:contract:v1-runner-not-v2"]["source_modules"].split())
+    shared = set(config["importlinter:contract:shared-worker-modules"]["source_modules"].split())
+    assert runner == set(config["importlinter:contract:v2-not-v1-runner"]["forbidden_modules"]
+                         .split())
+    assert runner | {"vllm.v1.worker.gpu"} == set(
+        config["importlinter:contract:shared-worker-modules"]["forbidden_modules"].split())
+    worker_dir = os.path.join(ROOT, "vllm", "v1", "worker")
+    unplaced = [name for name in sorted(os.listdir(worker_dir))
+                if name.endswith(".py") and name != "__init__.py"
+                and name[:-3] not in WORKER_LEVEL
+                and f"vllm.v1.worker.{name[:-3]}" not in runner | shared]
+    assert not unplaced, f"add these to a contract in .importlinter: {unplaced}"
+
+
 @pytest.fixture(scope="module")
 def package_copy(tmp_path_factory) -> str:
     root = str(tmp_path_factory.mktemp("layers"))

@@ -115,7 +115,7 @@ def test_interactivity_mode_captures_every_small_batch_size(tiny_model_dir):
                       ).create_engine_config(LLM_CLASS).compilation_config
     user.set_cudagraph_sizes(max_num_batched_tokens=8192, max_num_seqs=256)
     assert user.cudagraph_capture_sizes == [1, 8]
-    assert CompilationConfig()._performance_mode == "balanced"
+    assert CompilationConfig().performance_mode == "balanced"
 
 
 # ---- chunked prefill / prefix caching --------------------------------------------------

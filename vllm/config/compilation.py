@@ -131,7 +131,7 @@ class CompilationConfig:
     # `--performance-mode`: "interactivity" captures every batch size up to 32
     # when the capture sizes are not given (set by EngineArgs, as upstream's
     # VllmConfig._set_cudagraph_sizes reads VllmConfig.performance_mode).
-    _performance_mode: str = field(default="balanced", init=False, repr=False, compare=False)
+    performance_mode: str = field(default="balanced", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.mode = CompilationMode(self.mode)
@@ -194,7 +194,7 @@ class CompilationConfig:
             max_size = min(max_size, max_num_batched_tokens)
         if sizes is None:
             sizes = default_capture_sizes(max_size)
-            if self._performance_mode == "interactivity":
+            if self.performance_mode == "interactivity":
                 # One graph per batch size up to 32: no padding of small batches.
                 sizes = sorted(set(range(1, min(max_size, 32) + 1)) | set(sizes))
         self.cudagraph_capture_sizes = [s for s in sizes if s <= max_size]

@@ -320,7 +320,7 @@ class EngineArgs:
         if self.performance_mode != "balanced":
             logger.info("Performance mode set to %r.", self.performance_mode)
         config = self._compilation_config_from_arg()
-        config._performance_mode = self.performance_mode
+        config.performance_mode = self.performance_mode
         return config
 
     def _compilation_config_from_arg(self) -> CompilationConfig:

@@ -7,9 +7,12 @@ submitted as a prompt (its tokens so far) for one token with
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vllm.logprobs import Logprob
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 
 @dataclass
@@ -20,7 +23,7 @@ class BeamSearchSequence:
 
     tokens: list[int]
     logprobs: list[dict[int, Logprob]]
-    lora_request: Any = None
+    lora_request: LoRARequest | None = None
     cum_logprob: float = 0.0
     text: str | None = None
     finish_reason: str | None = None
@@ -42,7 +45,7 @@ class BeamSearchInstance:
     completed: list[BeamSearchSequence] = field(default_factory=list)
 
     @classmethod
-    def from_prompt(cls, prompt_tokens: list[int], lora_request: Any = None
+    def from_prompt(cls, prompt_tokens: list[int], lora_request: LoRARequest | None = None
                     ) -> "BeamSearchInstance":
         return cls(beams=[BeamSearchSequence(tokens=list(prompt_tokens), logprobs=[],
                                              lora_request=lora_request)])

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.logprobs import PromptLogprobs, SampleLogprobs
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 
 @dataclass
@@ -23,7 +26,7 @@ class CompletionOutput:
     logprobs: SampleLogprobs | None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    lora_request: Any = None
+    lora_request: LoRARequest | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -55,7 +58,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
-    lora_request: Any = None
+    lora_request: LoRARequest | None = None
     encoder_prompt: str | None = None
     encoder_prompt_token_ids: list[int] | None = None
     num_cached_tokens: int | None = None

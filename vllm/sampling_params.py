@@ -6,11 +6,14 @@ import json
 import math
 from dataclasses import dataclass
 from enum import Enum, IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from vllm.exceptions import VLLMValidationError
+
+if TYPE_CHECKING:
+    from vllm.tokenizers import TokenizerLike
 
 _SAMPLING_EPS = 1e-5  # temperatures below this are greedy
 _MAX_TEMP = 1e-2  # 0 < T < 0.01 is raised to 0.01 to avoid overflow in logits / T
@@ -326,7 +329,7 @@ class SamplingParams(
             if not self.ignore_eos:
                 self.stop_token_ids = sorted(set(self.stop_token_ids or []) | eos_ids)
 
-    def update_from_tokenizer(self, tokenizer: Any) -> None:
+    def update_from_tokenizer(self, tokenizer: TokenizerLike) -> None:
         """Turn `bad_words` into token-id sequences, as upstream: each word as
         written (left-stripped) and, when it tokenizes to a different first
         token of the same length, with a leading space (a word at the start
@@ -390,7 +393,7 @@ def _convert_logit_bias(logit_bias: dict[Any, Any]) -> dict[int, float]:
     return converted
 
 
-def _max_token_id(tokenizer: Any) -> int:
+def _max_token_id(tokenizer: TokenizerLike) -> int:
     """The largest token id the tokenizer knows (added tokens included)."""
     max_id = getattr(tokenizer, "max_token_id", None)
     if max_id is not None:

@@ -43,3 +43,18 @@ def test_folder_tokenizer_and_missing_path(tmp_path):
     assert tok.decode(tok.encode("The quick brown fox")) == "The quick brown fox"
     with pytest.raises(ValueError, match="does not exist"):
         get_tokenizer(str(tmp_path / "missing"))
+
+
+def test_loaded_tokenizers_provide_tokenizer_like(embedded_model_path, tmp_path):
+    """Every member of `TokenizerLike` exists on what the loader hands out (a
+    GGUF file's tokenizer and a folder's), so the protocol names real methods."""
+    from tests.utils import make_tiny_tokenizer
+    from vllm.tokenizers import TokenizerLike
+
+    members = [name for name in vars(TokenizerLike)
+               if not name.startswith("_") or name == "__len__"]
+    assert {"encode", "decode", "convert_ids_to_tokens", "eos_token_id"} <= set(members)
+    make_tiny_tokenizer(str(tmp_path))
+    for tok in (get_tokenizer(embedded_model_path), get_tokenizer(str(tmp_path))):
+        missing = [name for name in members if not hasattr(tok, name)]
+        assert not missing, f"{type(tok).__name__} lacks {missing}"

@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from vllm.benchmarks.lib.endpoint_request_func import (RequestFuncInput, Request
                                                        fetch_model_info, request_openai_chat,
                                                        request_openai_completions)
 from vllm.benchmarks.throughput import SampleRequest, sample_random_requests
+
+if TYPE_CHECKING:
+    from vllm.tokenizers import TokenizerLike
 
 BACKENDS = {"vllm": request_openai_completions, "openai": request_openai_completions,
             "openai-chat": request_openai_chat}
@@ -266,7 +269,7 @@ def main(args: argparse.Namespace) -> None:
             json.dump(result, f, indent=2)
 
 
-def _load_tokenizer(path: str) -> Any:
+def _load_tokenizer(path: str) -> TokenizerLike:
     from vllm.transformers_utils.tokenizer import get_tokenizer
 
     return get_tokenizer(path)

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from vllm.config import ModelConfig, VllmConfig
     from vllm.inputs import PromptType
+    from vllm.lora.request import LoRARequest
     from vllm.outputs import RequestOutput
     from vllm.sampling_params import SamplingParams
+    from vllm.tokenizers import TokenizerLike
 
 
 class EngineClient(ABC):
@@ -44,7 +46,7 @@ class EngineClient(ABC):
     @abstractmethod
     def generate(self, prompt: "PromptType", sampling_params: "SamplingParams",
                  request_id: str, *, prompt_text: str | None = None,
-                 lora_request: Any = None,
+                 lora_request: LoRARequest | None = None,
                  tokenization_kwargs: dict[str, Any] | None = None,
                  trace_headers: Mapping[str, str] | None = None, priority: int = 0,
                  data_parallel_rank: int | None = None,
@@ -56,7 +58,7 @@ class EngineClient(ABC):
         """Abort request(s) by the id given to `generate`."""
 
     @abstractmethod
-    async def get_tokenizer(self) -> Any:
+    async def get_tokenizer(self) -> TokenizerLike:
         """The tokenizer of the served model."""
 
     @abstractmethod

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.tokenizers import TokenizerLike
 
 logger = init_logger(__name__)
 
@@ -38,7 +41,7 @@ class ChatTemplateResolutionError(ValueError):
     """No chat template: neither given nor defined by the tokenizer."""
 
 
-def resolve_hf_chat_template(tokenizer: Any, chat_template: str | None) -> str:
+def resolve_hf_chat_template(tokenizer: TokenizerLike, chat_template: str | None) -> str:
     """The template to render with: the one given, else the tokenizer's."""
     template = chat_template if chat_template is not None else getattr(
         tokenizer, "chat_template", None)
@@ -111,7 +114,7 @@ def _text_of_part(part: Any) -> str:
     raise ValueError(f"Unsupported content part {part!r}: only text parts are supported.")
 
 
-def apply_hf_chat_template(tokenizer: Any, conversation: list[ChatCompletionMessageParam],
+def apply_hf_chat_template(tokenizer: TokenizerLike, conversation: list[ChatCompletionMessageParam],
                            chat_template: str | None, tools: list[dict[str, Any]] | None, *,
                            add_generation_prompt: bool = True,
                            continue_final_message: bool = False,

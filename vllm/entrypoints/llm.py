@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -28,6 +28,10 @@ from vllm.outputs import RequestOutput
 from vllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.llm_engine import LLMEngine
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+    from vllm.tokenizers import TokenizerLike
 
 logger = init_logger(__name__)
 
@@ -67,7 +71,7 @@ class LLM:
         self.request_counter = itertools.count()
         self.default_sampling_params: dict[str, Any] | None = None
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> TokenizerLike:
         return self.llm_engine.get_tokenizer()
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -80,7 +84,8 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-                 use_tqdm: bool | Callable[..., tqdm] = True, lora_request: Any = None,
+                 use_tqdm: bool | Callable[..., tqdm] = True,
+                 lora_request: LoRARequest | None = None,
                  priority: list[int] | None = None,
                  tokenization_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
         """Generate completions for the prompts, in the order given.
@@ -102,7 +107,7 @@ class LLM:
     def chat(self, messages: list[ChatCompletionMessageParam]
              | Sequence[list[ChatCompletionMessageParam]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool | Callable[..., tqdm] = True, lora_request: Any = None,
+             use_tqdm: bool | Callable[..., tqdm] = True, lora_request: LoRARequest | None = None,
              chat_template: str | None = None,
              chat_template_content_format: ChatTemplateContentFormatOption = "auto",
              add_generation_prompt: bool = True, continue_final_message: bool = False,
@@ -140,7 +145,7 @@ class LLM:
                              lora_request=lora_request)
 
     def beam_search(self, prompts: Sequence[TokensPrompt | TextPrompt | str],
-                    params: BeamSearchParams, lora_request: Any = None,
+                    params: BeamSearchParams, lora_request: LoRARequest | None = None,
                     use_tqdm: bool = False,
                     concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
         """Beam search over each prompt, as upstream: every step, each live
@@ -176,7 +181,8 @@ class LLM:
         return outputs
 
     @staticmethod
-    def _beam_prompt_tokens(prompt: TokensPrompt | TextPrompt | str, tokenizer: Any) -> list[int]:
+    def _beam_prompt_tokens(prompt: TokensPrompt | TextPrompt | str,
+                            tokenizer: TokenizerLike) -> list[int]:
         if isinstance(prompt, str):
             return tokenizer.encode(prompt)
         if "prompt_token_ids" in prompt:
@@ -240,7 +246,8 @@ class LLM:
 
     def _validate_and_add_requests(self, prompts: PromptType | Sequence[PromptType],
                                    params: SamplingParams | Sequence[SamplingParams], *,
-                                   use_tqdm: bool | Callable[..., tqdm], lora_request: Any,
+                                   use_tqdm: bool | Callable[..., tqdm],
+                                   lora_request: LoRARequest | None,
                                    priority: list[int] | None,
                                    tokenization_kwargs: dict[str, Any] | None) -> None:
         if isinstance(prompts, (str, dict)):
@@ -275,8 +282,9 @@ class LLM:
                 self.llm_engine.abort_request(added, internal=True)
             raise
 
-    def _add_request(self, prompt: PromptType, params: SamplingParams, lora_request: Any,
-                     priority: int, tokenization_kwargs: dict[str, Any] | None) -> str:
+    def _add_request(self, prompt: PromptType, params: SamplingParams,
+                     lora_request: LoRARequest | None, priority: int,
+                     tokenization_kwargs: dict[str, Any] | None) -> str:
         request_id = str(next(self.request_counter))
         return self.llm_engine.add_request(request_id, prompt, params,
                                            lora_request=lora_request,

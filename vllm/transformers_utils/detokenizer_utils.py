@@ -14,14 +14,17 @@ so the character comes out whole once its last byte arrives.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm.tokenizers import TokenizerLike
 
 # How many prompt tokens seed the window, so the first generated token is
 # decoded with its left context (e.g. "▁Paris" after a word becomes " Paris").
 INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET = 5
 
 
-def convert_prompt_ids_to_tokens(tokenizer: Any, prompt_ids: list[int],
+def convert_prompt_ids_to_tokens(tokenizer: TokenizerLike, prompt_ids: list[int],
                                  skip_special_tokens: bool = False
                                  ) -> tuple[list[str], int, int]:
     """Tokens of the prompt's tail and the (prefix_offset, read_offset) to start from."""
@@ -31,8 +34,8 @@ def convert_prompt_ids_to_tokens(tokenizer: Any, prompt_ids: list[int],
     return tokens, prefix_offset, len(tokens)
 
 
-def detokenize_incrementally(tokenizer: Any, all_input_ids: list[int], prev_tokens: list[str],
-                             prefix_offset: int, read_offset: int,
+def detokenize_incrementally(tokenizer: TokenizerLike, all_input_ids: list[int],
+                             prev_tokens: list[str], prefix_offset: int, read_offset: int,
                              skip_special_tokens: bool = False,
                              spaces_between_special_tokens: bool = True
                              ) -> tuple[list[str], str, int, int]:
@@ -53,13 +56,14 @@ def detokenize_incrementally(tokenizer: Any, all_input_ids: list[int], prev_toke
     return new_tokens, new_text[len(prefix_text):], read_offset, len(output_tokens)
 
 
-def _ids_to_tokens(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> list[str]:
+def _ids_to_tokens(tokenizer: TokenizerLike, ids: list[int],
+                   skip_special_tokens: bool) -> list[str]:
     tokens = tokenizer.convert_ids_to_tokens(ids, skip_special_tokens=skip_special_tokens)
     # Ids the tokenizer does not know come back as None; they decode to nothing.
     return [t if t is not None else "" for t in tokens]
 
 
-def _tokens_to_string(tokenizer: Any, tokens: list[str], skip_special_tokens: bool,
+def _tokens_to_string(tokenizer: TokenizerLike, tokens: list[str], skip_special_tokens: bool,
                       spaces_between_special_tokens: bool) -> str:
     """Decode tokens, keeping added (special) tokens verbatim as HF's slow decode does."""
     added = tokenizer.get_added_vocab()

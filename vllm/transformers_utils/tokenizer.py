@@ -15,13 +15,18 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.logger import init_logger
 
+if TYPE_CHECKING:
+    from vllm.tokenizers import TokenizerLike
+
 logger = init_logger(__name__)
 
-# Any Hugging Face tokenizer (fast or slow); the engine only uses the common API.
+# Any Hugging Face tokenizer (fast or slow). The loaders below use more of it
+# (`is_fast`, `save_pretrained`); what they hand out is typed `TokenizerLike`,
+# the part the engine and the front end use.
 AnyTokenizer = Any
 
 _CACHE: dict[tuple, AnyTokenizer] = {}
@@ -29,7 +34,7 @@ _CACHE: dict[tuple, AnyTokenizer] = {}
 
 def get_tokenizer(tokenizer_name: str | os.PathLike, tokenizer_mode: str = "auto",
                   trust_remote_code: bool = False, revision: str | None = None,
-                  **kwargs: Any) -> AnyTokenizer:
+                  **kwargs: Any) -> TokenizerLike:
     """Load a tokenizer from a local model folder or a `.gguf` file.
 
     tokenizer_mode: "auto" prefers the fast (Rust) tokenizer, "slow" asks for
@@ -115,7 +120,7 @@ def _save_atomically(tokenizer: AnyTokenizer, cache_dir: Path) -> None:
         logger.debug("Not caching the GGUF tokenizer (%s)", e)
 
 
-def cached_tokenizer_from_config(model_config: Any, **kwargs: Any) -> AnyTokenizer:
+def cached_tokenizer_from_config(model_config: Any, **kwargs: Any) -> TokenizerLike:
     """The tokenizer a `ModelConfig` names (upstream helper of the same name)."""
     return get_tokenizer(model_config.tokenizer, tokenizer_mode=model_config.tokenizer_mode,
                          trust_remote_code=model_config.trust_remote_code,

@@ -12,6 +12,7 @@ from vllm.v1.engine import (EngineCoreEvent, EngineCoreEventType, EngineCoreRequ
                             FinishReason)
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
     from vllm.v1.core.kv_cache_utils import BlockHash
     from vllm.v1.structured_output.request import StructuredOutputRequest
 
@@ -96,7 +97,7 @@ class Request:
         arrival_time: float | None = None,
         prompt_embeds: Any | None = None,
         mm_features: list[Any] | None = None,
-        lora_request: Any | None = None,
+        lora_request: LoRARequest | None = None,
         cache_salt: str | None = None,
         priority: int = 0,
         trace_headers: dict[str, str] | None = None,

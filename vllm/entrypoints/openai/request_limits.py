@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -25,6 +25,9 @@ from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from vllm.entrypoints.utils import Utf8JSONResponse
 from vllm.exceptions import VLLMValidationError
 from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.tokenizers import TokenizerLike
 
 logger = init_logger(__name__)
 
@@ -138,7 +141,7 @@ class PromptLengthBound:
         return math.ceil((_utf8_len(text) - dropped) / self.bytes_per_token)
 
     @staticmethod
-    def from_tokenizer(tokenizer: Any) -> "PromptLengthBound":
+    def from_tokenizer(tokenizer: TokenizerLike) -> "PromptLengthBound":
         """Prove a bound for a Hugging Face fast tokenizer, or give none.
 
         Proof. Encoding runs: split out added tokens -> normalizer ->
@@ -285,7 +288,7 @@ def _token_coverage(spec: dict, byte_level: bool) -> tuple[int, str] | str:
 _BOUNDS: dict[int, tuple[Any, PromptLengthBound]] = {}
 
 
-def prompt_length_bound(tokenizer: Any) -> PromptLengthBound:
+def prompt_length_bound(tokenizer: TokenizerLike) -> PromptLengthBound:
     """The tokenizer's bound (cached)."""
     entry = _BOUNDS.get(id(tokenizer))
     if entry is None or entry[0] is not tokenizer:
@@ -300,7 +303,7 @@ def prompt_length_bound(tokenizer: Any) -> PromptLengthBound:
     return entry[1]
 
 
-def check_prompt_text_length(tokenizer: Any, text: str, max_model_len: int,
+def check_prompt_text_length(tokenizer: TokenizerLike, text: str, max_model_len: int,
                              max_tokens: int | None, param: str = "prompt") -> None:
     """Refuse a text provably too long for the context, before tokenizing it,
     with upstream's messages for a prompt of (at least) that many tokens.

@@ -39,6 +39,7 @@ from vllm.sampling_params import StructuredOutputsParams
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
     from vllm.entrypoints.openai.serving_models import OpenAIServingModels
+    from vllm.tokenizers import TokenizerLike
 
 logger = init_logger(__name__)
 
@@ -111,7 +112,8 @@ class OpenAIServingChat(OpenAIServing):
     # Prompt
     # ------------------------------------------------------------------
 
-    def _render(self, request: ChatCompletionRequest, tokenizer: Any) -> tuple[str, list[int]]:
+    def _render(self, request: ChatCompletionRequest,
+                tokenizer: TokenizerLike) -> tuple[str, list[int]]:
         tool_choice.check_tool_choice(request, self.enable_auto_tools)
         if request.chat_template is not None and not self.trust_request_chat_template:
             raise VLLMValidationError(
@@ -185,7 +187,7 @@ class OpenAIServingChat(OpenAIServing):
     async def chat_completion_stream_generator(
             self, request: ChatCompletionRequest,
             result_generator: AsyncIterator[RequestOutput], request_id: str, model_name: str,
-            tokenizer: Any) -> AsyncGenerator[str, None]:
+            tokenizer: TokenizerLike) -> AsyncGenerator[str, None]:
         created_time = int(time.time())
         num_choices = request.n
         role = self.get_chat_request_role(request)
@@ -272,7 +274,7 @@ class OpenAIServingChat(OpenAIServing):
     async def chat_completion_full_generator(
             self, request: ChatCompletionRequest,
             result_generator: AsyncIterator[RequestOutput], request_id: str, model_name: str,
-            tokenizer: Any) -> ChatCompletionResponse:
+            tokenizer: TokenizerLike) -> ChatCompletionResponse:
         created_time = int(time.time())
         final_res: RequestOutput | None = None
         async for res in result_generator:
@@ -313,7 +315,7 @@ class OpenAIServingChat(OpenAIServing):
 
 def create_chat_logprobs(token_ids: Sequence[int],
                          top_logprobs: Sequence[dict[int, Logprob] | None] | None,
-                         num_output_top_logprobs: int, tokenizer: Any,
+                         num_output_top_logprobs: int, tokenizer: TokenizerLike,
                          as_token_ids: bool = False) -> ChatCompletionLogProbs:
     """One entry per generated token: its logprob and the `top_logprobs` most
     likely tokens at that position."""

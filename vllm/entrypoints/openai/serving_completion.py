@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
@@ -25,6 +25,9 @@ from vllm.inputs import TokensPrompt
 from vllm.logger import init_logger
 from vllm.logprobs import Logprob
 from vllm.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from vllm.tokenizers import TokenizerLike
 
 logger = init_logger(__name__)
 
@@ -79,7 +82,8 @@ class OpenAIServingCompletion(OpenAIServing):
     # Prompts
     # ------------------------------------------------------------------
 
-    def _tokenize_prompts(self, request: CompletionRequest, tokenizer: Any) -> list[PromptInput]:
+    def _tokenize_prompts(self, request: CompletionRequest,
+                          tokenizer: TokenizerLike) -> list[PromptInput]:
         prompt = request.prompt
         if isinstance(prompt, str):
             raw: Sequence[str | list[int]] = [prompt]
@@ -158,7 +162,7 @@ class OpenAIServingCompletion(OpenAIServing):
             self, request: CompletionRequest,
             result_generator: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
             created_time: int, model_name: str, num_prompts: int,
-            tokenizer: Any) -> AsyncGenerator[str, None]:
+            tokenizer: TokenizerLike) -> AsyncGenerator[str, None]:
         num_choices = request.n
         previous_text_lens = [0] * num_choices * num_prompts
         previous_num_tokens = [0] * num_choices * num_prompts
@@ -238,7 +242,7 @@ class OpenAIServingCompletion(OpenAIServing):
     def request_output_to_completion_response(
             self, final_res_batch: list[RequestOutput | None], request: CompletionRequest,
             request_id: str, created_time: int, model_name: str,
-            tokenizer: Any) -> CompletionResponse:
+            tokenizer: TokenizerLike) -> CompletionResponse:
         choices: list[CompletionResponseChoice] = []
         num_prompt_tokens = num_generated_tokens = 0
         cached: list[int | None] = []
@@ -281,7 +285,7 @@ def _total_cached(per_prompt: list[int | None]) -> int | None:
 
 def create_completion_logprobs(token_ids: list[int],
                                top_logprobs: Sequence[dict[int, Logprob] | None] | None,
-                               num_output_top_logprobs: int, tokenizer: Any,
+                               num_output_top_logprobs: int, tokenizer: TokenizerLike,
                                initial_text_offset: int = 0,
                                as_token_ids: bool = False) -> CompletionLogProbs:
     """The `logprobs` object of a completion choice.

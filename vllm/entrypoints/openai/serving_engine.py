@@ -28,6 +28,7 @@ from vllm.entrypoints.openai.protocol import (LOGPROB_FLOOR, ChatCompletionReque
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
     from vllm.entrypoints.openai.serving_models import OpenAIServingModels
+    from vllm.tokenizers import TokenizerLike
 
 logger = init_logger(__name__)
 
@@ -351,7 +352,7 @@ def clamp_logprob(value: float) -> float:
     return value if value >= LOGPROB_FLOOR else LOGPROB_FLOOR
 
 
-def decoded_token(token_id: int, logprob: Logprob, tokenizer: Any,
+def decoded_token(token_id: int, logprob: Logprob, tokenizer: TokenizerLike,
                   return_as_token_id: bool = False) -> str:
     if return_as_token_id:
         return f"token_id:{token_id}"

@@ -2,7 +2,7 @@
 vllm/entrypoints/openai/serving_tokenization.py)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm.entrypoints.chat_utils import apply_hf_chat_template
 from vllm.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse,
@@ -15,6 +15,7 @@ from vllm.exceptions import VLLMValidationError
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
     from vllm.entrypoints.openai.serving_models import OpenAIServingModels
+    from vllm.tokenizers import TokenizerLike
 
 
 class OpenAIServingTokenization(OpenAIServing):
@@ -50,7 +51,7 @@ class OpenAIServingTokenization(OpenAIServing):
         return TokenizeResponse(tokens=ids, token_strs=token_strs, count=len(ids),
                                 max_model_len=self.max_model_len)
 
-    def _render_chat(self, request: TokenizeChatRequest, tokenizer: Any) -> str:
+    def _render_chat(self, request: TokenizeChatRequest, tokenizer: TokenizerLike) -> str:
         if request.chat_template is not None and not self.trust_request_chat_template:
             raise VLLMValidationError(
                 "Chat template is passed with request, but --trust-request-chat-template is "

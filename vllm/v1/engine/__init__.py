@@ -148,6 +148,9 @@ class EngineCoreOutputs(
 ):
     engine_index: int = 0
     outputs: list[EngineCoreOutput] = []
+    # A SchedulerStats (vllm/v1/metrics/stats.py). Declared Any on purpose: msgspec decodes
+    # by this annotation, and the client rebuilds the dataclass from the plain dict
+    # (core_client_mp._restore_stats), dropping keys it does not know.
     scheduler_stats: Any | None = None
     timestamp: float = 0.0
     utility_output: UtilityOutput | None = None

@@ -45,6 +45,9 @@ from vllm.v1.metrics.loggers import StatLoggerBase, StatLoggerManager
 from vllm.v1.metrics.stats import IterationStats, RequestStateStats
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+    from vllm.tokenizers import TokenizerLike
+    from vllm.v1.engine.core_client_mp import AsyncMPClient
     from vllm.v1.executor.abstract import Executor
 
 logger = init_logger(__name__)
@@ -182,7 +185,8 @@ class AsyncLLM(EngineClient):
     # ------------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                          arrival_time: float | None = None, lora_request: Any = None,
+                          arrival_time: float | None = None,
+                          lora_request: LoRARequest | None = None,
                           tokenization_kwargs: dict[str, Any] | None = None,
                           trace_headers: Mapping[str, str] | None = None, priority: int = 0,
                           data_parallel_rank: int | None = None,
@@ -195,7 +199,7 @@ class AsyncLLM(EngineClient):
 
     async def _add_request_internal(self, request_id: str, prompt: PromptType,
                                     params: SamplingParams, arrival_time: float | None,
-                                    lora_request: Any,
+                                    lora_request: LoRARequest | None,
                                     tokenization_kwargs: dict[str, Any] | None,
                                     trace_headers: Mapping[str, str] | None, priority: int,
                                     data_parallel_rank: int | None,
@@ -265,7 +269,7 @@ class AsyncLLM(EngineClient):
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
                        request_id: str, *, prompt_text: str | None = None,
-                       lora_request: Any = None,
+                       lora_request: LoRARequest | None = None,
                        tokenization_kwargs: dict[str, Any] | None = None,
                        trace_headers: Mapping[str, str] | None = None, priority: int = 0,
                        data_parallel_rank: int | None = None,
@@ -351,7 +355,7 @@ class AsyncLLM(EngineClient):
     def dead_error(self) -> BaseException:
         return EngineDeadError()
 
-    async def get_tokenizer(self) -> Any:
+    async def get_tokenizer(self) -> TokenizerLike:
         return self.input_processor.get_tokenizer()
 
     async def get_supported_tasks(self) -> tuple[str, ...]:
@@ -392,7 +396,7 @@ class AsyncLLM(EngineClient):
         return self.output_processor.get_num_unfinished_requests()
 
 
-async def _output_handler(engine_core: Any, output_processor: OutputProcessor,
+async def _output_handler(engine_core: AsyncMPClient, output_processor: OutputProcessor,
                           stats: _StatsTracker | None,
                           logger_manager: StatLoggerManager | None) -> None:
     """Engine-core outputs -> per-request collectors, until the engine dies."""

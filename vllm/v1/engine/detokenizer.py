@@ -16,12 +16,15 @@ from __future__ import annotations
 import sys
 from abc import ABC, abstractmethod
 from bisect import bisect_left
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vllm.logger import init_logger
 from vllm.transformers_utils.detokenizer_utils import (convert_prompt_ids_to_tokens,
                                                        detokenize_incrementally)
 from vllm.v1.engine import EngineCoreRequest
+
+if TYPE_CHECKING:
+    from vllm.tokenizers import TokenizerLike
 
 logger = init_logger(__name__)
 
@@ -52,7 +55,7 @@ class IncrementalDetokenizer:
         return ""
 
     @classmethod
-    def from_new_request(cls, tokenizer: Any | None,
+    def from_new_request(cls, tokenizer: TokenizerLike | None,
                          request: EngineCoreRequest) -> "IncrementalDetokenizer":
         if tokenizer is None:
             return IncrementalDetokenizer()
@@ -61,7 +64,7 @@ class IncrementalDetokenizer:
         return SlowIncrementalDetokenizer(tokenizer, request)
 
 
-def _has_fast_backend(tokenizer: Any) -> bool:
+def _has_fast_backend(tokenizer: TokenizerLike) -> bool:
     from tokenizers import Tokenizer
 
     return isinstance(getattr(tokenizer, "_tokenizer", None), Tokenizer)
@@ -141,7 +144,7 @@ class BaseIncrementalDetokenizer(IncrementalDetokenizer, ABC):
 class FastIncrementalDetokenizer(BaseIncrementalDetokenizer):
     """Decodes with the Rust tokenizer's `DecodeStream`, primed with the prompt."""
 
-    def __init__(self, tokenizer: Any, request: EngineCoreRequest) -> None:
+    def __init__(self, tokenizer: TokenizerLike, request: EngineCoreRequest) -> None:
         super().__init__(request)
         from tokenizers.decoders import DecodeStream
 
@@ -193,7 +196,7 @@ class FastIncrementalDetokenizer(BaseIncrementalDetokenizer):
 class SlowIncrementalDetokenizer(BaseIncrementalDetokenizer):
     """Decodes with prefix/read offsets over Python tokenizers' token strings."""
 
-    def __init__(self, tokenizer: Any, request: EngineCoreRequest) -> None:
+    def __init__(self, tokenizer: TokenizerLike, request: EngineCoreRequest) -> None:
         super().__init__(request)
         params = request.sampling_params
         self.tokenizer = tokenizer

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.config import VllmConfig
 from vllm.config.structured_outputs import verify_backend_name
@@ -27,20 +27,24 @@ from vllm.sampling_params import SamplingParams
 from vllm.utils import random_uuid
 from vllm.v1.engine import EngineCoreRequest
 
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+    from vllm.tokenizers import TokenizerLike
+
 logger = init_logger(__name__)
 
 
 class InputProcessor:
     """Validates and tokenizes prompts for one model."""
 
-    def __init__(self, vllm_config: VllmConfig, tokenizer: Any | None) -> None:
+    def __init__(self, vllm_config: VllmConfig, tokenizer: TokenizerLike | None) -> None:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.tokenizer = tokenizer
         # generation_config.json: its extra EOS ids become stop ids.
         self.generation_config_fields = self.model_config.try_get_generation_config()
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> TokenizerLike:
         if self.tokenizer is None:
             raise ValueError("Unable to get tokenizer because skip_tokenizer_init is True")
         return self.tokenizer
@@ -56,7 +60,7 @@ class InputProcessor:
         request.request_id = f"{request.external_req_id}-{random_uuid()[:8]}"
 
     def process_inputs(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                       arrival_time: float | None = None, lora_request: Any = None,
+                       arrival_time: float | None = None, lora_request: LoRARequest | None = None,
                        tokenization_kwargs: dict[str, Any] | None = None,
                        trace_headers: Mapping[str, str] | None = None, priority: int = 0,
                        data_parallel_rank: int | None = None) -> EngineCoreRequest:

@@ -27,6 +27,8 @@ from vllm.v1.engine.output_processor import OutputProcessor
 from vllm.v1.engine.parallel_sampling import ParentRequest
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+    from vllm.tokenizers import TokenizerLike
     from vllm.v1.executor.abstract import Executor
 
 logger = init_logger(__name__)
@@ -96,7 +98,7 @@ class LLMEngine:
         return self.output_processor.has_unfinished_requests()
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None, lora_request: Any = None,
+                    arrival_time: float | None = None, lora_request: LoRARequest | None = None,
                     tokenization_kwargs: dict[str, Any] | None = None,
                     trace_headers: Mapping[str, str] | None = None,
                     priority: int = 0) -> str:
@@ -152,7 +154,7 @@ class LLMEngine:
         self.engine_core.abort_requests(processed.reqs_to_abort)
         return processed.request_outputs
 
-    def get_tokenizer(self) -> Any:
+    def get_tokenizer(self) -> TokenizerLike:
         return self.input_processor.get_tokenizer()
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vllm.logprobs import (FlatLogprobs, PromptLogprobs, SampleLogprobs,
                            append_logprobs_for_next_position, create_prompt_logprobs,
@@ -10,13 +10,16 @@ from vllm.logprobs import (FlatLogprobs, PromptLogprobs, SampleLogprobs,
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest
 from vllm.v1.outputs import LogprobsLists, LogprobsTensors
 
+if TYPE_CHECKING:
+    from vllm.tokenizers import TokenizerLike
+
 
 @dataclass
 class LogprobsProcessor:
     """Accumulates a request's sample and prompt logprobs across steps, in
     the plain or the flat container (`SamplingParams.flat_logprobs`)."""
 
-    tokenizer: Any | None
+    tokenizer: TokenizerLike | None
     logprobs: SampleLogprobs | None  # None unless the request asked for logprobs
     prompt_logprobs: PromptLogprobs | None  # None unless it asked for prompt logprobs
     cumulative_logprob: float | None
@@ -24,7 +27,7 @@ class LogprobsProcessor:
     num_prompt_logprobs: int | None
 
     @classmethod
-    def from_new_request(cls, tokenizer: Any | None,
+    def from_new_request(cls, tokenizer: TokenizerLike | None,
                          request: EngineCoreRequest) -> "LogprobsProcessor":
         params = request.sampling_params
         assert params is not None

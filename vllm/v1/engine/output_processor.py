@@ -14,13 +14,18 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 from vllm.v1.engine.logprobs import LogprobsProcessor
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+    from vllm.tokenizers import TokenizerLike
+    from vllm.v1.engine.parallel_sampling import ParentRequest
 
 
 class RequestOutputCollector:
@@ -70,8 +75,9 @@ class OutputProcessorOutput:
 class RequestState:
     """Front-end state of one request."""
 
-    def __init__(self, request_id: str, external_req_id: str, parent_req: Any,
-                 request_index: int, lora_request: Any, output_kind: RequestOutputKind,
+    def __init__(self, request_id: str, external_req_id: str,
+                 parent_req: ParentRequest | None, request_index: int,
+                 lora_request: LoRARequest | None, output_kind: RequestOutputKind,
                  prompt: str | None, prompt_token_ids: list[int] | None,
                  logprobs_processor: LogprobsProcessor,
                  detokenizer: IncrementalDetokenizer, max_tokens_param: int | None,
@@ -97,8 +103,9 @@ class RequestState:
         self.sent_tokens_offset = 0  # output tokens already sent (stream_interval > 1)
 
     @classmethod
-    def from_new_request(cls, tokenizer: Any, request: EngineCoreRequest, prompt: str | None,
-                         parent_req: Any, request_index: int,
+    def from_new_request(cls, tokenizer: TokenizerLike | None, request: EngineCoreRequest,
+                         prompt: str | None,
+                         parent_req: ParentRequest | None, request_index: int,
                          queue: RequestOutputCollector | None, log_stats: bool,
                          stream_interval: int) -> "RequestState":
         params = request.sampling_params
@@ -178,7 +185,8 @@ class RequestState:
 class OutputProcessor:
     """Turns `EngineCoreOutput`s into `RequestOutput`s (front-end side)."""
 
-    def __init__(self, tokenizer: Any, log_stats: bool, stream_interval: int = 1) -> None:
+    def __init__(self, tokenizer: TokenizerLike | None, log_stats: bool,
+                 stream_interval: int = 1) -> None:
         self.tokenizer = tokenizer
         self.log_stats = log_stats
         self.stream_interval = stream_interval
@@ -202,7 +210,7 @@ class OutputProcessor:
                 state.queue.put(e)
 
     def add_request(self, request: EngineCoreRequest, prompt: str | None,
-                    parent_req: Any = None, request_index: int = 0,
+                    parent_req: ParentRequest | None = None, request_index: int = 0,
                     queue: RequestOutputCollector | None = None) -> None:
         request_id = request.request_id
         if request_id in self.request_states:

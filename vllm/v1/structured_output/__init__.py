@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from vllm.v1.structured_output.backend_types import (StructuredOutputBackend,
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.tokenizers import TokenizerLike
     from vllm.v1.request import Request
 
 logger = init_logger(__name__)
@@ -37,13 +38,13 @@ class StructuredOutputManager:
     def __init__(self, vllm_config: "VllmConfig") -> None:
         self.vllm_config = vllm_config
         self.backend: StructuredOutputBackend | None = None
-        self._tokenizer: Any | None = None
+        self._tokenizer: TokenizerLike | None = None
         self._grammar_bitmask: torch.Tensor | None = None
         self._executor: ThreadPoolExecutor | None = None
 
     # ---- lazily built parts ------------------------------------------------------------
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> TokenizerLike:
         """The engine's tokenizer (the same loader, GGUF files included)."""
         if self._tokenizer is None:
             model_config = self.vllm_config.model_config

@@ -5,13 +5,13 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
-
     from vllm.config import VllmConfig
     from vllm.sampling_params import StructuredOutputsParams
+    from vllm.tokenizers import TokenizerLike
+    import torch
 
 
 class StructuredOutputOptions(enum.Enum):
@@ -64,7 +64,7 @@ class StructuredOutputBackend(ABC):
     """Compiles constraints into grammars for one tokenizer."""
 
     vllm_config: "VllmConfig"
-    tokenizer: Any
+    tokenizer: TokenizerLike
     # The model's logits width: the bitmask's vocabulary.
     vocab_size: int
 

@@ -4,7 +4,8 @@ vllm/v1/structured_output/utils.py)."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -15,6 +16,16 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 
 logger = init_logger(__name__)
+
+
+class BatchRows(Protocol):
+    """What `apply_grammar_bitmask` reads of a runner's input batch: the
+    request id of each row, in logits order. V1's `InputBatch` (None marks a
+    hole left by a removed request) and Model Runner V2's `InputBatch` both
+    provide it."""
+
+    @property
+    def req_ids(self) -> Sequence[str | None]: ...
 
 _EBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -49,7 +60,7 @@ def grammar_is_likely_lark(grammar_str: str) -> bool:
 
 
 def apply_grammar_bitmask(scheduler_output: "SchedulerOutput",
-                          grammar_output: "GrammarOutput", input_batch: Any,
+                          grammar_output: "GrammarOutput", input_batch: BatchRows,
                           logits: torch.Tensor) -> None:
     """Mask, in place, the logits of every structured-output request: a token
     whose bit is clear in its row becomes -inf. Rows of other requests are

@@ -16,7 +16,7 @@ go and move through a `BatchUpdateBuilder` drained once per step by
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from vllm.v1.sample.logits_processor import (BatchUpdate, BatchUpdateBuilder,
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.worker.block_table import MultiGroupBlockTable
 from vllm.v1.worker.utils import CpuGpuBuffer
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
 
 logger = init_logger(__name__)
 
@@ -51,7 +54,7 @@ class CachedRequestState:
     num_computed_tokens: int
     # Shared with `InputBatch.req_output_token_ids`: appending here is seen there.
     output_token_ids: list[int]
-    lora_request: Any = None
+    lora_request: LoRARequest | None = None
     num_prompt_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
@@ -26,7 +27,7 @@ class NewRequestData:
     # One list of block ids per KV cache group.
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
-    lora_request: Any | None
+    lora_request: LoRARequest | None
     prompt_embeds: Any | None = None
     # Upstream: which prompt positions are token ids in a prompt mixing ids and
     # embeddings. Not built (refused by Request), so always None.

@@ -5,13 +5,14 @@ state."""
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.metrics.stats import SchedulerStats
     from vllm.v1.request import Request
 
 
@@ -83,7 +84,7 @@ def make_cached_request_data(
 def make_engine_core_outputs(
     outputs: dict[int, list[EngineCoreOutput]],
     finished_req_ids_dict: dict[int, set[str]] | None,
-    scheduler_stats: Any | None,
+    scheduler_stats: SchedulerStats | None,
 ) -> dict[int, EngineCoreOutputs]:
     """Group a step's request outputs by client (front-end) index.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -285,7 +285,7 @@ def _token_coverage(spec: dict, byte_level: bool) -> tuple[int, str] | str:
 
 # One bound per tokenizer (a server has one), computed at start-up by
 # init_app_state: parsing a large vocabulary takes a fraction of a second.
-_BOUNDS: dict[int, tuple[Any, PromptLengthBound]] = {}
+_BOUNDS: dict[int, tuple[TokenizerLike, PromptLengthBound]] = {}
 
 
 def prompt_length_bound(tokenizer: TokenizerLike) -> PromptLengthBound:

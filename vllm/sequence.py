@@ -29,7 +29,9 @@ class IntermediateTensors:
         return len(self.tensors)
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, IntermediateTensors) or self.tensors.keys() != other.tensors.keys():
+        if not isinstance(other, IntermediateTensors):
+            return False
+        if self.tensors.keys() != other.tensors.keys():
             return False
         return all(torch.equal(v, other.tensors[k]) for k, v in self.tensors.items())
 

@@ -147,7 +147,8 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "compilation_config.cudagraph_mode": ("tested", f"{CUDAGRAPH}::"
                                                     "test_cli_compilation_config"),
     "compilation_config.cudagraph_capture_sizes": (
-        "tested", "tests/v1/cudagraph/test_padding_cpu.py::test_v2_padded_forward_matches_unpadded"),
+        "tested",
+        "tests/v1/cudagraph/test_padding_cpu.py::test_v2_padded_forward_matches_unpadded"),
     "compilation_config.max_cudagraph_capture_size": (
         "tested", f"{CUDAGRAPH}::"
                   "test_capture_sizes_default_and_clipping"),

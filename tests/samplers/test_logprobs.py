@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import random
 
-import pytest
 import torch
 
 from tests.samplers.conftest import MAX_NUM_BATCHED_TOKENS, hf_logprobs

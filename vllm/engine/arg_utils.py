@@ -17,8 +17,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.config import (AttentionConfig, CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, ModelConfig,
-                         ParallelConfig, SchedulerConfig, StructuredOutputsConfig, VllmConfig)
+from vllm.config import (AttentionConfig, CacheConfig, CompilationConfig, DeviceConfig, LoadConfig,
+                         ModelConfig, ParallelConfig, SchedulerConfig, StructuredOutputsConfig,
+                         VllmConfig)
 from vllm.config.compilation import PERFORMANCE_MODES
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext

@@ -9,7 +9,6 @@ import math
 import time
 
 import httpx
-import openai
 import pytest
 
 from tests.entrypoints.openai.conftest import (MAX_MODEL_LEN, RemoteOpenAIServer,

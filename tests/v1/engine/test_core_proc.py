@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import time
 
 import pytest
 

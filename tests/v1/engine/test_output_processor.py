@@ -1,4 +1,5 @@
-"""OutputProcessor fed hand-made EngineCoreOutputs (upstream: tests/v1/engine/test_output_processor.py)."""
+"""OutputProcessor fed hand-made EngineCoreOutputs
+(upstream: tests/v1/engine/test_output_processor.py)."""
 from __future__ import annotations
 
 import math

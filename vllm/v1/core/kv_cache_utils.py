@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NewType
 
-import torch
 
 from vllm.logger import init_logger
 from vllm.utils.hashing import xxhash, xxhash_cbor

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 from vllm.utils import cdiv
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
-from vllm.v1.kv_cache_interface import (AttentionSpec, ChunkedLocalAttentionSpec, CrossAttentionSpec,
-                                        FullAttentionSpec, KVCacheSpec, MambaSpec,
+from vllm.v1.kv_cache_interface import (AttentionSpec, ChunkedLocalAttentionSpec,
+                                        CrossAttentionSpec, FullAttentionSpec, KVCacheSpec,
+                                        MambaSpec,
                                         MLAAttentionSpec, RSWASpec, SinkFullAttentionSpec,
                                         SlidingWindowMLASpec, SlidingWindowSpec)
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry

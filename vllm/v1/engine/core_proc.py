@@ -45,7 +45,6 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 if TYPE_CHECKING:
     from vllm.v1.executor.abstract import Executor
-    from vllm.v1.request import Request
 
 logger = init_logger(__name__)
 

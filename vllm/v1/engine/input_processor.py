@@ -1,4 +1,5 @@
-"""From a user's prompt and params to an `EngineCoreRequest` (upstream: vllm/v1/engine/input_processor.py).
+"""From a user's prompt and params to an `EngineCoreRequest`
+(upstream: vllm/v1/engine/input_processor.py).
 
 Everything a user can get wrong is checked here, before the request reaches
 the engine core, and raised as a `ValueError` (`VLLMValidationError`, HTTP 400

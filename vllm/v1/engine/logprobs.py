@@ -1,4 +1,5 @@
-"""Turning the engine's logprob arrays into per-token entries (upstream: vllm/v1/engine/logprobs.py)."""
+"""Turning the engine's logprob arrays into per-token entries
+(upstream: vllm/v1/engine/logprobs.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

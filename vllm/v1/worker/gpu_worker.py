@@ -167,7 +167,9 @@ class Worker(WorkerBase):
         specs = self.get_kv_cache_spec().values()
         per_request = sum(spec.max_memory_usage_bytes(self.vllm_config) for spec in specs)
         usable = per_request * self.vllm_config.scheduler_config.max_num_seqs
-        return int(min(DEFAULT_CPU_KV_CACHE_BYTES, usable)) if usable else DEFAULT_CPU_KV_CACHE_BYTES
+        if not usable:
+            return DEFAULT_CPU_KV_CACHE_BYTES
+        return int(min(DEFAULT_CPU_KV_CACHE_BYTES, usable))
 
     def _profile_cuda_memory(self) -> int:
         assert self._init_mem_snapshot is not None

@@ -3,7 +3,7 @@ vllm/v1/core/sched/output.py). Workers keep per-request state, so a request is
 sent whole once (NewRequestData) and as diffs afterwards (CachedRequestData)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,10 +53,11 @@ class NewRequestData:
         )
 
     def __repr__(self) -> str:
+        prefill = self.prefill_token_ids
         return (f"NewRequestData(req_id={self.req_id}, "
                 f"prompt_len={len(self.prompt_token_ids or [])}, block_ids={self.block_ids}, "
                 f"num_computed_tokens={self.num_computed_tokens}, "
-                f"prefill_len={None if self.prefill_token_ids is None else len(self.prefill_token_ids)})")
+                f"prefill_len={None if prefill is None else len(prefill)})")
 
 
 @dataclass

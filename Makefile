@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py CMakeLists.txt 
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: venv serve test clean-venv
+.PHONY: venv serve test lint clean-venv
 
 venv: $(STAMP)
 
@@ -30,6 +30,12 @@ serve: venv
 
 test: venv
 	$(PY) -m pytest -q tests --durations=15
+
+# The static checks (also .pre-commit-config.yaml): ruff's lint rules from
+# pyproject.toml, and the import layer contracts of .importlinter.
+lint: venv
+	$(VENV)/bin/ruff check vllm tests tools benchmarks examples
+	$(VENV)/bin/lint-imports
 
 clean-venv:
 	rm -rf $(VENV)

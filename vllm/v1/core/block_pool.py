@@ -165,7 +165,6 @@ class BlockPool:
             return
         assert block_size == self.hash_block_size, "block hashes are per block"
         assert len(request.block_hashes) >= num_full_blocks
-        stored: list[int] = []
         for block_idx in range(num_cached_blocks, num_full_blocks):
             block = blocks[block_idx]
             if block.is_null:
@@ -175,8 +174,10 @@ class BlockPool:
             )
             block.block_hash = key
             self.cached_block_hash_to_block.insert(key, block)
-            stored.append(block_idx)
         if self.enable_kv_cache_events:
+            # Collected here, not in the loop: nothing per block when events are off.
+            stored = [idx for idx in range(num_cached_blocks, num_full_blocks)
+                      if not blocks[idx].is_null]
             self.kv_event_queue.append(_block_stored_event(
                 request, stored, num_cached_blocks, num_full_blocks, block_size,
                 kv_cache_group_id))

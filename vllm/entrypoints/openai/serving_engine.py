@@ -9,16 +9,20 @@ import asyncio
 import dataclasses
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import Request
 
+from vllm.beam_search import (BeamSearchInstance, BeamSearchSequence,
+                               create_sort_beams_key_function)
 from vllm.exceptions import VLLMValidationError
+from vllm.inputs import TokensPrompt
 from vllm.logger import init_logger
 from vllm.logprobs import Logprob
-from vllm.sampling_params import (RequestOutputKind, SamplingParams,
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import (BeamSearchParams, RequestOutputKind, SamplingParams,
                                   StructuredOutputsParams)
 from vllm.v1.engine.exceptions import EngineDeadError, QueueOverflowError
 from vllm.entrypoints.openai.protocol import (LOGPROB_FLOOR, ChatCompletionRequest,
@@ -252,8 +256,9 @@ class OpenAIServing:
     # Beam search (`use_beam_search` on completions and chat)
     # ------------------------------------------------------------------
 
-    async def beam_search(self, prompt: Any, request_id: str, params: Any,
-                          priority: int = 0) -> AsyncIterator[Any]:
+    async def beam_search(self, prompt: TokensPrompt, request_id: str,
+                          params: BeamSearchParams,
+                          priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Beam search over one tokenized prompt on the engine, as upstream and
         as `LLM.beam_search`: each step, every live beam is generated for one
         token with its top 2 * beam_width logprobs (all beams at once); a
@@ -261,10 +266,6 @@ class OpenAIServing:
         beam_width others live on. Yields one finished RequestOutput with the
         best beam_width sequences, best first (cumulative logprob / length **
         length_penalty). Cancelling it cancels (aborts) the step in flight."""
-        from vllm.beam_search import BeamSearchInstance, create_sort_beams_key_function
-        from vllm.inputs import TokensPrompt
-        from vllm.outputs import CompletionOutput, RequestOutput
-
         max_logprobs = self.model_config.max_logprobs
         if max_logprobs != -1 and 2 * params.beam_width > max_logprobs:
             raise VLLMValidationError(
@@ -317,13 +318,12 @@ async def _final_output(generator: AsyncIterator[T]) -> T:
     return last
 
 
-def _extend_beams(instance: Any, results: list[Any], params: Any, sort_key: Any,
+def _extend_beams(instance: BeamSearchInstance, results: list[RequestOutput],
+                  params: BeamSearchParams, sort_key: Callable[[BeamSearchSequence], float],
                   eos: int | None) -> None:
     """One beam search step: every live beam times its candidate tokens; EOS
     candidates finish (kept with the EOS, which the score does not count)."""
-    from vllm.beam_search import BeamSearchSequence
-
-    candidates = []
+    candidates: list[BeamSearchSequence] = []
     for beam, result in zip(instance.beams, results):
         output = result.outputs[0]
         if output.finish_reason == "error":

@@ -255,13 +255,8 @@ class Worker(WorkerBase):
 
     def shutdown(self) -> None:
         """Drop the KV cache tensors so their memory can be reused in-process."""
-        runner = self.model_runner
-        if runner is None:
-            return
-        for layer in self.vllm_config.compilation_config.static_forward_context.values():
-            if hasattr(layer, "kv_cache"):
-                layer.kv_cache = []
-        runner.kv_caches.clear()
+        if self.model_runner is not None:
+            worker_sleep.discard_kv_cache(self.model_runner, self.vllm_config)
 
     # ---- sleep mode (upstream: Worker.sleep / wake_up; see worker_sleep.py) ------------
     def sleep(self, level: int = 1) -> None:
@@ -284,9 +279,9 @@ class Worker(WorkerBase):
         gc.collect()
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.empty_cache()
+        after = _memory_in_use(self.device)
         logger.info("Sleep level %d: %.2f GiB freed (%.2f GiB still in use).", level,
-                    (before - _memory_in_use(self.device)) / GiB_bytes,
-                    _memory_in_use(self.device) / GiB_bytes)
+                    (before - after) / GiB_bytes, after / GiB_bytes)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Take back the memory of `tags` ("weights", "kv_cache"; None: both)."""

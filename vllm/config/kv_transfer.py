@@ -64,27 +64,3 @@ class KVTransferConfig:
     def get_from_extra_config(self, key: str, default: Any) -> Any:
         return self.kv_connector_extra_config.get(key, default)
 
-
-def refuse_unbuilt_transfer_features(kv_transfer_config: KVTransferConfig | None,
-                                     ec_transfer_config: Any | None,
-                                     speculative_config: Any | None,
-                                     kv_events_config: Any | None) -> None:
-    """`VllmConfig` accepts upstream's config records; the features behind
-    these are not built, so asking for one is an error that names it."""
-    if kv_transfer_config is not None and kv_transfer_config.kv_connector is not None:
-        raise NotImplementedError(
-            f"kv_transfer_config.kv_connector={kv_transfer_config.kv_connector!r}: "
-            "KV connectors (--kv-transfer-config) are not built yet.")
-    if ec_transfer_config is not None and ec_transfer_config.ec_connector is not None:
-        raise NotImplementedError(
-            f"ec_transfer_config.ec_connector={ec_transfer_config.ec_connector!r}: "
-            "encoder-cache connectors (--ec-transfer-config) are not built yet.")
-    if speculative_config is not None:
-        raise NotImplementedError(
-            "speculative_config: speculative decoding (--speculative-config) "
-            "is not built yet.")
-    if (kv_events_config is not None and kv_events_config.enable_kv_cache_events
-            and kv_events_config.publisher != "null"):
-        raise NotImplementedError(
-            f"kv_events_config.publisher={kv_events_config.publisher!r}: publishing KV "
-            "cache events is not built yet (only publisher='null').")

@@ -23,7 +23,7 @@ from vllm.config.compilation import CompilationConfig, CompilationMode
 from vllm.config.device import DeviceConfig
 from vllm.config.ec_transfer import ECTransferConfig
 from vllm.config.kv_events import KVEventsConfig
-from vllm.config.kv_transfer import KVTransferConfig, refuse_unbuilt_transfer_features
+from vllm.config.kv_transfer import KVTransferConfig
 from vllm.config.load import LoadConfig
 from vllm.config.model import ModelConfig
 from vllm.config.parallel import ParallelConfig
@@ -73,8 +73,7 @@ class VllmConfig:
     speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
-        refuse_unbuilt_transfer_features(self.kv_transfer_config, self.ec_transfer_config,
-                                         self.speculative_config, self.kv_events_config)
+        self._refuse_unbuilt_features()
         mc = self.model_config
         if mc is not None:
             self.scheduler_config.verify_with_model_len(mc.max_model_len)
@@ -169,6 +168,29 @@ class VllmConfig:
                 and self.parallel_config.distributed_executor_backend == "uni"):
             return "one CPU worker: the overlap gains nothing and costs GIL contention"
         return None
+
+    def _refuse_unbuilt_features(self) -> None:
+        """Upstream's records for features not built here are accepted; asking
+        for one of those features is an error that names it."""
+        kv_transfer, ec_transfer = self.kv_transfer_config, self.ec_transfer_config
+        if kv_transfer is not None and kv_transfer.kv_connector is not None:
+            raise NotImplementedError(
+                f"kv_transfer_config.kv_connector={kv_transfer.kv_connector!r}: "
+                "KV connectors (--kv-transfer-config) are not built yet.")
+        if ec_transfer is not None and ec_transfer.ec_connector is not None:
+            raise NotImplementedError(
+                f"ec_transfer_config.ec_connector={ec_transfer.ec_connector!r}: "
+                "encoder-cache connectors (--ec-transfer-config) are not built yet.")
+        if self.speculative_config is not None:
+            raise NotImplementedError(
+                "speculative_config: speculative decoding (--speculative-config) "
+                "is not built yet.")
+        kv_events = self.kv_events_config
+        if (kv_events is not None and kv_events.enable_kv_cache_events
+                and kv_events.publisher != "null"):
+            raise NotImplementedError(
+                f"kv_events_config.publisher={kv_events.publisher!r}: publishing KV "
+                "cache events is not built yet (only publisher='null').")
 
     def _resolve_async_scheduling(self) -> None:
         """None -> on where supported (and worth it); an explicit True that

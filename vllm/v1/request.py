@@ -165,7 +165,7 @@ class Request:
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = len(prompt_token_ids)
         # (start, end) -> digest of those prompt-embedding rows (block hashing).
-        self.prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = {}
+        self._prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = {}
         self._output_token_ids: list[int] = []
         self._all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids = ConstantList(self._output_token_ids)

@@ -293,16 +293,17 @@ def _gen_prompt_embeds_extra_hash_keys(
 
     Such prompts carry placeholder token ids, so the ids alone say nothing
     about the block's contents. The digest is cached on the request per block
-    range: the hasher runs again whenever tokens are appended.
+    range: the extra keys of a block are computed again for its KV cache
+    event (BlockStored), so the rows are hashed only once.
     """
     if request.prompt_embeds is None:
         return []
     block_range = (start_token_idx, end_token_idx)
-    digest = request.prompt_embeds_per_block_hashes.get(block_range)
+    digest = request._prompt_embeds_per_block_hashes.get(block_range)
     if digest is None:
         block_embeds = request.prompt_embeds[start_token_idx:end_token_idx]
         digest = hashlib.sha256(tensor_data(block_embeds)).digest()
-        request.prompt_embeds_per_block_hashes[block_range] = digest
+        request._prompt_embeds_per_block_hashes[block_range] = digest
     return [digest]
 
 

@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from vllm.logger import init_logger
-from vllm.v1.worker.worker_sleep import SLEEP_TAGS
+from vllm.v1.worker.worker_sleep import SLEEP_TAGS, check_wake_up_tags
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -192,11 +192,7 @@ class Executor(ABC):
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Every worker takes back the memory of `tags` (None: all of it)."""
-        if tags is not None:
-            unknown = sorted(set(tags) - set(SLEEP_TAGS))
-            if unknown:
-                raise ValueError(f"Unknown wake-up tags {unknown}; the tags are "
-                                 f"{list(SLEEP_TAGS)}.")
+        check_wake_up_tags(tags)
         if not self.is_sleeping:
             logger.warning("Executor is not sleeping.")
             return

@@ -285,11 +285,8 @@ class Worker(WorkerBase):
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Take back the memory of `tags` ("weights", "kv_cache"; None: both)."""
+        worker_sleep.check_wake_up_tags(tags)
         tags = list(worker_sleep.SLEEP_TAGS) if tags is None else tags
-        unknown = sorted(set(tags) - set(worker_sleep.SLEEP_TAGS))
-        if unknown:
-            raise ValueError(f"Unknown wake-up tags {unknown}; the tags are "
-                             f"{list(worker_sleep.SLEEP_TAGS)}.")
         runner = self._runner()
         if "weights" in tags and "weights" in self._sleeping_tags:
             if self._sleep_level == 2:

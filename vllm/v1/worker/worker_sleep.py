@@ -50,6 +50,13 @@ logger = init_logger(__name__)
 SLEEP_TAGS = ("weights", "kv_cache")
 
 
+def check_wake_up_tags(tags: list[str] | None) -> None:
+    """ValueError for a tag that names no memory a worker gives back."""
+    unknown = sorted(set(tags or ()) - set(SLEEP_TAGS))
+    if unknown:
+        raise ValueError(f"Unknown wake-up tags {unknown}; the tags are {list(SLEEP_TAGS)}.")
+
+
 def check_sleep_supported(vllm_config: "VllmConfig", level: int) -> None:
     """Raise (before anything is freed) where this build cannot sleep."""
     compilation = vllm_config.compilation_config

@@ -7,10 +7,11 @@ from typing import Generic, TypeVar, overload
 
 import torch
 
-T = TypeVar("T")
+# Re-exported: upstream defines them in vllm/utils/mem_constants.py.
+from vllm.utils.mem_constants import GiB_bytes as GiB_bytes
+from vllm.utils.mem_constants import MiB_bytes as MiB_bytes
 
-GiB_bytes = 1 << 30
-MiB_bytes = 1 << 20
+T = TypeVar("T")
 
 STR_DTYPE_TO_TORCH_DTYPE: dict[str, torch.dtype] = {
     "half": torch.float16,

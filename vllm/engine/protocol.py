@@ -83,8 +83,9 @@ class EngineClient(ABC):
 
     @abstractmethod
     async def sleep(self, level: int = 1, mode: str = "abort") -> None:
-        """Sleep mode: pause scheduling, abort the requests in flight; level
-        1 gives back the KV cache's memory, level 2 the weights' too."""
+        """Sleep mode: pause scheduling; the requests in flight are aborted
+        (mode "abort"), finished first ("wait") or kept for wake_up ("keep").
+        Level 1 gives back the KV cache's memory, level 2 the weights' too."""
 
     @abstractmethod
     async def wake_up(self, tags: list[str] | None = None) -> None:

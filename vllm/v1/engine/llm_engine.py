@@ -165,8 +165,10 @@ class LLMEngine:
         return self.engine_core.collective_rpc(method, timeout, args, kwargs)
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
-        """Abort the requests in flight and put the engine to sleep (level 1:
-        the KV cache's memory is given back; level 2: the weights' too)."""
+        """Put the engine to sleep (level 1: the KV cache's memory is given
+        back; level 2: the weights' too). The requests in flight are aborted
+        (mode "abort") or kept for wake_up ("keep"); "wait" needs none in
+        flight here, since only step() would finish them."""
         validate_sleep_args(self.vllm_config, level, mode)
         if mode == "wait" and self.has_unfinished_requests():
             # Only step() runs them, and sleep() cannot return their outputs.

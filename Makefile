@@ -31,10 +31,12 @@ serve: venv
 test: venv
 	$(PY) -m pytest -q tests --durations=15
 
-# The static checks (also .pre-commit-config.yaml): ruff's lint rules from
-# pyproject.toml, and the import layer contracts of .importlinter.
+# The static checks (also .pre-commit-config.yaml): ruff's lint rules and
+# formatting from pyproject.toml, and the import layer contracts of .importlinter.
+LINT_PATHS := vllm tests tools benchmarks examples
 lint: venv
-	$(VENV)/bin/ruff check vllm tests tools benchmarks examples
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/lint-imports
 
 clean-venv:

@@ -1,7 +1,8 @@
 """Single-batch latency benchmark; the same code as `vllm bench latency`.
 
-    python benchmarks/benchmark_latency.py --input-len 32 --output-len 128 --batch-size 8
+python benchmarks/benchmark_latency.py --input-len 32 --output-len 128 --batch-size 8
 """
+
 import sys
 
 from vllm.entrypoints.cli.main import main

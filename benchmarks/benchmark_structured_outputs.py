@@ -12,9 +12,11 @@ RESULT_JSON line.
 
     python benchmarks/benchmark_structured_outputs.py --model PATH [--dtype bfloat16]
 """
+
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -27,11 +29,18 @@ def schemas(n: int) -> list[dict]:
     (32k vocab) against ~0.01 ms for a plain one, which would swamp the rest."""
     out = []
     for i in range(n):
-        out.append({"type": "object",
-                    "properties": {f"name_{i}": {"enum": ["alpha", "beta", "gamma", "delta"]},
-                                   "count": {"type": "integer", "minimum": 0, "maximum": 999},
-                                   "ok": {"type": "boolean"}},
-                    "required": [f"name_{i}", "count", "ok"], "additionalProperties": False})
+        out.append(
+            {
+                "type": "object",
+                "properties": {
+                    f"name_{i}": {"enum": ["alpha", "beta", "gamma", "delta"]},
+                    "count": {"type": "integer", "minimum": 0, "maximum": 999},
+                    "ok": {"type": "boolean"},
+                },
+                "required": [f"name_{i}", "count", "ok"],
+                "additionalProperties": False,
+            }
+        )
     return out
 
 
@@ -46,8 +55,9 @@ def timed(llm, prompts, params) -> tuple[float, int, list[str], list[int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=os.path.expanduser(
-        "~/.cache/vllm-peer/models/qwen2-rand-120m"))
+    ap.add_argument(
+        "--model", default=os.path.expanduser("~/.cache/vllm-peer/models/qwen2-rand-120m")
+    )
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=64)
@@ -63,41 +73,51 @@ def main() -> None:
     # No whitespace between JSON tokens: a random-weight model would otherwise
     # fill max_tokens with it. Engine-wide, as upstream's xgrammar backend
     # reads it from the config only (the per-request flag is ignored there).
-    llm = LLM(model=a.model, dtype=a.dtype, max_model_len=1024, seed=0,
-              structured_outputs_config={"backend": "xgrammar",
-                                         "disable_any_whitespace": True})
+    llm = LLM(
+        model=a.model,
+        dtype=a.dtype,
+        max_model_len=1024,
+        seed=0,
+        structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
+    )
     init_s = time.perf_counter() - t0
     rng = random.Random(0)
-    prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(100, 30000)
-                                              for _ in range(a.input_len)])
-               for _ in range(a.num_prompts)]
+    prompts = [
+        TokensPrompt(prompt_token_ids=[rng.randrange(100, 30000) for _ in range(a.input_len)])
+        for _ in range(a.num_prompts)
+    ]
     kinds = schemas(8)
-    constrained = [SamplingParams(temperature=0.0, max_tokens=a.max_tokens,
-                                  structured_outputs=StructuredOutputsParams(
-                                      json=kinds[i % len(kinds)]))
-                   for i in range(a.num_prompts)]
+    constrained = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=a.max_tokens,
+            structured_outputs=StructuredOutputsParams(json=kinds[i % len(kinds)]),
+        )
+        for i in range(a.num_prompts)
+    ]
     runs: dict[str, list[tuple[float, int]]] = {"json": [], "free": []}
     texts: list[str] = []
     for _ in range(a.iters):
         dt, n, texts, lens = timed(llm, prompts, constrained)
         runs["json"].append((dt, n))
-        free = [SamplingParams(temperature=0.0, max_tokens=max(1, k), ignore_eos=True)
-                for k in lens]
+        free = [
+            SamplingParams(temperature=0.0, max_tokens=max(1, k), ignore_eos=True) for k in lens
+        ]
         dt, n, _, _ = timed(llm, prompts, free)
         runs["free"].append((dt, n))
     parsed = 0
     for t in texts:
-        try:
+        with contextlib.suppress(ValueError):
             parsed += isinstance(json.loads(t), dict)
-        except ValueError:
-            pass
     steady = {k: v[-1] for k, v in runs.items()}
     result = {
         "init_s": round(init_s, 1),
         "json_out_tok_per_s": round(steady["json"][1] / steady["json"][0], 1),
         "free_out_tok_per_s": round(steady["free"][1] / steady["free"][0], 1),
-        "json_wall_s": round(steady["json"][0], 3), "free_wall_s": round(steady["free"][0], 3),
-        "json_tokens": steady["json"][1], "free_tokens": steady["free"][1],
+        "json_wall_s": round(steady["json"][0], 3),
+        "free_wall_s": round(steady["free"][0], 3),
+        "json_tokens": steady["json"][1],
+        "free_tokens": steady["free"][1],
         "json_complete_objects": f"{parsed}/{len(texts)}",
         "json_over_free_wall": round(steady["json"][0] / steady["free"][0], 3),
         "all_runs": runs,

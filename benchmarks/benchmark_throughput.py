@@ -1,7 +1,8 @@
 """Offline throughput benchmark; the same code as `vllm bench throughput`.
 
-    python benchmarks/benchmark_throughput.py --input-len 128 --output-len 128 --num-prompts 64
+python benchmarks/benchmark_throughput.py --input-len 128 --output-len 128 --num-prompts 64
 """
+
 import sys
 
 from vllm.entrypoints.cli.main import main

@@ -24,6 +24,7 @@ eager vs 45.1 ms compiled (x0.87), prefill step of 4 x 256 tokens 405 ms vs
 elementwise work already runs in the fused C++ ops (opaque to Inductor) and
 the GEMMs in oneDNN either way, so CPU stays eager by default.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,11 +64,16 @@ class Driver:
         from vllm.v1.core.sched.output import SchedulerOutput
 
         so = SchedulerOutput(
-            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
-            num_scheduled_tokens=schedule, total_num_scheduled_tokens=sum(schedule.values()),
-            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
-            num_common_prefix_blocks=[0], finished_req_ids=self.finished,
-            free_encoder_mm_hashes=[])
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=schedule,
+            total_num_scheduled_tokens=sum(schedule.values()),
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            num_common_prefix_blocks=[0],
+            finished_req_ids=self.finished,
+            free_encoder_mm_hashes=[],
+        )
         self.finished = set()
         start = self.clock()
         self.worker.execute_model(so)
@@ -88,12 +94,21 @@ class Driver:
         for rid, prompt in prompts.items():
             req = self.reqs[rid] = dict(prompt=prompt, outputs=[], computed=0, blocks=[])
             self._blocks_for(req, len(prompt))
-            new_reqs.append(NewRequestData(
-                req_id=rid, prompt_token_ids=prompt, mm_features=[], sampling_params=greedy,
-                pooling_params=None, block_ids=(list(req["blocks"]),), num_computed_tokens=0,
-                lora_request=None))
-        return self._run(new_reqs, CachedRequestData.make_empty(),
-                         {rid: len(p) for rid, p in prompts.items()})
+            new_reqs.append(
+                NewRequestData(
+                    req_id=rid,
+                    prompt_token_ids=prompt,
+                    mm_features=[],
+                    sampling_params=greedy,
+                    pooling_params=None,
+                    block_ids=(list(req["blocks"]),),
+                    num_computed_tokens=0,
+                    lora_request=None,
+                )
+            )
+        return self._run(
+            new_reqs, CachedRequestData.make_empty(), {rid: len(p) for rid, p in prompts.items()}
+        )
 
     def decode(self) -> float:
         from vllm.v1.core.sched.output import CachedRequestData
@@ -132,11 +147,17 @@ def run_one(args: argparse.Namespace) -> dict:
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
     from vllm.v1.worker.gpu_worker import Worker
 
-    config = EngineArgs(model=args.model, dtype=args.dtype, max_model_len=2048,
-                        block_size=BLOCK_SIZE, max_num_seqs=max(args.batch_size, 8),
-                        max_num_batched_tokens=8192, device="cpu",
-                        enable_prefix_caching=False,
-                        kv_cache_memory_bytes=1 << 30).create_engine_config()
+    config = EngineArgs(
+        model=args.model,
+        dtype=args.dtype,
+        max_model_len=2048,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=max(args.batch_size, 8),
+        max_num_batched_tokens=8192,
+        device="cpu",
+        enable_prefix_caching=False,
+        kv_cache_memory_bytes=1 << 30,
+    ).create_engine_config()
     worker = Worker(config)
     worker.init_device()
     if args.threads:
@@ -144,21 +165,28 @@ def run_one(args: argparse.Namespace) -> dict:
     worker.load_model()
     runner = worker.model_runner
     config.compilation_config.mode = CompilationMode[MODES[args.one_mode]]
-    runner.model = maybe_compile_model(runner.model, config.compilation_config, "cpu",
-                                       backend=args.backend)
+    runner.model = maybe_compile_model(
+        runner.model, config.compilation_config, "cpu", backend=args.backend
+    )
     specs = worker.get_kv_cache_spec()
     names = sorted(specs)
     spec = specs[names[0]]
-    worker.initialize_from_config(KVCacheConfig(
-        num_blocks=args.num_blocks,
-        kv_cache_tensors=[KVCacheTensor(size=spec.page_size_bytes * args.num_blocks,
-                                        shared_by=[n]) for n in names],
-        kv_cache_groups=[KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec)]))
+    worker.initialize_from_config(
+        KVCacheConfig(
+            num_blocks=args.num_blocks,
+            kv_cache_tensors=[
+                KVCacheTensor(size=spec.page_size_bytes * args.num_blocks, shared_by=[n])
+                for n in names
+            ],
+            kv_cache_groups=[KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec)],
+        )
+    )
     vocab = config.model_config.hf_config.vocab_size
-    driver = Driver(worker, args.num_blocks,
-                    time.process_time if args.clock == "cpu" else time.perf_counter)
+    driver = Driver(
+        worker, args.num_blocks, time.process_time if args.clock == "cpu" else time.perf_counter
+    )
     first_step = driver.prefill(_prompts("d", args.batch_size, args.prompt_len, vocab, 0))
-    decode = [driver.decode() for _ in range(args.warmup + args.decode_steps)][args.warmup:]
+    decode = [driver.decode() for _ in range(args.warmup + args.decode_steps)][args.warmup :]
     decode_tokens = [r["outputs"][:8] for r in driver.reqs.values()][:2]
     driver.finish_all()
     prefill = []
@@ -168,16 +196,20 @@ def run_one(args: argparse.Namespace) -> dict:
         prefill.append(t)
     forward = runner.model.forward
     return dict(
-        mode=MODES[args.one_mode], backend=args.backend or "inductor", clock=args.clock,
+        mode=MODES[args.one_mode],
+        backend=args.backend or "inductor",
+        clock=args.clock,
         torch_threads=torch.get_num_threads(),
-        compile_s=getattr(forward, "first_call_s", None), first_step_s=first_step,
+        compile_s=getattr(forward, "first_call_s", None),
+        first_step_s=first_step,
         decode_step_ms_median=1e3 * statistics.median(decode),
         decode_step_ms_min=1e3 * min(decode),
-        prefill_step_ms_median=1e3 * statistics.median(prefill[args.warmup_prefill:]),
-        prefill_step_ms_min=1e3 * min(prefill[args.warmup_prefill:]),
+        prefill_step_ms_median=1e3 * statistics.median(prefill[args.warmup_prefill :]),
+        prefill_step_ms_min=1e3 * min(prefill[args.warmup_prefill :]),
         unique_graphs=counters["stats"]["unique_graphs"],
         graph_breaks=sum(counters["graph_break"].values()),
-        first_decode_tokens=decode_tokens)
+        first_decode_tokens=decode_tokens,
+    )
 
 
 def main() -> None:
@@ -196,11 +228,19 @@ def main() -> None:
     p.add_argument("--prefill-repeats", type=int, default=5)
     p.add_argument("--num-blocks", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=2, help="eager/compiled alternations")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads (0: the worker's choice, one per usable core)")
-    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="cpu: the process's CPU time per step, which other load on a "
-                        "shared machine barely moves (use with --threads 1)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (0: the worker's choice, one per usable core)",
+    )
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the process's CPU time per step, which other load on a "
+        "shared machine barely moves (use with --threads 1)",
+    )
     p.add_argument("--one-mode", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one_mode is not None:
@@ -223,34 +263,42 @@ def main() -> None:
     for mode in modes[1:]:
         s = _summary(results[mode])
         print(f"{mode}: {s}")
-        print(f"{mode} vs {modes[0]} (>1 = faster): decode x"
-              f"{base['decode_ms'] / s['decode_ms']:.2f} (min x"
-              f"{base['decode_min_ms'] / s['decode_min_ms']:.2f}), prefill x"
-              f"{base['prefill_ms'] / s['prefill_ms']:.2f} (min x"
-              f"{base['prefill_min_ms'] / s['prefill_min_ms']:.2f}), "
-              f"cold compile {s['compile_s']:.1f} s")
+        print(
+            f"{mode} vs {modes[0]} (>1 = faster): decode x"
+            f"{base['decode_ms'] / s['decode_ms']:.2f} (min x"
+            f"{base['decode_min_ms'] / s['decode_min_ms']:.2f}), prefill x"
+            f"{base['prefill_ms'] / s['prefill_ms']:.2f} (min x"
+            f"{base['prefill_min_ms'] / s['prefill_min_ms']:.2f}), "
+            f"cold compile {s['compile_s']:.1f} s"
+        )
 
 
 def _run_in_subprocess(mode: str) -> dict:
     with tempfile.TemporaryDirectory() as cache_dir:  # a cold Inductor cache
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir)
-        proc = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one-mode", mode],
-                              env=env, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, *sys.argv[1:], "--one-mode", mode],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"mode {mode} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def _summary(runs: list[dict]) -> dict:
     """Median over rounds of each round's median step time, and the fastest
     step seen (the least disturbed by other load on a shared machine)."""
     compile_s = [r["compile_s"] for r in runs if r["compile_s"] is not None]
-    return dict(decode_ms=round(statistics.median(r["decode_step_ms_median"] for r in runs), 1),
-                decode_min_ms=round(min(r["decode_step_ms_min"] for r in runs), 1),
-                prefill_ms=round(statistics.median(r["prefill_step_ms_median"] for r in runs), 1),
-                prefill_min_ms=round(min(r["prefill_step_ms_min"] for r in runs), 1),
-                compile_s=round(statistics.median(compile_s), 1) if compile_s else 0.0)
+    return dict(
+        decode_ms=round(statistics.median(r["decode_step_ms_median"] for r in runs), 1),
+        decode_min_ms=round(min(r["decode_step_ms_min"] for r in runs), 1),
+        prefill_ms=round(statistics.median(r["prefill_step_ms_median"] for r in runs), 1),
+        prefill_min_ms=round(min(r["prefill_step_ms_min"] for r in runs), 1),
+        compile_s=round(statistics.median(compile_s), 1) if compile_s else 0.0,
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Shared fixtures: one tiny model per family, built once per test session."""
+
 from __future__ import annotations
 
 import os

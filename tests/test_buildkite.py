@@ -1,4 +1,5 @@
 """The CI test areas describe the real test groups."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,8 @@ def test_every_named_path_exists_and_every_test_has_an_area():
 
 
 def test_v2_area_has_no_enforce_eager_workaround():
-    text = open(os.path.join(ROOT, ".buildkite", "test_areas", "model_runner_v2.yaml")).read()
+    with open(os.path.join(ROOT, ".buildkite", "test_areas", "model_runner_v2.yaml")) as f:
+        text = f.read()
     assert "ENFORCE_EAGER" not in text.replace("No ENFORCE_EAGER=1 workaround", "")
     assert "VLLM_USE_V2_MODEL_RUNNER=1" in text
 

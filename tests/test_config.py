@@ -1,5 +1,6 @@
 """The model-runner choice of upstream PR #44443 (the seed) and the
 `max_concurrent_batches` rule, tested with the seed's cases."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -10,10 +11,22 @@ from vllm.config import DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, SchedulerConfig, 
 from vllm.config.parallel import ParallelConfig
 
 
-def _model(arch: str, *, runner_type: str = "generate", is_moe: bool = False,
-           is_quantized: bool = False, **flags) -> SimpleNamespace:
-    return SimpleNamespace(model=arch, architectures=[arch], runner_type=runner_type,
-                           is_moe=is_moe, is_quantized=is_quantized, **flags)
+def _model(
+    arch: str,
+    *,
+    runner_type: str = "generate",
+    is_moe: bool = False,
+    is_quantized: bool = False,
+    **flags,
+) -> SimpleNamespace:
+    return SimpleNamespace(
+        model=arch,
+        architectures=[arch],
+        runner_type=runner_type,
+        is_moe=is_moe,
+        is_quantized=is_quantized,
+        **flags,
+    )
 
 
 # (model config, expected) — the seed's table.
@@ -34,8 +47,11 @@ SEED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("model_config,expected", SEED_CASES,
-                         ids=[c.model + ("-" + c.runner_type) for c, _ in SEED_CASES])
+@pytest.mark.parametrize(
+    "model_config,expected",
+    SEED_CASES,
+    ids=[c.model + ("-" + c.runner_type) for c, _ in SEED_CASES],
+)
 def test_is_default_v2_model_runner_model(model_config, expected):
     cfg = VllmConfig()
     cfg.model_config = model_config
@@ -43,8 +59,8 @@ def test_is_default_v2_model_runner_model(model_config, expected):
 
 
 def test_whitelist_is_the_seeds_moe_set():
-    assert DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES == frozenset(
-        {"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"})
+    seed_moe = {"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}
+    assert frozenset(seed_moe) == DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES
 
 
 def test_hybrid_moe_is_excluded_even_if_whitelisted():
@@ -74,15 +90,27 @@ def test_v2_model_runner_env_tri_state(monkeypatch, value, expected):
 # Upstream's rule (0.28 and 0.33): async + V2 -> pp + 1; async + V1 -> 2 if
 # pp <= 1 else pp; not async -> pp. (V1 + async + pp > 1 is refused when the
 # config is built: tests/v1/worker/test_gpu_model_runner_async.py.)
-@pytest.mark.parametrize("async_sched,use_v2,pp,expected", [
-    (False, False, 1, 1), (False, True, 1, 1), (False, True, 2, 2),
-    (True, False, 1, 2), (True, False, 2, 2), (True, False, 3, 3),
-    (True, True, 1, 2), (True, True, 2, 3), (True, True, 3, 4),
-])
+@pytest.mark.parametrize(
+    "async_sched,use_v2,pp,expected",
+    [
+        (False, False, 1, 1),
+        (False, True, 1, 1),
+        (False, True, 2, 2),
+        (True, False, 1, 2),
+        (True, False, 2, 2),
+        (True, False, 3, 3),
+        (True, True, 1, 2),
+        (True, True, 2, 3),
+        (True, True, 3, 4),
+    ],
+)
 def test_max_concurrent_batches(monkeypatch, async_sched, use_v2, pp, expected):
-    cfg = VllmConfig(parallel_config=ParallelConfig(pipeline_parallel_size=pp,
-                                                    distributed_executor_backend="mp"),
-                     scheduler_config=SchedulerConfig())
+    cfg = VllmConfig(
+        parallel_config=ParallelConfig(
+            pipeline_parallel_size=pp, distributed_executor_backend="mp"
+        ),
+        scheduler_config=SchedulerConfig(),
+    )
     cfg.scheduler_config.async_scheduling = async_sched
     monkeypatch.setattr(VllmConfig, "use_v2_model_runner", property(lambda self: use_v2))
     assert cfg.max_concurrent_batches == expected

@@ -6,6 +6,7 @@ only import cycles among vllm/ modules are the ones listed there with a reason.
 is copied to a temporary directory, one forbidden import is added to the copy,
 and lint-imports must report that contract broken.
 """
+
 from __future__ import annotations
 
 import configparser
@@ -20,23 +21,35 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, ".importlinter")
 # The venv's console script (import-linter is in the `test` extra), else the one on PATH.
-LINT_IMPORTS = next((p for p in (os.path.join(os.path.dirname(sys.executable), "lint-imports"),
-                                 shutil.which("lint-imports")) if p and os.path.exists(p)),
-                    "lint-imports")
+LINT_IMPORTS = next(
+    (
+        p
+        for p in (
+            os.path.join(os.path.dirname(sys.executable), "lint-imports"),
+            shutil.which("lint-imports"),
+        )
+        if p and os.path.exists(p)
+    ),
+    "lint-imports",
+)
 
 # contract id -> (file of the copy to change, the forbidden import added to it). The config
 # case adds its import inside a function: lazy imports are layer edges too.
 VIOLATIONS = {
-    "v1-runner-not-v2": ("vllm/v1/worker/gpu_input_batch.py",
-                         "import vllm.v1.worker.gpu.states\n"),
-    "v2-not-v1-runner": ("vllm/v1/worker/gpu/states.py",
-                         "import vllm.v1.worker.gpu_input_batch\n"),
-    "shared-worker-modules": ("vllm/v1/worker/cudagraph_padding.py",
-                              "import vllm.v1.worker.gpu_model_runner\n"),
-    "config-below-v1": ("vllm/config/scheduler.py",
-                        "\n\ndef _resolve():\n"
-                        "    from vllm.v1.core.sched.scheduler import Scheduler\n"
-                        "    return Scheduler\n"),
+    "v1-runner-not-v2": ("vllm/v1/worker/gpu_input_batch.py", "import vllm.v1.worker.gpu.states\n"),
+    "v2-not-v1-runner": ("vllm/v1/worker/gpu/states.py", "import vllm.v1.worker.gpu_input_batch\n"),
+    "shared-worker-modules": (
+        "vllm/v1/worker/cudagraph_padding.py",
+        "import vllm.v1.worker.gpu_model_runner\n",
+    ),
+    "config-below-v1": (
+        "vllm/config/scheduler.py",
+        (
+            "\n\ndef _resolve():\n"
+            "    from vllm.v1.core.sched.scheduler import Scheduler\n"
+            "    return Scheduler\n"
+        ),
+    ),
 }
 
 
@@ -49,8 +62,14 @@ def _config() -> configparser.ConfigParser:
 def _lint_imports(cwd: str) -> subprocess.CompletedProcess:
     # lint-imports finds `vllm` on sys.path, which starts with its working directory.
     env = dict(os.environ, PYTHONPATH=cwd)
-    return subprocess.run([LINT_IMPORTS, "--no-cache", "--config", ".importlinter"], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [LINT_IMPORTS, "--no-cache", "--config", ".importlinter"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_contracts_are_kept():
@@ -60,8 +79,11 @@ def test_contracts_are_kept():
 
 
 def test_every_contract_has_a_violation_case():
-    contracts = {name.removeprefix("importlinter:contract:") for name in _config().sections()
-                 if name.startswith("importlinter:contract:")}
+    contracts = {
+        name.removeprefix("importlinter:contract:")
+        for name in _config().sections()
+        if name.startswith("importlinter:contract:")
+    }
     assert contracts == set(VIOLATIONS)
 
 
@@ -75,23 +97,32 @@ def test_every_worker_module_is_placed_in_a_layer():
     config = _config()
     runner = set(config["importlinter:contract:v1-runner-not-v2"]["source_modules"].split())
     shared = set(config["importlinter:contract:shared-worker-modules"]["source_modules"].split())
-    assert runner == set(config["importlinter:contract:v2-not-v1-runner"]["forbidden_modules"]
-                         .split())
+    assert runner == set(
+        config["importlinter:contract:v2-not-v1-runner"]["forbidden_modules"].split()
+    )
     assert runner | {"vllm.v1.worker.gpu"} == set(
-        config["importlinter:contract:shared-worker-modules"]["forbidden_modules"].split())
+        config["importlinter:contract:shared-worker-modules"]["forbidden_modules"].split()
+    )
     worker_dir = os.path.join(ROOT, "vllm", "v1", "worker")
-    unplaced = [name for name in sorted(os.listdir(worker_dir))
-                if name.endswith(".py") and name != "__init__.py"
-                and name[:-3] not in WORKER_LEVEL
-                and f"vllm.v1.worker.{name[:-3]}" not in runner | shared]
+    unplaced = [
+        name
+        for name in sorted(os.listdir(worker_dir))
+        if name.endswith(".py")
+        and name != "__init__.py"
+        and name[:-3] not in WORKER_LEVEL
+        and f"vllm.v1.worker.{name[:-3]}" not in runner | shared
+    ]
     assert not unplaced, f"add these to a contract in .importlinter: {unplaced}"
 
 
 @pytest.fixture(scope="module")
 def package_copy(tmp_path_factory) -> str:
     root = str(tmp_path_factory.mktemp("layers"))
-    shutil.copytree(os.path.join(ROOT, "vllm"), os.path.join(root, "vllm"),
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(
+        os.path.join(ROOT, "vllm"),
+        os.path.join(root, "vllm"),
+        ignore=shutil.ignore_patterns("__pycache__", "*.so"),
+    )
     shutil.copy(CONFIG, os.path.join(root, ".importlinter"))
     return root
 
@@ -174,7 +205,14 @@ def test_only_listed_import_cycles():
 
 def test_cycle_finder_sees_a_new_cycle():
     graph = grimp.ImportGraph()
-    for importer, imported in [("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.c", "p.d"),
-                               ("p.d", "p.e"), ("p.e", "p.d"), ("p.f", "p.a")]:
+    for importer, imported in [
+        ("p.a", "p.b"),
+        ("p.b", "p.c"),
+        ("p.c", "p.a"),
+        ("p.c", "p.d"),
+        ("p.d", "p.e"),
+        ("p.e", "p.d"),
+        ("p.f", "p.a"),
+    ]:
         graph.add_import(importer=importer, imported=imported)
     assert sorted(map(sorted, _import_cycles(graph))) == [["p.a", "p.b", "p.c"], ["p.d", "p.e"]]

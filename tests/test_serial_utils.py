@@ -1,5 +1,6 @@
 """The msgpack codec of the engine's messages: round trips, out-of-band
 tensors, and refusal of anything that is not a typed message (pickle above all)."""
+
 from __future__ import annotations
 
 import pathlib
@@ -12,8 +13,14 @@ import pytest
 import torch
 
 from vllm.sampling_params import RequestOutputKind, SamplingParams
-from vllm.v1.engine import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
-                            FinishReason, UtilityOutput, UtilityResult)
+from vllm.v1.engine import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+    UtilityOutput,
+    UtilityResult,
+)
 from vllm.v1.outputs import LogprobsLists, LogprobsTensors
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
@@ -21,13 +28,30 @@ VLLM_ROOT = pathlib.Path(__file__).resolve().parents[1] / "vllm"
 
 
 def _request() -> EngineCoreRequest:
-    sp = SamplingParams(temperature=0.7, top_k=5, stop=["x"], max_tokens=9, min_tokens=2,
-                        output_kind=RequestOutputKind.DELTA, logprobs=3)
+    sp = SamplingParams(
+        temperature=0.7,
+        top_k=5,
+        stop=["x"],
+        max_tokens=9,
+        min_tokens=2,
+        output_kind=RequestOutputKind.DELTA,
+        logprobs=3,
+    )
     sp.update_from_generation_config({}, eos_token_id=7)
-    return EngineCoreRequest(request_id="r-1", prompt_token_ids=[1, 2, 3], mm_features=None,
-                             sampling_params=sp, pooling_params=None, eos_token_id=7,
-                             arrival_time=12.5, lora_request=None, cache_salt="s",
-                             data_parallel_rank=None, priority=3, external_req_id="r")
+    return EngineCoreRequest(
+        request_id="r-1",
+        prompt_token_ids=[1, 2, 3],
+        mm_features=None,
+        sampling_params=sp,
+        pooling_params=None,
+        eos_token_id=7,
+        arrival_time=12.5,
+        lora_request=None,
+        cache_salt="s",
+        data_parallel_rank=None,
+        priority=3,
+        external_req_id="r",
+    )
 
 
 def test_request_round_trip_keeps_engine_fields():
@@ -49,8 +73,13 @@ def test_tensors_round_trip(dtype, rows):
     ids = torch.arange(rows * 4, dtype=torch.int64).reshape(rows, 4)
     vals = torch.randn(rows, 4).to(dtype)
     ranks = torch.arange(rows, dtype=torch.int32)
-    out = EngineCoreOutputs(outputs=[EngineCoreOutput(
-        "a", [5], new_prompt_logprobs_tensors=LogprobsTensors(ids, vals, ranks))])
+    out = EngineCoreOutputs(
+        outputs=[
+            EngineCoreOutput(
+                "a", [5], new_prompt_logprobs_tensors=LogprobsTensors(ids, vals, ranks)
+            )
+        ]
+    )
     bufs = MsgpackEncoder().encode(out)
     if rows == 64:
         # Large arrays travel as extra frames, not inside the msgpack body.
@@ -64,11 +93,18 @@ def test_tensors_round_trip(dtype, rows):
 def test_outputs_round_trip():
     out = EngineCoreOutputs(
         engine_index=0,
-        outputs=[EngineCoreOutput("a", [1, 2], new_logprobs=LogprobsLists([[1, 4]], [[-0.5, -1.0]],
-                                                                           [1]),
-                                  finish_reason=FinishReason.LENGTH, stop_reason="st")],
+        outputs=[
+            EngineCoreOutput(
+                "a",
+                [1, 2],
+                new_logprobs=LogprobsLists([[1, 4]], [[-0.5, -1.0]], [1]),
+                finish_reason=FinishReason.LENGTH,
+                stop_reason="st",
+            )
+        ],
         utility_output=UtilityOutput(4, result=UtilityResult({"x": [1, 2]})),
-        finished_requests={"b"})
+        finished_requests={"b"},
+    )
     got = MsgpackDecoder(EngineCoreOutputs).decode(MsgpackEncoder().encode(out))
     assert got.outputs[0].finish_reason == FinishReason.LENGTH
     assert got.outputs[0].new_logprobs == LogprobsLists([[1, 4]], [[-0.5, -1.0]], [1])
@@ -116,10 +152,14 @@ def test_bad_array_messages_are_rejected():
 
 def test_no_socket_reader_unpickles():
     """No module reads pickles off a socket or shared memory."""
-    pattern = re.compile(r"pickle\.loads?\(|recv_pyobj|cloudpickle\.loads?\(|"
-                         r"torch\.load\(.*(sock|frame|msg)")
-    offenders = [f"{p.relative_to(VLLM_ROOT)}:{i}"
-                 for p in VLLM_ROOT.rglob("*.py")
-                 for i, line in enumerate(p.read_text().splitlines(), 1)
-                 if pattern.search(line)]
+    pattern = re.compile(
+        r"pickle\.loads?\(|recv_pyobj|cloudpickle\.loads?\(|"
+        r"torch\.load\(.*(sock|frame|msg)"
+    )
+    offenders = [
+        f"{p.relative_to(VLLM_ROOT)}:{i}"
+        for p in VLLM_ROOT.rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert offenders == []

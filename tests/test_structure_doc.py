@@ -7,6 +7,7 @@ A hop's file is parsed (never imported) and searched for the definition:
 module-level functions and classes, and methods (or nested classes) of a
 class, including names assigned in a class body or a module.
 """
+
 from __future__ import annotations
 
 import ast
@@ -24,8 +25,16 @@ CSRC = ROOT / "csrc"
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 _HOP = re.compile(r"^([\w./-]+\.py):([A-Za-z_][\w.]*)$")
 # Paths: a span that starts with one of the tree's top-level entries.
-_PATH_PREFIXES = ("vllm/", "tests/", "csrc/", "tools/", "benchmarks/", "docs/", ".buildkite/",
-                  "examples/")
+_PATH_PREFIXES = (
+    "vllm/",
+    "tests/",
+    "csrc/",
+    "tools/",
+    "benchmarks/",
+    "docs/",
+    ".buildkite/",
+    "examples/",
+)
 
 
 def _spans() -> list[str]:
@@ -37,8 +46,9 @@ def _hops() -> list[tuple[str, str]]:
 
 
 def _paths() -> list[str]:
-    return sorted({s for s in _spans() if s.startswith(_PATH_PREFIXES) and " " not in s
-                   and not _HOP.match(s)})
+    return sorted(
+        {s for s in _spans() if s.startswith(_PATH_PREFIXES) and " " not in s and not _HOP.match(s)}
+    )
 
 
 def _defined_names(body: list[ast.stmt]) -> dict[str, ast.AST]:
@@ -116,9 +126,14 @@ def _registered_ops(bindings: Path) -> set[str]:
 def test_csrc_readme_file_exists(name: str) -> None:
     # Names are relative to csrc/ or to the repository root; a bare file name
     # (`cpu_attn.py`, `benchmark_cpu_ops.py`) is looked up anywhere below them.
-    found = ((CSRC / name).exists() or (ROOT / name).exists()
-             or ("/" not in name and any((ROOT / top).rglob(name))
-                 for top in ("csrc", "vllm", "benchmarks")))
+    found = (
+        (CSRC / name).exists()
+        or (ROOT / name).exists()
+        or (
+            "/" not in name and any((ROOT / top).rglob(name))
+            for top in ("csrc", "vllm", "benchmarks")
+        )
+    )
     assert found, f"csrc/README.md names {name}, which is missing"
 
 
@@ -130,8 +145,7 @@ def test_csrc_readme_ops_are_registered() -> None:
     # The first column of the CPU ops table: each op is a `_C_cpu` op.
     text = (CSRC / "README.md").read_text()
     table = text.split("## CPU ops (`cpu/`)", 1)[1].split("\n## ", 1)[0]
-    rows = [line.split("|")[1] for line in table.splitlines()
-            if line.startswith("| `")]
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
     cpu_named = {op for cell in rows for op in _CODE_SPAN.findall(cell)}
     cpu_ops = _registered_ops(CSRC / "cpu" / "torch_bindings.cpp")
     assert len(cpu_named) >= 6

@@ -1,4 +1,5 @@
 """Tiny random-weight models and tokenizers for tests (no hub: built here)."""
+
 from __future__ import annotations
 
 import os
@@ -6,12 +7,20 @@ import os
 import torch
 
 # Shapes small enough for a 2-core CI, big enough to exercise GQA and several blocks.
-TINY_SHAPES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+TINY_SHAPES = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
 TINY_VOCAB = 512
-_CORPUS = ("The quick brown fox jumps over the lazy dog. " * 4 +
-           "def hello(world):\n    return 42\n" * 4 +
-           "Paged attention stores keys and values in fixed-size blocks. " * 4)
+_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. " * 4
+    + "def hello(world):\n    return 42\n" * 4
+    + "Paged attention stores keys and values in fixed-size blocks. " * 4
+)
 
 
 def make_tiny_tokenizer(out_dir: str, vocab_size: int = TINY_VOCAB):
@@ -22,15 +31,19 @@ def make_tiny_tokenizer(out_dir: str, vocab_size: int = TINY_VOCAB):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([_CORPUS], trainer=trainer)
     n = tok.get_vocab_size()
     if n < vocab_size:  # pad so the tokenizer covers the whole embedding table
         tok.add_tokens([f"<|fill_{i}|>" for i in range(vocab_size - n)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
     fast.save_pretrained(out_dir)
     return fast
 
@@ -46,8 +59,14 @@ def make_tiny_model(kind: str, out_dir: str, seed: int = 0, **overrides) -> str:
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
     }[kind]
-    kwargs = dict(TINY_SHAPES, vocab_size=TINY_VOCAB, bos_token_id=0, eos_token_id=0,
-                  pad_token_id=0, tie_word_embeddings=False)
+    kwargs = dict(
+        TINY_SHAPES,
+        vocab_size=TINY_VOCAB,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     if kind == "qwen3":
         kwargs["head_dim"] = 16
     if kind == "mistral":
@@ -77,7 +96,13 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> 
     with torch.no_grad():
         for ids in prompts:
             x = torch.tensor([ids])
-            y = model.generate(x, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                               do_sample=False, eos_token_id=None, pad_token_id=0)
-            outs.append(y[0, len(ids):].tolist())
+            y = model.generate(
+                x,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            outs.append(y[0, len(ids) :].tolist())
     return outs

@@ -4,6 +4,7 @@ source directories, and that every test directory belongs to some area.
 
 Usage: python tools/check_test_areas.py [--list]; exits 1 with the problems.
 """
+
 from __future__ import annotations
 
 import glob
@@ -20,7 +21,7 @@ def _pytest_paths(command: str) -> list[str]:
     words = shlex.split(command)
     if "pytest" not in words:
         return []
-    args = words[words.index("pytest") + 1:]
+    args = words[words.index("pytest") + 1 :]
     return [a.split("::")[0] for a in args if not a.startswith("-")]
 
 
@@ -31,7 +32,8 @@ def check(root: str = ROOT) -> tuple[list[str], list[str]]:
     if not files:
         problems.append("no .buildkite/test_areas/*.yaml")
     for path in files:
-        area = yaml.safe_load(open(path))
+        with open(path) as f:
+            area = yaml.safe_load(f)
         rel = os.path.relpath(path, root)
         for step in area.get("steps", []):
             for dep in step.get("source_file_dependencies", []):

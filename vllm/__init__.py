@@ -2,6 +2,7 @@
 
 The public names are imported lazily so that `import vllm` stays cheap.
 """
+
 from __future__ import annotations
 
 import importlib

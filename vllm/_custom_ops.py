@@ -12,6 +12,7 @@ same semantics, so the package runs without a compiler.
 
 Signatures follow upstream's (`out` first, in-place ops return None).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -26,9 +27,17 @@ logger = init_logger(__name__)
 
 
 # Every op the wrappers below call; a build missing one is not used at all.
-_REQUIRED_OPS = ("paged_attention_decode", "reshape_and_cache", "rms_norm",
-                 "fused_add_rms_norm", "fused_add_rms_norm_out", "rotary_embedding",
-                 "rotary_embedding_out", "silu_and_mul", "apply_token_bitmask")
+_REQUIRED_OPS = (
+    "paged_attention_decode",
+    "reshape_and_cache",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_out",
+    "rotary_embedding",
+    "rotary_embedding_out",
+    "silu_and_mul",
+    "apply_token_bitmask",
+)
 
 
 def _load_extension() -> str | None:
@@ -63,14 +72,23 @@ def cpu_ops_load_error() -> str | None:
 
 
 def _use_compiled(t: torch.Tensor) -> bool:
-    return (_LOAD_ERROR is None and t.device.type == "cpu"
-            and t.dtype in (torch.float32, torch.bfloat16))
+    return (
+        _LOAD_ERROR is None
+        and t.device.type == "cpu"
+        and t.dtype in (torch.float32, torch.bfloat16)
+    )
 
 
 # ---------------------------------------------------------------- CUDA ops
 _REQUIRED_CUDA_OPS = {
-    "_C": ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "silu_and_mul",
-           "paged_attention_v1", "paged_attention_decode"),
+    "_C": (
+        "rms_norm",
+        "fused_add_rms_norm",
+        "rotary_embedding",
+        "silu_and_mul",
+        "paged_attention_v1",
+        "paged_attention_decode",
+    ),
     "_C_cache_ops": ("reshape_and_cache", "reshape_and_cache_flash"),
 }
 
@@ -87,8 +105,12 @@ def _load_cuda_extension() -> str | None:
         importlib.import_module("vllm._C_cuda")
     except (ImportError, OSError) as e:
         return str(e)
-    missing = [f"{ns}.{op}" for ns, names in _REQUIRED_CUDA_OPS.items() for op in names
-               if not hasattr(getattr(torch.ops, ns), op)]
+    missing = [
+        f"{ns}.{op}"
+        for ns, names in _REQUIRED_CUDA_OPS.items()
+        for op in names
+        if not hasattr(getattr(torch.ops, ns), op)
+    ]
     if missing:
         return f"vllm._C_cuda is stale (no {', '.join(missing)}); rebuild it"
     return None
@@ -96,8 +118,7 @@ def _load_cuda_extension() -> str | None:
 
 _CUDA_LOAD_ERROR = _load_cuda_extension()
 if _CUDA_LOAD_ERROR is not None:
-    logger.debug("Compiled CUDA ops unavailable (%s); using PyTorch fallbacks.",
-                  _CUDA_LOAD_ERROR)
+    logger.debug("Compiled CUDA ops unavailable (%s); using PyTorch fallbacks.", _CUDA_LOAD_ERROR)
 
 
 def cuda_ops_available() -> bool:
@@ -111,8 +132,11 @@ def cuda_ops_load_error() -> str | None:
 
 
 def _use_cuda(t: torch.Tensor) -> bool:
-    return (_CUDA_LOAD_ERROR is None and t.is_cuda
-            and t.dtype in (torch.float32, torch.float16, torch.bfloat16))
+    return (
+        _CUDA_LOAD_ERROR is None
+        and t.is_cuda
+        and t.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    )
 
 
 def has_compiled_ops(t: torch.Tensor) -> bool:
@@ -126,8 +150,9 @@ def has_compiled_ops(t: torch.Tensor) -> bool:
 def _rows_ok(*ts: torch.Tensor) -> bool:
     """The row view the CUDA row kernels take: a contiguous last dim, and
     either 2-D (rows may be padded) or contiguous."""
-    return all(t.dim() >= 1 and t.stride(-1) == 1 and (t.dim() == 2 or t.is_contiguous())
-               for t in ts)
+    return all(
+        t.dim() >= 1 and t.stride(-1) == 1 and (t.dim() == 2 or t.is_contiguous()) for t in ts
+    )
 
 
 _UNIT_SCALES: dict[torch.device, torch.Tensor] = {}
@@ -141,8 +166,7 @@ def _unit_scale(device: torch.device) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- layernorm
-def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
-             epsilon: float) -> None:
+def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, epsilon: float) -> None:
     """out = input / sqrt(mean(input^2) + eps) * weight, rows of [T, hidden]."""
     if _use_compiled(input) and input.dim() == 2:
         torch.ops._C_cpu.rms_norm(out, input, weight, epsilon)
@@ -153,8 +177,9 @@ def rms_norm(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
     out.copy_(F.rms_norm(input, (input.shape[-1],), weight, epsilon))
 
 
-def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       epsilon: float) -> None:
+def fused_add_rms_norm(
+    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, epsilon: float
+) -> None:
     """In place: residual <- input + residual; input <- rms_norm(residual)."""
     if _use_compiled(input) and input.dim() == 2:
         torch.ops._C_cpu.fused_add_rms_norm(input, residual, weight, epsilon)
@@ -166,14 +191,18 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: torc
     input.copy_(F.rms_norm(residual, (residual.shape[-1],), weight, epsilon))
 
 
-def fused_add_rms_norm_out(out: torch.Tensor, residual_out: torch.Tensor,
-                           input: torch.Tensor, residual: torch.Tensor,
-                           weight: torch.Tensor, epsilon: float) -> None:
+def fused_add_rms_norm_out(
+    out: torch.Tensor,
+    residual_out: torch.Tensor,
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    epsilon: float,
+) -> None:
     """Out of place (inputs untouched): residual_out <- input + residual;
     out <- rms_norm(residual_out). One pass over the rows."""
     if _use_compiled(input) and input.dim() == 2:
-        torch.ops._C_cpu.fused_add_rms_norm_out(out, residual_out, input, residual, weight,
-                                                epsilon)
+        torch.ops._C_cpu.fused_add_rms_norm_out(out, residual_out, input, residual, weight, epsilon)
         return
     torch.add(input, residual, out=residual_out)
     rms_norm(out, residual_out, weight, epsilon)
@@ -193,34 +222,51 @@ def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
 
 
 # ------------------------------------------------------- structured outputs
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
-                        indices: torch.Tensor) -> bool:
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor) -> bool:
     """Grammar mask in place on CPU logits [n, V] (fp32/bf16) from an int32
     bitmask [n, W] (xgrammar's layout), rows `indices` (int64) only: clear
     bits and ids >= 32 * W become -inf. False when the compiled op cannot
     take these tensors (the caller falls back to xgrammar's kernel)."""
-    if not (_use_compiled(logits) and logits.dim() == 2 and logits.stride(1) == 1
-            and bitmask.device.type == "cpu" and bitmask.dtype == torch.int32
-            and bitmask.shape[0] == logits.shape[0] and bitmask.stride(1) == 1):
+    if not (
+        _use_compiled(logits)
+        and logits.dim() == 2
+        and logits.stride(1) == 1
+        and bitmask.device.type == "cpu"
+        and bitmask.dtype == torch.int32
+        and bitmask.shape[0] == logits.shape[0]
+        and bitmask.stride(1) == 1
+    ):
         return False
     torch.ops._C_cpu.apply_token_bitmask(logits, bitmask, indices)
     return True
 
 
 # ------------------------------------------------------------ pos encoding
-def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None,
-                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> None:
     """Rotate query [T, H * D] and key [T, Hkv * D] in place by position;
     cos_sin_cache [max_pos, rot_dim] holds cos then sin."""
     if _use_compiled(query) and query.dim() == 2 and cos_sin_cache.dtype == query.dtype:
-        torch.ops._C_cpu.rotary_embedding(positions, query, key, head_size,
-                                          cos_sin_cache, is_neox)
+        torch.ops._C_cpu.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
         return
-    if (_use_cuda(query) and positions.dim() == 1 and query.dim() in (2, 3)
-            and query.stride(-1) == 1 and (key is None or key.stride(-1) == 1)
-            and cos_sin_cache.dtype == query.dtype and cos_sin_cache.is_contiguous()):
-        torch.ops._C.rotary_embedding(positions.to(torch.int64).contiguous(), query, key,
-                                      head_size, cos_sin_cache, is_neox)
+    if (
+        _use_cuda(query)
+        and positions.dim() == 1
+        and query.dim() in (2, 3)
+        and query.stride(-1) == 1
+        and (key is None or key.stride(-1) == 1)
+        and cos_sin_cache.dtype == query.dtype
+        and cos_sin_cache.is_contiguous()
+    ):
+        torch.ops._C.rotary_embedding(
+            positions.to(torch.int64).contiguous(), query, key, head_size, cos_sin_cache, is_neox
+        )
         return
     rot = cos_sin_cache.shape[-1]
     cos, sin = cos_sin_cache.index_select(0, positions.flatten()).unsqueeze(1).chunk(2, -1)
@@ -237,15 +283,27 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
         x2.copy_(o2)
 
 
-def rotary_embedding_out(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
-                         head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool,
-                         query_out: torch.Tensor, key_out: torch.Tensor) -> None:
+def rotary_embedding_out(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    query_out: torch.Tensor,
+    key_out: torch.Tensor,
+) -> None:
     """Out-of-place rotary: rotated copies of query/key into query_out/key_out
     (one pass; the inputs are untouched)."""
-    if (_use_compiled(query) and query.dim() == 2 and key.dim() == 2
-            and cos_sin_cache.dtype == query.dtype):
-        torch.ops._C_cpu.rotary_embedding_out(positions, query, key, head_size, cos_sin_cache,
-                                              is_neox, query_out, key_out)
+    if (
+        _use_compiled(query)
+        and query.dim() == 2
+        and key.dim() == 2
+        and cos_sin_cache.dtype == query.dtype
+    ):
+        torch.ops._C_cpu.rotary_embedding_out(
+            positions, query, key, head_size, cos_sin_cache, is_neox, query_out, key_out
+        )
         return
     query_out.copy_(query)
     key_out.copy_(key)
@@ -253,19 +311,32 @@ def rotary_embedding_out(positions: torch.Tensor, query: torch.Tensor, key: torc
 
 
 # ------------------------------------------------------------------- cache
-def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     """Write key/value [T, Hkv, D] into caches [NB, BS, Hkv, D] at
     `slot_mapping` (slot = block * BS + offset; negative = skip)."""
     if _use_compiled(key) and key_cache.is_contiguous():
         torch.ops._C_cpu.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
         return
-    if (_use_cuda(key) and key.dim() == 3 and value.shape == key.shape
-            and key.stride(-1) == 1 and value.stride(-1) == 1 and key_cache.stride(-1) == 1
-            and slot_mapping.dim() == 1 and slot_mapping.is_contiguous()):
+    if (
+        _use_cuda(key)
+        and key.dim() == 3
+        and value.shape == key.shape
+        and key.stride(-1) == 1
+        and value.stride(-1) == 1
+        and key_cache.stride(-1) == 1
+        and slot_mapping.dim() == 1
+        and slot_mapping.is_contiguous()
+    ):
         scale = _unit_scale(key.device)
-        torch.ops._C_cache_ops.reshape_and_cache_flash(key, value, key_cache, value_cache,
-                                                       slot_mapping, "auto", scale, scale)
+        torch.ops._C_cache_ops.reshape_and_cache_flash(
+            key, value, key_cache, value_cache, slot_mapping, "auto", scale, scale
+        )
         return
     n = slot_mapping.numel()
     keep = (slot_mapping >= 0).nonzero().squeeze(1)
@@ -274,85 +345,142 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
         cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, src.index_select(0, keep))
 
 
-def reshape_and_cache_flash(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                            value_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                            kv_cache_dtype: str, k_scale: torch.Tensor,
-                            v_scale: torch.Tensor) -> None:
+def reshape_and_cache_flash(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+) -> None:
     """Upstream's op: key/value [T, Hkv, D] into caches [NB, BS, Hkv, D] at
     `slot_mapping` (negative = skip). Only kv_cache_dtype "auto" (the cache
     keeps the model dtype) is built; the scales serve fp8 caches only."""
     if kv_cache_dtype != "auto":
-        raise NotImplementedError(f"kv_cache_dtype {kv_cache_dtype!r} is not built "
-                                  "(quantized KV caches); use 'auto'.")
+        raise NotImplementedError(
+            f"kv_cache_dtype {kv_cache_dtype!r} is not built (quantized KV caches); use 'auto'."
+        )
     if _use_cuda(key):
-        torch.ops._C_cache_ops.reshape_and_cache_flash(key, value, key_cache, value_cache,
-                                                       slot_mapping, kv_cache_dtype,
-                                                       k_scale, v_scale)
+        torch.ops._C_cache_ops.reshape_and_cache_flash(
+            key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale
+        )
         return
     reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
-def split_kv_cache_to_flash(key_cache: torch.Tensor,
-                            value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def split_kv_cache_to_flash(
+    key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Upstream's paged-attention layout (what torch.ops._C_cache_ops.
     reshape_and_cache writes: key [NB, Hkv, D / x, BS, x], value [NB, Hkv, D,
     BS]) as flash-layout copies [NB, BS, Hkv, D]."""
     nb, hkv, _, bs, _ = key_cache.shape
     d = value_cache.shape[2]
-    return (key_cache.permute(0, 3, 1, 2, 4).reshape(nb, bs, hkv, d),
-            value_cache.permute(0, 3, 1, 2).reshape(nb, bs, hkv, d))
+    return (
+        key_cache.permute(0, 3, 1, 2, 4).reshape(nb, bs, hkv, d),
+        value_cache.permute(0, 3, 1, 2).reshape(nb, bs, hkv, d),
+    )
 
 
 # --------------------------------------------------------------- attention
-def _decode_ok(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
-               value_cache: torch.Tensor) -> bool:
+def _decode_ok(
+    out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> bool:
     """What torch.ops._C.paged_attention_decode takes: head_size a multiple
     of 8 up to 256, contiguous rows at 16-byte aligned offsets, one dtype."""
     if query.dim() != 3 or out.dim() != 3 or key_cache.dim() != 4:
         return False
     d = query.shape[-1]
     rows = (query.stride(0), query.stride(1), *key_cache.stride()[:3])
-    return (d % 8 == 0 and d <= 256
-            and query.stride(2) == 1 and out.stride(2) == 1 and key_cache.stride(3) == 1
-            and value_cache.stride() == key_cache.stride()
-            and all(r % 8 == 0 for r in rows)
-            and all(t.data_ptr() % 16 == 0 for t in (query, key_cache, value_cache))
-            and key_cache.dtype == value_cache.dtype == query.dtype == out.dtype)
+    return (
+        d % 8 == 0
+        and d <= 256
+        and query.stride(2) == 1
+        and out.stride(2) == 1
+        and key_cache.stride(3) == 1
+        and value_cache.stride() == key_cache.stride()
+        and all(r % 8 == 0 for r in rows)
+        and all(t.data_ptr() % 16 == 0 for t in (query, key_cache, value_cache))
+        and key_cache.dtype == value_cache.dtype == query.dtype == out.dtype
+    )
 
 
-def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
-                           value_cache: torch.Tensor, block_table: torch.Tensor,
-                           seq_lens: torch.Tensor, scale: float,
-                           sliding_window: int | None = None,
-                           soft_cap: float | None = None) -> None:
+def paged_attention_decode(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+) -> None:
     """One query token per sequence against its cached keys, read through the
     block table: query/out [B, H, D], caches [NB, BS, Hkv, D], block_table
     [B, max_blocks] (int32/int64), seq_lens [B] (keys 0..len-1; with a
     window, the last `sliding_window` of them). Soft-cap: cap * tanh(s / cap)."""
     if _use_compiled(query):
         torch.ops._C_cpu.paged_attention_decode(
-            out, query, key_cache, value_cache, block_table, seq_lens, scale,
-            sliding_window or 0, soft_cap or 0.0)
+            out,
+            query,
+            key_cache,
+            value_cache,
+            block_table,
+            seq_lens,
+            scale,
+            sliding_window or 0,
+            soft_cap or 0.0,
+        )
         return
-    if (_use_cuda(query) and _decode_ok(out, query, key_cache, value_cache)
-            and block_table.stride(-1) == 1
-            and block_table.dtype in (torch.int32, torch.int64)):
+    if (
+        _use_cuda(query)
+        and _decode_ok(out, query, key_cache, value_cache)
+        and block_table.stride(-1) == 1
+        and block_table.dtype in (torch.int32, torch.int64)
+    ):
         torch.ops._C.paged_attention_decode(
-            out, query, key_cache, value_cache, block_table,
-            seq_lens.to(torch.int32).contiguous(), scale, sliding_window or 0, soft_cap or 0.0)
+            out,
+            query,
+            key_cache,
+            value_cache,
+            block_table,
+            seq_lens.to(torch.int32).contiguous(),
+            scale,
+            sliding_window or 0,
+            soft_cap or 0.0,
+        )
         return
-    out.copy_(ref_paged_attention_decode(query, key_cache, value_cache, block_table,
-                                         seq_lens, scale, sliding_window, soft_cap))
+    out.copy_(
+        ref_paged_attention_decode(
+            query, key_cache, value_cache, block_table, seq_lens, scale, sliding_window, soft_cap
+        )
+    )
 
 
-def paged_attention_v1(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
-                       value_cache: torch.Tensor, num_kv_heads: int, scale: float,
-                       block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
-                       max_seq_len: int, alibi_slopes: torch.Tensor | None,
-                       kv_cache_dtype: str, k_scale: torch.Tensor, v_scale: torch.Tensor,
-                       tp_rank: int = 0, blocksparse_local_blocks: int = 0,
-                       blocksparse_vert_stride: int = 0, blocksparse_block_size: int = 64,
-                       blocksparse_head_sliding_step: int = 0) -> None:
+def paged_attention_v1(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    num_kv_heads: int,
+    scale: float,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    max_seq_len: int,
+    alibi_slopes: torch.Tensor | None,
+    kv_cache_dtype: str,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    tp_rank: int = 0,
+    blocksparse_local_blocks: int = 0,
+    blocksparse_vert_stride: int = 0,
+    blocksparse_block_size: int = 64,
+    blocksparse_head_sliding_step: int = 0,
+) -> None:
     """Upstream's decode attention over upstream's split cache layout (see
     split_kv_cache_to_flash); query/out [B, H, D], block_tables int32.
     Not built: quantized caches, block-sparse attention."""
@@ -362,22 +490,46 @@ def paged_attention_v1(out: torch.Tensor, query: torch.Tensor, key_cache: torch.
         raise NotImplementedError("block-sparse paged attention is not built.")
     if _use_cuda(query):
         torch.ops._C.paged_attention_v1(
-            out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
-            block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale, tp_rank,
-            blocksparse_local_blocks, blocksparse_vert_stride, blocksparse_block_size,
-            blocksparse_head_sliding_step)
+            out,
+            query,
+            key_cache,
+            value_cache,
+            num_kv_heads,
+            scale,
+            block_tables,
+            seq_lens,
+            block_size,
+            max_seq_len,
+            alibi_slopes,
+            kv_cache_dtype,
+            k_scale,
+            v_scale,
+            tp_rank,
+            blocksparse_local_blocks,
+            blocksparse_vert_stride,
+            blocksparse_block_size,
+            blocksparse_head_sliding_step,
+        )
         return
     k, v = split_kv_cache_to_flash(key_cache, value_cache)
-    out.copy_(ref_paged_attention_decode(query, k, v, block_tables, seq_lens, scale,
-                                         alibi_slopes=alibi_slopes))
+    out.copy_(
+        ref_paged_attention_decode(
+            query, k, v, block_tables, seq_lens, scale, alibi_slopes=alibi_slopes
+        )
+    )
 
 
-def ref_paged_attention_decode(query: torch.Tensor, key_cache: torch.Tensor,
-                               value_cache: torch.Tensor, block_table: torch.Tensor,
-                               seq_lens: torch.Tensor, scale: float,
-                               sliding_window: int | None = None,
-                               soft_cap: float | None = None,
-                               alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+def ref_paged_attention_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The plain reference: per sequence, gather its keys and attend in fp32.
     ALiBi (upstream's): score of key t += slope[head] * (t - seq_len + 1)."""
     bs, hkv, d = key_cache.shape[1:]

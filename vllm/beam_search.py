@@ -4,6 +4,7 @@ Beam search runs on top of ordinary generation: every step, each live beam is
 submitted as a prompt (its tokens so far) for one token with
 `logprobs = 2 * beam_width`, and its candidates are the returned top tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,14 +46,24 @@ class BeamSearchInstance:
     completed: list[BeamSearchSequence] = field(default_factory=list)
 
     @classmethod
-    def from_prompt(cls, prompt_tokens: list[int], lora_request: LoRARequest | None = None
-                    ) -> "BeamSearchInstance":
-        return cls(beams=[BeamSearchSequence(tokens=list(prompt_tokens), logprobs=[],
-                                             lora_request=lora_request)])
+    def from_prompt(
+        cls, prompt_tokens: list[int], lora_request: LoRARequest | None = None
+    ) -> BeamSearchInstance:
+        return cls(
+            beams=[
+                BeamSearchSequence(
+                    tokens=list(prompt_tokens), logprobs=[], lora_request=lora_request
+                )
+            ]
+        )
 
 
-def get_beam_search_score(tokens: list[int], cumulative_logprob: float, eos_token_id: int | None,
-                          length_penalty: float = 1.0) -> float:
+def get_beam_search_score(
+    tokens: list[int],
+    cumulative_logprob: float,
+    eos_token_id: int | None,
+    length_penalty: float = 1.0,
+) -> float:
     """cumulative_logprob / length ** length_penalty, where the length counts
     the prompt and the generated tokens except a final EOS (as upstream)."""
     seq_len = len(tokens)
@@ -65,7 +76,6 @@ def create_sort_beams_key_function(eos_token_id: int | None, length_penalty: flo
     """A sort key ranking beams by their length-penalised score."""
 
     def sort_beams_key(beam: BeamSearchSequence) -> float:
-        return get_beam_search_score(beam.tokens, beam.cum_logprob, eos_token_id,
-                                     length_penalty)
+        return get_beam_search_score(beam.tokens, beam.cum_logprob, eos_token_id, length_penalty)
 
     return sort_beams_key

@@ -10,10 +10,12 @@ Not every read goes through here yet: `VLLM_XGRAMMAR_CACHE_MB`
 (logger.py) and `PYTHONHASHSEED` (v1/core/kv_cache_utils.py) are read with
 `os.environ` / `os.getenv` where they are used.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _tri_state(name: str) -> Callable[[], bool | None]:
@@ -56,16 +58,19 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_CPU_OMP_THREADS_BIND": lambda: os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
     # Engine-core outputs AsyncLLM's output handler processes before yielding
     # to the event loop (keeps the server responsive under large batches).
-    "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE":
-    lambda: int(os.environ.get("VLLM_V1_OUTPUT_PROC_CHUNK_SIZE", "128")),
+    "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE": lambda: int(
+        os.environ.get("VLLM_V1_OUTPUT_PROC_CHUNK_SIZE", "128")
+    ),
     # Keep the API server up (answering 503 / 500) after the engine core died.
     "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": _bool("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0"),
     # Seconds to wait for the engine core's READY at start-up.
-    "VLLM_ENGINE_READY_TIMEOUT_S":
-    lambda: int(os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S", "600")),
+    "VLLM_ENGINE_READY_TIMEOUT_S": lambda: int(
+        os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S", "600")
+    ),
     # Seconds an idle HTTP keep-alive connection stays open.
-    "VLLM_HTTP_TIMEOUT_KEEP_ALIVE":
-    lambda: int(os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "5")),
+    "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": lambda: int(
+        os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "5")
+    ),
     # Register the operator routes of `vllm serve` (/sleep, /wake_up,
     # /is_sleeping, /reset_prefix_cache, /collective_rpc): never on a public server.
     "VLLM_SERVER_DEV_MODE": _bool("VLLM_SERVER_DEV_MODE", "0"),

@@ -1,4 +1,5 @@
 """Typed errors that the front ends map to HTTP status codes."""
+
 from __future__ import annotations
 
 from typing import Any

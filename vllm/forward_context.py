@@ -11,6 +11,7 @@ the model signature is what lets every model keep the plain
 graph runtime mode and the `BatchDescriptor` of the forward, which
 `CUDAGraphWrapper` reads to pick the graph to replay.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -37,11 +38,12 @@ class BatchDescriptor(NamedTuple):
     uniform: bool = False
     has_lora: bool = False
 
-    def relax_for_mixed_batch_cudagraphs(self) -> "BatchDescriptor":
+    def relax_for_mixed_batch_cudagraphs(self) -> BatchDescriptor:
         """The descriptor of the general (mixed-batch) graph of the same size,
         which any batch of this many tokens can replay."""
-        return BatchDescriptor(self.num_tokens, num_reqs=None, uniform=False,
-                               has_lora=self.has_lora)
+        return BatchDescriptor(
+            self.num_tokens, num_reqs=None, uniform=False, has_lora=self.has_lora
+        )
 
 
 @dataclass
@@ -78,14 +80,15 @@ def get_forward_context() -> ForwardContext:
     if _forward_context is None:
         raise RuntimeError(
             "Forward context is not set. Run the model inside "
-            "`with set_forward_context(attn_metadata, vllm_config): ...`.")
+            "`with set_forward_context(attn_metadata, vllm_config): ...`."
+        )
     return _forward_context
 
 
 @contextmanager
 def set_forward_context(
     attn_metadata: dict[str, Any] | None,
-    vllm_config: "VllmConfig",
+    vllm_config: VllmConfig,
     virtual_engine: int = 0,
     num_tokens: int | None = None,
     cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE,
@@ -101,8 +104,10 @@ def set_forward_context(
     if _forward_context is not None:
         raise RuntimeError("set_forward_context() cannot be nested.")
     if not cudagraph_runtime_mode.is_valid_runtime_mode():
-        raise ValueError(f"cudagraph_runtime_mode must be NONE, PIECEWISE or FULL, "
-                         f"got {cudagraph_runtime_mode.name}.")
+        raise ValueError(
+            f"cudagraph_runtime_mode must be NONE, PIECEWISE or FULL, "
+            f"got {cudagraph_runtime_mode.name}."
+        )
     static_ctx = vllm_config.compilation_config.static_forward_context
     _forward_context = ForwardContext(
         no_compile_layers=static_ctx,

@@ -1,10 +1,11 @@
 """Logging for vLLM (upstream: vllm/logger.py)."""
+
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from functools import lru_cache
+from functools import cache
 
 _FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
 _DATE_FORMAT = "%m-%d %H:%M:%S"
@@ -21,7 +22,7 @@ def _configure_root() -> None:
     _root.propagate = False
 
 
-@lru_cache(maxsize=None)
+@cache
 def _log_once(logger: logging.Logger, level: int, msg: str, *args) -> None:
     logger.log(level, msg, *args, stacklevel=3)
 

@@ -14,6 +14,7 @@ them, chosen by `SamplingParams.flat_logprobs`:
 The first prompt position has no logprob (nothing predicts it): None in the
 plain form, an empty position in the flat one.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -57,8 +58,13 @@ class FlatLogprobs(MutableSequence[LogprobsOnePosition | None]):
             self.decoded_tokens.append(logprob.decoded_token)
         self.end_indices.append(len(self.logprobs))
 
-    def append_fast(self, token_ids: list[int], logprobs: list[float],
-                    ranks: Iterable[int | None], decoded_tokens: Iterable[str | None]) -> None:
+    def append_fast(
+        self,
+        token_ids: list[int],
+        logprobs: list[float],
+        ranks: Iterable[int | None],
+        decoded_tokens: Iterable[str | None],
+    ) -> None:
         """Add the next position from its columns, without building a dict.
         A token id listed twice (the sampled token also in the top-k) keeps
         one entry, its last, as the dict form would."""
@@ -91,9 +97,9 @@ class FlatLogprobs(MutableSequence[LogprobsOnePosition | None]):
     def __getitem__(self, index: int) -> LogprobsOnePosition: ...
 
     @overload
-    def __getitem__(self, index: slice) -> "FlatLogprobs": ...
+    def __getitem__(self, index: slice) -> FlatLogprobs: ...
 
-    def __getitem__(self, index: int | slice) -> "LogprobsOnePosition | FlatLogprobs":
+    def __getitem__(self, index: int | slice) -> LogprobsOnePosition | FlatLogprobs:
         if isinstance(index, slice):
             positions = range(len(self))[index]
             out = FlatLogprobs()
@@ -101,14 +107,14 @@ class FlatLogprobs(MutableSequence[LogprobsOnePosition | None]):
                 out.append_fast(*self._columns(i))
             return out
         start, end = self.start_indices[index], self.end_indices[index]
-        return {self.token_ids[j]: Logprob(self.logprobs[j], self.ranks[j],
-                                           self.decoded_tokens[j])
-                for j in range(start, end)}
+        return {
+            self.token_ids[j]: Logprob(self.logprobs[j], self.ranks[j], self.decoded_tokens[j])
+            for j in range(start, end)
+        }
 
     def _columns(self, i: int) -> tuple[list, list, list, list]:
         s, e = self.start_indices[i], self.end_indices[i]
-        return (self.token_ids[s:e], self.logprobs[s:e], self.ranks[s:e],
-                self.decoded_tokens[s:e])
+        return (self.token_ids[s:e], self.logprobs[s:e], self.ranks[s:e], self.decoded_tokens[s:e])
 
     def __iter__(self) -> Iterator[LogprobsOnePosition]:
         for i in range(len(self)):
@@ -140,20 +146,27 @@ def create_sample_logprobs(flat_logprobs: bool) -> SampleLogprobs:
     return FlatLogprobs() if flat_logprobs else []
 
 
-def append_logprobs_for_next_position(request_logprobs: PromptLogprobs | SampleLogprobs,
-                                      token_ids: list[int], logprobs: list[float],
-                                      decoded_tokens: Iterable[str | None], rank: int,
-                                      num_logprobs: int) -> None:
+def append_logprobs_for_next_position(
+    request_logprobs: PromptLogprobs | SampleLogprobs,
+    token_ids: list[int],
+    logprobs: list[float],
+    decoded_tokens: Iterable[str | None],
+    rank: int,
+    num_logprobs: int,
+) -> None:
     """Add one position: entry 0 is the sampled/prompt token with its `rank`,
     entries 1..num_logprobs the top tokens ranked 1..num_logprobs (-1: all of
     them). A token in both keeps its top-k entry."""
     if num_logprobs == -1:
         num_logprobs = len(logprobs) - 1
-    token_ids, logprobs = token_ids[:num_logprobs + 1], logprobs[:num_logprobs + 1]
+    token_ids, logprobs = token_ids[: num_logprobs + 1], logprobs[: num_logprobs + 1]
     ranks = itertools.chain((rank,), range(1, num_logprobs + 1))
     if isinstance(request_logprobs, FlatLogprobs):
         request_logprobs.append_fast(token_ids, logprobs, ranks, decoded_tokens)
     else:
-        request_logprobs.append({tid: Logprob(logprob=v, rank=r, decoded_token=t)
-                                 for tid, v, r, t in zip(token_ids, logprobs, ranks,
-                                                         decoded_tokens)})
+        request_logprobs.append(
+            {
+                tid: Logprob(logprob=v, rank=r, decoded_token=t)
+                for tid, v, r, t in zip(token_ids, logprobs, ranks, decoded_tokens)
+            }
+        )

@@ -1,4 +1,5 @@
 """What `LLM.generate` and `AsyncLLM.generate` return (upstream: vllm/outputs.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,10 +33,12 @@ class CompletionOutput:
         return self.finish_reason is not None
 
     def __repr__(self) -> str:
-        return (f"CompletionOutput(index={self.index}, text={self.text!r}, "
-                f"token_ids={self.token_ids}, cumulative_logprob={self.cumulative_logprob}, "
-                f"logprobs={self.logprobs}, finish_reason={self.finish_reason}, "
-                f"stop_reason={self.stop_reason})")
+        return (
+            f"CompletionOutput(index={self.index}, text={self.text!r}, "
+            f"token_ids={self.token_ids}, cumulative_logprob={self.cumulative_logprob}, "
+            f"logprobs={self.logprobs}, finish_reason={self.finish_reason}, "
+            f"stop_reason={self.stop_reason})"
+        )
 
 
 @dataclass
@@ -65,7 +68,7 @@ class RequestOutput:
     kv_transfer_params: dict[str, Any] | None = None
     multi_modal_placeholders: dict[str, Any] = field(default_factory=dict)
 
-    def add(self, next_output: "RequestOutput", aggregate: bool) -> None:
+    def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """Merge a later output of the same request into this one (streaming)."""
         self.finished |= next_output.finished
         self.num_cached_tokens = next_output.num_cached_tokens
@@ -88,10 +91,12 @@ class RequestOutput:
                 self.outputs.append(nxt)
 
     def __repr__(self) -> str:
-        return (f"RequestOutput(request_id={self.request_id}, prompt={self.prompt!r}, "
-                f"prompt_token_ids={self.prompt_token_ids}, "
-                f"prompt_logprobs={self.prompt_logprobs}, outputs={self.outputs}, "
-                f"finished={self.finished}, num_cached_tokens={self.num_cached_tokens})")
+        return (
+            f"RequestOutput(request_id={self.request_id}, prompt={self.prompt!r}, "
+            f"prompt_token_ids={self.prompt_token_ids}, "
+            f"prompt_logprobs={self.prompt_logprobs}, outputs={self.outputs}, "
+            f"finished={self.finished}, num_cached_tokens={self.num_cached_tokens})"
+        )
 
 
 @dataclass

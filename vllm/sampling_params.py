@@ -1,4 +1,5 @@
 """Sampling parameters for text generation (upstream: vllm/sampling_params.py)."""
+
 from __future__ import annotations
 
 import copy
@@ -32,8 +33,7 @@ class RequestOutputKind(Enum):
 
 
 # The constraint kinds of StructuredOutputsParams; exactly one must be set.
-_STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object",
-                            "structural_tag")
+_STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass
@@ -71,7 +71,9 @@ class StructuredOutputsParams:
                 f"{'none' if not kinds else ', '.join(kinds)} "
                 f"{'was' if len(kinds) < 2 else 'were'} specified; set exactly one of "
                 f"{', '.join(_STRUCTURED_OUTPUT_KINDS)}.",
-                parameter="structured_outputs", value=kinds)
+                parameter="structured_outputs",
+                value=kinds,
+            )
         self._verify_types()
 
     def _verify_types(self) -> None:
@@ -79,7 +81,10 @@ class StructuredOutputsParams:
             value = getattr(self, name)
             return VLLMValidationError(
                 f"structured_outputs.{name} must be {expected}, got "
-                f"{type(value).__name__}: {value!r:.200}", parameter=name, value=value)
+                f"{type(value).__name__}: {value!r:.200}",
+                parameter=name,
+                value=value,
+            )
 
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise bad("json", "a JSON schema (an object or its JSON text)")
@@ -88,6 +93,7 @@ class StructuredOutputsParams:
             # thousands of levels deep would exhaust the recursion limit.
             # Imported here: vllm.utils imports torch, which this module does not.
             from vllm.utils.json_schema import check_json_schema_depth
+
             try:
                 check_json_schema_depth(self.json)
             except ValueError as e:
@@ -96,8 +102,10 @@ class StructuredOutputsParams:
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise bad(name, "a string")
         if self.choice is not None and not (
-                isinstance(self.choice, list) and self.choice
-                and all(isinstance(c, str) for c in self.choice)):
+            isinstance(self.choice, list)
+            and self.choice
+            and all(isinstance(c, str) for c in self.choice)
+        ):
             raise bad("choice", "a non-empty list of strings")
         if self.json_object is not None and not isinstance(self.json_object, bool):
             raise bad("json_object", "a boolean")
@@ -159,14 +167,15 @@ class SamplingParams(
     _bad_words_token_ids: list[list[int]] | None = None
 
     @staticmethod
-    def from_optional(**kwargs: Any) -> "SamplingParams":
+    def from_optional(**kwargs: Any) -> SamplingParams:
         """Build from keyword arguments, dropping those that are None; logit
         biases are clamped to [-100, 100] as upstream's API layer does."""
         params = {k: v for k, v in kwargs.items() if v is not None}
         if params.get("logit_bias"):
             params["logit_bias"] = {
                 token: min(100.0, max(-100.0, bias))
-                for token, bias in _convert_logit_bias(params["logit_bias"]).items()}
+                for token, bias in _convert_logit_bias(params["logit_bias"]).items()
+            }
         return SamplingParams(**params)
 
     def __post_init__(self) -> None:
@@ -231,43 +240,51 @@ class SamplingParams(
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise self._err(f"{name} must be in [-2, 2], got {getattr(self, name)}.", name)
         if not math.isfinite(self.repetition_penalty):
-            raise self._err("repetition_penalty must be a finite number, got "
-                            f"{self.repetition_penalty}.", "repetition_penalty")
+            raise self._err(
+                f"repetition_penalty must be a finite number, got {self.repetition_penalty}.",
+                "repetition_penalty",
+            )
         if self.repetition_penalty <= 0.0:
-            raise self._err("repetition_penalty must be greater than zero, got "
-                            f"{self.repetition_penalty}.", "repetition_penalty")
+            raise self._err(
+                f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.",
+                "repetition_penalty",
+            )
 
     def _verify_sampling_knobs(self) -> None:
         if not math.isfinite(self.temperature):
-            raise self._err(f"temperature must be a finite number, got {self.temperature}.",
-                            "temperature")
+            raise self._err(
+                f"temperature must be a finite number, got {self.temperature}.", "temperature"
+            )
         if self.temperature < 0.0:
-            raise self._err(f"temperature must be non-negative, got {self.temperature}.",
-                            "temperature")
+            raise self._err(
+                f"temperature must be non-negative, got {self.temperature}.", "temperature"
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise self._err(f"top_p must be in (0, 1], got {self.top_p}.", "top_p")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
-            raise self._err(f"top_k must be an integer, got {type(self.top_k).__name__}",
-                            "top_k")
+            raise self._err(f"top_k must be an integer, got {type(self.top_k).__name__}", "top_k")
         # -1 is quietly accepted as "disabled", like 0.
         if self.top_k < -1:
-            raise self._err(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.",
-                            "top_k")
+            raise self._err(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.", "top_k")
         if not 0.0 <= self.min_p <= 1.0:
             raise self._err(f"min_p must be in [0, 1], got {self.min_p}.", "min_p")
-        if self.seed is not None and not -2**63 <= self.seed < 2**64:
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise self._err(f"seed must fit in 64 bits, got {self.seed}.", "seed")
 
     def _verify_lengths(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise self._err(f"max_tokens must be at least 1, got {self.max_tokens}.",
-                            "max_tokens")
+            raise self._err(f"max_tokens must be at least 1, got {self.max_tokens}.", "max_tokens")
         if self.min_tokens < 0:
-            raise self._err("min_tokens must be greater than or equal to 0, got "
-                            f"{self.min_tokens}.", "min_tokens")
+            raise self._err(
+                f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.",
+                "min_tokens",
+            )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise self._err(f"min_tokens must be less than or equal to max_tokens="
-                            f"{self.max_tokens}, got {self.min_tokens}.", "min_tokens")
+            raise self._err(
+                f"min_tokens must be less than or equal to max_tokens="
+                f"{self.max_tokens}, got {self.min_tokens}.",
+                "min_tokens",
+            )
 
     def _verify_logprobs(self) -> None:
         for name in ("logprobs", "prompt_logprobs"):
@@ -277,19 +294,25 @@ class SamplingParams(
 
     def _verify_stops(self) -> None:
         assert isinstance(self.stop_token_ids, list) and isinstance(self.stop, list)
-        if not all(isinstance(t, int) and not isinstance(t, bool)
-                   for t in self.stop_token_ids):
-            raise self._err("stop_token_ids must contain only integers, got "
-                            f"{self.stop_token_ids}.", "stop_token_ids")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
+            raise self._err(
+                f"stop_token_ids must contain only integers, got {self.stop_token_ids}.",
+                "stop_token_ids",
+            )
         if any(not s for s in self.stop):
             raise self._err("stop cannot contain an empty string.", "stop")
         if self.stop and not self.detokenize:
-            raise self._err("stop strings are only supported when detokenize is True. "
-                            "Set detokenize=True to use stop.", "stop")
+            raise self._err(
+                "stop strings are only supported when detokenize is True. "
+                "Set detokenize=True to use stop.",
+                "stop",
+            )
         assert isinstance(self.bad_words, list)
         if any(not w for w in self.bad_words):
-            raise self._err("bad_words cannot contain an empty string. Got "
-                            f"bad_words={self.bad_words}", "bad_words")
+            raise self._err(
+                f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}",
+                "bad_words",
+            )
 
     @property
     def sampling_type(self) -> SamplingType:
@@ -311,8 +334,9 @@ class SamplingParams(
     def bad_words_token_ids(self) -> list[list[int]] | None:
         return self._bad_words_token_ids
 
-    def update_from_generation_config(self, generation_config: dict[str, Any],
-                                      eos_token_id: int | None = None) -> None:
+    def update_from_generation_config(
+        self, generation_config: dict[str, Any], eos_token_id: int | None = None
+    ) -> None:
         """Add the model's extra EOS ids (generation_config.json) to the stop ids."""
         if eos_token_id is not None:
             # Known to the stop checks (and min_tokens) even with ignore_eos.
@@ -342,8 +366,9 @@ class SamplingParams(
                 toks = list(tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False))
                 if not toks:
                     if not prefix:
-                        raise self._err("bad_words entries must tokenize to at least one "
-                                        "token.", "bad_words")
+                        raise self._err(
+                            "bad_words entries must tokenize to at least one token.", "bad_words"
+                        )
                     continue
                 if not prefix or (toks[0] != ids[-1][0] and len(toks) == len(ids[-1])):
                     ids.append(toks)
@@ -353,17 +378,34 @@ class SamplingParams(
             raise self._err(
                 f"The model vocabulary size is {max_token_id + 1}, but the following "
                 f"tokens were specified as bad: {invalid}. All token id values should be "
-                f"integers satisfying: 0 <= token_id <= {max_token_id}.", "bad_words")
+                f"integers satisfying: 0 <= token_id <= {max_token_id}.",
+                "bad_words",
+            )
         self._bad_words_token_ids = ids
 
-    def clone(self) -> "SamplingParams":
+    def clone(self) -> SamplingParams:
         return copy.deepcopy(self)
 
     def __repr__(self) -> str:
-        fields = ("n", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                  "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-                  "ignore_eos", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
-                  "skip_special_tokens")
+        fields = (
+            "n",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "stop",
+            "stop_token_ids",
+            "ignore_eos",
+            "max_tokens",
+            "min_tokens",
+            "logprobs",
+            "prompt_logprobs",
+            "skip_special_tokens",
+        )
         return "SamplingParams(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in fields) + ")"
 
 
@@ -382,14 +424,19 @@ def _convert_logit_bias(logit_bias: dict[Any, Any]) -> dict[int, float]:
         except (TypeError, ValueError):
             value = math.nan
         if not math.isfinite(value):
-            raise VLLMValidationError(f"logit_bias values must be finite numbers, got "
-                                      f"{bias!r} for token {token!r}.",
-                                      parameter="logit_bias", value=bias)
+            raise VLLMValidationError(
+                f"logit_bias values must be finite numbers, got {bias!r} for token {token!r}.",
+                parameter="logit_bias",
+                value=bias,
+            )
         converted[token_id] = value
     if bad_keys:
-        raise VLLMValidationError("logit_bias contains key(s) that cannot be converted to "
-                                  f"integer token IDs: {bad_keys!r}",
-                                  parameter="logit_bias", value=bad_keys)
+        raise VLLMValidationError(
+            "logit_bias contains key(s) that cannot be converted to "
+            f"integer token IDs: {bad_keys!r}",
+            parameter="logit_bias",
+            value=bad_keys,
+        )
     return converted
 
 
@@ -424,13 +471,20 @@ class BeamSearchParams(
         for name in ("beam_width", "max_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise VLLMValidationError(f"{name} must be an int of at least 1, got "
-                                          f"{value!r}.", parameter=name, value=value)
+                raise VLLMValidationError(
+                    f"{name} must be an int of at least 1, got {value!r}.",
+                    parameter=name,
+                    value=value,
+                )
         if not math.isfinite(self.temperature) or self.temperature < 0.0:
-            raise VLLMValidationError("temperature must be a finite non-negative number, "
-                                      f"got {self.temperature}.", parameter="temperature",
-                                      value=self.temperature)
+            raise VLLMValidationError(
+                f"temperature must be a finite non-negative number, got {self.temperature}.",
+                parameter="temperature",
+                value=self.temperature,
+            )
         if not math.isfinite(self.length_penalty):
-            raise VLLMValidationError("length_penalty must be a finite number, got "
-                                      f"{self.length_penalty}.", parameter="length_penalty",
-                                      value=self.length_penalty)
+            raise VLLMValidationError(
+                f"length_penalty must be a finite number, got {self.length_penalty}.",
+                parameter="length_penalty",
+                value=self.length_penalty,
+            )

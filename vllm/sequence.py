@@ -1,4 +1,5 @@
 """Data passed between pipeline stages (upstream: vllm/sequence.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ class IntermediateTensors:
 
     tensors: dict[str, torch.Tensor]
 
-    def __getitem__(self, key: str | slice) -> "torch.Tensor | IntermediateTensors":
+    def __getitem__(self, key: str | slice) -> torch.Tensor | IntermediateTensors:
         """A tensor by name, or every tensor sliced along the token dim."""
         if isinstance(key, str):
             return self.tensors[key]

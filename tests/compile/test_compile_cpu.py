@@ -1,6 +1,7 @@
 """torch.compile of the model forward on CPU (vllm/compilation/): the
 compiled model gives eager's greedy tokens, one graph serves every batch
 size (no recompile), attention stays opaque and the compiled ops trace."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,8 +30,9 @@ def _worker(model_dir: str, mode: CompilationMode, backend: str | None) -> Worke
     worker.load_model()
     config.compilation_config.mode = mode
     runner = worker.model_runner
-    runner.model = maybe_compile_model(runner.model, config.compilation_config, "cpu",
-                                       backend=backend)
+    runner.model = maybe_compile_model(
+        runner.model, config.compilation_config, "cpu", backend=backend
+    )
     worker.initialize_from_config(make_kv_cache_config(worker.get_kv_cache_spec()))
     return worker
 
@@ -99,8 +101,9 @@ def test_unpack_gives_dense_weights_but_keeps_the_lm_head_packed(model_dir):
     worker = _worker(model_dir, CompilationMode.NONE, None)
     try:
         model = worker.model_runner.model
-        packed = {n: m for n, m in model.named_modules()
-                  if getattr(m, "_packed_weight", None) is not None}
+        packed = {
+            n: m for n, m in model.named_modules() if getattr(m, "_packed_weight", None) is not None
+        }
         if not packed:
             pytest.skip("no oneDNN weight packing on this CPU / torch build")
         x = torch.randn(3, model.config.hidden_size)
@@ -117,16 +120,19 @@ def test_unpack_gives_dense_weights_but_keeps_the_lm_head_packed(model_dir):
 
 def test_backend_resolution():
     assert resolve_backend(CompilationConfig(mode=CompilationMode.VLLM_COMPILE)) == "inductor"
-    assert resolve_backend(CompilationConfig(mode=CompilationMode.STOCK_TORCH_COMPILE),
-                           "eager") == "eager"
+    assert (
+        resolve_backend(CompilationConfig(mode=CompilationMode.STOCK_TORCH_COMPILE), "eager")
+        == "eager"
+    )
     with pytest.raises(ValueError, match="Unknown torch.compile backend 'nope'"):
         resolve_backend(CompilationConfig(mode=CompilationMode.STOCK_TORCH_COMPILE), "nope")
     with pytest.raises(ValueError, match="NONE has no compiler backend"):
         resolve_backend(CompilationConfig())
 
 
-@pytest.mark.skipif(not ops.cpu_ops_available(),
-                    reason=f"compiled CPU ops not loaded: {ops.cpu_ops_load_error()}")
+@pytest.mark.skipif(
+    not ops.cpu_ops_available(), reason=f"compiled CPU ops not loaded: {ops.cpu_ops_load_error()}"
+)
 def test_cpu_ops_have_fake_kernels():
     names = register_cpu_fake_ops()
     assert "rms_norm" in names and "paged_attention_decode" in names
@@ -150,14 +156,20 @@ def test_compilation_config_flag_compiles_through_the_engine(model_dir, monkeypa
     expected = hf_greedy(model_dir, prompts, 8)
     for runner_v2 in ("0", "1"):
         monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", runner_v2)
-        llm = LLM(model_dir, dtype="float32", max_model_len=64,
-                  compilation_config={"mode": 1, "backend": "aot_eager"})
+        llm = LLM(
+            model_dir,
+            dtype="float32",
+            max_model_len=64,
+            compilation_config={"mode": 1, "backend": "aot_eager"},
+        )
         try:
-            model = llm.llm_engine.engine_core.engine_core.model_executor \
-                .driver_worker.worker.model_runner.get_model()
+            core = llm.llm_engine.engine_core.engine_core
+            model = core.model_executor.driver_worker.worker.model_runner.get_model()
             assert "forward" in vars(model)  # the instance's compiled forward
-            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                                SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+            outs = llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in prompts],
+                SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+            )
         finally:
             llm.llm_engine.engine_core.shutdown()
         assert [list(o.outputs[0].token_ids) for o in outs] == expected

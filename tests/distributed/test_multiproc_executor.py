@@ -7,6 +7,7 @@ scheduling, so pp).
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so
 the tests can look at its executor; the workers are spawned processes.
 """
+
 from __future__ import annotations
 
 import gc
@@ -21,26 +22,39 @@ MAX_TOKENS = 8
 _reference: dict[str, list[list[int]]] = {}
 
 
-def run_engine(model: str, tp: int, pp: int, backend: str | None
-               ) -> tuple[list[list[int]], dict[str, object]]:
+def run_engine(
+    model: str, tp: int, pp: int, backend: str | None
+) -> tuple[list[list[int]], dict[str, object]]:
     """Greedy tokens for PROMPTS, and what the engine says about its executor."""
     # 16-token steps: the 37-token prompt is prefilled in chunks, while the
     # other requests already decode.
-    llm = LLM(model=model, dtype="float32", max_model_len=128, max_num_seqs=4, seed=0,
-              max_num_batched_tokens=16,
-              tensor_parallel_size=tp, pipeline_parallel_size=pp,
-              distributed_executor_backend=backend)
+    llm = LLM(
+        model=model,
+        dtype="float32",
+        max_model_len=128,
+        max_num_seqs=4,
+        seed=0,
+        max_num_batched_tokens=16,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        distributed_executor_backend=backend,
+    )
     try:
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS],
-                            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS,
-                                           ignore_eos=True), use_tqdm=False)
+        outs = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in PROMPTS],
+            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True),
+            use_tqdm=False,
+        )
         core = llm.llm_engine.engine_core.engine_core
         executor = core.model_executor
-        info = dict(executor=type(executor).__name__, executor_obj=executor,
-                    executor_batches=executor.max_concurrent_batches,
-                    core_batches=core.batch_queue_size,
-                    config_batches=llm.llm_engine.vllm_config.max_concurrent_batches,
-                    async_scheduling=llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
+        info = dict(
+            executor=type(executor).__name__,
+            executor_obj=executor,
+            executor_batches=executor.max_concurrent_batches,
+            core_batches=core.batch_queue_size,
+            config_batches=llm.llm_engine.vllm_config.max_concurrent_batches,
+            async_scheduling=llm.llm_engine.vllm_config.scheduler_config.async_scheduling,
+        )
         return [list(o.outputs[0].token_ids) for o in outs], info
     finally:
         llm.llm_engine.shutdown()
@@ -79,7 +93,11 @@ def test_backend_choice():
 
     assert ParallelConfig().distributed_executor_backend == "uni"
     assert ParallelConfig(tensor_parallel_size=2).distributed_executor_backend == "mp"
-    assert ParallelConfig(pipeline_parallel_size=2,
-                          distributed_executor_backend="ray").distributed_executor_backend == "ray"
+    assert (
+        ParallelConfig(
+            pipeline_parallel_size=2, distributed_executor_backend="ray"
+        ).distributed_executor_backend
+        == "ray"
+    )
     with pytest.raises(ValueError):
         ParallelConfig(distributed_executor_backend="threads")

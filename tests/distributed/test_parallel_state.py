@@ -1,5 +1,6 @@
 """Process groups over gloo in four processes: upstream's rank layout for
 TP=2 x PP=2 and the collectives the layers and pipeline stages use."""
+
 from __future__ import annotations
 
 import multiprocessing
@@ -23,17 +24,32 @@ def _rank_main(rank: int, init_method: str, out) -> None:
     shared = tp.broadcast(torch.tensor([rank]), src=1)
     received = None
     if pp.is_first_rank:
-        pp.send_tensor_dict({"hidden_states": torch.arange(6.0).view(2, 3) + rank,
-                             "residual": torch.ones(2, 3, dtype=torch.bfloat16)})
+        pp.send_tensor_dict(
+            {
+                "hidden_states": torch.arange(6.0).view(2, 3) + rank,
+                "residual": torch.ones(2, 3, dtype=torch.bfloat16),
+            }
+        )
     else:
         got = pp.recv_tensor_dict()
         received = {k: (v.dtype, v.tolist()) for k, v in got.items()}
-    out.put((rank, dict(
-        tp_ranks=tp.ranks, pp_ranks=pp.ranks, tp_rank=d.get_tensor_model_parallel_rank(),
-        pp_first=pp.is_first_rank, pp_last=pp.is_last_rank, reduced=reduced[0, 0].item(),
-        gathered=gathered[0].tolist(),
-        gather=None if to_first is None else to_first[:, 0].tolist(),
-        shared=shared.item(), received=received)))
+    out.put(
+        (
+            rank,
+            dict(
+                tp_ranks=tp.ranks,
+                pp_ranks=pp.ranks,
+                tp_rank=d.get_tensor_model_parallel_rank(),
+                pp_first=pp.is_first_rank,
+                pp_last=pp.is_last_rank,
+                reduced=reduced[0, 0].item(),
+                gathered=gathered[0].tolist(),
+                gather=None if to_first is None else to_first[:, 0].tolist(),
+                shared=shared.item(),
+                received=received,
+            ),
+        )
+    )
     d.destroy_distributed_environment()
 
 
@@ -65,7 +81,7 @@ def test_tp2_pp2_groups_and_collectives():
         if rank >= 2:  # the second stage got the first stage's tensors
             sender = rank - 2
             assert r["received"] == {
-                "hidden_states": (torch.float32,
-                                  (torch.arange(6.0).view(2, 3) + sender).tolist()),
-                "residual": (torch.bfloat16, [[1.0] * 3] * 2)}
+                "hidden_states": (torch.float32, (torch.arange(6.0).view(2, 3) + sender).tolist()),
+                "residual": (torch.bfloat16, [[1.0] * 3] * 2),
+            }
     assert all(p.exitcode == 0 for p in procs)

@@ -3,6 +3,7 @@ TP=2 equals one worker token for token under both runners, with a local Ray
 the executor starts itself and with an existing cluster reached by address;
 async scheduling is on by default for the Ray executor under both runners
 (pp = 1), so two steps are in flight."""
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,7 @@ def _check_tp2(model: str, monkeypatch, runner: str) -> dict[str, object]:
     return info
 
 
-def test_tp2_on_a_local_ray_started_by_the_executor(tiny_model_dir, in_process_engine,
-                                                     monkeypatch):
+def test_tp2_on_a_local_ray_started_by_the_executor(tiny_model_dir, in_process_engine, monkeypatch):
     info = _check_tp2(tiny_model_dir("qwen2"), monkeypatch, "V1")
     assert info["executor_obj"]._started_ray
     assert not ray.is_initialized()  # the executor shut down the Ray it started
@@ -48,10 +48,22 @@ def test_tp2_on_a_local_ray_started_by_the_executor(tiny_model_dir, in_process_e
 
 def test_tp2_on_an_existing_ray_cluster(tiny_model_dir, in_process_engine, monkeypatch):
     port = get_open_port()
-    start = [RAY_CLI, "start", "--head", f"--port={port}", "--num-cpus=2",
-             "--include-dashboard=false", "--disable-usage-stats"]
-    subprocess.run(start, check=True, capture_output=True, env=os.environ | {
-        "RAY_AUTH_MODE": "disabled"}, timeout=120)
+    start = [
+        RAY_CLI,
+        "start",
+        "--head",
+        f"--port={port}",
+        "--num-cpus=2",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+    ]
+    subprocess.run(
+        start,
+        check=True,
+        capture_output=True,
+        env=os.environ | {"RAY_AUTH_MODE": "disabled"},
+        timeout=120,
+    )
     try:
         monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
         info = _check_tp2(tiny_model_dir("qwen2"), monkeypatch, "V2")
@@ -68,9 +80,13 @@ def test_dead_ray_worker_fails_the_executor(tiny_model_dir, in_process_engine):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.executor.ray_executor import RayDistributedExecutor
 
-    config = EngineArgs(model=tiny_model_dir("llama"), dtype="float32", max_model_len=64,
-                        tensor_parallel_size=2,
-                        distributed_executor_backend="ray").create_engine_config()
+    config = EngineArgs(
+        model=tiny_model_dir("llama"),
+        dtype="float32",
+        max_model_len=64,
+        tensor_parallel_size=2,
+        distributed_executor_backend="ray",
+    ).create_engine_config()
     executor = RayDistributedExecutor(config)
     failures = []
     executor.register_failure_callback(lambda: failures.append(True))

@@ -1,5 +1,6 @@
 """MessageQueue: broadcast to local (shared memory) and remote (ZMQ) readers
 in other processes, and no reader ever unpickles."""
+
 from __future__ import annotations
 
 import multiprocessing
@@ -10,10 +11,12 @@ import re
 import pytest
 import torch
 
-from vllm.distributed.device_communicators.rpc_codec import (RpcDecodeError, RpcDecoder,
-                                                             RpcEncoder)
-from vllm.distributed.device_communicators.shm_broadcast import (MessageQueue, decode_handle,
-                                                                 encode_handle)
+from vllm.distributed.device_communicators.rpc_codec import RpcDecodeError, RpcDecoder, RpcEncoder
+from vllm.distributed.device_communicators.shm_broadcast import (
+    MessageQueue,
+    decode_handle,
+    encode_handle,
+)
 
 VLLM_ROOT = pathlib.Path(__file__).resolve().parents[2] / "vllm"
 
@@ -74,17 +77,27 @@ def test_rpc_codec_round_trip_and_refusals():
     from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-    new = NewRequestData(req_id="r", prompt_token_ids=[1, 2], mm_features=[],
-                         sampling_params=SamplingParams(temperature=0.0, max_tokens=3,
-                                                        stop_token_ids=[5]),
-                         pooling_params=None, block_ids=([1, 2],), num_computed_tokens=0,
-                         lora_request=None)
-    so = SchedulerOutput(scheduled_new_reqs=[new],
-                         scheduled_cached_reqs=CachedRequestData.make_empty(),
-                         num_scheduled_tokens={"r": 2}, total_num_scheduled_tokens=2,
-                         scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
-                         num_common_prefix_blocks=[0], finished_req_ids={"old"},
-                         free_encoder_mm_hashes=[])
+    new = NewRequestData(
+        req_id="r",
+        prompt_token_ids=[1, 2],
+        mm_features=[],
+        sampling_params=SamplingParams(temperature=0.0, max_tokens=3, stop_token_ids=[5]),
+        pooling_params=None,
+        block_ids=([1, 2],),
+        num_computed_tokens=0,
+        lora_request=None,
+    )
+    so = SchedulerOutput(
+        scheduled_new_reqs=[new],
+        scheduled_cached_reqs=CachedRequestData.make_empty(),
+        num_scheduled_tokens={"r": 2},
+        total_num_scheduled_tokens=2,
+        scheduled_spec_decode_tokens={},
+        scheduled_encoder_inputs={},
+        num_common_prefix_blocks=[0],
+        finished_req_ids={"old"},
+        free_encoder_mm_hashes=[],
+    )
     spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=8, dtype=torch.bfloat16)
     value = (so, {"spec": spec, 7: (1, [2])}, {"__t": "not a tag"})
     back = RpcDecoder().decode(RpcEncoder().encode(value))
@@ -96,10 +109,13 @@ def test_rpc_codec_round_trip_and_refusals():
     with pytest.raises(TypeError):
         RpcEncoder().encode(lambda worker: 1)  # no code over RPC
     import msgspec
-    for forged in ({"__t": "obj", "c": "os:system", "s": {}},
-                   {"__t": "obj", "c": "vllm.v1.outputs:__class__", "s": {}},
-                   {"__t": "obj", "c": "vllm.logger:init_logger", "s": {}},
-                   {"__t": "dtype", "v": "complex128"}):
+
+    for forged in (
+        {"__t": "obj", "c": "os:system", "s": {}},
+        {"__t": "obj", "c": "vllm.v1.outputs:__class__", "s": {}},
+        {"__t": "obj", "c": "vllm.logger:init_logger", "s": {}},
+        {"__t": "dtype", "v": "complex128"},
+    ):
         with pytest.raises(RpcDecodeError):
             RpcDecoder().decode(msgspec.msgpack.encode(forged))
 
@@ -108,10 +124,12 @@ def test_no_reader_unpickles():
     """No module reads sockets or shared memory with pickle: neither
     pickle.loads/load, cloudpickle nor ZMQ's recv_pyobj appears in vllm/."""
     pattern = re.compile(r"pickle\.loads?\(|recv_pyobj|import cloudpickle|Unpickler")
-    offenders = [f"{path.relative_to(VLLM_ROOT)}:{n}"
-                 for path in VLLM_ROOT.rglob("*.py")
-                 for n, line in enumerate(path.read_text().splitlines(), 1)
-                 if pattern.search(line) and not line.lstrip().startswith("#")]
+    offenders = [
+        f"{path.relative_to(VLLM_ROOT)}:{n}"
+        for path in VLLM_ROOT.rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line) and not line.lstrip().startswith("#")
+    ]
     assert offenders == []
 
 

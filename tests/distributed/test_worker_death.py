@@ -1,5 +1,6 @@
 """Killing one worker process mid-generation: the caller gets EngineDeadError
 within seconds and every process of the engine exits."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,12 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 def _worker_processes(engine_procs: list[psutil.Process]) -> list[psutil.Process]:
     """The spawned workers among the engine core's children (not its resource tracker)."""
-    return [p for core in engine_procs for p in core.children()
-            if any("spawn_main" in part for part in p.cmdline())]
+    return [
+        p
+        for core in engine_procs
+        for p in core.children()
+        if any("spawn_main" in part for part in p.cmdline())
+    ]
 
 
 def _wait_exited(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
@@ -42,10 +47,19 @@ def test_killed_worker_fails_the_engine_fast(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # core in its own process
     me = psutil.Process()
     before = {p.pid for p in me.children()}
-    llm = LLM(model=tiny_model_dir("llama"), dtype="float32", max_model_len=512,
-              max_num_seqs=4, tensor_parallel_size=2, distributed_executor_backend="mp")
-    engine_procs = [p for p in me.children() if p.pid not in before
-                    and any("spawn_main" in part for part in p.cmdline())]
+    llm = LLM(
+        model=tiny_model_dir("llama"),
+        dtype="float32",
+        max_model_len=512,
+        max_num_seqs=4,
+        tensor_parallel_size=2,
+        distributed_executor_backend="mp",
+    )
+    engine_procs = [
+        p
+        for p in me.children()
+        if p.pid not in before and any("spawn_main" in part for part in p.cmdline())
+    ]
     workers = _worker_processes(engine_procs)
     assert len(engine_procs) == 1 and len(workers) == 2
     engine_tree = engine_procs + [c for p in engine_procs for c in p.children(recursive=True)]
@@ -56,8 +70,7 @@ def test_killed_worker_fails_the_engine_fast(tiny_model_dir, monkeypatch):
         prompts = [TokensPrompt(prompt_token_ids=[i + 1] * 8) for i in range(4)]
         try:
             # Far longer than the test: it only ends by the kill below.
-            llm.generate(prompts, SamplingParams(max_tokens=480, ignore_eos=True),
-                         use_tqdm=False)
+            llm.generate(prompts, SamplingParams(max_tokens=480, ignore_eos=True), use_tqdm=False)
             result["outcome"] = "finished"
         except BaseException as e:  # noqa: BLE001 - the outcome is the test
             result["outcome"] = e
@@ -77,5 +90,6 @@ def test_killed_worker_fails_the_engine_fast(tiny_model_dir, monkeypatch):
     # Every engine process exits on its own (no shutdown() call here).
     assert _wait_exited(engine_tree, timeout=15) == []
     with pytest.raises(EngineDeadError):
-        llm.generate([TokensPrompt(prompt_token_ids=[1, 2])], SamplingParams(max_tokens=2),
-                     use_tqdm=False)
+        llm.generate(
+            [TokensPrompt(prompt_token_ids=[1, 2])], SamplingParams(max_tokens=2), use_tqdm=False
+        )

@@ -1,5 +1,6 @@
 """EngineArgs: flags generated from the fields, the argparse round trip, and the
 defaults `create_engine_config` resolves (upstream: tests/engine/test_arg_utils.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,10 @@ def test_defaults_round_trip_unchanged():
     assert EngineArgs.from_cli_args(_parse([])) == EngineArgs()
 
 
-@pytest.mark.parametrize(("text", "value"), [("32k", 32000), ("32K", 32768), ("25.6k", 25600),
-                                             ("1m", 10**6), ("2048", 2048)])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("32k", 32000), ("32K", 32768), ("25.6k", 25600), ("1m", 10**6), ("2048", 2048)],
+)
 def test_human_readable_int(text, value):
     assert human_readable_int(text) == value
     assert _parse(["--max-model-len", text]).max_model_len == value
@@ -48,9 +51,23 @@ def test_boolean_flags_are_optional_actions():
 
 
 def test_aliases_snake_case_and_json():
-    args = _parse(["-tp", "1", "--max_num_seqs", "7", "--hf-overrides", '{"rope_theta": 5.0}',
-                   "-cc", '{"mode": 0}', "--kv-cache-memory-bytes", "1G",
-                   "--served-model-name", "a", "b"])
+    args = _parse(
+        [
+            "-tp",
+            "1",
+            "--max_num_seqs",
+            "7",
+            "--hf-overrides",
+            '{"rope_theta": 5.0}',
+            "-cc",
+            '{"mode": 0}',
+            "--kv-cache-memory-bytes",
+            "1G",
+            "--served-model-name",
+            "a",
+            "b",
+        ]
+    )
     engine_args = EngineArgs.from_cli_args(args)
     assert engine_args.tensor_parallel_size == 1
     assert engine_args.max_num_seqs == 7
@@ -67,11 +84,31 @@ def test_bad_choice_is_rejected():
 
 def test_round_trip_to_engine_config(tiny_model_dir):
     model = tiny_model_dir("llama")
-    args = _parse(["--model", model, "--max-model-len", "256", "--block-size", "32",
-                   "--no-enable-prefix-caching", "--max-num-seqs", "5",
-                   "--max-num-batched-tokens", "1k", "--scheduling-policy", "priority",
-                   "--kv-cache-memory-bytes", "8M", "--dtype", "float32", "--seed", "3",
-                   "--prefix-caching-hash-algo", "xxhash"])
+    args = _parse(
+        [
+            "--model",
+            model,
+            "--max-model-len",
+            "256",
+            "--block-size",
+            "32",
+            "--no-enable-prefix-caching",
+            "--max-num-seqs",
+            "5",
+            "--max-num-batched-tokens",
+            "1k",
+            "--scheduling-policy",
+            "priority",
+            "--kv-cache-memory-bytes",
+            "8M",
+            "--dtype",
+            "float32",
+            "--seed",
+            "3",
+            "--prefix-caching-hash-algo",
+            "xxhash",
+        ]
+    )
     config = EngineArgs.from_cli_args(args).create_engine_config(UsageContext.LLM_CLASS)
     assert config.model_config.model == model
     assert config.model_config.max_model_len == 256
@@ -93,12 +130,18 @@ def test_cpu_batch_defaults_follow_the_usage_context(tiny_model_dir):
     server = EngineArgs(model=model).create_engine_config(UsageContext.OPENAI_API_SERVER)
     other = EngineArgs(model=model).create_engine_config(None)
     assert llm.device_config.device_type == "cpu"
-    assert (llm.scheduler_config.max_num_batched_tokens, llm.scheduler_config.max_num_seqs) \
-        == (4096, 256)
-    assert (server.scheduler_config.max_num_batched_tokens,
-            server.scheduler_config.max_num_seqs) == (2048, 128)
-    assert (other.scheduler_config.max_num_batched_tokens,
-            other.scheduler_config.max_num_seqs) == (2048, 128)
+    assert (llm.scheduler_config.max_num_batched_tokens, llm.scheduler_config.max_num_seqs) == (
+        4096,
+        256,
+    )
+    assert (
+        server.scheduler_config.max_num_batched_tokens,
+        server.scheduler_config.max_num_seqs,
+    ) == (2048, 128)
+    assert (other.scheduler_config.max_num_batched_tokens, other.scheduler_config.max_num_seqs) == (
+        2048,
+        128,
+    )
     assert llm.cache_config.enable_prefix_caching is True
 
 

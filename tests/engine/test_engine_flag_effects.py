@@ -1,6 +1,7 @@
 """Engine flags whose effect no other test shows (rows of
 tests/entrypoints/test_flag_audit.py): each test sets the flag and checks what
 it changes in a real engine or in the loaded parts."""
+
 from __future__ import annotations
 
 import json
@@ -23,15 +24,27 @@ def _llm(model: str, **kwargs) -> LLM:
     """An in-process LLM (its scheduler is reachable) with a small KV cache."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        return LLM(model=model, dtype="float32", max_model_len=128,
-                   kv_cache_memory_bytes=8 * 2**20, **kwargs)
+        return LLM(
+            model=model,
+            dtype="float32",
+            max_model_len=128,
+            kv_cache_memory_bytes=8 * 2**20,
+            **kwargs,
+        )
 
 
 @pytest.fixture(scope="module")
 def flagged_llm(tiny_model_dir) -> LLM:
     """One engine with several non-default flags; each test checks one of them."""
-    return _llm(tiny_model_dir("llama"), skip_tokenizer_init=True, disable_log_stats=False,
-                max_logprobs=2, block_size=32, prefix_caching_hash_algo="xxhash", seed=0)
+    return _llm(
+        tiny_model_dir("llama"),
+        skip_tokenizer_init=True,
+        disable_log_stats=False,
+        max_logprobs=2,
+        block_size=32,
+        prefix_caching_hash_algo="xxhash",
+        seed=0,
+    )
 
 
 # ---- tokenizer / tokenizer_mode / trust_remote_code -------------------------------------
@@ -57,12 +70,12 @@ def test_tokenizer_modes(tiny_model_dir):
             EngineArgs(model=model, tokenizer_mode=mode).create_engine_config()
 
 
-_REMOTE_CONFIG = '''from transformers import LlamaConfig
+_REMOTE_CONFIG = """from transformers import LlamaConfig
 
 
 class RemoteLlamaConfig(LlamaConfig):
     model_type = "remote_llama"
-'''
+"""
 
 
 def test_trust_remote_code(tiny_model_dir, tmp_path):
@@ -71,8 +84,9 @@ def test_trust_remote_code(tiny_model_dir, tmp_path):
     shutil.copytree(tiny_model_dir("llama"), model)
     (model / "configuration_remote.py").write_text(_REMOTE_CONFIG)
     config = json.loads((model / "config.json").read_text())
-    config.update(model_type="remote_llama",
-                  auto_map={"AutoConfig": "configuration_remote.RemoteLlamaConfig"})
+    config.update(
+        model_type="remote_llama", auto_map={"AutoConfig": "configuration_remote.RemoteLlamaConfig"}
+    )
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="trust_remote_code"):
         EngineArgs(model=str(model)).create_engine_config()
@@ -111,8 +125,9 @@ def test_block_size_and_hash_algo_reach_the_kv_cache(flagged_llm, monkeypatch):
     assert core.scheduler.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size == 32
     added = []
     real_add = core.scheduler.add_request
-    monkeypatch.setattr(core.scheduler, "add_request",
-                        lambda request: (added.append(request), real_add(request))[1])
+    monkeypatch.setattr(
+        core.scheduler, "add_request", lambda request: (added.append(request), real_add(request))[1]
+    )
     sp = SamplingParams(temperature=0.0, max_tokens=1)
     flagged_llm.generate(TokensPrompt(prompt_token_ids=PROMPT), sp, use_tqdm=False)
     again = flagged_llm.generate(TokensPrompt(prompt_token_ids=PROMPT), sp, use_tqdm=False)
@@ -130,6 +145,7 @@ def seeded_llm(tiny_model_dir) -> LLM:
 
 def test_engine_seed_drives_unseeded_sampling(tiny_model_dir):
     """Requests without a seed draw from the engine's generator, seeded by --seed."""
+
     def sample(llm: LLM) -> list[int]:
         sp = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
         out = llm.generate(TokensPrompt(prompt_token_ids=PROMPT[:8]), sp, use_tqdm=False)
@@ -144,15 +160,13 @@ def test_engine_seed_drives_unseeded_sampling(tiny_model_dir):
 # ---- device ---------------------------------------------------------------------------------
 def test_device_flag(tiny_model_dir):
     model = tiny_model_dir("llama")
-    config = EngineArgs(model=model, device="cpu").create_engine_config(
-        UsageContext.LLM_CLASS)
+    config = EngineArgs(model=model, device="cpu").create_engine_config(UsageContext.LLM_CLASS)
     assert config.device_config.device_type == "cpu"
     # The CPU batch defaults follow the device asked for.
     assert config.scheduler_config.max_num_batched_tokens == 4096
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device='cuda'"):
             EngineArgs(model=model, device="cuda").create_engine_config()
-
 
 
 # ---- structured_outputs_config.disable_additional_properties --------------------------
@@ -166,8 +180,9 @@ def test_disable_additional_properties(tmp_path):
     from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
 
     tokenizer = make_tiny_tokenizer(str(tmp_path))
-    config = VllmConfig(structured_outputs_config=StructuredOutputsConfig(
-        disable_additional_properties=True))
+    config = VllmConfig(
+        structured_outputs_config=StructuredOutputsConfig(disable_additional_properties=True)
+    )
     backend = XgrammarBackend(config, tokenizer=tokenizer, vocab_size=TINY_VOCAB)
     comma = tokenizer.convert_tokens_to_ids(",")
 
@@ -193,8 +208,11 @@ def test_disable_fallback(tmp_path):
 
     tokenizer = make_tiny_tokenizer(str(tmp_path))
     for disable_fallback in (True, False):
-        config = VllmConfig(structured_outputs_config=StructuredOutputsConfig(
-            backend="auto", disable_fallback=disable_fallback))
+        config = VllmConfig(
+            structured_outputs_config=StructuredOutputsConfig(
+                backend="auto", disable_fallback=disable_fallback
+            )
+        )
         backend = XgrammarBackend(config, tokenizer=tokenizer, vocab_size=TINY_VOCAB)
         with pytest.raises(ValueError):
             backend.compile_grammar(Opt.REGEX, "(unclosed")

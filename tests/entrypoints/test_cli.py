@@ -1,5 +1,6 @@
 """The `vllm` console script: bench throughput / latency on a tiny model, the
 serve flags, and the root benchmark scripts (upstream: tests/benchmarks/)."""
+
 from __future__ import annotations
 
 import re
@@ -34,10 +35,30 @@ def test_version_and_help():
 
 
 def test_bench_throughput(model):
-    out = _run([VLLM, "bench", "throughput", "--model", model, "--dataset-name", "random",
-                "--input-len", "16", "--output-len", "8", "--num-prompts", "6", *ENGINE])
-    m = re.search(r"^Throughput: ([\d.]+) requests/s, ([\d.]+) total tokens/s, "
-                  r"([\d.]+) output tokens/s$", out, re.M)
+    out = _run(
+        [
+            VLLM,
+            "bench",
+            "throughput",
+            "--model",
+            model,
+            "--dataset-name",
+            "random",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--num-prompts",
+            "6",
+            *ENGINE,
+        ]
+    )
+    m = re.search(
+        r"^Throughput: ([\d.]+) requests/s, ([\d.]+) total tokens/s, "
+        r"([\d.]+) output tokens/s$",
+        out,
+        re.M,
+    )
     assert m, out
     req_s, total_s, out_s = map(float, m.groups())
     # 16 prompt + 8 output tokens per request, every request ran to its length.
@@ -47,9 +68,26 @@ def test_bench_throughput(model):
 
 
 def test_bench_latency(model):
-    out = _run([VLLM, "bench", "latency", "--model", model, "--input-len", "8",
-                "--output-len", "4", "--batch-size", "2", "--num-iters-warmup", "1",
-                "--num-iters", "3", *ENGINE])
+    out = _run(
+        [
+            VLLM,
+            "bench",
+            "latency",
+            "--model",
+            model,
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--batch-size",
+            "2",
+            "--num-iters-warmup",
+            "1",
+            "--num-iters",
+            "3",
+            *ENGINE,
+        ]
+    )
     avg = re.search(r"^Avg latency: ([\d.e-]+) seconds$", out, re.M)
     assert avg and float(avg.group(1)) > 0, out
     values = []
@@ -61,14 +99,34 @@ def test_bench_latency(model):
 
 
 def test_benchmark_script_runs_the_same_code(model):
-    out = _run([sys.executable, "benchmarks/benchmark_throughput.py", "--model", model,
-                "--input-len", "8", "--output-len", "4", "--num-prompts", "2", *ENGINE])
+    out = _run(
+        [
+            sys.executable,
+            "benchmarks/benchmark_throughput.py",
+            "--model",
+            model,
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--num-prompts",
+            "2",
+            *ENGINE,
+        ]
+    )
     assert re.search(r"^Throughput: [\d.]+ requests/s", out, re.M), out
 
 
 def test_serve_help_lists_server_flags():
     # The server itself is tested end to end in tests/entrypoints/openai/.
     out = _run([VLLM, "serve", "--help"])
-    for flag in ("--host", "--port", "--api-key", "--chat-template", "--served-model-name",
-                 "--max-model-len", "--max-num-seqs"):
+    for flag in (
+        "--host",
+        "--port",
+        "--api-key",
+        "--chat-template",
+        "--served-model-name",
+        "--max-model-len",
+        "--max-num-seqs",
+    ):
         assert flag in out, flag

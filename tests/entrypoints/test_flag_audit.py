@@ -14,6 +14,7 @@ names it) or one field of a JSON-config flag ("compilation_config.mode"):
 A flag added to the parser without a row here, or a row whose flag is gone,
 fails this test. Add your row when you add a flag.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,10 +52,14 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "model_tag": ("tested", f"{SERVING}::test_models_and_meta"),
     "host": ("tested", f"{SERVING}::test_models_and_meta"),
     "port": ("tested", f"{SERVING}::test_models_and_meta"),
-    "uvicorn_log_level": ("tested", f"{FRONTEND}::"
-                                    "test_uvicorn_log_level_trace_logs_asgi_messages"),
-    "disable_uvicorn_access_log": ("tested", f"{FRONTEND}::"
-                                             "test_access_log_is_on_by_default_and_off_with_the_flag"),
+    "uvicorn_log_level": (
+        "tested",
+        (f"{FRONTEND}::test_uvicorn_log_level_trace_logs_asgi_messages"),
+    ),
+    "disable_uvicorn_access_log": (
+        "tested",
+        (f"{FRONTEND}::test_access_log_is_on_by_default_and_off_with_the_flag"),
+    ),
     "allowed_origins": ("tested", f"{FRONTEND}::test_cors_flags"),
     "allow_credentials": ("tested", f"{FRONTEND}::test_cors_flags"),
     "allowed_methods": ("tested", f"{FRONTEND}::test_cors_flags"),
@@ -67,11 +72,18 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "enable_force_include_usage": ("tested", f"{FRONTEND}::test_force_include_usage"),
     "enable_prompt_tokens_details": ("tested", f"{FRONTEND}::test_prompt_tokens_details"),
     "max_num_queued_reqs": ("tested", f"{AUTH}::test_queue_limit"),
-    "shutdown_timeout": ("tested", "tests/entrypoints/openai/test_shutdown.py::"
-                                   "test_sigterm_lets_in_flight_requests_finish"),
+    "shutdown_timeout": (
+        "tested",
+        ("tests/entrypoints/openai/test_shutdown.py::test_sigterm_lets_in_flight_requests_finish"),
+    ),
     "disable_fastapi_docs": ("tested", f"{FRONTEND}::test_disable_fastapi_docs"),
-    "max_request_body_bytes": ("tested", "tests/entrypoints/openai/test_hostile_inputs.py::"
-                                         "test_declared_body_over_limit_is_refused_before_it_is_sent"),
+    "max_request_body_bytes": (
+        "tested",
+        (
+            "tests/entrypoints/openai/test_hostile_inputs.py::"
+            "test_declared_body_over_limit_is_refused_before_it_is_sent"
+        ),
+    ),
     # ---- ModelConfig ----
     "model": ("tested", f"{SERVING}::test_models_and_meta"),
     "served_model_name": ("tested", f"{FRONTEND}::test_served_model_names"),
@@ -82,86 +94,129 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "skip_tokenizer_init": ("tested", f"{EFFECTS}::test_skip_tokenizer_init"),
     "dtype": ("tested", f"{ARGS}::test_round_trip_to_engine_config"),
     "seed": ("tested", f"{EFFECTS}::test_engine_seed_drives_unseeded_sampling"),
-    "max_model_len": ("tested", f"{DEFAULTS}::"
-                                "test_max_model_len_defaults_to_the_config_and_is_capped_by_the_tokenizer"),
+    "max_model_len": (
+        "tested",
+        (f"{DEFAULTS}::test_max_model_len_defaults_to_the_config_and_is_capped_by_the_tokenizer"),
+    ),
     "max_logprobs": ("tested", f"{EFFECTS}::test_max_logprobs_caps_requests"),
     "logprobs_mode": ("tested", "tests/samplers/test_logprobs_mode.py::test_processed_logprobs"),
     "revision": ("refused", "main"),
     "quantization": ("refused", "awq"),
     "enforce_eager": ("tested", f"{CUDAGRAPH}::test_resolution"),
-    "generation_config": ("tested", "tests/entrypoints/test_generation_config.py::"
-                                    "test_generation_config_vllm_ignores_the_file"),
-    "enable_sleep_mode": ("tested", "tests/entrypoints/openai/test_dev_mode.py::"
-                                    "test_sleep_frees_memory_and_outputs_survive"),
-    "hf_overrides": ("tested", f"{DEFAULTS}::"
-                               "test_without_chunked_prefill_the_defaulted_budget_covers_max_model_len"),
+    "generation_config": (
+        "tested",
+        (
+            "tests/entrypoints/test_generation_config.py::"
+            "test_generation_config_vllm_ignores_the_file"
+        ),
+    ),
+    "enable_sleep_mode": (
+        "tested",
+        ("tests/entrypoints/openai/test_dev_mode.py::test_sleep_frees_memory_and_outputs_survive"),
+    ),
+    "hf_overrides": (
+        "tested",
+        (f"{DEFAULTS}::test_without_chunked_prefill_the_defaulted_budget_covers_max_model_len"),
+    ),
     # ---- LoadConfig ----
-    "load_format": ("tested", "tests/model_executor/test_models.py::"
-                              "test_dummy_load_format_gives_random_weights"),
+    "load_format": (
+        "tested",
+        ("tests/model_executor/test_models.py::test_dummy_load_format_gives_random_weights"),
+    ),
     "download_dir": ("refused", "/tmp/weights"),
     # ---- CacheConfig ----
     "block_size": ("tested", f"{EFFECTS}::test_block_size_and_hash_algo_reach_the_kv_cache"),
     "gpu_memory_utilization": ("refused", 0.5),  # on CPU; CUDA: tests/v1/cudagraph/
-    "kv_cache_memory_bytes": ("tested", "tests/v1/worker/test_gpu_worker.py::"
-                                        "test_cpu_kv_cache_budget_sources"),
+    "kv_cache_memory_bytes": (
+        "tested",
+        ("tests/v1/worker/test_gpu_worker.py::test_cpu_kv_cache_budget_sources"),
+    ),
     "kv_cache_dtype": ("refused", "fp8"),
-    "enable_prefix_caching": ("tested", f"{SCHED}::"
-                                        "test_prefix_cache_hit_across_requests"),
-    "prefix_caching_hash_algo": ("tested", f"{EFFECTS}::"
-                                           "test_block_size_and_hash_algo_reach_the_kv_cache"),
-    "num_gpu_blocks_override": ("tested", "tests/models/test_model_zoo.py::"
-                                          "test_mla_caches_only_the_compressed_latent"),
+    "enable_prefix_caching": ("tested", (f"{SCHED}::test_prefix_cache_hit_across_requests")),
+    "prefix_caching_hash_algo": (
+        "tested",
+        (f"{EFFECTS}::test_block_size_and_hash_algo_reach_the_kv_cache"),
+    ),
+    "num_gpu_blocks_override": (
+        "tested",
+        ("tests/models/test_model_zoo.py::test_mla_caches_only_the_compressed_latent"),
+    ),
     # ---- SchedulerConfig ----
-    "max_num_batched_tokens": ("tested", f"{DEFAULTS}::"
-                                         "test_llm_with_only_max_num_batched_tokens_runs_chunked"),
+    "max_num_batched_tokens": (
+        "tested",
+        (f"{DEFAULTS}::test_llm_with_only_max_num_batched_tokens_runs_chunked"),
+    ),
     "max_num_seqs": ("tested", f"{DEFAULTS}::test_user_values_are_never_changed"),
-    "enable_chunked_prefill": ("tested", f"{SCHED}::"
-                                         "test_chunked_prefill_disabled_stops_at_a_prompt_that_does_not_fit"),
-    "long_prefill_token_threshold": ("tested", f"{SCHED}::"
-                                               "test_long_prefill_token_threshold"),
-    "scheduling_policy": ("tested", f"{SCHED}::"
-                                    "test_priority_preemption_victim_is_lowest_priority_latest_arrival"),
-    "async_scheduling": ("tested", "tests/v1/engine/test_batch_queue.py::"
-                                   "test_two_steps_in_flight_same_tokens"),
-    "stream_interval": ("tested", "tests/v1/engine/test_output_processor.py::"
-                                  "test_stream_interval_batches_delta_outputs"),
+    "enable_chunked_prefill": (
+        "tested",
+        (f"{SCHED}::test_chunked_prefill_disabled_stops_at_a_prompt_that_does_not_fit"),
+    ),
+    "long_prefill_token_threshold": ("tested", (f"{SCHED}::test_long_prefill_token_threshold")),
+    "scheduling_policy": (
+        "tested",
+        (f"{SCHED}::test_priority_preemption_victim_is_lowest_priority_latest_arrival"),
+    ),
+    "async_scheduling": (
+        "tested",
+        ("tests/v1/engine/test_batch_queue.py::test_two_steps_in_flight_same_tokens"),
+    ),
+    "stream_interval": (
+        "tested",
+        ("tests/v1/engine/test_output_processor.py::test_stream_interval_batches_delta_outputs"),
+    ),
     # ---- ParallelConfig ----
-    "tensor_parallel_size": ("tested", f"{MULTIPROC}::"
-                                       "test_greedy_parity_with_one_worker"),
-    "pipeline_parallel_size": ("tested", f"{MULTIPROC}::"
-                                         "test_greedy_parity_with_one_worker"),
+    "tensor_parallel_size": ("tested", (f"{MULTIPROC}::test_greedy_parity_with_one_worker")),
+    "pipeline_parallel_size": ("tested", (f"{MULTIPROC}::test_greedy_parity_with_one_worker")),
     "data_parallel_size": ("refused", 2),
-    "distributed_executor_backend": ("tested", f"{MULTIPROC}::"
-                                               "test_backend_choice"),
+    "distributed_executor_backend": ("tested", (f"{MULTIPROC}::test_backend_choice")),
     # ---- DeviceConfig / AttentionConfig ----
     "device": ("tested", f"{EFFECTS}::test_device_flag"),
-    "attention_backend": ("tested", "tests/kernels/test_attention_selector.py::"
-                                    "test_attention_backend_flag_reaches_the_selector"),
+    "attention_backend": (
+        "tested",
+        (
+            "tests/kernels/test_attention_selector.py::"
+            "test_attention_backend_flag_reaches_the_selector"
+        ),
+    ),
     # ---- JSON configs: the flag itself, then each field ----
-    "compilation_config": ("tested", f"{COMPILE}::"
-                                     "test_compilation_config_flag_compiles_through_the_engine"),
-    "compilation_config.mode": ("tested", f"{COMPILE}::"
-                                          "test_compilation_config_flag_compiles_through_the_engine"),
-    "compilation_config.backend": ("tested", f"{COMPILE}::"
-                                             "test_compiled_matches_eager_without_recompiles"),
-    "compilation_config.cudagraph_mode": ("tested", f"{CUDAGRAPH}::"
-                                                    "test_cli_compilation_config"),
+    "compilation_config": (
+        "tested",
+        (f"{COMPILE}::test_compilation_config_flag_compiles_through_the_engine"),
+    ),
+    "compilation_config.mode": (
+        "tested",
+        (f"{COMPILE}::test_compilation_config_flag_compiles_through_the_engine"),
+    ),
+    "compilation_config.backend": (
+        "tested",
+        (f"{COMPILE}::test_compiled_matches_eager_without_recompiles"),
+    ),
+    "compilation_config.cudagraph_mode": ("tested", (f"{CUDAGRAPH}::test_cli_compilation_config")),
     "compilation_config.cudagraph_capture_sizes": (
         "tested",
-        "tests/v1/cudagraph/test_padding_cpu.py::test_v2_padded_forward_matches_unpadded"),
+        "tests/v1/cudagraph/test_padding_cpu.py::test_v2_padded_forward_matches_unpadded",
+    ),
     "compilation_config.max_cudagraph_capture_size": (
-        "tested", f"{CUDAGRAPH}::"
-                  "test_capture_sizes_default_and_clipping"),
-    "structured_outputs_config": ("tested", f"{SO_VALIDATION}::"
-                                            "test_structured_outputs_config_flag"),
-    "structured_outputs_config.backend": ("tested", "tests/v1/structured_output/test_params.py::"
-                                                    "test_config_defaults_and_refused_backends"),
+        "tested",
+        (f"{CUDAGRAPH}::test_capture_sizes_default_and_clipping"),
+    ),
+    "structured_outputs_config": (
+        "tested",
+        (f"{SO_VALIDATION}::test_structured_outputs_config_flag"),
+    ),
+    "structured_outputs_config.backend": (
+        "tested",
+        ("tests/v1/structured_output/test_params.py::test_config_defaults_and_refused_backends"),
+    ),
     "structured_outputs_config.disable_fallback": ("tested", f"{EFFECTS}::test_disable_fallback"),
     "structured_outputs_config.disable_any_whitespace": (
-        "tested", f"{XGRAMMAR}::"
-                  "test_config_disable_any_whitespace"),
+        "tested",
+        (f"{XGRAMMAR}::test_config_disable_any_whitespace"),
+    ),
     "structured_outputs_config.disable_additional_properties": (
-        "tested", f"{EFFECTS}::test_disable_additional_properties"),
+        "tested",
+        f"{EFFECTS}::test_disable_additional_properties",
+    ),
     "structured_outputs_config.reasoning_parser": ("refused", "deepseek_r1"),
     "structured_outputs_config.enable_in_reasoning": ("refused", True),
     "performance_mode": ("tested", f"{DEFAULTS}::test_throughput_mode_doubles_only_the_defaults"),
@@ -189,8 +244,12 @@ def _flag_dests() -> set[str]:
 
 
 def _json_fields() -> set[str]:
-    return {f"{flag}.{f.name}" for flag, cls in JSON_CONFIGS.items()
-            for f in dataclasses.fields(cls) if f.init} - _NOT_USER_FIELDS
+    return {
+        f"{flag}.{f.name}"
+        for flag, cls in JSON_CONFIGS.items()
+        for f in dataclasses.fields(cls)
+        if f.init
+    } - _NOT_USER_FIELDS
 
 
 def _option_strings(dest: str) -> list[str]:
@@ -217,16 +276,18 @@ def test_engine_fields_are_all_serve_flags():
 @cache
 def _test_functions(path: str) -> frozenset[str]:
     tree = ast.parse((REPO_ROOT / path).read_text())
-    return frozenset(n.name for n in ast.walk(tree)
-                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return frozenset(
+        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    )
 
 
 @pytest.mark.parametrize("dest", sorted(d for d, (kind, _) in AUDIT.items() if kind == "tested"))
 def test_tested_rows_name_an_existing_test(dest):
     path, _, name = AUDIT[dest][1].partition("::")
     assert (REPO_ROOT / path).is_file(), f"{dest}: no file {path}"
-    assert name.startswith("test") and name in _test_functions(path), \
+    assert name.startswith("test") and name in _test_functions(path), (
         f"{dest}: {path} has no test function {name!r}"
+    )
 
 
 def _refusal_error(dest: str, value: Any, model: str) -> Exception:
@@ -235,11 +296,13 @@ def _refusal_error(dest: str, value: Any, model: str) -> Exception:
     flag, _, field = dest.partition(".")
     try:
         if field:
-            EngineArgs(model=model, device="cpu", **{flag: {field: value}}
-                       ).create_engine_config(UsageContext.OPENAI_API_SERVER)
+            EngineArgs(model=model, device="cpu", **{flag: {field: value}}).create_engine_config(
+                UsageContext.OPENAI_API_SERVER
+            )
         elif dest in engine_fields:
-            AsyncEngineArgs(model=model, device="cpu", **{dest: value}
-                            ).create_engine_config(UsageContext.OPENAI_API_SERVER)
+            AsyncEngineArgs(model=model, device="cpu", **{dest: value}).create_engine_config(
+                UsageContext.OPENAI_API_SERVER
+            )
         else:
             args = _serve_parser().parse_args([])
             setattr(args, dest, value)
@@ -254,8 +317,9 @@ def test_refused_rows_raise_an_error_naming_the_flag(dest, tiny_model_dir):
     error = _refusal_error(dest, AUDIT[dest][1], tiny_model_dir("llama"))
     message = str(error)
     names = [dest, *(_option_strings(dest) if "." not in dest else [])]
-    assert any(name in message for name in names), \
+    assert any(name in message for name in names), (
         f"{dest}: the error does not name the flag ({names}): {message!r}"
+    )
 
 
 def test_every_kind_is_known():

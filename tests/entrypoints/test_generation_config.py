@@ -1,5 +1,6 @@
 """generation_config="auto": the model's generation_config.json supplies the
 default sampling parameters and extra EOS ids; "vllm" ignores it."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,14 @@ import pytest
 
 from vllm import LLM, SamplingParams
 
-GEN_CONFIG = {"eos_token_id": [0, 77], "temperature": 0.0, "top_k": 7, "top_p": 0.9,
-              "repetition_penalty": 1.25, "max_new_tokens": 5}
+GEN_CONFIG = {
+    "eos_token_id": [0, 77],
+    "temperature": 0.0,
+    "top_k": 7,
+    "top_p": 0.9,
+    "repetition_penalty": 1.25,
+    "max_new_tokens": 5,
+}
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +31,14 @@ def model_dir(tiny_model_dir, tmp_path_factory):
 
 def _llm(model_dir: str, monkeypatch, **kwargs) -> LLM:
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    return LLM(model=model_dir, dtype="float32", max_model_len=64,
-               kv_cache_memory_bytes=8 * 2**20, seed=0, **kwargs)
+    return LLM(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=64,
+        kv_cache_memory_bytes=8 * 2**20,
+        seed=0,
+        **kwargs,
+    )
 
 
 def test_generation_config_defaults_and_eos_ids(model_dir, monkeypatch):
@@ -35,20 +48,25 @@ def test_generation_config_defaults_and_eos_ids(model_dir, monkeypatch):
     assert defaults.repetition_penalty == 1.25 and defaults.max_tokens == 5
     prompt = {"prompt_token_ids": [9, 8, 7, 6]}
     (out,) = llm.generate(prompt, use_tqdm=False)  # no params: the defaults
-    (explicit,) = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=5,
-                                                      repetition_penalty=1.25),
-                               use_tqdm=False)
+    (explicit,) = llm.generate(
+        prompt,
+        SamplingParams(temperature=0.0, max_tokens=5, repetition_penalty=1.25),
+        use_tqdm=False,
+    )
     assert out.outputs[0].token_ids == explicit.outputs[0].token_ids
     assert len(out.outputs[0].token_ids) == 5
     # The extra EOS id of generation_config.json stops generation like a stop id.
-    (stopped,) = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=5,
-                                                     logit_bias={77: 50.0}), use_tqdm=False)
+    (stopped,) = llm.generate(
+        prompt, SamplingParams(temperature=0.0, max_tokens=5, logit_bias={77: 50.0}), use_tqdm=False
+    )
     completion = stopped.outputs[0]
     assert completion.token_ids == [77]
     assert completion.finish_reason == "stop" and completion.stop_reason == 77
-    (ignored,) = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=3,
-                                                     logit_bias={77: 50.0}, ignore_eos=True),
-                              use_tqdm=False)
+    (ignored,) = llm.generate(
+        prompt,
+        SamplingParams(temperature=0.0, max_tokens=3, logit_bias={77: 50.0}, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert ignored.outputs[0].token_ids == [77, 77, 77]
 
 

@@ -1,6 +1,7 @@
 """`LLM.generate` end to end on a tiny random model: prompt forms, ordering,
 per-prompt params, stop strings, the progress bar, and bad input that fails
 cleanly while the engine keeps serving (upstream: tests/entrypoints/llm/)."""
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +24,13 @@ def llm(tiny_model_dir):
     # In-process engine core: these tests look into its scheduler.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        return LLM(model=tiny_model_dir("llama"), dtype="float32",
-                   max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=8 * 2**20, seed=0)
+        return LLM(
+            model=tiny_model_dir("llama"),
+            dtype="float32",
+            max_model_len=MAX_MODEL_LEN,
+            kv_cache_memory_bytes=8 * 2**20,
+            seed=0,
+        )
 
 
 def _assert_idle(llm: LLM) -> None:
@@ -41,8 +47,11 @@ def test_prompt_forms_and_order(llm):
     assert all(len(o.outputs[0].token_ids) == 8 and o.finished for o in outs)
     # The same prompt as a str, a TextPrompt and a TokensPrompt gives the same tokens.
     ids = tok.encode(texts[0])
-    mixed = llm.generate([texts[0], TextPrompt(prompt=texts[0]),
-                          TokensPrompt(prompt_token_ids=ids)], GREEDY, use_tqdm=False)
+    mixed = llm.generate(
+        [texts[0], TextPrompt(prompt=texts[0]), TokensPrompt(prompt_token_ids=ids)],
+        GREEDY,
+        use_tqdm=False,
+    )
     assert [o.outputs[0].token_ids for o in mixed] == [outs[0].outputs[0].token_ids] * 3
     assert [o.prompt_token_ids for o in mixed] == [ids] * 3
     assert mixed[2].prompt is None
@@ -66,9 +75,9 @@ def test_stop_string_end_to_end(llm):
     full = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].text
     # A stop string that first appears mid-way through the greedy text.
     start = len(full) // 2
-    stop = full[start:start + 3]
+    stop = full[start : start + 3]
     cut = full.find(stop)
-    assert 0 < cut
+    assert cut > 0
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop])
     out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
     assert out.text == full[:cut]
@@ -78,15 +87,19 @@ def test_stop_string_end_to_end(llm):
 
 def test_delta_outputs_through_the_engine(llm):
     engine = llm.llm_engine
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
-                            output_kind=RequestOutputKind.DELTA)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=12, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+    )
     engine.add_request("delta", "Paged attention", params)
     deltas = []
     while engine.has_unfinished_requests():
         deltas.extend(engine.step())
     assert all(o.request_id == "delta" for o in deltas) and deltas[-1].finished
-    final = llm.generate("Paged attention", SamplingParams(temperature=0.0, max_tokens=12,
-                                                           ignore_eos=True), use_tqdm=False)
+    final = llm.generate(
+        "Paged attention",
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert "".join(o.outputs[0].text for o in deltas) == final[0].outputs[0].text
     assert [t for o in deltas for t in o.outputs[0].token_ids] == final[0].outputs[0].token_ids
 
@@ -109,14 +122,17 @@ def test_progress_bar_shows_token_speeds(llm):
     assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, line
 
 
-@pytest.mark.parametrize(("prompt", "message"), [
-    (TokensPrompt(prompt_token_ids=[1] * MAX_MODEL_LEN * 2), "longer than the maximum model"),
-    (TokensPrompt(prompt_token_ids=[1] * MAX_MODEL_LEN), "requested output tokens"),
-    (TokensPrompt(prompt_token_ids=[3, 10**6, 4]), "out of vocabulary"),
-    (TokensPrompt(prompt_token_ids=[3, -1]), "out of vocabulary"),
-    (TokensPrompt(prompt_token_ids=[]), "cannot be empty"),
-    ("", "cannot be empty"),
-])
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        (TokensPrompt(prompt_token_ids=[1] * MAX_MODEL_LEN * 2), "longer than the maximum model"),
+        (TokensPrompt(prompt_token_ids=[1] * MAX_MODEL_LEN), "requested output tokens"),
+        (TokensPrompt(prompt_token_ids=[3, 10**6, 4]), "out of vocabulary"),
+        (TokensPrompt(prompt_token_ids=[3, -1]), "out of vocabulary"),
+        (TokensPrompt(prompt_token_ids=[]), "cannot be empty"),
+        ("", "cannot be empty"),
+    ],
+)
 def test_bad_prompt_is_a_clear_error_and_the_engine_goes_on(llm, prompt, message):
     good = llm.generate("The quick", GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     with pytest.raises(ValueError, match=message):
@@ -143,8 +159,10 @@ def test_unknown_model_path_fails_at_construction(tmp_path):
 
 def test_max_tokens_defaults_to_the_rest_of_the_context(llm):
     ids = list(range(5, 5 + 50))
-    out = llm.generate(TokensPrompt(prompt_token_ids=ids),
-                       SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True),
-                       use_tqdm=False)[0]
+    out = llm.generate(
+        TokensPrompt(prompt_token_ids=ids),
+        SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     assert len(out.outputs[0].token_ids) == MAX_MODEL_LEN - len(ids)
     assert out.outputs[0].finish_reason == "length"

@@ -1,5 +1,6 @@
 """LLM.chat: rendering with a chat template and its options
 (upstream: tests/entrypoints/llm/test_chat.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,12 +14,17 @@ TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
     "{% if not (loop.last and continue_final_message) %}<|end|>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>"
-    "{% if enable_thinking %}<think>{% endif %}{% endif %}")
+    "{% if enable_thinking %}<think>{% endif %}{% endif %}"
+)
 # A template that walks OpenAI-style content parts.
-PARTS_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}]"
-                  "{% for part in m['content'] %}({{ part['text'] }}){% endfor %}{% endfor %}")
-CONVERSATION = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Name a fox."}]
+PARTS_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}]"
+    "{% for part in m['content'] %}({{ part['text'] }}){% endfor %}{% endfor %}"
+)
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Name a fox."},
+]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
 
@@ -38,38 +44,52 @@ def test_chat_renders_the_template_and_generates(llm):
 
 
 def test_generation_prompt_continuation_and_kwargs(llm):
-    render = lambda conv, **kw: llm.chat(conv, GREEDY, chat_template=TEMPLATE,  # noqa: E731
-                                         use_tqdm=False, **kw)[0].prompt
+    def render(conv, **kw):
+        return llm.chat(conv, GREEDY, chat_template=TEMPLATE, use_tqdm=False, **kw)[0].prompt
+
     assert render(CONVERSATION, add_generation_prompt=False).endswith("fox.<|end|>")
     partial = CONVERSATION + [{"role": "assistant", "content": "Reyn"}]
-    assert render(partial, add_generation_prompt=False,
-                  continue_final_message=True).endswith("<|assistant|>Reyn")
-    thinking = render(CONVERSATION, chat_template_kwargs={"enable_thinking": True,
-                                                          "unused_by_template": 1})
+    assert render(partial, add_generation_prompt=False, continue_final_message=True).endswith(
+        "<|assistant|>Reyn"
+    )
+    thinking = render(
+        CONVERSATION, chat_template_kwargs={"enable_thinking": True, "unused_by_template": 1}
+    )
     assert thinking.endswith("<|assistant|><think>")
 
 
 def test_several_conversations_and_content_parts(llm):
-    parts = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
-             {"role": "user", "content": [{"type": "text", "text": "Name a fox."}]}]
-    outs = llm.chat([CONVERSATION, parts, CONVERSATION[1:]], GREEDY, chat_template=TEMPLATE,
-                    use_tqdm=False)
+    parts = [
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Name a fox."}]},
+    ]
+    outs = llm.chat(
+        [CONVERSATION, parts, CONVERSATION[1:]], GREEDY, chat_template=TEMPLATE, use_tqdm=False
+    )
     assert len(outs) == 3
     # String-content templates get the text parts joined.
     assert outs[0].prompt == outs[1].prompt != outs[2].prompt
     tokenizer = llm.get_tokenizer()
-    assert apply_hf_chat_template(tokenizer, CONVERSATION, PARTS_TEMPLATE, None,
-                                  add_generation_prompt=False) == \
-        "[system](Be brief.)[user](Name a fox.)"
+    assert (
+        apply_hf_chat_template(
+            tokenizer, CONVERSATION, PARTS_TEMPLATE, None, add_generation_prompt=False
+        )
+        == "[system](Be brief.)[user](Name a fox.)"
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(add_generation_prompt=True, continue_final_message=True,
-          chat_template=TEMPLATE), "continue_final_message"),
-    (dict(chat_template_kwargs={"tokenize": True}, chat_template=TEMPLATE), "tokenize"),
-    (dict(chat_template="{% if %}"), "[Ee]xpected"),  # a template syntax error
-    (dict(), "chat template"),  # the tiny tokenizer has none
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(add_generation_prompt=True, continue_final_message=True, chat_template=TEMPLATE),
+            "continue_final_message",
+        ),
+        (dict(chat_template_kwargs={"tokenize": True}, chat_template=TEMPLATE), "tokenize"),
+        (dict(chat_template="{% if %}"), "[Ee]xpected"),  # a template syntax error
+        (dict(), "chat template"),  # the tiny tokenizer has none
+    ],
+)
 def test_bad_chat_requests_are_value_errors(llm, kwargs, message):
     with pytest.raises(ValueError, match=message):
         llm.chat(CONVERSATION, GREEDY, use_tqdm=False, **kwargs)

@@ -1,6 +1,7 @@
 """The sampling contract survives the engine core running in its own process:
 every parameter and the logprob tensors cross the msgpack boundary, and the
 results equal those of the in-process core."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,12 +11,28 @@ from vllm.inputs import TokensPrompt
 
 PROMPTS = [TokensPrompt(prompt_token_ids=list(range(3, 3 + n))) for n in (5, 21)]
 PARAMS = [
-    SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, repetition_penalty=1.4,
-                   frequency_penalty=0.6, presence_penalty=0.3, logit_bias={9: 1.5},
-                   bad_words=["fox"], logprobs=3, prompt_logprobs=2),
-    SamplingParams(temperature=0.9, seed=5, n=2, max_tokens=6, min_tokens=3,
-                   allowed_token_ids=[0, 4, 8, 15, 16, 23, 42], stop_token_ids=[42],
-                   logprobs=1),
+    SamplingParams(
+        temperature=0.0,
+        max_tokens=6,
+        ignore_eos=True,
+        repetition_penalty=1.4,
+        frequency_penalty=0.6,
+        presence_penalty=0.3,
+        logit_bias={9: 1.5},
+        bad_words=["fox"],
+        logprobs=3,
+        prompt_logprobs=2,
+    ),
+    SamplingParams(
+        temperature=0.9,
+        seed=5,
+        n=2,
+        max_tokens=6,
+        min_tokens=3,
+        allowed_token_ids=[0, 4, 8, 15, 16, 23, 42],
+        stop_token_ids=[42],
+        logprobs=1,
+    ),
 ]
 
 
@@ -23,9 +40,15 @@ def _run(model_dir: str, multiprocessing: bool) -> list:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if multiprocessing else "0")
         mp.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-        llm = LLM(model=model_dir, dtype="float32", max_model_len=64,
-                  max_num_batched_tokens=16, max_num_seqs=8, kv_cache_memory_bytes=8 * 2**20,
-                  seed=0)
+        llm = LLM(
+            model=model_dir,
+            dtype="float32",
+            max_model_len=64,
+            max_num_batched_tokens=16,
+            max_num_seqs=8,
+            kv_cache_memory_bytes=8 * 2**20,
+            seed=0,
+        )
         try:
             return llm.generate(PROMPTS * 2, PARAMS * 2, use_tqdm=False)
         finally:
@@ -33,9 +56,14 @@ def _run(model_dir: str, multiprocessing: bool) -> list:
 
 
 def _summary(outs) -> list:
-    return [(o.request_id, o.prompt_logprobs,
-             [(c.index, c.token_ids, c.logprobs, c.finish_reason, c.stop_reason)
-              for c in o.outputs]) for o in outs]
+    return [
+        (
+            o.request_id,
+            o.prompt_logprobs,
+            [(c.index, c.token_ids, c.logprobs, c.finish_reason, c.stop_reason) for c in o.outputs],
+        )
+        for o in outs
+    ]
 
 
 def _assert_same(a, b, path: str = "") -> None:

@@ -1,6 +1,7 @@
 """Every value upstream rejects is a clear error naming its parameter, raised
 before the request reaches the engine core, which keeps serving the others
 (upstream: tests/test_sampling_params.py, tests/v1/engine/test_processor.py)."""
+
 from __future__ import annotations
 
 import math
@@ -15,35 +16,38 @@ GREEDY = dict(temperature=0.0, max_tokens=6, ignore_eos=True)
 PROMPT = {"prompt_token_ids": [4, 8, 15, 16, 23, 42]}
 
 
-@pytest.mark.parametrize("parameter, kwargs", [
-    ("n", dict(n=0)),
-    ("n", dict(n=2.0)),
-    ("presence_penalty", dict(presence_penalty=2.5)),
-    ("frequency_penalty", dict(frequency_penalty=-2.1)),
-    ("frequency_penalty", dict(frequency_penalty=math.nan)),
-    ("repetition_penalty", dict(repetition_penalty=0.0)),
-    ("repetition_penalty", dict(repetition_penalty=math.inf)),
-    ("temperature", dict(temperature=-0.5)),
-    ("temperature", dict(temperature=math.nan)),
-    ("top_p", dict(top_p=0.0)),
-    ("top_p", dict(top_p=1.01)),
-    ("top_k", dict(top_k=-2)),
-    ("top_k", dict(top_k=2.5)),
-    ("min_p", dict(min_p=-0.01)),
-    ("min_p", dict(min_p=1.5)),
-    ("seed", dict(seed=2**64)),
-    ("max_tokens", dict(max_tokens=0)),
-    ("min_tokens", dict(min_tokens=-1)),
-    ("min_tokens", dict(min_tokens=9, max_tokens=8)),
-    ("logprobs", dict(logprobs=-2)),
-    ("prompt_logprobs", dict(prompt_logprobs=-5)),
-    ("stop", dict(stop=["ok", ""])),
-    ("stop", dict(stop="x", detokenize=False)),
-    ("stop_token_ids", dict(stop_token_ids=[1, "2"])),
-    ("bad_words", dict(bad_words=["fine", ""])),
-    ("logit_bias", dict(logit_bias={"seven": 1.0})),
-    ("logit_bias", dict(logit_bias={7: math.inf})),
-])
+@pytest.mark.parametrize(
+    "parameter, kwargs",
+    [
+        ("n", dict(n=0)),
+        ("n", dict(n=2.0)),
+        ("presence_penalty", dict(presence_penalty=2.5)),
+        ("frequency_penalty", dict(frequency_penalty=-2.1)),
+        ("frequency_penalty", dict(frequency_penalty=math.nan)),
+        ("repetition_penalty", dict(repetition_penalty=0.0)),
+        ("repetition_penalty", dict(repetition_penalty=math.inf)),
+        ("temperature", dict(temperature=-0.5)),
+        ("temperature", dict(temperature=math.nan)),
+        ("top_p", dict(top_p=0.0)),
+        ("top_p", dict(top_p=1.01)),
+        ("top_k", dict(top_k=-2)),
+        ("top_k", dict(top_k=2.5)),
+        ("min_p", dict(min_p=-0.01)),
+        ("min_p", dict(min_p=1.5)),
+        ("seed", dict(seed=2**64)),
+        ("max_tokens", dict(max_tokens=0)),
+        ("min_tokens", dict(min_tokens=-1)),
+        ("min_tokens", dict(min_tokens=9, max_tokens=8)),
+        ("logprobs", dict(logprobs=-2)),
+        ("prompt_logprobs", dict(prompt_logprobs=-5)),
+        ("stop", dict(stop=["ok", ""])),
+        ("stop", dict(stop="x", detokenize=False)),
+        ("stop_token_ids", dict(stop_token_ids=[1, "2"])),
+        ("bad_words", dict(bad_words=["fine", ""])),
+        ("logit_bias", dict(logit_bias={"seven": 1.0})),
+        ("logit_bias", dict(logit_bias={7: math.inf})),
+    ],
+)
 def test_sampling_params_rejects(parameter, kwargs):
     with pytest.raises(VLLMValidationError) as exc:
         SamplingParams(**kwargs)
@@ -52,9 +56,16 @@ def test_sampling_params_rejects(parameter, kwargs):
 
 
 def test_accepted_edge_values():
-    sp = SamplingParams(top_k=-1, seed=-1, temperature=0.001, logprobs=True, stop="x",
-                        stop_token_ids=[5, 5, 6], bad_words=["a", "a"],
-                        logit_bias={"3": 2})
+    sp = SamplingParams(
+        top_k=-1,
+        seed=-1,
+        temperature=0.001,
+        logprobs=True,
+        stop="x",
+        stop_token_ids=[5, 5, 6],
+        bad_words=["a", "a"],
+        logit_bias={"3": 2},
+    )
     assert sp.top_k == -1 and sp.seed is None and sp.temperature == 0.01
     assert sp.logprobs == 1 and sp.stop == ["x"] and sp.output_text_buffer_length == 0
     assert sp.stop_token_ids == [5, 6] and sp.bad_words == ["a"]
@@ -98,8 +109,11 @@ def test_engine_rejects_and_keeps_serving(llm, parameter, kwargs, message):
     assert outputs[0].outputs[0].token_ids == alone.outputs[0].token_ids
     # In a batch: the call fails as a whole and leaves nothing behind.
     with pytest.raises(VLLMValidationError):
-        llm.generate([PROMPT, PROMPT], [SamplingParams(**GREEDY),
-                                        SamplingParams(**GREEDY, **kwargs)], use_tqdm=False)
+        llm.generate(
+            [PROMPT, PROMPT],
+            [SamplingParams(**GREEDY), SamplingParams(**GREEDY, **kwargs)],
+            use_tqdm=False,
+        )
     assert engine.get_num_unfinished_requests() == 0
     assert not engine.engine_core.engine_core.scheduler.has_unfinished_requests()
 

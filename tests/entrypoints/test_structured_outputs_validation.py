@@ -5,6 +5,7 @@ a backend that is not built, or a missing tokenizer is a `VLLMValidationError`
 serving; `--structured-outputs-config` reaches `VllmConfig` (upstream:
 tests/v1/entrypoints/llm/test_struct_output_generate.py,
 tests/v1/engine/test_processor.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,15 +30,20 @@ def _params(**constraint) -> SamplingParams:
     return SamplingParams(**GREEDY, structured_outputs=StructuredOutputsParams(**constraint))
 
 
-@pytest.mark.parametrize("constraint, message", [
-    (dict(regex="foo**"), "regex"),
-    (dict(regex="[unclosed"), "regex"),
-    (dict(json={"type": "object", "properties": {"a": {"type": "no-such-type"}}}),
-     "no-such-type"),
-    (dict(json="{not json"), "not JSON"),
-    (dict(grammar="root ::= (("), "grammar"),
-    (dict(grammar="  \n"), "empty"),
-])
+@pytest.mark.parametrize(
+    "constraint, message",
+    [
+        (dict(regex="foo**"), "regex"),
+        (dict(regex="[unclosed"), "regex"),
+        (
+            dict(json={"type": "object", "properties": {"a": {"type": "no-such-type"}}}),
+            "no-such-type",
+        ),
+        (dict(json="{not json"), "not JSON"),
+        (dict(grammar="root ::= (("), "grammar"),
+        (dict(grammar="  \n"), "empty"),
+    ],
+)
 def test_invalid_constraint_raises_and_engine_keeps_serving(llm, constraint, message):
     with pytest.raises(ValueError, match=message) as exc:
         llm.generate(PROMPT, _params(**constraint), use_tqdm=False)
@@ -66,12 +72,18 @@ def test_valid_constraint_records_the_backend(llm):
 def test_constraint_without_tokenizer_is_refused(tiny_model_dir):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        llm = LLM(model=tiny_model_dir("llama"), dtype="float32", max_model_len=64,
-                  kv_cache_memory_bytes=8 * 2**20, skip_tokenizer_init=True)
+        llm = LLM(
+            model=tiny_model_dir("llama"),
+            dtype="float32",
+            max_model_len=64,
+            kv_cache_memory_bytes=8 * 2**20,
+            skip_tokenizer_init=True,
+        )
     with pytest.raises(VLLMValidationError, match="skip_tokenizer_init"):
         llm.generate(PROMPT, _params(choice=["a", "b"]), use_tqdm=False)
-    (out,) = llm.generate(PROMPT, SamplingParams(**GREEDY, ignore_eos=True, detokenize=False),
-                          use_tqdm=False)
+    (out,) = llm.generate(
+        PROMPT, SamplingParams(**GREEDY, ignore_eos=True, detokenize=False), use_tqdm=False
+    )
     assert len(out.outputs[0].token_ids) == GREEDY["max_tokens"]
 
 
@@ -84,21 +96,35 @@ def test_structured_outputs_config_flag(tiny_model_dir):
     model = tiny_model_dir("llama")
     default = _parse(["--model", model]).create_engine_config()
     assert default.structured_outputs_config.backend == "auto"
-    args = _parse(["--model", model, "--structured-outputs-config",
-                   '{"backend": "xgrammar", "disable_any_whitespace": true}'])
+    args = _parse(
+        [
+            "--model",
+            model,
+            "--structured-outputs-config",
+            '{"backend": "xgrammar", "disable_any_whitespace": true}',
+        ]
+    )
     config = args.create_engine_config().structured_outputs_config
     assert config.backend == "xgrammar" and config.disable_any_whitespace is True
     with pytest.raises(SystemExit):
         _parse(["--structured-outputs-config", "not json"])
     with pytest.raises(ValueError, match="no_such_key"):
-        _parse(["--model", model, "--structured-outputs-config",
-                '{"no_such_key": 1}']).create_engine_config()
+        _parse(
+            ["--model", model, "--structured-outputs-config", '{"no_such_key": 1}']
+        ).create_engine_config()
 
 
-@pytest.mark.parametrize("backend, message", [("guidance", "not built"),
-                                              ("no-such-backend", "no-such-backend")])
+@pytest.mark.parametrize(
+    "backend, message", [("guidance", "not built"), ("no-such-backend", "no-such-backend")]
+)
 def test_unbuilt_or_unknown_backend_is_refused(tiny_model_dir, backend, message):
-    args = _parse(["--model", tiny_model_dir("llama"), "--structured-outputs-config",
-                   f'{{"backend": "{backend}"}}'])
+    args = _parse(
+        [
+            "--model",
+            tiny_model_dir("llama"),
+            "--structured-outputs-config",
+            f'{{"backend": "{backend}"}}',
+        ]
+    )
     with pytest.raises(ValueError, match=message):
         args.create_engine_config()

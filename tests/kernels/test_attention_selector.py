@@ -1,4 +1,5 @@
 """Attention backend selection by platform, dtype, head size and request."""
+
 from __future__ import annotations
 
 import pytest
@@ -48,12 +49,12 @@ def test_cuda_rules_without_a_gpu():
 
 def test_backend_classes_resolve():
     import importlib
+
     for member in AttentionBackendEnum:
         mod, _, cls = member.get_path().rpartition(".")
         backend = getattr(importlib.import_module(mod), cls)
         assert backend.get_name() == member.name
-        assert backend.get_kv_cache_shape(3, 16, 2, 64) in ((2, 3, 16, 2, 64),
-                                                             (3, 2, 16, 2, 64))
+        assert backend.get_kv_cache_shape(3, 16, 2, 64) in ((2, 3, 16, 2, 64), (3, 2, 16, 2, 64))
 
 
 def test_attention_backend_flag_reaches_the_selector(monkeypatch):
@@ -65,7 +66,8 @@ def test_attention_backend_flag_reaches_the_selector(monkeypatch):
     from vllm.v1.attention.selector import _requested_backend
 
     args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(
-        ["--attention-backend", "cpu_attn"])
+        ["--attention-backend", "cpu_attn"]
+    )
     assert EngineArgs.from_cli_args(args).attention_backend == "cpu_attn"
     assert AttentionConfig(backend="cpu_attn").backend == "CPU_ATTN"
     with pytest.raises(ValueError, match="Unknown attention backend 'NOPE'"):

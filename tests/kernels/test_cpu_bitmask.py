@@ -2,6 +2,7 @@
 own CPU kernel: every shape edge (vocab not a multiple of 32 or 16, bitmask
 narrower than the logits: padded ids), fp32 and bf16, a subset of rows, and
 all-allowed words (the op's skip path)."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,11 +10,11 @@ import torch
 
 from vllm import _custom_ops as ops
 
-pytestmark = pytest.mark.skipif(not ops.cpu_ops_available(),
-                                reason=f"vllm._C not loaded: {ops.cpu_ops_load_error()}")
+pytestmark = pytest.mark.skipif(
+    not ops.cpu_ops_available(), reason=f"vllm._C not loaded: {ops.cpu_ops_load_error()}"
+)
 
-SHAPES = [(32, 32000, 1000), (5, 100, 4), (7, 96, 3), (3, 33, 2), (4, 64, 1), (2, 1, 1),
-          (6, 50, 2)]
+SHAPES = [(32, 32000, 1000), (5, 100, 4), (7, 96, 3), (3, 33, 2), (4, 64, 1), (2, 1, 1), (6, 50, 2)]
 
 
 def _reference(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -30,7 +31,7 @@ def _reference(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> 
 @pytest.mark.parametrize("n,vocab,words", SHAPES)
 def test_matches_xgrammar(dtype, n, vocab, words):
     g = torch.Generator().manual_seed(n * 1000 + vocab)
-    bitmask = torch.randint(-2**31, 2**31 - 1, (n, words), dtype=torch.int32, generator=g)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (n, words), dtype=torch.int32, generator=g)
     bitmask[0] = -1  # every token allowed
     if n > 2:
         bitmask[2, 0] = 0  # a word with no token allowed

@@ -4,6 +4,7 @@ In CI the extension is built by `pip install -e .` (make venv); a missing
 build FAILS here with the loader's reason instead of skipping, unless
 VLLM_ALLOW_NO_CSRC=1 says the run is meant to go without it.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,10 @@ def _require_extension(request, monkeypatch):
     if not ops.cpu_ops_available():
         if os.environ.get("VLLM_ALLOW_NO_CSRC") == "1":
             pytest.skip("vllm._C not built (VLLM_ALLOW_NO_CSRC=1)")
-        pytest.fail(f"vllm._C is not built/loadable: {ops.cpu_ops_load_error()}. "
-                    "Rebuild with `pip install -e .` (needs cmake and a C++ compiler).")
+        pytest.fail(
+            f"vllm._C is not built/loadable: {ops.cpu_ops_load_error()}. "
+            "Rebuild with `pip install -e .` (needs cmake and a C++ compiler)."
+        )
     torch.manual_seed(0)
 
 
@@ -38,8 +41,9 @@ def _tol(dtype):
     return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
 
 
-def _paged_case(num_seqs, seq_lens, num_kv_heads, gqa, head_size, block_size, dtype,
-                idx_dtype=torch.int32):
+def _paged_case(
+    num_seqs, seq_lens, num_kv_heads, gqa, head_size, block_size, dtype, idx_dtype=torch.int32
+):
     """Random caches; each sequence's blocks are scattered in a shuffled pool."""
     max_blocks = max((n + block_size - 1) // block_size for n in seq_lens)
     num_blocks = num_seqs * max_blocks + 3
@@ -57,8 +61,9 @@ def _paged_case(num_seqs, seq_lens, num_kv_heads, gqa, head_size, block_size, dt
 @pytest.mark.parametrize("num_kv_heads,gqa", [(2, 6), (4, 1), (1, 8)])
 def test_paged_attention_decode(dtype, head_size, block_size, num_kv_heads, gqa):
     seq_lens = [1, block_size - 1, block_size, block_size + 1, 3 * block_size + 5, 100]
-    q, kc, vc, bt, lens = _paged_case(len(seq_lens), seq_lens, num_kv_heads, gqa, head_size,
-                                      block_size, dtype)
+    q, kc, vc, bt, lens = _paged_case(
+        len(seq_lens), seq_lens, num_kv_heads, gqa, head_size, block_size, dtype
+    )
     out = torch.empty_like(q)
     scale = head_size**-0.5
     ops.paged_attention_decode(out, q, kc, vc, bt, lens, scale)
@@ -70,8 +75,9 @@ def test_paged_attention_decode(dtype, head_size, block_size, num_kv_heads, gqa)
 @pytest.mark.parametrize("window,soft_cap", [(7, None), (None, 30.0), (20, 5.0)])
 def test_paged_attention_decode_window_softcap(dtype, window, soft_cap):
     seq_lens = [3, 16, 17, 40, 64, 65]
-    q, kc, vc, bt, lens = _paged_case(len(seq_lens), seq_lens, 2, 4, 64, 16, dtype,
-                                      idx_dtype=torch.int64)
+    q, kc, vc, bt, lens = _paged_case(
+        len(seq_lens), seq_lens, 2, 4, 64, 16, dtype, idx_dtype=torch.int64
+    )
     out = torch.empty_like(q)
     ops.paged_attention_decode(out, q, kc, vc, bt, lens, 0.125, window, soft_cap)
     ref = ops.ref_paged_attention_decode(q, kc, vc, bt, lens, 0.125, window, soft_cap)
@@ -154,7 +160,7 @@ def _ref_rope(positions, x, head_size, cache, neox):
 def test_rotary_embedding(dtype, head_size, rot, neox):
     t, h, hkv = 23, 6, 2
     qkv = torch.randn(t, (h + 2 * hkv) * head_size, dtype=dtype)
-    q, k = qkv[:, : h * head_size], qkv[:, h * head_size: (h + hkv) * head_size]  # strided views
+    q, k = qkv[:, : h * head_size], qkv[:, h * head_size : (h + hkv) * head_size]  # strided views
     cache = torch.randn(300, rot, dtype=dtype)
     pos = torch.randint(0, 300, (t,))
     ref_q, ref_k = (_ref_rope(pos, x, head_size, cache, neox).to(dtype) for x in (q, k))
@@ -174,8 +180,8 @@ def test_reshape_and_cache(dtype):
     nb, bs, hkv, d, t = 9, 16, 2, 64, 30
     kv = torch.zeros(2, nb, bs, hkv, d, dtype=dtype)
     qkv = torch.randn(t, (4 + 2 * hkv) * d, dtype=dtype)  # key/value as strided row views
-    key = qkv[:, 4 * d: (4 + hkv) * d].view(t, hkv, d)
-    value = qkv[:, (4 + hkv) * d:].view(t, hkv, d)
+    key = qkv[:, 4 * d : (4 + hkv) * d].view(t, hkv, d)
+    value = qkv[:, (4 + hkv) * d :].view(t, hkv, d)
     slots = torch.randperm(nb * bs)[:t]
     slots[3] = -1  # padding: not written
     ops.reshape_and_cache(key, value, kv[0], kv[1], slots)

@@ -7,6 +7,7 @@ GPU a missing build FAILS with the loader's reason (build it with
 benchmarks/gpu_check.sh), unless VLLM_ALLOW_NO_CSRC=1 says the run is meant
 to go without it. References run in fp32 on the CPU (no TF32 surprises).
 """
+
 from __future__ import annotations
 
 import os
@@ -17,13 +18,16 @@ import torch.nn.functional as F
 
 from vllm import _custom_ops as ops
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
-                                   reason="needs a CUDA GPU (torch.cuda.is_available() "
-                                   "is False)")
+requires_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-3, rtol=2e-3),
-       torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+TOL = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+}
 
 
 @pytest.fixture
@@ -32,8 +36,10 @@ def cuda_ops():
     if not ops.cuda_ops_available():
         if os.environ.get("VLLM_ALLOW_NO_CSRC") == "1":
             pytest.skip("vllm._C_cuda not built (VLLM_ALLOW_NO_CSRC=1)")
-        pytest.fail(f"vllm._C_cuda is not built/loadable: {ops.cuda_ops_load_error()}. "
-                    "Build it with a CUDA torch: `python setup.py build_ext --inplace`.")
+        pytest.fail(
+            f"vllm._C_cuda is not built/loadable: {ops.cuda_ops_load_error()}. "
+            "Build it with a CUDA torch: `python setup.py build_ext --inplace`."
+        )
     torch.manual_seed(0)
     return torch.ops._C
 
@@ -124,16 +130,15 @@ def test_rotary_embedding(cuda_ops, dtype, head_size, rot, neox):
     t, h, hkv = 23, 8, 2
     qkv = torch.randn(t, (h + 2 * hkv) * head_size, dtype=dtype, device="cuda")
     q = qkv[:, : h * head_size]  # strided row views of the fused projection
-    k = qkv[:, h * head_size: (h + hkv) * head_size]
+    k = qkv[:, h * head_size : (h + hkv) * head_size]
     cache = torch.randn(300, rot, dtype=dtype, device="cuda")
     pos = torch.randint(0, 300, (t,), device="cuda")
-    ref_q, ref_k = (_ref_rope(pos.cpu(), x.cpu(), head_size, cache.cpu(), neox)
-                    for x in (q, k))
-    rest = qkv[:, (h + hkv) * head_size:].clone()
+    ref_q, ref_k = (_ref_rope(pos.cpu(), x.cpu(), head_size, cache.cpu(), neox) for x in (q, k))
+    rest = qkv[:, (h + hkv) * head_size :].clone()
     cuda_ops.rotary_embedding(pos, q, k, head_size, cache, neox)
     _close(q, ref_q, dtype)
     _close(k, ref_k, dtype)
-    assert torch.equal(qkv[:, (h + hkv) * head_size:], rest)  # value untouched
+    assert torch.equal(qkv[:, (h + hkv) * head_size :], rest)  # value untouched
 
 
 @requires_cuda
@@ -152,8 +157,8 @@ def test_rotary_embedding_3d_no_key_and_wrapper(cuda_ops, neox):
 def _kv_rows(t, hkv, d, dtype, device):
     """key/value [t, hkv, d] as strided row views of a fused qkv tensor."""
     qkv = torch.randn(t, (4 + 2 * hkv) * d, dtype=dtype, device=device)
-    key = qkv[:, 4 * d: (4 + hkv) * d].view(t, hkv, d)
-    value = qkv[:, (4 + hkv) * d:].view(t, hkv, d)
+    key = qkv[:, 4 * d : (4 + hkv) * d].view(t, hkv, d)
+    value = qkv[:, (4 + hkv) * d :].view(t, hkv, d)
     return key, value
 
 
@@ -175,8 +180,9 @@ def test_reshape_and_cache_flash(cuda_ops, dtype, block_size, head_size, slot_dt
     key, value = _kv_rows(t, hkv, head_size, dtype, "cuda")
     slots = _slots(t, nb, block_size, slot_dtype, "cuda")
     one = torch.ones((), device="cuda")
-    torch.ops._C_cache_ops.reshape_and_cache_flash(key, value, kv[0], kv[1], slots, "auto",
-                                                   one, one)
+    torch.ops._C_cache_ops.reshape_and_cache_flash(
+        key, value, kv[0], kv[1], slots, "auto", one, one
+    )
     keep = (slots >= 0).cpu()
     s = slots.cpu()[keep].long()
     flat = kv.cpu().view(2, nb * block_size, hkv, head_size)
@@ -186,8 +192,9 @@ def test_reshape_and_cache_flash(cuda_ops, dtype, block_size, head_size, slot_dt
     written[s] = True
     assert not flat[:, ~written].any()
     with pytest.raises(RuntimeError, match="not built"):
-        torch.ops._C_cache_ops.reshape_and_cache_flash(key, value, kv[0], kv[1], slots,
-                                                       "fp8", one, one)
+        torch.ops._C_cache_ops.reshape_and_cache_flash(
+            key, value, kv[0], kv[1], slots, "fp8", one, one
+        )
 
 
 @requires_cuda
@@ -231,8 +238,9 @@ def _seq_lens(block_size):
 
 
 def _ref(q, kc, vc, bt, lens, scale, **kw):
-    return ops.ref_paged_attention_decode(q.cpu().float(), kc.cpu().float(), vc.cpu().float(),
-                                          bt.cpu(), lens.cpu(), scale, **kw)
+    return ops.ref_paged_attention_decode(
+        q.cpu().float(), kc.cpu().float(), vc.cpu().float(), bt.cpu(), lens.cpu(), scale, **kw
+    )
 
 
 @requires_cuda
@@ -241,8 +249,9 @@ def _ref(q, kc, vc, bt, lens, scale, **kw):
 @pytest.mark.parametrize("gqa", [1, 4])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_paged_attention_decode(cuda_ops, dtype, head_size, gqa, block_size):
-    q, kc, vc, bt, lens = _paged_case(_seq_lens(block_size), 2, gqa, head_size, block_size,
-                                      dtype, "cuda")
+    q, kc, vc, bt, lens = _paged_case(
+        _seq_lens(block_size), 2, gqa, head_size, block_size, dtype, "cuda"
+    )
     out = torch.empty_like(q)
     scale = head_size**-0.5
     cuda_ops.paged_attention_decode(out, q, kc, vc, bt, lens, scale, 0, 0.0)
@@ -252,15 +261,14 @@ def test_paged_attention_decode(cuda_ops, dtype, head_size, gqa, block_size):
 @requires_cuda
 @pytest.mark.parametrize("head_size", [8, 80, 96, 256])
 @pytest.mark.parametrize("window,soft_cap", [(0, 0.0), (7, 0.0), (0, 30.0), (20, 5.0)])
-def test_paged_attention_decode_head_sizes_window_softcap(cuda_ops, head_size, window,
-                                                          soft_cap):
-    q, kc, vc, bt, lens = _paged_case([3, 16, 17, 40, 64, 200], 2, 3, head_size, 16,
-                                      torch.bfloat16, "cuda")
+def test_paged_attention_decode_head_sizes_window_softcap(cuda_ops, head_size, window, soft_cap):
+    q, kc, vc, bt, lens = _paged_case(
+        [3, 16, 17, 40, 64, 200], 2, 3, head_size, 16, torch.bfloat16, "cuda"
+    )
     bt = bt.long()  # int64 block tables are read too
     out = torch.empty_like(q)
     cuda_ops.paged_attention_decode(out, q, kc, vc, bt, lens, 0.125, window, soft_cap)
-    ref = _ref(q, kc, vc, bt, lens, 0.125, sliding_window=window or None,
-               soft_cap=soft_cap or None)
+    ref = _ref(q, kc, vc, bt, lens, 0.125, sliding_window=window or None, soft_cap=soft_cap or None)
     _close(out, ref, torch.bfloat16)
 
 
@@ -304,18 +312,52 @@ def _to_split(kc: torch.Tensor, vc: torch.Tensor):
 @pytest.mark.parametrize("gqa", [1, 4])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_paged_attention_v1(cuda_ops, dtype, head_size, gqa, block_size):
-    q, kc, vc, bt, lens = _paged_case(_seq_lens(block_size), 2, gqa, head_size, block_size,
-                                      dtype, "cuda")
+    q, kc, vc, bt, lens = _paged_case(
+        _seq_lens(block_size), 2, gqa, head_size, block_size, dtype, "cuda"
+    )
     key, value = _to_split(kc, vc)
     out = torch.empty_like(q)
     one = torch.ones((), device="cuda")
     scale = head_size**-0.5
-    cuda_ops.paged_attention_v1(out, q, key, value, 2, scale, bt, lens, block_size,
-                                int(lens.max()), None, "auto", one, one, 0, 0, 0, 64, 0)
+    cuda_ops.paged_attention_v1(
+        out,
+        q,
+        key,
+        value,
+        2,
+        scale,
+        bt,
+        lens,
+        block_size,
+        int(lens.max()),
+        None,
+        "auto",
+        one,
+        one,
+        0,
+        0,
+        0,
+        64,
+        0,
+    )
     _close(out, _ref(q, kc, vc, bt, lens, scale), dtype)
     slopes = torch.linspace(-0.3, -0.01, q.shape[1], device="cuda")
-    ops.paged_attention_v1(out, q, key, value, 2, scale, bt, lens, block_size,
-                           int(lens.max()), slopes, "auto", one, one)
+    ops.paged_attention_v1(
+        out,
+        q,
+        key,
+        value,
+        2,
+        scale,
+        bt,
+        lens,
+        block_size,
+        int(lens.max()),
+        slopes,
+        "auto",
+        one,
+        one,
+    )
     _close(out, _ref(q, kc, vc, bt, lens, scale, alibi_slopes=slopes.cpu()), dtype)
 
 
@@ -329,8 +371,7 @@ def test_paged_attention_v1_fallback_matches_dense_alibi():
     slopes = torch.tensor([-0.5, -0.25, -0.125, -0.0625])
     out = torch.empty_like(q)
     one = torch.ones(())
-    ops.paged_attention_v1(out, q, key, value, 2, 0.125, bt, lens, 16, 21, slopes, "auto",
-                           one, one)
+    ops.paged_attention_v1(out, q, key, value, 2, 0.125, bt, lens, 16, 21, slopes, "auto", one, one)
     for b, n in enumerate(lens.tolist()):
         blocks = bt[b, : (n + 15) // 16].long()
         k = kc[blocks].reshape(-1, 2, 64)[:n]
@@ -339,8 +380,7 @@ def test_paged_attention_v1_fallback_matches_dense_alibi():
             s = (k[:, h // 2] @ q[b, h]) * 0.125 + slopes[h] * (torch.arange(n) - (n - 1))
             torch.testing.assert_close(out[b, h], torch.softmax(s, 0) @ v[:, h // 2])
     with pytest.raises(NotImplementedError, match="fp8"):
-        ops.paged_attention_v1(out, q, key, value, 2, 0.1, bt, lens, 16, 21, None, "fp8",
-                               one, one)
+        ops.paged_attention_v1(out, q, key, value, 2, 0.1, bt, lens, 16, 21, None, "fp8", one, one)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -10,6 +10,7 @@ that does not compile fails here. Warnings in our own files fail too.
 Also the CPU-checkable build logic of setup.py: when the CUDA library is
 built, and TORCH_CUDA_ARCH_LIST -> CMake CUDA_ARCHITECTURES.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -40,22 +41,32 @@ NVCC = SETUP.find_nvcc()
 
 
 def _sources() -> list[Path]:
-    return sorted([*CSRC.glob("*.cu"), *CSRC.glob("attention/*.cu"),
-                   CSRC / "torch_bindings.cpp"])
+    return sorted([*CSRC.glob("*.cu"), *CSRC.glob("attention/*.cu"), CSRC / "torch_bindings.cpp"])
 
 
 def _nvcc_command(src: Path, obj: Path) -> list[str]:
     includes = torch.utils.cpp_extension.include_paths()
-    cmd = [NVCC, "-c", str(src), "-o", str(obj), "-std=c++17",
-           # SASS for sm_90 only (ptxas runs: device code is fully compiled);
-           # no PTX copy, no other arches: the cheapest complete check.
-           "-gencode=arch=compute_90,code=sm_90",
-           # Host side at -O0: these files are mostly torch headers.
-           "-Xcompiler=-O0", "--expt-relaxed-constexpr",
-           # The build's flags (CMakeLists.txt) for torch's C++20 bit-fields.
-           "--diag-suppress=3306", "-Xcompiler=-Wno-c++20-extensions",
-           "-Xcompiler=-Wall", "-DTORCH_EXTENSION_NAME=_C_cuda",
-           f"-I{sysconfig.get_paths()['include']}", *(f"-I{p}" for p in includes)]
+    cmd = [
+        NVCC,
+        "-c",
+        str(src),
+        "-o",
+        str(obj),
+        "-std=c++17",
+        # SASS for sm_90 only (ptxas runs: device code is fully compiled);
+        # no PTX copy, no other arches: the cheapest complete check.
+        "-gencode=arch=compute_90,code=sm_90",
+        # Host side at -O0: these files are mostly torch headers.
+        "-Xcompiler=-O0",
+        "--expt-relaxed-constexpr",
+        # The build's flags (CMakeLists.txt) for torch's C++20 bit-fields.
+        "--diag-suppress=3306",
+        "-Xcompiler=-Wno-c++20-extensions",
+        "-Xcompiler=-Wall",
+        "-DTORCH_EXTENSION_NAME=_C_cuda",
+        f"-I{sysconfig.get_paths()['include']}",
+        *(f"-I{p}" for p in includes),
+    ]
     # A CPU torch lacks the generated c10/cuda/impl/cuda_cmake_macros.h; it
     # only sets Windows export macros, which c10 lets a build skip.
     if not any((Path(p) / "c10/cuda/impl/cuda_cmake_macros.h").exists() for p in includes):
@@ -65,8 +76,9 @@ def _nvcc_command(src: Path, obj: Path) -> list[str]:
 
 def _compile(src: Path, out_dir: Path) -> tuple[Path, subprocess.CompletedProcess]:
     obj = out_dir / (src.relative_to(CSRC).as_posix().replace("/", "_") + ".o")
-    proc = subprocess.run(_nvcc_command(src, obj), capture_output=True, text=True,
-                          timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        _nvcc_command(src, obj), capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
     return obj, proc
 
 
@@ -85,13 +97,19 @@ def test_every_cuda_source_compiles_for_sm90(tmp_path):
         if proc.returncode != 0:
             failures.append(f"{rel}: nvcc exit {proc.returncode}\n{proc.stderr[-4000:]}")
             continue
-        own = [line for line in proc.stderr.splitlines()
-               if str(CSRC) in line and "warning" in line.lower()]
+        own = [
+            line
+            for line in proc.stderr.splitlines()
+            if str(CSRC) in line and "warning" in line.lower()
+        ]
         if own:
             failures.append(f"{rel}: warnings in our sources:\n" + "\n".join(own))
         if src.suffix == ".cu":
-            sections = subprocess.run(["readelf", "-S", str(obj)], capture_output=True,
-                                      text=True).stdout if shutil.which("readelf") else ""
+            sections = (
+                subprocess.run(["readelf", "-S", str(obj)], capture_output=True, text=True).stdout
+                if shutil.which("readelf")
+                else ""
+            )
             if sections and ".nv_fatbin" not in sections:
                 failures.append(f"{rel}: no device code (.nv_fatbin) in the object")
     assert not failures, "\n\n".join(failures)
@@ -121,8 +139,9 @@ def test_torch_cuda_arch_list_to_cmake():
 def test_default_cuda_archs_follow_nvcc():
     conv = SETUP.cuda_archs_for_cmake
     # An older nvcc without Blackwell: Ampere..Hopper, Hopper also as PTX.
-    assert conv(None, {"75", "80", "86", "89", "90"}) == \
-        "80-real;86-real;89-real;90-real;90-virtual"
+    assert (
+        conv(None, {"75", "80", "86", "89", "90"}) == "80-real;86-real;89-real;90-real;90-virtual"
+    )
     assert conv("", None).endswith("120-real;120-virtual")
     assert "90-real" in conv(None, None)
     with pytest.raises(ValueError, match="supports none"):

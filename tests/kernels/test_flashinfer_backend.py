@@ -1,5 +1,6 @@
 """FLASHINFER backend: selection rules, page metadata, KV writes (CPU) and
 FlashInfer's output against a dense reference (CUDA + flashinfer only)."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,12 +12,18 @@ from vllm.platforms.cuda import CudaPlatform
 from vllm.utils import cdiv
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends import registry
-from vllm.v1.attention.backends.flashinfer import (FlashInferBackend, FlashInferImpl,
-                                                   compute_paged_kv_metadata, kv_write_rows,
-                                                   write_to_paged_kv_cache)
-from vllm.v1.attention.backends.registry import (AttentionBackendEnum,
-                                                 AttentionBackendUnavailableError,
-                                                 module_available)
+from vllm.v1.attention.backends.flashinfer import (
+    FlashInferBackend,
+    FlashInferImpl,
+    compute_paged_kv_metadata,
+    kv_write_rows,
+    write_to_paged_kv_cache,
+)
+from vllm.v1.attention.backends.registry import (
+    AttentionBackendEnum,
+    AttentionBackendUnavailableError,
+    module_available,
+)
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 
@@ -39,8 +46,9 @@ def test_cuda_without_flashinfer_names_the_package():
 def test_cuda_rules_when_installed(monkeypatch):
     """With the package present, dtype / head size / KV dtype decide."""
     real = registry.module_available
-    monkeypatch.setattr(registry, "module_available",
-                        lambda name: name == "flashinfer" or real(name))
+    monkeypatch.setattr(
+        registry, "module_available", lambda name: name == "flashinfer" or real(name)
+    )
     assert _select(CudaPlatform) == AttentionBackendEnum.FLASHINFER.get_path()
     assert _select(CudaPlatform, head_size=64, dtype=torch.float16).endswith("FlashInferBackend")
     with pytest.raises(AttentionBackendUnavailableError, match="float16 / bfloat16 only"):
@@ -50,8 +58,10 @@ def test_cuda_rules_when_installed(monkeypatch):
     with pytest.raises(AttentionBackendUnavailableError, match="kv_cache_dtype 'fp8'"):
         _select(CudaPlatform, kv_cache_dtype="fp8")
     # Never the default: unrequested, CUDA keeps its Triton / torch choice.
-    assert CudaPlatform.get_attn_backend_cls(None, 128, torch.bfloat16, "auto", 16) \
+    assert (
+        CudaPlatform.get_attn_backend_cls(None, 128, torch.bfloat16, "auto", 16)
         != AttentionBackendEnum.FLASHINFER.get_path()
+    )
 
 
 def test_backend_class_resolves_without_flashinfer():
@@ -71,8 +81,7 @@ def test_backend_class_resolves_without_flashinfer():
 def test_paged_kv_metadata_hand_example():
     # block_size 4: seq 9 -> 3 pages (last holds 1), seq 8 -> 2 full pages,
     # seq 1 -> 1 page holding 1 token. Unused table columns are never read.
-    block_table = torch.tensor([[7, 3, 9, 0], [2, 5, 99, 99], [11, 99, 99, 99]],
-                               dtype=torch.int32)
+    block_table = torch.tensor([[7, 3, 9, 0], [2, 5, 99, 99], [11, 99, 99, 99]], dtype=torch.int32)
     md = compute_paged_kv_metadata(block_table, torch.tensor([9, 8, 1], dtype=torch.int32), 4)
     assert md.indptr.tolist() == [0, 3, 5, 6]
     assert md.indices.tolist() == [7, 3, 9, 2, 5, 11]
@@ -120,10 +129,12 @@ def _batch(reqs, num_heads, num_kv_heads, head_size, block_size, dtype, device, 
     table = torch.zeros(len(reqs), max(pages) + 1, dtype=torch.int32)
     start = 0
     for i, n in enumerate(pages):
-        table[i, :n] = perm[start:start + n].to(torch.int32)
+        table[i, :n] = perm[start : start + n].to(torch.int32)
         start += n
-    kv_cache = torch.zeros(FlashInferBackend.get_kv_cache_shape(
-        num_blocks, block_size, num_kv_heads, head_size), dtype=dtype)
+    kv_cache = torch.zeros(
+        FlashInferBackend.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size),
+        dtype=dtype,
+    )
 
     def slots(i, a, b):
         pos = torch.arange(a, b)
@@ -133,31 +144,45 @@ def _batch(reqs, num_heads, num_kv_heads, head_size, block_size, dtype, device, 
     full_v = [torch.randn(s, num_kv_heads, head_size, generator=gen).to(dtype) for s in seq_lens]
     qs = [torch.randn(q, num_heads, head_size, generator=gen).to(dtype) for _, q in reqs]
     for i, (c, _) in enumerate(reqs):
-        write_to_paged_kv_cache(full_k[i][:c], full_v[i][:c], kv_cache,
-                                kv_write_rows(slots(i, 0, c), block_size), None)
+        write_to_paged_kv_cache(
+            full_k[i][:c], full_v[i][:c], kv_cache, kv_write_rows(slots(i, 0, c), block_size), None
+        )
     q = torch.cat(qs + [torch.randn(pad, num_heads, head_size).to(dtype)])
-    k = torch.cat([fk[c:] for fk, (c, _) in zip(full_k, reqs)]
-                  + [torch.randn(pad, num_kv_heads, head_size).to(dtype)])
-    v = torch.cat([fv[c:] for fv, (c, _) in zip(full_v, reqs)]
-                  + [torch.randn(pad, num_kv_heads, head_size).to(dtype)])
-    slot_mapping = torch.cat([slots(i, c, c + n) for i, (c, n) in enumerate(reqs)]
-                             + [torch.full((pad,), -1)])
+    k = torch.cat(
+        [fk[c:] for fk, (c, _) in zip(full_k, reqs)]
+        + [torch.randn(pad, num_kv_heads, head_size).to(dtype)]
+    )
+    v = torch.cat(
+        [fv[c:] for fv, (c, _) in zip(full_v, reqs)]
+        + [torch.randn(pad, num_kv_heads, head_size).to(dtype)]
+    )
+    slot_mapping = torch.cat(
+        [slots(i, c, c + n) for i, (c, n) in enumerate(reqs)] + [torch.full((pad,), -1)]
+    )
     qlens = torch.tensor([n for _, n in reqs], dtype=torch.int32)
     qsl = torch.cat([torch.zeros(1, dtype=torch.int32), qlens.cumsum(0).to(torch.int32)])
     seq = torch.tensor(seq_lens, dtype=torch.int32)
     cm = CommonAttentionMetadata(
-        query_start_loc=qsl.to(device), query_start_loc_cpu=qsl, seq_lens=seq.to(device),
-        seq_lens_cpu=seq, num_computed_tokens_cpu=seq - qlens, num_reqs=len(reqs),
-        num_actual_tokens=int(qlens.sum()), max_query_len=int(qlens.max()),
-        max_seq_len=int(seq.max()), block_table_tensor=table.to(device),
-        slot_mapping=slot_mapping.to(device))
+        query_start_loc=qsl.to(device),
+        query_start_loc_cpu=qsl,
+        seq_lens=seq.to(device),
+        seq_lens_cpu=seq,
+        num_computed_tokens_cpu=seq - qlens,
+        num_reqs=len(reqs),
+        num_actual_tokens=int(qlens.sum()),
+        max_query_len=int(qlens.max()),
+        max_seq_len=int(seq.max()),
+        block_table_tensor=table.to(device),
+        slot_mapping=slot_mapping.to(device),
+    )
     t = lambda x: x.to(device)  # noqa: E731
     return t(q), t(k), t(v), t(kv_cache), cm, qs, full_k, full_v
 
 
 def _builder(block_size, num_kv_heads, head_size, dtype, device):
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=num_kv_heads,
-                             head_size=head_size, dtype=dtype)
+    spec = FullAttentionSpec(
+        block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype
+    )
     return FlashInferBackend.get_builder_cls()(spec, ["layer"], VllmConfig(), device)
 
 
@@ -201,25 +226,29 @@ def _reference(q, k, v, num_computed, scale, window, soft_cap):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashInfer runs on CUDA GPUs only")
-@pytest.mark.skipif(not module_available("flashinfer"),
-                    reason="the optional flashinfer package is not installed")
+@pytest.mark.skipif(
+    not module_available("flashinfer"), reason="the optional flashinfer package is not installed"
+)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_size", [(8, 2, 128), (4, 4, 64)])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("window,soft_cap", [(None, None), (20, None), (None, 30.0)])
-def test_flashinfer_matches_reference(dtype, num_heads, num_kv_heads, head_size, block_size,
-                                      window, soft_cap):
+def test_flashinfer_matches_reference(
+    dtype, num_heads, num_kv_heads, head_size, block_size, window, soft_cap
+):
     device = torch.device("cuda")
     q, k, v, kv_cache, cm, qs, full_k, full_v = _batch(
-        MIXED, num_heads, num_kv_heads, head_size, block_size, dtype, device, pad=2)
+        MIXED, num_heads, num_kv_heads, head_size, block_size, dtype, device, pad=2
+    )
     scale = head_size**-0.5
     md = _builder(block_size, num_kv_heads, head_size, dtype, device).build(0, cm)
-    impl = FlashInferImpl(num_heads, head_size, scale, num_kv_heads, sliding_window=window,
-                          logits_soft_cap=soft_cap)
+    impl = FlashInferImpl(
+        num_heads, head_size, scale, num_kv_heads, sliding_window=window, logits_soft_cap=soft_cap
+    )
     out = impl.forward(None, q, k, v, kv_cache, md, output=torch.empty_like(q)).cpu()
     start = 0
     for i, (c, n) in enumerate(MIXED):
         ref = _reference(qs[i], full_k[i], full_v[i], c, scale, window, soft_cap)
-        torch.testing.assert_close(out[start:start + n].double(), ref, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(out[start : start + n].double(), ref, atol=2e-2, rtol=2e-2)
         start += n
     assert torch.count_nonzero(out[start:]) == 0

@@ -2,17 +2,22 @@
 (`selective_scan_ref`) and a per-sequence conv: padded batches of different
 lengths, carried initial states, and a sequence split across calls (chunked
 prefill continuing from the cached state) equal to one call over the whole."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm.model_executor.layers.mamba.ops.causal_conv1d import (causal_conv1d_fn,
-                                                                causal_conv1d_update)
-from vllm.model_executor.layers.mamba.ops.mamba_ssm import (selective_scan_fn,
-                                                            selective_scan_ref,
-                                                            selective_state_update)
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
+    causal_conv1d_fn,
+    causal_conv1d_update,
+)
+from vllm.model_executor.layers.mamba.ops.mamba_ssm import (
+    selective_scan_fn,
+    selective_scan_ref,
+    selective_state_update,
+)
 from vllm.model_executor.layers.mamba.ops.varlen import build_state_groups
 
 D, N, K = 12, 4, 4
@@ -21,8 +26,10 @@ D, N, K = 12, 4, 4
 def _seq(length: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
     def r(*shape):
         return torch.randn(*shape, generator=gen)
-    return dict(u=r(length, D), dt=F.softplus(r(length, D)), b=r(length, N), c=r(length, N),
-                z=r(length, D))
+
+    return dict(
+        u=r(length, D), dt=F.softplus(r(length, D)), b=r(length, N), c=r(length, N), z=r(length, D)
+    )
 
 
 def _params(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,18 +61,19 @@ def test_scan_matches_reference_on_a_padded_batch(chunk_size):
     seqs = [_seq(n, gen) for n in lengths]
     h0 = torch.randn(len(lengths), D, N, generator=gen)
     p = _pad(seqs, max(lengths))
-    y, h = selective_scan_fn(p["u"], p["dt"], a, p["b"], p["c"], d, p["z"], h0,
-                             chunk_size=chunk_size)
+    y, h = selective_scan_fn(
+        p["u"], p["dt"], a, p["b"], p["c"], d, p["z"], h0, chunk_size=chunk_size
+    )
     assert h.dtype == torch.float32 and y.shape == p["u"].shape
     for i, (n, s) in enumerate(zip(lengths, seqs)):
         y_ref, h_ref = selective_scan_ref(s["u"], s["dt"], a, s["b"], s["c"], d, s["z"], h0[i])
         torch.testing.assert_close(y[i, :n], y_ref, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(h[i], h_ref, atol=1e-5, rtol=1e-5)
     # Without an initial state the scan starts from zeros.
-    y0, _ = selective_scan_fn(p["u"][:1], p["dt"][:1], a, p["b"][:1], p["c"][:1], d,
-                              p["z"][:1])
-    y0_ref, _ = selective_scan_ref(seqs[0]["u"], seqs[0]["dt"], a, seqs[0]["b"],
-                                   seqs[0]["c"], d, seqs[0]["z"])
+    y0, _ = selective_scan_fn(p["u"][:1], p["dt"][:1], a, p["b"][:1], p["c"][:1], d, p["z"][:1])
+    y0_ref, _ = selective_scan_ref(
+        seqs[0]["u"], seqs[0]["dt"], a, seqs[0]["b"], seqs[0]["c"], d, seqs[0]["z"]
+    )
     torch.testing.assert_close(y0[0, :1], y0_ref, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="chunk_size"):
         selective_scan_fn(p["u"], p["dt"], a, p["b"], p["c"], chunk_size=0)
@@ -82,12 +90,19 @@ def test_scan_continues_from_cached_state_and_decode_steps():
     ys = []
     for lo, hi in ((0, 13), (13, 43)):
         part = {k: v[None, lo:hi] for k, v in s.items()}
-        y, h = selective_scan_fn(part["u"], part["dt"], a, part["b"], part["c"], d,
-                                 part["z"], h)
+        y, h = selective_scan_fn(part["u"], part["dt"], a, part["b"], part["c"], d, part["z"], h)
         ys.append(y[0])
     for t in range(43, 50):
-        y, h = selective_state_update(h, s["u"][None, t], s["dt"][None, t], a, s["b"][None, t],
-                                      s["c"][None, t], d, s["z"][None, t])
+        y, h = selective_state_update(
+            h,
+            s["u"][None, t],
+            s["dt"][None, t],
+            a,
+            s["b"][None, t],
+            s["c"][None, t],
+            d,
+            s["z"][None, t],
+        )
         ys.append(y)
     torch.testing.assert_close(torch.cat(ys), y_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(h[0], h_ref, atol=1e-5, rtol=1e-5)
@@ -106,12 +121,13 @@ def test_state_update_is_batched_over_sequences():
         torch.testing.assert_close(h[i], h_ref, atol=1e-6, rtol=1e-6)
 
 
-def _conv_ref(x: torch.Tensor, state: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def _conv_ref(
+    x: torch.Tensor, state: torch.Tensor, w: torch.Tensor, bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence: x [L, C], state [C, K-1] -> (silu(conv) [L, C], last K-1 inputs)."""
     seq = torch.cat((state.t(), x))  # [K-1+L, C]
     out = F.conv1d(seq.t()[None], w[:, None], bias, groups=x.shape[1])[0].t()
-    return F.silu(out), seq[-(K - 1):].t()
+    return F.silu(out), seq[-(K - 1) :].t()
 
 
 def test_causal_conv_over_padded_batch_and_update():
@@ -125,13 +141,14 @@ def test_causal_conv_over_padded_batch_and_update():
     out, new = causal_conv1d_fn(padded, w, bias, states, torch.tensor(lengths))
     for i, x in enumerate(xs):
         out_ref, new_ref = _conv_ref(x, states[i], w, bias)
-        torch.testing.assert_close(out[i, :lengths[i]], out_ref, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(out[i, : lengths[i]], out_ref, atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(new[i], new_ref)
     # The one-token update == the padded path on the first token of each sequence.
     first = torch.stack([x[0] for x in xs])
     out1, new1 = causal_conv1d_update(first, states, w, bias)
-    out_ref, new_ref = causal_conv1d_fn(first[:, None], w, bias, states,
-                                        torch.ones(len(xs), dtype=torch.long))
+    out_ref, new_ref = causal_conv1d_fn(
+        first[:, None], w, bias, states, torch.ones(len(xs), dtype=torch.long)
+    )
     torch.testing.assert_close(out1, out_ref[:, 0], atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(new1, new_ref)
     with pytest.raises(ValueError, match="activation"):
@@ -140,8 +157,9 @@ def test_causal_conv_over_padded_batch_and_update():
 
 def test_state_groups_split_decodes_from_prefills():
     # Requests: 3 tokens (slot 7), 1 (slot 2, fresh), 0 (skipped), 2 (slot 5).
-    groups = build_state_groups([0, 3, 4, 4, 6], torch.device("cpu"), [7, 2, 9, 5],
-                                [True, False, True, True])
+    groups = build_state_groups(
+        [0, 3, 4, 4, 6], torch.device("cpu"), [7, 2, 9, 5], [True, False, True, True]
+    )
     decode, prefill = groups
     assert decode.token_index.tolist() == [[3]] and decode.slots.tolist() == [2]
     assert decode.has_initial_state.tolist() == [False]

@@ -4,6 +4,7 @@ The interpreter must be chosen before triton is imported, so the check runs
 in a subprocess; the kernel is compared there with a per-token torch
 reference over mixed prefill-chunk + decode batches.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-_SCRIPT = r'''
+_SCRIPT = r"""
 import torch
 from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
@@ -57,7 +58,7 @@ for (dtype, d, bs, hkv, g, window, cap) in CASES:
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
 print("OK", len(CASES))
-'''
+"""
 
 CASES = [
     ("torch.float32", 64, 16, 2, 6, None, None),
@@ -68,15 +69,17 @@ CASES = [
 
 
 def _run(device: str, interpret: bool) -> None:
-    cases = "CASES = [" + ", ".join(
-        f"({c[0]}, {', '.join(map(repr, c[1:]))})" for c in CASES) + "]\n"
+    cases = (
+        "CASES = [" + ", ".join(f"({c[0]}, {', '.join(map(repr, c[1:]))})" for c in CASES) + "]\n"
+    )
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     head = f"import torch\nDEVICE = {device!r}\n" + cases
-    proc = subprocess.run([sys.executable, "-c", head + _SCRIPT],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", head + _SCRIPT], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"OK {len(CASES)}" in proc.stdout
 
@@ -96,6 +99,7 @@ def test_unified_attention_cuda():
     """The same cases compiled for the GPU (benchmarks/gpu_check.sh)."""
     pytest.importorskip("triton")
     import torch
+
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     _run("cuda", interpret=False)

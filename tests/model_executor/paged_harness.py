@@ -7,6 +7,7 @@ shuffled free list (so a request's blocks are never contiguous), build
 metadata with the backend's builder and run the model under
 `set_forward_context`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,12 +26,14 @@ class PagedHarness:
         for layer in layers.values():
             spec = layer.get_kv_cache_spec(vllm_config)
             backend = layer.get_attn_backend()
-            shape = backend.get_kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads,
-                                               spec.head_size)
+            shape = backend.get_kv_cache_shape(
+                num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size
+            )
             layer.kv_cache = [torch.zeros(shape, dtype=spec.dtype)]
         self.block_size = spec.block_size
-        self.builder = backend.get_builder_cls()(spec, self.layer_names, vllm_config,
-                                                 torch.device("cpu"))
+        self.builder = backend.get_builder_cls()(
+            spec, self.layer_names, vllm_config, torch.device("cpu")
+        )
         gen = torch.Generator().manual_seed(seed)
         self.free_blocks = torch.randperm(num_blocks, generator=gen).tolist()
         self.blocks: dict[str, list[int]] = {}
@@ -48,22 +51,31 @@ class PagedHarness:
             end = start + len(tokens)
             self._ensure_blocks(req_id, end)
             blocks = self.blocks[req_id]
-            slots += [blocks[p // self.block_size] * self.block_size + p % self.block_size
-                      for p in range(start, end)]
+            slots += [
+                blocks[p // self.block_size] * self.block_size + p % self.block_size
+                for p in range(start, end)
+            ]
             qlens.append(len(tokens))
             seq_lens.append(end)
         width = max(len(self.blocks[r]) for r, _ in batch)
         table = torch.zeros(len(batch), width, dtype=torch.int32)
         for i, (req_id, _) in enumerate(batch):
-            table[i, :len(self.blocks[req_id])] = torch.tensor(self.blocks[req_id])
+            table[i, : len(self.blocks[req_id])] = torch.tensor(self.blocks[req_id])
         qsl = torch.tensor([0] + qlens, dtype=torch.int32).cumsum(0).to(torch.int32)
         seq = torch.tensor(seq_lens, dtype=torch.int32)
         return CommonAttentionMetadata(
-            query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=seq, seq_lens_cpu=seq,
+            query_start_loc=qsl,
+            query_start_loc_cpu=qsl,
+            seq_lens=seq,
+            seq_lens_cpu=seq,
             num_computed_tokens_cpu=seq - torch.tensor(qlens, dtype=torch.int32),
-            num_reqs=len(batch), num_actual_tokens=sum(qlens), max_query_len=max(qlens),
-            max_seq_len=max(seq_lens), block_table_tensor=table,
-            slot_mapping=torch.tensor(slots, dtype=torch.int64))
+            num_reqs=len(batch),
+            num_actual_tokens=sum(qlens),
+            max_query_len=max(qlens),
+            max_seq_len=max(seq_lens),
+            block_table_tensor=table,
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        )
 
     @torch.inference_mode()
     def step(self, batch: list[tuple[str, list[int]]]) -> list[torch.Tensor]:
@@ -72,15 +84,18 @@ class PagedHarness:
         cm = self._common_metadata(batch)
         md = self.builder.build(common_prefix_len=0, common_attn_metadata=cm)
         input_ids = torch.tensor([t for _, toks in batch for t in toks])
-        positions = torch.cat([
-            torch.arange(self.num_computed.get(r, 0), self.num_computed.get(r, 0) + len(toks))
-            for r, toks in batch])
+        positions = torch.cat(
+            [
+                torch.arange(self.num_computed.get(r, 0), self.num_computed.get(r, 0) + len(toks))
+                for r, toks in batch
+            ]
+        )
         with set_forward_context({name: md for name in self.layer_names}, self.vllm_config):
             hidden = self.model(input_ids, positions)
         logits = self.model.compute_logits(hidden)
         out, start = [], 0
         for req_id, toks in batch:
-            out.append(logits[start:start + len(toks)])
+            out.append(logits[start : start + len(toks)])
             start += len(toks)
             self.num_computed[req_id] = self.num_computed.get(req_id, 0) + len(toks)
         return out

@@ -1,4 +1,5 @@
 """The embedded SmolLM2 GGUF (Q4_1) loads, dequantized, and answers sensibly."""
+
 from __future__ import annotations
 
 import os
@@ -16,13 +17,14 @@ from vllm.model_executor.model_loader.gguf_loader import _reverse_llama_qk_permu
 def test_embedded_gguf_greedy_next_token_is_paris(embedded_model_path):
     from transformers import AutoTokenizer
 
-    config = EngineArgs(model=embedded_model_path, dtype="float32",
-                        device="cpu").create_engine_config()
-    assert isinstance(get_model_loader(config.load_config, config.model_config),
-                      GGUFModelLoader)
+    config = EngineArgs(
+        model=embedded_model_path, dtype="float32", device="cpu"
+    ).create_engine_config()
+    assert isinstance(get_model_loader(config.load_config, config.model_config), GGUFModelLoader)
     model = get_model(vllm_config=config)
-    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(embedded_model_path),
-                                              gguf_file=os.path.basename(embedded_model_path))
+    tokenizer = AutoTokenizer.from_pretrained(
+        os.path.dirname(embedded_model_path), gguf_file=os.path.basename(embedded_model_path)
+    )
     prompt_ids = tokenizer("The capital of France is")["input_ids"]
     harness = PagedHarness(model, config, num_blocks=8)
     (logits,) = harness.step([("r", prompt_ids)])
@@ -50,8 +52,11 @@ def _write_gguf(path, arch: str, state: dict[str, torch.Tensor], hf_config, perm
         module, _, suffix = name.rpartition(".")
         w = tensor.float()
         if permute_qk and (".q_proj." in name or ".k_proj." in name):
-            heads = (hf_config.num_attention_heads if ".q_proj." in name
-                     else hf_config.num_key_value_heads)
+            heads = (
+                hf_config.num_attention_heads
+                if ".q_proj." in name
+                else hf_config.num_key_value_heads
+            )
             w = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2)
             w = w.reshape(tensor.shape)
         writer.add_tensor(f"{name_map.get_name(module)}.{suffix}", w.numpy())
@@ -61,8 +66,7 @@ def _write_gguf(path, arch: str, state: dict[str, torch.Tensor], hf_config, perm
     writer.close()
 
 
-@pytest.mark.parametrize("kind,arch", [("llama", "llama"), ("qwen2", "qwen2"),
-                                       ("qwen3", "qwen3")])
+@pytest.mark.parametrize("kind,arch", [("llama", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3")])
 def test_gguf_names_and_llama_permutation_roundtrip(tiny_model_dir, tmp_path, kind, arch):
     """An HF checkpoint rewritten as GGUF loads into the same model."""
     from safetensors.torch import load_file
@@ -77,8 +81,7 @@ def test_gguf_names_and_llama_permutation_roundtrip(tiny_model_dir, tmp_path, ki
     _write_gguf(gguf_path, arch, state, config.model_config.hf_config, permute_qk=arch == "llama")
 
     ref = initialize_model(config)
-    ref.load_weights(safetensors_weights_iterator([os.path.join(model_dir,
-                                                                "model.safetensors")]))
+    ref.load_weights(safetensors_weights_iterator([os.path.join(model_dir, "model.safetensors")]))
     config2 = EngineArgs(model=model_dir, dtype="float32", device="cpu").create_engine_config()
     config2.model_config.gguf_file = str(gguf_path)
     model = initialize_model(config2)

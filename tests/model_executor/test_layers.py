@@ -1,5 +1,6 @@
 """Layer-level contracts: weight loaders, norms, rotary, vocab padding, packed GEMMs,
 the Attention layer's registration and the forward context."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,12 +12,18 @@ from vllm.forward_context import get_forward_context, set_forward_context
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
-                                               ReplicatedLinear, RowParallelLinear)
+from vllm.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
-from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
-                                                                 VocabParallelEmbedding)
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 from vllm.v1.attention.selector import get_attn_backend
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
@@ -33,8 +40,11 @@ def test_qkv_and_merged_loaders_place_shards(vllm_config):
     torch.manual_seed(0)
     hidden, head, heads, kv_heads = 32, 8, 4, 2
     qkv = QKVParallelLinear(hidden, head, heads, kv_heads, bias=True)
-    parts = {"q": torch.randn(heads * head, hidden), "k": torch.randn(kv_heads * head, hidden),
-             "v": torch.randn(kv_heads * head, hidden)}
+    parts = {
+        "q": torch.randn(heads * head, hidden),
+        "k": torch.randn(kv_heads * head, hidden),
+        "v": torch.randn(kv_heads * head, hidden),
+    }
     biases = {s: torch.randn(w.shape[0]) for s, w in parts.items()}
     for shard in ("v", "q", "k"):  # any order
         qkv.weight.weight_loader(qkv.weight, parts[shard], shard)
@@ -99,7 +109,7 @@ def test_rms_norm_fused_residual_semantics():
 
 def _complex_rope(x, positions, base, rotary_dim, interleaved):
     """Reference rotation with complex numbers. x [T, heads, head]."""
-    inv_freq = 1.0 / base**(torch.arange(0, rotary_dim, 2).double() / rotary_dim)
+    inv_freq = 1.0 / base ** (torch.arange(0, rotary_dim, 2).double() / rotary_dim)
     angles = positions.double()[:, None] * inv_freq[None, :]  # [T, rotary_dim / 2]
     rot = x[..., :rotary_dim].double()
     if interleaved:
@@ -120,8 +130,9 @@ def _complex_rope(x, positions, base, rotary_dim, interleaved):
 def test_rotary_matches_complex_rotation(neox, rotary_dim):
     torch.manual_seed(0)
     rope = get_rope(16, rotary_dim, 64, 10000.0, is_neox_style=neox, dtype=torch.float32)
-    assert get_rope(16, rotary_dim, 64, 10000.0, is_neox_style=neox,
-                    dtype=torch.float32) is rope  # shared between layers
+    assert (
+        get_rope(16, rotary_dim, 64, 10000.0, is_neox_style=neox, dtype=torch.float32) is rope
+    )  # shared between layers
     positions = torch.tensor([0, 3, 17, 63])
     q, k = torch.randn(4, 4 * 16), torch.randn(4, 2 * 16)
     q_rot, k_rot = rope(positions, q, k)
@@ -134,9 +145,16 @@ def test_rotary_matches_complex_rotation(neox, rotary_dim):
 def test_rope_parameters_and_unknown_scaling():
     from transformers import LlamaConfig
 
-    cfg = LlamaConfig(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
-                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                       "original_max_position_embeddings": 64})
+    cfg = LlamaConfig(
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 5e5,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+    )
     theta, scaling = get_rope_parameters(cfg)
     assert theta == 5e5 and scaling["rope_type"] == "llama3" and "rope_theta" not in scaling
     assert get_rope_parameters(LlamaConfig()) == (10000.0, None)
@@ -165,8 +183,14 @@ def test_vocab_padding_and_logits_processor(vllm_config):
 
 def test_attention_layer_registration_and_specs(vllm_config):
     attn = Attention(4, 16, 0.25, num_kv_heads=2, prefix="model.layers.0.self_attn.attn")
-    windowed = Attention(4, 16, 0.25, num_kv_heads=2, per_layer_sliding_window=8,
-                         prefix="model.layers.1.self_attn.attn")
+    windowed = Attention(
+        4,
+        16,
+        0.25,
+        num_kv_heads=2,
+        per_layer_sliding_window=8,
+        prefix="model.layers.1.self_attn.attn",
+    )
     ctx = vllm_config.compilation_config.static_forward_context
     assert ctx["model.layers.0.self_attn.attn"] is attn
     assert attn.layer_name == "model.layers.0.self_attn.attn"
@@ -191,9 +215,8 @@ def test_forward_context_lifetime(vllm_config):
     with set_forward_context({"a": 1}, vllm_config, num_tokens=4) as ctx:
         assert get_forward_context() is ctx and ctx.attn_metadata == {"a": 1}
         assert ctx.num_tokens == 4 and ctx.virtual_engine == 0
-        with pytest.raises(RuntimeError, match="nested"):
-            with set_forward_context(None, vllm_config):
-                pass
+        with pytest.raises(RuntimeError, match="nested"), set_forward_context(None, vllm_config):
+            pass
     with pytest.raises(RuntimeError):
         get_forward_context()
 

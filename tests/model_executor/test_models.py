@@ -1,4 +1,5 @@
 """Our Llama/Mistral/Qwen2/Qwen3 over the paged KV cache vs transformers (fp32)."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,11 +17,23 @@ VARIANTS = {
     "llama-tied": ("llama", {"tie_word_embeddings": True}),
     # Llama 3.1 rope scaling: with head_dim 16 and an original context of 64, the
     # 8 frequencies fall in all three bands (kept, interpolated, divided).
-    "llama-rope-llama3": ("llama", {"rope_parameters": {
-        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
-    "llama-rope-linear": ("llama", {"rope_parameters": {
-        "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
+    "llama-rope-llama3": (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ),
+    "llama-rope-linear": (
+        "llama",
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
+    ),
     "mistral-window": ("mistral", {"sliding_window": 8}),
     "qwen2": ("qwen2", {}),
     "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}),
@@ -35,16 +48,18 @@ def model_dirs(tmp_path_factory):
     def get(variant: str) -> str:
         if variant not in cache:
             kind, overrides = VARIANTS[variant]
-            cache[variant] = make_tiny_model(kind, str(tmp_path_factory.mktemp(variant)),
-                                             **overrides)
+            cache[variant] = make_tiny_model(
+                kind, str(tmp_path_factory.mktemp(variant)), **overrides
+            )
         return cache[variant]
 
     return get
 
 
 def _load(model_dir: str, block_size: int = 8):
-    config = EngineArgs(model=model_dir, dtype="float32", block_size=block_size,
-                        device="cpu").create_engine_config()
+    config = EngineArgs(
+        model=model_dir, dtype="float32", block_size=block_size, device="cpu"
+    ).create_engine_config()
     return get_model(vllm_config=config), config
 
 
@@ -83,7 +98,7 @@ def test_prefill_then_decode_matches_transformers(model_dirs, variant):
     # Steps 4+: both decode token by token through the paged cache.
     for pos in range(22, 26):
         out = harness.step([("a", [seq_a[pos]])])
-        _close(out[0], ref_a[pos:pos + 1])
+        _close(out[0], ref_a[pos : pos + 1])
 
 
 def test_dummy_run_without_metadata_leaves_cache_untouched(model_dirs):
@@ -114,8 +129,9 @@ def test_weights_loaded_and_model_contract(model_dirs):
 
 
 def test_dummy_load_format_gives_random_weights(model_dirs):
-    config = EngineArgs(model=model_dirs("llama"), dtype="float32", device="cpu",
-                        load_format="dummy").create_engine_config()
+    config = EngineArgs(
+        model=model_dirs("llama"), dtype="float32", device="cpu", load_format="dummy"
+    ).create_engine_config()
     model = get_model(vllm_config=config)
     w = model.model.embed_tokens.weight
     assert w.abs().max() <= 1e-3 and w.std() > 0
@@ -133,8 +149,12 @@ def test_same_config_cannot_build_twice(model_dirs):
 
 def test_unknown_architecture_lists_supported(model_dirs):
     with pytest.raises(ValueError, match="LlamaForCausalLM"):
-        EngineArgs(model=model_dirs("llama"), dtype="float32", device="cpu",
-                   hf_overrides={"architectures": ["FooForCausalLM"]}).create_engine_config()
+        EngineArgs(
+            model=model_dirs("llama"),
+            dtype="float32",
+            device="cpu",
+            hf_overrides={"architectures": ["FooForCausalLM"]},
+        ).create_engine_config()
 
 
 def test_pytorch_bin_checkpoint_loads_like_safetensors(model_dirs, tmp_path):
@@ -153,6 +173,7 @@ def test_pytorch_bin_checkpoint_loads_like_safetensors(model_dirs, tmp_path):
         logits.append(PagedHarness(model, config).step([("r", prompt)])[0])
     torch.testing.assert_close(logits[0], logits[1], atol=0, rtol=0)
     with pytest.raises(ValueError, match="safetensors"):
-        config = EngineArgs(model=str(tmp_path), dtype="float32", device="cpu",
-                            load_format="safetensors").create_engine_config()
+        config = EngineArgs(
+            model=str(tmp_path), dtype="float32", device="cpu", load_format="safetensors"
+        ).create_engine_config()
         get_model(vllm_config=config)

@@ -1,5 +1,6 @@
 """FusedMoE against a per-token reference: routing (plain and DeepSeek's
 group-limited top-k), the expert computation, and loading by expert id."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,15 +26,15 @@ def test_fused_experts_matches_per_token_loop():
     ids = torch.randint(0, 5, (7, 2))
     ids[:, 1] = (ids[:, 0] + 1) % 5  # distinct experts per token
     weights = torch.rand(7, 2)
-    torch.testing.assert_close(fused_experts(x, w13, w2, weights, ids),
-                               _reference_moe(x, w13, w2, weights, ids))
+    torch.testing.assert_close(
+        fused_experts(x, w13, w2, weights, ids), _reference_moe(x, w13, w2, weights, ids)
+    )
 
 
 def test_grouped_topk_picks_only_from_the_best_groups():
     # 8 experts in 4 groups of 2; only the 2 best groups (by best expert) are eligible.
     logits = torch.tensor([[0.0, 5.0, 4.9, 4.8, 1.0, 1.1, 4.7, 0.0]])
-    weights, ids = grouped_topk(logits, topk=3, renormalize=False, num_expert_group=4,
-                                topk_group=2)
+    weights, ids = grouped_topk(logits, topk=3, renormalize=False, num_expert_group=4, topk_group=2)
     # Groups: {0,1} best 5.0, {2,3} best 4.9, {4,5} 1.1, {6,7} 4.7 -> groups 0 and 1.
     assert sorted(ids[0].tolist()) == [1, 2, 3]
     probs = torch.softmax(logits, dim=-1)
@@ -47,14 +48,18 @@ def test_grouped_topk_picks_only_from_the_best_groups():
 def test_layer_loads_by_expert_id_and_routes(renormalize):
     torch.manual_seed(1)
     with set_current_vllm_config(VllmConfig()):
-        moe = FusedMoE(num_experts=3, top_k=2, hidden_size=8, intermediate_size=6,
-                       renormalize=renormalize)
+        moe = FusedMoE(
+            num_experts=3, top_k=2, hidden_size=8, intermediate_size=6, renormalize=renormalize
+        )
     gate = [torch.randn(6, 8) for _ in range(3)]
     up = [torch.randn(6, 8) for _ in range(3)]
     down = [torch.randn(8, 6) for _ in range(3)]
     mapping = FusedMoE.make_expert_params_mapping("gate_proj", "down_proj", "up_proj", 3)
-    ckpt = {f"mlp.experts.{e}.{n}.weight": w for e in range(3)
-            for n, w in (("gate_proj", gate[e]), ("down_proj", down[e]), ("up_proj", up[e]))}
+    ckpt = {
+        f"mlp.experts.{e}.{n}.weight": w
+        for e in range(3)
+        for n, w in (("gate_proj", gate[e]), ("down_proj", down[e]), ("up_proj", up[e]))
+    }
     params = {"mlp.experts.w13_weight": moe.w13_weight, "mlp.experts.w2_weight": moe.w2_weight}
     for name, w in ckpt.items():
         param_part, weight_part, expert_id, shard_id = next(m for m in mapping if m[1] in name)
@@ -69,5 +74,6 @@ def test_layer_loads_by_expert_id_and_routes(renormalize):
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
     w13 = torch.stack([torch.cat([g, u]) for g, u in zip(gate, up)])
-    torch.testing.assert_close(moe(x, logits), _reference_moe(x, w13, torch.stack(down),
-                                                              weights, ids))
+    torch.testing.assert_close(
+        moe(x, logits), _reference_moe(x, w13, torch.stack(down), weights, ids)
+    )

@@ -2,6 +2,7 @@
 through the whole engine (scheduler, paged KV cache, model runner), under
 both model runners, each with async scheduling on and off, with prefix caching
 on and off, forced chunked prefill, and forced preemption."""
+
 from __future__ import annotations
 
 import random
@@ -77,8 +78,7 @@ def _spy_batches_in_flight(llm: LLM) -> list[int]:
 
 
 # (runner env value, async scheduling)
-RUNNERS = {"v1": ("0", False), "v1-async": ("0", True), "v2": ("1", False),
-           "v2-async": ("1", True)}
+RUNNERS = {"v1": ("0", False), "v1-async": ("0", True), "v2": ("1", False), "v2-async": ("1", True)}
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS))
@@ -89,8 +89,14 @@ def test_greedy_matches_transformers(tiny_model_dir, monkeypatch, kind, mode, ru
     env_value, async_scheduling = RUNNERS[runner]
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", env_value)
     model_dir = tiny_model_dir(kind)
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0,
-              async_scheduling=async_scheduling, **MODES[mode])
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=128,
+        seed=0,
+        async_scheduling=async_scheduling,
+        **MODES[mode],
+    )
     config = llm.llm_engine.vllm_config
     assert config.use_v2_model_runner is (env_value == "1")
     assert config.max_concurrent_batches == (2 if async_scheduling else 1)
@@ -122,7 +128,8 @@ def test_async_scheduling_default_under_v2(tiny_model_dir, monkeypatch, kind):
     assert config.use_v2_model_runner  # a dense model
     assert not config.scheduler_config.async_scheduling
     assert config.max_concurrent_batches == 1
-    mp = EngineArgs(model=tiny_model_dir(kind), dtype="float32", max_model_len=128,
-                    tensor_parallel_size=2).create_engine_config()
+    mp = EngineArgs(
+        model=tiny_model_dir(kind), dtype="float32", max_model_len=128, tensor_parallel_size=2
+    ).create_engine_config()
     assert mp.parallel_config.distributed_executor_backend == "mp"
     assert mp.scheduler_config.async_scheduling and mp.max_concurrent_batches == 2

@@ -4,14 +4,20 @@ over prompts of different lengths, with chunked prefill and with preemption
 forced; and the runner the running engine built (V1 or V2) is the one the
 seed's rule assigns (dense and whitelisted MoE -> V2; other MoE, hybrid and
 attention-free -> V1). The runner is never forced: the default decides."""
+
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from tests.models.zoo_utils import (ZOO, build_zoo_model, preempt_all_at_steps, runner_of,
-                                    spy_preemptions)
+from tests.models.zoo_utils import (
+    ZOO,
+    build_zoo_model,
+    preempt_all_at_steps,
+    runner_of,
+    spy_preemptions,
+)
 from tests.utils import hf_greedy
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
@@ -57,8 +63,14 @@ def test_greedy_matches_transformers_on_seed_runner(zoo_checkpoint, monkeypatch,
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)  # the default decides
     model_dir, expected = zoo_checkpoint(kind)
     explicit = mode == "preempt" and ZOO[kind].preempt_explicitly
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0,
-              enable_prefix_caching=False, **(EXPLICIT_PREEMPT_MODE if explicit else MODES[mode]))
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=128,
+        seed=0,
+        enable_prefix_caching=False,
+        **(EXPLICIT_PREEMPT_MODE if explicit else MODES[mode]),
+    )
     model_config = llm.llm_engine.vllm_config.model_config
     assert model_config.architectures == [ZOO[kind].model_cls]
     # Derived from the checkpoint's expert count, as upstream does.
@@ -69,8 +81,7 @@ def test_greedy_matches_transformers_on_seed_runner(zoo_checkpoint, monkeypatch,
         # Mid-prefill and mid-decode: the states must be rebuilt from zeros.
         preempt_all_at_steps(llm, {2, 10})
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp,
-                        use_tqdm=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp, use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outs] == expected
     if mode == "preempt":
         assert preempted, "the small KV cache was meant to force preemption"
@@ -79,9 +90,11 @@ def test_greedy_matches_transformers_on_seed_runner(zoo_checkpoint, monkeypatch,
 def _held_blocks(llm: LLM) -> int:
     """Non-null blocks the running requests hold, over all KV cache groups."""
     coordinator = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.coordinator
-    return sum(sum(not b.is_null for b in blocks)
-               for manager in coordinator.single_type_managers
-               for blocks in manager.req_to_blocks.values())
+    return sum(
+        sum(not b.is_null for b in blocks)
+        for manager in coordinator.single_type_managers
+        for blocks in manager.req_to_blocks.values()
+    )
 
 
 def test_sliding_window_frees_blocks_out_of_the_window(tmp_path, monkeypatch):
@@ -90,8 +103,9 @@ def test_sliding_window_frees_blocks_out_of_the_window(tmp_path, monkeypatch):
     window spans, while full attention would need ceil(120 / 16) = 8."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     model_dir = build_zoo_model("gemma2-sliding", str(tmp_path))
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0,
-              enable_prefix_caching=False)
+    llm = LLM(
+        model=model_dir, dtype="float32", max_model_len=128, seed=0, enable_prefix_caching=False
+    )
     group = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.kv_cache_groups
     assert [type(g.kv_cache_spec).__name__ for g in group] == ["SlidingWindowSpec"]
     held: list[int] = []
@@ -118,8 +132,9 @@ def test_mla_caches_only_the_compressed_latent(zoo_checkpoint, monkeypatch):
     2 * heads * head_dim for K and V; the allocated tensors have that shape."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     model_dir, expected = zoo_checkpoint("deepseek_v2")
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0,
-              num_gpu_blocks_override=24)
+    llm = LLM(
+        model=model_dir, dtype="float32", max_model_len=128, seed=0, num_gpu_blocks_override=24
+    )
     core = llm.llm_engine.engine_core.engine_core
     (group,) = core.scheduler.kv_cache_config.kv_cache_groups
     spec = group.kv_cache_spec
@@ -129,14 +144,12 @@ def test_mla_caches_only_the_compressed_latent(zoo_checkpoint, monkeypatch):
     runner = core.model_executor.driver_worker.worker.model_runner
     assert {tuple(t.shape) for t in runner.kv_caches} == {(24, 16, 40)}
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp,
-                        use_tqdm=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp, use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outs] == expected
 
 
 @pytest.mark.parametrize("kind,flags", [("qwen3_5", (True, False)), ("mamba", (False, True))])
-def test_state_space_models_flags_and_kv_cache_groups(zoo_checkpoint, monkeypatch, kind,
-                                                      flags):
+def test_state_space_models_flags_and_kv_cache_groups(zoo_checkpoint, monkeypatch, kind, flags):
     """The flags come from the model class and the checkpoint (is_hybrid,
     is_attention_free), and the engine plans one KV cache group per layer
     kind: Qwen3.5 gets a paged full-attention group for its attention layer
@@ -149,8 +162,10 @@ def test_state_space_models_flags_and_kv_cache_groups(zoo_checkpoint, monkeypatc
     assert (config.model_config.is_hybrid, config.model_config.is_attention_free) == flags
     assert not config.model_config.is_moe
     groups = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.kv_cache_groups
-    kinds = [(type(g.kv_cache_spec).__name__, len(g.layer_names), g.kv_cache_spec.block_size)
-             for g in groups]
+    kinds = [
+        (type(g.kv_cache_spec).__name__, len(g.layer_names), g.kv_cache_spec.block_size)
+        for g in groups
+    ]
     if kind == "qwen3_5":
         assert kinds == [("FullAttentionSpec", 1, 16), ("MambaSpec", 3, 128)]
     else:

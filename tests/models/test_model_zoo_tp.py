@@ -4,6 +4,7 @@ experts sliced along their intermediate size, shared expert, all-reduced;
 DeepSeek-V2: MLA heads split across ranks, grouped top-k) at TP=2 generate
 exactly transformers' greedy tokens, with the longer prompts prefilled in
 chunks of 32 tokens."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,11 +20,17 @@ from vllm.inputs import TokensPrompt
 def test_tp2_greedy_matches_transformers(tmp_path, kind):
     model_dir = build_zoo_model(kind, str(tmp_path))
     expected = hf_greedy(model_dir, _prompts(), MAX_TOKENS)
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0,
-              tensor_parallel_size=2, enable_prefix_caching=False,
-              max_num_batched_tokens=32, max_num_seqs=8)
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=128,
+        seed=0,
+        tensor_parallel_size=2,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=32,
+        max_num_seqs=8,
+    )
     assert llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp,
-                        use_tqdm=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp, use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outs] == expected

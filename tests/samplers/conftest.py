@@ -1,5 +1,6 @@
 """One engine per model runner, shared by the sampler tests, plus a
 transformers model to check it against."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,9 +20,16 @@ def runner_llm(request, tiny_model_dir):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         mp.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if request.param == "v2" else "0")
-        llm = LLM(model=tiny_model_dir("llama"), dtype="float32", max_model_len=MAX_MODEL_LEN,
-                  max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_num_seqs=8,
-                  kv_cache_memory_bytes=8 * 2**20, max_logprobs=-1, seed=0)
+        llm = LLM(
+            model=tiny_model_dir("llama"),
+            dtype="float32",
+            max_model_len=MAX_MODEL_LEN,
+            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+            max_num_seqs=8,
+            kv_cache_memory_bytes=8 * 2**20,
+            max_logprobs=-1,
+            seed=0,
+        )
         # (The property reads the variable: check while it is set.)
         assert llm.llm_engine.vllm_config.use_v2_model_runner == (request.param == "v2")
     return request.param, llm
@@ -31,8 +39,7 @@ def runner_llm(request, tiny_model_dir):
 def hf_model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir("llama"),
-                                                dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir("llama"), dtype=torch.float32).eval()
 
 
 def hf_logprobs(hf_model, token_ids: list[int]) -> torch.Tensor:

@@ -12,6 +12,7 @@ comparison runs with EOS ignored (`ignore_eos=True` / `eos_token_id=None`),
 and `early_stopping="never"`, the transformers mode closest to upstream's
 "run max_tokens steps" loop.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,23 +32,37 @@ MAX_TOKENS = 6
 def test_beam_search_matches_transformers(runner_llm, hf_model, length_penalty):
     _, llm = runner_llm
     tokenizer = llm.get_tokenizer()
-    outs = llm.beam_search([{"prompt": p} for p in PROMPTS],
-                           BeamSearchParams(beam_width=BEAM_WIDTH, max_tokens=MAX_TOKENS,
-                                            ignore_eos=True, length_penalty=length_penalty))
+    outs = llm.beam_search(
+        [{"prompt": p} for p in PROMPTS],
+        BeamSearchParams(
+            beam_width=BEAM_WIDTH,
+            max_tokens=MAX_TOKENS,
+            ignore_eos=True,
+            length_penalty=length_penalty,
+        ),
+    )
     for prompt, out in zip(PROMPTS, outs):
         ids = tokenizer.encode(prompt)
         with torch.no_grad():
             ref = hf_model.generate(
-                torch.tensor([ids]), num_beams=BEAM_WIDTH, num_return_sequences=BEAM_WIDTH,
-                max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False,
-                eos_token_id=None, pad_token_id=0, length_penalty=length_penalty,
-                early_stopping="never", output_scores=True, return_dict_in_generate=True)
+                torch.tensor([ids]),
+                num_beams=BEAM_WIDTH,
+                num_return_sequences=BEAM_WIDTH,
+                max_new_tokens=MAX_TOKENS,
+                min_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                length_penalty=length_penalty,
+                early_stopping="never",
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
         assert [s.tokens for s in out.sequences] == ref.sequences.tolist()
         # transformers' score divides by the generated length only; with equal
         # lengths the ranking is the same, and the sums of logprobs agree.
         for seq, score in zip(out.sequences, ref.sequences_scores.tolist()):
-            assert math.isclose(seq.cum_logprob, score * MAX_TOKENS**length_penalty,
-                                abs_tol=1e-4)
+            assert math.isclose(seq.cum_logprob, score * MAX_TOKENS**length_penalty, abs_tol=1e-4)
             assert seq.text == tokenizer.decode(seq.tokens)
             assert len(seq.logprobs) == MAX_TOKENS
 
@@ -65,7 +80,8 @@ def test_beam_search_with_eos_keeps_upstream_invariants(runner_llm):
         assert seq.tokens[:4] == [7, 8, 9, 10]
         # Finished at EOS, or ran the full max_tokens without one.
         assert (generated[-1] == eos and eos not in generated[:-1]) or (
-            len(generated) == 5 and eos not in generated)
+            len(generated) == 5 and eos not in generated
+        )
         total = sum(step[t].logprob for step, t in zip(seq.logprobs, generated))
         assert math.isclose(seq.cum_logprob, total, abs_tol=1e-6)
 

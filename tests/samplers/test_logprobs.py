@@ -1,5 +1,6 @@
 """Sample and prompt logprobs of both model runners against transformers'
 log_softmax, with prompts long enough to be prefilled in chunks."""
+
 from __future__ import annotations
 
 import math
@@ -41,10 +42,14 @@ def _check_position(entry: dict, ref_row: torch.Tensor, token: int, k: int) -> N
 def test_sample_and_prompt_logprobs_match_transformers(runner_llm, hf_model):
     _, llm = runner_llm
     prompts = _prompts()
-    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
-                        logprobs=NUM_LOGPROBS, prompt_logprobs=NUM_LOGPROBS)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
-                        use_tqdm=False)
+    sp = SamplingParams(
+        temperature=0.0,
+        max_tokens=MAX_TOKENS,
+        ignore_eos=True,
+        logprobs=NUM_LOGPROBS,
+        prompt_logprobs=NUM_LOGPROBS,
+    )
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
     for prompt, out in zip(prompts, outs):
         completion = out.outputs[0]
         all_ids = prompt + list(completion.token_ids)
@@ -68,9 +73,13 @@ def test_whole_vocabulary_and_zero_logprobs(runner_llm, hf_model):
     _, llm = runner_llm
     prompt = _prompts()[1]
     vocab = hf_model.config.vocab_size
-    (out,) = llm.generate(TokensPrompt(prompt_token_ids=prompt),
-                          SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True,
-                                         logprobs=-1, prompt_logprobs=0), use_tqdm=False)
+    (out,) = llm.generate(
+        TokensPrompt(prompt_token_ids=prompt),
+        SamplingParams(
+            temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=-1, prompt_logprobs=0
+        ),
+        use_tqdm=False,
+    )
     ref = hf_logprobs(hf_model, prompt + list(out.outputs[0].token_ids))
     for j, entry in enumerate(out.outputs[0].logprobs):
         assert len(entry) == vocab
@@ -79,8 +88,9 @@ def test_whole_vocabulary_and_zero_logprobs(runner_llm, hf_model):
     # prompt_logprobs=0: only the prompt token itself.
     for i in range(1, len(prompt)):
         assert list(out.prompt_logprobs[i]) == [prompt[i]]
-        assert math.isclose(out.prompt_logprobs[i][prompt[i]].logprob,
-                            ref[i - 1, prompt[i]].item(), abs_tol=ATOL)
+        assert math.isclose(
+            out.prompt_logprobs[i][prompt[i]].logprob, ref[i - 1, prompt[i]].item(), abs_tol=ATOL
+        )
 
 
 def test_random_sampling_logprobs_are_the_raw_distribution(runner_llm, hf_model):
@@ -88,9 +98,13 @@ def test_random_sampling_logprobs_are_the_raw_distribution(runner_llm, hf_model)
     # distribution, before temperature and top-k.
     _, llm = runner_llm
     prompt = _prompts()[0]
-    (out,) = llm.generate(TokensPrompt(prompt_token_ids=prompt),
-                          SamplingParams(temperature=1.5, top_k=3, seed=11, max_tokens=4,
-                                         ignore_eos=True, logprobs=2), use_tqdm=False)
+    (out,) = llm.generate(
+        TokensPrompt(prompt_token_ids=prompt),
+        SamplingParams(
+            temperature=1.5, top_k=3, seed=11, max_tokens=4, ignore_eos=True, logprobs=2
+        ),
+        use_tqdm=False,
+    )
     completion = out.outputs[0]
     ref = hf_logprobs(hf_model, prompt + list(completion.token_ids))
     for j, token in enumerate(completion.token_ids):

@@ -1,6 +1,7 @@
 """logprobs_mode="processed_logprobs": the logprobs describe the distribution
 actually sampled from (after the logits edits, temperature and top-k), in
 both model runners (upstream: tests/v1/sample/test_logprobs.py::test_logprobs_mode)."""
+
 from __future__ import annotations
 
 import math
@@ -19,11 +20,27 @@ TEMPERATURE, TOP_K = 2.0, 4
 def test_processed_logprobs(tiny_model_dir, hf_model, runner, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if runner == "v2" else "0")
-    llm = LLM(model=tiny_model_dir("llama"), dtype="float32", max_model_len=64,
-              kv_cache_memory_bytes=8 * 2**20, logprobs_mode="processed_logprobs", seed=0)
-    (out,) = llm.generate(TokensPrompt(prompt_token_ids=PROMPT), SamplingParams(
-        temperature=TEMPERATURE, top_k=TOP_K, seed=3, max_tokens=4, ignore_eos=True,
-        logprobs=TOP_K, logit_bias={7: 1.0}), use_tqdm=False)
+    llm = LLM(
+        model=tiny_model_dir("llama"),
+        dtype="float32",
+        max_model_len=64,
+        kv_cache_memory_bytes=8 * 2**20,
+        logprobs_mode="processed_logprobs",
+        seed=0,
+    )
+    (out,) = llm.generate(
+        TokensPrompt(prompt_token_ids=PROMPT),
+        SamplingParams(
+            temperature=TEMPERATURE,
+            top_k=TOP_K,
+            seed=3,
+            max_tokens=4,
+            ignore_eos=True,
+            logprobs=TOP_K,
+            logit_bias={7: 1.0},
+        ),
+        use_tqdm=False,
+    )
     completion = out.outputs[0]
     ids = PROMPT + list(completion.token_ids)
     with torch.no_grad():
@@ -42,5 +59,6 @@ def test_processed_logprobs(tiny_model_dir, hf_model, runner, monkeypatch):
         for tid in keep.tolist():
             assert math.isclose(entry[tid].logprob, ref[tid].item(), abs_tol=1e-4)
         # The sampled distribution's top-k carries all its mass.
-        assert math.isclose(sum(math.exp(entry[t].logprob) for t in keep.tolist()), 1.0,
-                            abs_tol=1e-4)
+        assert math.isclose(
+            sum(math.exp(entry[t].logprob) for t in keep.tolist()), 1.0, abs_tol=1e-4
+        )

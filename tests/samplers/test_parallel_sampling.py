@@ -1,6 +1,7 @@
 """n > 1 end to end in both model runners: seeded fan-out is reproducible,
 children differ, child i is the request with seed + i, outputs come back in
 index order under the caller's request id."""
+
 from __future__ import annotations
 
 from vllm import SamplingParams
@@ -16,8 +17,7 @@ def _tokens(outs) -> list[tuple[int, ...]]:
 
 def test_seeded_n_is_reproducible_and_children_differ(runner_llm):
     _, llm = runner_llm
-    sp = SamplingParams(n=4, seed=1234, temperature=1.0, max_tokens=8, ignore_eos=True,
-                        logprobs=1)
+    sp = SamplingParams(n=4, seed=1234, temperature=1.0, max_tokens=8, ignore_eos=True, logprobs=1)
     first = llm.generate(PROMPT, sp, use_tqdm=False)
     second = llm.generate([PROMPT, PROMPT], sp, use_tqdm=False)  # a different batch
     assert len(first) == 1 and len(first[0].outputs) == 4
@@ -27,16 +27,21 @@ def test_seeded_n_is_reproducible_and_children_differ(runner_llm):
     assert all(len(c.logprobs) == 8 for c in first[0].outputs)
     # Child i samples exactly as a lone request seeded with seed + i.
     for i in range(4):
-        alone = llm.generate(PROMPT, SamplingParams(seed=1234 + i, temperature=1.0,
-                                                    max_tokens=8, ignore_eos=True),
-                             use_tqdm=False)
+        alone = llm.generate(
+            PROMPT,
+            SamplingParams(seed=1234 + i, temperature=1.0, max_tokens=8, ignore_eos=True),
+            use_tqdm=False,
+        )
         assert _tokens(alone)[0] == _tokens(first)[i]
 
 
 def test_unseeded_children_differ_and_ids_are_the_callers(runner_llm):
     _, llm = runner_llm
-    outs = llm.generate([PROMPT, PROMPT], SamplingParams(n=3, temperature=1.0, max_tokens=6,
-                                                         ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(
+        [PROMPT, PROMPT],
+        SamplingParams(n=3, temperature=1.0, max_tokens=6, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert [o.request_id for o in outs] == sorted(o.request_id for o in outs)
     for out in outs:
         assert [c.index for c in out.outputs] == [0, 1, 2]
@@ -47,8 +52,14 @@ def test_unseeded_children_differ_and_ids_are_the_callers(runner_llm):
 def test_streaming_children_through_the_engine(runner_llm):
     _, llm = runner_llm
     engine = llm.llm_engine
-    sp = SamplingParams(n=2, seed=3, temperature=1.0, max_tokens=5, ignore_eos=True,
-                        output_kind=RequestOutputKind.DELTA)
+    sp = SamplingParams(
+        n=2,
+        seed=3,
+        temperature=1.0,
+        max_tokens=5,
+        ignore_eos=True,
+        output_kind=RequestOutputKind.DELTA,
+    )
     engine.add_request("stream-me", PROMPT, sp)
     pieces: dict[int, list[int]] = {0: [], 1: []}
     finished = []
@@ -58,6 +69,9 @@ def test_streaming_children_through_the_engine(runner_llm):
             pieces[out.outputs[0].index].extend(out.outputs[0].token_ids)
             finished.append(out.finished)
     assert finished[-1] and not any(finished[:-1])
-    final = llm.generate(PROMPT, SamplingParams(n=2, seed=3, temperature=1.0, max_tokens=5,
-                                                ignore_eos=True), use_tqdm=False)
+    final = llm.generate(
+        PROMPT,
+        SamplingParams(n=2, seed=3, temperature=1.0, max_tokens=5, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert [tuple(pieces[i]) for i in range(2)] == _tokens(final)

@@ -2,6 +2,7 @@
 runners, against a reference loop over transformers' model and logits
 processors (frequency/presence by OpenAI's formula, which transformers
 lacks). All edits ride in one batch, each request with its own parameters."""
+
 from __future__ import annotations
 
 import random
@@ -9,11 +10,13 @@ from collections import Counter
 
 import pytest
 import torch
-from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor,
-                                                    NoBadWordsLogitsProcessor,
-                                                    RepetitionPenaltyLogitsProcessor,
-                                                    SequenceBiasLogitsProcessor,
-                                                    SuppressTokensLogitsProcessor)
+from transformers.generation.logits_process import (
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
 
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
@@ -41,17 +44,18 @@ def _reference(hf_model, prompt: list[int], params: SamplingParams, vocab: int) 
             scores = SuppressTokensLogitsProcessor(suppress)(all_ids, scores)
         if params.bad_words_token_ids:  # upstream: the outputs only, not the prompt
             scores = NoBadWordsLogitsProcessor(params.bad_words_token_ids)(
-                torch.tensor([out], dtype=torch.long), scores)
+                torch.tensor([out], dtype=torch.long), scores
+            )
         if params.min_tokens:
             scores = MinNewTokensLengthLogitsProcessor(
-                len(prompt), params.min_tokens, sorted(params.all_stop_token_ids))(all_ids,
-                                                                                   scores)
+                len(prompt), params.min_tokens, sorted(params.all_stop_token_ids)
+            )(all_ids, scores)
         if params.logit_bias:
-            scores = SequenceBiasLogitsProcessor(
-                [[[t], b] for t, b in params.logit_bias.items()])(all_ids, scores)
+            scores = SequenceBiasLogitsProcessor([[[t], b] for t, b in params.logit_bias.items()])(
+                all_ids, scores
+            )
         if params.repetition_penalty != 1.0:
-            scores = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(all_ids,
-                                                                                 scores)
+            scores = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(all_ids, scores)
         for token, count in Counter(out).items():
             scores[0, token] -= params.frequency_penalty * count + params.presence_penalty
         token = int(scores[0].argmax())
@@ -64,22 +68,33 @@ def _reference(hf_model, prompt: list[int], params: SamplingParams, vocab: int) 
 
 def _cases(tokenizer, plain_first_tokens: list[int]) -> list[tuple[str, dict]]:
     # A bad word that greedy decoding would otherwise produce first.
-    word = next(tokenizer.decode([t]) for t in plain_first_tokens
-                if tokenizer.decode([t]).strip().isalnum())
+    word = next(
+        tokenizer.decode([t]) for t in plain_first_tokens if tokenizer.decode([t]).strip().isalnum()
+    )
     return [
         ("repetition>1", dict(repetition_penalty=1.8)),
         ("repetition<1", dict(repetition_penalty=0.4)),
-        ("freq+presence+rep", dict(frequency_penalty=1.5, presence_penalty=0.9,
-                                   repetition_penalty=1.3)),
+        (
+            "freq+presence+rep",
+            dict(frequency_penalty=1.5, presence_penalty=0.9, repetition_penalty=1.3),
+        ),
         ("negative freq", dict(frequency_penalty=-2.0, presence_penalty=-0.5)),
         ("logit_bias", dict(logit_bias={5: 0.8, 17: 1.1, 300: -100.0})),
         ("min_tokens+eos", dict(min_tokens=4, logit_bias={EOS: 30.0}, ignore_eos=False)),
         ("min_tokens+stop id", dict(min_tokens=3, stop_token_ids=[77], logit_bias={77: 30.0})),
         ("allowed", dict(allowed_token_ids=[3, 9, 27, 81, 243, 300])),
         ("bad_words", dict(bad_words=[word])),
-        ("everything", dict(repetition_penalty=1.2, frequency_penalty=0.5,
-                            logit_bias={9: 0.5}, allowed_token_ids=list(range(0, 512, 3)),
-                            bad_words=[word], min_tokens=2)),
+        (
+            "everything",
+            dict(
+                repetition_penalty=1.2,
+                frequency_penalty=0.5,
+                logit_bias={9: 0.5},
+                allowed_token_ids=list(range(0, 512, 3)),
+                bad_words=[word],
+                min_tokens=2,
+            ),
+        ),
     ]
 
 
@@ -88,8 +103,9 @@ def test_edits_match_the_transformers_reference(runner_llm, hf_model):
     tokenizer = llm.get_tokenizer()
     prompts = [_prompt(s, n) for s, n in ((0, 7), (1, 20))]
     base = dict(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    plain = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                         SamplingParams(**base), use_tqdm=False)
+    plain = llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts], SamplingParams(**base), use_tqdm=False
+    )
     firsts = [t for o in plain for t in o.outputs[0].token_ids]
     cases = _cases(tokenizer, firsts)
     batch_prompts, batch_params, labels = [], [], []
@@ -120,9 +136,18 @@ def test_min_tokens_then_stop(runner_llm):
     _, llm = runner_llm
     outs = llm.generate(
         [TokensPrompt(prompt_token_ids=_prompt(2, 9))] * 2,
-        [SamplingParams(temperature=0.0, max_tokens=10, min_tokens=4, logit_bias={EOS: 30.0}),
-         SamplingParams(temperature=0.0, max_tokens=10, min_tokens=3, stop_token_ids=[77],
-                        logit_bias={77: 30.0})], use_tqdm=False)
+        [
+            SamplingParams(temperature=0.0, max_tokens=10, min_tokens=4, logit_bias={EOS: 30.0}),
+            SamplingParams(
+                temperature=0.0,
+                max_tokens=10,
+                min_tokens=3,
+                stop_token_ids=[77],
+                logit_bias={77: 30.0},
+            ),
+        ],
+        use_tqdm=False,
+    )
     eos_out, stop_out = outs[0].outputs[0], outs[1].outputs[0]
     assert len(eos_out.token_ids) == 5 and eos_out.token_ids[-1] == EOS
     assert EOS not in eos_out.token_ids[:4]
@@ -135,8 +160,12 @@ def test_min_tokens_then_stop(runner_llm):
 def test_filters_that_leave_one_token_are_greedy(runner_llm, kwargs):
     _, llm = runner_llm
     prompt = TokensPrompt(prompt_token_ids=_prompt(3, 12))
-    greedy = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=6,
-                                                 ignore_eos=True), use_tqdm=False)
-    sampled = llm.generate(prompt, SamplingParams(temperature=1.3, max_tokens=6,
-                                                  ignore_eos=True, **kwargs), use_tqdm=False)
+    greedy = llm.generate(
+        prompt, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False
+    )
+    sampled = llm.generate(
+        prompt,
+        SamplingParams(temperature=1.3, max_tokens=6, ignore_eos=True, **kwargs),
+        use_tqdm=False,
+    )
     assert sampled[0].outputs[0].token_ids == greedy[0].outputs[0].token_ids

@@ -1,4 +1,5 @@
 """get_tokenizer: local folders, GGUF files (through the on-disk cache), errors."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,8 +12,7 @@ from vllm.transformers_utils.tokenizer import get_tokenizer
 SAMPLES = ["The capital of France is", "héllo 日本語 🎉", "<|im_start|>user\nhi<|im_end|>"]
 
 
-def test_gguf_tokenizer_cache_matches_a_direct_load(embedded_model_path, tmp_path,
-                                                    monkeypatch):
+def test_gguf_tokenizer_cache_matches_a_direct_load(embedded_model_path, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -51,8 +51,9 @@ def test_loaded_tokenizers_provide_tokenizer_like(embedded_model_path, tmp_path)
     from tests.utils import make_tiny_tokenizer
     from vllm.tokenizers import TokenizerLike
 
-    members = [name for name in vars(TokenizerLike)
-               if not name.startswith("_") or name == "__len__"]
+    members = [
+        name for name in vars(TokenizerLike) if not name.startswith("_") or name == "__len__"
+    ]
     assert {"encode", "decode", "convert_ids_to_tokens", "eos_token_id"} <= set(members)
     make_tiny_tokenizer(str(tmp_path))
     for tok in (get_tokenizer(embedded_model_path), get_tokenizer(str(tmp_path))):

@@ -6,6 +6,7 @@ wake-up equal those before. The engine core runs in its own process (the LLM
 default) with MALLOC_MMAP_THRESHOLD_=1 MiB, so that its resident set shows
 what the engine released (see tests/entrypoints/openai/test_dev_mode.py).
 """
+
 from __future__ import annotations
 
 import psutil
@@ -24,8 +25,13 @@ def llm(tiny_model_dir):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
         mp.setenv("MALLOC_MMAP_THRESHOLD_", str(MiB))
-        engine = LLM(tiny_model_dir("llama"), dtype="float32", max_model_len=128,
-                     kv_cache_memory_bytes=KV_BYTES, enable_sleep_mode=True)
+        engine = LLM(
+            tiny_model_dir("llama"),
+            dtype="float32",
+            max_model_len=128,
+            kv_cache_memory_bytes=KV_BYTES,
+            enable_sleep_mode=True,
+        )
     yield engine
     engine.llm_engine.shutdown()
 
@@ -36,8 +42,9 @@ def _tokens(llm: LLM) -> list[list[int]]:
 
 def _core_rss() -> int:
     children = psutil.Process().children(recursive=True)
-    return sum(p.memory_info().rss for p in children
-               if "resource_tracker" not in " ".join(p.cmdline()))
+    return sum(
+        p.memory_info().rss for p in children if "resource_tracker" not in " ".join(p.cmdline())
+    )
 
 
 @pytest.mark.parametrize("level", [1, 2])
@@ -66,12 +73,15 @@ def test_wake_up_in_parts(llm):
     assert _tokens(llm) == reference
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda llm: llm.sleep(3), "level"),
-    (lambda llm: llm.sleep(True), "level"),
-    (lambda llm: llm.sleep(1, mode="bogus"), "mode"),
-    (lambda llm: llm.wake_up(["bogus"]), "tags"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda llm: llm.sleep(3), "level"),
+        (lambda llm: llm.sleep(True), "level"),
+        (lambda llm: llm.sleep(1, mode="bogus"), "mode"),
+        (lambda llm: llm.wake_up(["bogus"]), "tags"),
+    ],
+)
 def test_bad_arguments_are_refused(llm, call, match):
     with pytest.raises(ValueError, match=match):
         call(llm)
@@ -80,8 +90,9 @@ def test_bad_arguments_are_refused(llm, call, match):
 
 def test_sleep_needs_enable_sleep_mode(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    plain = LLM(tiny_model_dir("llama"), dtype="float32", max_model_len=64,
-                kv_cache_memory_bytes=4 * MiB)
+    plain = LLM(
+        tiny_model_dir("llama"), dtype="float32", max_model_len=64, kv_cache_memory_bytes=4 * MiB
+    )
     try:
         with pytest.raises(ValueError, match="enable_sleep_mode"):
             plain.sleep(1)
@@ -94,8 +105,13 @@ def test_sleep_needs_enable_sleep_mode(tiny_model_dir, monkeypatch):
 def test_sleep_in_process(tiny_model_dir, monkeypatch):
     """The in-process core (InprocClient) sleeps and wakes the same way."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    inproc = LLM(tiny_model_dir("llama"), dtype="float32", max_model_len=64,
-                 kv_cache_memory_bytes=4 * MiB, enable_sleep_mode=True)
+    inproc = LLM(
+        tiny_model_dir("llama"),
+        dtype="float32",
+        max_model_len=64,
+        kv_cache_memory_bytes=4 * MiB,
+        enable_sleep_mode=True,
+    )
     try:
         reference = _tokens(inproc)
         runner = inproc.llm_engine.model_executor.driver_worker.worker.model_runner
@@ -111,8 +127,14 @@ def test_sleep_in_process(tiny_model_dir, monkeypatch):
 def test_sleep_with_tensor_parallelism(tiny_model_dir, monkeypatch):
     """tp=2 (MultiprocExecutor): every worker frees and reloads its shard."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    tp = LLM(tiny_model_dir("llama"), dtype="float32", max_model_len=64,
-             kv_cache_memory_bytes=4 * MiB, enable_sleep_mode=True, tensor_parallel_size=2)
+    tp = LLM(
+        tiny_model_dir("llama"),
+        dtype="float32",
+        max_model_len=64,
+        kv_cache_memory_bytes=4 * MiB,
+        enable_sleep_mode=True,
+        tensor_parallel_size=2,
+    )
     try:
         reference = _tokens(tp)
         tp.sleep(2)
@@ -130,8 +152,9 @@ def test_what_cannot_sleep_is_refused_before_anything_is_freed(tiny_model_dir):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.core_sleep import validate_sleep_args
 
-    config = EngineArgs(tiny_model_dir("llama"), max_model_len=64,
-                        enable_sleep_mode=True).create_engine_config()
+    config = EngineArgs(
+        tiny_model_dir("llama"), max_model_len=64, enable_sleep_mode=True
+    ).create_engine_config()
     validate_sleep_args(config, 2, "abort")
     config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
     with pytest.raises(ValueError, match="CUDA graphs.*--enforce-eager"):
@@ -184,8 +207,14 @@ def test_mode_keep_under_async_scheduling(tiny_model_dir, monkeypatch):
     """With a step in flight (async scheduling's batch queue) "keep" first
     finishes it, scheduling nothing new, then preempts."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    inproc = LLM(tiny_model_dir("llama"), dtype="float32", max_model_len=64,
-                 kv_cache_memory_bytes=4 * MiB, enable_sleep_mode=True, async_scheduling=True)
+    inproc = LLM(
+        tiny_model_dir("llama"),
+        dtype="float32",
+        max_model_len=64,
+        kv_cache_memory_bytes=4 * MiB,
+        enable_sleep_mode=True,
+        async_scheduling=True,
+    )
     try:
         reference = _tokens(inproc)[0]
         engine = inproc.llm_engine

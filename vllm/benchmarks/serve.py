@@ -6,6 +6,7 @@ other), streaming every response, at `--request-rate` requests per second
 at a time, and prints upstream's summary: request and token throughput, and
 mean / median / P99 of TTFT, TPOT (excluding the first token), ITL and E2EL.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,55 +20,98 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vllm.benchmarks.lib.endpoint_request_func import (RequestFuncInput, RequestFuncOutput,
-                                                       fetch_model_info, request_openai_chat,
-                                                       request_openai_completions)
+from vllm.benchmarks.lib.endpoint_request_func import (
+    RequestFuncInput,
+    RequestFuncOutput,
+    fetch_model_info,
+    request_openai_chat,
+    request_openai_completions,
+)
 from vllm.benchmarks.throughput import SampleRequest, sample_random_requests
 
 if TYPE_CHECKING:
     from vllm.tokenizers import TokenizerLike
 
-BACKENDS = {"vllm": request_openai_completions, "openai": request_openai_completions,
-            "openai-chat": request_openai_chat}
-DEFAULT_ENDPOINTS = {"vllm": "/v1/completions", "openai": "/v1/completions",
-                     "openai-chat": "/v1/chat/completions"}
+BACKENDS = {
+    "vllm": request_openai_completions,
+    "openai": request_openai_completions,
+    "openai-chat": request_openai_chat,
+}
+DEFAULT_ENDPOINTS = {
+    "vllm": "/v1/completions",
+    "openai": "/v1/completions",
+    "openai-chat": "/v1/chat/completions",
+}
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", type=str, default="vllm", choices=list(BACKENDS))
-    parser.add_argument("--base-url", type=str, default=None,
-                        help="Server or API base url (overrides --host/--port).")
+    parser.add_argument(
+        "--base-url",
+        type=str,
+        default=None,
+        help="Server or API base url (overrides --host/--port).",
+    )
     parser.add_argument("--host", type=str, default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--endpoint", type=str, default=None,
-                        help="API endpoint (default: by backend).")
-    parser.add_argument("--model", type=str, default=None,
-                        help="Model name sent in requests (default: the server's first).")
-    parser.add_argument("--tokenizer", type=str, default=None,
-                        help="Tokenizer for the random prompts (default: --model, else the "
-                        "served model's path).")
+    parser.add_argument(
+        "--endpoint", type=str, default=None, help="API endpoint (default: by backend)."
+    )
+    parser.add_argument(
+        "--model",
+        type=str,
+        default=None,
+        help="Model name sent in requests (default: the server's first).",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=str,
+        default=None,
+        help="Tokenizer for the random prompts (default: --model, else the served model's path).",
+    )
     parser.add_argument("--dataset-name", type=str, default="random", choices=["random"])
     parser.add_argument("--num-prompts", type=int, default=1000)
     parser.add_argument("--random-input-len", type=int, default=1024)
     parser.add_argument("--random-output-len", type=int, default=128)
     parser.add_argument("--random-range-ratio", type=float, default=0.0)
     parser.add_argument("--random-prefix-len", type=int, default=0)
-    parser.add_argument("--request-rate", type=float, default=float("inf"),
-                        help="Requests per second; inf sends them all at once.")
-    parser.add_argument("--burstiness", type=float, default=1.0,
-                        help="Gamma shape of inter-arrival times (1 = Poisson).")
-    parser.add_argument("--max-concurrency", type=int, default=None,
-                        help="Most requests in flight at once.")
+    parser.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="Requests per second; inf sends them all at once.",
+    )
+    parser.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="Gamma shape of inter-arrival times (1 = Poisson).",
+    )
+    parser.add_argument(
+        "--max-concurrency", type=int, default=None, help="Most requests in flight at once."
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ignore-eos", action="store_true",
-                        help="Generate exactly the requested lengths (vLLM extension).")
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="Generate exactly the requested lengths (vLLM extension).",
+    )
     parser.add_argument("--temperature", type=float, default=None)
-    parser.add_argument("--percentile-metrics", type=str, default="ttft,tpot,itl,e2el",
-                        help="Comma-separated metrics to report percentiles of.")
-    parser.add_argument("--metric-percentiles", type=str, default="99",
-                        help="Comma-separated percentiles to report.")
-    parser.add_argument("--api-key", type=str, default=None,
-                        help="Sent as `Authorization: Bearer <key>`.")
+    parser.add_argument(
+        "--percentile-metrics",
+        type=str,
+        default="ttft,tpot,itl,e2el",
+        help="Comma-separated metrics to report percentiles of.",
+    )
+    parser.add_argument(
+        "--metric-percentiles",
+        type=str,
+        default="99",
+        help="Comma-separated percentiles to report.",
+    )
+    parser.add_argument(
+        "--api-key", type=str, default=None, help="Sent as `Authorization: Bearer <key>`."
+    )
     parser.add_argument("--save-result", action="store_true")
     parser.add_argument("--result-filename", type=str, default=None)
     parser.add_argument("--disable-tqdm", action="store_true")
@@ -89,9 +133,9 @@ class BenchmarkMetrics:
     percentiles: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-async def get_request(requests: list[SampleRequest], request_rate: float,
-                      burstiness: float, rng: np.random.Generator
-                      ) -> AsyncIterator[SampleRequest]:
+async def get_request(
+    requests: list[SampleRequest], request_rate: float, burstiness: float, rng: np.random.Generator
+) -> AsyncIterator[SampleRequest]:
     """Yield requests at the given rate (gamma-distributed gaps, mean 1/rate)."""
     for request in requests:
         yield request
@@ -101,9 +145,13 @@ async def get_request(requests: list[SampleRequest], request_rate: float,
         await asyncio.sleep(rng.gamma(shape=burstiness, scale=theta))
 
 
-def calculate_metrics(inputs: list[RequestFuncInput], outputs: list[RequestFuncOutput],
-                      duration: float, selected: list[str],
-                      percentiles: list[float]) -> BenchmarkMetrics:
+def calculate_metrics(
+    inputs: list[RequestFuncInput],
+    outputs: list[RequestFuncOutput],
+    duration: float,
+    selected: list[str],
+    percentiles: list[float],
+) -> BenchmarkMetrics:
     ok = [(i, o) for i, o in zip(inputs, outputs) if o.success]
     values: dict[str, list[float]] = {"ttft": [], "tpot": [], "itl": [], "e2el": []}
     total_output = 0
@@ -118,15 +166,24 @@ def calculate_metrics(inputs: list[RequestFuncInput], outputs: list[RequestFuncO
     stats = {}
     for name in selected:
         data = np.asarray(values[name] or [0.0]) * 1000.0  # ms
-        stats[name] = {"mean": float(np.mean(data)), "median": float(np.median(data)),
-                       **{f"p{p:g}": float(np.percentile(data, p)) for p in percentiles}}
+        stats[name] = {
+            "mean": float(np.mean(data)),
+            "median": float(np.median(data)),
+            **{f"p{p:g}": float(np.percentile(data, p)) for p in percentiles},
+        }
     return BenchmarkMetrics(
-        completed=len(ok), failed=len(outputs) - len(ok), total_input=total_input,
-        total_output=total_output, duration=duration,
-        request_throughput=len(ok) / duration, output_throughput=total_output / duration,
+        completed=len(ok),
+        failed=len(outputs) - len(ok),
+        total_input=total_input,
+        total_output=total_output,
+        duration=duration,
+        request_throughput=len(ok) / duration,
+        output_throughput=total_output / duration,
         total_token_throughput=(total_input + total_output) / duration,
         max_output_tokens_per_s=_peak_tokens_per_second([o for _, o in ok]),
-        max_concurrent_requests=_peak_concurrency([o for _, o in ok]), percentiles=stats)
+        max_concurrent_requests=_peak_concurrency([o for _, o in ok]),
+        percentiles=stats,
+    )
 
 
 def _peak_tokens_per_second(outputs: list[RequestFuncOutput]) -> float:
@@ -140,8 +197,9 @@ def _peak_tokens_per_second(outputs: list[RequestFuncOutput]) -> float:
 
 
 def _peak_concurrency(outputs: list[RequestFuncOutput]) -> int:
-    events = sorted([(o.start_time, 1) for o in outputs]
-                    + [(o.start_time + o.latency, -1) for o in outputs])
+    events = sorted(
+        [(o.start_time, 1) for o in outputs] + [(o.start_time + o.latency, -1) for o in outputs]
+    )
     peak = current = 0
     for _, delta in events:
         current += delta
@@ -149,9 +207,13 @@ def _peak_concurrency(outputs: list[RequestFuncOutput]) -> int:
     return peak
 
 
-async def benchmark(args: argparse.Namespace, api_url: str, model: str,
-                    requests: list[SampleRequest], prompts: list[Any]
-                    ) -> tuple[BenchmarkMetrics, list[RequestFuncOutput]]:
+async def benchmark(
+    args: argparse.Namespace,
+    api_url: str,
+    model: str,
+    requests: list[SampleRequest],
+    prompts: list[Any],
+) -> tuple[BenchmarkMetrics, list[RequestFuncOutput]]:
     import aiohttp
 
     request_func = BACKENDS[args.backend]
@@ -164,8 +226,10 @@ async def benchmark(args: argparse.Namespace, api_url: str, model: str,
     inputs: list[RequestFuncInput] = []
     tasks = []
     timeout = aiohttp.ClientTimeout(total=6 * 60 * 60)
-    async with aiohttp.ClientSession(timeout=timeout, headers=headers,
-                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with aiohttp.ClientSession(
+        timeout=timeout, headers=headers, connector=aiohttp.TCPConnector(limit=0)
+    ) as session:
+
         async def limited(req_input: RequestFuncInput) -> RequestFuncOutput:
             async with semaphore:
                 return await request_func(req_input, session)
@@ -174,9 +238,13 @@ async def benchmark(args: argparse.Namespace, api_url: str, model: str,
         index = {id(r): i for i, r in enumerate(requests)}
         async for request in get_request(requests, args.request_rate, args.burstiness, rng):
             req_input = RequestFuncInput(
-                prompt=prompts[index[id(request)]], api_url=api_url, model=model,
-                prompt_len=request.prompt_len, output_len=request.expected_output_len,
-                extra_body=extra)
+                prompt=prompts[index[id(request)]],
+                api_url=api_url,
+                model=model,
+                prompt_len=request.prompt_len,
+                output_len=request.expected_output_len,
+                extra_body=extra,
+            )
             inputs.append(req_input)
             tasks.append(asyncio.create_task(limited(req_input)))
         outputs = await _gather_with_progress(tasks, args.disable_tqdm)
@@ -186,8 +254,9 @@ async def benchmark(args: argparse.Namespace, api_url: str, model: str,
     return calculate_metrics(inputs, outputs, duration, selected, percentiles), outputs
 
 
-async def _gather_with_progress(tasks: list[asyncio.Task],
-                                disable: bool) -> list[RequestFuncOutput]:
+async def _gather_with_progress(
+    tasks: list[asyncio.Task], disable: bool
+) -> list[RequestFuncOutput]:
     from tqdm.auto import tqdm
 
     pbar = None if disable else tqdm(total=len(tasks))
@@ -200,31 +269,39 @@ async def _gather_with_progress(tasks: list[asyncio.Task],
     return [t.result() for t in tasks]
 
 
-_TITLES = {"ttft": ("Time to First Token", "TTFT"),
-           "tpot": ("Time per Output Token (excl. 1st token)", "TPOT"),
-           "itl": ("Inter-token Latency", "ITL"), "e2el": ("End-to-end Latency", "E2EL")}
+_TITLES = {
+    "ttft": ("Time to First Token", "TTFT"),
+    "tpot": ("Time per Output Token (excl. 1st token)", "TPOT"),
+    "itl": ("Inter-token Latency", "ITL"),
+    "e2el": ("End-to-end Latency", "E2EL"),
+}
 
 
-def print_metrics(metrics: BenchmarkMetrics, max_concurrency: int | None,
-                  request_rate: float) -> None:
+def print_metrics(
+    metrics: BenchmarkMetrics, max_concurrency: int | None, request_rate: float
+) -> None:
     """Upstream's summary block."""
     print("{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
-    rows: list[tuple[str, Any]] = [("Successful requests:", metrics.completed),
-                                   ("Failed requests:", metrics.failed)]
+    rows: list[tuple[str, Any]] = [
+        ("Successful requests:", metrics.completed),
+        ("Failed requests:", metrics.failed),
+    ]
     if max_concurrency is not None:
         rows.append(("Maximum request concurrency:", max_concurrency))
     if request_rate != float("inf"):
         rows.append(("Request rate configured (RPS):", f"{request_rate:.2f}"))
-    rows += [("Benchmark duration (s):", f"{metrics.duration:.2f}"),
-             ("Total input tokens:", metrics.total_input),
-             ("Total generated tokens:", metrics.total_output),
-             ("Request throughput (req/s):", f"{metrics.request_throughput:.2f}"),
-             ("Output token throughput (tok/s):", f"{metrics.output_throughput:.2f}"),
-             ("Peak output token throughput (tok/s):", f"{metrics.max_output_tokens_per_s:.2f}"),
-             ("Peak concurrent requests:", f"{metrics.max_concurrent_requests:.2f}"),
-             ("Total Token throughput (tok/s):", f"{metrics.total_token_throughput:.2f}")]
+    rows += [
+        ("Benchmark duration (s):", f"{metrics.duration:.2f}"),
+        ("Total input tokens:", metrics.total_input),
+        ("Total generated tokens:", metrics.total_output),
+        ("Request throughput (req/s):", f"{metrics.request_throughput:.2f}"),
+        ("Output token throughput (tok/s):", f"{metrics.output_throughput:.2f}"),
+        ("Peak output token throughput (tok/s):", f"{metrics.max_output_tokens_per_s:.2f}"),
+        ("Peak concurrent requests:", f"{metrics.max_concurrent_requests:.2f}"),
+        ("Total Token throughput (tok/s):", f"{metrics.total_token_throughput:.2f}"),
+    ]
     for label, value in rows:
-        print("{:<40} {:<10}".format(label, value))
+        print(f"{label:<40} {value:<10}")
     for name, stats in metrics.percentiles.items():
         title, short = _TITLES[name]
         print("{s:{c}^{n}}".format(s=title, n=50, c="-"))
@@ -244,27 +321,42 @@ def main(args: argparse.Namespace) -> None:
     served_name, served_root = fetch_model_info(base_url, args.api_key)
     model = args.model or served_name
     tokenizer = _load_tokenizer(args.tokenizer or args.model or served_root)
-    requests = sample_random_requests(len(tokenizer), set(tokenizer.all_special_ids),
-                                      args.num_prompts, args.random_input_len,
-                                      args.random_output_len, args.random_range_ratio,
-                                      args.random_prefix_len, args.seed)
+    requests = sample_random_requests(
+        len(tokenizer),
+        set(tokenizer.all_special_ids),
+        args.num_prompts,
+        args.random_input_len,
+        args.random_output_len,
+        args.random_range_ratio,
+        args.random_prefix_len,
+        args.seed,
+    )
     # Completions take token ids as they are; chat needs text.
-    prompts = ([tokenizer.decode(r.prompt_token_ids) for r in requests]
-               if args.backend == "openai-chat" else [r.prompt_token_ids for r in requests])
+    prompts = (
+        [tokenizer.decode(r.prompt_token_ids) for r in requests]
+        if args.backend == "openai-chat"
+        else [r.prompt_token_ids for r in requests]
+    )
     random.seed(args.seed)
-    print(f"Benchmarking {model} at {base_url}{endpoint}: {args.num_prompts} prompts, "
-          f"request rate {args.request_rate}, max concurrency {args.max_concurrency}")
-    metrics, outputs = asyncio.run(benchmark(args, base_url + endpoint, model, requests,
-                                             prompts))
+    print(
+        f"Benchmarking {model} at {base_url}{endpoint}: {args.num_prompts} prompts, "
+        f"request rate {args.request_rate}, max concurrency {args.max_concurrency}"
+    )
+    metrics, outputs = asyncio.run(benchmark(args, base_url + endpoint, model, requests, prompts))
     print_metrics(metrics, args.max_concurrency, args.request_rate)
     errors = [o.error for o in outputs if not o.success]
     if errors:
         print(f"First error of {len(errors)}: {errors[0][:500]}")
     if args.save_result:
         filename = args.result_filename or f"bench-serve-{int(time.time())}.json"
-        result = {"backend": args.backend, "model_id": model, "num_prompts": args.num_prompts,
-                  "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
-                  **asdict(metrics)}
+        result = {
+            "backend": args.backend,
+            "model_id": model,
+            "num_prompts": args.num_prompts,
+            "request_rate": args.request_rate,
+            "max_concurrency": args.max_concurrency,
+            **asdict(metrics),
+        }
         with open(filename, "w") as f:
             json.dump(result, f, indent=2)
 

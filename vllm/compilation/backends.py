@@ -14,6 +14,7 @@ and splits the Inductor graph there. Here:
 - any other stateful layer (Mamba, MLA) runs under `torch.compiler.disable`,
   i.e. a graph break around it.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -33,8 +34,9 @@ _OPAQUE_ATTR = "_vllm_compile_opaque"
 
 
 @torch.library.custom_op("vllm::unified_attention", mutates_args=())
-def unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      layer_name: str) -> torch.Tensor:
+def unified_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_name: str
+) -> torch.Tensor:
     """The named `Attention` layer's eager forward: query [T, H * D], key/value
     [T, Hkv * D] -> [T, H * D]. Writes the layer's KV cache as a side effect."""
     from vllm.forward_context import get_forward_context
@@ -45,14 +47,16 @@ def unified_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
 
 @unified_attention.register_fake
-def _unified_attention_fake(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            layer_name: str) -> torch.Tensor:
+def _unified_attention_fake(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_name: str
+) -> torch.Tensor:
     return torch.empty_like(query)
 
 
 def _opaque_attention_forward(layer_name: str):
     def forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         return torch.ops.vllm.unified_attention(query, key, value, layer_name)
+
     return forward
 
 
@@ -98,8 +102,7 @@ def unpack_cpu_linear_weights(model: nn.Module) -> int:
     return changed
 
 
-def resolve_backend(compilation_config: "CompilationConfig",
-                    backend: str | None = None) -> str:
+def resolve_backend(compilation_config: CompilationConfig, backend: str | None = None) -> str:
     """The torch.compile backend for the config's mode: Inductor for
     STOCK_TORCH_COMPILE / DYNAMO_TRACE_ONCE / VLLM_COMPILE unless `backend`
     names another ("eager", "aot_eager": tracing without code generation)."""
@@ -110,7 +113,9 @@ def resolve_backend(compilation_config: "CompilationConfig",
         backend = compilation_config.backend or None
     if backend is not None:
         if backend not in torch._dynamo.list_backends(exclude_tags=()):
-            raise ValueError(f"Unknown torch.compile backend {backend!r}; known: "
-                             f"{', '.join(torch._dynamo.list_backends(exclude_tags=()))}.")
+            raise ValueError(
+                f"Unknown torch.compile backend {backend!r}; known: "
+                f"{', '.join(torch._dynamo.list_backends(exclude_tags=()))}."
+            )
         return backend
     return "inductor"

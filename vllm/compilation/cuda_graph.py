@@ -10,6 +10,7 @@ wrapped model directly. It never decides anything itself: the dispatcher
 size, and the runner has laid the inputs out in persistent buffers, so the
 tensors a replay reads are the ones the capture saw.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -73,12 +74,17 @@ class CUDAGraphWrapper:
     kernels exist; creating them inside a capture fails it. The V1 runner's
     capture loop (cudagraph_padding.capture_cudagraphs) does that."""
 
-    def __init__(self, runnable: Callable[..., Any], vllm_config: "VllmConfig",
-                 runtime_mode: CUDAGraphMode,
-                 cudagraph_options: CUDAGraphOptions | None = None) -> None:
+    def __init__(
+        self,
+        runnable: Callable[..., Any],
+        vllm_config: VllmConfig,
+        runtime_mode: CUDAGraphMode,
+        cudagraph_options: CUDAGraphOptions | None = None,
+    ) -> None:
         if runtime_mode not in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
-            raise ValueError(f"A CUDAGraphWrapper captures FULL or PIECEWISE graphs, "
-                             f"not {runtime_mode.name}.")
+            raise ValueError(
+                f"A CUDAGraphWrapper captures FULL or PIECEWISE graphs, not {runtime_mode.name}."
+            )
         self.runnable = runnable
         self.vllm_config = vllm_config
         self.runtime_mode = runtime_mode
@@ -119,17 +125,20 @@ class CUDAGraphWrapper:
                 raise RuntimeError(
                     f"CUDA graph {desc}: input tensors moved since capture "
                     f"({entry.input_addresses} -> {addresses}); inputs must live in "
-                    "persistent buffers.")
+                    "persistent buffers."
+                )
         entry.cudagraph.replay()
         return entry.output
 
-    def _capture(self, entry: CUDAGraphEntry, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> None:
+    def _capture(
+        self, entry: CUDAGraphEntry, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         """Record one graph. Capture only records the kernels, so the caller
         replays it once afterwards to produce this call's output."""
         if self.cudagraph_options.debug_log_enable:
-            logger.debug("Capturing a %s CUDA graph for %s", self.runtime_mode.name,
-                         entry.batch_descriptor)
+            logger.debug(
+                "Capturing a %s CUDA graph for %s", self.runtime_mode.name, entry.batch_descriptor
+            )
         if self.graph_pool is None:
             self.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()

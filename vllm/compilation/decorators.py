@@ -19,6 +19,7 @@ instance, so model files stay untouched:
 The model object is returned (its forward replaced), so `compute_logits`,
 `load_weights` and the parameters stay where the runner expects them.
 """
+
 from __future__ import annotations
 
 import time
@@ -27,8 +28,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from vllm.compilation.backends import (make_stateful_layers_opaque, resolve_backend,
-                                       unpack_cpu_linear_weights)
+from vllm.compilation.backends import (
+    make_stateful_layers_opaque,
+    resolve_backend,
+    unpack_cpu_linear_weights,
+)
 from vllm.compilation.fake_ops import register_cpu_fake_ops
 from vllm.config.compilation import CompilationMode
 from vllm.logger import init_logger
@@ -52,10 +56,12 @@ class _CompiledForward:
         self.num_calls = 0
         self.first_call_s: float | None = None  # wall time of the call that compiled
 
-    def __call__(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                 *args: Any, **kwargs: Any) -> Any:
-        tensors = dict(input_ids=input_ids, positions=positions,
-                       inputs_embeds=kwargs.get("inputs_embeds"))
+    def __call__(
+        self, input_ids: torch.Tensor | None, positions: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> Any:
+        tensors = dict(
+            input_ids=input_ids, positions=positions, inputs_embeds=kwargs.get("inputs_embeds")
+        )
         for name in _TOKEN_DIM_ARGS:
             t = tensors[name]
             if isinstance(t, torch.Tensor):
@@ -67,14 +73,19 @@ class _CompiledForward:
             out = self.compiled(input_ids, positions, *args, **kwargs)
         if self.num_calls == 0:
             self.first_call_s = time.perf_counter() - start
-            logger.info("torch.compile: first forward (trace + compile) took %.1f s.",
-                        self.first_call_s)
+            logger.info(
+                "torch.compile: first forward (trace + compile) took %.1f s.", self.first_call_s
+            )
         self.num_calls += 1
         return out
 
 
-def maybe_compile_model(model: nn.Module, compilation_config: "CompilationConfig",
-                        device: torch.device | str, backend: str | None = None) -> nn.Module:
+def maybe_compile_model(
+    model: nn.Module,
+    compilation_config: CompilationConfig,
+    device: torch.device | str,
+    backend: str | None = None,
+) -> nn.Module:
     """`model` with its forward compiled per `compilation_config.mode`
     (NONE: `model` unchanged). `backend` overrides the compiler backend
     ("eager" / "aot_eager" trace without generating code: tests)."""
@@ -97,6 +108,11 @@ def maybe_compile_model(model: nn.Module, compilation_config: "CompilationConfig
         options = {"freezing": True}
     compiled = torch.compile(eager_forward, backend=compiler, fullgraph=False, options=options)
     model.forward = _CompiledForward(eager_forward, compiled)
-    logger.info("Compiling %s with torch.compile (mode %s, backend %s, %d opaque layers).",
-                type(model).__name__, mode.name, compiler, num_opaque)
+    logger.info(
+        "Compiling %s with torch.compile (mode %s, backend %s, %d opaque layers).",
+        type(model).__name__,
+        mode.name,
+        compiler,
+        num_opaque,
+    )
     return model

@@ -7,14 +7,22 @@ exist: the output shapes are the caller's tensors. The registrations are made
 lazily, the first time compilation is requested, and only for the ops the
 loaded `vllm._C` provides.
 """
+
 from __future__ import annotations
 
 import torch
 
 # Every op in csrc/cpu/torch_bindings.cpp; each returns ().
-_CPU_OPS = ("paged_attention_decode", "reshape_and_cache", "rms_norm", "fused_add_rms_norm",
-            "fused_add_rms_norm_out", "rotary_embedding", "rotary_embedding_out",
-            "silu_and_mul")
+_CPU_OPS = (
+    "paged_attention_decode",
+    "reshape_and_cache",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_out",
+    "rotary_embedding",
+    "rotary_embedding_out",
+    "silu_and_mul",
+)
 
 _registered: set[str] = set()
 

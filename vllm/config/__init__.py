@@ -1,4 +1,5 @@
 """Engine configuration, one dataclass per concern (upstream: vllm/config/)."""
+
 from vllm.config.attention import AttentionConfig
 from vllm.config.cache import CacheConfig
 from vllm.config.compilation import CompilationConfig, CompilationMode, CUDAGraphMode
@@ -12,16 +13,33 @@ from vllm.config.parallel import ParallelConfig
 from vllm.config.scheduler import SchedulerConfig
 from vllm.config.speculative import SpeculativeConfig
 from vllm.config.structured_outputs import StructuredOutputsConfig
-from vllm.config.vllm import (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, VllmConfig,
-                              get_current_vllm_config, get_current_vllm_config_or_none,
-                              set_current_vllm_config)
+from vllm.config.vllm import (
+    DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES,
+    VllmConfig,
+    get_current_vllm_config,
+    get_current_vllm_config_or_none,
+    set_current_vllm_config,
+)
 
 __all__ = [
-    "AttentionConfig", "CacheConfig", "CompilationConfig", "CompilationMode", "CUDAGraphMode",
-    "DeviceConfig", "LoadConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig",
-    "StructuredOutputsConfig", "VllmConfig", "ECTransferConfig", "KVEventsConfig",
-    "KVTransferConfig", "SpeculativeConfig",
-    "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES", "get_current_vllm_config",
+    "AttentionConfig",
+    "CacheConfig",
+    "CompilationConfig",
+    "CompilationMode",
+    "CUDAGraphMode",
+    "DeviceConfig",
+    "LoadConfig",
+    "ModelConfig",
+    "ParallelConfig",
+    "SchedulerConfig",
+    "StructuredOutputsConfig",
+    "VllmConfig",
+    "ECTransferConfig",
+    "KVEventsConfig",
+    "KVTransferConfig",
+    "SpeculativeConfig",
+    "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES",
+    "get_current_vllm_config",
     "get_current_vllm_config_or_none",
     "set_current_vllm_config",
 ]

@@ -1,4 +1,5 @@
 """Attention backend choice (upstream: vllm/config/attention.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

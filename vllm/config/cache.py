@@ -1,4 +1,5 @@
 """KV cache configuration (upstream: vllm/config/cache.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,14 +27,19 @@ class CacheConfig:
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}.")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError("GPU memory utilization must be within (0, 1]. Got "
-                             f"{self.gpu_memory_utilization}.")
+            raise ValueError(
+                f"GPU memory utilization must be within (0, 1]. Got {self.gpu_memory_utilization}."
+            )
         if self.prefix_caching_hash_algo not in _HASH_ALGOS:
-            raise ValueError(f"prefix_caching_hash_algo must be one of {_HASH_ALGOS}, got "
-                             f"{self.prefix_caching_hash_algo!r}.")
+            raise ValueError(
+                f"prefix_caching_hash_algo must be one of {_HASH_ALGOS}, got "
+                f"{self.prefix_caching_hash_algo!r}."
+            )
         if self.cache_dtype != "auto":
-            raise ValueError(f"kv_cache_dtype {self.cache_dtype!r} is not supported yet; "
-                             "only 'auto' (the model dtype) is.")
+            raise ValueError(
+                f"kv_cache_dtype {self.cache_dtype!r} is not supported yet; "
+                "only 'auto' (the model dtype) is."
+            )
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive.")
         # Filled in by the engine core once the KV cache is sized.

@@ -6,6 +6,7 @@ modes that ask for them resolve to the closest mode that needs none (see
 `CompilationConfig.resolve`): PIECEWISE -> NONE, FULL_AND_PIECEWISE ->
 FULL_DECODE_ONLY (full graphs for uniform decode batches, mixed batches eager).
 """
+
 from __future__ import annotations
 
 import enum
@@ -38,15 +39,15 @@ class CUDAGraphMode(enum.Enum):
     FULL_DECODE_ONLY = (FULL, NONE)
     FULL_AND_PIECEWISE = (FULL, PIECEWISE)
 
-    def decode_mode(self) -> "CUDAGraphMode":
+    def decode_mode(self) -> CUDAGraphMode:
         """Mode for uniform decode batches."""
         return CUDAGraphMode(self.value[0]) if self.separate_routine() else self
 
-    def mixed_mode(self) -> "CUDAGraphMode":
+    def mixed_mode(self) -> CUDAGraphMode:
         """Mode for prefill / mixed batches."""
         return CUDAGraphMode(self.value[1]) if self.separate_routine() else self
 
-    def has_mode(self, mode: "CUDAGraphMode") -> bool:
+    def has_mode(self, mode: CUDAGraphMode) -> bool:
         if mode.separate_routine():
             raise ValueError(f"has_mode() takes a runtime mode, not {mode.name}.")
         if self.separate_routine():
@@ -56,7 +57,7 @@ class CUDAGraphMode(enum.Enum):
     def requires_piecewise_compilation(self) -> bool:
         return self.has_mode(CUDAGraphMode.PIECEWISE)
 
-    def max_cudagraph_mode(self) -> "CUDAGraphMode":
+    def max_cudagraph_mode(self) -> CUDAGraphMode:
         return CUDAGraphMode(max(self.value)) if self.separate_routine() else self
 
     def has_full_cudagraphs(self) -> bool:
@@ -69,7 +70,7 @@ class CUDAGraphMode(enum.Enum):
         return isinstance(self.value, tuple)
 
     @classmethod
-    def valid_runtime_modes(cls) -> frozenset["CUDAGraphMode"]:
+    def valid_runtime_modes(cls) -> frozenset[CUDAGraphMode]:
         return frozenset({cls.NONE, cls.PIECEWISE, cls.FULL})
 
     def is_valid_runtime_mode(self) -> bool:
@@ -79,7 +80,7 @@ class CUDAGraphMode(enum.Enum):
         return self.name
 
     @classmethod
-    def parse(cls, value: "CUDAGraphMode | str | int") -> "CUDAGraphMode":
+    def parse(cls, value: CUDAGraphMode | str | int) -> CUDAGraphMode:
         """A mode from its name (any case, as `-cc '{"cudagraph_mode": "full"}'`
         gives it), its integer value, or the member itself."""
         if isinstance(value, cls):
@@ -93,8 +94,9 @@ class CUDAGraphMode(enum.Enum):
                 return cls(value)
             except ValueError:
                 pass
-        raise ValueError(f"Invalid cudagraph_mode {value!r}; choose one of "
-                         f"{', '.join(cls.__members__)}.")
+        raise ValueError(
+            f"Invalid cudagraph_mode {value!r}; choose one of {', '.join(cls.__members__)}."
+        )
 
 
 PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")
@@ -122,12 +124,12 @@ class CompilationConfig:
     # given, else min(2 * max_num_seqs, 512) as upstream.
     max_cudagraph_capture_size: int | None = None
     # Layer prefix -> layer module (attention layers register themselves).
-    static_forward_context: dict[str, Any] = field(default_factory=dict, repr=False,
-                                                   compare=False)
+    static_forward_context: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # What the user set, so that `set_cudagraph_sizes` can be re-run with
     # the scheduler limits and still start from the user's values.
     _user_sizes: tuple[list[int] | None, int | None] = field(
-        default=(None, None), init=False, repr=False, compare=False)
+        default=(None, None), init=False, repr=False, compare=False
+    )
     # `--performance-mode`: "interactivity" captures every batch size up to 32
     # when the capture sizes are not given (set by EngineArgs, as upstream's
     # VllmConfig._set_cudagraph_sizes reads VllmConfig.performance_mode).
@@ -139,15 +141,17 @@ class CompilationConfig:
             self.cudagraph_mode = CUDAGraphMode.parse(self.cudagraph_mode)
         if self.cudagraph_capture_sizes is not None:
             sizes = list(self.cudagraph_capture_sizes)
-            if not all(isinstance(s, int) and not isinstance(s, bool) and s > 0
-                       for s in sizes):
-                raise ValueError("cudagraph_capture_sizes must be positive integers, "
-                                 f"got {self.cudagraph_capture_sizes!r}.")
+            if not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
+                raise ValueError(
+                    "cudagraph_capture_sizes must be positive integers, "
+                    f"got {self.cudagraph_capture_sizes!r}."
+                )
             self.cudagraph_capture_sizes = sorted(set(sizes))
         size = self.max_cudagraph_capture_size
         if size is not None and (not isinstance(size, int) or size < 0):
-            raise ValueError(f"max_cudagraph_capture_size must be a non-negative integer, "
-                             f"got {size!r}.")
+            raise ValueError(
+                f"max_cudagraph_capture_size must be a non-negative integer, got {size!r}."
+            )
         self._user_sizes = (self.cudagraph_capture_sizes, size)
 
     def register_stateful_layer(self, prefix: str, layer: Any, kind: str) -> None:
@@ -157,26 +161,33 @@ class CompilationConfig:
             raise ValueError(f"{kind} layers need a unique, non-empty prefix (got {prefix!r}).")
         self.static_forward_context[prefix] = layer
 
-    def resolve(self, device_type: str, enforce_eager: bool,
-                max_num_batched_tokens: int | None = None,
-                max_num_seqs: int | None = None) -> None:
+    def resolve(
+        self,
+        device_type: str,
+        enforce_eager: bool,
+        max_num_batched_tokens: int | None = None,
+        max_num_seqs: int | None = None,
+    ) -> None:
         """Settle the mode for this device and the capture sizes.
 
         CUDA graphs need CUDA; eager mode turns them off. Modes needing
         piecewise graphs are narrowed (see the module docstring)."""
         if device_type != "cuda" or enforce_eager:
             if self.cudagraph_mode not in (None, CUDAGraphMode.NONE):
-                logger.info("cudagraph_mode %s -> NONE (%s).", self.cudagraph_mode.name,
-                            "enforce_eager" if enforce_eager
-                            else f"no CUDA graphs on {device_type}")
+                logger.info(
+                    "cudagraph_mode %s -> NONE (%s).",
+                    self.cudagraph_mode.name,
+                    "enforce_eager" if enforce_eager else f"no CUDA graphs on {device_type}",
+                )
             self.cudagraph_mode = CUDAGraphMode.NONE
         elif self.cudagraph_mode is None:
             self.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
         self.cudagraph_mode = _without_piecewise(self.cudagraph_mode)
         self.set_cudagraph_sizes(max_num_batched_tokens, max_num_seqs)
 
-    def set_cudagraph_sizes(self, max_num_batched_tokens: int | None = None,
-                            max_num_seqs: int | None = None) -> None:
+    def set_cudagraph_sizes(
+        self, max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None
+    ) -> None:
         """max_cudagraph_capture_size and the capture sizes, clipped to it and
         to max_num_batched_tokens (a graph never holds more tokens than a step).
         Idempotent: the worker calls it again once the scheduler limits are known.
@@ -206,10 +217,18 @@ def _without_piecewise(mode: CUDAGraphMode) -> CUDAGraphMode:
     keep only the full-graph half of a mode."""
     if not mode.has_piecewise_cudagraphs():
         return mode
-    narrowed = (CUDAGraphMode.FULL_DECODE_ONLY
-                if mode == CUDAGraphMode.FULL_AND_PIECEWISE else CUDAGraphMode.NONE)
-    logger.info("cudagraph_mode %s -> %s: piecewise CUDA graphs need piecewise "
-                "compilation, which this build does not have (%s).", mode.name,
-                narrowed.name, "mixed batches run eagerly"
-                if narrowed == CUDAGraphMode.FULL_DECODE_ONLY else "all batches run eagerly")
+    narrowed = (
+        CUDAGraphMode.FULL_DECODE_ONLY
+        if mode == CUDAGraphMode.FULL_AND_PIECEWISE
+        else CUDAGraphMode.NONE
+    )
+    logger.info(
+        "cudagraph_mode %s -> %s: piecewise CUDA graphs need piecewise "
+        "compilation, which this build does not have (%s).",
+        mode.name,
+        narrowed.name,
+        "mixed batches run eagerly"
+        if narrowed == CUDAGraphMode.FULL_DECODE_ONLY
+        else "all batches run eagerly",
+    )
     return narrowed

@@ -1,4 +1,5 @@
 """Device configuration (upstream: vllm/config/device.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

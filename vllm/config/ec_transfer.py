@@ -3,6 +3,7 @@
 The record exists with upstream's fields; EC connectors (and the encoder cache
 they move) are not built, so `VllmConfig` refuses a config that sets one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,5 +30,6 @@ class ECTransferConfig:
 
     def __post_init__(self) -> None:
         if self.ec_role is not None and self.ec_role not in get_args(ECRole):
-            raise ValueError(f"Unsupported ec_role: {self.ec_role!r}. "
-                             f"Supported roles are {get_args(ECRole)}")
+            raise ValueError(
+                f"Unsupported ec_role: {self.ec_role!r}. Supported roles are {get_args(ECRole)}"
+            )

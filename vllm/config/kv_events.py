@@ -5,6 +5,7 @@ The record exists with upstream's fields. The events themselves
 `enable_kv_cache_events` is set on the `KVCacheManager`; publishing them over
 ZMQ is not built, so `VllmConfig` refuses a config that enables them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,5 +47,6 @@ class KVEventsConfig:
         if self.publisher is None:
             self.publisher = "zmq" if self.enable_kv_cache_events else "null"
         if self.publisher not in _PUBLISHERS:
-            raise ValueError(f"KVEventsConfig.publisher must be one of {_PUBLISHERS}, "
-                             f"got {self.publisher!r}")
+            raise ValueError(
+                f"KVEventsConfig.publisher must be one of {_PUBLISHERS}, got {self.publisher!r}"
+            )

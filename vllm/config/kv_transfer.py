@@ -4,6 +4,7 @@ The record exists with upstream's fields so that configs and tests can name
 it; KV connectors (disaggregated prefill, offloading) are not built, so
 `VllmConfig` refuses a config that sets one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -43,11 +44,14 @@ class KVTransferConfig:
 
     def __post_init__(self) -> None:
         if self.kv_role is not None and self.kv_role not in get_args(KVRole):
-            raise ValueError(f"Unsupported kv_role: {self.kv_role!r}. "
-                             f"Supported roles are {get_args(KVRole)}")
+            raise ValueError(
+                f"Unsupported kv_role: {self.kv_role!r}. Supported roles are {get_args(KVRole)}"
+            )
         if self.kv_connector is not None and self.kv_role is None:
-            raise ValueError("Please specify kv_role when kv_connector "
-                             f"is set, supported roles are {get_args(KVRole)}")
+            raise ValueError(
+                "Please specify kv_role when kv_connector "
+                f"is set, supported roles are {get_args(KVRole)}"
+            )
 
     @property
     def is_kv_transfer_instance(self) -> bool:
@@ -63,4 +67,3 @@ class KVTransferConfig:
 
     def get_from_extra_config(self, key: str, default: Any) -> Any:
         return self.kv_connector_extra_config.get(key, default)
-

@@ -1,4 +1,5 @@
 """Weight loading configuration (upstream: vllm/config/load.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,9 +14,11 @@ class LoadConfig:
 
     def __post_init__(self) -> None:
         if self.load_format not in _LOAD_FORMATS:
-            raise ValueError(f"Unknown load_format {self.load_format!r}; choose one of "
-                             f"{_LOAD_FORMATS}.")
+            raise ValueError(
+                f"Unknown load_format {self.load_format!r}; choose one of {_LOAD_FORMATS}."
+            )
         if self.download_dir is not None:
             raise ValueError(
                 f"download_dir={self.download_dir!r} (--download-dir) cannot be honoured: "
-                "models are loaded from local paths only and nothing is downloaded.")
+                "models are loaded from local paths only and nothing is downloaded."
+            )

@@ -1,4 +1,5 @@
 """Model configuration (upstream: vllm/config/model.py)."""
+
 from __future__ import annotations
 
 import copy
@@ -11,8 +12,12 @@ import torch
 from transformers import PretrainedConfig
 
 from vllm.logger import init_logger
-from vllm.transformers_utils.config import (embedded_model_path, get_config, is_gguf,
-                                            try_get_generation_config)
+from vllm.transformers_utils.config import (
+    embedded_model_path,
+    get_config,
+    is_gguf,
+    try_get_generation_config,
+)
 from vllm.utils import STR_DTYPE_TO_TORCH_DTYPE
 
 if TYPE_CHECKING:
@@ -23,8 +28,16 @@ logger = init_logger(__name__)
 RunnerType = Literal["generate", "pooling"]
 
 # Keys of HF configs that bound the context length, in upstream's order.
-_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-                 "model_max_length", "max_sequence_length", "max_seq_length", "seq_len")
+_MAX_LEN_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
 # generation_config.json keys that become default sampling parameters.
 _GEN_CONFIG_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
 # --tokenizer-mode values built here ("hf" is upstream's name for the
@@ -107,8 +120,12 @@ class ModelConfig:
         self.dtype = self._resolve_dtype(self.dtype)
         self.max_model_len = self._resolve_max_model_len(_parse_max_model_len(self.max_model_len))
         self._verify_unbuilt_options()
-        if self.logprobs_mode not in ("raw_logprobs", "raw_logits", "processed_logprobs",
-                                      "processed_logits"):
+        if self.logprobs_mode not in (
+            "raw_logprobs",
+            "raw_logits",
+            "processed_logprobs",
+            "processed_logits",
+        ):
             raise ValueError(f"Invalid logprobs_mode: {self.logprobs_mode!r}")
         self._model_info, self._architecture = self._inspect()
         self.runner_type: RunnerType = self._resolve_runner_type()
@@ -120,11 +137,14 @@ class ModelConfig:
             raise ValueError(
                 f"revision={self.revision!r} (--revision) cannot be honoured: models are "
                 "loaded from local paths only, so there is no hub revision to pick. Check "
-                "out the revision into a folder and pass that folder instead.")
+                "out the revision into a folder and pass that folder instead."
+            )
         if self.tokenizer_mode not in _TOKENIZER_MODES:
             built = "built" if self.tokenizer_mode in ("mistral", "custom") else "known"
-            raise ValueError(f"tokenizer_mode={self.tokenizer_mode!r} (--tokenizer-mode) is not "
-                             f"{built} here; choose one of {_TOKENIZER_MODES}.")
+            raise ValueError(
+                f"tokenizer_mode={self.tokenizer_mode!r} (--tokenizer-mode) is not "
+                f"{built} here; choose one of {_TOKENIZER_MODES}."
+            )
         self._verify_quantization()
 
     def _verify_quantization(self) -> None:
@@ -136,14 +156,19 @@ class ModelConfig:
             raise ValueError(
                 f"quantization={method!r} (-q/--quantization) is not supported yet: the "
                 "only quantized checkpoints this build loads are GGUF files (pass the "
-                ".gguf file as the model; --quantization gguf is then accepted).")
+                ".gguf file as the model; --quantization gguf is then accepted)."
+            )
         quant_cfg = getattr(self.hf_config, "quantization_config", None)
         if quant_cfg is not None and self.gguf_file is None:
-            name = (quant_cfg.get("quant_method") if isinstance(quant_cfg, dict)
-                    else getattr(quant_cfg, "quant_method", None))
+            name = (
+                quant_cfg.get("quant_method")
+                if isinstance(quant_cfg, dict)
+                else getattr(quant_cfg, "quant_method", None)
+            )
             raise ValueError(
                 f"The checkpoint is quantized (quantization_config.quant_method={name!r}); "
-                "quantized checkpoints other than GGUF files are not supported yet.")
+                "quantized checkpoints other than GGUF files are not supported yet."
+            )
 
     # ---- derivation helpers -------------------------------------------------
     def _inspect(self):
@@ -185,8 +210,13 @@ class ModelConfig:
         derived = min(values) if values else 2048
         rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None)
         rope_type = (rope or {}).get("rope_type", (rope or {}).get("type"))
-        if isinstance(rope, dict) and rope_type not in (None, "default", "su", "longrope",
-                                                        "llama3"):
+        if isinstance(rope, dict) and rope_type not in (
+            None,
+            "default",
+            "su",
+            "longrope",
+            "llama3",
+        ):
             if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
                 derived = rope["original_max_position_embeddings"]
             derived = derived * rope.get("factor", 1.0)
@@ -200,7 +230,8 @@ class ModelConfig:
             raise ValueError(
                 f"User-specified max_model_len ({max_model_len}) is greater than the derived "
                 f"max_model_len (max_position_embeddings={derived} in the model's config). "
-                "This may lead to incorrect model outputs or errors.")
+                "This may lead to incorrect model outputs or errors."
+            )
         if max_model_len < 1:
             raise ValueError(f"max_model_len must be at least 1, got {max_model_len}.")
         return max_model_len
@@ -242,7 +273,8 @@ class ModelConfig:
             return False
         layer_types = getattr(self.hf_text_config, "layer_types", None)
         return layer_types is None or not all(
-            t in ("attention", "full_attention") for t in layer_types)
+            t in ("attention", "full_attention") for t in layer_types
+        )
 
     @property
     def has_inner_state(self) -> bool:
@@ -270,8 +302,7 @@ class ModelConfig:
     def is_prefix_caching_supported(self) -> bool:
         # Upstream: decoder-only generative models; off by default for hybrid
         # and attention-free ones ("still experimental" there).
-        return (self.runner_type == "generate" and not self.is_hybrid
-                and not self.is_attention_free)
+        return self.runner_type == "generate" and not self.is_hybrid and not self.is_attention_free
 
     @property
     def is_moe(self) -> bool:
@@ -279,8 +310,10 @@ class ModelConfig:
 
     @property
     def is_quantized(self) -> bool:
-        return (getattr(self.hf_config, "quantization_config", None) is not None
-                or self.quantization is not None)
+        return (
+            getattr(self.hf_config, "quantization_config", None) is not None
+            or self.quantization is not None
+        )
 
     # ---- shape helpers -------------------------------------------------------
     def get_vocab_size(self) -> int:
@@ -300,17 +333,17 @@ class ModelConfig:
         cfg = self.hf_text_config
         return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
 
-    def get_num_kv_heads(self, parallel_config: "ParallelConfig") -> int:
+    def get_num_kv_heads(self, parallel_config: ParallelConfig) -> int:
         # With TP > #kv heads, each KV head is replicated across ranks.
         return max(1, self.get_total_num_kv_heads() // parallel_config.tensor_parallel_size)
 
-    def get_num_attention_heads(self, parallel_config: "ParallelConfig") -> int:
+    def get_num_attention_heads(self, parallel_config: ParallelConfig) -> int:
         return self.hf_text_config.num_attention_heads // parallel_config.tensor_parallel_size
 
     def get_total_num_hidden_layers(self) -> int:
         return self.hf_text_config.num_hidden_layers
 
-    def get_num_layers(self, parallel_config: "ParallelConfig") -> int:
+    def get_num_layers(self, parallel_config: ParallelConfig) -> int:
         return self.get_total_num_hidden_layers() // parallel_config.pipeline_parallel_size
 
     def get_sliding_window(self) -> int | None:

@@ -1,4 +1,5 @@
 """Parallelism configuration (upstream: vllm/config/parallel.py)."""
+
 from __future__ import annotations
 
 import sys
@@ -24,11 +25,13 @@ class ParallelConfig:
                 f"data_parallel_size={self.data_parallel_size} (-dp/--data-parallel-size) is "
                 "not built yet: data parallelism (several engine replicas) is not "
                 "implemented, and one engine would run. Use -dp 1 (the default), or start "
-                "one server per replica behind a load balancer.")
+                "one server per replica behind a load balancer."
+            )
         backend = self.distributed_executor_backend
         if isinstance(backend, str) and backend not in _BACKENDS:
-            raise ValueError(f"Unknown distributed executor backend {backend!r}; choose one "
-                             f"of {_BACKENDS}.")
+            raise ValueError(
+                f"Unknown distributed executor backend {backend!r}; choose one of {_BACKENDS}."
+            )
         if backend is None:
             self.distributed_executor_backend = self._default_backend()
 

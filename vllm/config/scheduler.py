@@ -1,4 +1,5 @@
 """Scheduler configuration (upstream: vllm/config/scheduler.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,8 +40,9 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):
-            raise ValueError(f"Unknown scheduling policy {self.policy!r}; "
-                             "choose 'fcfs' or 'priority'.")
+            raise ValueError(
+                f"Unknown scheduling policy {self.policy!r}; choose 'fcfs' or 'priority'."
+            )
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive.")
         if self.stream_interval < 1:
@@ -55,8 +57,10 @@ class SchedulerConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
                 f"max_model_len ({max_model_len}). This effectively limits the maximum "
                 "sequence length to max_num_batched_tokens and makes vLLM reject longer "
-                "sequences. Please increase max_num_batched_tokens or decrease max_model_len.")
+                "sequences. Please increase max_num_batched_tokens or decrease max_model_len."
+            )
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than "
-                f"or equal to max_num_seqs ({self.max_num_seqs}).")
+                f"or equal to max_num_seqs ({self.max_num_seqs})."
+            )

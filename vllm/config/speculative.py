@@ -3,6 +3,7 @@
 Only the fields a caller names to ask for it are here; speculative decoding is
 not built, so `VllmConfig` refuses a config that sets one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,5 +23,6 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens is not None and self.num_speculative_tokens < 1:
-            raise ValueError("num_speculative_tokens must be >= 1, got "
-                             f"{self.num_speculative_tokens}")
+            raise ValueError(
+                f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
+            )

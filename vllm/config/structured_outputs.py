@@ -1,16 +1,15 @@
 """Structured outputs configuration (upstream: vllm/config/structured_outputs.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-StructuredOutputsBackend = Literal["auto", "xgrammar", "guidance", "outlines",
-                                   "lm-format-enforcer"]
+StructuredOutputsBackend = Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"]
 
 # Upstream's backend names, and the ones this implementation builds
 # ("auto" resolves to xgrammar).
-KNOWN_BACKENDS: tuple[str, ...] = ("auto", "xgrammar", "guidance", "outlines",
-                                   "lm-format-enforcer")
+KNOWN_BACKENDS: tuple[str, ...] = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")
 BUILT_BACKENDS: tuple[str, ...] = ("auto", "xgrammar")
 
 
@@ -19,10 +18,14 @@ def verify_backend_name(backend: str) -> None:
     if backend in BUILT_BACKENDS:
         return
     if backend in KNOWN_BACKENDS:
-        raise ValueError(f"Structured outputs backend {backend!r} is not built in this "
-                         "implementation; use 'xgrammar' or 'auto'.")
-    raise ValueError(f"Unknown structured outputs backend {backend!r}; choose one of "
-                     f"{', '.join(KNOWN_BACKENDS)} ('xgrammar' or 'auto' are built here).")
+        raise ValueError(
+            f"Structured outputs backend {backend!r} is not built in this "
+            "implementation; use 'xgrammar' or 'auto'."
+        )
+    raise ValueError(
+        f"Unknown structured outputs backend {backend!r}; choose one of "
+        f"{', '.join(KNOWN_BACKENDS)} ('xgrammar' or 'auto' are built here)."
+    )
 
 
 @dataclass
@@ -50,8 +53,10 @@ class StructuredOutputsConfig:
             raise ValueError(
                 f"structured_outputs_config.reasoning_parser={self.reasoning_parser!r} is not "
                 "built yet: this build has no reasoning parsers, so the reasoning section "
-                "could not be told apart from the constrained output.")
+                "could not be told apart from the constrained output."
+            )
         if self.enable_in_reasoning:
             raise ValueError(
                 "structured_outputs_config.enable_in_reasoning=True needs a reasoning "
-                "parser, and reasoning parsers are not built yet.")
+                "parser, and reasoning parsers are not built yet."
+            )

@@ -8,6 +8,7 @@ batches the engine core keeps in flight (`max_concurrent_batches`: the
 pipeline depth, one more under async scheduling except for V1 with
 pipeline parallelism).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,11 +38,13 @@ logger = init_logger(__name__)
 # MoE architectures that default to Model Runner V2. Dense models need no
 # entry: every dense generative model defaults to V2 (see
 # `_is_default_v2_model_runner_model`).
-DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: frozenset[str] = frozenset({
-    "DeepseekV2ForCausalLM",
-    "Qwen2MoeForCausalLM",
-    "GraniteMoeForCausalLM",
-})
+DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: frozenset[str] = frozenset(
+    {
+        "DeepseekV2ForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "GraniteMoeForCausalLM",
+    }
+)
 
 
 def _v2_model_runner_built() -> bool:
@@ -65,7 +68,8 @@ class VllmConfig:
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     attention_config: AttentionConfig = field(default_factory=AttentionConfig)
     structured_outputs_config: StructuredOutputsConfig = field(
-        default_factory=StructuredOutputsConfig)
+        default_factory=StructuredOutputsConfig
+    )
     # Upstream's records for features not built here: refused when set.
     kv_transfer_config: KVTransferConfig | None = None
     kv_events_config: KVEventsConfig | None = None
@@ -78,10 +82,13 @@ class VllmConfig:
         if mc is not None:
             self.scheduler_config.verify_with_model_len(mc.max_model_len)
             if mc.runner_type == "pooling":
-                raise ValueError(f"Pooling models (runner={mc.runner!r}, --runner) are not "
-                                 "supported yet; only the 'generate' runner is built.")
-        self.compilation_config.resolve(self.device_config.device_type,
-                                        mc.enforce_eager if mc else False)
+                raise ValueError(
+                    f"Pooling models (runner={mc.runner!r}, --runner) are not "
+                    "supported yet; only the 'generate' runner is built."
+                )
+        self.compilation_config.resolve(
+            self.device_config.device_type, mc.enforce_eager if mc else False
+        )
         self._resolve_async_scheduling()
 
     # ---- model runner choice ---------------------------------------------------
@@ -104,8 +111,10 @@ class VllmConfig:
         if getattr(model_config, "is_attention_free", False):
             return False
         architectures = getattr(model_config, "architectures", None) or []
-        return (any(arch in DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES for arch in architectures)
-                or not model_config.is_moe)
+        return (
+            any(arch in DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES for arch in architectures)
+            or not model_config.is_moe
+        )
 
     def _get_v2_model_runner_unsupported_features(self) -> list[str]:
         features = []
@@ -124,15 +133,17 @@ class VllmConfig:
         forced = envs.VLLM_USE_V2_MODEL_RUNNER
         if forced is not None:
             if forced and not _v2_model_runner_built():
-                raise ValueError("VLLM_USE_V2_MODEL_RUNNER=1 but Model Runner V2 is not "
-                                 "built in this version.")
+                raise ValueError(
+                    "VLLM_USE_V2_MODEL_RUNNER=1 but Model Runner V2 is not built in this version."
+                )
             return forced
         if not self._is_default_v2_model_runner_model():
             return False
         unsupported = self._get_v2_model_runner_unsupported_features()
         if unsupported:
-            logger.warning_once("Model Runner V2 does not support %s; using V1.",
-                                ", ".join(unsupported))
+            logger.warning_once(
+                "Model Runner V2 does not support %s; using V1.", ", ".join(unsupported)
+            )
             return False
         if not _v2_model_runner_built():
             logger.info_once("Model Runner V2 is not built yet; using the V1 model runner.")
@@ -164,8 +175,10 @@ class VllmConfig:
         measured 1395 vs 1182 output tok/s (64 x 128 -> 128, bf16 Qwen2-120M).
         Multi-process executors overlap for real and keep it on, as upstream.
         """
-        if (self.device_config.device_type == "cpu"
-                and self.parallel_config.distributed_executor_backend == "uni"):
+        if (
+            self.device_config.device_type == "cpu"
+            and self.parallel_config.distributed_executor_backend == "uni"
+        ):
             return "one CPU worker: the overlap gains nothing and costs GIL contention"
         return None
 
@@ -176,21 +189,27 @@ class VllmConfig:
         if kv_transfer is not None and kv_transfer.kv_connector is not None:
             raise NotImplementedError(
                 f"kv_transfer_config.kv_connector={kv_transfer.kv_connector!r}: "
-                "KV connectors (--kv-transfer-config) are not built yet.")
+                "KV connectors (--kv-transfer-config) are not built yet."
+            )
         if ec_transfer is not None and ec_transfer.ec_connector is not None:
             raise NotImplementedError(
                 f"ec_transfer_config.ec_connector={ec_transfer.ec_connector!r}: "
-                "encoder-cache connectors (--ec-transfer-config) are not built yet.")
+                "encoder-cache connectors (--ec-transfer-config) are not built yet."
+            )
         if self.speculative_config is not None:
             raise NotImplementedError(
-                "speculative_config: speculative decoding (--speculative-config) "
-                "is not built yet.")
+                "speculative_config: speculative decoding (--speculative-config) is not built yet."
+            )
         kv_events = self.kv_events_config
-        if (kv_events is not None and kv_events.enable_kv_cache_events
-                and kv_events.publisher != "null"):
+        if (
+            kv_events is not None
+            and kv_events.enable_kv_cache_events
+            and kv_events.publisher != "null"
+        ):
             raise NotImplementedError(
                 f"kv_events_config.publisher={kv_events.publisher!r}: publishing KV "
-                "cache events is not built yet (only publisher='null').")
+                "cache events is not built yet (only publisher='null')."
+            )
 
     def _resolve_async_scheduling(self) -> None:
         """None -> on where supported (and worth it); an explicit True that
@@ -203,8 +222,9 @@ class VllmConfig:
         elif sc.async_scheduling and reason is not None:
             raise ValueError(f"Async scheduling was requested but {reason}.")
         if self.model_config is not None:
-            logger.info_once("Async scheduling: %s",
-                             "on" if sc.async_scheduling else f"off ({reason})")
+            logger.info_once(
+                "Async scheduling: %s", "on" if sc.async_scheduling else f"off ({reason})"
+            )
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -218,16 +238,18 @@ class VllmConfig:
 
     def __str__(self) -> str:
         mc = self.model_config
-        return (f"model={mc.model if mc else None!r}, dtype={mc.dtype if mc else None}, "
-                f"max_model_len={mc.max_model_len if mc else None}, "
-                f"device={self.device_config.device_type}, "
-                f"block_size={self.cache_config.block_size}, "
-                f"enable_prefix_caching={self.cache_config.enable_prefix_caching}, "
-                f"max_num_batched_tokens={self.scheduler_config.max_num_batched_tokens}, "
-                f"max_num_seqs={self.scheduler_config.max_num_seqs}, "
-                f"async_scheduling={self.scheduler_config.async_scheduling}, "
-                f"tp={self.parallel_config.tensor_parallel_size}, "
-                f"pp={self.parallel_config.pipeline_parallel_size}")
+        return (
+            f"model={mc.model if mc else None!r}, dtype={mc.dtype if mc else None}, "
+            f"max_model_len={mc.max_model_len if mc else None}, "
+            f"device={self.device_config.device_type}, "
+            f"block_size={self.cache_config.block_size}, "
+            f"enable_prefix_caching={self.cache_config.enable_prefix_caching}, "
+            f"max_num_batched_tokens={self.scheduler_config.max_num_batched_tokens}, "
+            f"max_num_seqs={self.scheduler_config.max_num_seqs}, "
+            f"async_scheduling={self.scheduler_config.async_scheduling}, "
+            f"tp={self.parallel_config.tensor_parallel_size}, "
+            f"pp={self.parallel_config.pipeline_parallel_size}"
+        )
 
 
 _current_vllm_config: ContextVar[VllmConfig | None] = ContextVar("vllm_config", default=None)
@@ -251,7 +273,9 @@ def get_current_vllm_config_or_none() -> VllmConfig | None:
 def get_current_vllm_config() -> VllmConfig:
     config = _current_vllm_config.get()
     if config is None:
-        logger.warning_once("get_current_vllm_config() called outside "
-                            "set_current_vllm_config(); using a default VllmConfig.")
+        logger.warning_once(
+            "get_current_vllm_config() called outside "
+            "set_current_vllm_config(); using a default VllmConfig."
+        )
         return VllmConfig()
     return config

@@ -1,5 +1,6 @@
 """Collectives over the tensor-parallel group (upstream:
 vllm/distributed/communication_op.py). With one rank they are the identity."""
+
 from __future__ import annotations
 
 import torch
@@ -17,7 +18,8 @@ def tensor_model_parallel_all_gather(input_: torch.Tensor, dim: int = -1) -> tor
     return get_tp_group().all_gather(input_, dim)
 
 
-def tensor_model_parallel_gather(input_: torch.Tensor, dst: int = 0,
-                                 dim: int = -1) -> torch.Tensor | None:
+def tensor_model_parallel_gather(
+    input_: torch.Tensor, dst: int = 0, dim: int = -1
+) -> torch.Tensor | None:
     """Concatenation along `dim` on tensor-parallel rank `dst`, None elsewhere."""
     return get_tp_group().gather(input_, dst, dim)

@@ -6,6 +6,7 @@ The block pool records one event per change to the prefix cache when a
 cache reset). `take_events()` hands them over. Publishing them (ZMQ) is not
 built: `KVEventsConfig` with a publisher other than "null" is refused.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -58,11 +59,21 @@ class BlockStored(KVCacheEvent):
     locality: str | None = None
 
     def __hash__(self) -> int:
-        return hash((tuple(self.block_hashes), self.parent_block_hash,
-                     tuple(self.token_ids), self.block_size, self.lora_id, self.medium,
-                     tuple(self.extra_keys) if self.extra_keys else None, self.group_idx,
-                     self.kv_cache_spec_kind, self.kv_cache_spec_sliding_window,
-                     self.locality))
+        return hash(
+            (
+                tuple(self.block_hashes),
+                self.parent_block_hash,
+                tuple(self.token_ids),
+                self.block_size,
+                self.lora_id,
+                self.medium,
+                tuple(self.extra_keys) if self.extra_keys else None,
+                self.group_idx,
+                self.kv_cache_spec_kind,
+                self.kv_cache_spec_sliding_window,
+                self.locality,
+            )
+        )
 
 
 class BlockRemoved(KVCacheEvent):

@@ -12,6 +12,7 @@ without) `initialize_model_parallel` every getter returns a one-rank group
 whose collectives are the identity, so single-process code and models built
 outside a worker need no set-up.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,9 +27,20 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 # Metadata of a tensor dict: key -> (dtype name, shape); plain msgpack, never pickle.
-_DTYPES = {str(dt).removeprefix("torch."): dt
-           for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64,
-                      torch.int32, torch.int64, torch.uint8, torch.int8, torch.bool)}
+_DTYPES = {
+    str(dt).removeprefix("torch."): dt
+    for dt in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.int8,
+        torch.bool,
+    )
+}
 
 
 @dataclass
@@ -45,8 +57,13 @@ class GroupCoordinator:
     (pipeline stages) send their metadata over `cpu_group`.
     """
 
-    def __init__(self, group_ranks: list[list[int]], local_rank: int,
-                 torch_distributed_backend: str, group_name: str) -> None:
+    def __init__(
+        self,
+        group_ranks: list[list[int]],
+        local_rank: int,
+        torch_distributed_backend: str,
+        group_name: str,
+    ) -> None:
         self.unique_name = group_name
         self.local_rank = local_rank
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -56,8 +73,11 @@ class GroupCoordinator:
         for ranks in group_ranks:
             # Every rank must create every group, in the same order.
             device_group = dist.new_group(ranks, backend=torch_distributed_backend)
-            cpu_group = (device_group if torch_distributed_backend == "gloo"
-                         else dist.new_group(ranks, backend="gloo"))
+            cpu_group = (
+                device_group
+                if torch_distributed_backend == "gloo"
+                else dist.new_group(ranks, backend="gloo")
+            )
             if self.rank in ranks:
                 self.ranks = list(ranks)
                 self.device_group = device_group
@@ -66,7 +86,7 @@ class GroupCoordinator:
         self.rank_in_group = self.ranks.index(self.rank)
 
     @classmethod
-    def single(cls, group_name: str) -> "GroupCoordinator":
+    def single(cls, group_name: str) -> GroupCoordinator:
         """A group of just this process: every collective is the identity."""
         return cls([], local_rank=0, torch_distributed_backend="gloo", group_name=group_name)
 
@@ -119,8 +139,11 @@ class GroupCoordinator:
         if self.world_size == 1:
             return input_
         input_ = input_.contiguous()
-        parts = ([torch.empty_like(input_) for _ in range(self.world_size)]
-                 if self.rank_in_group == dst else None)
+        parts = (
+            [torch.empty_like(input_) for _ in range(self.world_size)]
+            if self.rank_in_group == dst
+            else None
+        )
         dist.gather(input_, parts, dst=self.ranks[dst], group=self.device_group)
         return torch.cat(parts, dim=dim) if parts is not None else None
 
@@ -136,24 +159,29 @@ class GroupCoordinator:
             dist.barrier(group=self.cpu_group)
 
     # ---- point to point (pipeline stages) --------------------------------------------
-    def send_tensor_dict(self, tensor_dict: dict[str, torch.Tensor],
-                         dst: int | None = None) -> None:
+    def send_tensor_dict(
+        self, tensor_dict: dict[str, torch.Tensor], dst: int | None = None
+    ) -> None:
         """Send name -> tensor to rank_in_group `dst` (default: the next rank).
         The metadata (names, dtypes, shapes) goes first as msgpack bytes."""
         if self.world_size == 1:
             return
         dst_rank = self.next_rank if dst is None else self.ranks[dst]
-        meta = {k: _TensorMeta(str(t.dtype).removeprefix("torch."), tuple(t.shape))
-                for k, t in tensor_dict.items()}
+        meta = {
+            k: _TensorMeta(str(t.dtype).removeprefix("torch."), tuple(t.shape))
+            for k, t in tensor_dict.items()
+        }
         payload = torch.frombuffer(bytearray(msgspec.msgpack.encode(meta)), dtype=torch.uint8)
-        dist.send(torch.tensor([payload.numel()], dtype=torch.int64), dst_rank,
-                  group=self.cpu_group)
+        dist.send(
+            torch.tensor([payload.numel()], dtype=torch.int64), dst_rank, group=self.cpu_group
+        )
         dist.send(payload, dst_rank, group=self.cpu_group)
         for tensor in tensor_dict.values():
             dist.send(tensor.contiguous(), dst_rank, group=self.device_group)
 
-    def recv_tensor_dict(self, src: int | None = None,
-                         device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    def recv_tensor_dict(
+        self, src: int | None = None, device: torch.device | str = "cpu"
+    ) -> dict[str, torch.Tensor]:
         """Receive what `send_tensor_dict` on rank_in_group `src` (default:
         the previous rank) sent."""
         assert self.world_size > 1, "nothing to receive in a one-rank group"
@@ -162,8 +190,7 @@ class GroupCoordinator:
         dist.recv(size, src_rank, group=self.cpu_group)
         payload = torch.empty(int(size.item()), dtype=torch.uint8)
         dist.recv(payload, src_rank, group=self.cpu_group)
-        meta = msgspec.msgpack.decode(payload.numpy().tobytes(),
-                                      type=dict[str, _TensorMeta])
+        meta = msgspec.msgpack.decode(payload.numpy().tobytes(), type=dict[str, _TensorMeta])
         out: dict[str, torch.Tensor] = {}
         for key, m in meta.items():
             if m.dtype not in _DTYPES:
@@ -173,8 +200,9 @@ class GroupCoordinator:
         return out
 
     def destroy(self) -> None:
-        for group in {id(g): g for g in (self.device_group, self.cpu_group)
-                      if g is not None}.values():
+        for group in {
+            id(g): g for g in (self.device_group, self.cpu_group) if g is not None
+        }.values():
             dist.destroy_process_group(group)
         self.device_group = self.cpu_group = None
 
@@ -215,25 +243,40 @@ def get_pipeline_model_parallel_rank() -> int:
     return get_pp_group().rank_in_group
 
 
-def init_distributed_environment(world_size: int = -1, rank: int = -1,
-                                 distributed_init_method: str = "env://",
-                                 local_rank: int = -1, backend: str = "gloo") -> None:
+def init_distributed_environment(
+    world_size: int = -1,
+    rank: int = -1,
+    distributed_init_method: str = "env://",
+    local_rank: int = -1,
+    backend: str = "gloo",
+) -> None:
     """Join the torch.distributed world (idempotent) and build the world group."""
     global _WORLD
     if not dist.is_initialized():
-        logger.debug("init_process_group(%s, rank %d/%d, %s)", backend, rank, world_size,
-                     distributed_init_method)
-        dist.init_process_group(backend=backend, init_method=distributed_init_method,
-                                world_size=world_size, rank=rank)
+        logger.debug(
+            "init_process_group(%s, rank %d/%d, %s)",
+            backend,
+            rank,
+            world_size,
+            distributed_init_method,
+        )
+        dist.init_process_group(
+            backend=backend, init_method=distributed_init_method, world_size=world_size, rank=rank
+        )
     if _WORLD is None:
-        _WORLD = GroupCoordinator([list(range(dist.get_world_size()))],
-                                  local_rank=max(local_rank, 0),
-                                  torch_distributed_backend=backend, group_name="world")
+        _WORLD = GroupCoordinator(
+            [list(range(dist.get_world_size()))],
+            local_rank=max(local_rank, 0),
+            torch_distributed_backend=backend,
+            group_name="world",
+        )
 
 
-def initialize_model_parallel(tensor_model_parallel_size: int = 1,
-                              pipeline_model_parallel_size: int = 1,
-                              backend: str | None = None) -> None:
+def initialize_model_parallel(
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    backend: str | None = None,
+) -> None:
     """Split the world into tensor-parallel groups (consecutive ranks) and
     pipeline groups (stride `tensor_model_parallel_size`)."""
     global _TP, _PP
@@ -241,28 +284,35 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
     world_size = dist.get_world_size()
     tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
     if world_size != tp * pp:
-        raise ValueError(f"world_size ({world_size}) is not tensor_parallel_size ({tp}) "
-                         f"x pipeline_parallel_size ({pp}).")
+        raise ValueError(
+            f"world_size ({world_size}) is not tensor_parallel_size ({tp}) "
+            f"x pipeline_parallel_size ({pp})."
+        )
     backend = backend or dist.get_backend()
     local_rank = get_world_group().local_rank
-    _TP = GroupCoordinator([list(range(i * tp, (i + 1) * tp)) for i in range(pp)],
-                           local_rank, backend, "tp")
-    _PP = GroupCoordinator([list(range(i, world_size, tp)) for i in range(tp)],
-                           local_rank, backend, "pp")
+    _TP = GroupCoordinator(
+        [list(range(i * tp, (i + 1) * tp)) for i in range(pp)], local_rank, backend, "tp"
+    )
+    _PP = GroupCoordinator(
+        [list(range(i, world_size, tp)) for i in range(tp)], local_rank, backend, "pp"
+    )
 
 
-def ensure_model_parallel_initialized(tensor_model_parallel_size: int,
-                                      pipeline_model_parallel_size: int,
-                                      backend: str | None = None) -> None:
+def ensure_model_parallel_initialized(
+    tensor_model_parallel_size: int, pipeline_model_parallel_size: int, backend: str | None = None
+) -> None:
     """Initialise the model-parallel groups, or check the existing ones match."""
     if not model_parallel_is_initialized():
-        initialize_model_parallel(tensor_model_parallel_size, pipeline_model_parallel_size,
-                                  backend)
+        initialize_model_parallel(tensor_model_parallel_size, pipeline_model_parallel_size, backend)
         return
     if (get_tp_group().world_size, get_pp_group().world_size) != (
-            tensor_model_parallel_size, pipeline_model_parallel_size):
-        raise ValueError("Model parallel groups already exist with different sizes: "
-                         f"tp={get_tp_group().world_size}, pp={get_pp_group().world_size}.")
+        tensor_model_parallel_size,
+        pipeline_model_parallel_size,
+    ):
+        raise ValueError(
+            "Model parallel groups already exist with different sizes: "
+            f"tp={get_tp_group().world_size}, pp={get_pp_group().world_size}."
+        )
 
 
 def model_parallel_is_initialized() -> bool:

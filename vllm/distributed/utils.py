@@ -1,5 +1,6 @@
 """Helpers for setting up distributed workers (upstream: vllm/distributed/utils.py
 and the network helpers of vllm/utils)."""
+
 from __future__ import annotations
 
 import socket
@@ -47,7 +48,8 @@ def get_pp_indices(num_hidden_layers: int, pp_rank: int, pp_size: int) -> tuple[
     base, extra = divmod(num_hidden_layers, pp_size)
     sizes = [base + (1 if i < extra else 0) for i in range(pp_size)]
     if min(sizes) == 0:
-        raise ValueError(f"{num_hidden_layers} layers cannot be split into {pp_size} "
-                         "pipeline stages.")
+        raise ValueError(
+            f"{num_hidden_layers} layers cannot be split into {pp_size} pipeline stages."
+        )
     start = sum(sizes[:pp_rank])
     return start, start + sizes[pp_rank]

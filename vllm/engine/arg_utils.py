@@ -10,6 +10,7 @@ the hardware and on who started the engine (`UsageContext`).
 `--structured-outputs-config` takes JSON: the dict is checked field by
 field against `StructuredOutputsConfig` (an unknown field is an error).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,16 +18,29 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.config import (AttentionConfig, CacheConfig, CompilationConfig, DeviceConfig, LoadConfig,
-                         ModelConfig, ParallelConfig, SchedulerConfig, StructuredOutputsConfig,
-                         VllmConfig)
+from vllm.config import (
+    AttentionConfig,
+    CacheConfig,
+    CompilationConfig,
+    DeviceConfig,
+    LoadConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    StructuredOutputsConfig,
+    VllmConfig,
+)
 from vllm.config.compilation import PERFORMANCE_MODES
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import add_field_flag as _add_flag
 from vllm.utils.argparse_utils import field_arg as _arg
-from vllm.utils.argparse_utils import (human_readable_int, human_readable_int_or_auto, json_dict,
-                                       optional_type)
+from vllm.utils.argparse_utils import (
+    human_readable_int,
+    human_readable_int_or_auto,
+    json_dict,
+    optional_type,
+)
 
 logger = init_logger(__name__)
 
@@ -48,126 +62,236 @@ class EngineArgs:
     """Arguments for the vLLM engine (the flat view of `VllmConfig`)."""
 
     # --- ModelConfig ---
-    model: str = _arg(ModelConfig.model, "Path of the model: a Hugging Face model directory or "
-                      "a .gguf file. Default: the embedded SmolLM2-135M-Instruct.", "ModelConfig")
+    model: str = _arg(
+        ModelConfig.model,
+        "Path of the model: a Hugging Face model directory or "
+        "a .gguf file. Default: the embedded SmolLM2-135M-Instruct.",
+        "ModelConfig",
+    )
     served_model_name: str | list[str] | None = _arg(
-        None, "Name(s) the API serves the model under (default: the model path).",
-        "ModelConfig", nargs="+")
-    tokenizer: str | None = _arg(None, "Tokenizer path (default: the model's).", "ModelConfig",
-                                 type=_opt_str)
-    tokenizer_mode: str = _arg("auto", "\"auto\" uses the fast tokenizer when there is one; "
-                               "\"slow\" forces the Python one.", "ModelConfig")
+        None,
+        "Name(s) the API serves the model under (default: the model path).",
+        "ModelConfig",
+        nargs="+",
+    )
+    tokenizer: str | None = _arg(
+        None, "Tokenizer path (default: the model's).", "ModelConfig", type=_opt_str
+    )
+    tokenizer_mode: str = _arg(
+        "auto",
+        '"auto" uses the fast tokenizer when there is one; "slow" forces the Python one.',
+        "ModelConfig",
+    )
     trust_remote_code: bool = _arg(False, "Trust remote code from Hugging Face.", "ModelConfig")
-    runner: str = _arg("auto", "Runner type to use for the model.", "ModelConfig",
-                       choices=["auto", "generate", "pooling"])
-    skip_tokenizer_init: bool = _arg(False, "Skip tokenizer initialization; prompts must then "
-                                     "be token ids.", "ModelConfig")
-    dtype: str = _arg("auto", "Data type of weights and activations. \"auto\": the checkpoint's "
-                      "(float16 checkpoints run in bfloat16 on CPU).", "ModelConfig",
-                      choices=_DTYPES)
+    runner: str = _arg(
+        "auto",
+        "Runner type to use for the model.",
+        "ModelConfig",
+        choices=["auto", "generate", "pooling"],
+    )
+    skip_tokenizer_init: bool = _arg(
+        False, "Skip tokenizer initialization; prompts must then be token ids.", "ModelConfig"
+    )
+    dtype: str = _arg(
+        "auto",
+        'Data type of weights and activations. "auto": the checkpoint\'s '
+        "(float16 checkpoints run in bfloat16 on CPU).",
+        "ModelConfig",
+        choices=_DTYPES,
+    )
     seed: int = _arg(0, "Random seed.", "ModelConfig", type=int)
     max_model_len: int | None = _arg(
-        None, "Model context length (prompt plus output). Accepts 1k/1K-style suffixes; -1 or "
-        "\"auto\" picks the largest that fits the KV cache.", "ModelConfig",
-        type=human_readable_int_or_auto)
-    max_logprobs: int = _arg(20, "Largest number of logprobs a request may ask for; -1 means "
-                             "the vocabulary size.", "ModelConfig", type=int)
-    logprobs_mode: str = _arg("raw_logprobs", "What logprobs report.", "ModelConfig",
-                              choices=["raw_logprobs", "raw_logits", "processed_logprobs",
-                                       "processed_logits"])
-    revision: str | None = _arg(None, "Model revision (branch, tag or commit). Refused: models "
-                                "load from local paths only.", "ModelConfig", type=_opt_str)
-    quantization: str | None = _arg(None, "Quantization method of the weights. Only \"gguf\" "
-                                    "(with a .gguf model) is built; others are refused.",
-                                    "ModelConfig", type=_opt_str, aliases=("-q",))
-    enforce_eager: bool = _arg(False, "Always run the model eagerly (no CUDA graphs).",
-                               "ModelConfig")
-    generation_config: str = _arg("auto", "\"auto\" takes default sampling parameters from the "
-                                  "model's generation_config.json; \"vllm\" ignores it; a "
-                                  "folder path loads it from there.", "ModelConfig")
-    hf_overrides: dict[str, Any] | None = _arg(None, "JSON object merged into the Hugging Face "
-                                               "config.", "ModelConfig", type=json_dict)
-    enable_sleep_mode: bool = _arg(False, "Allow sleep / wake_up (LLM.sleep, POST /sleep under "
-                                   "VLLM_SERVER_DEV_MODE=1): level 1 frees the KV cache, "
-                                   "level 2 the weights too.", "ModelConfig")
+        None,
+        "Model context length (prompt plus output). Accepts 1k/1K-style suffixes; -1 or "
+        '"auto" picks the largest that fits the KV cache.',
+        "ModelConfig",
+        type=human_readable_int_or_auto,
+    )
+    max_logprobs: int = _arg(
+        20,
+        "Largest number of logprobs a request may ask for; -1 means the vocabulary size.",
+        "ModelConfig",
+        type=int,
+    )
+    logprobs_mode: str = _arg(
+        "raw_logprobs",
+        "What logprobs report.",
+        "ModelConfig",
+        choices=["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"],
+    )
+    revision: str | None = _arg(
+        None,
+        "Model revision (branch, tag or commit). Refused: models load from local paths only.",
+        "ModelConfig",
+        type=_opt_str,
+    )
+    quantization: str | None = _arg(
+        None,
+        'Quantization method of the weights. Only "gguf" '
+        "(with a .gguf model) is built; others are refused.",
+        "ModelConfig",
+        type=_opt_str,
+        aliases=("-q",),
+    )
+    enforce_eager: bool = _arg(
+        False, "Always run the model eagerly (no CUDA graphs).", "ModelConfig"
+    )
+    generation_config: str = _arg(
+        "auto",
+        '"auto" takes default sampling parameters from the '
+        'model\'s generation_config.json; "vllm" ignores it; a '
+        "folder path loads it from there.",
+        "ModelConfig",
+    )
+    hf_overrides: dict[str, Any] | None = _arg(
+        None, "JSON object merged into the Hugging Face config.", "ModelConfig", type=json_dict
+    )
+    enable_sleep_mode: bool = _arg(
+        False,
+        "Allow sleep / wake_up (LLM.sleep, POST /sleep under "
+        "VLLM_SERVER_DEV_MODE=1): level 1 frees the KV cache, "
+        "level 2 the weights too.",
+        "ModelConfig",
+    )
     # --- LoadConfig ---
-    load_format: str = _arg("auto", "Weight format: auto, safetensors, pt, gguf or dummy "
-                            "(random weights).", "LoadConfig")
-    download_dir: str | None = _arg(None, "Directory for downloaded weights. Refused: nothing "
-                                    "is downloaded (local paths only).", "LoadConfig",
-                                    type=_opt_str)
+    load_format: str = _arg(
+        "auto",
+        "Weight format: auto, safetensors, pt, gguf or dummy (random weights).",
+        "LoadConfig",
+    )
+    download_dir: str | None = _arg(
+        None,
+        "Directory for downloaded weights. Refused: nothing is downloaded (local paths only).",
+        "LoadConfig",
+        type=_opt_str,
+    )
     # --- CacheConfig ---
-    block_size: int | None = _arg(None, "Tokens per KV-cache block (default 16).", "CacheConfig",
-                                  type=_opt_int)
-    gpu_memory_utilization: float = _arg(0.92, "Fraction of GPU memory the engine may use "
-                                         "(weights, activations and KV cache). GPUs only: "
-                                         "another value is refused on CPU.", "CacheConfig",
-                                         type=float)
+    block_size: int | None = _arg(
+        None, "Tokens per KV-cache block (default 16).", "CacheConfig", type=_opt_int
+    )
+    gpu_memory_utilization: float = _arg(
+        0.92,
+        "Fraction of GPU memory the engine may use "
+        "(weights, activations and KV cache). GPUs only: "
+        "another value is refused on CPU.",
+        "CacheConfig",
+        type=float,
+    )
     kv_cache_memory_bytes: int | None = _arg(
-        None, "KV-cache size in bytes (1G-style suffixes accepted); overrides "
-        "--gpu-memory-utilization and, on CPU, VLLM_CPU_KVCACHE_SPACE.", "CacheConfig",
-        type=optional_type(human_readable_int))
-    kv_cache_dtype: str = _arg("auto", "KV-cache data type (\"auto\": the model dtype).",
-                               "CacheConfig")
-    enable_prefix_caching: bool | None = _arg(None, "Reuse the KV cache of shared prompt "
-                                              "prefixes (default: on, except for hybrid and "
-                                              "attention-free models).", "CacheConfig")
-    prefix_caching_hash_algo: str = _arg("sha256", "Hash of prefix-cache blocks.", "CacheConfig",
-                                         choices=["sha256", "sha256_cbor", "xxhash",
-                                                  "xxhash_cbor"])
-    num_gpu_blocks_override: int | None = _arg(None, "Use this many KV-cache blocks, whatever "
-                                               "the memory says.", "CacheConfig",
-                                               type=_opt_int)
+        None,
+        "KV-cache size in bytes (1G-style suffixes accepted); overrides "
+        "--gpu-memory-utilization and, on CPU, VLLM_CPU_KVCACHE_SPACE.",
+        "CacheConfig",
+        type=optional_type(human_readable_int),
+    )
+    kv_cache_dtype: str = _arg(
+        "auto", 'KV-cache data type ("auto": the model dtype).', "CacheConfig"
+    )
+    enable_prefix_caching: bool | None = _arg(
+        None,
+        "Reuse the KV cache of shared prompt "
+        "prefixes (default: on, except for hybrid and "
+        "attention-free models).",
+        "CacheConfig",
+    )
+    prefix_caching_hash_algo: str = _arg(
+        "sha256",
+        "Hash of prefix-cache blocks.",
+        "CacheConfig",
+        choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"],
+    )
+    num_gpu_blocks_override: int | None = _arg(
+        None,
+        "Use this many KV-cache blocks, whatever the memory says.",
+        "CacheConfig",
+        type=_opt_int,
+    )
     # --- SchedulerConfig ---
     max_num_batched_tokens: int | None = _arg(
-        None, "Token budget of one engine step (default: by hardware and entry point).",
-        "SchedulerConfig", type=optional_type(human_readable_int))
-    max_num_seqs: int | None = _arg(None, "Most requests in one engine step (default: by "
-                                    "hardware and entry point, at most "
-                                    "--max-num-batched-tokens).", "SchedulerConfig",
-                                    type=_opt_int)
-    enable_chunked_prefill: bool | None = _arg(None, "Split long prompts over several steps "
-                                               "(default: on).", "SchedulerConfig")
-    long_prefill_token_threshold: int = _arg(0, "A prompt chunk longer than this is cut to it "
-                                             "(0: no cap).", "SchedulerConfig", type=int)
-    scheduling_policy: str = _arg("fcfs", "Order of the waiting queue.", "SchedulerConfig",
-                                  choices=["fcfs", "priority"])
-    async_scheduling: bool | None = _arg(None, "Schedule step N+1 while step N runs.",
-                                         "SchedulerConfig")
-    stream_interval: int = _arg(1, "Tokens between two streamed outputs of a request.",
-                                "SchedulerConfig", type=int)
+        None,
+        "Token budget of one engine step (default: by hardware and entry point).",
+        "SchedulerConfig",
+        type=optional_type(human_readable_int),
+    )
+    max_num_seqs: int | None = _arg(
+        None,
+        "Most requests in one engine step (default: by "
+        "hardware and entry point, at most "
+        "--max-num-batched-tokens).",
+        "SchedulerConfig",
+        type=_opt_int,
+    )
+    enable_chunked_prefill: bool | None = _arg(
+        None, "Split long prompts over several steps (default: on).", "SchedulerConfig"
+    )
+    long_prefill_token_threshold: int = _arg(
+        0, "A prompt chunk longer than this is cut to it (0: no cap).", "SchedulerConfig", type=int
+    )
+    scheduling_policy: str = _arg(
+        "fcfs", "Order of the waiting queue.", "SchedulerConfig", choices=["fcfs", "priority"]
+    )
+    async_scheduling: bool | None = _arg(
+        None, "Schedule step N+1 while step N runs.", "SchedulerConfig"
+    )
+    stream_interval: int = _arg(
+        1, "Tokens between two streamed outputs of a request.", "SchedulerConfig", type=int
+    )
     # --- ParallelConfig ---
-    tensor_parallel_size: int = _arg(1, "Tensor-parallel ranks.", "ParallelConfig", type=int,
-                                     aliases=("-tp",))
-    pipeline_parallel_size: int = _arg(1, "Pipeline stages.", "ParallelConfig", type=int,
-                                       aliases=("-pp",))
-    data_parallel_size: int = _arg(1, "Data-parallel engine replicas (not built yet: only 1).",
-                                   "ParallelConfig",
-                                   type=int, aliases=("-dp",))
+    tensor_parallel_size: int = _arg(
+        1, "Tensor-parallel ranks.", "ParallelConfig", type=int, aliases=("-tp",)
+    )
+    pipeline_parallel_size: int = _arg(
+        1, "Pipeline stages.", "ParallelConfig", type=int, aliases=("-pp",)
+    )
+    data_parallel_size: int = _arg(
+        1,
+        "Data-parallel engine replicas (not built yet: only 1).",
+        "ParallelConfig",
+        type=int,
+        aliases=("-dp",),
+    )
     distributed_executor_backend: str | None = _arg(
-        None, "Executor: uni, mp, ray or external_launcher (default: by world size).",
-        "ParallelConfig", type=_opt_str)
+        None,
+        "Executor: uni, mp, ray or external_launcher (default: by world size).",
+        "ParallelConfig",
+        type=_opt_str,
+    )
     # --- DeviceConfig ---
-    device: str = _arg("auto", "Device: auto, cpu or cuda.", "DeviceConfig",
-                       choices=["auto", "cpu", "cuda"])
+    device: str = _arg(
+        "auto", "Device: auto, cpu or cuda.", "DeviceConfig", choices=["auto", "cpu", "cuda"]
+    )
     # --- CompilationConfig ---
     compilation_config: dict[str, Any] | int | None = _arg(
-        None, "Compilation settings: a mode number or a JSON object.", "CompilationConfig",
-        type=_compilation_arg, aliases=("-cc",))
+        None,
+        "Compilation settings: a mode number or a JSON object.",
+        "CompilationConfig",
+        type=_compilation_arg,
+        aliases=("-cc",),
+    )
     # --- AttentionConfig ---
     attention_backend: str | None = _arg(
-        None, "Attention backend (CPU_ATTN, TRITON_ATTN, FLASHINFER); default: the platform's "
-        "choice, or VLLM_ATTENTION_BACKEND.", "AttentionConfig", type=_opt_str)
+        None,
+        "Attention backend (CPU_ATTN, TRITON_ATTN, FLASHINFER); default: the platform's "
+        "choice, or VLLM_ATTENTION_BACKEND.",
+        "AttentionConfig",
+        type=_opt_str,
+    )
     # --- StructuredOutputsConfig ---
     structured_outputs_config: dict[str, Any] | StructuredOutputsConfig | None = _arg(
-        None, "Structured-output settings as a JSON object, e.g. '{\"backend\": "
-        "\"xgrammar\", \"disable_any_whitespace\": true}' (backends: auto, xgrammar).",
-        "StructuredOutputsConfig", type=json_dict)
+        None,
+        'Structured-output settings as a JSON object, e.g. \'{"backend": '
+        '"xgrammar", "disable_any_whitespace": true}\' (backends: auto, xgrammar).',
+        "StructuredOutputsConfig",
+        type=json_dict,
+    )
     performance_mode: str = _arg(
-        "balanced", "\"throughput\" doubles the defaulted --max-num-batched-tokens and "
-        "--max-num-seqs; \"interactivity\" captures a CUDA graph for every batch size up to "
-        "32 (when --compilation-config gives no capture sizes).", "VllmConfig",
-        choices=list(PERFORMANCE_MODES))
+        "balanced",
+        '"throughput" doubles the defaulted --max-num-batched-tokens and '
+        '--max-num-seqs; "interactivity" captures a CUDA graph for every batch size up to '
+        "32 (when --compilation-config gives no capture sizes).",
+        "VllmConfig",
+        choices=list(PERFORMANCE_MODES),
+    )
     # --- Observability ---
     disable_log_stats: bool = _arg(False, "Do not log engine statistics.", "ObservabilityConfig")
 
@@ -184,21 +308,32 @@ class EngineArgs:
         return parser
 
     @classmethod
-    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         """Build from parsed args, taking every attribute that names a field."""
         names = [f.name for f in dataclasses.fields(cls)]
         return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
 
     def create_model_config(self) -> ModelConfig:
         return ModelConfig(
-            model=self.model, tokenizer=self.tokenizer, tokenizer_mode=self.tokenizer_mode,
-            trust_remote_code=self.trust_remote_code, dtype=self.dtype, seed=self.seed,
-            revision=self.revision, max_model_len=self.max_model_len,
-            max_logprobs=self.max_logprobs, logprobs_mode=self.logprobs_mode,
-            enforce_eager=self.enforce_eager, served_model_name=self.served_model_name,
-            quantization=self.quantization, skip_tokenizer_init=self.skip_tokenizer_init,
-            generation_config=self.generation_config, runner=self.runner,
-            hf_overrides=self.hf_overrides, enable_sleep_mode=self.enable_sleep_mode)
+            model=self.model,
+            tokenizer=self.tokenizer,
+            tokenizer_mode=self.tokenizer_mode,
+            trust_remote_code=self.trust_remote_code,
+            dtype=self.dtype,
+            seed=self.seed,
+            revision=self.revision,
+            max_model_len=self.max_model_len,
+            max_logprobs=self.max_logprobs,
+            logprobs_mode=self.logprobs_mode,
+            enforce_eager=self.enforce_eager,
+            served_model_name=self.served_model_name,
+            quantization=self.quantization,
+            skip_tokenizer_init=self.skip_tokenizer_init,
+            generation_config=self.generation_config,
+            runner=self.runner,
+            hf_overrides=self.hf_overrides,
+            enable_sleep_mode=self.enable_sleep_mode,
+        )
 
     def create_engine_config(self, usage_context: UsageContext | None = None) -> VllmConfig:
         """Resolve the defaults and build the `VllmConfig` the engine runs with.
@@ -213,13 +348,15 @@ class EngineArgs:
         model_config = self.create_model_config()
         self._check_feature_supported(model_config)
         self._set_default_chunked_prefill_and_prefix_caching_args(model_config)
-        self._set_default_max_num_seqs_and_batched_tokens_args(usage_context, model_config,
-                                                              device_config)
+        self._set_default_max_num_seqs_and_batched_tokens_args(
+            usage_context, model_config, device_config
+        )
         parallel_config = ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,
             data_parallel_size=self.data_parallel_size,
-            distributed_executor_backend=self.distributed_executor_backend)
+            distributed_executor_backend=self.distributed_executor_backend,
+        )
         assert self.enable_prefix_caching is not None
         cache_config = CacheConfig(
             block_size=16 if self.block_size is None else self.block_size,
@@ -228,43 +365,58 @@ class EngineArgs:
             enable_prefix_caching=self.enable_prefix_caching,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-            num_gpu_blocks_override=self.num_gpu_blocks_override)
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+        )
         return VllmConfig(
-            model_config=model_config, cache_config=cache_config,
+            model_config=model_config,
+            cache_config=cache_config,
             scheduler_config=self._create_scheduler_config(model_config),
-            parallel_config=parallel_config, device_config=device_config,
+            parallel_config=parallel_config,
+            device_config=device_config,
             load_config=LoadConfig(load_format=self.load_format, download_dir=self.download_dir),
             compilation_config=self._create_compilation_config(),
             attention_config=AttentionConfig(backend=self.attention_backend),
-            structured_outputs_config=self._create_structured_outputs_config())
+            structured_outputs_config=self._create_structured_outputs_config(),
+        )
 
     def _check_feature_supported(self, model_config: ModelConfig) -> None:
         """Refuse flag values this build accepts on the command line but cannot
         honour here (the per-config ones are refused by the configs themselves)."""
-        if (self.gpu_memory_utilization != EngineArgs.gpu_memory_utilization
-                and DeviceConfig(device=self.device).device_type == "cpu"):
+        if (
+            self.gpu_memory_utilization != EngineArgs.gpu_memory_utilization
+            and DeviceConfig(device=self.device).device_type == "cpu"
+        ):
             raise ValueError(
                 f"gpu_memory_utilization={self.gpu_memory_utilization} has no effect on CPU "
                 "(--gpu-memory-utilization sizes GPU memory only); size the KV cache with "
-                "--kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE instead.")
+                "--kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE instead."
+            )
 
-    def _set_default_chunked_prefill_and_prefix_caching_args(self,
-                                                             model_config: ModelConfig) -> None:
+    def _set_default_chunked_prefill_and_prefix_caching_args(
+        self, model_config: ModelConfig
+    ) -> None:
         """Chunked prefill and prefix caching default to what the model supports
         (upstream: `ModelConfig.is_chunked_prefill_supported` /
         `is_prefix_caching_supported`); explicit values are kept."""
         if self.enable_chunked_prefill is None:
             self.enable_chunked_prefill = model_config.is_chunked_prefill_supported
-            logger.debug("%s chunked prefill by default",
-                         "Enabling" if self.enable_chunked_prefill else "Disabling")
+            logger.debug(
+                "%s chunked prefill by default",
+                "Enabling" if self.enable_chunked_prefill else "Disabling",
+            )
         if self.enable_prefix_caching is None:
             self.enable_prefix_caching = model_config.is_prefix_caching_supported
-            logger.debug("%s prefix caching by default",
-                         "Enabling" if self.enable_prefix_caching else "Disabling")
+            logger.debug(
+                "%s prefix caching by default",
+                "Enabling" if self.enable_prefix_caching else "Disabling",
+            )
 
     def _set_default_max_num_seqs_and_batched_tokens_args(
-            self, usage_context: UsageContext | None, model_config: ModelConfig,
-            device_config: DeviceConfig) -> None:
+        self,
+        usage_context: UsageContext | None,
+        model_config: ModelConfig,
+        device_config: DeviceConfig,
+    ) -> None:
         """The step's token and request budgets, as upstream.
 
         Unset values come from `get_batch_defaults` (by device and entry
@@ -279,10 +431,12 @@ class EngineArgs:
         user_tokens, user_seqs = self.max_num_batched_tokens, self.max_num_seqs
         if user_tokens is None:
             self.max_num_batched_tokens = default_tokens.get(
-                usage_context, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+                usage_context, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
+            )
         if user_seqs is None:
-            self.max_num_seqs = default_seqs.get(usage_context,
-                                                 SchedulerConfig.DEFAULT_MAX_NUM_SEQS)
+            self.max_num_seqs = default_seqs.get(
+                usage_context, SchedulerConfig.DEFAULT_MAX_NUM_SEQS
+            )
         assert self.max_num_batched_tokens is not None and self.max_num_seqs is not None
         if self.performance_mode == "throughput":
             # Twice the defaults (never the user's values), before the caps below.
@@ -292,32 +446,45 @@ class EngineArgs:
                 self.max_num_seqs *= 2
         if user_tokens is None:
             if not self.enable_chunked_prefill:
-                self.max_num_batched_tokens = max(model_config.max_model_len,
-                                                  self.max_num_batched_tokens)
-            self.max_num_batched_tokens = min(self.max_num_seqs * model_config.max_model_len,
-                                              self.max_num_batched_tokens)
-            logger.debug("Defaulting max_num_batched_tokens to %d for %s usage context.",
-                         self.max_num_batched_tokens,
-                         usage_context.value if usage_context else None)
+                self.max_num_batched_tokens = max(
+                    model_config.max_model_len, self.max_num_batched_tokens
+                )
+            self.max_num_batched_tokens = min(
+                self.max_num_seqs * model_config.max_model_len, self.max_num_batched_tokens
+            )
+            logger.debug(
+                "Defaulting max_num_batched_tokens to %d for %s usage context.",
+                self.max_num_batched_tokens,
+                usage_context.value if usage_context else None,
+            )
         if user_seqs is None:
             self.max_num_seqs = min(self.max_num_seqs, self.max_num_batched_tokens)
-            logger.debug("Defaulting max_num_seqs to %d for %s usage context.",
-                         self.max_num_seqs, usage_context.value if usage_context else None)
+            logger.debug(
+                "Defaulting max_num_seqs to %d for %s usage context.",
+                self.max_num_seqs,
+                usage_context.value if usage_context else None,
+            )
 
     def _create_scheduler_config(self, model_config: ModelConfig) -> SchedulerConfig:
         assert self.max_num_batched_tokens is not None and self.max_num_seqs is not None
         assert self.enable_chunked_prefill is not None
         return SchedulerConfig(
-            max_num_batched_tokens=self.max_num_batched_tokens, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
             max_model_len=model_config.max_model_len,
-            enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            policy=self.scheduling_policy,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
-            async_scheduling=self.async_scheduling, stream_interval=self.stream_interval)
+            async_scheduling=self.async_scheduling,
+            stream_interval=self.stream_interval,
+        )
 
     def _create_compilation_config(self) -> CompilationConfig:
         if self.performance_mode not in PERFORMANCE_MODES:
-            raise ValueError(f"performance_mode={self.performance_mode!r} (--performance-mode) "
-                             f"must be one of {PERFORMANCE_MODES}.")
+            raise ValueError(
+                f"performance_mode={self.performance_mode!r} (--performance-mode) "
+                f"must be one of {PERFORMANCE_MODES}."
+            )
         if self.performance_mode != "balanced":
             logger.info("Performance mode set to %r.", self.performance_mode)
         config = self._compilation_config_from_arg()
@@ -333,8 +500,10 @@ class EngineArgs:
         known = {f.name for f in dataclasses.fields(CompilationConfig) if f.init}
         unknown = sorted(set(cc) - known - {"static_forward_context"})
         if unknown:
-            raise ValueError(f"Unknown compilation_config key(s) {unknown}; "
-                             f"known: {sorted(known - {'static_forward_context'})}.")
+            raise ValueError(
+                f"Unknown compilation_config key(s) {unknown}; "
+                f"known: {sorted(known - {'static_forward_context'})}."
+            )
         return CompilationConfig(**cc)
 
     def _create_structured_outputs_config(self) -> StructuredOutputsConfig:
@@ -344,18 +513,22 @@ class EngineArgs:
         if isinstance(so, StructuredOutputsConfig):
             return so
         if not isinstance(so, dict):
-            raise TypeError("structured_outputs_config must be a dict or a "
-                            f"StructuredOutputsConfig, got {type(so).__name__}")
+            raise TypeError(
+                "structured_outputs_config must be a dict or a "
+                f"StructuredOutputsConfig, got {type(so).__name__}"
+            )
         known = {f.name for f in dataclasses.fields(StructuredOutputsConfig) if f.init}
         unknown = sorted(set(so) - known)
         if unknown:
-            raise ValueError(f"Unknown structured_outputs_config key(s) {unknown}; "
-                             f"known: {sorted(known)}.")
+            raise ValueError(
+                f"Unknown structured_outputs_config key(s) {unknown}; known: {sorted(known)}."
+            )
         return StructuredOutputsConfig(**so)
 
 
-def get_batch_defaults(device_type: str, world_size: int
-                       ) -> tuple[dict[UsageContext | None, int], dict[UsageContext | None, int]]:
+def get_batch_defaults(
+    device_type: str, world_size: int
+) -> tuple[dict[UsageContext | None, int], dict[UsageContext | None, int]]:
     """Default (max_num_batched_tokens, max_num_seqs) per entry point, as upstream.
 
     CPU: 4096 (LLM) / 2048 (server) tokens and 256 / 128 seqs, times the world
@@ -363,8 +536,10 @@ def get_batch_defaults(device_type: str, world_size: int
     """
     llm, server = UsageContext.LLM_CLASS, UsageContext.OPENAI_API_SERVER
     if device_type == "cpu":
-        return ({llm: 4096 * world_size, server: 2048 * world_size},
-                {llm: 256 * world_size, server: 128 * world_size})
+        return (
+            {llm: 4096 * world_size, server: 2048 * world_size},
+            {llm: 256 * world_size, server: 128 * world_size},
+        )
     memory, name = _device_memory_and_name()
     if memory >= 160 * _GiB:
         return {llm: 16384, server: 16384}, {llm: 1024, server: 1024}
@@ -389,15 +564,16 @@ def _device_memory_and_name() -> tuple[int, str]:
 class AsyncEngineArgs(EngineArgs):
     """Arguments for the asynchronous engine (the server's `AsyncLLM`)."""
 
-    enable_log_requests: bool = _arg(False, "Log each request (id, parameters; prompts at "
-                                     "DEBUG).", "Frontend")
+    enable_log_requests: bool = _arg(
+        False, "Log each request (id, parameters; prompts at DEBUG).", "Frontend"
+    )
 
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser,
-                     async_args_only: bool = False) -> argparse.ArgumentParser:
+    def add_cli_args(
+        parser: argparse.ArgumentParser, async_args_only: bool = False
+    ) -> argparse.ArgumentParser:
         if not async_args_only:
             EngineArgs.add_cli_args(parser)
-        f = next(f for f in dataclasses.fields(AsyncEngineArgs)
-                 if f.name == "enable_log_requests")
+        f = next(f for f in dataclasses.fields(AsyncEngineArgs) if f.name == "enable_log_requests")
         _add_flag(parser, f, f.metadata)
         return parser

@@ -2,6 +2,7 @@
 
 `AsyncLLM` implements it; the OpenAI serving classes only talk to this.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -20,8 +21,8 @@ if TYPE_CHECKING:
 class EngineClient(ABC):
     """Protocol class for clients of the engine."""
 
-    vllm_config: "VllmConfig"
-    model_config: "ModelConfig"
+    vllm_config: VllmConfig
+    model_config: ModelConfig
 
     @property
     @abstractmethod
@@ -44,13 +45,19 @@ class EngineClient(ABC):
         """The exception every request gets once the engine errored."""
 
     @abstractmethod
-    def generate(self, prompt: "PromptType", sampling_params: "SamplingParams",
-                 request_id: str, *, prompt_text: str | None = None,
-                 lora_request: LoRARequest | None = None,
-                 tokenization_kwargs: dict[str, Any] | None = None,
-                 trace_headers: Mapping[str, str] | None = None, priority: int = 0,
-                 data_parallel_rank: int | None = None,
-                 ) -> AsyncGenerator["RequestOutput", None]:
+    def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        request_id: str,
+        *,
+        prompt_text: str | None = None,
+        lora_request: LoRARequest | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+        data_parallel_rank: int | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Generate outputs for one request; cancelling the generator aborts it."""
 
     @abstractmethod
@@ -62,8 +69,7 @@ class EngineClient(ABC):
         """The tokenizer of the served model."""
 
     @abstractmethod
-    async def is_tracing_enabled(self) -> bool:
-        ...
+    async def is_tracing_enabled(self) -> bool: ...
 
     @abstractmethod
     async def do_log_stats(self) -> None:

@@ -11,6 +11,7 @@ Message content may be a string or OpenAI-style parts
 newlines), "openai" templates loop over the parts. "auto" looks at the
 template source to decide. Only text parts are supported (no multimodal).
 """
+
 from __future__ import annotations
 
 import re
@@ -34,7 +35,8 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize"})
 # `for part in message['content']` / `message.content` loops, i.e. a template
 # that walks OpenAI-style content parts.
 _CONTENT_LOOP_RE = re.compile(
-    r"\{%-?\s*for\s+\w+\s+in\s+\w+(?:\[\s*['\"]content['\"]\s*\]|\.content)")
+    r"\{%-?\s*for\s+\w+\s+in\s+\w+(?:\[\s*['\"]content['\"]\s*\]|\.content)"
+)
 
 
 class ChatTemplateResolutionError(ValueError):
@@ -43,20 +45,22 @@ class ChatTemplateResolutionError(ValueError):
 
 def resolve_hf_chat_template(tokenizer: TokenizerLike, chat_template: str | None) -> str:
     """The template to render with: the one given, else the tokenizer's."""
-    template = chat_template if chat_template is not None else getattr(
-        tokenizer, "chat_template", None)
+    template = (
+        chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
+    )
     if isinstance(template, dict):  # named templates: use the default one
         template = template.get("default")
     if not template:
         raise ChatTemplateResolutionError(
             "As of transformers v4.44, default chat template is no longer allowed, so you "
-            "must provide a chat template if the tokenizer does not define one.")
+            "must provide a chat template if the tokenizer does not define one."
+        )
     return template
 
 
-def resolve_chat_template_content_format(chat_template: str,
-                                         given: ChatTemplateContentFormatOption
-                                         ) -> Literal["string", "openai"]:
+def resolve_chat_template_content_format(
+    chat_template: str, given: ChatTemplateContentFormatOption
+) -> Literal["string", "openai"]:
     if given != "auto":
         return given
     return "openai" if _CONTENT_LOOP_RE.search(chat_template) else "string"
@@ -75,8 +79,9 @@ def _template_variables(chat_template: str) -> frozenset[str]:
     return frozenset(jinja2.meta.find_undeclared_variables(ast))
 
 
-def resolve_chat_template_kwargs(chat_template: str,
-                                 chat_template_kwargs: dict[str, Any]) -> dict[str, Any]:
+def resolve_chat_template_kwargs(
+    chat_template: str, chat_template_kwargs: dict[str, Any]
+) -> dict[str, Any]:
     """The extra kwargs the template can use; reserved render arguments are an
     error, names the template never reads are dropped (as upstream)."""
     unexpected = _RESERVED_TEMPLATE_KWARGS & chat_template_kwargs.keys()
@@ -86,9 +91,9 @@ def resolve_chat_template_kwargs(chat_template: str,
     return {k: v for k, v in chat_template_kwargs.items() if k in accepted}
 
 
-def parse_chat_messages(messages: list[ChatCompletionMessageParam],
-                        content_format: Literal["string", "openai"]
-                        ) -> list[ChatCompletionMessageParam]:
+def parse_chat_messages(
+    messages: list[ChatCompletionMessageParam], content_format: Literal["string", "openai"]
+) -> list[ChatCompletionMessageParam]:
     """Copies of the messages with their content in the template's format."""
     conversation = []
     for message in messages:
@@ -98,8 +103,11 @@ def parse_chat_messages(messages: list[ChatCompletionMessageParam],
         content = message.get("content")
         if isinstance(content, list):
             texts = [_text_of_part(part) for part in content]
-            parsed["content"] = ("\n".join(texts) if content_format == "string"
-                                 else [{"type": "text", "text": t} for t in texts])
+            parsed["content"] = (
+                "\n".join(texts)
+                if content_format == "string"
+                else [{"type": "text", "text": t} for t in texts]
+            )
         elif isinstance(content, str) and content_format == "openai":
             parsed["content"] = [{"type": "text", "text": content}]
         conversation.append(parsed)
@@ -114,29 +122,39 @@ def _text_of_part(part: Any) -> str:
     raise ValueError(f"Unsupported content part {part!r}: only text parts are supported.")
 
 
-def apply_hf_chat_template(tokenizer: TokenizerLike, conversation: list[ChatCompletionMessageParam],
-                           chat_template: str | None, tools: list[dict[str, Any]] | None, *,
-                           add_generation_prompt: bool = True,
-                           continue_final_message: bool = False,
-                           chat_template_content_format: ChatTemplateContentFormatOption = "auto",
-                           chat_template_kwargs: dict[str, Any] | None = None) -> str:
+def apply_hf_chat_template(
+    tokenizer: TokenizerLike,
+    conversation: list[ChatCompletionMessageParam],
+    chat_template: str | None,
+    tools: list[dict[str, Any]] | None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_content_format: ChatTemplateContentFormatOption = "auto",
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> str:
     """Render `conversation` to the prompt text (not tokenized).
 
     Raises ValueError for a missing template, conflicting flags, reserved
     kwargs and template errors (the caller's fault, HTTP 400 in a server).
     """
     if add_generation_prompt and continue_final_message:
-        raise ValueError("Cannot set both `continue_final_message` and "
-                         "`add_generation_prompt` to True.")
+        raise ValueError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
     template = resolve_hf_chat_template(tokenizer, chat_template)
-    content_format = resolve_chat_template_content_format(template,
-                                                          chat_template_content_format)
+    content_format = resolve_chat_template_content_format(template, chat_template_content_format)
     extra = resolve_chat_template_kwargs(template, chat_template_kwargs or {})
     try:
         return tokenizer.apply_chat_template(
-            parse_chat_messages(conversation, content_format), tools=tools,
-            chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, **extra)
+            parse_chat_messages(conversation, content_format),
+            tools=tools,
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **extra,
+        )
     except Exception as e:
         # jinja errors (TemplateError, raise_exception(...)) are bad input.
         raise ValueError(str(e)) from e
@@ -160,5 +178,7 @@ def load_chat_template(chat_template: str | None) -> str | None:
         if chat_template.isascii():
             return chat_template.encode("ascii").decode("unicode_escape")
         return chat_template
-    raise ValueError(f"The supplied chat template ({chat_template}) looks like a file path, "
-                     "but it failed to be opened.")
+    raise ValueError(
+        f"The supplied chat template ({chat_template}) looks like a file path, "
+        "but it failed to be opened."
+    )

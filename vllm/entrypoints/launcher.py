@@ -8,6 +8,7 @@ Shutdown paths:
 * Engine death: the watchdog (or the first request that hits it) stops the
   server, unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 keeps it answering 503/500.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,12 +35,14 @@ async def serve_http(app: FastAPI, sock: socket.socket | None, **uvicorn_kwargs:
     server = uvicorn.Server(config)
     app.state.server = server
     watchdog = asyncio.get_running_loop().create_task(
-        watchdog_loop(server, app.state.engine_client))
+        watchdog_loop(server, app.state.engine_client)
+    )
     # uvicorn re-raises the signal that stopped it once it is done, under the
     # handler that was installed before: make that a no-op so that the engine
     # is shut down and the process exits normally afterwards.
-    previous = {sig: signal.signal(sig, _ignore_late_signal)
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, _ignore_late_signal) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         await server.serve(sockets=[sock] if sock is not None else None)
     finally:

@@ -1,4 +1,5 @@
 """Helpers of the HTTP entry points (upstream: vllm/entrypoints/utils.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +41,9 @@ def with_cancellation(handler_func: Callable[..., Awaitable[Any]]) -> Callable[.
         request = args[1] if len(args) > 1 else kwargs["raw_request"]
         handler_task = asyncio.create_task(handler_func(*args, **kwargs))
         cancellation_task = asyncio.create_task(listen_for_disconnect(request))
-        done, pending = await asyncio.wait([handler_task, cancellation_task],
-                                           return_when=asyncio.FIRST_COMPLETED)
+        done, pending = await asyncio.wait(
+            [handler_task, cancellation_task], return_when=asyncio.FIRST_COMPLETED
+        )
         for task in pending:
             task.cancel()
         if handler_task in done:
@@ -60,5 +62,6 @@ class Utf8JSONResponse(JSONResponse):
     def render(self, content: Any) -> bytes:
         # Outside strings json.dumps writes ASCII only, so every character that
         # UTF-8 rejects sits inside a string, where "\\uXXXX" is its JSON escape.
-        return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
-                          separators=(",", ":")).encode("utf-8", errors="backslashreplace")
+        return json.dumps(
+            content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+        ).encode("utf-8", errors="backslashreplace")

@@ -1,9 +1,8 @@
 """Prompt types accepted by `LLM.generate` (upstream: vllm/inputs/)."""
+
 from __future__ import annotations
 
-from typing import Any, TypedDict, Union
-
-from typing_extensions import NotRequired
+from typing import Any, NotRequired, TypedDict
 
 
 class TextPrompt(TypedDict):
@@ -25,7 +24,7 @@ class TokensPrompt(TypedDict):
     cache_salt: NotRequired[str]
 
 
-SingletonPrompt = Union[str, TextPrompt, TokensPrompt]
+SingletonPrompt = str | TextPrompt | TokensPrompt
 PromptType = SingletonPrompt
 
 __all__ = ["TextPrompt", "TokensPrompt", "SingletonPrompt", "PromptType"]

@@ -4,6 +4,7 @@ Constructing one is fine (the KV cache keys prefix-cache blocks by adapter
 name, and upstream's tests build requests with one); asking the engine to run
 with it is refused in `InputProcessor`, since LoRA is not built.
 """
+
 from __future__ import annotations
 
 import msgspec

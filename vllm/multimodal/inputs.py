@@ -5,6 +5,7 @@ same fields as upstream: a placeholder range in the prompt, the item's
 processed tensors, and the identifier the prefix cache keys blocks by. No model
 here consumes them: multimodal inputs are refused before they reach one.
 """
+
 from __future__ import annotations
 
 from collections import UserDict
@@ -14,8 +15,12 @@ from typing import Union
 
 import torch
 
-NestedTensors = Union[list["NestedTensors"], list[torch.Tensor], torch.Tensor,
-                      tuple[torch.Tensor, ...]]
+NestedTensors = Union[  # noqa: UP007 (recursive alias: needs the string forward ref)
+    list["NestedTensors"],
+    list[torch.Tensor],
+    torch.Tensor,
+    tuple[torch.Tensor, ...],
+]
 """A tensor, or (nested) lists of tensors whose shapes differ."""
 
 
@@ -25,8 +30,11 @@ def nested_tensors_equal(a: NestedTensors, b: NestedTensors) -> bool:
         return isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(b, torch.Tensor) or not isinstance(a, (list, tuple)):
         return False
-    return (isinstance(b, (list, tuple)) and len(a) == len(b)
-            and all(nested_tensors_equal(x, y) for x, y in zip(a, b)))
+    return (
+        isinstance(b, (list, tuple))
+        and len(a) == len(b)
+        and all(nested_tensors_equal(x, y) for x, y in zip(a, b))
+    )
 
 
 @dataclass(frozen=True)
@@ -124,10 +132,11 @@ class MultiModalKwargsItem(UserDict[str, MultiModalFieldElem]):
     """The processed keyword arguments of one multimodal item."""
 
     @staticmethod
-    def dummy(nbytes: int = 1) -> "MultiModalKwargsItem":
+    def dummy(nbytes: int = 1) -> MultiModalKwargsItem:
         """An item holding `nbytes` bytes, for tests."""
-        elem = MultiModalFieldElem(data=torch.empty(nbytes, dtype=torch.uint8),
-                                   field=MultiModalSharedField(batch_size=1))
+        elem = MultiModalFieldElem(
+            data=torch.empty(nbytes, dtype=torch.uint8), field=MultiModalSharedField(batch_size=1)
+        )
         return MultiModalKwargsItem({"dummy": elem})
 
     def get_data(self) -> dict[str, NestedTensors | None]:
@@ -150,8 +159,9 @@ class MultiModalFeatureSpec:
     mm_hash: str | None = None
 
     @staticmethod
-    def gather_kwargs(features: list["MultiModalFeatureSpec"],
-                      keys: set[str]) -> dict[str, list[NestedTensors | None]]:
+    def gather_kwargs(
+        features: list[MultiModalFeatureSpec], keys: set[str]
+    ) -> dict[str, list[NestedTensors | None]]:
         kwargs: dict[str, list[NestedTensors | None]] = {}
         for feature in features:
             if feature.data is None:

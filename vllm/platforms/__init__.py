@@ -1,6 +1,7 @@
 """`current_platform`: the device this process runs on (upstream:
 vllm/platforms/__init__.py). Resolved lazily on first access so that importing
 vllm does not initialise CUDA."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,8 +16,10 @@ _current_platform: Platform | None = None
 def _resolve_current_platform() -> Platform:
     if torch.cuda.is_available():
         from vllm.platforms.cuda import CudaPlatform
+
         return CudaPlatform()
     from vllm.platforms.cpu import CpuPlatform
+
     return CpuPlatform()
 
 

@@ -1,11 +1,11 @@
 """The CPU platform (upstream: vllm/platforms/cpu.py)."""
+
 from __future__ import annotations
 
 import psutil
 import torch
 
 from vllm.platforms.interface import Platform, PlatformEnum
-
 
 CPU_ATTN_BACKEND = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
 
@@ -34,14 +34,17 @@ class CpuPlatform(Platform):
     ) -> str:
         if selected_backend is not None and selected_backend.upper() != "CPU_ATTN":
             from vllm.v1.attention.backends.registry import (
-                AttentionBackendEnum, AttentionBackendUnavailableError)
+                AttentionBackendEnum,
+                AttentionBackendUnavailableError,
+            )
+
             backend = AttentionBackendEnum.from_name(selected_backend)  # unknown -> ValueError
             raise AttentionBackendUnavailableError(
-                backend.name, "it needs a GPU and cannot run on CPU; the only CPU "
-                "backend is CPU_ATTN")
+                backend.name,
+                "it needs a GPU and cannot run on CPU; the only CPU backend is CPU_ATTN",
+            )
         if use_mla or use_sparse or has_sink:
-            raise NotImplementedError(
-                "MLA, sparse and sink attention are not implemented on CPU.")
+            raise NotImplementedError("MLA, sparse and sink attention are not implemented on CPU.")
         return CPU_ATTN_BACKEND
 
     @classmethod

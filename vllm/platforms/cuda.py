@@ -7,6 +7,7 @@ ops run on any device); FLASHINFER (vllm/v1/attention/backends/flashinfer.py)
 is used only when requested (VLLM_ATTENTION_BACKEND=FLASHINFER) and the
 optional `flashinfer` package is installed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,9 @@ TORCH_PAGED_ATTN_BACKEND = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBack
 _TRITON_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
-def _flashinfer_unusable_reason(head_size: int, dtype: torch.dtype,
-                                kv_cache_dtype: str | None) -> str | None:
+def _flashinfer_unusable_reason(
+    head_size: int, dtype: torch.dtype, kv_cache_dtype: str | None
+) -> str | None:
     """Why FLASHINFER cannot serve these layers (None when it can). Only the
     requirements are checked here; `flashinfer` itself is imported on first use."""
     from vllm.v1.attention.backends.flashinfer import FlashInferBackend
@@ -29,8 +31,7 @@ def _flashinfer_unusable_reason(head_size: int, dtype: torch.dtype,
     if not FlashInferBackend.supports_dtype(dtype):
         return f"it supports float16 / bfloat16 only (got {dtype})"
     if not FlashInferBackend.supports_head_size(head_size):
-        return (f"head size {head_size} is not one of "
-                f"{FlashInferBackend.get_supported_head_sizes()}")
+        return f"head size {head_size} is not one of {FlashInferBackend.get_supported_head_sizes()}"
     if kv_cache_dtype not in (None, "auto"):
         return f"kv_cache_dtype {kv_cache_dtype!r} is not built (use 'auto')"
     return None
@@ -58,13 +59,19 @@ class CudaPlatform(Platform):
         has_sink: bool = False,
         use_sparse: bool = False,
     ) -> str:
-        from vllm.v1.attention.backends.registry import (AttentionBackendEnum,
-                                                         AttentionBackendUnavailableError,
-                                                         module_available)
+        from vllm.v1.attention.backends.registry import (
+            AttentionBackendEnum,
+            AttentionBackendUnavailableError,
+            module_available,
+        )
+
         if use_mla or use_sparse or has_sink:
             raise NotImplementedError("MLA, sparse and sink attention are not implemented.")
         triton_ok = module_available("triton") and dtype in (
-            torch.float16, torch.bfloat16, torch.float32)
+            torch.float16,
+            torch.bfloat16,
+            torch.float32,
+        )
         if selected_backend is None:
             # Upstream's order, restricted to what this tree builds: the
             # Triton unified kernel, else the paged PyTorch backend.
@@ -74,8 +81,10 @@ class CudaPlatform(Platform):
         backend = AttentionBackendEnum.from_name(selected_backend)
         if backend == AttentionBackendEnum.TRITON_ATTN and not triton_ok:
             raise AttentionBackendUnavailableError(
-                "TRITON_ATTN", f"needs triton and fp16/bf16/fp32 (got dtype {dtype}, "
-                f"triton installed: {module_available('triton')})")
+                "TRITON_ATTN",
+                f"needs triton and fp16/bf16/fp32 (got dtype {dtype}, "
+                f"triton installed: {module_available('triton')})",
+            )
         if backend == AttentionBackendEnum.FLASHINFER:
             reason = _flashinfer_unusable_reason(head_size, dtype, kv_cache_dtype)
             if reason is not None:

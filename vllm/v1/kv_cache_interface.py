@@ -10,6 +10,7 @@ KV cache manager can serve is decided in `single_type_kv_cache_manager.py`
 (`UniformTypeKVCacheSpecs`) and naming a spec's kind live in
 `kv_cache_spec_registry.py` and are re-exported at the bottom.
 """
+
 from __future__ import annotations
 
 import copy
@@ -43,8 +44,11 @@ class KVQuantMode(IntEnum):
 
     @property
     def is_per_token_head(self) -> bool:
-        return self in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD,
-                        KVQuantMode.INT4_PER_TOKEN_HEAD)
+        return self in (
+            KVQuantMode.INT8_PER_TOKEN_HEAD,
+            KVQuantMode.FP8_PER_TOKEN_HEAD,
+            KVQuantMode.INT4_PER_TOKEN_HEAD,
+        )
 
     @property
     def is_nvfp4(self) -> bool:
@@ -57,8 +61,7 @@ class KVQuantMode(IntEnum):
 
 def get_kv_quant_mode(kv_cache_dtype: str) -> KVQuantMode:
     """The quant mode a `--kv-cache-dtype` string names."""
-    if kv_cache_dtype in ("int4_per_token_head", "int8_per_token_head",
-                          "fp8_per_token_head"):
+    if kv_cache_dtype in ("int4_per_token_head", "int8_per_token_head", "fp8_per_token_head"):
         return KVQuantMode[kv_cache_dtype.upper()]
     if kv_cache_dtype.startswith("nvfp4"):
         return KVQuantMode.NVFP4
@@ -103,25 +106,26 @@ class KVCacheSpec:
         """Token rows one page stores (less than block_size when compressed)."""
         return self.block_size
 
-    def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
+    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
         """Worst-case bytes one request can need in this layer."""
         raise NotImplementedError
 
-    def max_num_blocks_per_req(self, vllm_config: "VllmConfig", max_len: int) -> int:
+    def max_num_blocks_per_req(self, vllm_config: VllmConfig, max_len: int) -> int:
         """Block-table row length this layer's group needs for `max_len` tokens."""
         return cdiv(max_len, self.block_size)
 
-    def copy_with_new_block_size(self, block_size: int) -> "KVCacheSpec":
+    def copy_with_new_block_size(self, block_size: int) -> KVCacheSpec:
         return replace(self, block_size=block_size)
 
     @classmethod
-    def merge(cls, specs: list) -> "KVCacheSpec":
+    def merge(cls, specs: list) -> KVCacheSpec:
         """Merge the specs of the layers of one group; they must agree."""
         assert all(spec == specs[0] for spec in specs[1:]), (
-            "All layers in the same KV cache group must be the same.")
+            "All layers in the same KV cache group must be the same."
+        )
         return copy.deepcopy(specs[0])
 
-    def is_uniform_with_collection(self, kv_cache_specs: dict[str, "KVCacheSpec"]) -> bool:
+    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
         """Whether every spec in `kv_cache_specs` is of this spec's type."""
         from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
@@ -180,8 +184,9 @@ class AttentionSpec(KVCacheSpec):
 
 def _merge_window(values: set[int]) -> int | None:
     if len(values) > 1:
-        raise ValueError("All attention layers in the same KV cache group must have "
-                         "the same window size.")
+        raise ValueError(
+            "All attention layers in the same KV cache group must have the same window size."
+        )
     return values.pop() if values else None
 
 
@@ -196,7 +201,7 @@ class FullAttentionSpec(AttentionSpec):
     attention_chunk_size: int | None = None
     non_causal: bool = False
 
-    def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
+    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
         max_model_len = vllm_config.model_config.max_model_len
         return cdiv(max_model_len, self.block_size) * self.page_size_bytes
 
@@ -205,29 +210,37 @@ class FullAttentionSpec(AttentionSpec):
         return _merge_window(window_sizes)
 
     @classmethod
-    def merge(cls, specs: list) -> "FullAttentionSpec":
+    def merge(cls, specs: list) -> FullAttentionSpec:
         """One spec for a group: the attention fields must agree; windows are
         merged (at most one size); non-causal if any layer is."""
         assert all(isinstance(s, FullAttentionSpec) for s in specs), (
-            "All attention layers in the same KV cache group must be FullAttentionSpec.")
+            "All attention layers in the same KV cache group must be FullAttentionSpec."
+        )
         from vllm.v1.kv_cache_spec_mla import MLAAttentionSpec
 
         assert not any(isinstance(s, MLAAttentionSpec) for s in specs), (
-            "MLAAttentionSpec should be merged in MLAAttentionSpec.merge")
+            "MLAAttentionSpec should be merged in MLAAttentionSpec.merge"
+        )
         windows = {s.sliding_window for s in specs if s.sliding_window is not None}
         chunks = {s.attention_chunk_size for s in specs if s.attention_chunk_size is not None}
-        merged = replace(specs[0], sliding_window=_merge_window(windows),
-                         attention_chunk_size=_merge_window(chunks),
-                         non_causal=any(s.non_causal for s in specs))
+        merged = replace(
+            specs[0],
+            sliding_window=_merge_window(windows),
+            attention_chunk_size=_merge_window(chunks),
+            non_causal=any(s.non_causal for s in specs),
+        )
         for spec in specs:
             for f in fields(AttentionSpec):
                 assert getattr(spec, f.name) == getattr(merged, f.name), (
                     "All attention layers in the same KV cache group must have the same "
-                    "attention spec.")
+                    "attention spec."
+                )
         assert (merged.sliding_window is not None) + (
-            merged.attention_chunk_size is not None) <= 1, (
+            merged.attention_chunk_size is not None
+        ) <= 1, (
             "Model with both sliding window layers and chunked local attention layers "
-            "is not supported.")
+            "is not supported."
+        )
         return merged
 
 
@@ -246,15 +259,17 @@ class RSWASpec(FullAttentionSpec):
     rswa_window: int
 
     @classmethod
-    def merge(cls, specs: list) -> "RSWASpec":
+    def merge(cls, specs: list) -> RSWASpec:
         assert all(isinstance(s, RSWASpec) for s in specs), (
-            "All attention layers in the same KV cache group must be RSWASpec.")
+            "All attention layers in the same KV cache group must be RSWASpec."
+        )
         assert len({s.rswa_window for s in specs}) == 1, (
-            "All R-SWA layers must share the same rswa_window.")
+            "All R-SWA layers must share the same rswa_window."
+        )
         return FullAttentionSpec.merge.__func__(cls, specs)  # type: ignore[attr-defined]
 
 
-def _max_in_flight_tokens(vllm_config: "VllmConfig") -> int:
+def _max_in_flight_tokens(vllm_config: VllmConfig) -> int:
     explicit = getattr(vllm_config, "max_in_flight_tokens", None)
     if explicit is not None:
         return explicit
@@ -267,21 +282,27 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     attention_chunk_size: int
 
-    def max_admission_blocks_per_request(self, max_in_flight_tokens: int,
-                                         max_model_len: int) -> int:
+    def max_admission_blocks_per_request(
+        self, max_in_flight_tokens: int, max_model_len: int
+    ) -> int:
         # One chunk window plus the tokens in flight (freed once processed).
         num_tokens = min(self.attention_chunk_size + max_in_flight_tokens, max_model_len)
         return cdiv(num_tokens, self.block_size)
 
-    def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
-        return self.max_admission_blocks_per_request(
-            _max_in_flight_tokens(vllm_config),
-            vllm_config.model_config.max_model_len) * self.page_size_bytes
+    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
+        return (
+            self.max_admission_blocks_per_request(
+                _max_in_flight_tokens(vllm_config), vllm_config.model_config.max_model_len
+            )
+            * self.page_size_bytes
+        )
 
     def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
-        return all(isinstance(s, ChunkedLocalAttentionSpec)
-                   and s.attention_chunk_size == self.attention_chunk_size
-                   for s in kv_cache_specs.values())
+        return all(
+            isinstance(s, ChunkedLocalAttentionSpec)
+            and s.attention_chunk_size == self.attention_chunk_size
+            for s in kv_cache_specs.values()
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -292,22 +313,30 @@ class SlidingWindowSpec(AttentionSpec):
     sliding_window: int
     extra_retained_tokens: int = 0
 
-    def max_admission_blocks_per_request(self, max_in_flight_tokens: int,
-                                         max_model_len: int) -> int:
+    def max_admission_blocks_per_request(
+        self, max_in_flight_tokens: int, max_model_len: int
+    ) -> int:
         # The window, the retained tail and the tokens in flight; +1 because the
         # window need not start at a block boundary.
-        num_tokens = min(self.sliding_window - 1 + self.extra_retained_tokens
-                         + max_in_flight_tokens, max_model_len)
+        num_tokens = min(
+            self.sliding_window - 1 + self.extra_retained_tokens + max_in_flight_tokens,
+            max_model_len,
+        )
         return cdiv(num_tokens, self.block_size) + 1
 
-    def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
-        return self.max_admission_blocks_per_request(
-            _max_in_flight_tokens(vllm_config),
-            vllm_config.model_config.max_model_len) * self.page_size_bytes
+    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
+        return (
+            self.max_admission_blocks_per_request(
+                _max_in_flight_tokens(vllm_config), vllm_config.model_config.max_model_len
+            )
+            * self.page_size_bytes
+        )
 
     def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
-        return all(isinstance(s, SlidingWindowSpec) and s.sliding_window == self.sliding_window
-                   for s in kv_cache_specs.values())
+        return all(
+            isinstance(s, SlidingWindowSpec) and s.sliding_window == self.sliding_window
+            for s in kv_cache_specs.values()
+        )
 
 
 @dataclass(frozen=True)
@@ -328,38 +357,42 @@ class MambaSpec(KVCacheSpec):
 
     @property
     def page_size_bytes(self) -> int:
-        size = sum(math.prod(shape) * get_dtype_size(dtype)
-                   for shape, dtype in zip(self.shapes, self.dtypes))
+        size = sum(
+            math.prod(shape) * get_dtype_size(dtype)
+            for shape, dtype in zip(self.shapes, self.dtypes)
+        )
         if self.page_size_padded is not None:
             assert self.page_size_padded >= size
             return self.page_size_padded
         return size
 
-    def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
+    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
         # Upstream reads the mode from CacheConfig; only "none" is built here
         # (MambaManager refuses the others), so the spec's own field decides.
         mode = self.mamba_cache_mode
         if mode == "all":
             max_model_len = vllm_config.model_config.max_model_len
-            return (cdiv(max_model_len, self.block_size)
-                    + self.num_speculative_blocks) * self.page_size_bytes
+            return (
+                cdiv(max_model_len, self.block_size) + self.num_speculative_blocks
+            ) * self.page_size_bytes
         slots = 2 if mode == "align" else 1
         return (slots + self.num_speculative_blocks) * self.page_size_bytes
 
-    def max_num_blocks_per_req(self, vllm_config: "VllmConfig", max_len: int) -> int:
+    def max_num_blocks_per_req(self, vllm_config: VllmConfig, max_len: int) -> int:
         return cdiv(self.max_memory_usage_bytes(vllm_config), self.page_size_bytes)
 
     def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
-        return all(isinstance(s, MambaSpec)
-                   and s.num_speculative_blocks == self.num_speculative_blocks
-                   for s in kv_cache_specs.values())
+        return all(
+            isinstance(s, MambaSpec) and s.num_speculative_blocks == self.num_speculative_blocks
+            for s in kv_cache_specs.values()
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class EncoderOnlyAttentionSpec(AttentionSpec):
     """Encoder-only layers: no KV cache is kept."""
 
-    def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
+    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
         return 0
 
 
@@ -367,9 +400,8 @@ class EncoderOnlyAttentionSpec(AttentionSpec):
 class CrossAttentionSpec(AttentionSpec):
     """Cross-attention of encoder-decoder models: caches the encoder states."""
 
-    def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
-        max_encoder_len = getattr(vllm_config.scheduler_config,
-                                  "max_num_encoder_input_tokens", 0)
+    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
+        max_encoder_len = getattr(vllm_config.scheduler_config, "max_num_encoder_input_tokens", 0)
         return cdiv(max_encoder_len, self.block_size) * self.page_size_bytes
 
 
@@ -412,8 +444,9 @@ class KVCacheConfig:
         for group in self.kv_cache_groups:
             spec = group.kv_cache_spec
             specs = getattr(spec, "kv_cache_specs", {"": spec}).values()
-            precisions.update((s.dtype, s.kv_quant_mode) for s in specs
-                              if isinstance(s, AttentionSpec))
+            precisions.update(
+                (s.dtype, s.kv_quant_mode) for s in specs if isinstance(s, AttentionSpec)
+            )
         return len(precisions) > 1
 
     @property
@@ -448,11 +481,28 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AttentionSpec", "ChunkedLocalAttentionSpec", "CrossAttentionSpec",
-    "EncoderOnlyAttentionSpec", "FullAttentionSpec", "HiddenStateCacheSpec", "KVCacheConfig",
-    "KVCacheGroupSpec", "KVCacheSpec", "KVCacheSpecKind", "KVCacheSpecRegistry",
-    "KVCacheTensor", "KVQuantMode", "MLAAttentionSpec", "MambaSpec", "RSWASpec",
-    "SinkFullAttentionSpec", "SlidingWindowMLASpec", "SlidingWindowSpec",
-    "UniformTypeKVCacheSpecs", "get_kv_cache_spec_kind", "get_kv_cache_spec_sliding_window",
-    "get_kv_quant_mode", "is_quantized_kv_cache",
+    "AttentionSpec",
+    "ChunkedLocalAttentionSpec",
+    "CrossAttentionSpec",
+    "EncoderOnlyAttentionSpec",
+    "FullAttentionSpec",
+    "HiddenStateCacheSpec",
+    "KVCacheConfig",
+    "KVCacheGroupSpec",
+    "KVCacheSpec",
+    "KVCacheSpecKind",
+    "KVCacheSpecRegistry",
+    "KVCacheTensor",
+    "KVQuantMode",
+    "MLAAttentionSpec",
+    "MambaSpec",
+    "RSWASpec",
+    "SinkFullAttentionSpec",
+    "SlidingWindowMLASpec",
+    "SlidingWindowSpec",
+    "UniformTypeKVCacheSpecs",
+    "get_kv_cache_spec_kind",
+    "get_kv_cache_spec_sliding_window",
+    "get_kv_quant_mode",
+    "is_quantized_kv_cache",
 ]

@@ -7,6 +7,7 @@ key, so a page holds no separate V (`head_size_v` 0). DeepSeek-V4's fields
 (`alignment` padding, `compress_ratio`, `model_version`) are carried as
 upstream's; `compress_ratio` shrinks the rows a page stores.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,18 +17,24 @@ from vllm.utils import cdiv
 from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, SlidingWindowSpec
 
 
-def _mla_merge(cls: type, specs: list, extra: tuple[str, ...]) -> "AttentionSpec":
+def _mla_merge(cls: type, specs: list, extra: tuple[str, ...]) -> AttentionSpec:
     assert all(isinstance(s, cls) for s in specs), (
-        f"All attention layers in the same KV cache group must be {cls.__name__}.")
-    for name in ("cache_dtype_str", "compress_ratio", "model_version",
-                 "indexes_kv_by_block_stride", *extra):
+        f"All attention layers in the same KV cache group must be {cls.__name__}."
+    )
+    for name in (
+        "cache_dtype_str",
+        "compress_ratio",
+        "model_version",
+        "indexes_kv_by_block_stride",
+        *extra,
+    ):
         assert len({getattr(s, name) for s in specs}) == 1, (
-            "All attention layers in the same KV cache group must use the same "
-            f"{name}.")
+            f"All attention layers in the same KV cache group must use the same {name}."
+        )
     return copy.deepcopy(specs[0])
 
 
-def _apply_alignment_padding(spec: "MLAAttentionSpec | SlidingWindowMLASpec") -> None:
+def _apply_alignment_padding(spec: MLAAttentionSpec | SlidingWindowMLASpec) -> None:
     if spec.alignment is None:
         return
     padded = cdiv(spec.real_page_size_bytes, spec.alignment) * spec.alignment
@@ -57,7 +64,7 @@ class MLAAttentionSpec(FullAttentionSpec):
         return self.block_size // self.compress_ratio
 
     @classmethod
-    def merge(cls, specs: list) -> "MLAAttentionSpec":
+    def merge(cls, specs: list) -> MLAAttentionSpec:
         return _mla_merge(cls, specs, ())
 
 
@@ -78,7 +85,8 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
 
     def __post_init__(self) -> None:
         assert self.model_version in (None, "deepseek_v4"), (
-            f"Unsupported model version: {self.model_version}")
+            f"Unsupported model version: {self.model_version}"
+        )
         super().__post_init__()
         _apply_alignment_padding(self)
 
@@ -87,5 +95,5 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
         return self.block_size // self.compress_ratio
 
     @classmethod
-    def merge(cls, specs: list) -> "SlidingWindowMLASpec":
+    def merge(cls, specs: list) -> SlidingWindowMLASpec:
         return _mla_merge(cls, specs, ("sliding_window", "extra_retained_tokens"))

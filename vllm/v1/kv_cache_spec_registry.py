@@ -8,6 +8,7 @@ need the same number of token slots and can share one KV cache group
 `register_all_kvcache_specs` in `vllm.v1.core.single_type_kv_cache_manager`,
 on first use. Also here: naming a spec's kind for KV cache events.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -55,21 +56,28 @@ class KVCacheSpecRegistry:
         register_all_kvcache_specs(vllm_config)
 
     @classmethod
-    def register(cls, kvcache_spec_cls: type[KVCacheSpec], manager_class: type | None = None,
-                 uniform_type_base_spec: type[KVCacheSpec] | None = None) -> None:
+    def register(
+        cls,
+        kvcache_spec_cls: type[KVCacheSpec],
+        manager_class: type | None = None,
+        uniform_type_base_spec: type[KVCacheSpec] | None = None,
+    ) -> None:
         """Register a spec class; re-registering it the same way is a no-op,
         differently an error."""
         if manager_class is None:
             raise ValueError(f"{kvcache_spec_cls.__name__}: manager_class is required")
         base = uniform_type_base_spec or kvcache_spec_cls
         if not issubclass(kvcache_spec_cls, base):
-            raise ValueError(f"{kvcache_spec_cls.__name__} must inherit from its declared "
-                             f"uniform_type_base_spec {base.__name__}.")
+            raise ValueError(
+                f"{kvcache_spec_cls.__name__} must inherit from its declared "
+                f"uniform_type_base_spec {base.__name__}."
+            )
         entry = KVCacheSpecMetadata(kvcache_spec_cls, manager_class, base)
         old = _REGISTRY.get(kvcache_spec_cls)
         if old is not None and old != entry:
             raise ValueError(
-                f"Conflicting registration for KVCacheSpec: {kvcache_spec_cls.__name__}")
+                f"Conflicting registration for KVCacheSpec: {kvcache_spec_cls.__name__}"
+            )
         _REGISTRY[kvcache_spec_cls] = entry
 
     @classmethod
@@ -103,19 +111,24 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
     def page_size_bytes(self) -> int:
         return sum(spec.page_size_bytes for spec in self.kv_cache_specs.values())
 
-    def max_memory_usage_pages(self, vllm_config: "VllmConfig") -> int:
-        return max(cdiv(spec.max_memory_usage_bytes(vllm_config), spec.page_size_bytes)
-                   for spec in self.kv_cache_specs.values())
+    def max_memory_usage_pages(self, vllm_config: VllmConfig) -> int:
+        return max(
+            cdiv(spec.max_memory_usage_bytes(vllm_config), spec.page_size_bytes)
+            for spec in self.kv_cache_specs.values()
+        )
 
-    def max_memory_usage_bytes(self, vllm_config: "VllmConfig") -> int:
+    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
         return self.max_memory_usage_pages(vllm_config) * self.page_size_bytes
 
-    def max_num_blocks_per_req(self, vllm_config: "VllmConfig", max_len: int) -> int:
-        widths = {spec.max_num_blocks_per_req(vllm_config, max_len)
-                  for spec in self.kv_cache_specs.values()}
+    def max_num_blocks_per_req(self, vllm_config: VllmConfig, max_len: int) -> int:
+        widths = {
+            spec.max_num_blocks_per_req(vllm_config, max_len)
+            for spec in self.kv_cache_specs.values()
+        }
         assert len(widths) == 1, (
             "All layers in the same KV cache group must need the same number of block "
-            f"table entries, got {sorted(widths)}.")
+            f"table entries, got {sorted(widths)}."
+        )
         return widths.pop()
 
     @classmethod
@@ -127,7 +140,7 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
         return first.is_uniform_with_collection(kv_cache_specs)
 
     @classmethod
-    def from_specs(cls, kv_cache_specs: dict[str, KVCacheSpec]) -> "UniformTypeKVCacheSpecs | None":
+    def from_specs(cls, kv_cache_specs: dict[str, KVCacheSpec]) -> UniformTypeKVCacheSpecs | None:
         if not cls.is_uniform_type(kv_cache_specs):
             return None
         block_size = next(iter(kv_cache_specs.values())).block_size
@@ -137,8 +150,9 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
         return list({spec.page_size_bytes for spec in self.kv_cache_specs.values()})
 
     def get_num_layer_tuples(self) -> int:
-        return Counter(spec.page_size_bytes
-                       for spec in self.kv_cache_specs.values()).most_common(1)[0][1]
+        return Counter(spec.page_size_bytes for spec in self.kv_cache_specs.values()).most_common(
+            1
+        )[0][1]
 
 
 # Most specific first: subclasses before the classes they extend.
@@ -176,8 +190,9 @@ def get_kv_cache_spec_kind(kv_cache_spec: KVCacheSpec) -> KVCacheSpecKind:
 def get_kv_cache_spec_sliding_window(kv_cache_spec: KVCacheSpec) -> int | None:
     """The window of a sliding-window spec (or of a group sharing one)."""
     if isinstance(kv_cache_spec, UniformTypeKVCacheSpecs):
-        windows = {get_kv_cache_spec_sliding_window(spec)
-                   for spec in kv_cache_spec.kv_cache_specs.values()}
+        windows = {
+            get_kv_cache_spec_sliding_window(spec) for spec in kv_cache_spec.kv_cache_specs.values()
+        }
         return windows.pop() if len(windows) == 1 else None
     if isinstance(kv_cache_spec, SlidingWindowSpec):
         return kv_cache_spec.sliding_window

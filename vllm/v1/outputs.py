@@ -1,4 +1,5 @@
 """What the model runner hands back to the scheduler (upstream: vllm/v1/outputs.py)."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -19,9 +20,12 @@ class LogprobsLists(NamedTuple):
     # [num_positions]: rank of the sampled token (1 = most likely)
     sampled_token_ranks: list[int]
 
-    def slice(self, start: int, end: int) -> "LogprobsLists":
-        return LogprobsLists(self.logprob_token_ids[start:end], self.logprobs[start:end],
-                             self.sampled_token_ranks[start:end])
+    def slice(self, start: int, end: int) -> LogprobsLists:
+        return LogprobsLists(
+            self.logprob_token_ids[start:end],
+            self.logprobs[start:end],
+            self.sampled_token_ranks[start:end],
+        )
 
 
 class LogprobsTensors(NamedTuple):
@@ -33,11 +37,14 @@ class LogprobsTensors(NamedTuple):
     selected_token_ranks: torch.Tensor
 
     def tolists(self) -> LogprobsLists:
-        return LogprobsLists(self.logprob_token_ids.tolist(), self.logprobs.tolist(),
-                             self.selected_token_ranks.tolist())
+        return LogprobsLists(
+            self.logprob_token_ids.tolist(),
+            self.logprobs.tolist(),
+            self.selected_token_ranks.tolist(),
+        )
 
     @staticmethod
-    def empty_cpu(num_positions: int, num_tokens_per_position: int) -> "LogprobsTensors":
+    def empty_cpu(num_positions: int, num_tokens_per_position: int) -> LogprobsTensors:
         """Preallocated CPU tensors, filled chunk by chunk (prompt logprobs)."""
         return LogprobsTensors(
             torch.empty((num_positions, num_tokens_per_position), dtype=torch.int32),
@@ -67,9 +74,13 @@ class KVConnectorOutput:
     expected_finished_count: int = 0
 
     def is_empty(self) -> bool:
-        return (not self.finished_sending and not self.finished_recving
-                and not self.kv_connector_stats and not self.kv_cache_events
-                and not self.invalid_block_ids)
+        return (
+            not self.finished_sending
+            and not self.finished_recving
+            and not self.kv_connector_stats
+            and not self.kv_cache_events
+            and not self.invalid_block_ids
+        )
 
 
 @dataclass
@@ -126,14 +137,15 @@ class DraftTokenIds:
     draft_token_ids: list[list[int]]
 
 
-def make_empty_encoder_model_runner_output(
-        scheduler_output: "SchedulerOutput") -> ModelRunnerOutput:
+def make_empty_encoder_model_runner_output(scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
     """The output of a step that only ran encoders: every scheduled request
     present, no tokens sampled."""
     if not scheduler_output.num_scheduled_tokens:
         return EMPTY_MODEL_RUNNER_OUTPUT
     req_ids = list(scheduler_output.num_scheduled_tokens)
-    return ModelRunnerOutput(req_ids=req_ids,
-                             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-                             sampled_token_ids=[[] for _ in req_ids],
-                             pooler_output=[None for _ in req_ids])
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+        sampled_token_ids=[[] for _ in req_ids],
+        pooler_output=[None for _ in req_ids],
+    )

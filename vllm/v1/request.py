@@ -1,4 +1,5 @@
 """The engine core's view of one request (upstream: vllm/v1/request.py)."""
+
 from __future__ import annotations
 
 import enum
@@ -8,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.sampling_params import SamplingParams
 from vllm.utils import ConstantList
-from vllm.v1.engine import (EngineCoreEvent, EngineCoreEventType, EngineCoreRequest,
-                            FinishReason)
+from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest, FinishReason
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
@@ -36,11 +36,11 @@ class RequestStatus(enum.IntEnum):
         return self.name
 
     @staticmethod
-    def is_finished(status: "RequestStatus") -> bool:
+    def is_finished(status: RequestStatus) -> bool:
         return status > RequestStatus.PREEMPTED
 
     @staticmethod
-    def get_finished_reason(status: "RequestStatus") -> FinishReason | None:
+    def get_finished_reason(status: RequestStatus) -> FinishReason | None:
         return _FINISHED_REASON_MAP.get(status)
 
 
@@ -71,8 +71,9 @@ def _refuse_unbuilt_fields(**values: Any) -> None:
     for name, value in values.items():
         default, feature = _UNBUILT_FIELDS[name]
         if value != default:
-            raise NotImplementedError(f"Request field {name}={value!r}: {feature} are not "
-                                      "built yet.")
+            raise NotImplementedError(
+                f"Request field {name}={value!r}: {feature} are not built yet."
+            )
 
 
 class Request:
@@ -101,7 +102,7 @@ class Request:
         cache_salt: str | None = None,
         priority: int = 0,
         trace_headers: dict[str, str] | None = None,
-        block_hasher: Callable[["Request"], list["BlockHash"]] | None = None,
+        block_hasher: Callable[[Request], list[BlockHash]] | None = None,
         prompt_is_token_ids: list[bool] | None = None,
         resumable: bool = False,
         session_id: str | None = None,
@@ -109,10 +110,14 @@ class Request:
         reasoning_parser_kwargs: dict[str, Any] | None = None,
         abort_immediately: bool = False,
     ) -> None:
-        _refuse_unbuilt_fields(prompt_is_token_ids=prompt_is_token_ids, resumable=resumable,
-                               session_id=session_id, reasoning_ended=reasoning_ended,
-                               reasoning_parser_kwargs=reasoning_parser_kwargs,
-                               abort_immediately=abort_immediately)
+        _refuse_unbuilt_fields(
+            prompt_is_token_ids=prompt_is_token_ids,
+            resumable=resumable,
+            session_id=session_id,
+            reasoning_ended=reasoning_ended,
+            reasoning_parser_kwargs=reasoning_parser_kwargs,
+            abort_immediately=abort_immediately,
+        )
         self.request_id = request_id
         self.client_index = client_index
         self.priority = priority
@@ -135,7 +140,8 @@ class Request:
             from vllm.v1.structured_output.request import StructuredOutputRequest
 
             self.structured_output_request = StructuredOutputRequest(
-                sampling_params.structured_outputs)
+                sampling_params.structured_outputs
+            )
             self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         self.events: list[EngineCoreEvent] = []
         self.stop_reason: int | str | None = None
@@ -147,8 +153,9 @@ class Request:
         # "full": KV cache events also cover the prefix-cache blocks this
         # request reuses; "incremental" (default): only blocks it stores.
         extra_args = sampling_params.extra_args if sampling_params is not None else None
-        self.kv_cache_report_mode: str = (extra_args or {}).get("kv_cache_report_mode",
-                                                                "incremental")
+        self.kv_cache_report_mode: str = (extra_args or {}).get(
+            "kv_cache_report_mode", "incremental"
+        )
         self.num_nans_in_logits = 0
 
         if sampling_params is not None:
@@ -188,8 +195,8 @@ class Request:
     def from_engine_core_request(
         cls,
         request: EngineCoreRequest,
-        block_hasher: Callable[["Request"], list["BlockHash"]] | None,
-    ) -> "Request":
+        block_hasher: Callable[[Request], list[BlockHash]] | None,
+    ) -> Request:
         return cls(
             request_id=request.request_id,
             client_index=request.client_index,
@@ -228,7 +235,7 @@ class Request:
             self.block_hashes.extend(self._block_hasher(self))
 
     @property
-    def get_hash_new_full_blocks(self) -> Callable[[], list["BlockHash"]] | None:
+    def get_hash_new_full_blocks(self) -> Callable[[], list[BlockHash]] | None:
         """The hasher bound to this request (None without prefix caching)."""
         hasher = self._block_hasher
         return None if hasher is None else (lambda: hasher(self))
@@ -275,8 +282,7 @@ class Request:
     def get_finished_reason(self) -> FinishReason | None:
         return RequestStatus.get_finished_reason(self.status)
 
-    def record_event(self, event_type: EngineCoreEventType,
-                     timestamp: float | None = None) -> None:
+    def record_event(self, event_type: EngineCoreEventType, timestamp: float | None = None) -> None:
         self.events.append(EngineCoreEvent.new_event(event_type, timestamp))
 
     def take_events(self) -> list[EngineCoreEvent] | None:
@@ -285,12 +291,17 @@ class Request:
         events, self.events = self.events, []
         return events
 
-    def __lt__(self, other: "Request") -> bool:
+    def __lt__(self, other: Request) -> bool:
         """Order for the priority queue: lower priority value first, then
         earlier arrival, then request id as a stable tie-break."""
-        return ((self.priority, self.arrival_time, self.request_id)
-                < (other.priority, other.arrival_time, other.request_id))
+        return (self.priority, self.arrival_time, self.request_id) < (
+            other.priority,
+            other.arrival_time,
+            other.request_id,
+        )
 
     def __repr__(self) -> str:
-        return (f"Request(id={self.request_id}, status={self.status}, "
-                f"num_tokens={self.num_tokens}, computed={self.num_computed_tokens})")
+        return (
+            f"Request(id={self.request_id}, status={self.status}, "
+            f"num_tokens={self.num_tokens}, computed={self.num_computed_tokens})"
+        )

@@ -13,6 +13,7 @@ core goes through these two classes. Design rules:
 * A message is therefore a sequence of frames: frame 0 is the msgpack body,
   frames 1.. are the out-of-band buffers it refers to.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -37,11 +38,22 @@ DEFAULT_SIZE_THRESHOLD = 256
 # torch or numpy namespace.
 TORCH_DTYPES: dict[str, torch.dtype] = {
     str(dt).removeprefix("torch."): dt
-    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
-               torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool)
+    for dt in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    )
 }
 _NUMPY_DTYPES: frozenset[str] = frozenset(
-    ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"))
+    ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
+)
 
 
 class MsgpackEncoder:
@@ -51,8 +63,7 @@ class MsgpackEncoder:
     """
 
     def __init__(self, size_threshold: int | None = None) -> None:
-        self.size_threshold = (DEFAULT_SIZE_THRESHOLD
-                               if size_threshold is None else size_threshold)
+        self.size_threshold = DEFAULT_SIZE_THRESHOLD if size_threshold is None else size_threshold
         self.encoder = msgspec.msgpack.Encoder(enc_hook=self.enc_hook)
         # Out-of-band buffers of the message being encoded (index 0 is the body).
         self.aux_buffers: list[bytestr] | None = None
@@ -87,8 +98,10 @@ class MsgpackEncoder:
             return obj.result
         if isinstance(obj, (set, frozenset)):
             return list(obj)
-        raise TypeError(f"Object of type {type(obj).__name__} is not serializable "
-                        "(no pickle fallback by design)")
+        raise TypeError(
+            f"Object of type {type(obj).__name__} is not serializable "
+            "(no pickle fallback by design)"
+        )
 
     def _encode_tensor(self, t: torch.Tensor) -> Any:
         dtype = str(t.dtype).removeprefix("torch.")
@@ -125,8 +138,9 @@ class MsgpackDecoder:
     def __init__(self, t: Any = None, share_mem: bool = True) -> None:
         self.share_mem = share_mem
         args = () if t is None else (t,)
-        self.decoder = msgspec.msgpack.Decoder(*args, ext_hook=self.ext_hook,
-                                               dec_hook=self.dec_hook)
+        self.decoder = msgspec.msgpack.Decoder(
+            *args, ext_hook=self.ext_hook, dec_hook=self.dec_hook
+        )
         self.aux_buffers: Sequence[bytestr] = ()
 
     def decode(self, bufs: bytestr | Sequence[bytestr]) -> Any:
@@ -154,8 +168,9 @@ class MsgpackDecoder:
         if not (isinstance(obj, (list, tuple)) and len(obj) == 3):
             raise msgspec.ValidationError("An array is [dtype, shape, data]")
         dtype, shape, data = obj
-        if not (isinstance(shape, (list, tuple))
-                and all(isinstance(s, int) and s >= 0 for s in shape)):
+        if not (
+            isinstance(shape, (list, tuple)) and all(isinstance(s, int) and s >= 0 for s in shape)
+        ):
             raise msgspec.ValidationError(f"Bad array shape {shape!r}")
         if isinstance(data, int):
             if not 0 < data < len(self.aux_buffers):

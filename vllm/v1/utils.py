@@ -1,4 +1,5 @@
 """V1 helpers at upstream's module path (upstream: vllm/v1/utils.py)."""
+
 import torch
 
 from vllm.utils import ConstantList

@@ -1,5 +1,6 @@
 """A real `vllm serve` subprocess on 127.0.0.1 for the server tests
 (upstream: tests/utils.py RemoteOpenAIServer)."""
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,10 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # A tiny template: the test tokenizer has none of its own.
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 SERVER_START_TIMEOUT_S = 180
 MAX_MODEL_LEN = 512
 
@@ -31,19 +34,40 @@ def get_open_port() -> int:
 class RemoteOpenAIServer:
     """`vllm serve` in a subprocess; waits for /health; stops with SIGTERM."""
 
-    def __init__(self, model: str, args: list[str], env: dict[str, str] | None = None,
-                 launcher: list[str] | None = None, api_key: str | None = None,
-                 wait: bool = True, log_path: str | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        launcher: list[str] | None = None,
+        api_key: str | None = None,
+        wait: bool = True,
+        log_path: str | None = None,
+    ) -> None:
         self.host, self.port = "127.0.0.1", get_open_port()
         self.api_key = api_key
         cmd = launcher or [sys.executable, "-m", "vllm.entrypoints.cli.main"]
-        cmd = [*cmd, "serve", model, "--host", self.host, "--port", str(self.port),
-               "--disable-uvicorn-access-log", *args]
+        cmd = [
+            *cmd,
+            "serve",
+            model,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--disable-uvicorn-access-log",
+            *args,
+        ]
         full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
         # log_path: the child's stdout and stderr go to that file (to read its log).
         self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, env=full_env, cwd=REPO_ROOT, stdout=self._log,
-                                     stderr=subprocess.STDOUT if self._log else None)
+        self.proc = subprocess.Popen(
+            cmd,
+            env=full_env,
+            cwd=REPO_ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT if self._log else None,
+        )
         self.ps = psutil.Process(self.proc.pid)
         if wait:
             self.wait_until_healthy()
@@ -84,14 +108,16 @@ class RemoteOpenAIServer:
     def get_client(self, **kwargs):
         import openai
 
-        return openai.OpenAI(base_url=self.url_for("v1"), api_key=self.api_key or "EMPTY",
-                             max_retries=0, **kwargs)
+        return openai.OpenAI(
+            base_url=self.url_for("v1"), api_key=self.api_key or "EMPTY", max_retries=0, **kwargs
+        )
 
     def get_async_client(self, **kwargs):
         import openai
 
-        return openai.AsyncOpenAI(base_url=self.url_for("v1"),
-                                  api_key=self.api_key or "EMPTY", max_retries=0, **kwargs)
+        return openai.AsyncOpenAI(
+            base_url=self.url_for("v1"), api_key=self.api_key or "EMPTY", max_retries=0, **kwargs
+        )
 
     def metrics(self) -> dict[str, float]:
         """Unlabelled view of /metrics: sample name -> value (summed over labels)."""
@@ -147,6 +173,17 @@ def chat_template_file(tmp_path_factory) -> str:
 
 def default_server_args(chat_template_file: str) -> list[str]:
     # 64 MiB of KV: ~130k tokens of the tiny model, room for 50+ long requests.
-    return ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
-            "--kv-cache-memory-bytes", str(64 * 2**20), "--chat-template", chat_template_file,
-            "--max-num-seqs", "64", "--max-logprobs", "5"]
+    return [
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-cache-memory-bytes",
+        str(64 * 2**20),
+        "--chat-template",
+        chat_template_file,
+        "--max-num-seqs",
+        "64",
+        "--max-logprobs",
+        "5",
+    ]

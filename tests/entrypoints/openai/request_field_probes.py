@@ -1,6 +1,7 @@
 """The rows of the request-field audit (test_request_fields.py) and the
 probes that show a field's effect on a real `vllm serve`: each probe takes a
 `Call` (one route of the server, with a short greedy base body)."""
+
 from __future__ import annotations
 
 import re
@@ -20,24 +21,28 @@ EOS = 0  # the tiny tokenizer's <|endoftext|>
 @dataclass(frozen=True)
 class Probe:
     """Shown here, against the server (`check(call)` on each route of its table)."""
-    check: Callable[["Call"], None]
+
+    check: Callable[[Call], None]
 
 
 @dataclass(frozen=True)
 class Cited:
     """Shown by another test ("path::function"), whose source names the field."""
+
     test: str
 
 
 @dataclass(frozen=True)
 class Refused:
     """A non-default value is a 400 whose message names the field."""
+
     value: Any
 
 
 @dataclass(frozen=True)
 class Informational:
     """Accepted without effect, as upstream (and OpenAI) does: why."""
+
     reason: str
 
 
@@ -47,16 +52,20 @@ Row = Probe | Cited | Refused | Informational
 @dataclass
 class Call:
     """One generation route of the server, with a short greedy base body."""
+
     server: RemoteOpenAIServer
     route: str  # "completions" or "chat"
     # Starts another server whose tokenizer decodes with spaces between tokens.
     spaced_server: Callable[[], RemoteOpenAIServer] = lambda: None  # type: ignore
 
     def post(self, **fields: Any) -> httpx.Response:
-        base: dict[str, Any] = {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True,
-                                "return_token_ids": True}
-        base.update({"prompt": PROMPT} if self.route == "completions"
-                    else {"messages": MESSAGES})
+        base: dict[str, Any] = {
+            "max_tokens": 4,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        base.update({"prompt": PROMPT} if self.route == "completions" else {"messages": MESSAGES})
         path = "v1/completions" if self.route == "completions" else "v1/chat/completions"
         return httpx.post(self.server.url_for(path), json={**base, **fields}, timeout=60)
 
@@ -87,6 +96,7 @@ class Call:
 # Probes (each shows an effect, or that the value reaches SamplingParams,
 # whose effect the offline sampling tests show)
 # ----------------------------------------------------------------------
+
 
 def _reaches_sampling_params(field: str, bad_value: Any) -> Probe:
     """An out-of-range value is SamplingParams' 400 naming the field: the
@@ -121,11 +131,10 @@ def _stop_token_ids(c: Call) -> None:
 
 def _include_stop_str_in_output(c: Call) -> None:
     text = c.text(c.ok(max_tokens=12))
-    stop = text[len(text) // 2:len(text) // 2 + 2]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
     assert stop.strip(), text
     assert not c.text(c.ok(max_tokens=12, stop=[stop])).endswith(stop)
-    assert c.text(c.ok(max_tokens=12, stop=[stop], include_stop_str_in_output=True)
-                  ).endswith(stop)
+    assert c.text(c.ok(max_tokens=12, stop=[stop], include_stop_str_in_output=True)).endswith(stop)
 
 
 def _ignore_eos(c: Call) -> None:
@@ -163,15 +172,17 @@ def _allowed_token_ids(c: Call) -> None:
 
 def _bad_words(c: Call) -> None:
     greedy = c.ids(c.ok())
-    word = httpx.post(c.server.url_for("detokenize"), json={"tokens": greedy[:1]}
-                      ).json()["prompt"]
+    word = httpx.post(c.server.url_for("detokenize"), json={"tokens": greedy[:1]}).json()["prompt"]
     assert c.ids(c.ok(bad_words=[word]))[0] != greedy[0], word
 
 
 def _prompt_logprobs(c: Call) -> None:
     body = c.ok(prompt_logprobs=1)
-    found = (body["choices"][0]["prompt_logprobs"] if c.route == "completions"
-             else body["prompt_logprobs"])
+    found = (
+        body["choices"][0]["prompt_logprobs"]
+        if c.route == "completions"
+        else body["prompt_logprobs"]
+    )
     assert found and found[0] is None and len(found) == body["usage"]["prompt_tokens"]
 
 
@@ -187,18 +198,23 @@ def _return_token_ids(c: Call) -> None:
 def _return_tokens_as_token_ids(c: Call) -> None:
     if c.route == "completions":
         tokens = c.ok(logprobs=1, return_tokens_as_token_ids=True)["choices"][0]["logprobs"][
-            "tokens"]
+            "tokens"
+        ]
     else:
-        content = c.ok(logprobs=True, return_tokens_as_token_ids=True)["choices"][0][
-            "logprobs"]["content"]
+        content = c.ok(logprobs=True, return_tokens_as_token_ids=True)["choices"][0]["logprobs"][
+            "content"
+        ]
         tokens = [entry["token"] for entry in content]
     assert tokens and all(re.fullmatch(r"token_id:\d+", t) for t in tokens), tokens
 
 
 def _cache_salt(c: Call) -> None:
     # A prompt of several KV blocks: the same salt hits the prefix cache, another misses.
-    long_prompt = {"prompt": [5 + i % 50 for i in range(96)]} if c.route == "completions" \
+    long_prompt = (
+        {"prompt": [5 + i % 50 for i in range(96)]}
+        if c.route == "completions"
         else {"messages": [{"role": "user", "content": "fox " * 48}]}
+    )
 
     def hits(salt: str) -> float:
         before = c.server.metrics()["vllm:prefix_cache_hits_total"]
@@ -225,8 +241,7 @@ def _model(c: Call) -> None:
 
 def _add_special_tokens(c: Call) -> None:
     # This module's tokenizer prepends a BOS when asked to (see `model_dir`).
-    assert c.prompt_tokens(add_special_tokens=True) == \
-        c.prompt_tokens(add_special_tokens=False) + 1
+    assert c.prompt_tokens(add_special_tokens=True) == c.prompt_tokens(add_special_tokens=False) + 1
 
 
 def _chat_echo(c: Call) -> None:
@@ -243,15 +258,16 @@ def _add_generation_prompt(c: Call) -> None:
 
 def _continue_final_message(c: Call) -> None:
     # Continuing the last message drops what the template puts after it ("\n").
-    fields = dict(messages=[*MESSAGES, {"role": "assistant", "content": "Once upon"}],
-                  add_generation_prompt=False)
+    fields = dict(
+        messages=[*MESSAGES, {"role": "assistant", "content": "Once upon"}],
+        add_generation_prompt=False,
+    )
     assert c.prompt_tokens(**fields, continue_final_message=True) < c.prompt_tokens(**fields)
 
 
 def _chat_template_kwargs(c: Call) -> None:
     # This module's template prints `greeting` when given (see TEMPLATE).
-    assert c.prompt_tokens(chat_template_kwargs={"greeting": "hello there"}) > \
-        c.prompt_tokens()
+    assert c.prompt_tokens(chat_template_kwargs={"greeting": "hello there"}) > c.prompt_tokens()
 
 
 def _tools(c: Call) -> None:
@@ -300,6 +316,7 @@ def _detokenize_tokens(c: Call) -> None:
 
 
 def _detokenize_model(c: Call) -> None:
-    resp = httpx.post(c.server.url_for("detokenize"), json={"tokens": [1],
-                                                           "model": "no-such-model"})
+    resp = httpx.post(
+        c.server.url_for("detokenize"), json={"tokens": [1], "model": "no-such-model"}
+    )
     assert resp.status_code == 404 and resp.json()["error"]["param"] == "model"

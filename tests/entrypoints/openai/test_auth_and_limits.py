@@ -1,5 +1,6 @@
 """`--api-key` guards every route but the published allow-list, whatever the
 spelling of the path; `--max-num-queued-reqs` answers 503 with Retry-After."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,19 +20,27 @@ BODY = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, chat_template_file):
     # No --chat-template (and the test tokenizer has none): chat must say so.
-    args = [a for a in default_server_args(chat_template_file)
-            if a not in ("--chat-template", chat_template_file)]
+    args = [
+        a
+        for a in default_server_args(chat_template_file)
+        if a not in ("--chat-template", chat_template_file)
+    ]
     args += ["--served-model-name", "tiny", "--api-key", *KEYS, "--max-num-queued-reqs", "3"]
     srv = RemoteOpenAIServer(tiny_model_dir("llama"), args, api_key=KEYS[0])
     yield srv
     srv.stop()
 
 
-def raw_request(port: int, method: str, path: str, body: bytes = b"",
-                headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+def raw_request(
+    port: int, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     """Send the path exactly as written (no client-side normalization)."""
-    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close",
-             f"Content-Length: {len(body)}"]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        "Connection: close",
+        f"Content-Length: {len(body)}",
+    ]
     if body:
         lines.append("Content-Type: application/json")
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
@@ -68,32 +77,50 @@ def test_schema_declares_401(server):
             declared = "401" in operation["responses"]
             assert declared == (path not in UNGUARDED_PATHS), path
             if declared:
-                assert operation["responses"]["401"]["content"]["application/json"][
-                    "schema"] == {"$ref": "#/components/schemas/UnauthorizedResponse"}
+                assert operation["responses"]["401"]["content"]["application/json"]["schema"] == {
+                    "$ref": "#/components/schemas/UnauthorizedResponse"
+                }
 
 
 def test_keys_are_checked(server):
     url = server.url_for("v1/completions")
     for key in KEYS:
-        assert httpx.post(url, json=BODY, headers={"Authorization": f"Bearer {key}"}
-                          ).status_code == 200
-    assert httpx.post(url, json=BODY, headers={"Authorization": f"bearer {KEYS[1]}"}
-                      ).status_code == 200
+        assert (
+            httpx.post(url, json=BODY, headers={"Authorization": f"Bearer {key}"}).status_code
+            == 200
+        )
+    assert (
+        httpx.post(url, json=BODY, headers={"Authorization": f"bearer {KEYS[1]}"}).status_code
+        == 200
+    )
     for bad in ("Bearer sk-firs", "Bearer sk-first2", "Basic sk-first", "sk-first", ""):
         assert httpx.post(url, json=BODY, headers={"Authorization": bad}).status_code == 401
     assert httpx.get(server.url_for("metrics"), headers=server.headers()).status_code == 200
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=server.url_for("v1"), api_key="wrong",
-                      max_retries=0).models.list()
+        openai.OpenAI(base_url=server.url_for("v1"), api_key="wrong", max_retries=0).models.list()
     assert server.get_client().models.list().data[0].id == "tiny"
 
 
-@pytest.mark.parametrize("path", [
-    "//v1/completions", "/v1//completions", "/v1/../v1/completions", "/./v1/completions",
-    "/%2Fv1/completions", "/v1%2Fcompletions", "/%761/completions", "/v1/completions/",
-    "/health/../v1/completions", "/health%2F..%2Fv1%2Fcompletions", "/health/",
-    "/HEALTH", "/tokenize", "/invocations", "/detokenize",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "//v1/completions",
+        "/v1//completions",
+        "/v1/../v1/completions",
+        "/./v1/completions",
+        "/%2Fv1/completions",
+        "/v1%2Fcompletions",
+        "/%761/completions",
+        "/v1/completions/",
+        "/health/../v1/completions",
+        "/health%2F..%2Fv1%2Fcompletions",
+        "/health/",
+        "/HEALTH",
+        "/tokenize",
+        "/invocations",
+        "/detokenize",
+    ],
+)
 def test_no_spelling_gets_past_the_key(server, path):
     body = b'{"prompt": "hello", "max_tokens": 2}'
     status, _ = raw_request(server.port, "POST", path, body)
@@ -101,25 +128,26 @@ def test_no_spelling_gets_past_the_key(server, path):
 
 
 def test_preflight_passes(server):
-    r = httpx.options(server.url_for("v1/completions"),
-                      headers={"Origin": "http://example.com",
-                               "Access-Control-Request-Method": "POST"})
+    r = httpx.options(
+        server.url_for("v1/completions"),
+        headers={"Origin": "http://example.com", "Access-Control-Request-Method": "POST"},
+    )
     assert r.status_code == 200
 
 
 def test_queue_limit(server):
     """3 requests in flight fill the queue: the 4th gets 503 + Retry-After."""
     headers = server.headers()
-    long_body = {**BODY, "max_tokens": 480, "min_tokens": 480, "ignore_eos": True,
-                 "stream": True}
+    long_body = {**BODY, "max_tokens": 480, "min_tokens": 480, "ignore_eos": True, "stream": True}
 
     async def run():
         async with httpx.AsyncClient(timeout=60, headers=headers) as client:
             started = [asyncio.Event() for _ in range(3)]
 
             async def stream(event: asyncio.Event) -> None:
-                async with client.stream("POST", server.url_for("v1/completions"),
-                                         json=long_body) as r:
+                async with client.stream(
+                    "POST", server.url_for("v1/completions"), json=long_body
+                ) as r:
                     assert r.status_code == 200
                     async for _ in r.aiter_lines():
                         event.set()
@@ -140,6 +168,9 @@ def test_queue_limit(server):
 
 
 def test_chat_without_template_is_a_bad_request(server):
-    r = httpx.post(server.url_for("v1/chat/completions"), headers=server.headers(),
-                   json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        server.url_for("v1/chat/completions"),
+        headers=server.headers(),
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]

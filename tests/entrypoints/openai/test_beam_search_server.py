@@ -3,6 +3,7 @@ beam search `LLM.beam_search` runs offline: the same tiny model, the same
 parameters, the same beams (token ids, best first) — streamed or not. What
 beam search does not honour is a 400 naming the field, as is a beam width
 whose 2 * n logprobs the server does not allow."""
+
 from __future__ import annotations
 
 import json
@@ -40,11 +41,12 @@ def _post(server: RemoteOpenAIServer, path: str, **body) -> httpx.Response:
 def _offline(llm, prompt_ids: list[int], include_eos: bool = True, **params):
     """The offline beams' generated ids (best first) and cumulative logprobs;
     a beam finished by EOS ends with it only when `include_eos`."""
-    out = llm.beam_search([TokensPrompt(prompt_token_ids=prompt_ids)],
-                          BeamSearchParams(**params))[0]
+    out = llm.beam_search([TokensPrompt(prompt_token_ids=prompt_ids)], BeamSearchParams(**params))[
+        0
+    ]
     beams = []
     for seq in out.sequences:
-        generated = seq.tokens[len(prompt_ids):]
+        generated = seq.tokens[len(prompt_ids) :]
         if not include_eos and generated and generated[-1] == EOS:
             generated = generated[:-1]
         beams.append((generated, seq.cum_logprob))
@@ -62,10 +64,26 @@ def _assert_same_beams(choices: list[dict], beams: list[tuple[list[int], float]]
 
 @pytest.mark.parametrize("length_penalty", [1.0, 0.3])
 def test_beam_search_equals_offline(server, llm, length_penalty):
-    beams = _offline(llm, _tokens(server, prompt=PROMPT), include_eos=False, beam_width=2,
-                     max_tokens=6, temperature=0.0, length_penalty=length_penalty)
-    resp = _post(server, "v1/completions", prompt=PROMPT, n=2, max_tokens=6, temperature=0.0,
-                 use_beam_search=True, length_penalty=length_penalty, return_token_ids=True)
+    beams = _offline(
+        llm,
+        _tokens(server, prompt=PROMPT),
+        include_eos=False,
+        beam_width=2,
+        max_tokens=6,
+        temperature=0.0,
+        length_penalty=length_penalty,
+    )
+    resp = _post(
+        server,
+        "v1/completions",
+        prompt=PROMPT,
+        n=2,
+        max_tokens=6,
+        temperature=0.0,
+        use_beam_search=True,
+        length_penalty=length_penalty,
+        return_token_ids=True,
+    )
     assert resp.status_code == 200, resp.text
     body = resp.json()
     _assert_same_beams(body["choices"], beams)
@@ -76,25 +94,49 @@ def test_beam_search_equals_offline(server, llm, length_penalty):
 
 def test_chat_beam_search_equals_offline(server, llm):
     prompt_ids = _tokens(server, messages=MESSAGES)
-    beams = _offline(llm, prompt_ids, include_eos=True, beam_width=2, max_tokens=5,
-                     temperature=0.0)
-    resp = _post(server, "v1/chat/completions", messages=MESSAGES, n=2, max_tokens=5,
-                 temperature=0.0, use_beam_search=True, include_stop_str_in_output=True,
-                 return_token_ids=True)
+    beams = _offline(llm, prompt_ids, include_eos=True, beam_width=2, max_tokens=5, temperature=0.0)
+    resp = _post(
+        server,
+        "v1/chat/completions",
+        messages=MESSAGES,
+        n=2,
+        max_tokens=5,
+        temperature=0.0,
+        use_beam_search=True,
+        include_stop_str_in_output=True,
+        return_token_ids=True,
+    )
     assert resp.status_code == 200, resp.text
     _assert_same_beams(resp.json()["choices"], beams)
 
 
 def test_streamed_beam_search_sends_each_beam_once(server, llm):
-    beams = _offline(llm, _tokens(server, prompt=PROMPT), include_eos=False, beam_width=2,
-                     max_tokens=4, temperature=0.0)
-    with httpx.stream("POST", server.url_for("v1/completions"), timeout=120, json=dict(
-            prompt=PROMPT, n=2, max_tokens=4, temperature=0.0, use_beam_search=True,
-            stream=True, return_token_ids=True)) as resp:
+    beams = _offline(
+        llm,
+        _tokens(server, prompt=PROMPT),
+        include_eos=False,
+        beam_width=2,
+        max_tokens=4,
+        temperature=0.0,
+    )
+    with httpx.stream(
+        "POST",
+        server.url_for("v1/completions"),
+        timeout=120,
+        json=dict(
+            prompt=PROMPT,
+            n=2,
+            max_tokens=4,
+            temperature=0.0,
+            use_beam_search=True,
+            stream=True,
+            return_token_ids=True,
+        ),
+    ) as resp:
         assert resp.status_code == 200
         lines = [ln for ln in resp.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
-    chunks = [json.loads(ln[len("data: "):])["choices"][0] for ln in lines[:-1]]
+    chunks = [json.loads(ln[len("data: ") :])["choices"][0] for ln in lines[:-1]]
     chunks.sort(key=lambda c: c["index"])
     _assert_same_beams(chunks, beams)
 
@@ -102,51 +144,102 @@ def test_streamed_beam_search_sends_each_beam_once(server, llm):
 def test_ignore_eos_and_default_temperature_follow_upstream(server):
     # Without a temperature beam search samples at 1.0 (upstream's default);
     # the beams still come back best first, each max_tokens long (ignore_eos).
-    resp = _post(server, "v1/completions", prompt=PROMPT, n=2, max_tokens=3,
-                 use_beam_search=True, ignore_eos=True, return_token_ids=True)
+    resp = _post(
+        server,
+        "v1/completions",
+        prompt=PROMPT,
+        n=2,
+        max_tokens=3,
+        use_beam_search=True,
+        ignore_eos=True,
+        return_token_ids=True,
+    )
     assert resp.status_code == 200, resp.text
     choices = resp.json()["choices"]
     assert len(choices) == 2 and all(len(c["token_ids"]) == 3 for c in choices)
     assert all(c["finish_reason"] == "length" for c in choices)
 
 
-@pytest.mark.parametrize("field,value", [("logprobs", 1), ("stop", ["x"]), ("seed", 3),
-                                         ("top_p", 0.5), ("echo", True),
-                                         ("presence_penalty", 1.0)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("logprobs", 1),
+        ("stop", ["x"]),
+        ("seed", 3),
+        ("top_p", 0.5),
+        ("echo", True),
+        ("presence_penalty", 1.0),
+    ],
+)
 def test_what_beam_search_ignores_is_refused(server, field, value):
-    resp = _post(server, "v1/completions", prompt=PROMPT, n=2, max_tokens=3,
-                 use_beam_search=True, **{field: value})
+    resp = _post(
+        server,
+        "v1/completions",
+        prompt=PROMPT,
+        n=2,
+        max_tokens=3,
+        use_beam_search=True,
+        **{field: value},
+    )
     assert resp.status_code == 400 and f"`{field}`" in resp.json()["error"]["message"]
 
 
 def test_unknown_fields_beside_beam_search_are_only_logged(server):
     # Extra keys are in pydantic's model_fields_set but have no field default:
     # the refusal check must skip them (an empty key was a 500 under schemathesis).
-    for path, body in (("v1/completions", {"prompt": PROMPT}),
-                       ("v1/chat/completions", {"messages": MESSAGES})):
-        resp = _post(server, path, **body, n=2, max_tokens=2, temperature=0,
-                     use_beam_search=True, **{"": 1, "not_a_field": "x"})
+    for path, body in (
+        ("v1/completions", {"prompt": PROMPT}),
+        ("v1/chat/completions", {"messages": MESSAGES}),
+    ):
+        resp = _post(
+            server,
+            path,
+            **body,
+            n=2,
+            max_tokens=2,
+            temperature=0,
+            use_beam_search=True,
+            **{"": 1, "not_a_field": "x"},
+        )
         assert resp.status_code == 200, resp.text
 
 
 def test_beam_width_beyond_max_logprobs_is_refused(server):
     # The server runs with --max-logprobs 5: a beam width of 3 needs 6.
-    for path, body in (("v1/completions", {"prompt": PROMPT}),
-                       ("v1/chat/completions", {"messages": MESSAGES})):
+    for path, body in (
+        ("v1/completions", {"prompt": PROMPT}),
+        ("v1/chat/completions", {"messages": MESSAGES}),
+    ):
         resp = _post(server, path, **body, n=3, max_tokens=2, use_beam_search=True)
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "n", resp.text
     # The server still serves.
-    ok = _post(server, "v1/completions", prompt=PROMPT, n=2, max_tokens=2,
-               use_beam_search=True, temperature=0.0)
+    ok = _post(
+        server,
+        "v1/completions",
+        prompt=PROMPT,
+        n=2,
+        max_tokens=2,
+        use_beam_search=True,
+        temperature=0.0,
+    )
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
 
 
 def test_client_gone_mid_search_aborts_every_beam(server):
     # A search of many steps; the client gives up after a second.
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url_for("v1/completions"), timeout=1.0, json=dict(
-            prompt=PROMPT, n=2, max_tokens=480, ignore_eos=True, temperature=0.0,
-            use_beam_search=True))
+        httpx.post(
+            server.url_for("v1/completions"),
+            timeout=1.0,
+            json=dict(
+                prompt=PROMPT,
+                n=2,
+                max_tokens=480,
+                ignore_eos=True,
+                temperature=0.0,
+                use_beam_search=True,
+            ),
+        )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         metrics = server.metrics()

@@ -8,6 +8,7 @@ tensor-sized allocation with its own mapping and returns it to the OS on free:
 the RSS then shows whether the engine dropped its last reference to the KV
 cache and the weights, not the allocator's caching policy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,13 @@ from tests.utils import make_tiny_model
 API_KEY = "dev-mode-key"
 KV_BYTES = 256 * 2**20
 MiB = 2**20
-DEV_ROUTES = [("POST", "/sleep"), ("POST", "/wake_up"), ("GET", "/is_sleeping"),
-              ("POST", "/reset_prefix_cache"), ("POST", "/collective_rpc")]
+DEV_ROUTES = [
+    ("POST", "/sleep"),
+    ("POST", "/wake_up"),
+    ("GET", "/is_sleeping"),
+    ("POST", "/reset_prefix_cache"),
+    ("POST", "/collective_rpc"),
+]
 PROMPTS = ["The quick brown fox", "def hello(world):"]
 
 
@@ -34,15 +40,20 @@ PROMPTS = ["The quick brown fox", "def hello(world):"]
 def model_dir(tmp_path_factory) -> str:
     # Wider MLPs than the shared tiny model (about 24 MiB of weights in 4 MiB
     # tensors), so that level 2's release of the weights is measurable.
-    return make_tiny_model("llama", str(tmp_path_factory.mktemp("tiny-wide")),
-                           intermediate_size=16384)
+    return make_tiny_model(
+        "llama", str(tmp_path_factory.mktemp("tiny-wide")), intermediate_size=16384
+    )
 
 
 @pytest.fixture(scope="module")
 def server(model_dir, chat_template_file):
     args = default_server_args(chat_template_file) + [
-        "--kv-cache-memory-bytes", str(KV_BYTES), "--enable-sleep-mode",
-        "--api-key", API_KEY]
+        "--kv-cache-memory-bytes",
+        str(KV_BYTES),
+        "--enable-sleep-mode",
+        "--api-key",
+        API_KEY,
+    ]
     env = {"VLLM_SERVER_DEV_MODE": "1", "MALLOC_MMAP_THRESHOLD_": str(MiB)}
     srv = RemoteOpenAIServer(model_dir, args, env=env, api_key=API_KEY)
     yield srv
@@ -50,8 +61,9 @@ def server(model_dir, chat_template_file):
 
 
 def _post(server: RemoteOpenAIServer, path: str, **params) -> httpx.Response:
-    return httpx.post(server.url_for(path.lstrip("/")), params=params,
-                      headers=server.headers(), timeout=120)
+    return httpx.post(
+        server.url_for(path.lstrip("/")), params=params, headers=server.headers(), timeout=120
+    )
 
 
 def _is_sleeping(server: RemoteOpenAIServer) -> bool:
@@ -68,8 +80,9 @@ def _engine_rss(server: RemoteOpenAIServer) -> int:
 
 def _greedy(server: RemoteOpenAIServer, max_tokens: int = 8) -> list[str]:
     client = server.get_client()
-    out = client.completions.create(model=server_model(server), prompt=PROMPTS,
-                                    max_tokens=max_tokens, temperature=0)
+    out = client.completions.create(
+        model=server_model(server), prompt=PROMPTS, max_tokens=max_tokens, temperature=0
+    )
     return [c.text for c in sorted(out.choices, key=lambda c: c.index)]
 
 
@@ -102,8 +115,7 @@ def test_routes_absent_without_dev_mode(monkeypatch):
 def test_routes_need_the_api_key(server):
     for method, path in DEV_ROUTES:
         for headers in ({}, {"Authorization": "Bearer wrong"}):
-            r = httpx.request(method, server.url_for(path.lstrip("/")), headers=headers,
-                              timeout=30)
+            r = httpx.request(method, server.url_for(path.lstrip("/")), headers=headers, timeout=30)
             assert r.status_code == 401, (method, path, r.text)
     assert _is_sleeping(server) is False  # nothing above reached the engine
     assert "/sleep" in httpx.get(server.url_for("openapi.json"), timeout=30).json()["paths"]
@@ -114,15 +126,18 @@ def test_collective_rpc_is_refused(server):
     assert "not built" in error["message"]
 
 
-@pytest.mark.parametrize("path,params,needle", [
-    ("/sleep", {"level": 3}, "level"),
-    ("/sleep", {"level": "one"}, "level"),
-    ("/sleep", {"level": -1}, "level"),
-    ("/sleep", {"level": 1, "mode": "bogus"}, "mode"),
-    ("/wake_up", {"tags": "bogus"}, "tags"),
-    ("/reset_prefix_cache", {"reset_external": "true"}, "connector"),
-    ("/reset_prefix_cache", {"reset_running_requests": "maybe"}, "reset_running_requests"),
-])
+@pytest.mark.parametrize(
+    "path,params,needle",
+    [
+        ("/sleep", {"level": 3}, "level"),
+        ("/sleep", {"level": "one"}, "level"),
+        ("/sleep", {"level": -1}, "level"),
+        ("/sleep", {"level": 1, "mode": "bogus"}, "mode"),
+        ("/wake_up", {"tags": "bogus"}, "tags"),
+        ("/reset_prefix_cache", {"reset_external": "true"}, "connector"),
+        ("/reset_prefix_cache", {"reset_running_requests": "maybe"}, "reset_running_requests"),
+    ],
+)
 def test_bad_arguments_are_400(server, path, params, needle):
     error = _assert_envelope(_post(server, path, **params), 400)
     assert needle in error["message"]
@@ -154,8 +169,10 @@ def test_sleep_frees_memory_and_outputs_survive(server, model_dir):
 
     before, asleep, after = _sleep_and_measure(server, level=2)
     drop2 = before - asleep
-    print(f"level 2: {before / MiB:.0f} -> {asleep / MiB:.0f} -> {after / MiB:.0f} MiB "
-          f"(weights {weight_bytes / MiB:.0f} MiB)")
+    print(
+        f"level 2: {before / MiB:.0f} -> {asleep / MiB:.0f} -> {after / MiB:.0f} MiB "
+        f"(weights {weight_bytes / MiB:.0f} MiB)"
+    )
     assert drop2 - drop1 >= 0.7 * weight_bytes, (drop1, drop2, weight_bytes)
     assert abs(after - before) < 0.1 * KV_BYTES
     assert _greedy(server) == reference
@@ -192,9 +209,14 @@ def test_request_while_asleep_waits_for_wake_up(server):
 
 def test_sleep_aborts_requests_in_flight(server):
     client = server.get_client()
-    stream = client.completions.create(model=server_model(server), prompt="Hello",
-                                       max_tokens=400, temperature=0, stream=True,
-                                       extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model=server_model(server),
+        prompt="Hello",
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     next(iter(stream))  # the request is running
     assert _post(server, "/sleep", level=1).status_code == 200
     reasons = [c.choices[0].finish_reason for c in stream if c.choices]
@@ -208,13 +230,19 @@ def test_sleep_mode_wait_lets_requests_in_flight_finish(server):
     until /wake_up; /sleep answers once the engine is asleep."""
     reference = _greedy(server)
     stream = server.get_client().completions.create(
-        model=server_model(server), prompt="Hello", max_tokens=64, temperature=0,
-        stream=True, extra_body={"ignore_eos": True})
+        model=server_model(server),
+        prompt="Hello",
+        max_tokens=64,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     chunks = iter(stream)
     next(chunks)  # the request is running
     result: dict = {}
-    sleeper = threading.Thread(target=lambda: result.setdefault(
-        "sleep", _post(server, "/sleep", level=1, mode="wait")))
+    sleeper = threading.Thread(
+        target=lambda: result.setdefault("sleep", _post(server, "/sleep", level=1, mode="wait"))
+    )
     sleeper.start()
     deadline = time.monotonic() + 30
     while not _is_sleeping(server):  # the sleep is pending in the core
@@ -236,8 +264,13 @@ def test_sleep_mode_wait_lets_requests_in_flight_finish(server):
 def test_sleep_mode_keep_resumes_requests_in_flight(server):
     """Mode "keep": the running request is preempted, and after /wake_up it
     completes with the text an uninterrupted run gives."""
-    kwargs = dict(model=server_model(server), prompt="Hello", max_tokens=48, temperature=0,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model=server_model(server),
+        prompt="Hello",
+        max_tokens=48,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     client = server.get_client()
     reference = client.completions.create(**kwargs).choices[0].text
     chunks = iter(client.completions.create(stream=True, **kwargs))
@@ -255,8 +288,13 @@ def test_sleep_mode_keep_resumes_requests_in_flight(server):
 def test_reset_with_running_requests_preempts_them(server):
     """reset_running_requests=true: the running request is preempted (the
     workers are told) and completes as if nothing happened."""
-    kwargs = dict(model=server_model(server), prompt="Hello", max_tokens=48, temperature=0,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model=server_model(server),
+        prompt="Hello",
+        max_tokens=48,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     client = server.get_client()
     reference = client.completions.create(**kwargs).choices[0].text
     chunks = iter(client.completions.create(stream=True, **kwargs))

@@ -10,6 +10,7 @@ captured to a file:
 - `plain`: the defaults plus --disable-fastapi-docs and
   --disable-uvicorn-access-log, for contrast.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,13 +61,27 @@ class LoggedServer(RemoteOpenAIServer):
 @pytest.fixture(scope="module")
 def flagged(tiny_model_dir, chat_template_file, tmp_path_factory):
     args = default_server_args(chat_template_file) + [
-        "--served-model-name", "tiny", "alias",
-        "--allowed-origins", json.dumps([ORIGIN]), "--allow-credentials",
-        "--allowed-methods", '["GET", "POST"]', "--allowed-headers", '["X-Custom"]',
-        "--response-role", "bot", "--root-path", "/proxy",
-        "--enable-force-include-usage", "--enable-prompt-tokens-details",
-        "--enable-log-requests", "--trust-request-chat-template",
-        "--uvicorn-log-level", "trace"]
+        "--served-model-name",
+        "tiny",
+        "alias",
+        "--allowed-origins",
+        json.dumps([ORIGIN]),
+        "--allow-credentials",
+        "--allowed-methods",
+        '["GET", "POST"]',
+        "--allowed-headers",
+        '["X-Custom"]',
+        "--response-role",
+        "bot",
+        "--root-path",
+        "/proxy",
+        "--enable-force-include-usage",
+        "--enable-prompt-tokens-details",
+        "--enable-log-requests",
+        "--trust-request-chat-template",
+        "--uvicorn-log-level",
+        "trace",
+    ]
     log = tmp_path_factory.mktemp("flagged") / "server.log"
     srv = LoggedServer(tiny_model_dir("llama"), args, log, keep_access_log=True)
     yield srv
@@ -75,8 +90,11 @@ def flagged(tiny_model_dir, chat_template_file, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain(tiny_model_dir, chat_template_file, tmp_path_factory):
-    args = default_server_args(chat_template_file) + ["--served-model-name", "tiny",
-                                                      "--disable-fastapi-docs"]
+    args = default_server_args(chat_template_file) + [
+        "--served-model-name",
+        "tiny",
+        "--disable-fastapi-docs",
+    ]
     log = tmp_path_factory.mktemp("plain") / "server.log"
     srv = LoggedServer(tiny_model_dir("llama"), args, log, keep_access_log=False)
     yield srv
@@ -90,11 +108,17 @@ def _complete(server: RemoteOpenAIServer, **body) -> httpx.Response:
     return r
 
 
-def _preflight(server: RemoteOpenAIServer, origin: str, method: str = "POST",
-               headers: str = "X-Custom") -> httpx.Response:
-    return httpx.options(server.url_for("v1/completions"), headers={
-        "Origin": origin, "Access-Control-Request-Method": method,
-        "Access-Control-Request-Headers": headers})
+def _preflight(
+    server: RemoteOpenAIServer, origin: str, method: str = "POST", headers: str = "X-Custom"
+) -> httpx.Response:
+    return httpx.options(
+        server.url_for("v1/completions"),
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": method,
+            "Access-Control-Request-Headers": headers,
+        },
+    )
 
 
 def test_cors_flags(flagged):
@@ -121,8 +145,12 @@ def test_served_model_names(flagged):
 
 
 def test_response_role(flagged):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 2, "temperature": 0}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "temperature": 0,
+    }
     r = httpx.post(flagged.url_for("v1/chat/completions"), json=body, timeout=60).json()
     assert r["choices"][0]["message"]["role"] == "bot"
 
@@ -134,11 +162,13 @@ def test_root_path(flagged, plain):
 
 
 def test_force_include_usage(flagged):
-    body = {"model": "tiny", "prompt": "Hello", "max_tokens": 3, "temperature": 0,
-            "stream": True}
+    body = {"model": "tiny", "prompt": "Hello", "max_tokens": 3, "temperature": 0, "stream": True}
     with httpx.stream("POST", flagged.url_for("v1/completions"), json=body, timeout=60) as r:
-        events = [json.loads(line[6:]) for line in r.iter_lines()
-                  if line.startswith("data: ") and line != "data: [DONE]"]
+        events = [
+            json.loads(line[6:])
+            for line in r.iter_lines()
+            if line.startswith("data: ") and line != "data: [DONE]"
+        ]
     # No stream_options in the request, yet the last chunk carries the usage.
     assert events[-1]["usage"]["completion_tokens"] == 3
 
@@ -147,8 +177,7 @@ def _usage(server: RemoteOpenAIServer, route: str, stream: bool) -> dict:
     """The final usage of a request on `route` (chat or completions)."""
     body: dict = {"model": "tiny", "max_tokens": 2, "temperature": 0}
     if route == "chat":
-        path, body["messages"] = "v1/chat/completions", [{"role": "user",
-                                                          "content": LONG_PROMPT}]
+        path, body["messages"] = "v1/chat/completions", [{"role": "user", "content": LONG_PROMPT}]
     else:
         path, body["prompt"] = "v1/completions", LONG_PROMPT
     if not stream:
@@ -157,8 +186,11 @@ def _usage(server: RemoteOpenAIServer, route: str, stream: bool) -> dict:
         return r.json()["usage"]
     body.update(stream=True, stream_options={"include_usage": True})
     with httpx.stream("POST", server.url_for(path), json=body, timeout=60) as r:
-        events = [json.loads(line[6:]) for line in r.iter_lines()
-                  if line.startswith("data: ") and line != "data: [DONE]"]
+        events = [
+            json.loads(line[6:])
+            for line in r.iter_lines()
+            if line.startswith("data: ") and line != "data: [DONE]"
+        ]
     return events[-1]["usage"]
 
 
@@ -208,13 +240,19 @@ def test_chat_template_flags(flagged):
     messages = [{"role": "user", "content": "hi"}]
 
     def tokenize(**extra) -> dict:
-        return httpx.post(flagged.url_for("tokenize"), json={
-            "model": "tiny", "messages": messages, **extra}).json()
+        return httpx.post(
+            flagged.url_for("tokenize"), json={"model": "tiny", "messages": messages, **extra}
+        ).json()
 
     server_template = tokenize()
-    plain_text = httpx.post(flagged.url_for("tokenize"), json={
-        "model": "tiny", "prompt": "<|user|>hi\n<|assistant|>"}).json()
+    plain_text = httpx.post(
+        flagged.url_for("tokenize"), json={"model": "tiny", "prompt": "<|user|>hi\n<|assistant|>"}
+    ).json()
     assert server_template["tokens"] == plain_text["tokens"]
     own = tokenize(chat_template="{{ messages[0]['content'] }}")
-    assert own["tokens"] == httpx.post(flagged.url_for("tokenize"), json={
-        "model": "tiny", "prompt": "hi"}).json()["tokens"]
+    assert (
+        own["tokens"]
+        == httpx.post(flagged.url_for("tokenize"), json={"model": "tiny", "prompt": "hi"}).json()[
+            "tokens"
+        ]
+    )

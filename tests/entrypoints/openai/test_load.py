@@ -11,9 +11,11 @@ The round itself (`run_round`) is importable, so that bigger rounds can be
 run against a live server outside pytest (`python -m
 tests.entrypoints.openai.test_load PORT [NUM_STREAMS]`).
 """
+
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import statistics
@@ -78,6 +80,7 @@ LATENCY_TRIES = 5
 @dataclass(frozen=True)
 class Spec:
     """One request of a round: what to send and when the client leaves."""
+
     index: int
     chat: bool
     max_tokens: int
@@ -105,14 +108,27 @@ def make_specs(num: int, seed: int = SEED) -> list[Spec]:
                 chunks = rng.randint(1, max_tokens - 1)
             else:
                 delay = rng.uniform(0.0, MAX_CANCEL_DELAY_S)
-        specs.append(Spec(i, chat=rng.random() < 0.5, max_tokens=max_tokens,
-                          cancel_after_chunks=chunks, cancel_after_s=delay))
+        specs.append(
+            Spec(
+                i,
+                chat=rng.random() < 0.5,
+                max_tokens=max_tokens,
+                cancel_after_chunks=chunks,
+                cancel_after_s=delay,
+            )
+        )
     return specs
 
 
 def request_body(spec: Spec) -> tuple[str, dict]:
-    body = {"model": MODEL, "max_tokens": spec.max_tokens, "ignore_eos": True,
-            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "max_tokens": spec.max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     text = f"Request {spec.index}: the quick brown fox jumps over"
     if spec.chat:
         return "v1/chat/completions", {**body, "messages": [{"role": "user", "content": text}]}
@@ -133,13 +149,19 @@ async def _stream(client: httpx.AsyncClient, base: str, spec: Spec, start: float
             if line == "data: [DONE]":
                 tokens = usage["completion_tokens"] if usage else None
                 if finish != "length" or tokens != spec.max_tokens:
-                    return Outcome(spec, "error", time.monotonic() - start, ttft,
-                                   f"ended with finish_reason={finish} usage={usage}")
+                    return Outcome(
+                        spec,
+                        "error",
+                        time.monotonic() - start,
+                        ttft,
+                        f"ended with finish_reason={finish} usage={usage}",
+                    )
                 return Outcome(spec, "finished", time.monotonic() - start, ttft)
             frame = json.loads(line[6:])
             if "error" in frame:
-                return Outcome(spec, "error", time.monotonic() - start, ttft,
-                               json.dumps(frame)[:200])
+                return Outcome(
+                    spec, "error", time.monotonic() - start, ttft, json.dumps(frame)[:200]
+                )
             usage = frame.get("usage") or usage
             for choice in frame["choices"]:
                 finish = choice.get("finish_reason") or finish
@@ -163,7 +185,7 @@ async def _one(client: httpx.AsyncClient, base: str, spec: Spec) -> Outcome:
             return Outcome(spec, "cancelled", time.monotonic() - start)
     try:
         return await asyncio.wait_for(task, max(REQUEST_DEADLINE_S - (time.monotonic() - start), 0))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return Outcome(spec, "lost", time.monotonic() - start)
     except httpx.HTTPError as e:
         return Outcome(spec, "error", time.monotonic() - start, detail=repr(e))
@@ -180,8 +202,9 @@ def parse_metrics(text: str) -> dict[str, float]:
     return values
 
 
-async def _watch_for_lost(client: httpx.AsyncClient, base: str,
-                          tasks: list[asyncio.Task]) -> set[int]:
+async def _watch_for_lost(
+    client: httpx.AsyncClient, base: str, tasks: list[asyncio.Task]
+) -> set[int]:
     """Lost, as opposed to slow: a client still waits while the engine has had
     nothing running or waiting for ENGINE_IDLE_LOST_S (counted once the round
     has reached the engine -- seen busy, or a request answered -- before that
@@ -225,8 +248,9 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def summarize(outcomes: list[Outcome], wall: float) -> str:
-    kinds = {k: sum(o.kind == k for o in outcomes) for k in ("finished", "cancelled", "error",
-                                                              "lost")}
+    kinds = {
+        k: sum(o.kind == k for o in outcomes) for k in ("finished", "cancelled", "error", "lost")
+    }
     done = [o for o in outcomes if o.kind == "finished"]
     e2e = {k: round(v, 2) for k, v in percentiles([o.latency for o in done]).items()}
     ttft = {k: round(v, 2) for k, v in percentiles([o.ttft for o in done if o.ttft]).items()}
@@ -237,13 +261,12 @@ def summarize(outcomes: list[Outcome], wall: float) -> str:
 # Server-side checks
 # ----------------------------------------------------------------------
 
+
 def server_rss(server: RemoteOpenAIServer) -> int:
     total = 0
     for proc in [server.ps, *server.engine_processes()]:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             total += proc.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
     return total
 
 
@@ -251,8 +274,11 @@ def wait_idle(server: RemoteOpenAIServer, timeout: float = IDLE_DEADLINE_S) -> d
     deadline = time.monotonic() + timeout
     while True:
         values = server.metrics()
-        if (values["vllm:num_requests_running"] == 0 and values["vllm:num_requests_waiting"] == 0
-                and values["vllm:kv_cache_usage_perc"] == 0):
+        if (
+            values["vllm:num_requests_running"] == 0
+            and values["vllm:num_requests_waiting"] == 0
+            and values["vllm:kv_cache_usage_perc"] == 0
+        ):
             return values
         assert time.monotonic() < deadline, f"engine not idle after the round: {values}"
         time.sleep(0.2)
@@ -263,9 +289,17 @@ def request_latency(server: RemoteOpenAIServer, tries: int = LATENCY_TRIES) -> f
     best = float("inf")
     for _ in range(tries):
         start = time.monotonic()
-        r = httpx.post(server.url_for("v1/completions"), timeout=30,
-                       json={"model": MODEL, "prompt": "Hello there", "max_tokens": 16,
-                             "ignore_eos": True, "temperature": 0.0})
+        r = httpx.post(
+            server.url_for("v1/completions"),
+            timeout=30,
+            json={
+                "model": MODEL,
+                "prompt": "Hello there",
+                "max_tokens": 16,
+                "ignore_eos": True,
+                "temperature": 0.0,
+            },
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, r.text
         best = min(best, time.monotonic() - start)
     return best
@@ -273,13 +307,21 @@ def request_latency(server: RemoteOpenAIServer, tries: int = LATENCY_TRIES) -> f
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, chat_template_file):
-    srv = RemoteOpenAIServer(tiny_model_dir("llama"), default_server_args(chat_template_file)
-                             + ["--served-model-name", MODEL,
-                                "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
-                                # Room for exactly one round: a request the front
-                                # end failed to forget in an earlier round would
-                                # turn one of the next round's into a 503.
-                                "--max-num-queued-reqs", str(NUM_STREAMS)])
+    srv = RemoteOpenAIServer(
+        tiny_model_dir("llama"),
+        default_server_args(chat_template_file)
+        + [
+            "--served-model-name",
+            MODEL,
+            "--kv-cache-memory-bytes",
+            str(KV_CACHE_BYTES),
+            # Room for exactly one round: a request the front
+            # end failed to forget in an earlier round would
+            # turn one of the next round's into a 503.
+            "--max-num-queued-reqs",
+            str(NUM_STREAMS),
+        ],
+    )
     yield srv
     srv.stop()
 
@@ -304,8 +346,9 @@ def test_round_of_streams_all_end_and_leave_nothing(server):
     # Nothing here may fail: the admission limit is the round's size.
     errors = [o for o in outcomes if o.kind == "error"]
     assert not errors, f"{len(errors)} errors: {errors[:5]}"
-    uncancelled = [o for o in outcomes if o.spec.cancel_after_chunks is None
-                   and o.spec.cancel_after_s is None]
+    uncancelled = [
+        o for o in outcomes if o.spec.cancel_after_chunks is None and o.spec.cancel_after_s is None
+    ]
     assert all(o.kind == "finished" for o in uncancelled)
     # A client that meant to leave may have seen its request finish first
     # (outputs a slow reader has not taken are merged: fewer chunks than
@@ -323,22 +366,24 @@ def test_round_of_streams_all_end_and_leave_nothing(server):
 
     rss_after = server_rss(server)
     latency_after = request_latency(server)
-    print(f"RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; "
-          f"latency {latency_before * 1000:.0f} -> {latency_after * 1000:.0f} ms")
+    print(
+        f"RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; "
+        f"latency {latency_before * 1000:.0f} -> {latency_after * 1000:.0f} ms"
+    )
     assert rss_after - rss_before < RSS_GROWTH_BOUND_BYTES
     assert latency_after < LATENCY_FACTOR * latency_before + LATENCY_SLACK_S
-
-
-
 
 
 def test_lost_request_detector_fires(server):
     """The lost-request check can fail: a request the server never answers (its
     body never completes) is reported once the rest of the round is done."""
+
     async def never_answered() -> None:
         reader, writer = await asyncio.open_connection(server.host, server.port)
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
         await writer.drain()
         try:
             await reader.read()
@@ -347,16 +392,19 @@ def test_lost_request_detector_fires(server):
 
     async def run() -> set[int]:
         async with httpx.AsyncClient(timeout=REQUEST_DEADLINE_S) as client:
-            tasks = [asyncio.create_task(_one(client, server.url_root, spec))
-                     for spec in make_specs(8)]
+            tasks = [
+                asyncio.create_task(_one(client, server.url_root, spec)) for spec in make_specs(8)
+            ]
             tasks.append(asyncio.create_task(never_answered()))
-            lost = await asyncio.wait_for(_watch_for_lost(client, server.url_root, tasks),
-                                          ROUND_DEADLINE_S)
+            lost = await asyncio.wait_for(
+                _watch_for_lost(client, server.url_root, tasks), ROUND_DEADLINE_S
+            )
             tasks[-1].cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         return lost
 
     assert asyncio.run(run()) == {8}
+
 
 if __name__ == "__main__":
     # A round against a running server: PORT [NUM_STREAMS] [SEED].

@@ -6,6 +6,7 @@ process of the server's tree is left: the server exits on its own (the
 launcher's watchdog), or with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 stays up
 answering errors until SIGTERM. (A clean SIGTERM under load is
 test_shutdown.py's; the load itself is test_load.py's.)"""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,7 @@ import time
 import httpx
 import pytest
 
-from tests.entrypoints.openai.conftest import (RemoteOpenAIServer, default_server_args,
-                                               wait_exited)
+from tests.entrypoints.openai.conftest import RemoteOpenAIServer, default_server_args, wait_exited
 from tests.entrypoints.openai.test_load import MODEL, Spec, request_body
 
 KILL_STREAMS = 50
@@ -34,8 +34,9 @@ KILL_EXIT_DEADLINE_S = 20.0
 LOAD_DEADLINE_S = 60.0
 
 
-async def _doomed_stream(client: httpx.AsyncClient, base: str, index: int,
-                         firsts: list[int]) -> str:
+async def _doomed_stream(
+    client: httpx.AsyncClient, base: str, index: int, firsts: list[int]
+) -> str:
     """A stream that cannot end normally before the kill: how did it end?"""
     path, body = request_body(Spec(index, chat=index % 2 == 1, max_tokens=KILL_TOKENS))
     try:
@@ -54,15 +55,18 @@ async def _doomed_stream(client: httpx.AsyncClient, base: str, index: int,
         return f"connection error {type(e).__name__}"
 
 
-async def _wait_loaded(server: RemoteOpenAIServer, running: int, waiting: int,
-                       tasks: list[asyncio.Task]) -> None:
+async def _wait_loaded(
+    server: RemoteOpenAIServer, running: int, waiting: int, tasks: list[asyncio.Task]
+) -> None:
     deadline = time.monotonic() + LOAD_DEADLINE_S
     while True:
         ended = [t.result() for t in tasks if t.done()]
         assert not ended, f"streams ended before the kill: {ended[:3]}"
         values = server.metrics()
-        if (values["vllm:num_requests_running"] >= running
-                and values["vllm:num_requests_waiting"] >= waiting):
+        if (
+            values["vllm:num_requests_running"] >= running
+            and values["vllm:num_requests_waiting"] >= waiting
+        ):
             return
         assert time.monotonic() < deadline, f"load never built up: {values}"
         await asyncio.sleep(0.1)
@@ -77,18 +81,20 @@ def _health(server: RemoteOpenAIServer) -> int | None:
 
 
 @pytest.mark.parametrize("keep_alive", [False, True], ids=["exits", "keep-alive"])
-def test_engine_core_sigkill_under_load(tiny_model_dir, chat_template_file, keep_alive,
-                                        tmp_path):
+def test_engine_core_sigkill_under_load(tiny_model_dir, chat_template_file, keep_alive, tmp_path):
     """Some streams decoding, some still waiting for a slot: SIGKILL the engine
     core. Every client gets an error; /health is 503 until the server exits
     (on its own by default; with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 it stays up,
     answering errors, until SIGTERM); then no process of the tree is left."""
     max_num_seqs = KILL_STREAMS - 18  # 18 requests wait in the queue
     env = {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1" if keep_alive else "0"}
-    server = RemoteOpenAIServer(tiny_model_dir("llama"), default_server_args(chat_template_file)
-                                + ["--served-model-name", MODEL,
-                                   "--max-num-seqs", str(max_num_seqs)], env=env,
-                                log_path=str(tmp_path / "server.log"))
+    server = RemoteOpenAIServer(
+        tiny_model_dir("llama"),
+        default_server_args(chat_template_file)
+        + ["--served-model-name", MODEL, "--max-num-seqs", str(max_num_seqs)],
+        env=env,
+        log_path=str(tmp_path / "server.log"),
+    )
     try:
         tree = [server.ps, *server.children()]
         engines = server.engine_processes()
@@ -99,8 +105,10 @@ def test_engine_core_sigkill_under_load(tiny_model_dir, chat_template_file, keep
             firsts = [0] * KILL_STREAMS
             limits = httpx.Limits(max_connections=KILL_STREAMS + 8)
             async with httpx.AsyncClient(timeout=LOAD_DEADLINE_S, limits=limits) as client:
-                tasks = [asyncio.create_task(_doomed_stream(client, base, i, firsts))
-                         for i in range(KILL_STREAMS)]
+                tasks = [
+                    asyncio.create_task(_doomed_stream(client, base, i, firsts))
+                    for i in range(KILL_STREAMS)
+                ]
                 await _wait_loaded(server, max_num_seqs, KILL_STREAMS - max_num_seqs, tasks)
                 engines[0].kill()
                 killed_at = time.monotonic()
@@ -124,8 +132,11 @@ def test_engine_core_sigkill_under_load(tiny_model_dir, chat_template_file, keep
         assert health in (503, None), health
         if keep_alive:
             assert health == 503
-            r = httpx.post(server.url_for("v1/completions"), timeout=10,
-                           json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+            r = httpx.post(
+                server.url_for("v1/completions"),
+                timeout=10,
+                json={"model": MODEL, "prompt": "hi", "max_tokens": 2},
+            )
             assert r.status_code >= 500 and r.json()["error"]["message"], r.text
             assert server.proc.poll() is None  # still up
             killed_at = time.monotonic()  # the deadline below now runs from SIGTERM

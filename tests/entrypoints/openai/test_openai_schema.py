@@ -10,6 +10,7 @@ capped (a tiny model on a 2-core CPU), most generation bodies get a prompt
 (else nearly all completions are the same 400), half of them stream. Hypothesis
 runs derandomized: the same examples every run, so a failure reproduces.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,9 +21,16 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
-from schemathesis.config import (ChecksConfig, CoveragePhaseConfig, GenerationConfig,
-                                 PhasesConfig, PositiveDataAcceptanceConfig, ProjectConfig,
-                                 ProjectsConfig, SchemathesisConfig)
+from schemathesis.config import (
+    ChecksConfig,
+    CoveragePhaseConfig,
+    GenerationConfig,
+    PhasesConfig,
+    PositiveDataAcceptanceConfig,
+    ProjectConfig,
+    ProjectsConfig,
+    SchemathesisConfig,
+)
 
 from tests.entrypoints.openai.conftest import RemoteOpenAIServer, default_server_args
 
@@ -46,11 +54,18 @@ _SERVER_URL: dict[str, str] = {}
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, chat_template_file):
-    srv = RemoteOpenAIServer(tiny_model_dir("llama"), default_server_args(chat_template_file)
-                             + ["--served-model-name", "tiny",
-                                "--max-num-queued-reqs", str(MAX_QUEUED),
-                                "--enable-sleep-mode"],
-                             env={"VLLM_SERVER_DEV_MODE": "1"})
+    srv = RemoteOpenAIServer(
+        tiny_model_dir("llama"),
+        default_server_args(chat_template_file)
+        + [
+            "--served-model-name",
+            "tiny",
+            "--max-num-queued-reqs",
+            str(MAX_QUEUED),
+            "--enable-sleep-mode",
+        ],
+        env={"VLLM_SERVER_DEV_MODE": "1"},
+    )
     _SERVER_URL["root"] = srv.url_root
     yield srv
     srv.stop()
@@ -60,12 +75,19 @@ def server(tiny_model_dir, chat_template_file):
 def get_schema(server):
     loaded = schemathesis.openapi.from_url(
         server.url_for("openapi.json"),
-        config=SchemathesisConfig(projects=ProjectsConfig(default=ProjectConfig(
-            # No NUL bytes in generated strings.
-            generation=GenerationConfig(allow_x00=False, modes=[GenerationMode.POSITIVE]),
-            checks=ChecksConfig(
-                positive_data_acceptance=PositiveDataAcceptanceConfig(enabled=False)),
-            phases=PhasesConfig(coverage=CoveragePhaseConfig(enabled=False))))))
+        config=SchemathesisConfig(
+            projects=ProjectsConfig(
+                default=ProjectConfig(
+                    # No NUL bytes in generated strings.
+                    generation=GenerationConfig(allow_x00=False, modes=[GenerationMode.POSITIVE]),
+                    checks=ChecksConfig(
+                        positive_data_acceptance=PositiveDataAcceptanceConfig(enabled=False)
+                    ),
+                    phases=PhasesConfig(coverage=CoveragePhaseConfig(enabled=False)),
+                )
+            )
+        ),
+    )
     loaded.hook(before_generate_case)
     return loaded
 
@@ -87,8 +109,7 @@ def _shape(case: schemathesis.Case, stream: bool) -> schemathesis.Case:
         return case
     for key in ("max_tokens", "max_completion_tokens", "min_tokens"):
         value = body.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and value > MAX_TOKENS:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_TOKENS:
             body[key] = MAX_TOKENS
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         # Chat's default is "the rest of the context": hundreds of tokens.
@@ -106,15 +127,25 @@ def before_generate_case(context: schemathesis.HookContext, strategy: Any) -> An
 
 
 @schema.parametrize()
-@settings(deadline=LONG_TIMEOUT_SECONDS * 1000, max_examples=MAX_EXAMPLES,
-          derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.data_too_large,
-                                 HealthCheck.too_slow])
+@settings(
+    deadline=LONG_TIMEOUT_SECONDS * 1000,
+    max_examples=MAX_EXAMPLES,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+        HealthCheck.too_slow,
+    ],
+)
 def test_openapi_stateless(case: schemathesis.Case):
     if case.operation.path.startswith("/v1/responses"):
         return  # stateful (none served here yet)
-    timeout = (LONG_TIMEOUT_SECONDS if case.operation.path in GENERATION_ROUTES
-               else DEFAULT_TIMEOUT_SECONDS)
+    timeout = (
+        LONG_TIMEOUT_SECONDS
+        if case.operation.path in GENERATION_ROUTES
+        else DEFAULT_TIMEOUT_SECONDS
+    )
     try:
         case.call_and_validate(timeout=timeout, headers={"Content-Type": "application/json"})
     finally:
@@ -157,10 +188,16 @@ def test_request_too_big_for_the_queue_is_a_bad_request(server):
     # n times the number of prompts counts.
     r = httpx.post(url, json={"prompt": ["a", "b", "c"], "max_tokens": 1, "n": 3})
     assert r.status_code == 400, r.text
-    r = httpx.post(server.url_for("v1/chat/completions"), json={
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
-        "n": MAX_QUEUED + 1})
+    r = httpx.post(
+        server.url_for("v1/chat/completions"),
+        json={
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1,
+            "n": MAX_QUEUED + 1,
+        },
+    )
     assert r.status_code == 400, r.text
-    r = httpx.post(url, json={"prompt": ["a", "b"], "max_tokens": 1, "n": MAX_QUEUED // 2},
-                   timeout=60)
+    r = httpx.post(
+        url, json={"prompt": ["a", "b"], "max_tokens": 1, "n": MAX_QUEUED // 2}, timeout=60
+    )
     assert r.status_code == 200 and len(r.json()["choices"]) == MAX_QUEUED

@@ -3,6 +3,7 @@ tests/entrypoints/openai/completion/test_shutdown.py): SIGTERM under load
 stops accepting connections at once, lets every in-flight request run to its
 normal end, then the server and all its children exit. (The zero-timeout case,
 in-flight requests cut short, is test_serving.py's SIGTERM test.)"""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,7 @@ import time
 import httpx
 import pytest
 
-from tests.entrypoints.openai.conftest import (RemoteOpenAIServer, default_server_args,
-                                               wait_exited)
+from tests.entrypoints.openai.conftest import RemoteOpenAIServer, default_server_args, wait_exited
 
 SHUTDOWN_TIMEOUT_S = 30
 # Long enough to be mid-generation when the signal lands (the signal is sent
@@ -29,16 +29,24 @@ EXIT_WITHIN_S = 10.0
 
 @pytest.fixture
 def server(tiny_model_dir, chat_template_file):
-    srv = RemoteOpenAIServer(tiny_model_dir("llama"), default_server_args(chat_template_file)
-                             + ["--served-model-name", "tiny",
-                                "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)])
+    srv = RemoteOpenAIServer(
+        tiny_model_dir("llama"),
+        default_server_args(chat_template_file)
+        + ["--served-model-name", "tiny", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)],
+    )
     yield srv
     srv.stop()
 
 
 def _body(stream: bool) -> dict:
-    body = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": TOKENS,
-            "min_tokens": TOKENS, "ignore_eos": True, "stream": stream}
+    body = {
+        "model": "tiny",
+        "prompt": "The quick brown fox",
+        "max_tokens": TOKENS,
+        "min_tokens": TOKENS,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -78,8 +86,10 @@ async def _new_request_is_turned_away(server: RemoteOpenAIServer) -> None:
     async with httpx.AsyncClient(timeout=30) as fresh:
         while True:
             try:
-                r = await fresh.post(server.url_for("v1/completions"),
-                                     json={"model": "tiny", "prompt": "hi", "max_tokens": 1})
+                r = await fresh.post(
+                    server.url_for("v1/completions"),
+                    json={"model": "tiny", "prompt": "hi", "max_tokens": 1},
+                )
             except httpx.TransportError:
                 return
             if r.status_code in (500, 503):

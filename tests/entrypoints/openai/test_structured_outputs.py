@@ -4,6 +4,7 @@ tiny random model writes; every bad constraint is a 400 with the error
 envelope and the server keeps serving (upstream:
 tests/entrypoints/openai/test_chat.py / test_completion.py structured-output
 cases; serving contract "Structured output")."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,18 +17,19 @@ import sys
 import httpx
 import pytest
 
-from tests.entrypoints.openai.conftest import (REPO_ROOT, RemoteOpenAIServer,
-                                               default_server_args)
+from tests.entrypoints.openai.conftest import REPO_ROOT, RemoteOpenAIServer, default_server_args
 
 PROMPT = "The quick brown fox jumps over"
 MESSAGES = [{"role": "user", "content": "Describe the fox as JSON."}]
 # JSON whitespace is off server-wide: a random model could otherwise pad a
 # JSON value with whitespace until max_tokens.
 SO_CONFIG = '{"backend": "xgrammar", "disable_any_whitespace": true}'
-SCHEMA = {"type": "object",
-          "properties": {"ok": {"type": "boolean"},
-                         "size": {"type": "string", "enum": ["S", "M", "L"]}},
-          "required": ["ok", "size"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "size": {"type": "string", "enum": ["S", "M", "L"]}},
+    "required": ["ok", "size"],
+    "additionalProperties": False,
+}
 GREEDY = {"temperature": 0.0, "max_tokens": 40}
 # Liveness bound (not a timing assertion): a stuck request fails the test
 # instead of hanging it.
@@ -41,17 +43,20 @@ XGRAMMAR_CACHE_MB = "16"
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, chat_template_file):
-    srv = RemoteOpenAIServer(tiny_model_dir("llama"), default_server_args(chat_template_file)
-                             + ["--served-model-name", "tiny",
-                                "--structured-outputs-config", SO_CONFIG],
-                             env={"VLLM_XGRAMMAR_CACHE_MB": XGRAMMAR_CACHE_MB})
+    srv = RemoteOpenAIServer(
+        tiny_model_dir("llama"),
+        default_server_args(chat_template_file)
+        + ["--served-model-name", "tiny", "--structured-outputs-config", SO_CONFIG],
+        env={"VLLM_XGRAMMAR_CACHE_MB": XGRAMMAR_CACHE_MB},
+    )
     yield srv
     srv.stop()
 
 
 def _post(server: RemoteOpenAIServer, route: str, body: dict) -> httpx.Response:
-    return httpx.post(server.url_for("v1", route), json={"model": "tiny", **body},
-                      timeout=TIMEOUT_S)
+    return httpx.post(
+        server.url_for("v1", route), json={"model": "tiny", **body}, timeout=TIMEOUT_S
+    )
 
 
 def _completion(server: RemoteOpenAIServer, **body) -> httpx.Response:
@@ -81,14 +86,20 @@ def _assert_alive(server: RemoteOpenAIServer) -> None:
 # Constrained output (the engine enforces the constraint)
 # ----------------------------------------------------------------------
 
+
 def _check_schema_instance(value: object) -> None:
     assert isinstance(value, dict) and set(value) == {"ok", "size"}, value
     assert isinstance(value["ok"], bool) and value["size"] in ("S", "M", "L"), value
 
 
 def test_chat_response_format_json_schema(server):
-    r = _chat(server, response_format={"type": "json_schema", "json_schema": {
-        "name": "fox", "schema": SCHEMA, "strict": True}})
+    r = _chat(
+        server,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "fox", "schema": SCHEMA, "strict": True},
+        },
+    )
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     _check_schema_instance(json.loads(choice["message"]["content"]))
@@ -96,12 +107,20 @@ def test_chat_response_format_json_schema(server):
 
 
 def test_completion_response_format_json_schema_streamed(server):
-    body = {"prompt": PROMPT, **GREEDY, "stream": True, "model": "tiny",
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": "fox", "schema": SCHEMA}}}
+    body = {
+        "prompt": PROMPT,
+        **GREEDY,
+        "stream": True,
+        "model": "tiny",
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "fox", "schema": SCHEMA},
+        },
+    }
     text = ""
-    with httpx.stream("POST", server.url_for("v1", "completions"), json=body,
-                      timeout=TIMEOUT_S) as r:
+    with httpx.stream(
+        "POST", server.url_for("v1", "completions"), json=body, timeout=TIMEOUT_S
+    ) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -116,10 +135,15 @@ def test_response_format_json_object_beats_logit_bias(server, tiny_tokenizer):
     bias = {str(close): 100}
     free = _completion(server, logit_bias=bias, max_tokens=5, ignore_eos=True)
     assert free.status_code == 200 and free.json()["choices"][0]["text"] == "}" * 5
-    for route, body in (("completions", {"prompt": PROMPT}), ("chat/completions",
-                                                               {"messages": MESSAGES})):
-        r = _post(server, route, {**body, **GREEDY, "logit_bias": bias,
-                                  "response_format": {"type": "json_object"}})
+    for route, body in (
+        ("completions", {"prompt": PROMPT}),
+        ("chat/completions", {"messages": MESSAGES}),
+    ):
+        r = _post(
+            server,
+            route,
+            {**body, **GREEDY, "logit_bias": bias, "response_format": {"type": "json_object"}},
+        )
         assert r.status_code == 200, r.text
         choice = r.json()["choices"][0]
         text = choice["text"] if "text" in choice else choice["message"]["content"]
@@ -143,67 +167,85 @@ def test_structured_outputs_choice_and_regex(server):
 # Bad constraints: 400, and the server keeps serving
 # ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("structured_outputs", [
-    {"regex": {1: "a"}},                  # not a string (JSON turns the key into "1")
-    {},                                   # no constraint
-    {"regex": "a+", "choice": ["a"]},     # two constraints
-    {"choice": []},
-    {"json_object": "maybe"},
-    {"grammar": "   "},
-    "regex",
-])
+
+@pytest.mark.parametrize(
+    "structured_outputs",
+    [
+        {"regex": {1: "a"}},  # not a string (JSON turns the key into "1")
+        {},  # no constraint
+        {"regex": "a+", "choice": ["a"]},  # two constraints
+        {"choice": []},
+        {"json_object": "maybe"},
+        {"grammar": "   "},
+        "regex",
+    ],
+)
 def test_malformed_structured_outputs_is_400(server, structured_outputs):
     _assert_400(_completion(server, structured_outputs=structured_outputs))
     _assert_400(_chat(server, structured_outputs=structured_outputs))
 
 
-@pytest.mark.parametrize("response_format", [
-    {"type": "json_schema"},
-    {"type": "json_schema", "json_schema": {"name": "x"}},
-    {"type": "json_schema", "json_schema": {"schema": SCHEMA}},   # OpenAI requires a name
-    {"type": "xml"},
-])
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_schema"},
+        {"type": "json_schema", "json_schema": {"name": "x"}},
+        {"type": "json_schema", "json_schema": {"schema": SCHEMA}},  # OpenAI requires a name
+        {"type": "xml"},
+    ],
+)
 def test_malformed_response_format_is_400(server, response_format):
     _assert_400(_chat(server, response_format=response_format))
 
 
 def test_response_format_and_structured_outputs_together_is_400(server):
-    error = _assert_400(_chat(server, response_format={"type": "json_object"},
-                              structured_outputs={"regex": "a"}))
+    error = _assert_400(
+        _chat(server, response_format={"type": "json_object"}, structured_outputs={"regex": "a"})
+    )
     assert "structured_outputs" in error["message"]
     # A "text" response_format constrains nothing: no conflict.
-    r = _chat(server, response_format={"type": "text"},
-              structured_outputs={"choice": ["yes", "no"]})
-    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] in (
-        "yes", "no")
+    r = _chat(
+        server, response_format={"type": "text"}, structured_outputs={"choice": ["yes", "no"]}
+    )
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] in ("yes", "no")
 
 
 def test_invalid_regex_is_400_and_server_stays_up(server):
-    error = _assert_400(_completion(server, structured_outputs={"regex": "foo**"}),
-                        "structured_outputs")
+    error = _assert_400(
+        _completion(server, structured_outputs={"regex": "foo**"}), "structured_outputs"
+    )
     assert "regex" in error["message"].lower()
-    _assert_400(_chat(server, structured_outputs={"regex": "[unclosed"}),
-                "structured_outputs")
+    _assert_400(_chat(server, structured_outputs={"regex": "[unclosed"}), "structured_outputs")
     _assert_alive(server)
 
 
-@pytest.mark.parametrize("schema", [
-    {"type": "object", "properties": {"a": {"type": "no-such-type"}}},
-    {"type": "string", "minLength": 5, "maxLength": 2},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "no-such-type"}}},
+        {"type": "string", "minLength": 5, "maxLength": 2},
+    ],
+)
 def test_bad_json_schema_is_400_and_server_stays_up(server, schema):
-    _assert_400(_chat(server, response_format={"type": "json_schema", "json_schema": {
-        "name": "bad", "schema": schema}}), "response_format")
-    _assert_400(_completion(server, structured_outputs={"json": schema}),
-                "structured_outputs")
-    _assert_400(_completion(server, structured_outputs={"json": "{not json"}),
-                "structured_outputs")
+    _assert_400(
+        _chat(
+            server,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "bad", "schema": schema},
+            },
+        ),
+        "response_format",
+    )
+    _assert_400(_completion(server, structured_outputs={"json": schema}), "structured_outputs")
+    _assert_400(_completion(server, structured_outputs={"json": "{not json"}), "structured_outputs")
     _assert_alive(server)
 
 
 def test_bad_grammar_is_400(server):
-    _assert_400(_completion(server, structured_outputs={"grammar": "root ::= (("}),
-                "structured_outputs")
+    _assert_400(
+        _completion(server, structured_outputs={"grammar": "root ::= (("}), "structured_outputs"
+    )
     _assert_alive(server)
 
 
@@ -213,11 +255,16 @@ def test_redos_regex_does_not_stall_other_streams(server):
     concurrent stream runs to its end."""
 
     async def stream_tokens(client: httpx.AsyncClient) -> int:
-        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0.0,
-                "ignore_eos": True, "stream": True}
+        body = {
+            "model": "tiny",
+            "prompt": PROMPT,
+            "max_tokens": 24,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+        }
         n = 0
-        async with client.stream("POST", server.url_for("v1", "completions"),
-                                 json=body) as r:
+        async with client.stream("POST", server.url_for("v1", "completions"), json=body) as r:
             assert r.status_code == 200
             async for line in r.aiter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
@@ -225,9 +272,16 @@ def test_redos_regex_does_not_stall_other_streams(server):
         return n
 
     async def redos(client: httpx.AsyncClient) -> httpx.Response:
-        return await client.post(server.url_for("v1", "completions"), json={
-            "model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0.0,
-            "structured_outputs": {"regex": "(a+)+b"}})
+        return await client.post(
+            server.url_for("v1", "completions"),
+            json={
+                "model": "tiny",
+                "prompt": PROMPT,
+                "max_tokens": 16,
+                "temperature": 0.0,
+                "structured_outputs": {"regex": "(a+)+b"},
+            },
+        )
 
     async def main() -> tuple[int, httpx.Response]:
         async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
@@ -253,18 +307,30 @@ def _send_unique_schemas(server: RemoteOpenAIServer, lo: int, hi: int) -> None:
 
     def schema(i: int) -> dict:
         names = [f"k{i}_{j}" for j in range(64)]
-        return {"type": "object", "properties": {n: {"type": "integer"} for n in names},
-                "required": names, "additionalProperties": False}
+        return {
+            "type": "object",
+            "properties": {n: {"type": "integer"} for n in names},
+            "required": names,
+            "additionalProperties": False,
+        }
 
     async def main() -> None:
         gate = asyncio.Semaphore(16)
         async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
+
             async def one(i: int) -> None:
                 async with gate:
-                    r = await client.post(server.url_for("v1", "completions"), json={
-                        "model": "tiny", "prompt": PROMPT, "max_tokens": 1,
-                        "structured_outputs": {"json": schema(i)}})
+                    r = await client.post(
+                        server.url_for("v1", "completions"),
+                        json={
+                            "model": "tiny",
+                            "prompt": PROMPT,
+                            "max_tokens": 1,
+                            "structured_outputs": {"json": schema(i)},
+                        },
+                    )
                 assert r.status_code == 200, r.text
+
             await asyncio.gather(*(one(i) for i in range(lo, hi)))
 
     asyncio.run(main())
@@ -290,16 +356,35 @@ def test_many_unique_schemas_keep_memory_bounded(server):
 # Server configuration
 # ----------------------------------------------------------------------
 
-@pytest.mark.parametrize(("config", "expected"), [
-    ('{"backend": "no-such-backend"}', "no-such-backend"),
-    ('{"backend": "guidance"}', "not built"),
-    ('{"no_such_key": 1}', "no_such_key"),
-])
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ('{"backend": "no-such-backend"}', "no-such-backend"),
+        ('{"backend": "guidance"}', "not built"),
+        ('{"no_such_key": 1}', "no_such_key"),
+    ],
+)
 def test_bad_structured_outputs_config_refuses_to_start(tiny_model_dir, config, expected):
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
-           tiny_model_dir("llama"), "--port", "0", "--structured-outputs-config", config]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        tiny_model_dir("llama"),
+        "--port",
+        "0",
+        "--structured-outputs-config",
+        config,
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
     assert proc.returncode != 0
     assert expected in proc.stderr, proc.stderr[-3000:]
 

@@ -4,6 +4,7 @@ back as `message.tool_calls` / streamed tool-call deltas (upstream:
 tests/entrypoints/openai/test_completion_with_function_calling.py,
 tool_use/test_chat_completions.py). The tiny model is random: only the
 structure is checked, never what it chose."""
+
 from __future__ import annotations
 
 import json
@@ -19,21 +20,42 @@ from vllm.entrypoints.openai.tool_choice import RequiredToolStream
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 # No JSON whitespace: a random model could otherwise pad the JSON until max_tokens.
 SO_CONFIG = '{"backend": "xgrammar", "disable_any_whitespace": true}'
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The forecast of a city.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
-        "metric": {"type": "boolean"},
-        "days": {"type": "integer", "enum": [1, 2, 3]}},
-        "required": ["city", "metric", "days"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {
-        "zone": {"type": "string", "enum": ["UTC", "CET"]}},
-        "required": ["zone"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The forecast of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
+                "metric": {"type": "boolean"},
+                "days": {"type": "integer", "enum": [1, 2, 3]},
+            },
+            "required": ["city", "metric", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 PING = {"type": "function", "function": {"name": "ping"}}  # no parameters
 TOOLS = [WEATHER, TIME, PING]
-ARG_TYPES = {"get_weather": {"city": str, "metric": bool, "days": int},
-             "get_time": {"zone": str}, "ping": {}}
+ARG_TYPES = {
+    "get_weather": {"city": str, "metric": bool, "days": int},
+    "get_time": {"zone": str},
+    "ping": {},
+}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 # Liveness bound (not a timing assertion): a stuck request fails the test.
 TIMEOUT_S = 120
@@ -41,27 +63,34 @@ TIMEOUT_S = 120
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, chat_template_file):
-    srv = RemoteOpenAIServer(tiny_model_dir("llama"), default_server_args(chat_template_file)
-                             + ["--served-model-name", "tiny",
-                                "--structured-outputs-config", SO_CONFIG])
+    srv = RemoteOpenAIServer(
+        tiny_model_dir("llama"),
+        default_server_args(chat_template_file)
+        + ["--served-model-name", "tiny", "--structured-outputs-config", SO_CONFIG],
+    )
     yield srv
     srv.stop()
 
 
 def _chat(server: RemoteOpenAIServer, **body: Any) -> httpx.Response:
-    body = {"model": "tiny", "messages": MESSAGES, "tools": TOOLS, "max_tokens": 200,
-            **body}
-    return httpx.post(server.url_for("v1", "chat/completions"), json=body,
-                      timeout=TIMEOUT_S)
+    body = {"model": "tiny", "messages": MESSAGES, "tools": TOOLS, "max_tokens": 200, **body}
+    return httpx.post(server.url_for("v1", "chat/completions"), json=body, timeout=TIMEOUT_S)
 
 
 def _stream(server: RemoteOpenAIServer, **body: Any) -> list[dict]:
     """The choices of every chunk of a streamed chat."""
-    body = {"model": "tiny", "messages": MESSAGES, "tools": TOOLS, "max_tokens": 200,
-            "stream": True, **body}
+    body = {
+        "model": "tiny",
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "max_tokens": 200,
+        "stream": True,
+        **body,
+    }
     choices = []
-    with httpx.stream("POST", server.url_for("v1", "chat/completions"), json=body,
-                      timeout=TIMEOUT_S) as r:
+    with httpx.stream(
+        "POST", server.url_for("v1", "chat/completions"), json=body, timeout=TIMEOUT_S
+    ) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -85,13 +114,15 @@ def _calls(choice: dict) -> list[tuple[str, dict]]:
     assert message["content"] == "" and message["tool_calls"], message
     for call in message["tool_calls"]:
         assert call["type"] == "function" and call["id"].startswith("chatcmpl-tool-"), call
-    return [(c["function"]["name"], _check_arguments(c["function"]["name"],
-                                                     c["function"]["arguments"]))
-            for c in message["tool_calls"]]
+    return [
+        (c["function"]["name"], _check_arguments(c["function"]["name"], c["function"]["arguments"]))
+        for c in message["tool_calls"]
+    ]
 
 
-def _streamed_calls(choices: list[dict], index: int) -> tuple[list[tuple[str, str]],
-                                                               list[str], str]:
+def _streamed_calls(
+    choices: list[dict], index: int
+) -> tuple[list[tuple[str, str]], list[str], str]:
     """(name, arguments text) of one streamed choice's calls, their ids and
     its finish_reason. A call's first delta carries id, type and name; later
     ones only argument text."""
@@ -102,8 +133,11 @@ def _streamed_calls(choices: list[dict], index: int) -> tuple[list[tuple[str, st
             if delta["index"] not in calls:
                 assert delta["type"] == "function" and delta["function"]["name"], delta
                 assert delta["id"].startswith("chatcmpl-tool-"), delta
-                calls[delta["index"]] = {"id": delta["id"], "name": delta["function"]["name"],
-                                         "args": delta["function"]["arguments"] or ""}
+                calls[delta["index"]] = {
+                    "id": delta["id"],
+                    "name": delta["function"]["name"],
+                    "args": delta["function"]["arguments"] or "",
+                }
             else:
                 assert delta["id"] is None and delta["function"]["name"] is None, delta
                 calls[delta["index"]]["args"] += delta["function"]["arguments"]
@@ -123,6 +157,7 @@ def _checked(calls: list[tuple[str, str]]) -> list[tuple[str, dict]]:
 # ----------------------------------------------------------------------
 # Named tool
 # ----------------------------------------------------------------------
+
 
 def test_named_tool(server):
     r = _chat(server, tool_choice=NAMED, n=2, temperature=1.0, seed=3)
@@ -212,8 +247,14 @@ def test_required_several_calls_streamed_matches_non_streamed(server):
     1, 2, 2 calls and one cut after 4). A cut array's non-streamed answer is
     its text as content with no tool calls (upstream: an error); its stream
     has sent each complete call and the start of the last."""
-    body = {"tools": [WEATHER, TIME], "tool_choice": "required", "temperature": 1.0,
-            "seed": 3, "n": 4, "max_tokens": 300}
+    body = {
+        "tools": [WEATHER, TIME],
+        "tool_choice": "required",
+        "temperature": 1.0,
+        "seed": 3,
+        "n": 4,
+        "max_tokens": 300,
+    }
     full = _chat(server, **body)
     assert full.status_code == 200, full.text
     streamed = _stream(server, **body)
@@ -228,15 +269,17 @@ def test_required_several_calls_streamed_matches_non_streamed(server):
         assert finish == "length" and choice["message"]["tool_calls"] == []
         items = _complete_items(choice["message"]["content"])
         assert len(calls) in (len(items), len(items) + 1)
-        assert _checked(calls[:len(items)]) == [(i["name"], i["parameters"]) for i in items]
+        assert _checked(calls[: len(items)]) == [(i["name"], i["parameters"]) for i in items]
     assert most >= 2
 
 
 # Strings holding JSON's structural characters and escapes, scalar and nested
 # parameters, any whitespace: what the scanner must see through.
-SCANNED = ('[{"name": "a", "parameters": {"s": "x\\"}],{", "l": [1, {"b": null}]}}, '
-           '{"name":"b","parameters":12},{"name":"c","parameters":"x,}"}, '
-           '{"name": "d", "parameters" : true }, {"name": "\\u00e9", "parameters": {}}]')
+SCANNED = (
+    '[{"name": "a", "parameters": {"s": "x\\"}],{", "l": [1, {"b": null}]}}, '
+    '{"name":"b","parameters":12},{"name":"c","parameters":"x,}"}, '
+    '{"name": "d", "parameters" : true }, {"name": "\\u00e9", "parameters": {}}]'
+)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -255,8 +298,9 @@ def test_required_stream_scanner_any_split(seed):
             else:
                 calls[call.index][1] += call.function.arguments
     assert stream.called
-    assert [{"name": n, "parameters": json.loads(a)} for n, a in calls.values()] \
-        == json.loads(SCANNED)
+    assert [{"name": n, "parameters": json.loads(a)} for n, a in calls.values()] == json.loads(
+        SCANNED
+    )
 
 
 def test_tool_choice_none_keeps_plain_content(server):
@@ -272,32 +316,62 @@ def test_tool_choice_none_keeps_plain_content(server):
 # ----------------------------------------------------------------------
 
 BAD = {
-    "unknown named tool": ({"tool_choice": {"type": "function",
-                                            "function": {"name": "nope"}}},
-                           "tool_choice", "does not match any"),
-    "required without tools": ({"tools": None, "tool_choice": "required"},
-                               "tool_choice", "`tools` must be set"),
+    "unknown named tool": (
+        {"tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice",
+        "does not match any",
+    ),
+    "required without tools": (
+        {"tools": None, "tool_choice": "required"},
+        "tool_choice",
+        "`tools` must be set",
+    ),
     "empty tools": ({"tools": [], "tool_choice": "required"}, "tools", "empty"),
     "named and response_format": (
-        {"tool_choice": NAMED, "response_format": {
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-        "tool_choice", "not both"),
+        {
+            "tool_choice": NAMED,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+        },
+        "tool_choice",
+        "not both",
+    ),
     "required and structured_outputs": (
         {"tool_choice": "required", "structured_outputs": {"choice": ["a"]}},
-        "tool_choice", "not both"),
-    "auto without a parser": ({"tool_choice": "auto"}, "tool_choice",
-                              "--enable-auto-tool-choice"),
+        "tool_choice",
+        "not both",
+    ),
+    "auto without a parser": ({"tool_choice": "auto"}, "tool_choice", "--enable-auto-tool-choice"),
     "default (auto) without a parser": ({}, "tool_choice", "--enable-auto-tool-choice"),
     "conflicting $defs": (
-        {"tool_choice": "required", "tools": [
-            {"type": "function", "function": {"name": n, "parameters": {
-                "type": "object", "$defs": {"D": {"type": t}}}}}
-            for n, t in (("a", "string"), ("b", "integer"))]},
-        "tools", "multiple schemas"),
+        {
+            "tool_choice": "required",
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": n,
+                        "parameters": {"type": "object", "$defs": {"D": {"type": t}}},
+                    },
+                }
+                for n, t in (("a", "string"), ("b", "integer"))
+            ],
+        },
+        "tools",
+        "multiple schemas",
+    ),
     "schema that does not compile": (
-        {"tool_choice": NAMED, "tools": [{"type": "function", "function": {
-            "name": "get_weather", "parameters": {"type": "no-such-type"}}}]},
-        "tools", None),
+        {
+            "tool_choice": NAMED,
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {"name": "get_weather", "parameters": {"type": "no-such-type"}},
+                }
+            ],
+        },
+        "tools",
+        None,
+    ),
     "bad tool_choice string": ({"tool_choice": "sometimes"}, None, None),
 }
 

@@ -1,4 +1,5 @@
 """The CPU paged-attention backend against dense per-request attention."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,11 +15,11 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 NUM_KV_HEADS = 2
 # (num_computed, query_len): decodes first, as the runner orders the batch.
 MIXED_BATCH = [
-    (37, 1),   # decode inside a block
-    (15, 1),   # decode whose token opens a block (block_size 16)
-    (63, 1),   # decode crossing a boundary at both block sizes
-    (0, 1),    # one-token prompt
-    (0, 23),   # fresh prefill
+    (37, 1),  # decode inside a block
+    (15, 1),  # decode whose token opens a block (block_size 16)
+    (63, 1),  # decode crossing a boundary at both block sizes
+    (0, 1),  # one-token prompt
+    (0, 23),  # fresh prefill
     (32, 17),  # chunk after a block-aligned cached prefix
     (45, 30),  # chunk after a ragged prefix, spanning several blocks
 ]
@@ -64,10 +65,11 @@ class _Batch:
         self.block_table = torch.zeros(len(reqs), width, dtype=torch.int32)
         start = 0
         for i, n in enumerate(blocks_per_req):
-            self.block_table[i, :n] = perm[start:start + n].to(torch.int32)
+            self.block_table[i, :n] = perm[start : start + n].to(torch.int32)
             start += n
-        shape = CPUAttentionBackend.get_kv_cache_shape(num_blocks, block_size, NUM_KV_HEADS,
-                                                       head_size)
+        shape = CPUAttentionBackend.get_kv_cache_shape(
+            num_blocks, block_size, NUM_KV_HEADS, head_size
+        )
         self.kv_cache = torch.zeros(shape)
         rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
         self.full_k = [rnd(s, NUM_KV_HEADS, head_size) for s in seq_lens]
@@ -102,22 +104,35 @@ class _Batch:
         qsl[1:] = qlens.cumsum(0)
         seq = torch.tensor([c + n for c, n in self.reqs], dtype=torch.int32)
         cm = CommonAttentionMetadata(
-            query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=seq, seq_lens_cpu=seq,
-            num_computed_tokens_cpu=seq - qlens, num_reqs=len(self.reqs),
-            num_actual_tokens=n_actual, max_query_len=int(qlens.max()),
-            max_seq_len=int(seq.max()), block_table_tensor=self.block_table,
-            slot_mapping=slots)
+            query_start_loc=qsl,
+            query_start_loc_cpu=qsl,
+            seq_lens=seq,
+            seq_lens_cpu=seq,
+            num_computed_tokens_cpu=seq - qlens,
+            num_reqs=len(self.reqs),
+            num_actual_tokens=n_actual,
+            max_query_len=int(qlens.max()),
+            max_seq_len=int(seq.max()),
+            block_table_tensor=self.block_table,
+            slot_mapping=slots,
+        )
         return q, k, v, cm
 
 
 def _run(batch, head_size, num_heads, window=None, soft_cap=None):
-    spec = FullAttentionSpec(block_size=batch.block_size, num_kv_heads=NUM_KV_HEADS,
-                             head_size=head_size, dtype=torch.float32)
-    builder = CPUAttentionBackend.get_builder_cls()(spec, ["layer"], VllmConfig(),
-                                                    torch.device("cpu"))
+    spec = FullAttentionSpec(
+        block_size=batch.block_size,
+        num_kv_heads=NUM_KV_HEADS,
+        head_size=head_size,
+        dtype=torch.float32,
+    )
+    builder = CPUAttentionBackend.get_builder_cls()(
+        spec, ["layer"], VllmConfig(), torch.device("cpu")
+    )
     scale = head_size**-0.5
-    impl = CPUAttentionBackend.get_impl_cls()(num_heads, head_size, scale, NUM_KV_HEADS,
-                                              sliding_window=window, logits_soft_cap=soft_cap)
+    impl = CPUAttentionBackend.get_impl_cls()(
+        num_heads, head_size, scale, NUM_KV_HEADS, sliding_window=window, logits_soft_cap=soft_cap
+    )
     q, k, v, cm = batch.step_inputs()
     md = builder.build(common_prefix_len=0, common_attn_metadata=cm)
     out = impl.forward(None, q, k, v, batch.kv_cache, md, output=torch.empty_like(q))
@@ -127,9 +142,8 @@ def _run(batch, head_size, num_heads, window=None, soft_cap=None):
 def _check(batch, out, scale, window, soft_cap):
     start = 0
     for i, (c, n) in enumerate(batch.reqs):
-        ref = _reference(batch.q[i], batch.full_k[i], batch.full_v[i], c, scale, window,
-                         soft_cap)
-        torch.testing.assert_close(out[start:start + n].double(), ref, atol=2e-5, rtol=1e-4)
+        ref = _reference(batch.q[i], batch.full_k[i], batch.full_v[i], c, scale, window, soft_cap)
+        torch.testing.assert_close(out[start : start + n].double(), ref, atol=2e-5, rtol=1e-4)
         start += n
     assert torch.count_nonzero(out[start:]) == 0  # padding rows
 
@@ -138,10 +152,12 @@ def _check_cache_written(batch):
     d = batch.kv_cache.shape[-1]
     for i, (c, n) in enumerate(batch.reqs):
         slots = batch.slots(i, 0, c + n)
-        torch.testing.assert_close(batch.kv_cache[0].view(-1, NUM_KV_HEADS, d)[slots],
-                                   batch.full_k[i], atol=0, rtol=0)
-        torch.testing.assert_close(batch.kv_cache[1].view(-1, NUM_KV_HEADS, d)[slots],
-                                   batch.full_v[i], atol=0, rtol=0)
+        torch.testing.assert_close(
+            batch.kv_cache[0].view(-1, NUM_KV_HEADS, d)[slots], batch.full_k[i], atol=0, rtol=0
+        )
+        torch.testing.assert_close(
+            batch.kv_cache[1].view(-1, NUM_KV_HEADS, d)[slots], batch.full_v[i], atol=0, rtol=0
+        )
 
 
 @pytest.mark.parametrize("head_size", [64, 128])
@@ -168,11 +184,14 @@ def test_sliding_window_and_soft_cap(window, soft_cap, gqa, prefill_path):
     _check(batch, out, scale, window, soft_cap)
 
 
-@pytest.mark.parametrize("reqs", [
-    [(5, 1), (40, 1), (97, 1)],            # decode only
-    [(0, 33), (0, 2)],                     # fresh prefills only
-    [(16, 16), (3, 50)],                   # chunked prefills only
-])
+@pytest.mark.parametrize(
+    "reqs",
+    [
+        [(5, 1), (40, 1), (97, 1)],  # decode only
+        [(0, 33), (0, 2)],  # fresh prefills only
+        [(16, 16), (3, 50)],  # chunked prefills only
+    ],
+)
 def test_uniform_batches(reqs, prefill_path):
     batch = _Batch(reqs, 64, 4, 16, seed=2)
     out, scale, _ = _run(batch, 64, 4)

@@ -1,5 +1,6 @@
 """The MLA backend (absorbed queries over cached latent rows) against plain
 multi-head attention over keys and values expanded from the latents."""
+
 from __future__ import annotations
 
 import torch
@@ -29,13 +30,24 @@ def test_mla_matches_expanded_attention_over_a_mixed_batch():
     kv_b_proj = nn.Linear(L, H * (N + V), bias=False)
     w = kv_b_proj.weight.detach().view(H, N + V, L)
     w_uk, w_uv = w[:, :N], w[:, N:]
-    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R,
-                            dtype=torch.float32)
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32)
     builder = CPUMLABackend.get_builder_cls()(spec, ["layer"], VllmConfig(), torch.device("cpu"))
     impl = CPUMLABackend.get_impl_cls()(
-        H, L + R, 0.3, 1, None, None, "auto", q_lora_rank=None, kv_lora_rank=L,
-        qk_nope_head_dim=N, qk_rope_head_dim=R, qk_head_dim=N + R, v_head_dim=V,
-        kv_b_proj=kv_b_proj)
+        H,
+        L + R,
+        0.3,
+        1,
+        None,
+        None,
+        "auto",
+        q_lora_rank=None,
+        kv_lora_rank=L,
+        qk_nope_head_dim=N,
+        qk_rope_head_dim=R,
+        qk_head_dim=N + R,
+        v_head_dim=V,
+        kv_b_proj=kv_b_proj,
+    )
     # (num_computed, query_len): a decode, then a chunk after a cached prefix.
     reqs, tables = [(9, 1), (6, 5)], torch.tensor([[3, 1, 5, 0], [2, 6, 4, 0]])
     kv_cache = torch.zeros(8, BS, L + R)
@@ -46,14 +58,26 @@ def test_mla_matches_expanded_attention_over_a_mixed_batch():
     qlens = torch.tensor([q for _, q in reqs], dtype=torch.int32)
     seq = torch.tensor([n + q for n, q in reqs], dtype=torch.int32)
     qsl = torch.cat((torch.zeros(1, dtype=torch.int32), qlens.cumsum(0).to(torch.int32)))
-    slots = torch.stack([table[pos // BS] * BS + pos % BS
-                         for (n, q), table in zip(reqs, tables)
-                         for pos in range(n, n + q)])
+    slots = torch.stack(
+        [
+            table[pos // BS] * BS + pos % BS
+            for (n, q), table in zip(reqs, tables)
+            for pos in range(n, n + q)
+        ]
+    )
     cm = CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=seq, seq_lens_cpu=seq,
-        num_computed_tokens_cpu=seq - qlens, num_reqs=2, num_actual_tokens=int(qlens.sum()),
-        max_query_len=5, max_seq_len=int(seq.max()), block_table_tensor=tables,
-        slot_mapping=slots.to(torch.int64))
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl,
+        seq_lens=seq,
+        seq_lens_cpu=seq,
+        num_computed_tokens_cpu=seq - qlens,
+        num_reqs=2,
+        num_actual_tokens=int(qlens.sum()),
+        max_query_len=5,
+        max_seq_len=int(seq.max()),
+        block_table_tensor=tables,
+        slot_mapping=slots.to(torch.int64),
+    )
     md = builder.build(common_prefix_len=0, common_attn_metadata=cm)
     q = torch.randn(int(qlens.sum()), H, N + R)
     new_c = torch.cat([c[n:] for (n, _), (c, _) in zip(reqs, history)])
@@ -61,8 +85,8 @@ def test_mla_matches_expanded_attention_over_a_mixed_batch():
     out = impl.forward(None, q, new_c, new_pe, kv_cache, md)
     for i, ((n, ql), (c, pe)) in enumerate(zip(reqs, history)):
         s = int(qsl[i])
-        expected = _reference(q[s:s + ql], c, pe, w_uk, w_uv, n, 0.3)
-        torch.testing.assert_close(out[s:s + ql].double(), expected, rtol=1e-4, atol=1e-5)
+        expected = _reference(q[s : s + ql], c, pe, w_uk, w_uv, n, 0.3)
+        torch.testing.assert_close(out[s : s + ql].double(), expected, rtol=1e-4, atol=1e-5)
     # The new tokens' latent rows were written to their slots.
     flat = kv_cache.view(-1, L + R)
     torch.testing.assert_close(flat[slots], torch.cat((new_c, new_pe), dim=-1))

@@ -1,5 +1,6 @@
 """Builders shared by the scheduler tests: a real VllmConfig over a tiny local
 Llama config (no weights), a one-layer fake KV cache config, and requests."""
+
 from __future__ import annotations
 
 import tempfile
@@ -32,11 +33,17 @@ def tiny_model_dir() -> str:
         from transformers import LlamaConfig
 
         _model_dir = tempfile.TemporaryDirectory(prefix="tiny-llama-config-")
-        LlamaConfig(vocab_size=256, hidden_size=16, intermediate_size=32,
-                    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                    max_position_embeddings=MAX_POSITION_EMBEDDINGS,
-                    eos_token_id=EOS_TOKEN_ID, architectures=["LlamaForCausalLM"],
-                    ).save_pretrained(_model_dir.name)
+        LlamaConfig(
+            vocab_size=256,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=MAX_POSITION_EMBEDDINGS,
+            eos_token_id=EOS_TOKEN_ID,
+            architectures=["LlamaForCausalLM"],
+        ).save_pretrained(_model_dir.name)
     return _model_dir.name
 
 
@@ -56,12 +63,16 @@ def create_scheduler(
 ) -> Scheduler:
     """A Scheduler (AsyncScheduler with async_scheduling) over `num_blocks`
     KV blocks of `block_size` tokens; block 0 is the null block."""
-    model_config = ModelConfig(model=tiny_model_dir(), dtype="float32",
-                               max_model_len=max_model_len or max_num_batched_tokens)
+    model_config = ModelConfig(
+        model=tiny_model_dir(),
+        dtype="float32",
+        max_model_len=max_model_len or max_num_batched_tokens,
+    )
     vllm_config = VllmConfig(
         model_config=model_config,
-        cache_config=CacheConfig(block_size=block_size,
-                                 enable_prefix_caching=enable_prefix_caching),
+        cache_config=CacheConfig(
+            block_size=block_size, enable_prefix_caching=enable_prefix_caching
+        ),
         scheduler_config=SchedulerConfig(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
@@ -75,14 +86,23 @@ def create_scheduler(
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(
-            ["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1,
-                                         head_size=1, dtype=torch.float32))],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"],
+                FullAttentionSpec(
+                    block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+                ),
+            )
+        ],
     )
     scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
-    return scheduler_cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                         structured_output_manager=StructuredOutputManager(vllm_config),
-                         include_finished_set=include_finished_set, log_stats=log_stats)
+    return scheduler_cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        include_finished_set=include_finished_set,
+        log_stats=log_stats,
+    )
 
 
 def make_request(
@@ -101,11 +121,16 @@ def make_request(
     init_none_hash(sha256)
     if prompt is None:
         prompt = [int(req_id)] * num_tokens
-    return Request(request_id=req_id, prompt_token_ids=list(prompt),
-                   sampling_params=SamplingParams(max_tokens=max_tokens, **sampling_kwargs),
-                   eos_token_id=EOS_TOKEN_ID, priority=priority, arrival_time=arrival_time,
-                   client_index=client_index,
-                   block_hasher=get_request_block_hasher(block_size, sha256))
+    return Request(
+        request_id=req_id,
+        prompt_token_ids=list(prompt),
+        sampling_params=SamplingParams(max_tokens=max_tokens, **sampling_kwargs),
+        eos_token_id=EOS_TOKEN_ID,
+        priority=priority,
+        arrival_time=arrival_time,
+        client_index=client_index,
+        block_hasher=get_request_block_hasher(block_size, sha256),
+    )
 
 
 def create_requests(
@@ -119,9 +144,14 @@ def create_requests(
     """Requests "0", "1", ... arriving in that order, with prompt
     [i] * num_tokens ([0] * num_tokens when same_prompt)."""
     return [
-        make_request(str(i), max_tokens=max_tokens, block_size=block_size,
-                     prompt=[0 if same_prompt else i] * num_tokens, arrival_time=float(i),
-                     **sampling_kwargs)
+        make_request(
+            str(i),
+            max_tokens=max_tokens,
+            block_size=block_size,
+            prompt=[0 if same_prompt else i] * num_tokens,
+            arrival_time=float(i),
+            **sampling_kwargs,
+        )
         for i in range(num_requests)
     ]
 
@@ -146,6 +176,8 @@ def make_model_runner_output(
         request = scheduler.requests[req_id]
         mid_prefill = request.num_computed_tokens < request.num_tokens
         tokens.append([] if mid_prefill else sampled.get(req_id, [default_token]))
-    return ModelRunnerOutput(req_ids=req_ids,
-                             req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=tokens)
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=tokens,
+    )

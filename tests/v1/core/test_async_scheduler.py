@@ -1,12 +1,17 @@
 """The async scheduler: steps are scheduled while the previous one still runs,
 so each decoding request carries output placeholders for its tokens in
 flight."""
+
 from collections import deque
 
 import pytest
 
-from tests.v1.core.scheduler_utils import (create_requests, create_scheduler,
-                                           make_model_runner_output, make_request)
+from tests.v1.core.scheduler_utils import (
+    create_requests,
+    create_scheduler,
+    make_model_runner_output,
+    make_request,
+)
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.engine import FinishReason
 from vllm.v1.engine.core import get_scheduler_cls
@@ -46,8 +51,9 @@ def test_scheduler_class_follows_the_config():
 
 
 def test_placeholders_track_tokens_in_flight():
-    scheduler = create_scheduler(async_scheduling=True, max_num_batched_tokens=64,
-                                 max_model_len=1024)
+    scheduler = create_scheduler(
+        async_scheduling=True, max_num_batched_tokens=64, max_model_len=1024
+    )
     request = make_request("0", 100, max_tokens=10)
     scheduler.add_request(request)
     # A mid-prompt chunk samples nothing: no placeholder.
@@ -94,8 +100,7 @@ def test_stop_by_max_tokens_without_extra_steps(max_tokens: int):
 
 
 def test_stop_at_max_model_len_without_extra_steps():
-    scheduler = create_scheduler(async_scheduling=True, max_model_len=13,
-                                 max_num_batched_tokens=64)
+    scheduler = create_scheduler(async_scheduling=True, max_model_len=13, max_num_batched_tokens=64)
     request = make_request("0", 10, max_tokens=100)
     scheduler.add_request(request)
     total = run_pipelined(scheduler)
@@ -143,8 +148,9 @@ def test_abort_while_steps_are_in_flight():
 
 def test_blocks_completed_by_late_tokens_are_cached():
     block_size = 16
-    scheduler = create_scheduler(async_scheduling=True, enable_prefix_caching=True,
-                                 block_size=block_size)
+    scheduler = create_scheduler(
+        async_scheduling=True, enable_prefix_caching=True, block_size=block_size
+    )
     prompt = list(range(100, 115))  # 15 tokens: the first sampled token fills block 0
     scheduler.add_request(make_request("0", prompt=prompt, max_tokens=2))
     run_pipelined(scheduler)
@@ -159,8 +165,9 @@ def test_blocks_completed_by_late_tokens_are_cached():
 
 
 def test_prefix_hits_for_requests_added_while_steps_run():
-    scheduler = create_scheduler(async_scheduling=True, enable_prefix_caching=True,
-                                 max_num_batched_tokens=1000)
+    scheduler = create_scheduler(
+        async_scheduling=True, enable_prefix_caching=True, max_num_batched_tokens=1000
+    )
     requests = create_requests(num_requests=4, num_tokens=100, max_tokens=3, same_prompt=True)
     scheduler.add_request(requests[0])
     scheduler.add_request(requests[1])

@@ -196,8 +196,9 @@ def test_kv_cache_events_record_store_evict_and_clear():
     from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
     from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
-    pool = BlockPool(num_gpu_blocks=4, enable_caching=True, hash_block_size=4,
-                     enable_kv_cache_events=True)
+    pool = BlockPool(
+        num_gpu_blocks=4, enable_caching=True, hash_block_size=4, enable_kv_cache_events=True
+    )
     req = make_request("0", list(range(10)), 4, sha256)  # two full blocks
     blocks = pool.get_new_blocks(3)
     pool.cache_full_blocks(req, blocks, 0, 1, 4, kv_cache_group_id=0)

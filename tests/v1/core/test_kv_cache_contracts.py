@@ -10,23 +10,33 @@ from tests.v1.core.utils import make_kv_cache_config, make_request
 from vllm.config import KVTransferConfig, SpeculativeConfig, VllmConfig
 from vllm.distributed.kv_events import BlockStored
 from vllm.lora.request import LoRARequest
-from vllm.multimodal.inputs import (MultiModalFeatureSpec, MultiModalKwargsItem,
-                                    PlaceholderRange)
+from vllm.multimodal.inputs import MultiModalFeatureSpec, MultiModalKwargsItem, PlaceholderRange
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.core.kv_cache_utils import (get_request_block_hasher, init_none_hash,
-                                         make_block_hash_with_group_id)
-from vllm.v1.core.single_type_kv_cache_manager import (ChunkedLocalAttentionManager,
-                                                       FullAttentionManager,
-                                                       get_manager_for_kv_cache_spec)
-from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, CrossAttentionSpec,
-                                        FullAttentionSpec, KVCacheSpecKind, MLAAttentionSpec,
-                                        SlidingWindowSpec, UniformTypeKVCacheSpecs,
-                                        get_kv_cache_spec_kind,
-                                        get_kv_cache_spec_sliding_window)
+from vllm.v1.core.kv_cache_utils import (
+    get_request_block_hasher,
+    init_none_hash,
+    make_block_hash_with_group_id,
+)
+from vllm.v1.core.single_type_kv_cache_manager import (
+    ChunkedLocalAttentionManager,
+    FullAttentionManager,
+    get_manager_for_kv_cache_spec,
+)
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpecKind,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
 from vllm.v1.metrics.stats import CachingMetrics, PrefixCacheStats
 from vllm.v1.request import Request
 
@@ -69,14 +79,21 @@ def test_chunked_local_attention_hits_and_frees_only_the_current_chunk():
     req = make_request("0", list(range(24)), 4, sha256)  # 6 full blocks
     blocks = _cached_blocks(pool, req, 6)
     hit, hit_len = ChunkedLocalAttentionManager.find_longest_cache_hit(
-        block_hashes=req.block_hashes, max_length=22, kv_cache_group_ids=[0],
-        block_pool=pool, kv_cache_spec=spec, drop_eagle_block=False, alignment_tokens=4)
+        block_hashes=req.block_hashes,
+        max_length=22,
+        kv_cache_group_ids=[0],
+        block_pool=pool,
+        kv_cache_spec=spec,
+        drop_eagle_block=False,
+        alignment_tokens=4,
+    )
     # Token 22 lives in chunk [16, 24): blocks 0-3 are outside its window (null,
     # counted as computed), block 4 is a hit; block 5 is not whole within 22.
     assert hit[0][:4] == [pool.null_block] * 4 and hit[0][4:] == [blocks[4]]
     assert hit_len == 20
-    manager = get_manager_for_kv_cache_spec(spec, block_pool=pool, enable_caching=True,
-                                            kv_cache_group_id=0)
+    manager = get_manager_for_kv_cache_spec(
+        spec, block_pool=pool, enable_caching=True, kv_cache_group_id=0
+    )
     assert isinstance(manager, ChunkedLocalAttentionManager)
     assert manager.get_num_skipped_tokens(15) == 8 and manager.get_num_skipped_tokens(16) == 16
     manager.req_to_blocks["0"] = list(blocks)
@@ -91,18 +108,28 @@ def test_full_attention_hit_returns_blocks_and_length():
     req = make_request("0", list(range(10)), 4, sha256)
     blocks = _cached_blocks(pool, req, 2)
     hit, hit_len = FullAttentionManager.find_longest_cache_hit(
-        block_hashes=req.block_hashes, max_length=9, kv_cache_group_ids=[0],
-        block_pool=pool, kv_cache_spec=_attn(), drop_eagle_block=True, alignment_tokens=4)
+        block_hashes=req.block_hashes,
+        max_length=9,
+        kv_cache_group_ids=[0],
+        block_pool=pool,
+        kv_cache_spec=_attn(),
+        drop_eagle_block=True,
+        alignment_tokens=4,
+    )
     assert hit == ([blocks[0]],) and hit_len == 4  # EAGLE drops the last hit
 
 
 def _mm_request(identifier: str, offset: int) -> Request:
     sp = SamplingParams(max_tokens=4)
-    feature = MultiModalFeatureSpec(data=MultiModalKwargsItem.dummy(), modality="image",
-                                    identifier=identifier,
-                                    mm_position=PlaceholderRange(offset=offset, length=3))
-    return Request("r", [7] * 12, sp, mm_features=[feature],
-                   block_hasher=get_request_block_hasher(4, sha256))
+    feature = MultiModalFeatureSpec(
+        data=MultiModalKwargsItem.dummy(),
+        modality="image",
+        identifier=identifier,
+        mm_position=PlaceholderRange(offset=offset, length=3),
+    )
+    return Request(
+        "r", [7] * 12, sp, mm_features=[feature], block_hasher=get_request_block_hasher(4, sha256)
+    )
 
 
 def test_multimodal_items_key_the_blocks_they_overlap():
@@ -117,8 +144,13 @@ def test_multimodal_items_key_the_blocks_they_overlap():
 
 
 def _manager(num_blocks: int, **kw) -> KVCacheManager:
-    return KVCacheManager(make_kv_cache_config(4, num_blocks), max_model_len=64,
-                          scheduler_block_size=4, hash_block_size=4, **kw)
+    return KVCacheManager(
+        make_kv_cache_config(4, num_blocks),
+        max_model_len=64,
+        scheduler_block_size=4,
+        hash_block_size=4,
+        **kw,
+    )
 
 
 def test_watermark_holds_back_waiting_requests_only_while_others_run():
@@ -159,8 +191,7 @@ def test_caching_metrics_keep_a_window_of_recent_requests():
 
 def test_unbuilt_features_are_refused_by_name():
     with pytest.raises(NotImplementedError, match="speculative"):
-        VllmConfig(speculative_config=SpeculativeConfig(model="ngram",
-                                                        num_speculative_tokens=2))
+        VllmConfig(speculative_config=SpeculativeConfig(model="ngram", num_speculative_tokens=2))
     with pytest.raises(NotImplementedError, match="kv_connector"):
         VllmConfig(kv_transfer_config=KVTransferConfig(kv_connector="X", kv_role="kv_both"))
     with pytest.raises(NotImplementedError, match="resumable"):
@@ -168,14 +199,16 @@ def test_unbuilt_features_are_refused_by_name():
     with pytest.raises(NotImplementedError, match="num_prefill_lookahead"):
         _manager(4, num_prefill_lookahead=1)
     with pytest.raises(NotImplementedError, match="scheduler_block_size"):
-        KVCacheManager(make_kv_cache_config(4, 4), max_model_len=64,
-                       scheduler_block_size=8, hash_block_size=4)
+        KVCacheManager(
+            make_kv_cache_config(4, 4), max_model_len=64, scheduler_block_size=8, hash_block_size=4
+        )
     with pytest.raises(NotImplementedError, match="encoder cache"):
         EncoderCacheManager(cache_size=16)
     pool = BlockPool(num_gpu_blocks=4, enable_caching=False, hash_block_size=4)
     with pytest.raises(NotImplementedError, match="CrossAttentionSpec"):
-        get_manager_for_kv_cache_spec(_attn(CrossAttentionSpec), block_pool=pool,
-                                      enable_caching=False, kv_cache_group_id=0)
+        get_manager_for_kv_cache_spec(
+            _attn(CrossAttentionSpec), block_pool=pool, enable_caching=False, kv_cache_group_id=0
+        )
     with pytest.raises(ValueError, match="id must be > 0"):
         LoRARequest("a", 0, "/p")
     with pytest.raises(NotImplementedError):
@@ -184,8 +217,16 @@ def test_unbuilt_features_are_refused_by_name():
 
 def test_event_of_an_unknown_group_is_passed_on_unlabelled():
     manager = _manager(5, enable_caching=True, enable_kv_cache_events=True)
-    event = BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[0, 1, 2, 3],
-                        block_size=4, lora_id=None, medium=None, lora_name=None, group_idx=1)
+    event = BlockStored(
+        block_hashes=[1],
+        parent_block_hash=None,
+        token_ids=[0, 1, 2, 3],
+        block_size=4,
+        lora_id=None,
+        medium=None,
+        lora_name=None,
+        group_idx=1,
+    )
     manager.block_pool.kv_event_queue.append(event)
     assert manager.take_events() == [event] and event.kv_cache_spec_kind is None
 
@@ -194,8 +235,11 @@ def test_mixed_precision_and_mamba_configs_need_zeroed_blocks():
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
 
     def config(*specs):
-        return KVCacheConfig(num_blocks=4, kv_cache_tensors=[], kv_cache_groups=[
-            KVCacheGroupSpec([f"l{i}"], spec) for i, spec in enumerate(specs)])
+        return KVCacheConfig(
+            num_blocks=4,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], spec) for i, spec in enumerate(specs)],
+        )
 
     assert not config(_attn(), _attn()).needs_kv_cache_zeroing
     half = FullAttentionSpec(block_size=4, num_kv_heads=2, head_size=8, dtype=torch.float16)
@@ -210,8 +254,7 @@ def test_full_report_mode_emits_events_for_reused_blocks():
     manager.take_events()
     for mode, expected in (("incremental", 0), ("full", 1)):
         sp = SamplingParams(max_tokens=4, extra_args={"kv_cache_report_mode": mode})
-        req = Request(mode, list(range(9)), sp,
-                      block_hasher=get_request_block_hasher(4, sha256))
+        req = Request(mode, list(range(9)), sp, block_hasher=get_request_block_hasher(4, sha256))
         blocks, num_hit, _ = manager.get_computed_blocks(req)
         assert num_hit == 8
         events = manager.take_events()
@@ -224,8 +267,12 @@ def test_scheduler_refuses_requests_using_unbuilt_features():
     from tests.v1.core.scheduler_utils import create_scheduler
 
     scheduler = create_scheduler(max_num_batched_tokens=64)
-    lora = Request("l", [1, 2], SamplingParams(max_tokens=2),
-                   lora_request=LoRARequest("adapter", 1, "/adapters/a"))
+    lora = Request(
+        "l",
+        [1, 2],
+        SamplingParams(max_tokens=2),
+        lora_request=LoRARequest("adapter", 1, "/adapters/a"),
+    )
     with pytest.raises(ValueError, match="LoRA"):
         scheduler.add_request(lora)
     with pytest.raises(ValueError, match="Multimodal"):
@@ -234,15 +281,18 @@ def test_scheduler_refuses_requests_using_unbuilt_features():
 
 
 def test_evictable_hit_is_counted_once_and_not_allocated_again():
-    spec = SlidingWindowSpec(block_size=2, num_kv_heads=1, head_size=1, dtype=torch.float32,
-                             sliding_window=4)
+    spec = SlidingWindowSpec(
+        block_size=2, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=4
+    )
     pool = BlockPool(num_gpu_blocks=10, enable_caching=True, hash_block_size=2)
-    manager = get_manager_for_kv_cache_spec(spec, block_pool=pool, enable_caching=True,
-                                            kv_cache_group_id=0, scheduler_block_size=2)
+    manager = get_manager_for_kv_cache_spec(
+        spec, block_pool=pool, enable_caching=True, kv_cache_group_id=0, scheduler_block_size=2
+    )
     evictable = pool.blocks[1]  # ref_cnt 0: taking it costs a free block too
     assert manager.get_num_blocks_to_allocate("r", 4, [evictable], 2, 2, 4) == 2
-    manager.add_local_computed_blocks("r", [evictable], num_local_computed_tokens=2,
-                                      num_external_computed_tokens=0)
+    manager.add_local_computed_blocks(
+        "r", [evictable], num_local_computed_tokens=2, num_external_computed_tokens=0
+    )
     assert len(manager.allocate_new_blocks("r", num_tokens=4, num_tokens_main_model=4)) == 1
     assert manager.req_to_blocks["r"][0] is evictable and evictable.ref_cnt == 1
     with pytest.raises(NotImplementedError, match="Partial-block"):

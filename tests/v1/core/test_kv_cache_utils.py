@@ -102,10 +102,10 @@ def test_none_hash(monkeypatch, hash_fn):
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     init_none_hash(hash_fn)
     # Cryptographic hashes: a fixed seed, equal across processes.
-    assert kv_cache_utils.NONE_HASH == hash_fn("vllm-none-hash")
+    assert hash_fn("vllm-none-hash") == kv_cache_utils.NONE_HASH
     monkeypatch.setenv("PYTHONHASHSEED", "python hash seed")
     init_none_hash(hash_fn)
-    assert kv_cache_utils.NONE_HASH == hash_fn("python hash seed")
+    assert hash_fn("python hash seed") == kv_cache_utils.NONE_HASH
 
 
 @pytest.mark.parametrize("hash_fn", [xxhash, xxhash_cbor])
@@ -114,8 +114,8 @@ def test_none_hash_is_random_for_xxhash(monkeypatch, hash_fn):
     init_none_hash(hash_fn)
     first = kv_cache_utils.NONE_HASH
     init_none_hash(hash_fn)
-    assert kv_cache_utils.NONE_HASH != first
-    assert kv_cache_utils.NONE_HASH != hash_fn("vllm-none-hash")
+    assert first != kv_cache_utils.NONE_HASH
+    assert hash_fn("vllm-none-hash") != kv_cache_utils.NONE_HASH
 
 
 @pytest.mark.parametrize("hash_fn", [sha256, sha256_cbor, xxhash, xxhash_cbor])
@@ -132,8 +132,12 @@ def test_hash_block_tokens_chains(hash_fn):
 
 
 def test_hash_functions_by_name():
-    for name, fn in [("sha256", sha256), ("sha256_cbor", sha256_cbor),
-                     ("xxhash", xxhash), ("xxhash_cbor", xxhash_cbor)]:
+    for name, fn in [
+        ("sha256", sha256),
+        ("sha256_cbor", sha256_cbor),
+        ("xxhash", xxhash),
+        ("xxhash_cbor", xxhash_cbor),
+    ]:
         assert get_hash_fn_by_name(name) is fn
     assert len(sha256((1, (2, 3), None))) == 32
     assert len(xxhash((1, (2, 3), None))) == 16
@@ -206,15 +210,25 @@ def vllm_config(_model_config):
 def full_spec(head_size: int = 64, sliding_window: int | None = None):
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-    return FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=head_size,
-                             dtype=torch.float32, sliding_window=sliding_window)
+    return FullAttentionSpec(
+        block_size=16,
+        num_kv_heads=2,
+        head_size=head_size,
+        dtype=torch.float32,
+        sliding_window=sliding_window,
+    )
 
 
 def sliding_spec(sliding_window: int = 32):
     from vllm.v1.kv_cache_interface import SlidingWindowSpec
 
-    return SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=64,
-                             dtype=torch.float32, sliding_window=sliding_window)
+    return SlidingWindowSpec(
+        block_size=16,
+        num_kv_heads=2,
+        head_size=64,
+        dtype=torch.float32,
+        sliding_window=sliding_window,
+    )
 
 
 # 2 (K and V) * 16 tokens * 2 heads * 64 dims * 4 bytes.
@@ -264,19 +278,25 @@ def test_get_kv_cache_configs_workers_agree(vllm_config):
     scheduler_config = generate_scheduler_kv_cache_config(configs)
     assert scheduler_config == configs[0] and scheduler_config is not configs[0]
     with pytest.raises(ValueError):
-        get_kv_cache_configs(vllm_config, [{"l": full_spec()}, {"l": full_spec(32)}],
-                             [PAGE * 8, PAGE * 8])
+        get_kv_cache_configs(
+            vllm_config, [{"l": full_spec()}, {"l": full_spec(32)}], [PAGE * 8, PAGE * 8]
+        )
 
 
 def test_scheduler_config_represents_a_uniform_group_by_one_spec():
     from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
-    from vllm.v1.kv_cache_interface import (KVCacheConfig, KVCacheGroupSpec,
-                                            UniformTypeKVCacheSpecs)
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, UniformTypeKVCacheSpecs
 
     specs = {"a": full_spec(), "b": full_spec()}
-    worker = KVCacheConfig(num_blocks=4, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["a", "b"], UniformTypeKVCacheSpecs(block_size=16,
-                                                             kv_cache_specs=specs))])
+    worker = KVCacheConfig(
+        num_blocks=4,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["a", "b"], UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs=specs)
+            )
+        ],
+    )
     (group,) = generate_scheduler_kv_cache_config([worker]).kv_cache_groups
     assert group.kv_cache_spec == full_spec()
     assert isinstance(worker.kv_cache_groups[0].kv_cache_spec, UniformTypeKVCacheSpecs)

@@ -1,4 +1,5 @@
 """MambaManager: one state slot (block) per request, whatever its length."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,14 +13,16 @@ MAX_MODEL_LEN = 128
 
 
 def _spec() -> MambaSpec:
-    return MambaSpec(block_size=MAX_MODEL_LEN, shapes=((96, 3), (96, 8)),
-                     dtypes=(torch.float32, torch.float32))
+    return MambaSpec(
+        block_size=MAX_MODEL_LEN, shapes=((96, 3), (96, 8)), dtypes=(torch.float32, torch.float32)
+    )
 
 
 def _manager(num_blocks: int = 4) -> MambaManager:
     pool = BlockPool(num_blocks, False, MAX_MODEL_LEN)
-    manager = get_manager_for_kv_cache_spec(_spec(), block_pool=pool, enable_caching=False,
-                                            kv_cache_group_id=0)
+    manager = get_manager_for_kv_cache_spec(
+        _spec(), block_pool=pool, enable_caching=False, kv_cache_group_id=0
+    )
     assert isinstance(manager, MambaManager)
     return manager
 

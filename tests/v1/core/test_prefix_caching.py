@@ -518,5 +518,6 @@ def test_decode_context_parallel_block_span():
     computed, num_computed, _ = manager.get_computed_blocks(req1)
     assert computed.get_block_ids() == ([1, 2],) and num_computed == 64
     with pytest.raises(ValueError):
-        KVCacheManager(make_kv_cache_config(16, 11), max_model_len=8192,
-                       hash_block_size=16, dcp_world_size=2)
+        KVCacheManager(
+            make_kv_cache_config(16, 11), max_model_len=8192, hash_block_size=16, dcp_world_size=2
+        )

@@ -1,18 +1,27 @@
 """The waiting queues: FCFS order, priority order, prepend and removal."""
+
 import pytest
 
 from vllm.sampling_params import SamplingParams
-from vllm.v1.core.sched.request_queue import (FCFSRequestQueue, PriorityRequestQueue,
-                                              SchedulingPolicy, create_request_queue)
+from vllm.v1.core.sched.request_queue import (
+    FCFSRequestQueue,
+    PriorityRequestQueue,
+    SchedulingPolicy,
+    create_request_queue,
+)
 from vllm.v1.request import Request
 
 pytestmark = pytest.mark.cpu_test
 
 
 def make_request(req_id: str, priority: int = 0, arrival_time: float = 0.0) -> Request:
-    return Request(request_id=req_id, prompt_token_ids=[1, 2, 3],
-                   sampling_params=SamplingParams(max_tokens=4), priority=priority,
-                   arrival_time=arrival_time)
+    return Request(
+        request_id=req_id,
+        prompt_token_ids=[1, 2, 3],
+        sampling_params=SamplingParams(max_tokens=4),
+        priority=priority,
+        arrival_time=arrival_time,
+    )
 
 
 def ids(queue) -> list[str]:
@@ -89,7 +98,11 @@ def test_priority_order():
     assert len(queue) == 4
     assert queue.peek_request().request_id == "early-high"
     assert [queue.pop_request().request_id for _ in range(4)] == [
-        "early-high", "late-high", "mid", "low"]
+        "early-high",
+        "late-high",
+        "mid",
+        "low",
+    ]
     assert not queue
 
 

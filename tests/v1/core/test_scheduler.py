@@ -2,10 +2,16 @@
 chunked prefill, preemption, resumption (V1 and V2 runner forms), stop
 checks, aborts and prefix-cache hits. Block 0 is the null block, so the
 first allocated block has id 1."""
+
 import pytest
 
-from tests.v1.core.scheduler_utils import (EOS_TOKEN_ID, create_requests, create_scheduler,
-                                           make_model_runner_output, make_request)
+from tests.v1.core.scheduler_utils import (
+    EOS_TOKEN_ID,
+    create_requests,
+    create_scheduler,
+    make_model_runner_output,
+    make_request,
+)
 from vllm.v1.core.sched.utils import check_stop
 from vllm.v1.engine import FinishReason
 from vllm.v1.metrics.stats import SchedulerStats
@@ -39,6 +45,7 @@ def outputs_by_id(engine_outputs) -> dict:
 # Requests in and out of the queues
 # ---------------------------------------------------------------------------
 
+
 def test_add_and_finish_requests():
     scheduler = create_scheduler()
     requests = create_requests(num_requests=5)
@@ -50,8 +57,7 @@ def test_add_and_finish_requests():
         scheduler.add_request(requests[0])
     assert scheduler.get_request_counts() == (0, 5)
     for i, request in enumerate(requests):
-        finished = scheduler.finish_requests(request.request_id,
-                                             RequestStatus.FINISHED_ABORTED)
+        finished = scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
         assert finished == [(request.request_id, 0)]
         assert request.status == RequestStatus.FINISHED_ABORTED
         assert request.request_id not in scheduler.requests
@@ -68,14 +74,17 @@ def test_unknown_policy_is_rejected():
     scheduler = create_scheduler()
     scheduler.scheduler_config.policy = "sjf"
     with pytest.raises(ValueError, match="Unknown scheduling policy"):
-        type(scheduler)(vllm_config=scheduler.vllm_config,
-                        kv_cache_config=scheduler.kv_cache_config,
-                        structured_output_manager=scheduler.structured_output_manager)
+        type(scheduler)(
+            vllm_config=scheduler.vllm_config,
+            kv_cache_config=scheduler.kv_cache_config,
+            structured_output_manager=scheduler.structured_output_manager,
+        )
 
 
 # ---------------------------------------------------------------------------
 # The token budget and chunked prefill
 # ---------------------------------------------------------------------------
+
 
 def test_schedule_all_requests():
     scheduler = create_scheduler()
@@ -116,7 +125,8 @@ def test_chunked_prefill_across_steps():
     assert [r.req_id for r in out.scheduled_new_reqs] == ["1"]
     # Only the request that finished its prompt sampled a token.
     assert {o.request_id: o.new_token_ids for o in outputs_by_id(engine_outputs).values()} == {
-        "0": [1]}
+        "0": [1]
+    }
 
     out, _ = step(scheduler)
     assert out.num_scheduled_tokens == {"0": 1, "1": 2, "2": 10}
@@ -131,16 +141,19 @@ def test_long_prefill_token_threshold():
     scheduler = create_scheduler(max_num_batched_tokens=100, long_prefill_token_threshold=40)
     for request in create_requests(num_requests=3, num_tokens=100):
         scheduler.add_request(request)
-    expected_steps = [{"0": 40, "1": 40, "2": 20},
-                      {"0": 40, "1": 40, "2": 20},
-                      {"0": 20, "1": 20, "2": 40},
-                      {"2": 20}]
+    expected_steps = [
+        {"0": 40, "1": 40, "2": 20},
+        {"0": 40, "1": 40, "2": 20},
+        {"0": 20, "1": 20, "2": 40},
+        {"2": 20},
+    ]
     for expected in expected_steps:
         out, engine_outputs = step(scheduler)
         assert out.num_scheduled_tokens == expected
     # 101 tokens do not fit the 100-token context.
-    assert all(o.finish_reason == FinishReason.LENGTH
-               for o in outputs_by_id(engine_outputs).values())
+    assert all(
+        o.finish_reason == FinishReason.LENGTH for o in outputs_by_id(engine_outputs).values()
+    )
     assert not scheduler.has_unfinished_requests()
 
 
@@ -159,8 +172,9 @@ def test_max_num_seqs():
 
 
 def test_chunked_prefill_disabled_stops_at_a_prompt_that_does_not_fit():
-    scheduler = create_scheduler(max_num_batched_tokens=64, max_model_len=64,
-                                 enable_chunked_prefill=False)
+    scheduler = create_scheduler(
+        max_num_batched_tokens=64, max_model_len=64, enable_chunked_prefill=False
+    )
     for req_id in ("0", "1", "2"):
         scheduler.add_request(make_request(req_id, 40 if req_id != "2" else 4))
     out, _ = step(scheduler)
@@ -175,6 +189,7 @@ def test_chunked_prefill_disabled_stops_at_a_prompt_that_does_not_fit():
 # ---------------------------------------------------------------------------
 # Preemption and resumption
 # ---------------------------------------------------------------------------
+
 
 def _fill_cache_then_preempt(scheduler):
     """Two 32-token requests fill all 4 usable blocks; request 0's first
@@ -328,6 +343,7 @@ def test_priority_preemption_victim_is_lowest_priority_latest_arrival():
 # Stop conditions
 # ---------------------------------------------------------------------------
 
+
 def _run_one(request, tokens, **scheduler_kwargs):
     """Feed `tokens` to `request` one step at a time until it stops;
     returns the EngineCoreOutputs of each step for that request."""
@@ -416,6 +432,7 @@ def test_check_stop_unit():
 # Aborts and outputs
 # ---------------------------------------------------------------------------
 
+
 def test_abort_frees_blocks_and_tells_the_workers():
     scheduler = create_scheduler(num_blocks=11)
     for request in create_requests(num_requests=3, num_tokens=40):
@@ -455,8 +472,9 @@ def test_outputs_grouped_by_client_with_finished_set_and_stats():
     assert [o.request_id for o in engine_outputs[1].outputs] == ["1", "2"]
     assert engine_outputs[0].finished_requests == {"0"}
     assert engine_outputs[1].finished_requests is None
-    stats = [eco.scheduler_stats for eco in engine_outputs.values()
-             if eco.scheduler_stats is not None]
+    stats = [
+        eco.scheduler_stats for eco in engine_outputs.values() if eco.scheduler_stats is not None
+    ]
     assert len(stats) == 1 and isinstance(stats[0], SchedulerStats)
     assert stats[0].num_running_reqs == 2 and stats[0].num_waiting_reqs == 0
     assert 0.0 < stats[0].kv_cache_usage < 1.0
@@ -481,6 +499,7 @@ def test_no_stats_without_log_stats():
 # ---------------------------------------------------------------------------
 # Prefix caching
 # ---------------------------------------------------------------------------
+
 
 def test_prefix_cache_hit_across_requests():
     scheduler = create_scheduler(enable_prefix_caching=True)

@@ -4,6 +4,7 @@ the bitmask covers only requests that sample, and grammars advance with the
 accepted tokens. Grammars are real xgrammar grammars over a tiny byte-level
 tokenizer; compilation is driven by hand through the request's Future (what
 StructuredOutputManager.grammar_init sets)."""
+
 from __future__ import annotations
 
 from concurrent.futures import Future
@@ -12,8 +13,7 @@ import numpy as np
 import pytest
 
 from tests.utils import make_tiny_tokenizer
-from tests.v1.core.scheduler_utils import (create_scheduler, make_model_runner_output,
-                                           make_request)
+from tests.v1.core.scheduler_utils import create_scheduler, make_model_runner_output, make_request
 from vllm.config import VllmConfig
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.engine import FinishReason
@@ -34,8 +34,9 @@ def backend(tokenizer):
 
 
 def _structured_request(req_id: str, regex: str, num_tokens: int = 10):
-    request = make_request(req_id, num_tokens=num_tokens, structured_outputs=(
-        StructuredOutputsParams(regex=regex)))
+    request = make_request(
+        req_id, num_tokens=num_tokens, structured_outputs=(StructuredOutputsParams(regex=regex))
+    )
     assert request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
     future: Future = Future()
     request.structured_output_request.grammar = future
@@ -99,7 +100,8 @@ def test_bitmask_only_for_sampling_requests_and_grammar_advances(backend, tokeni
     row = grammar_output.grammar_bitmask[0]
     assert _allowed(row, a) and not _allowed(row, b)
     scheduler.update_from_output(
-        output, make_model_runner_output(scheduler, output, sampled={"1": [a]}))
+        output, make_model_runner_output(scheduler, output, sampled={"1": [a]})
+    )
 
     output = scheduler.schedule()
     row = scheduler.get_grammar_bitmask(output).grammar_bitmask[0]
@@ -116,8 +118,9 @@ def test_async_scheduling_counts_the_in_flight_token(backend, tokenizer):
     first = scheduler.schedule()
     second = scheduler.schedule()  # scheduled before the first step's token is in
     assert request.num_output_placeholders == 2
-    first_out = make_model_runner_output(scheduler, first,
-                                         sampled={"1": tokenizer.convert_tokens_to_ids(["a"])})
+    first_out = make_model_runner_output(
+        scheduler, first, sampled={"1": tokenizer.convert_tokens_to_ids(["a"])}
+    )
     scheduler.update_from_output(first, first_out)
     grammar_output = scheduler.get_grammar_bitmask(second)
     assert grammar_output.structured_output_request_ids == ["1"]

@@ -1,6 +1,7 @@
 """CUDA graph configuration and dispatch (no GPU needed): mode parsing and
 resolution, capture sizes and their clipping, the dispatcher's keys and
 padding decisions."""
+
 import pytest
 
 from vllm.config.compilation import CompilationConfig, CUDAGraphMode, default_capture_sizes
@@ -28,9 +29,16 @@ def test_mode_helpers():
     assert str(M.FULL) == "FULL"
 
 
-@pytest.mark.parametrize("value, mode", [("FULL_DECODE_ONLY", M.FULL_DECODE_ONLY),
-                                         ("full", M.FULL), (" none ", M.NONE), (2, M.FULL),
-                                         (M.PIECEWISE, M.PIECEWISE)])
+@pytest.mark.parametrize(
+    "value, mode",
+    [
+        ("FULL_DECODE_ONLY", M.FULL_DECODE_ONLY),
+        ("full", M.FULL),
+        (" none ", M.NONE),
+        (2, M.FULL),
+        (M.PIECEWISE, M.PIECEWISE),
+    ],
+)
 def test_mode_parsing(value, mode):
     assert CompilationConfig(cudagraph_mode=value).cudagraph_mode == mode
 
@@ -41,16 +49,19 @@ def test_bad_mode_is_a_clear_error(value):
         CompilationConfig(cudagraph_mode=value)
 
 
-@pytest.mark.parametrize("requested, device, eager, resolved", [
-    (None, "cuda", False, M.FULL_DECODE_ONLY),  # upstream default, piecewise half dropped
-    ("FULL_AND_PIECEWISE", "cuda", False, M.FULL_DECODE_ONLY),
-    ("PIECEWISE", "cuda", False, M.NONE),
-    ("FULL", "cuda", False, M.FULL),
-    ("FULL_DECODE_ONLY", "cuda", False, M.FULL_DECODE_ONLY),
-    ("FULL", "cuda", True, M.NONE),
-    ("FULL", "cpu", False, M.NONE),
-    (None, "cpu", False, M.NONE),
-])
+@pytest.mark.parametrize(
+    "requested, device, eager, resolved",
+    [
+        (None, "cuda", False, M.FULL_DECODE_ONLY),  # upstream default, piecewise half dropped
+        ("FULL_AND_PIECEWISE", "cuda", False, M.FULL_DECODE_ONLY),
+        ("PIECEWISE", "cuda", False, M.NONE),
+        ("FULL", "cuda", False, M.FULL),
+        ("FULL_DECODE_ONLY", "cuda", False, M.FULL_DECODE_ONLY),
+        ("FULL", "cuda", True, M.NONE),
+        ("FULL", "cpu", False, M.NONE),
+        (None, "cpu", False, M.NONE),
+    ],
+)
 def test_resolution(requested, device, eager, resolved):
     config = CompilationConfig(cudagraph_mode=requested)
     config.resolve(device, eager)
@@ -82,27 +93,35 @@ def test_capture_sizes_default_and_clipping():
 
 def test_cli_compilation_config():
     parser = EngineArgs.add_cli_args(__import__("argparse").ArgumentParser())
-    args = parser.parse_args(["--model", "m", "-cc",
-                              '{"cudagraph_mode": "FULL_DECODE_ONLY", '
-                              '"cudagraph_capture_sizes": [1, 2, 4]}'])
+    args = parser.parse_args(
+        [
+            "--model",
+            "m",
+            "-cc",
+            ('{"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}'),
+        ]
+    )
     engine_args = EngineArgs.from_cli_args(args)
     config = engine_args._create_compilation_config()
     assert config.cudagraph_mode == M.FULL_DECODE_ONLY
     assert config.cudagraph_capture_sizes == [1, 2, 4]
     with pytest.raises(ValueError, match="cudagraph_mod"):
-        EngineArgs(model="m", compilation_config={"cudagraph_mod": "FULL"}
-                   )._create_compilation_config()
+        EngineArgs(
+            model="m", compilation_config={"cudagraph_mod": "FULL"}
+        )._create_compilation_config()
 
 
 class _Cfg:
     """The two sub-configs the dispatcher reads."""
 
     def __init__(self, mode, sizes, max_tokens=64, max_seqs=8):
-        self.compilation_config = CompilationConfig(cudagraph_mode=mode,
-                                                    cudagraph_capture_sizes=sizes)
+        self.compilation_config = CompilationConfig(
+            cudagraph_mode=mode, cudagraph_capture_sizes=sizes
+        )
         self.compilation_config.resolve("cuda", False, max_tokens, max_seqs)
-        self.scheduler_config = type("S", (), dict(max_num_batched_tokens=max_tokens,
-                                                   max_num_seqs=max_seqs))()
+        self.scheduler_config = type(
+            "S", (), dict(max_num_batched_tokens=max_tokens, max_num_seqs=max_seqs)
+        )()
 
 
 def _dispatcher(mode, sizes=(1, 2, 4, 8, 16, 32), **kw):
@@ -130,12 +149,18 @@ def test_keys_per_mode():
 def test_dispatch_pads_to_next_size_and_falls_back_to_eager():
     d = _dispatcher("FULL_DECODE_ONLY")
     assert d.dispatch(3, uniform_decode=True, num_reqs=3) == (
-        M.FULL, BatchDescriptor(4, 4, uniform=True))
+        M.FULL,
+        BatchDescriptor(4, 4, uniform=True),
+    )
     assert d.dispatch(8, uniform_decode=True, num_reqs=8) == (
-        M.FULL, BatchDescriptor(8, 8, uniform=True))
+        M.FULL,
+        BatchDescriptor(8, 8, uniform=True),
+    )
     # mixed batch: no mixed graphs in this mode -> eager, unpadded
     assert d.dispatch(3, uniform_decode=False, num_reqs=2) == (
-        M.NONE, BatchDescriptor(3, 2, uniform=False))
+        M.NONE,
+        BatchDescriptor(3, 2, uniform=False),
+    )
     # more decodes than the largest decode graph -> eager
     mode, desc = d.dispatch(9, uniform_decode=True, num_reqs=9)
     assert mode == M.NONE and desc.num_tokens == 9
@@ -150,13 +175,16 @@ def test_dispatch_pads_to_next_size_and_falls_back_to_eager():
     assert fresh.dispatch(1) == (M.NONE, BatchDescriptor(1))
 
 
-@pytest.mark.parametrize("supports, pp, moe, expected", [
-    (["ALWAYS"], 1, False, M.FULL),
-    (["ALWAYS", "UNIFORM_BATCH"], 1, False, M.FULL_DECODE_ONLY),  # weakest backend wins
-    (["ALWAYS", "NEVER"], 1, False, M.NONE),
-    (["ALWAYS"], 2, False, M.NONE),  # pipeline parallelism runs eagerly
-    (["ALWAYS"], 1, True, M.NONE),  # the MoE layer syncs with the host
-])
+@pytest.mark.parametrize(
+    "supports, pp, moe, expected",
+    [
+        (["ALWAYS"], 1, False, M.FULL),
+        (["ALWAYS", "UNIFORM_BATCH"], 1, False, M.FULL_DECODE_ONLY),  # weakest backend wins
+        (["ALWAYS", "NEVER"], 1, False, M.NONE),
+        (["ALWAYS"], 2, False, M.NONE),  # pipeline parallelism runs eagerly
+        (["ALWAYS"], 1, True, M.NONE),  # the MoE layer syncs with the host
+    ],
+)
 def test_mode_narrowed_by_backends_and_layout(supports, pp, moe, expected):
     from types import SimpleNamespace
 
@@ -164,13 +192,22 @@ def test_mode_narrowed_by_backends_and_layout(supports, pp, moe, expected):
     from vllm.v1.worker.cudagraph_padding import resolve_cudagraph_mode
 
     def group(support):
-        builder = type("B", (), {"get_cudagraph_support": classmethod(
-            lambda cls, cfg, spec: AttentionCGSupport[support])})()
+        builder = type(
+            "B",
+            (),
+            {
+                "get_cudagraph_support": classmethod(
+                    lambda cls, cfg, spec: AttentionCGSupport[support]
+                )
+            },
+        )()
         return SimpleNamespace(metadata_builder=builder, kv_cache_spec=None)
 
-    cfg = SimpleNamespace(compilation_config=CompilationConfig(cudagraph_mode="FULL"),
-                          parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
-                          model_config=SimpleNamespace(is_moe=moe))
+    cfg = SimpleNamespace(
+        compilation_config=CompilationConfig(cudagraph_mode="FULL"),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
+        model_config=SimpleNamespace(is_moe=moe),
+    )
     assert resolve_cudagraph_mode(cfg, [[group(s) for s in supports]]) == expected
     cfg.compilation_config.cudagraph_mode = M.NONE
     assert resolve_cudagraph_mode(cfg, [[group("ALWAYS")]]) == M.NONE
@@ -197,16 +234,21 @@ def test_wrapper_passes_through_outside_its_mode(tmp_path):
     x = torch.ones(2)
     with set_forward_context(None, config):
         assert wrapped(x).tolist() == [3.0, 3.0]
-    with set_forward_context(None, config, cudagraph_runtime_mode=M.PIECEWISE,
-                             batch_descriptor=BatchDescriptor(2)):
+    with set_forward_context(
+        None, config, cudagraph_runtime_mode=M.PIECEWISE, batch_descriptor=BatchDescriptor(2)
+    ):
         assert wrapped(x).tolist() == [3.0, 3.0]  # not this wrapper's mode
-    with set_forward_context(None, config, cudagraph_runtime_mode=M.FULL), \
-            pytest.raises(RuntimeError, match="batch descriptor"):
+    with (
+        set_forward_context(None, config, cudagraph_runtime_mode=M.FULL),
+        pytest.raises(RuntimeError, match="batch descriptor"),
+    ):
         wrapped(x)
     assert not wrapped.concrete_cudagraph_entries
     assert wrapped.scale == 3.0 and wrapped.unwrap() is model
     with pytest.raises(ValueError, match="FULL or PIECEWISE"):
         CUDAGraphWrapper(model, config, M.FULL_DECODE_ONLY)
-    with pytest.raises(ValueError, match="runtime_mode"):
-        with set_forward_context(None, config, cudagraph_runtime_mode=M.FULL_DECODE_ONLY):
-            pass
+    with (
+        pytest.raises(ValueError, match="runtime_mode"),
+        set_forward_context(None, config, cudagraph_runtime_mode=M.FULL_DECODE_ONLY),
+    ):
+        pass

@@ -1,6 +1,7 @@
 """CUDA graph capture and replay on a GPU: the wrapper, and greedy parity with
 graphs on vs off through both model runners. Skipped without CUDA (the
 dispatch and padding logic is tested on CPU in the other files here)."""
+
 import gc
 
 import pytest
@@ -9,8 +10,9 @@ import torch
 from vllm.config.compilation import CUDAGraphMode
 from vllm.forward_context import BatchDescriptor, set_forward_context
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="CUDA graphs need a CUDA device")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device"
+)
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +21,12 @@ def graph_model_dir(tmp_path_factory):
     tiny models have 16-wide heads, which select the paged torch backend)."""
     from tests.utils import make_tiny_model
 
-    return make_tiny_model("llama", str(tmp_path_factory.mktemp("llama_h32")),
-                           num_attention_heads=2, num_key_value_heads=1)
+    return make_tiny_model(
+        "llama",
+        str(tmp_path_factory.mktemp("llama_h32")),
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
 
 
 class _Affine(torch.nn.Module):
@@ -45,8 +51,9 @@ def test_wrapper_capture_then_replay_equals_eager(tiny_model_dir):
         model(static)  # the eager run the contract asks for (cuBLAS handle)
         for step in range(3):
             static.copy_(torch.randn(8, 16, device="cuda"))
-            with set_forward_context(None, config, cudagraph_runtime_mode=CUDAGraphMode.FULL,
-                                     batch_descriptor=desc):
+            with set_forward_context(
+                None, config, cudagraph_runtime_mode=CUDAGraphMode.FULL, batch_descriptor=desc
+            ):
                 out = wrapped(static)
             torch.testing.assert_close(out, model(static))
         assert len(wrapped.concrete_cudagraph_entries) == 1
@@ -54,8 +61,12 @@ def test_wrapper_capture_then_replay_equals_eager(tiny_model_dir):
         with set_forward_context(None, config):
             torch.testing.assert_close(wrapped(static), model(static))
         # Inputs that moved since capture are refused.
-        with set_forward_context(None, config, cudagraph_runtime_mode=CUDAGraphMode.FULL,
-                                 batch_descriptor=desc), pytest.raises(RuntimeError, match="moved"):
+        with (
+            set_forward_context(
+                None, config, cudagraph_runtime_mode=CUDAGraphMode.FULL, batch_descriptor=desc
+            ),
+            pytest.raises(RuntimeError, match="moved"),
+        ):
             wrapped(static.clone())
     assert wrapped.lin is model.lin and wrapped.unwrap() is model  # attributes pass through
 
@@ -67,10 +78,19 @@ def _generate(model_dir, monkeypatch, v2: bool, mode: str | None):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if v2 else "0")
     monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
-    kwargs = dict(enforce_eager=True) if mode is None else dict(
-        compilation_config={"cudagraph_mode": mode, "max_cudagraph_capture_size": 16})
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0,
-              gpu_memory_utilization=0.3, **kwargs)
+    kwargs = (
+        dict(enforce_eager=True)
+        if mode is None
+        else dict(compilation_config={"cudagraph_mode": mode, "max_cudagraph_capture_size": 16})
+    )
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=128,
+        seed=0,
+        gpu_memory_utilization=0.3,
+        **kwargs,
+    )
     worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
     runner = worker.model_runner
     builder = runner.attn_groups[0][0].metadata_builder
@@ -81,8 +101,10 @@ def _generate(model_dir, monkeypatch, v2: bool, mode: str | None):
         num_graphs = len(runner.cudagraph_manager.graphs)
     else:
         num_graphs = len(runner.model.concrete_cudagraph_entries)
-    prompts = [TokensPrompt(prompt_token_ids=list(range(3 + i, 3 + i + n)))
-               for i, n in enumerate((5, 17, 9, 30, 2))]
+    prompts = [
+        TokensPrompt(prompt_token_ids=list(range(3 + i, 3 + i + n)))
+        for i, n in enumerate((5, 17, 9, 30, 2))
+    ]
     sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     tokens = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
     llm.llm_engine.engine_core.shutdown()

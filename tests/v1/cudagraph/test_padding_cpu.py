@@ -5,6 +5,7 @@ with and without a graph: here the dispatcher is given graph keys while the
 model stays unwrapped (no CUDA), so padded batches run eagerly and their
 greedy tokens must equal transformers' `generate`, i.e. the unpadded run.
 """
+
 import random
 
 import numpy as np
@@ -35,8 +36,10 @@ def test_plan_padding_layouts():
     p = plan_padding(full, BatchDescriptor(16), 2, 16, 8, 128)
     assert p.num_reqs_padded == 2 and p.runtime_mode == full
     # no spare request row, or a dummy longer than max_model_len -> eager, unpadded
-    for p in (plan_padding(full, BatchDescriptor(16), 8, 13, 8, 128),
-              plan_padding(full, BatchDescriptor(16), 2, 4, 8, 8)):
+    for p in (
+        plan_padding(full, BatchDescriptor(16), 8, 13, 8, 128),
+        plan_padding(full, BatchDescriptor(16), 2, 4, 8, 8),
+    ):
         assert p.runtime_mode == CUDAGraphMode.NONE and p.batch_descriptor is None
         assert p.num_tokens_padded == p.num_tokens
     p = plan_padding(CUDAGraphMode.NONE, BatchDescriptor(13), 2, 13, 8, 128)
@@ -44,8 +47,13 @@ def test_plan_padding_layouts():
 
 
 def test_write_padding_fills_dummy_requests():
-    padded = PaddedBatch(CUDAGraphMode.FULL, BatchDescriptor(9), num_reqs=2, num_tokens=5,
-                         pad_query_lens=np.array([3, 1], dtype=np.int32))
+    padded = PaddedBatch(
+        CUDAGraphMode.FULL,
+        BatchDescriptor(9),
+        num_reqs=2,
+        num_tokens=5,
+        pad_query_lens=np.array([3, 1], dtype=np.int32),
+    )
     ids, pos = np.full(12, 7), np.full(12, 7)
     qsl, seq = np.array([0, 2, 5, 99, 99, 99]), np.array([10, 20, 99, 99, 99])
     slots = [np.arange(12), np.arange(12)]
@@ -136,8 +144,7 @@ def test_v2_padded_forward_matches_unpadded(model_dir, mode):
     runner = make_v2_runner(model_dir, max_num_seqs=8, max_num_batched_tokens=64)
     runner.vllm_config.compilation_config.cudagraph_capture_sizes = list(SIZES)
     runner.cudagraph_manager.initialize(mode)
-    seen = _spy_forward(runner, runner.input_buffers.query_start_loc,
-                        runner.input_buffers.seq_lens)
+    seen = _spy_forward(runner, runner.input_buffers.query_start_loc, runner.input_buffers.seq_lens)
     rng = random.Random(4)
     prompts = [[rng.randrange(1, 512) for _ in range(n)] for n in (11, 5, 7)]
     expected = hf_greedy(model_dir, prompts, 6)
@@ -159,13 +166,14 @@ def test_v2_manager_dispatch():
     from types import SimpleNamespace
 
     from vllm.config.compilation import CompilationConfig
-    from vllm.v1.worker.gpu.cudagraph_utils import (BatchExecutionDescriptor,
-                                                    CudaGraphManager)
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, CudaGraphManager
 
     cc = CompilationConfig(cudagraph_mode="FULL_DECODE_ONLY", cudagraph_capture_sizes=SIZES)
     cc.resolve("cuda", False, 64, 8)
-    cfg = SimpleNamespace(compilation_config=cc, scheduler_config=SimpleNamespace(
-        max_num_batched_tokens=64, max_num_seqs=8))
+    cfg = SimpleNamespace(
+        compilation_config=cc,
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=64, max_num_seqs=8),
+    )
     m = CudaGraphManager(cfg, torch.device("cpu"))
     assert m.dispatch(3, 3, 1) is None  # keys not initialised
     m.initialize(CUDAGraphMode.FULL_DECODE_ONLY)

@@ -2,6 +2,7 @@
 checked on CPU: the KV cache write skips padding slots without a host sync
 (Triton interpreter, in a subprocess as the interpreter must be chosen before
 triton is imported), and `build` returns its tensors at fixed addresses."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import torch
 
 from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata
 
-_SCRIPT = r'''
+_SCRIPT = r"""
 import torch
 from vllm.v1.attention.ops.triton_reshape_and_cache_flash import triton_reshape_and_cache_flash
 
@@ -33,14 +34,15 @@ for t, s in enumerate(slots.tolist()):
         ref[1, s // BS, s % BS] = value[t]
 assert torch.equal(cache, ref), (cache - ref).abs().max()
 print("OK")
-'''
+"""
 
 
 def test_cache_write_skips_padding_slots():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "OK"
 
@@ -49,10 +51,18 @@ def _common(qsl, seq_lens, block_table, slot_mapping, num_tokens):
     qsl_t = torch.tensor(qsl, dtype=torch.int32)
     seq_t = torch.tensor(seq_lens, dtype=torch.int32)
     return CommonAttentionMetadata(
-        query_start_loc=qsl_t, query_start_loc_cpu=qsl_t, seq_lens=seq_t, seq_lens_cpu=seq_t,
-        num_computed_tokens_cpu=seq_t - (qsl_t[1:] - qsl_t[:-1]), num_reqs=len(seq_lens),
-        num_actual_tokens=num_tokens, max_query_len=max(q - p for p, q in zip(qsl, qsl[1:])),
-        max_seq_len=max(seq_lens), block_table_tensor=block_table, slot_mapping=slot_mapping)
+        query_start_loc=qsl_t,
+        query_start_loc_cpu=qsl_t,
+        seq_lens=seq_t,
+        seq_lens_cpu=seq_t,
+        num_computed_tokens_cpu=seq_t - (qsl_t[1:] - qsl_t[:-1]),
+        num_reqs=len(seq_lens),
+        num_actual_tokens=num_tokens,
+        max_query_len=max(q - p for p, q in zip(qsl, qsl[1:])),
+        max_seq_len=max(seq_lens),
+        block_table_tensor=block_table,
+        slot_mapping=slot_mapping,
+    )
 
 
 def test_builder_metadata_lives_at_fixed_addresses():

@@ -5,6 +5,7 @@ Greedy tokens must equal transformers' `generate`. This runs the GPU path's
 metadata (persistent buffers, dummy requests) and kernels (sync-free cache
 write, unified attention) without a GPU. One subprocess: the interpreter
 must be chosen before triton is imported."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ import pytest
 
 from tests.utils import hf_greedy
 
-_SCRIPT = r'''
+_SCRIPT = r"""
 import json, sys
 import torch
 from vllm.platforms.cpu import CpuPlatform
@@ -67,12 +68,13 @@ runner.vllm_config.compilation_config.cudagraph_capture_sizes = list(SIZES)
 runner.cudagraph_manager.initialize(mode)
 v2 = script(V2ScriptedScheduler(runner))
 print("RESULT " + json.dumps({"v1": v1, "v2": v2}))
-'''
+"""
 
 
 def test_triton_backend_padded_batches_match_transformers(tiny_model_dir):
     pytest.importorskip("triton")
     import torch
+
     if torch.cuda.is_available():
         # The script swaps the CPU platform's backend choice; on a GPU the
         # CUDA platform picks, and test_cudagraph_gpu.py covers this path.
@@ -82,10 +84,16 @@ def test_triton_backend_padded_batches_match_transformers(tiny_model_dir):
     prompts = [[rng.randrange(1, 512) for _ in range(n)] for n in (11, 5, 7)]
     expected = hf_greedy(model_dir, prompts, 4)
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, model_dir, json.dumps(prompts)],
-                          env=env, capture_output=True, text=True, timeout=600,
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(
-                              os.path.dirname(os.path.abspath(__file__))))))
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, model_dir, json.dumps(prompts)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=os.path.dirname(
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        ),
+    )
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     assert proc.returncode == 0 and line, proc.stderr[-3000:]
     result = json.loads(line[0][7:])

@@ -1,4 +1,5 @@
 """Shared helpers for the front-end tests: tokenizers and hand-made requests."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,10 +28,19 @@ def gguf_tokenizer(embedded_model_path):
     return get_tokenizer(embedded_model_path)
 
 
-def make_request(prompt_ids: list[int], request_id: str = "r0",
-                 external_req_id: str | None = None, **params) -> EngineCoreRequest:
+def make_request(
+    prompt_ids: list[int], request_id: str = "r0", external_req_id: str | None = None, **params
+) -> EngineCoreRequest:
     return EngineCoreRequest(
-        request_id=request_id, prompt_token_ids=prompt_ids, mm_features=None,
-        sampling_params=SamplingParams(**params), pooling_params=None, eos_token_id=None,
-        arrival_time=0.0, lora_request=None, cache_salt=None, data_parallel_rank=None,
-        external_req_id=external_req_id)
+        request_id=request_id,
+        prompt_token_ids=prompt_ids,
+        mm_features=None,
+        sampling_params=SamplingParams(**params),
+        pooling_params=None,
+        eos_token_id=None,
+        arrival_time=0.0,
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+        external_req_id=external_req_id,
+    )

@@ -1,6 +1,7 @@
 """AsyncLLM end to end on a tiny model (upstream: tests/v1/engine/test_async_llm.py):
 load, abort, mid-stream cancellation, request-scoped errors, admission
 control, and the engine core dying under it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,13 @@ PROMPT = "The quick brown fox jumps over the lazy dog."
 
 
 def _engine_args(model_dir: str) -> AsyncEngineArgs:
-    return AsyncEngineArgs(model=model_dir, dtype="float32", max_model_len=512,
-                           kv_cache_memory_bytes=16 * 2**20, enable_prefix_caching=False)
+    return AsyncEngineArgs(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=512,
+        kv_cache_memory_bytes=16 * 2**20,
+        enable_prefix_caching=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +48,21 @@ def engine(loop, tiny_model_dir):
     loop.run_until_complete(asyncio.sleep(0.1))
 
 
-def _params(max_tokens: int, kind: RequestOutputKind = RequestOutputKind.DELTA,
-            **kwargs) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, output_kind=kind,
-                          temperature=0.0, **kwargs)
+def _params(
+    max_tokens: int, kind: RequestOutputKind = RequestOutputKind.DELTA, **kwargs
+) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens, ignore_eos=True, output_kind=kind, temperature=0.0, **kwargs
+    )
 
 
-async def _collect(engine: AsyncLLM, request_id: str, params: SamplingParams,
-                   cancel_after: int | None = None,
-                   started: asyncio.Event | None = None) -> tuple[int, str | None]:
+async def _collect(
+    engine: AsyncLLM,
+    request_id: str,
+    params: SamplingParams,
+    cancel_after: int | None = None,
+    started: asyncio.Event | None = None,
+) -> tuple[int, str | None]:
     """(tokens received, last finish reason); stops iterating after
     `cancel_after` tokens (the generator is closed: an abort)."""
     num_tokens, reason = 0, None
@@ -75,9 +87,11 @@ async def _collect(engine: AsyncLLM, request_id: str, params: SamplingParams,
 @pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY])
 def test_load(loop, engine, kind):
     """Concurrent requests each get exactly max_tokens; nothing is left behind."""
+
     async def run():
-        results = await asyncio.gather(*[
-            _collect(engine, f"load-{i}", _params(8 + i % 3, kind)) for i in range(20)])
+        results = await asyncio.gather(
+            *[_collect(engine, f"load-{i}", _params(8 + i % 3, kind)) for i in range(20)]
+        )
         assert [n for n, _ in results] == [8 + i % 3 for i in range(20)]
         assert all(reason == "length" for _, reason in results)
         assert engine.get_num_unfinished_requests() == 0
@@ -87,12 +101,17 @@ def test_load(loop, engine, kind):
 
 def test_abort(loop, engine):
     """Cancelling some requests leaves the others exact; ids can be reused."""
+
     async def run():
         started = [asyncio.Event() for _ in range(8)]
-        tasks = [asyncio.create_task(_collect(engine, f"abort-{i}",
-                                              _params(100 if i in (1, 4) else 30),
-                                              started=started[i]))
-                 for i in range(8)]
+        tasks = [
+            asyncio.create_task(
+                _collect(
+                    engine, f"abort-{i}", _params(100 if i in (1, 4) else 30), started=started[i]
+                )
+            )
+            for i in range(8)
+        ]
         for i in (1, 4):
             await started[i].wait()
             tasks[i].cancel()
@@ -142,17 +161,19 @@ def test_explicit_abort_gives_final_abort_output(loop, engine):
 
 def test_request_scoped_errors(loop, engine):
     """Bad input fails that request only (upstream: test_processor_error)."""
+
     async def run():
         for i in range(3):
             with pytest.raises(ValueError):
-                async for _ in engine.generate(TokensPrompt(prompt_token_ids=[]),
-                                               _params(5), f"bad-{i}"):
+                async for _ in engine.generate(
+                    TokensPrompt(prompt_token_ids=[]), _params(5), f"bad-{i}"
+                ):
                     pass
         with pytest.raises(ValueError, match="min_tokens"):
             # max_tokens unset: it becomes the room left in the context (< 600).
-            async for _ in engine.generate(PROMPT, SamplingParams(min_tokens=600,
-                                                                  max_tokens=None),
-                                           "bad-min"):
+            async for _ in engine.generate(
+                PROMPT, SamplingParams(min_tokens=600, max_tokens=None), "bad-min"
+            ):
                 pass
         assert not engine.errored
         assert await _collect(engine, "good", _params(5)) == (5, "length")
@@ -162,8 +183,14 @@ def test_request_scoped_errors(loop, engine):
 
 def test_parallel_sampling(loop, engine):
     async def run():
-        params = SamplingParams(n=2, max_tokens=6, ignore_eos=True, temperature=1.0, seed=3,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            n=2,
+            max_tokens=6,
+            ignore_eos=True,
+            temperature=1.0,
+            seed=3,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
         outs = [o async for o in engine.generate(PROMPT, params, "par")]
         assert len(outs) == 1 and outs[0].finished
         assert sorted(c.index for c in outs[0].outputs) == [0, 1]
@@ -179,8 +206,9 @@ def test_admission_control(loop, engine):
             started = [asyncio.Event() for _ in range(3)]
 
             def launch(i: int) -> asyncio.Task:
-                return asyncio.create_task(_collect(engine, f"q-{i}", _params(400),
-                                                    started=started[i]))
+                return asyncio.create_task(
+                    _collect(engine, f"q-{i}", _params(400), started=started[i])
+                )
 
             tasks = [launch(0), launch(1)]
             await started[0].wait()
@@ -203,13 +231,15 @@ def test_admission_control(loop, engine):
 
 def test_engine_death(loop, tiny_model_dir):
     """The core dies mid-request: every caller gets EngineDeadError."""
+
     async def run():
         engine = AsyncLLM.from_engine_args(_engine_args(tiny_model_dir("llama")))
         try:
             started = [asyncio.Event() for _ in range(4)]
-            tasks = [asyncio.create_task(_collect(engine, f"d-{i}", _params(450),
-                                                  started=started[i]))
-                     for i in range(4)]
+            tasks = [
+                asyncio.create_task(_collect(engine, f"d-{i}", _params(450), started=started[i]))
+                for i in range(4)
+            ]
             for event in started:
                 await event.wait()
             proc = engine.engine_core.resources.engine_manager.processes[0]

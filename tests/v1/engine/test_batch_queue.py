@@ -1,5 +1,6 @@
 """Async scheduling keeps two steps in flight: the engine core schedules step
 N+1 before it waits for step N, and the tokens are unchanged."""
+
 from __future__ import annotations
 
 import time
@@ -22,13 +23,18 @@ class SlowUniProcExecutor(UniProcExecutor):
         return super()._call(method, args, kwargs)
 
 
-def _generate(model_dir: str, async_scheduling: bool, runner: str,
-              monkeypatch) -> tuple[list, list[int]]:
+def _generate(
+    model_dir: str, async_scheduling: bool, runner: str, monkeypatch
+) -> tuple[list, list[int]]:
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", runner)
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=128,
-              async_scheduling=async_scheduling,
-              distributed_executor_backend=SlowUniProcExecutor)
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=128,
+        async_scheduling=async_scheduling,
+        distributed_executor_backend=SlowUniProcExecutor,
+    )
     core = llm.llm_engine.engine_core.engine_core
     executor = core.model_executor
     # At each launch: how many earlier steps are still running.
@@ -42,8 +48,9 @@ def _generate(model_dir: str, async_scheduling: bool, runner: str,
 
     executor.execute_model = spy
     prompts = [TokensPrompt(prompt_token_ids=list(range(1, 10 + i))) for i in range(4)]
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8,
-                                                ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False
+    )
     return [o.outputs[0].token_ids for o in outs], running_at_launch
 
 
@@ -72,8 +79,14 @@ class FailingUniProcExecutor(UniProcExecutor):
 def test_forward_error_surfaces_through_the_batch_queue(tiny_model_dir, monkeypatch, runner):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", runner)
-    llm = LLM(model=tiny_model_dir("qwen2"), dtype="float32", max_model_len=128,
-              async_scheduling=True, distributed_executor_backend=FailingUniProcExecutor)
+    llm = LLM(
+        model=tiny_model_dir("qwen2"),
+        dtype="float32",
+        max_model_len=128,
+        async_scheduling=True,
+        distributed_executor_backend=FailingUniProcExecutor,
+    )
     with pytest.raises(RuntimeError, match="forward failed on purpose"):
-        llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])],
-                     SamplingParams(max_tokens=4), use_tqdm=False)
+        llm.generate(
+            [TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=4), use_tqdm=False
+        )

@@ -1,5 +1,6 @@
 """The engine core in its own process, driven through SyncMPClient: requests,
 aborts, utility calls, malformed input, start-up failure and core death."""
+
 from __future__ import annotations
 
 import os
@@ -21,14 +22,21 @@ MAX_MODEL_LEN = 64
 
 
 def _make_client(model_dir: str, **overrides) -> SyncMPClient:
-    kwargs = dict(model=model_dir, dtype="float32", max_model_len=MAX_MODEL_LEN,
-                  kv_cache_memory_bytes=8 * 2**20)
+    kwargs = dict(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_memory_bytes=8 * 2**20,
+    )
     kwargs.update(overrides)
     config = EngineArgs(**kwargs).create_engine_config()
-    client = EngineCoreClient.make_client(multiprocess_mode=True, asyncio_mode=False,
-                                          vllm_config=config,
-                                          executor_class=Executor.get_class(config),
-                                          log_stats=True)
+    client = EngineCoreClient.make_client(
+        multiprocess_mode=True,
+        asyncio_mode=False,
+        vllm_config=config,
+        executor_class=Executor.get_class(config),
+        log_stats=True,
+    )
     assert isinstance(client, SyncMPClient)
     return client
 
@@ -79,10 +87,18 @@ def test_ready_reports_kv_blocks(client):
 
 def test_requests_and_abort(client):
     for i in range(3):
-        client.add_request(make_request([1 + i, 2, 3, 4], request_id=f"req-{i}",
-                                        temperature=0.0, max_tokens=5 + i, ignore_eos=True))
-    client.add_request(make_request([9, 8, 7], request_id="long", temperature=0.0,
-                                    max_tokens=50, ignore_eos=True))
+        client.add_request(
+            make_request(
+                [1 + i, 2, 3, 4],
+                request_id=f"req-{i}",
+                temperature=0.0,
+                max_tokens=5 + i,
+                ignore_eos=True,
+            )
+        )
+    client.add_request(
+        make_request([9, 8, 7], request_id="long", temperature=0.0, max_tokens=50, ignore_eos=True)
+    )
     got_long: list[int] = []
     done: dict[str, list[int]] = {}
     tokens: dict[str, list[int]] = {f"req-{i}": [] for i in range(3)}
@@ -123,22 +139,19 @@ def test_malformed_input_is_dropped(client):
     """A pickle (or any garbage) on the input socket is refused, never loaded;
     a request the core cannot accept is answered with an error; the core lives on."""
     evil = pickle.dumps(SamplingParams())
+    client.input_socket.send_multipart([client.core_engine, EngineCoreRequestType.ADD.value, evil])
     client.input_socket.send_multipart(
-        [client.core_engine, EngineCoreRequestType.ADD.value, evil])
-    client.input_socket.send_multipart(
-        [client.core_engine, EngineCoreRequestType.UTILITY.value, b"\xc1"])
+        [client.core_engine, EngineCoreRequestType.UTILITY.value, b"\xc1"]
+    )
     client.input_socket.send_multipart([client.core_engine, b"\x09", b""])
     # Duplicate id: the second copy is answered with an error (request-scoped).
-    client.add_request(make_request([1, 2], request_id="dup", max_tokens=6,
-                                    ignore_eos=True))
-    client.add_request(make_request([1, 2], request_id="dup", max_tokens=6,
-                                    ignore_eos=True))
+    client.add_request(make_request([1, 2], request_id="dup", max_tokens=6, ignore_eos=True))
+    client.add_request(make_request([1, 2], request_id="dup", max_tokens=6, ignore_eos=True))
     reasons = []
     while len(reasons) < 2:
         reasons += [o.finish_reason for o in _next_output(client).outputs if o.finished]
     assert sorted(reasons) == [FinishReason.LENGTH, FinishReason.ERROR]
-    client.add_request(make_request([3, 4], request_id="after", max_tokens=4,
-                                    ignore_eos=True))
+    client.add_request(make_request([3, 4], request_id="after", max_tokens=4, ignore_eos=True))
     assert len(_run_to_completion(client, {"after"})["after"][0]) == 4
 
 
@@ -147,8 +160,7 @@ def test_startup_failure_is_reported(tiny_model_dir):
     init, the client raises with the cause, and no process is left behind."""
     before = _engine_children()
     with pytest.raises(RuntimeError, match="Engine core initialization failed") as exc:
-        _make_client(tiny_model_dir("llama"), kv_cache_memory_bytes=4096,
-                     max_model_len=256)
+        _make_client(tiny_model_dir("llama"), kv_cache_memory_bytes=4096, max_model_len=256)
     assert "KV cache" in str(exc.value) or "max seq len" in str(exc.value)
     assert _engine_children() == before
 
@@ -158,8 +170,7 @@ def test_core_death_raises_engine_dead(tiny_model_dir):
     client = _make_client(tiny_model_dir("llama"))
     try:
         proc = client.resources.engine_manager.processes[0]
-        client.add_request(make_request([1, 2, 3], request_id="x", max_tokens=40,
-                                        ignore_eos=True))
+        client.add_request(make_request([1, 2, 3], request_id="x", max_tokens=40, ignore_eos=True))
         os.kill(proc.pid, signal.SIGKILL)
         with pytest.raises(EngineDeadError):
             while True:
@@ -177,5 +188,4 @@ def _engine_children() -> set[int]:
     """Live (non-zombie) engine-core processes started by this test process."""
     import multiprocessing
 
-    return {p.pid for p in multiprocessing.active_children()
-            if p.name.startswith("EngineCore")}
+    return {p.pid for p in multiprocessing.active_children() if p.name.startswith("EngineCore")}

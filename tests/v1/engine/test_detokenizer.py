@@ -1,11 +1,16 @@
 """Incremental detokenization and stop strings (upstream: tests/detokenizer/)."""
+
 from __future__ import annotations
 
 import pytest
 
 from tests.v1.engine.conftest import make_request
-from vllm.v1.engine.detokenizer import (FastIncrementalDetokenizer, IncrementalDetokenizer,
-                                        SlowIncrementalDetokenizer, check_stop_strings)
+from vllm.v1.engine.detokenizer import (
+    FastIncrementalDetokenizer,
+    IncrementalDetokenizer,
+    SlowIncrementalDetokenizer,
+    check_stop_strings,
+)
 
 UNICODE_TEXT = "héllo 日本語 🎉 done, naïve café"
 PANGRAM = "The quick brown fox jumps over the lazy dog."
@@ -41,8 +46,10 @@ def test_split_utf8_never_yields_replacement_char(request, kind, tok_name):
 def test_fast_detokenizer_is_picked_for_fast_tokenizers(tiny_tokenizer):
     detok = IncrementalDetokenizer.from_new_request(tiny_tokenizer, make_request([1, 2]))
     assert isinstance(detok, FastIncrementalDetokenizer)
-    assert type(IncrementalDetokenizer.from_new_request(None, make_request([1]))) \
+    assert (
+        type(IncrementalDetokenizer.from_new_request(None, make_request([1])))
         is IncrementalDetokenizer
+    )
 
 
 @pytest.mark.parametrize("kind", ["fast", "slow"])
@@ -100,8 +107,9 @@ def test_min_tokens_ignores_stop_strings_before_it(tiny_tokenizer):
     detok = _detok("fast", tiny_tokenizer, [1], stop=["fox"], min_tokens=4)
     fox_positions = [i for i, t in enumerate(ids) if tiny_tokenizer.decode([t]) == " fox"]
     assert len(fox_positions) == 2 and fox_positions[0] < 4 <= fox_positions[1]
-    stopped_at = next(i for i, t in enumerate(ids)
-                      if detok.update([t], stop_terminated=False) == "fox")
+    stopped_at = next(
+        i for i, t in enumerate(ids) if detok.update([t], stop_terminated=False) == "fox"
+    )
     # The first " fox" comes before min_tokens tokens: only the second one stops.
     assert stopped_at == fox_positions[1]
     assert detok.output_text == "The quick fox. The quick "

@@ -1,5 +1,6 @@
 """EngineCore driven directly: KV sizing, add / step / abort, the prefix cache
 (upstream: tests/v1/engine/test_engine_core.py)."""
+
 from __future__ import annotations
 
 import time
@@ -17,8 +18,12 @@ KV_BYTES = 4 * 2**20
 
 @pytest.fixture(scope="module")
 def core(tiny_model_dir):
-    config = EngineArgs(model=tiny_model_dir("qwen3"), dtype="float32", max_model_len=64,
-                        kv_cache_memory_bytes=KV_BYTES).create_engine_config()
+    config = EngineArgs(
+        model=tiny_model_dir("qwen3"),
+        dtype="float32",
+        max_model_len=64,
+        kv_cache_memory_bytes=KV_BYTES,
+    ).create_engine_config()
     engine_core = EngineCore(config, Executor.get_class(config), log_stats=True)
     yield engine_core
     engine_core.shutdown()
@@ -26,11 +31,17 @@ def core(tiny_model_dir):
 
 def _request(req_id: str, prompt: list[int], max_tokens: int) -> EngineCoreRequest:
     return EngineCoreRequest(
-        request_id=req_id, prompt_token_ids=prompt, mm_features=None,
-        sampling_params=SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                       ignore_eos=True),
-        pooling_params=None, eos_token_id=0, arrival_time=time.time(), lora_request=None,
-        cache_salt=None, data_parallel_rank=None)
+        request_id=req_id,
+        prompt_token_ids=prompt,
+        mm_features=None,
+        sampling_params=SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+        pooling_params=None,
+        eos_token_id=0,
+        arrival_time=time.time(),
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+    )
 
 
 def _add(core: EngineCore, request: EngineCoreRequest) -> None:
@@ -58,9 +69,14 @@ def test_kv_cache_is_sized_from_the_byte_budget(core):
     config = core.vllm_config
     model = config.model_config
     # K and V per layer per token: 2 * kv_heads * head_size * 4 bytes (float32).
-    bytes_per_block = (2 * model.get_num_kv_heads(config.parallel_config)
-                       * model.get_head_size() * 4 * config.cache_config.block_size
-                       * model.get_num_layers(config.parallel_config))
+    bytes_per_block = (
+        2
+        * model.get_num_kv_heads(config.parallel_config)
+        * model.get_head_size()
+        * 4
+        * config.cache_config.block_size
+        * model.get_num_layers(config.parallel_config)
+    )
     assert config.cache_config.num_gpu_blocks == KV_BYTES // bytes_per_block
 
 

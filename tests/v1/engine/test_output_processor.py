@@ -1,5 +1,6 @@
 """OutputProcessor fed hand-made EngineCoreOutputs
 (upstream: tests/v1/engine/test_output_processor.py)."""
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,9 @@ from vllm.v1.outputs import LogprobsLists
 TEXT = "The quick brown fox jumps over the lazy dog. héllo 日本語"
 
 
-def _outputs(req_id: str, ids: list[int], finish_last: FinishReason | None = FinishReason.LENGTH,
-             **kwargs) -> list[EngineCoreOutput]:
+def _outputs(
+    req_id: str, ids: list[int], finish_last: FinishReason | None = FinishReason.LENGTH, **kwargs
+) -> list[EngineCoreOutput]:
     """One EngineCoreOutput per token; the last one finishes the request."""
     outs = [EngineCoreOutput(request_id=req_id, new_token_ids=[t], **kwargs) for t in ids]
     outs[-1].finish_reason = finish_last
@@ -37,8 +39,7 @@ def _run(processor: OutputProcessor, outs: list[EngineCoreOutput]):
 def test_output_kinds(tiny_tokenizer, kind):
     ids = tiny_tokenizer.encode(TEXT)
     processor = OutputProcessor(tiny_tokenizer, log_stats=False)
-    processor.add_request(make_request([5, 6], output_kind=kind, max_tokens=len(ids)),
-                          prompt="hi")
+    processor.add_request(make_request([5, 6], output_kind=kind, max_tokens=len(ids)), prompt="hi")
     results, aborts = _run(processor, _outputs("r0", ids))
     assert not aborts and not processor.has_unfinished_requests()
     final = results[-1]
@@ -63,8 +64,9 @@ def test_output_kinds(tiny_tokenizer, kind):
 def test_stop_string_finishes_and_asks_the_core_to_abort(tiny_tokenizer):
     ids = tiny_tokenizer.encode(TEXT)
     processor = OutputProcessor(tiny_tokenizer, log_stats=False)
-    processor.add_request(make_request([5], output_kind=RequestOutputKind.DELTA,
-                                       stop=["jumps"]), prompt=None)
+    processor.add_request(
+        make_request([5], output_kind=RequestOutputKind.DELTA, stop=["jumps"]), prompt=None
+    )
     results, aborts = _run(processor, _outputs("r0", ids, finish_last=None))
     final = results[-1]
     assert final.finished
@@ -79,8 +81,10 @@ def test_stop_string_finishes_and_asks_the_core_to_abort(tiny_tokenizer):
 def test_stop_token_from_the_core(tiny_tokenizer):
     ids = tiny_tokenizer.encode("The quick brown fox")
     processor = OutputProcessor(tiny_tokenizer, log_stats=False)
-    processor.add_request(make_request([5], output_kind=RequestOutputKind.FINAL_ONLY,
-                                       stop_token_ids=[ids[-1]]), prompt=None)
+    processor.add_request(
+        make_request([5], output_kind=RequestOutputKind.FINAL_ONLY, stop_token_ids=[ids[-1]]),
+        prompt=None,
+    )
     outs = _outputs("r0", ids, finish_last=FinishReason.STOP)
     outs[-1].stop_reason = ids[-1]
     results, aborts = _run(processor, outs)
@@ -99,20 +103,24 @@ def test_abort_by_external_id_and_late_outputs_are_ignored(tiny_tokenizer):
     assert processor.get_num_unfinished_requests() == 3
     assert sorted(processor.abort_requests(["a"])) == ["a-1", "a-2"]
     assert processor.abort_requests(["a-1"], internal=True) == []
-    processed = processor.process_outputs([EngineCoreOutput("a-1", [7]),
-                                           EngineCoreOutput("b-1", [7])])
+    processed = processor.process_outputs(
+        [EngineCoreOutput("a-1", [7]), EngineCoreOutput("b-1", [7])]
+    )
     assert [o.request_id for o in processed.request_outputs] == ["b"]
 
 
 def test_sample_logprobs_become_dicts(tiny_tokenizer):
     processor = OutputProcessor(tiny_tokenizer, log_stats=False)
-    processor.add_request(make_request([5], logprobs=1, max_tokens=2,
-                                       output_kind=RequestOutputKind.FINAL_ONLY), None)
+    processor.add_request(
+        make_request([5], logprobs=1, max_tokens=2, output_kind=RequestOutputKind.FINAL_ONLY), None
+    )
     # Per position: the sampled token first, then the top-1.
     step1 = LogprobsLists([[10, 11]], [[-0.5, -0.1]], [2])
     step2 = LogprobsLists([[12, 12]], [[-0.2, -0.2]], [1])
-    outs = [EngineCoreOutput("r0", [10], new_logprobs=step1),
-            EngineCoreOutput("r0", [12], new_logprobs=step2, finish_reason=FinishReason.LENGTH)]
+    outs = [
+        EngineCoreOutput("r0", [10], new_logprobs=step1),
+        EngineCoreOutput("r0", [12], new_logprobs=step2, finish_reason=FinishReason.LENGTH),
+    ]
     (final,) = _run(processor, outs)[0]
     completion = final.outputs[0]
     assert math.isclose(completion.cumulative_logprob, -0.7)

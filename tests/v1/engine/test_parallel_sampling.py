@@ -1,5 +1,6 @@
 """n > 1: the ParentRequest fan-out and the gathering of the children's
 outputs by the OutputProcessor (upstream: vllm/v1/engine/parallel_sampling.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,15 +14,21 @@ from vllm.v1.engine.parallel_sampling import ParentRequest
 
 
 def _parent(n: int, kind: RequestOutputKind, seed: int | None = 5) -> ParentRequest:
-    request = make_request([1, 2, 3], request_id="abc-1234", external_req_id="abc", n=n,
-                           seed=seed, output_kind=kind)
+    request = make_request(
+        [1, 2, 3], request_id="abc-1234", external_req_id="abc", n=n, seed=seed, output_kind=kind
+    )
     return ParentRequest(request)
 
 
 def _completion(index: int, finished: bool) -> CompletionOutput:
-    return CompletionOutput(index=index, text=f"t{index}", token_ids=[index],
-                            cumulative_logprob=None, logprobs=None,
-                            finish_reason="length" if finished else None)
+    return CompletionOutput(
+        index=index,
+        text=f"t{index}",
+        token_ids=[index],
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason="length" if finished else None,
+    )
 
 
 def test_child_ids_and_seeds():
@@ -57,16 +64,25 @@ def test_streaming_passes_each_child_through_once():
     assert [o.index for o in outputs] == [0] and finished
 
 
-def _add_fanned_out(processor: OutputProcessor, n: int, kind: RequestOutputKind
-                    ) -> tuple[ParentRequest, list[str]]:
-    request = make_request([1, 2], request_id="p-0001", external_req_id="p", n=n, seed=1,
-                           output_kind=kind, max_tokens=4)
+def _add_fanned_out(
+    processor: OutputProcessor, n: int, kind: RequestOutputKind
+) -> tuple[ParentRequest, list[str]]:
+    request = make_request(
+        [1, 2],
+        request_id="p-0001",
+        external_req_id="p",
+        n=n,
+        seed=1,
+        output_kind=kind,
+        max_tokens=4,
+    )
     parent = ParentRequest(request)
     child_ids = []
     for i in range(n):
         child_id, child_params = parent.get_child_info(i)
-        child = make_request([1, 2], request_id=child_id, external_req_id="p",
-                             output_kind=kind, max_tokens=4)
+        child = make_request(
+            [1, 2], request_id=child_id, external_req_id="p", output_kind=kind, max_tokens=4
+        )
         child.sampling_params = child_params
         processor.add_request(child, "hi", parent, i)
         child_ids.append(child_id)
@@ -83,8 +99,9 @@ def test_output_processor_gathers_children(tiny_tokenizer, kind):
     for step in range(2):
         for cid in (child_ids[2], child_ids[0], child_ids[1]):
             finish = FinishReason.LENGTH if step == 1 else None
-            eco = EngineCoreOutput(request_id=cid, new_token_ids=[tokens[cid][step]],
-                                   finish_reason=finish)
+            eco = EngineCoreOutput(
+                request_id=cid, new_token_ids=[tokens[cid][step]], finish_reason=finish
+            )
             results.extend(processor.process_outputs([eco]).request_outputs)
     assert all(r.request_id == "p" for r in results)
     assert results[-1].finished and not processor.has_unfinished_requests()
@@ -104,8 +121,13 @@ def test_output_processor_gathers_children(tiny_tokenizer, kind):
 def test_aborting_the_parent_aborts_its_children(tiny_tokenizer):
     processor = OutputProcessor(tiny_tokenizer, log_stats=False)
     parent, child_ids = _add_fanned_out(processor, 3, RequestOutputKind.FINAL_ONLY)
-    processor.process_outputs([EngineCoreOutput(request_id=child_ids[1], new_token_ids=[5],
-                                                finish_reason=FinishReason.LENGTH)])
+    processor.process_outputs(
+        [
+            EngineCoreOutput(
+                request_id=child_ids[1], new_token_ids=[5], finish_reason=FinishReason.LENGTH
+            )
+        ]
+    )
     aborted = processor.abort_requests([parent.request_id], internal=True)
     assert sorted(aborted) == sorted([child_ids[0], child_ids[2]])
     assert not processor.has_unfinished_requests() and not processor.parent_requests

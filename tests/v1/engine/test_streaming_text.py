@@ -8,6 +8,7 @@ attention and MLP outputs are zeroed, so the last hidden state is the
 current token's embedding, a one-hot vector e_i for the i-th token of the
 cycle, and the LM head maps e_i to a large logit for token i + 1.
 """
+
 from __future__ import annotations
 
 import glob
@@ -35,8 +36,9 @@ def cycle_model(tiny_model_dir, tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight", "embed_tokens.weight",
-                              "lm_head.weight")):
+            if name.endswith(
+                ("o_proj.weight", "down_proj.weight", "embed_tokens.weight", "lm_head.weight")
+            ):
                 p.zero_()
             elif name == "model.norm.weight":
                 p.fill_(1.0)
@@ -56,8 +58,9 @@ def test_streamed_text_is_whole_characters(cycle_model, runner, monkeypatch):
     model_dir, cycle = cycle_model
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if runner == "v2" else "0")
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=64,
-              kv_cache_memory_bytes=8 * 2**20, seed=0)
+    llm = LLM(
+        model=model_dir, dtype="float32", max_model_len=64, kv_cache_memory_bytes=8 * 2**20, seed=0
+    )
     tokenizer = llm.get_tokenizer()
     prompt_ids = tokenizer.encode("Prompt ñ: ") + cycle
     max_tokens = 3 * len(cycle)
@@ -65,16 +68,23 @@ def test_streamed_text_is_whole_characters(cycle_model, runner, monkeypatch):
     texts: dict[RequestOutputKind, list[str]] = {kind: [] for kind in RequestOutputKind}
     token_ids: dict[RequestOutputKind, list[int]] = {kind: [] for kind in RequestOutputKind}
     for kind in RequestOutputKind:
-        engine.add_request(kind.name, {"prompt_token_ids": prompt_ids},
-                           SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                          ignore_eos=True, output_kind=kind))
+        engine.add_request(
+            kind.name,
+            {"prompt_token_ids": prompt_ids},
+            SamplingParams(
+                temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=kind
+            ),
+        )
     prompts = set()
     while engine.has_unfinished_requests():
         for out in engine.step():
             kind = RequestOutputKind[out.request_id]
             texts[kind].append(out.outputs[0].text)
-            token_ids[kind] = (token_ids[kind] + out.outputs[0].token_ids
-                               if kind == RequestOutputKind.DELTA else out.outputs[0].token_ids)
+            token_ids[kind] = (
+                token_ids[kind] + out.outputs[0].token_ids
+                if kind == RequestOutputKind.DELTA
+                else out.outputs[0].token_ids
+            )
             prompts.add(out.prompt_token_ids and tuple(out.prompt_token_ids))
     ids = token_ids[RequestOutputKind.FINAL_ONLY]
     assert ids == cycle * 3  # the model really runs the cycle

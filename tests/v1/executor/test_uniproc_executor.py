@@ -1,4 +1,5 @@
 """Executor.get_class and the in-process executor driving a real worker."""
+
 from concurrent.futures import Future
 
 import pytest
@@ -20,14 +21,27 @@ def executor(tiny_model_dir):
 
 
 def _prefill(req_id: str, prompt: list[int]) -> SchedulerOutput:
-    new = NewRequestData(req_id=req_id, prompt_token_ids=prompt, mm_features=[],
-                         sampling_params=SamplingParams(temperature=0.0), pooling_params=None,
-                         block_ids=([1, 2],), num_computed_tokens=0, lora_request=None)
+    new = NewRequestData(
+        req_id=req_id,
+        prompt_token_ids=prompt,
+        mm_features=[],
+        sampling_params=SamplingParams(temperature=0.0),
+        pooling_params=None,
+        block_ids=([1, 2],),
+        num_computed_tokens=0,
+        lora_request=None,
+    )
     return SchedulerOutput(
-        scheduled_new_reqs=[new], scheduled_cached_reqs=CachedRequestData.make_empty(),
-        num_scheduled_tokens={req_id: len(prompt)}, total_num_scheduled_tokens=len(prompt),
-        scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
-        num_common_prefix_blocks=[0], finished_req_ids=set(), free_encoder_mm_hashes=[])
+        scheduled_new_reqs=[new],
+        scheduled_cached_reqs=CachedRequestData.make_empty(),
+        num_scheduled_tokens={req_id: len(prompt)},
+        total_num_scheduled_tokens=len(prompt),
+        scheduled_spec_decode_tokens={},
+        scheduled_encoder_inputs={},
+        num_common_prefix_blocks=[0],
+        finished_req_ids=set(),
+        free_encoder_mm_hashes=[],
+    )
 
 
 def test_get_class(tiny_model_dir):
@@ -37,10 +51,12 @@ def test_get_class(tiny_model_dir):
     config.parallel_config.distributed_executor_backend = UniProcExecutor
     assert Executor.get_class(config) is UniProcExecutor
     config.parallel_config.distributed_executor_backend = (
-        "vllm.v1.executor.uniproc_executor.UniProcExecutor")
+        "vllm.v1.executor.uniproc_executor.UniProcExecutor"
+    )
     assert Executor.get_class(config) is UniProcExecutor
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
     from vllm.v1.executor.ray_executor import RayDistributedExecutor
+
     for backend, cls in (("mp", MultiprocExecutor), ("ray", RayDistributedExecutor)):
         config.parallel_config.distributed_executor_backend = backend
         assert Executor.get_class(config) is cls
@@ -72,7 +88,8 @@ def test_kv_cache_setup_and_one_step(executor):
 def test_collective_rpc(executor):
     assert executor.collective_rpc(lambda worker, x: x + worker.rank, args=(41,)) == [41]
     assert executor.collective_rpc("get_supported_tasks", non_block=True).result() == [
-        ("generate",)]
+        ("generate",)
+    ]
     with pytest.raises(NotImplementedError):
         executor.collective_rpc("no_such_method")
     # A failing non-blocking call hands back the exception in the Future.
@@ -86,8 +103,9 @@ def test_async_runner_outputs_are_resolved(executor):
 
     class Pending(AsyncModelRunnerOutput):
         def get_output(self) -> ModelRunnerOutput:
-            return ModelRunnerOutput(req_ids=["x"], req_id_to_index={"x": 0},
-                                     sampled_token_ids=[[7]])
+            return ModelRunnerOutput(
+                req_ids=["x"], req_id_to_index={"x": 0}, sampled_token_ids=[[7]]
+            )
 
     out = executor.collective_rpc(lambda worker: Pending(), non_block=True).result()
     assert out[0].sampled_token_ids == [[7]]

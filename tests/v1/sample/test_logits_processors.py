@@ -1,17 +1,20 @@
 """The V1 sampler's logits edits (allowed tokens, bad words, min_tokens, logit
 bias, repetition / frequency / presence penalties) through the real persistent
 batch, against transformers' logits processors applied row by row."""
+
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
 import torch
-from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor,
-                                                    NoBadWordsLogitsProcessor,
-                                                    RepetitionPenaltyLogitsProcessor,
-                                                    SequenceBiasLogitsProcessor,
-                                                    SuppressTokensLogitsProcessor)
+from transformers.generation.logits_process import (
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
 
 from tests.utils import TINY_VOCAB
 from vllm.config import ModelConfig, VllmConfig
@@ -34,8 +37,11 @@ REQUESTS = {
     "bad": ([40, 41], [42, 43], dict()),  # bad words set directly below
     "min": ([50], [51], dict(min_tokens=4, stop_token_ids=[7, 9])),
     "bias": ([60], [], dict(logit_bias={1: 5.0, 61: -3.5, 499: 20.0})),
-    "mix": ([70, 71, 72], [73, 70, 73], dict(repetition_penalty=0.6, presence_penalty=1.2,
-                                             logit_bias={70: 2.0}, min_tokens=5)),
+    "mix": (
+        [70, 71, 72],
+        [73, 70, 73],
+        dict(repetition_penalty=0.6, presence_penalty=1.2, logit_bias={70: 2.0}, min_tokens=5),
+    ),
 }
 BAD_WORDS = {"bad": [[43, 44], [42, 43, 45], [46], [99, 43, 47]]}
 
@@ -55,16 +61,29 @@ def _params(req_id: str) -> SamplingParams:
 
 def _state(req_id: str) -> CachedRequestState:
     prompt, outputs, _ = REQUESTS[req_id]
-    return CachedRequestState(req_id=req_id, prompt_token_ids=list(prompt), mm_features=[],
-                              sampling_params=_params(req_id), generator=None,
-                              block_ids=([],), num_computed_tokens=0,
-                              output_token_ids=list(outputs))
+    return CachedRequestState(
+        req_id=req_id,
+        prompt_token_ids=list(prompt),
+        mm_features=[],
+        sampling_params=_params(req_id),
+        generator=None,
+        block_ids=([],),
+        num_computed_tokens=0,
+        output_token_ids=list(outputs),
+    )
 
 
 def _batch(vllm_config) -> InputBatch:
-    return InputBatch(max_num_reqs=16, max_model_len=64, max_num_batched_tokens=64,
-                      device=CPU, pin_memory=False, vocab_size=V, block_sizes=[16],
-                      logitsprocs=build_logitsprocs(vllm_config, CPU, False))
+    return InputBatch(
+        max_num_reqs=16,
+        max_model_len=64,
+        max_num_batched_tokens=64,
+        device=CPU,
+        pin_memory=False,
+        vocab_size=V,
+        block_sizes=[16],
+        logitsprocs=build_logitsprocs(vllm_config, CPU, False),
+    )
 
 
 def _reference_row(logits: torch.Tensor, state: CachedRequestState) -> torch.Tensor:
@@ -81,9 +100,9 @@ def _reference_row(logits: torch.Tensor, state: CachedRequestState) -> torch.Ten
     if params.bad_words_token_ids:
         scores = NoBadWordsLogitsProcessor(params.bad_words_token_ids)(out_ids, scores)
     if params.min_tokens:
-        scores = MinNewTokensLengthLogitsProcessor(len(prompt), params.min_tokens,
-                                                   sorted(params.all_stop_token_ids))(
-            all_ids, scores)
+        scores = MinNewTokensLengthLogitsProcessor(
+            len(prompt), params.min_tokens, sorted(params.all_stop_token_ids)
+        )(all_ids, scores)
     if params.logit_bias:
         bias = [[[t], b] for t, b in params.logit_bias.items()]
         scores = SequenceBiasLogitsProcessor(bias)(all_ids, scores)
@@ -100,8 +119,7 @@ def _check(batch: InputBatch, logits: torch.Tensor) -> None:
         ref = _reference_row(logits[row], _STATES[req_id])
         assert torch.equal(torch.isinf(ours[row]), torch.isinf(ref)), req_id
         finite = ~torch.isinf(ref)
-        torch.testing.assert_close(ours[row][finite], ref[finite], rtol=1e-6, atol=1e-6,
-                                   msg=req_id)
+        torch.testing.assert_close(ours[row][finite], ref[finite], rtol=1e-6, atol=1e-6, msg=req_id)
 
 
 _STATES: dict[str, CachedRequestState] = {}
@@ -135,16 +153,20 @@ def test_edits_match_transformers_and_follow_rows(vllm_config):
     batch.swap_states(0, batch.num_reqs - 1)
     _STATES["rep"] = _state("rep")
     batch.add_request(_STATES["rep"])
-    for state, new in ((_STATES["min"], [7, 7, 7]), (_STATES["bad"], [99, 43]),
-                       (_STATES["freq"], [23])):
+    for state, new in (
+        (_STATES["min"], [7, 7, 7]),
+        (_STATES["bad"], [99, 43]),
+        (_STATES["freq"], [23]),
+    ):
         state.output_token_ids.extend(new)  # the batch shares these lists
     batch.condense()
     batch.refresh_metadata()
     _check(batch, _random_logits(batch.num_reqs, 2))
     assert len(_STATES["min"].output_token_ids) >= 4  # released
     row = batch.req_id_to_index["min"]
-    ours = Sampler().apply_logits_processors(_random_logits(batch.num_reqs, 3),
-                                             batch.sampling_metadata)
+    ours = Sampler().apply_logits_processors(
+        _random_logits(batch.num_reqs, 3), batch.sampling_metadata
+    )
     assert torch.isfinite(ours[row, [EOS, 7, 9]]).all()
 
 
@@ -165,8 +187,7 @@ def test_a_row_reused_by_a_plain_request_carries_nothing_over(vllm_config):
     meta = batch.sampling_metadata
     assert meta.allowed_token_ids_mask is None and meta.no_penalties
     logits = _random_logits(1, 4)
-    torch.testing.assert_close(Sampler().apply_logits_processors(logits.clone(), meta),
-                               logits)
+    torch.testing.assert_close(Sampler().apply_logits_processors(logits.clone(), meta), logits)
 
 
 def test_greedy_sampling_sees_the_edits(vllm_config):
@@ -180,8 +201,9 @@ def test_greedy_sampling_sees_the_edits(vllm_config):
     logits = _random_logits(batch.num_reqs, 5)
     out = Sampler()(logits.clone(), batch.sampling_metadata)
     for row, req_id in enumerate(batch.req_ids):
-        assert out.sampled_token_ids[row, 0] == _reference_row(logits[row],
-                                                               _STATES[req_id]).argmax()
+        assert (
+            out.sampled_token_ids[row, 0] == _reference_row(logits[row], _STATES[req_id]).argmax()
+        )
     allowed_row = batch.req_id_to_index["allowed"]
     assert out.sampled_token_ids[allowed_row, 0] in (3, 30, 31, 400)
 
@@ -193,9 +215,14 @@ def test_penalty_token_padding_ignores_placeholders_and_foreign_ids():
     assert padded.tolist() == [[3, V, 3], [V, V, V], [V, 2, V]]
     logits = torch.full((3, V), 2.0)
     prompt = torch.full((3, 1), V)  # no prompt tokens
-    out = apply_all_penalties(logits.clone(), prompt, torch.tensor([0.5, 0.5, 0.5]),
-                              torch.tensor([1.0, 1.0, 1.0]), torch.tensor([2.0, 2.0, 2.0]),
-                              [[3, -1, 3], [], [V + 7, 2]])
+    out = apply_all_penalties(
+        logits.clone(),
+        prompt,
+        torch.tensor([0.5, 0.5, 0.5]),
+        torch.tensor([1.0, 1.0, 1.0]),
+        torch.tensor([2.0, 2.0, 2.0]),
+        [[3, -1, 3], [], [V + 7, 2]],
+    )
     # Row 0: token 3 twice -> 2 / 2 - 1 * 2 - 0.5; row 1 untouched; row 2: token 2 once.
     assert out[0, 3].item() == pytest.approx(1.0 - 2.0 - 0.5)
     assert out[2, 2].item() == pytest.approx(1.0 - 1.0 - 0.5)

@@ -1,13 +1,18 @@
 """Inverse-CDF random sampling (vllm/v1/sample/ops/topk_topp_sampler.py):
 the draw follows the distribution, never returns a zero-probability token,
 and seeded rows do not depend on their batch-mates."""
+
 import pytest
 import torch
 
-from vllm.v1.sample.ops.topk_topp_sampler import (_CDF_BLOCK, inverse_cdf_sample,
-                                                  random_sample, replace_zero_prob_tokens)
-from vllm.v1.sample.sampler import Sampler
 from tests.v1.sample.test_sampler import make_metadata
+from vllm.v1.sample.ops.topk_topp_sampler import (
+    _CDF_BLOCK,
+    inverse_cdf_sample,
+    random_sample,
+    replace_zero_prob_tokens,
+)
+from vllm.v1.sample.sampler import Sampler
 
 # The largest float64 below 1: the top of uniform_()'s range [0, 1).
 U_MAX = 1.0 - 2.0**-53
@@ -21,7 +26,7 @@ def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
     counts = torch.bincount(tokens, minlength=probs.numel()).double()
     expected = probs.double() * tokens.numel()
     live = expected > 0
-    return float(((counts[live] - expected[live])**2 / expected[live]).sum())
+    return float(((counts[live] - expected[live]) ** 2 / expected[live]).sum())
 
 
 # Under a correct sampler P(chi2_8 > 45) ~ 4e-7, and the seed is fixed, so this
@@ -65,15 +70,16 @@ def test_unnormalised_rows_and_a_long_vocab():
     assert counts.sum() == counts[[3, _CDF_BLOCK, 3 * _CDF_BLOCK - 1, vocab - 1]].sum()
     expected = torch.tensor([0.5, 0.25, 0.125, 0.125]) * DRAWS
     got = counts[[3, _CDF_BLOCK, 3 * _CDF_BLOCK - 1, vocab - 1]].double()
-    assert float(((got - expected)**2 / expected).sum()) < 35.0  # 3 dof: p ~ 1e-7
+    assert float(((got - expected) ** 2 / expected).sum()) < 35.0  # 3 dof: p ~ 1e-7
 
 
 @pytest.mark.parametrize("vocab", [1, 7, _CDF_BLOCK, _CDF_BLOCK + 1, 3 * _CDF_BLOCK + 5])
 def test_one_hot_rows_always_return_their_token(vocab):
     # Every position (first, last, either side of a block boundary) as the
     # only token, at the extremes of the uniform and in between.
-    positions = sorted({0, vocab - 1, min(_CDF_BLOCK - 1, vocab - 1),
-                        min(_CDF_BLOCK, vocab - 1), vocab // 2})
+    positions = sorted(
+        {0, vocab - 1, min(_CDF_BLOCK - 1, vocab - 1), min(_CDF_BLOCK, vocab - 1), vocab // 2}
+    )
     probs = torch.zeros(len(positions), vocab)
     probs[torch.arange(len(positions)), torch.tensor(positions)] = 1.0
     for u in (0.0, 1e-300, 0.5, U_MAX):
@@ -91,12 +97,14 @@ def test_zero_probability_tokens_are_never_returned():
     probs[torch.rand(64, vocab, generator=gen) < 0.67] = 0.0
     probs[:, :300] = 0.0
     probs[:, -150:] = 0.0
-    probs[:, 2 * _CDF_BLOCK:3 * _CDF_BLOCK] = 0.0
+    probs[:, 2 * _CDF_BLOCK : 3 * _CDF_BLOCK] = 0.0
     probs[0, 1000] = 1e-30  # a lone, tiny survivor
     probs[0, 300:1000] = 0.0
     probs[0, 1001:] = 0.0
-    uniforms = [torch.zeros(64, 1, dtype=torch.float64),
-                torch.full((64, 1), U_MAX, dtype=torch.float64)]
+    uniforms = [
+        torch.zeros(64, 1, dtype=torch.float64),
+        torch.full((64, 1), U_MAX, dtype=torch.float64),
+    ]
     uniforms += [torch.rand(64, 1, dtype=torch.float64, generator=gen) for _ in range(200)]
     for u in uniforms:
         tokens = inverse_cdf_sample(probs, u)
@@ -135,8 +143,7 @@ def test_replace_zero_prob_tokens():
     assert replace_zero_prob_tokens(probs, token).view(-1).tolist() == [1, 2, 0]
 
 
-def _sampler_tokens(seed_row: int, batch: int, step_seed: int,
-                    gen: torch.Generator) -> int:
+def _sampler_tokens(seed_row: int, batch: int, step_seed: int, gen: torch.Generator) -> int:
     """One step of the full Sampler (top-p, a greedy batch-mate) with a seeded
     request at `seed_row` among unseeded ones; returns the seeded row's token."""
     logits = torch.randn(batch, 500, generator=torch.Generator().manual_seed(step_seed)) * 3

@@ -1,4 +1,5 @@
 """Sampler: greedy, temperature, seeded sampling and logprobs."""
+
 import pytest
 import torch
 
@@ -8,8 +9,15 @@ from vllm.v1.sample.sampler import Sampler
 VOCAB = 64
 
 
-def make_metadata(temperatures: list[float], *, top_k=None, top_p=None, min_p=None,
-                  generators=None, max_num_logprobs=None) -> SamplingMetadata:
+def make_metadata(
+    temperatures: list[float],
+    *,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    generators=None,
+    max_num_logprobs=None,
+) -> SamplingMetadata:
     greedy = [t < 1e-5 for t in temperatures]
     return SamplingMetadata(
         temperature=None if all(greedy) else torch.tensor(temperatures),
@@ -95,8 +103,9 @@ def _seeded_run(row: int, batch_size: int, steps: int = 6) -> list[int]:
     for step in range(steps):
         logits = random_logits(batch_size, seed=1000 + step + batch_size)
         logits[row] = target[0]
-        meta = make_metadata([0.8] * batch_size, top_k=[VOCAB // 2] * batch_size,
-                             generators={row: gen})
+        meta = make_metadata(
+            [0.8] * batch_size, top_k=[VOCAB // 2] * batch_size, generators={row: gen}
+        )
         out.append(Sampler()(logits, meta).sampled_token_ids[row, 0].item())
     return out
 

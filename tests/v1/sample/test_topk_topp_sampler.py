@@ -1,12 +1,15 @@
 """Top-k / top-p / min-p filtering against transformers' logits warpers, and
 the exponential-race sampler's distribution."""
+
 import pytest
 import torch
-from transformers.generation.logits_process import (MinPLogitsWarper, TopKLogitsWarper,
-                                                    TopPLogitsWarper)
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
-from vllm.v1.sample.ops.topk_topp_sampler import (apply_top_k_only, apply_top_k_top_p,
-                                                  random_sample)
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_only, apply_top_k_top_p, random_sample
 from vllm.v1.sample.sampler import Sampler
 
 VOCAB = 257
@@ -150,8 +153,9 @@ def test_top_p_candidates_path_declines_what_it_cannot_decide():
     assert not ops._top_k_top_p_from_candidates(logits.clone(), torch.tensor([300, 5]), p)
     assert not ops._top_k_top_p_from_candidates(flat.clone(), torch.tensor([10, 10]), p)
     # All tied: top-k keeps every token, then top-p keeps 900 of them.
-    assert _mask_of(apply_top_k_top_p(flat.clone(), torch.tensor([10, 10]),
-                                      p)).sum(-1).tolist() == [900, 900]
+    assert _mask_of(apply_top_k_top_p(flat.clone(), torch.tensor([10, 10]), p)).sum(
+        -1
+    ).tolist() == [900, 900]
     # Only p = 1 and no top-k: the rows are left as they are.
     out = logits.clone()
     assert ops._top_k_top_p_from_candidates(out, None, torch.ones(2))

@@ -4,6 +4,7 @@
 The model is registered out of tree at import time, so the spawned engine
 core (which re-imports this file as its main module) has it too.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """A forward pass that raises inside the engine core (upstream:
 tests/v1/shutdown/test_forward_error.py, through the server): in-flight
 requests end with an error, /health answers 503, no process is left."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,28 +12,38 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.entrypoints.openai.conftest import (RemoteOpenAIServer, default_server_args,
-                                               wait_exited)
+from tests.entrypoints.openai.conftest import RemoteOpenAIServer, default_server_args, wait_exited
 
 LAUNCHER = [sys.executable, str(Path(__file__).with_name("raising_model_server.py"))]
 # Late enough to get past start-up (warm-up passes) and into the requests.
 RAISE_ON_CALL = 40
-BODY = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 300,
-        "min_tokens": 300, "ignore_eos": True}
+BODY = {
+    "model": "tiny",
+    "prompt": "The quick brown fox",
+    "max_tokens": 300,
+    "min_tokens": 300,
+    "ignore_eos": True,
+}
 
 
 def _start(model_dir: str, template: str, keep_alive: bool) -> RemoteOpenAIServer:
-    env = {"VLLM_TEST_RAISE_ON_FORWARD": str(RAISE_ON_CALL),
-           "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1" if keep_alive else "0"}
-    return RemoteOpenAIServer(model_dir, default_server_args(template)
-                              + ["--served-model-name", "tiny"], env=env,
-                              launcher=LAUNCHER)
+    env = {
+        "VLLM_TEST_RAISE_ON_FORWARD": str(RAISE_ON_CALL),
+        "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1" if keep_alive else "0",
+    }
+    return RemoteOpenAIServer(
+        model_dir,
+        default_server_args(template) + ["--served-model-name", "tiny"],
+        env=env,
+        launcher=LAUNCHER,
+    )
 
 
 async def _in_flight(server: RemoteOpenAIServer) -> tuple[list[int], list[str]]:
     """Two plain and two streaming requests that the failure interrupts."""
     url = server.url_for("v1/completions")
     async with httpx.AsyncClient(timeout=60) as client:
+
         async def plain() -> int:
             return (await client.post(url, json=BODY)).status_code
 

@@ -1,6 +1,7 @@
 """`LLM` runs its engine core in a child process by default; however the
 front end goes away (normal exit without shutdown(), or SIGKILL), the engine
 core does not outlive it."""
+
 from __future__ import annotations
 
 import subprocess
@@ -29,8 +30,13 @@ if sys.argv[2] == "kill":
 
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_engine_core_does_not_outlive_front_end(tiny_model_dir, how):
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, tiny_model_dir("llama"), how],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, tiny_model_dir("llama"), how],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == (0 if how == "exit" else -9), proc.stderr[-2000:]
     (engine_pid,) = [int(line) for line in proc.stdout.splitlines() if line.isdigit()]
     try:

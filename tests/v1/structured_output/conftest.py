@@ -1,6 +1,7 @@
 """Shared fixtures of the structured output tests: one byte-level tokenizer
 (every byte is a token, so JSON punctuation and letters all exist) and an
 xgrammar backend over it, built once per session."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 first-token mask allows exactly the tokens the grammar allows, a matcher
 walks to termination, errors are clear ValueErrors and the compiled-grammar
 cache stays bounded."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,7 @@ from tests.v1.structured_output.conftest import PADDED_VOCAB
 from vllm.config import VllmConfig
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm.v1.structured_output.backend_types import StructuredOutputOptions as Opt
-from vllm.v1.structured_output.backend_xgrammar import (XgrammarBackend,
-                                                        validate_xgrammar_grammar)
+from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend, validate_xgrammar_grammar
 
 EOS = 0
 
@@ -36,8 +36,11 @@ def token_texts(tokenizer) -> dict[int, str]:
 def expected_first_tokens(tokenizer, language: list[str]) -> set[int]:
     """Tokens a finite language allows first: a non-empty prefix of a member
     (EOS when the empty string is a member)."""
-    ids = {i for i, s in token_texts(tokenizer).items()
-           if s and "\ufffd" not in s and any(w.startswith(s) for w in language)}
+    ids = {
+        i
+        for i, s in token_texts(tokenizer).items()
+        if s and "\ufffd" not in s and any(w.startswith(s) for w in language)
+    }
     return ids | ({EOS} if "" in language else set())
 
 
@@ -57,24 +60,33 @@ def finish(grammar) -> None:
     assert allowed_ids(grammar) == {EOS}  # EOS-only row after termination
 
 
-@pytest.mark.parametrize("kind,spec,language", [
-    (Opt.REGEX, "ab|cd|def", ["ab", "cd", "def"]),
-    (Opt.CHOICE, json.dumps(["yes", "no", 'say "hi"\\', "a\nb"]),
-     ["yes", "no", 'say "hi"\\', "a\nb"]),
-    (Opt.GRAMMAR, 'root ::= "x" ("1" | "22")', ["x1", "x22"]),
-    (Opt.GRAMMAR, 'start: "q" | "r" "s"', ["q", "rs"]),  # Lark
-])
+@pytest.mark.parametrize(
+    "kind,spec,language",
+    [
+        (Opt.REGEX, "ab|cd|def", ["ab", "cd", "def"]),
+        (
+            Opt.CHOICE,
+            json.dumps(["yes", "no", 'say "hi"\\', "a\nb"]),
+            ["yes", "no", 'say "hi"\\', "a\nb"],
+        ),
+        (Opt.GRAMMAR, 'root ::= "x" ("1" | "22")', ["x1", "x22"]),
+        (Opt.GRAMMAR, 'start: "q" | "r" "s"', ["q", "rs"]),  # Lark
+    ],
+)
 def test_finite_language_first_mask_is_exact(xgr_backend, so_tokenizer, kind, spec, language):
     grammar = xgr_backend.compile_grammar(kind, spec)
     assert allowed_ids(grammar) == expected_first_tokens(so_tokenizer, language)
 
 
-@pytest.mark.parametrize("kind,spec,text", [
-    (Opt.REGEX, "a[0-9]+z", "a12z"),
-    (Opt.CHOICE, json.dumps(["yes", 'say "hi"\\']), 'say "hi"\\'),
-    (Opt.GRAMMAR, 'root ::= "a" ("b" | "c")* "d"', "abcbd"),
-    (Opt.JSON_OBJECT, "", '{"a": [1, 2.5, "x"], "b": {"c": null}}'),
-])
+@pytest.mark.parametrize(
+    "kind,spec,text",
+    [
+        (Opt.REGEX, "a[0-9]+z", "a12z"),
+        (Opt.CHOICE, json.dumps(["yes", 'say "hi"\\']), 'say "hi"\\'),
+        (Opt.GRAMMAR, 'root ::= "a" ("b" | "c")* "d"', "abcbd"),
+        (Opt.JSON_OBJECT, "", '{"a": [1, 2.5, "x"], "b": {"c": null}}'),
+    ],
+)
 def test_drive_to_termination(xgr_backend, so_tokenizer, kind, spec, text):
     grammar = xgr_backend.compile_grammar(kind, spec)
     drive(grammar, so_tokenizer, text)
@@ -82,13 +94,16 @@ def test_drive_to_termination(xgr_backend, so_tokenizer, kind, spec, text):
     assert grammar.num_processed_tokens == len(so_tokenizer.encode(text)) + 1
 
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
-                                           "age": {"type": "integer"}},
-          "required": ["name", "age"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
 
 
-@pytest.mark.parametrize("spec", [json.dumps(SCHEMA),
-                                  StructuredOutputsParams(json=SCHEMA).json_str])
+@pytest.mark.parametrize(
+    "spec", [json.dumps(SCHEMA), StructuredOutputsParams(json=SCHEMA).json_str]
+)
 def test_json_schema_object_completes(xgr_backend, so_tokenizer, spec):
     grammar = xgr_backend.compile_grammar(Opt.JSON, spec)
     first = {so_tokenizer.decode([t]) for t in allowed_ids(grammar)}
@@ -101,11 +116,12 @@ def test_json_schema_rejects_a_wrong_type_and_an_extra_key(xgr_backend, so_token
     grammar = xgr_backend.compile_grammar(Opt.JSON, json.dumps(SCHEMA))
     good = so_tokenizer.encode('{"name": ', add_special_tokens=False)
     bad = so_tokenizer.encode('{"name": 5', add_special_tokens=False)
-    assert bad[:len(good)] == good
+    assert bad[: len(good)] == good
     assert grammar.validate_tokens(bad) == good  # stops at the 5; state unchanged
     assert grammar.num_processed_tokens == 0
-    assert allowed_ids(grammar) == allowed_ids(xgr_backend.compile_grammar(
-        Opt.JSON, json.dumps(SCHEMA)))
+    assert allowed_ids(grammar) == allowed_ids(
+        xgr_backend.compile_grammar(Opt.JSON, json.dumps(SCHEMA))
+    )
     extra = so_tokenizer.encode('{"name": "b", "age": 1, "x"', add_special_tokens=False)
     assert len(grammar.validate_tokens(extra)) < len(extra)
 
@@ -115,14 +131,17 @@ def test_whitespace_options(xgr_backend, so_tokenizer):
     open_brace = so_tokenizer.convert_tokens_to_ids("{")
     loose = xgr_backend.compile_grammar(Opt.JSON, json.dumps(SCHEMA))
     tight = xgr_backend.compile_grammar(
-        Opt.JSON, json.dumps(SCHEMA),
-        params=StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True))
+        Opt.JSON,
+        json.dumps(SCHEMA),
+        params=StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True),
+    )
     for g in (loose, tight):
         assert g.accept_tokens("r", [open_brace])
     assert space in allowed_ids(loose) and space not in allowed_ids(tight)
     with pytest.raises(ValueError, match="whitespace_pattern"):
-        xgr_backend.compile_grammar(Opt.JSON, "{}", params=StructuredOutputsParams(
-            json={}, whitespace_pattern=r"[ ]?"))
+        xgr_backend.compile_grammar(
+            Opt.JSON, "{}", params=StructuredOutputsParams(json={}, whitespace_pattern=r"[ ]?")
+        )
 
 
 def test_config_disable_any_whitespace(so_tokenizer):
@@ -135,8 +154,9 @@ def test_config_disable_any_whitespace(so_tokenizer):
 
 
 def test_structural_tag_compiles(xgr_backend, so_tokenizer):
-    spec = json.dumps({"structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}],
-                       "triggers": ["<f>"]})
+    spec = json.dumps(
+        {"structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}], "triggers": ["<f>"]}
+    )
     grammar = xgr_backend.compile_grammar(Opt.STRUCTURAL_TAG, spec)
     assert so_tokenizer.convert_tokens_to_ids("a") in allowed_ids(grammar)  # free text
     drive(grammar, so_tokenizer, 'hi <f>{"name": "x", "age": 1}</f>')
@@ -175,39 +195,53 @@ def test_after_termination_only_eos_is_accepted(xgr_backend, so_tokenizer):
     assert grammar.validate_tokens([EOS]) == []
 
 
-@pytest.mark.parametrize("kind,spec,message", [
-    (Opt.REGEX, "foo**", "repetition"),
-    (Opt.REGEX, "[a-", "Unclosed"),
-    (Opt.JSON, '{"type": "intege"}', "intege"),
-    (Opt.JSON, "{bad", "JSON"),
-    (Opt.GRAMMAR, "root ::= foo", "not defined"),
-])
+@pytest.mark.parametrize(
+    "kind,spec,message",
+    [
+        (Opt.REGEX, "foo**", "repetition"),
+        (Opt.REGEX, "[a-", "Unclosed"),
+        (Opt.JSON, '{"type": "intege"}', "intege"),
+        (Opt.JSON, "{bad", "JSON"),
+        (Opt.GRAMMAR, "root ::= foo", "not defined"),
+    ],
+)
 def test_compile_errors_are_value_errors(xgr_backend, kind, spec, message):
     with pytest.raises(ValueError, match=message) as info:
         xgr_backend.compile_grammar(kind, spec)
     assert ".cc:" not in str(info.value)  # no C++ source location in the message
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(regex="foo**"), "structured_outputs.regex.*repetition"),
-    (dict(json="{bad"), "not JSON"),
-    (dict(json={"type": "intege"}), "structured_outputs.json"),
-    (dict(grammar="root ::= foo"), "structured_outputs.grammar"),
-    (dict(grammar="start: missing_rule"), "structured_outputs.grammar"),
-    (dict(json=SCHEMA, whitespace_pattern=" *"), "whitespace_pattern"),
-    (dict(structural_tag="{x"), "structural_tag"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(regex="foo**"), "structured_outputs.regex.*repetition"),
+        (dict(json="{bad"), "not JSON"),
+        (dict(json={"type": "intege"}), "structured_outputs.json"),
+        (dict(grammar="root ::= foo"), "structured_outputs.grammar"),
+        (dict(grammar="start: missing_rule"), "structured_outputs.grammar"),
+        (dict(json=SCHEMA, whitespace_pattern=" *"), "whitespace_pattern"),
+        (dict(structural_tag="{x"), "structural_tag"),
+    ],
+)
 def test_validate_refuses(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        validate_xgrammar_grammar(SamplingParams(
-            structured_outputs=StructuredOutputsParams(**kwargs)))
+        validate_xgrammar_grammar(
+            SamplingParams(structured_outputs=StructuredOutputsParams(**kwargs))
+        )
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(regex="(a+)+b"),  # ReDoS for backtracking engines; an automaton here
-    dict(json=SCHEMA), dict(json=json.dumps(SCHEMA)), dict(json_object=True),
-    dict(choice=['a"b', "c\\d"]), dict(grammar='root ::= "a"'), dict(grammar='start: "a"'),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(regex="(a+)+b"),  # ReDoS for backtracking engines; an automaton here
+        dict(json=SCHEMA),
+        dict(json=json.dumps(SCHEMA)),
+        dict(json_object=True),
+        dict(choice=['a"b', "c\\d"]),
+        dict(grammar='root ::= "a"'),
+        dict(grammar='start: "a"'),
+    ],
+)
 def test_validate_accepts(kwargs, xgr_backend, so_tokenizer):
     validate_xgrammar_grammar(SamplingParams(structured_outputs=StructuredOutputsParams(**kwargs)))
     validate_xgrammar_grammar(SamplingParams())  # no constraint: nothing to check
@@ -221,13 +255,16 @@ def test_redos_regex_matches_in_linear_steps(xgr_backend, so_tokenizer):
 
 def test_compiled_grammar_cache_stays_bounded(so_tokenizer):
     limit = 256 * 1024
-    backend = XgrammarBackend(VllmConfig(), tokenizer=so_tokenizer, vocab_size=PADDED_VOCAB,
-                              cache_limit_bytes=limit)
+    backend = XgrammarBackend(
+        VllmConfig(), tokenizer=so_tokenizer, vocab_size=PADDED_VOCAB, cache_limit_bytes=limit
+    )
     sizes = []
     for i in range(300):
-        schema = {"type": "object", "properties": {f"key_{i}": {"type": "string"},
-                                                   "n": {"type": "integer"}},
-                  "required": [f"key_{i}"]}
+        schema = {
+            "type": "object",
+            "properties": {f"key_{i}": {"type": "string"}, "n": {"type": "integer"}},
+            "required": [f"key_{i}"],
+        }
         backend.compile_grammar(Opt.JSON, json.dumps(schema))
         sizes.append(backend.cache_size_bytes())
     # Unbounded, the cache would hold every entry: far beyond the limit.

@@ -8,6 +8,7 @@ lags one token allows the wrong continuation). Both model runners, the
 synchronous step and the batch queue (async scheduling), and the
 multiprocess executor (GrammarOutput crossing to worker processes).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,10 @@ CHOICES = ["alpha", "beta gamma", "delta"]
 GRAMMAR = 'root ::= "(" num ("," num)? ")"\nnum ::= [0-9] [0-9]?'
 GRAMMAR_RE = r"\(\d\d?(,\d\d?)?\)"
 PROMPT = "Hello world"
-UNSTRUCTURED = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
-                SamplingParams(temperature=0.8, seed=7, max_tokens=10, ignore_eos=True)]
+UNSTRUCTURED = [
+    SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
+    SamplingParams(temperature=0.8, seed=7, max_tokens=10, ignore_eos=True),
+]
 
 
 def _check_json(text: str) -> None:
@@ -59,26 +62,28 @@ CHECKS = {
 }
 
 
-def _structured(kind: str, temperature: float = 0.0, seed: int | None = None
-                ) -> SamplingParams:
-    so = {"json": StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True),
-          "regex": StructuredOutputsParams(regex=REGEX),
-          "choice": StructuredOutputsParams(choice=CHOICES),
-          "grammar": StructuredOutputsParams(grammar=GRAMMAR)}[kind]
-    return SamplingParams(temperature=temperature, seed=seed, max_tokens=64,
-                          structured_outputs=so)
+def _structured(kind: str, temperature: float = 0.0, seed: int | None = None) -> SamplingParams:
+    so = {
+        "json": StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True),
+        "regex": StructuredOutputsParams(regex=REGEX),
+        "choice": StructuredOutputsParams(choice=CHOICES),
+        "grammar": StructuredOutputsParams(grammar=GRAMMAR),
+    }[kind]
+    return SamplingParams(temperature=temperature, seed=seed, max_tokens=64, structured_outputs=so)
 
 
 # Each kind greedy and sampled, then the unstructured requests.
 KINDS = [kind for kind in CHECKS for _ in range(2)]
-MIXED = ([_structured(kind, *((0.0, None) if i % 2 == 0 else (1.0, i)))
-          for i, kind in enumerate(KINDS)] + UNSTRUCTURED)
+MIXED = [
+    _structured(kind, *((0.0, None) if i % 2 == 0 else (1.0, i))) for i, kind in enumerate(KINDS)
+] + UNSTRUCTURED
 
 
 def _generate(llm: LLM, params: list[SamplingParams]) -> list[tuple[str, list[int], str]]:
     outs = llm.generate([PROMPT] * len(params), params, use_tqdm=False)
-    return [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
-            for o in outs]
+    return [
+        (o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs
+    ]
 
 
 def _check_mixed(results: list[tuple[str, list[int], str]]) -> None:
@@ -106,9 +111,16 @@ def _make_llm(model_dir: str, runner: str, engine_process: bool = False, **kwarg
         # A long prompt is prefilled 8 tokens a step while short ones decode:
         # the runners put decodes first, so batch rows differ from the
         # scheduler's order (see test_rows_follow_request_ids_...).
-        return LLM(model=model_dir, dtype="float32", max_model_len=256, max_num_seqs=16,
-                   max_num_batched_tokens=64, long_prefill_token_threshold=8, seed=0,
-                   **kwargs)
+        return LLM(
+            model=model_dir,
+            dtype="float32",
+            max_model_len=256,
+            max_num_seqs=16,
+            max_num_batched_tokens=64,
+            long_prefill_token_threshold=8,
+            seed=0,
+            **kwargs,
+        )
 
 
 @pytest.fixture(scope="module", params=["0", "1"], ids=["v1", "v2"])
@@ -135,7 +147,7 @@ def test_structured_outputs_are_valid_and_finish(sync_results):
 def test_unstructured_batch_mates_get_their_own_tokens(sync_llm, sync_results):
     """Requests without a grammar are untouched by their structured batch-mates."""
     alone = _generate(sync_llm, UNSTRUCTURED)
-    mixed = sync_results[len(KINDS):]
+    mixed = sync_results[len(KINDS) :]
     assert [tokens for _, tokens, _ in mixed] == [tokens for _, tokens, _ in alone]
 
 
@@ -148,8 +160,7 @@ def test_rows_follow_request_ids_when_the_batch_is_reordered(sync_llm):
     long_prompt = TokensPrompt(prompt_token_ids=[(7 * i) % 500 + 1 for i in range(60)])
     kinds = ["regex", "json", "grammar", "choice"]
     params = [_structured(kind) for kind in kinds] + UNSTRUCTURED[:1]
-    outs = sync_llm.generate([long_prompt] + [PROMPT] * (len(params) - 1), params,
-                             use_tqdm=False)
+    outs = sync_llm.generate([long_prompt] + [PROMPT] * (len(params) - 1), params, use_tqdm=False)
     for kind, out in zip(kinds, outs):
         assert out.outputs[0].finish_reason == "stop", (kind, out.outputs[0].text)
         CHECKS[kind](out.outputs[0].text)
@@ -163,8 +174,7 @@ def test_compile_failure_is_a_request_error(sync_llm, monkeypatch):
     from vllm.v1.structured_output import backend_xgrammar
 
     monkeypatch.setattr(backend_xgrammar, "validate_xgrammar_grammar", lambda params: None)
-    bad = SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(
-        regex="foo**"))
+    bad = SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(regex="foo**"))
     results = _generate(sync_llm, [bad, UNSTRUCTURED[0]])
     assert results[0] == ("", [], "error")
     assert results[1][2] == "length" and len(results[1][1]) == 10
@@ -172,13 +182,16 @@ def test_compile_failure_is_a_request_error(sync_llm, monkeypatch):
     assert finish_reason == "stop" and re.fullmatch(REGEX, text)
 
 
-def test_batch_queue_defers_sampling_until_grammars_advance(tiny_model_dir, runner,
-                                                            sync_results):
+def test_batch_queue_defers_sampling_until_grammars_advance(tiny_model_dir, runner, sync_results):
     """Async scheduling: each step's bitmask is built only once the grammars
     have taken the tokens of every step before it, while steps still overlap.
     Greedy outputs equal the synchronous engine's."""
-    llm = _make_llm(tiny_model_dir("qwen2"), runner, async_scheduling=True,
-                    distributed_executor_backend=SlowUniProcExecutor)
+    llm = _make_llm(
+        tiny_model_dir("qwen2"),
+        runner,
+        async_scheduling=True,
+        distributed_executor_backend=SlowUniProcExecutor,
+    )
     try:
         core = llm.llm_engine.engine_core.engine_core
         assert core.batch_queue is not None
@@ -227,8 +240,13 @@ def test_multiprocess_executor(tiny_model_dir, runner, sync_results):
     in-process engine's. Under V2 the engine core runs in its own process
     too (the constraints cross the front end's ZMQ sockets)."""
     engine_process = runner == "1"
-    llm = _make_llm(tiny_model_dir("qwen2"), runner, engine_process=engine_process,
-                    distributed_executor_backend="mp", tensor_parallel_size=2)
+    llm = _make_llm(
+        tiny_model_dir("qwen2"),
+        runner,
+        engine_process=engine_process,
+        distributed_executor_backend="mp",
+        tensor_parallel_size=2,
+    )
     try:
         if not engine_process:
             executor = llm.llm_engine.engine_core.engine_core.model_executor

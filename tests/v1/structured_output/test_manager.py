@@ -1,6 +1,7 @@
 """StructuredOutputManager on a tiny model: lazy backend, compilation in the
 thread pool, compile errors captured on the request, and the per-step
 bitmask in the requested order."""
+
 from __future__ import annotations
 
 import time
@@ -35,8 +36,9 @@ def manager(vllm_config):
 def make_request(req_id: str, backend: str | None = "xgrammar", **constraint) -> Request:
     so = StructuredOutputsParams(**constraint)
     so._backend = backend
-    return Request(req_id, [1, 2, 3], SamplingParams(max_tokens=8, structured_outputs=so),
-                   eos_token_id=EOS)
+    return Request(
+        req_id, [1, 2, 3], SamplingParams(max_tokens=8, structured_outputs=so), eos_token_id=EOS
+    )
 
 
 def wait_ready(request: Request) -> None:
@@ -109,11 +111,14 @@ def test_spec_tokens_get_one_row_each_and_state_is_restored(manager):
     assert request.structured_output_request.grammar.num_processed_tokens == 0
 
 
-@pytest.mark.parametrize("constraint,message", [
-    (dict(regex="foo**"), "repetition"),
-    (dict(json='{"type": "intege"}'), "intege"),
-    (dict(grammar="root ::= nothing"), "not defined"),
-])
+@pytest.mark.parametrize(
+    "constraint,message",
+    [
+        (dict(regex="foo**"), "repetition"),
+        (dict(json='{"type": "intege"}'), "intege"),
+        (dict(grammar="root ::= nothing"), "not defined"),
+    ],
+)
 def test_compile_errors_land_on_the_request(manager, constraint, message):
     bad = make_request("bad", **constraint)
     manager.grammar_init(bad)  # never raises
@@ -135,8 +140,11 @@ def test_unbuilt_backend_is_a_compile_error(manager):
 
 
 def test_skip_tokenizer_init_is_refused(tiny_model_dir):
-    config = VllmConfig(model_config=ModelConfig(model=tiny_model_dir("llama"),
-                                                 dtype="float32", skip_tokenizer_init=True))
+    config = VllmConfig(
+        model_config=ModelConfig(
+            model=tiny_model_dir("llama"), dtype="float32", skip_tokenizer_init=True
+        )
+    )
     request = make_request("k", regex="a")
     StructuredOutputManager(config).grammar_init(request)
     assert "skip_tokenizer_init" in request.structured_output_request.compile_error
@@ -164,8 +172,9 @@ def test_gguf_model_tokenizer(embedded_model_path):
     """The tokenizer comes from the engine's loader, GGUF files included."""
     config = VllmConfig(model_config=ModelConfig(model=embedded_model_path))
     manager = StructuredOutputManager(config)
-    request = make_request("g", json={"type": "object", "properties": {
-        "a": {"type": "integer"}}, "required": ["a"]})
+    request = make_request(
+        "g", json={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    )
     manager.grammar_init(request)
     wait_ready(request)
     grammar = request.structured_output_request.grammar
@@ -182,9 +191,11 @@ def test_request_state_without_the_manager():
     from concurrent.futures import Future
 
     from vllm.v1.structured_output.request import StructuredOutputRequest
+
     assert StructuredOutputRequest.from_sampling_params(SamplingParams()) is None
-    so = StructuredOutputRequest.from_sampling_params(SamplingParams(
-        structured_outputs=StructuredOutputsParams(choice=["a", "b"])))
+    so = StructuredOutputRequest.from_sampling_params(
+        SamplingParams(structured_outputs=StructuredOutputsParams(choice=["a", "b"]))
+    )
     assert so is not None and so.structured_output_key[1] == '["a", "b"]'
     assert so.is_grammar_ready is False and so.grammar is None  # nothing started
     future: Future = Future()

@@ -1,5 +1,6 @@
 """StructuredOutputsParams validation, its trip through the engine's msgpack
 codec, StructuredOutputsConfig and GrammarOutput on the wire."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,19 +31,34 @@ def test_exactly_one_kind_is_accepted(kwargs):
     assert getattr(params, next(iter(kwargs))) == next(iter(kwargs.values()))
 
 
-@pytest.mark.parametrize("kwargs", [
-    {}, dict(json_object=False), dict(regex="a", choice=["b"]),
-    dict(json=SCHEMA, json_object=True), dict(grammar='root ::= "a"', regex="a"),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        dict(json_object=False),
+        dict(regex="a", choice=["b"]),
+        dict(json=SCHEMA, json_object=True),
+        dict(grammar='root ::= "a"', regex="a"),
+    ],
+)
 def test_zero_or_several_kinds_are_refused(kwargs):
     with pytest.raises(VLLMValidationError, match="one kind of structured outputs"):
         StructuredOutputsParams(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(regex={1: "a"}), dict(regex=3), dict(choice=[]), dict(choice=["a", 1]),
-    dict(choice="ab"), dict(json=5), dict(json_object="yes"), dict(grammar=["x"]),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(regex={1: "a"}),
+        dict(regex=3),
+        dict(choice=[]),
+        dict(choice=["a", 1]),
+        dict(choice="ab"),
+        dict(json=5),
+        dict(json_object="yes"),
+        dict(grammar=["x"]),
+    ],
+)
 def test_wrong_types_are_refused(kwargs):
     with pytest.raises(ValueError):
         StructuredOutputsParams(**kwargs)
@@ -90,8 +106,9 @@ def test_config_defaults_and_refused_backends():
     assert StructuredOutputsConfig().backend == "auto"
     assert StructuredOutputsConfig(backend="xgrammar").backend == "xgrammar"
     for name in ("guidance", "outlines", "lm-format-enforcer"):
-        with pytest.raises(ValueError, match="not built in this implementation; use "
-                                             "'xgrammar' or 'auto'"):
+        with pytest.raises(
+            ValueError, match="not built in this implementation; use 'xgrammar' or 'auto'"
+        ):
             StructuredOutputsConfig(backend=name)
     with pytest.raises(ValueError, match="Unknown structured outputs backend"):
         StructuredOutputsConfig(backend="nope")

@@ -1,5 +1,6 @@
 """apply_grammar_bitmask on the V1 runner's real InputBatch, and the grammar
 text helpers."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,22 +9,39 @@ import torch
 
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-from vllm.v1.structured_output.utils import (apply_grammar_bitmask, choice_as_grammar,
-                                             grammar_is_likely_lark)
+from vllm.v1.structured_output.utils import (
+    apply_grammar_bitmask,
+    choice_as_grammar,
+    grammar_is_likely_lark,
+)
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
 VOCAB = 70  # 3 bitmask words (96 bits) cover it
 
 
 def make_batch(req_ids: list[str]) -> InputBatch:
-    batch = InputBatch(max_num_reqs=8, max_model_len=16, max_num_batched_tokens=32,
-                       device=torch.device("cpu"), pin_memory=False, vocab_size=VOCAB,
-                       block_sizes=[16])
+    batch = InputBatch(
+        max_num_reqs=8,
+        max_model_len=16,
+        max_num_batched_tokens=32,
+        device=torch.device("cpu"),
+        pin_memory=False,
+        vocab_size=VOCAB,
+        block_sizes=[16],
+    )
     for req_id in req_ids:
-        batch.add_request(CachedRequestState(
-            req_id=req_id, prompt_token_ids=[1, 2], mm_features=[],
-            sampling_params=SamplingParams(), generator=None, block_ids=([0],),
-            num_computed_tokens=0, output_token_ids=[]))
+        batch.add_request(
+            CachedRequestState(
+                req_id=req_id,
+                prompt_token_ids=[1, 2],
+                mm_features=[],
+                sampling_params=SamplingParams(),
+                generator=None,
+                block_ids=([0],),
+                num_computed_tokens=0,
+                output_token_ids=[],
+            )
+        )
     return batch
 
 
@@ -83,8 +101,7 @@ def test_spec_tokens_shift_rows_and_unknown_requests_are_skipped():
     batch = make_batch(["a", "b", "c"])
     sched = SchedulerOutput.make_empty()
     sched.scheduled_spec_decode_tokens = {"a": [4, 5]}  # rows 0-2 are a's, b is 3, c is 4
-    output = GrammarOutput(["gone", "a", "c"],
-                           bitmask_allowing([{9}, {1}, {2}, {3}, {4}]))
+    output = GrammarOutput(["gone", "a", "c"], bitmask_allowing([{9}, {1}, {2}, {3}, {4}]))
     logits = torch.randn(5, VOCAB)
     before = logits.clone()
     apply_grammar_bitmask(sched, output, batch, logits)
@@ -103,8 +120,10 @@ def test_holes_in_the_batch_have_no_logits_row():
 
 
 def test_choice_as_grammar_escapes():
-    assert choice_as_grammar(["a", 'b"c', "d\\e", "f\ng"]) == \
-        'root ::= "a" | "b\\"c" | "d\\\\e" | "f\\ng"'
+    assert (
+        choice_as_grammar(["a", 'b"c', "d\\e", "f\ng"])
+        == 'root ::= "a" | "b\\"c" | "d\\\\e" | "f\\ng"'
+    )
     with pytest.raises(ValueError):
         choice_as_grammar([])
 
@@ -119,8 +138,9 @@ def test_grammar_is_likely_lark():
 def random_case(rows: int, vocab: int, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     words = (vocab + 31) // 32
-    bitmask = torch.randint(-2**31, 2**31 - 1, (rows, words), generator=gen,
-                            dtype=torch.int64).to(torch.int32)
+    bitmask = torch.randint(
+        -(2**31), 2**31 - 1, (rows, words), generator=gen, dtype=torch.int64
+    ).to(torch.int32)
     return torch.randn(rows, vocab + 5, generator=gen), bitmask
 
 
@@ -128,6 +148,7 @@ def test_torch_fallback_matches_xgrammar():
     import xgrammar as xgr
 
     from vllm.v1.structured_output.utils import _apply_torch
+
     logits, bitmask = random_case(6, 200)
     ours, theirs = logits.clone(), logits.clone()
     _apply_torch(ours, bitmask, [0, 2, 5], 200)

@@ -1,4 +1,5 @@
 """BlockTable row operations and slot mapping."""
+
 import numpy as np
 import pytest
 import torch
@@ -12,10 +13,13 @@ def make_table(block_size=4, max_reqs=4, max_blocks=8, max_tokens=64) -> BlockTa
     return BlockTable(block_size, max_reqs, max_blocks, max_tokens, False, CPU)
 
 
-def reference_slots(table: dict[int, list[int]], block_size: int,
-                    req_indices, positions) -> list[int]:
-    return [table[r][p // block_size] * block_size + p % block_size
-            for r, p in zip(req_indices, positions)]
+def reference_slots(
+    table: dict[int, list[int]], block_size: int, req_indices, positions
+) -> list[int]:
+    return [
+        table[r][p // block_size] * block_size + p % block_size
+        for r, p in zip(req_indices, positions)
+    ]
 
 
 def test_slot_mapping_matches_reference():
@@ -28,7 +32,7 @@ def test_slot_mapping_matches_reference():
     req_indices = np.array([0] * 9 + [1] + [2] * 3)
     positions = np.concatenate([np.arange(2, 11), [3], np.arange(4, 7)])
     bt.compute_slot_mapping(req_indices, positions)
-    got = bt.slot_mapping.np[:len(positions)].tolist()
+    got = bt.slot_mapping.np[: len(positions)].tolist()
     assert got == reference_slots(rows, 4, req_indices, positions)
     assert bt.slot_mapping.gpu.dtype == torch.int64
 
@@ -63,8 +67,14 @@ def test_row_overflow_is_an_error():
 
 
 def test_multi_group_tables_have_their_own_block_sizes():
-    mg = MultiGroupBlockTable(max_num_reqs=2, max_model_len=32, max_num_batched_tokens=16,
-                              pin_memory=False, device=CPU, block_sizes=[4, 8])
+    mg = MultiGroupBlockTable(
+        max_num_reqs=2,
+        max_model_len=32,
+        max_num_batched_tokens=16,
+        pin_memory=False,
+        device=CPU,
+        block_sizes=[4, 8],
+    )
     assert [bt.max_num_blocks_per_req for bt in mg.block_tables] == [8, 4]
     mg.add_row(([1, 2, 3], [6, 7]), 0)
     mg.compute_slot_mapping(np.array([0, 0]), np.array([5, 9]))

@@ -1,4 +1,5 @@
 """InputBatch: add / remove / condense / swap keep every per-row array consistent."""
+
 import random
 
 import numpy as np
@@ -19,15 +20,25 @@ def make_request(i: int, rng: random.Random) -> CachedRequestState:
     outputs = [rng.randrange(VOCAB) for _ in range(rng.randint(0, 5))]
     num_tokens = len(prompt) + len(outputs)
     kind = i % 3
-    params = (SamplingParams(temperature=0.0) if kind == 0 else
-              SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=i) if kind == 1 else
-              SamplingParams(temperature=1.2, min_p=0.1, logprobs=2))
+    params = (
+        SamplingParams(temperature=0.0)
+        if kind == 0
+        else SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=i)
+        if kind == 1
+        else SamplingParams(temperature=1.2, min_p=0.1, logprobs=2)
+    )
     gen = torch.Generator().manual_seed(i) if params.seed is not None else None
     num_blocks = -(-num_tokens // BLOCK)
     return CachedRequestState(
-        req_id=f"req-{i}", prompt_token_ids=prompt, mm_features=[], sampling_params=params,
-        generator=gen, block_ids=([100 + 10 * i + b for b in range(num_blocks)],),
-        num_computed_tokens=rng.randint(0, num_tokens - 1), output_token_ids=outputs)
+        req_id=f"req-{i}",
+        prompt_token_ids=prompt,
+        mm_features=[],
+        sampling_params=params,
+        generator=gen,
+        block_ids=([100 + 10 * i + b for b in range(num_blocks)],),
+        num_computed_tokens=rng.randint(0, num_tokens - 1),
+        output_token_ids=outputs,
+    )
 
 
 def assert_row_matches(batch: InputBatch, row: int, req: CachedRequestState) -> None:
@@ -39,7 +50,7 @@ def assert_row_matches(batch: InputBatch, row: int, req: CachedRequestState) -> 
     assert batch.token_ids_cpu[row, :n].tolist() == req.prompt_token_ids + req.output_token_ids
     assert batch.num_computed_tokens_cpu[row] == req.num_computed_tokens
     bt = batch.block_table[0]
-    assert bt.block_table.np[row, :bt.num_blocks_per_row[row]].tolist() == req.block_ids[0]
+    assert bt.block_table.np[row, : bt.num_blocks_per_row[row]].tolist() == req.block_ids[0]
     assert batch.req_output_token_ids[row] is req.output_token_ids
     params = req.sampling_params
     expected_t = -1.0 if params.temperature == 0.0 else params.temperature
@@ -56,7 +67,8 @@ def assert_batch_matches(batch: InputBatch, live: dict[str, CachedRequestState])
     for row, req_id in enumerate(batch.req_ids):
         assert_row_matches(batch, row, live[req_id])
     assert set(batch.generators) == {
-        row for row, rid in enumerate(batch.req_ids) if live[rid].generator is not None}
+        row for row, rid in enumerate(batch.req_ids) if live[rid].generator is not None
+    }
 
 
 def test_random_add_remove_condense_swap():

@@ -3,6 +3,7 @@ the runner fills the in-flight decode tokens on the device, and every output
 (greedy stops mid-flight, seeded sampling with penalties and bad words,
 logprobs, chunked prefill) equals the synchronous run's. Greedy parity with
 transformers under V1 + async is in tests/models/test_greedy_parity.py."""
+
 from __future__ import annotations
 
 import random
@@ -17,8 +18,10 @@ from vllm.config.parallel import ParallelConfig
 from vllm.inputs import TokensPrompt
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker import gpu_model_runner
-from vllm.v1.worker.gpu_async_output import (AsyncGPUModelRunnerOutput,
-                                             scatter_prev_sampled_token_ids)
+from vllm.v1.worker.gpu_async_output import (
+    AsyncGPUModelRunnerOutput,
+    scatter_prev_sampled_token_ids,
+)
 
 
 def _prompt(seed: int, n: int) -> list[int]:
@@ -29,8 +32,14 @@ def _prompt(seed: int, n: int) -> list[int]:
 def _llm(model_dir: str, async_scheduling: bool, monkeypatch, **kwargs) -> LLM:
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0,
-              async_scheduling=async_scheduling, **kwargs)
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=128,
+        seed=0,
+        async_scheduling=async_scheduling,
+        **kwargs,
+    )
     config = llm.llm_engine.vllm_config
     assert not config.use_v2_model_runner
     assert config.scheduler_config.async_scheduling is async_scheduling
@@ -54,8 +63,7 @@ def _count_filled_tokens(monkeypatch) -> list[int]:
 
 
 def _run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]):
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
-                        use_tqdm=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs]
 
 
@@ -69,8 +77,10 @@ def test_requests_ending_mid_flight(tiny_model_dir, monkeypatch):
     sync_llm = _llm(model_dir, False, monkeypatch)
     reference = _run(sync_llm, prompts, [greedy] * len(prompts))
     # Stop requests 0-2 on their 3rd, 6th, 9th token; cap 3-4 at 1 and 7 tokens.
-    params = [SamplingParams(temperature=0.0, max_tokens=20,
-                             stop_token_ids=[reference[i][0][3 * i + 2]]) for i in range(3)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[reference[i][0][3 * i + 2]])
+        for i in range(3)
+    ]
     params += [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (1, 7)]
     params.append(greedy)
     expected = _run(sync_llm, prompts, params)
@@ -95,22 +105,42 @@ def test_seeded_sampling_penalties_logprobs_same_as_sync(tiny_model_dir, monkeyp
     prompts = [_prompt(10 + i, 4 + 7 * i) for i in range(8)]
     kinds = [
         SamplingParams(temperature=0.9, seed=1, max_tokens=12, ignore_eos=True, logprobs=2),
-        SamplingParams(temperature=1.2, seed=2, top_k=20, max_tokens=9, ignore_eos=True,
-                       presence_penalty=0.8, frequency_penalty=0.5),
-        SamplingParams(temperature=0.7, seed=3, top_p=0.9, max_tokens=14, ignore_eos=True,
-                       repetition_penalty=1.3),
-        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
-                       repetition_penalty=2.0, logprobs=1),
+        SamplingParams(
+            temperature=1.2,
+            seed=2,
+            top_k=20,
+            max_tokens=9,
+            ignore_eos=True,
+            presence_penalty=0.8,
+            frequency_penalty=0.5,
+        ),
+        SamplingParams(
+            temperature=0.7,
+            seed=3,
+            top_p=0.9,
+            max_tokens=14,
+            ignore_eos=True,
+            repetition_penalty=1.3,
+        ),
+        SamplingParams(
+            temperature=0.0, max_tokens=10, ignore_eos=True, repetition_penalty=2.0, logprobs=1
+        ),
     ]
     params = [kinds[i % len(kinds)] for i in range(len(prompts))]
     results = []
     for async_scheduling in (False, True):
-        llm = _llm(model_dir, async_scheduling, monkeypatch, max_num_batched_tokens=16,
-                   max_num_seqs=8)
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
-                            use_tqdm=False)
-        results.append([(list(o.outputs[0].token_ids),
-                         [sorted(d) for d in o.outputs[0].logprobs or []]) for o in outs])
+        llm = _llm(
+            model_dir, async_scheduling, monkeypatch, max_num_batched_tokens=16, max_num_seqs=8
+        )
+        outs = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+        )
+        results.append(
+            [
+                (list(o.outputs[0].token_ids), [sorted(d) for d in o.outputs[0].logprobs or []])
+                for o in outs
+            ]
+        )
         del llm
     assert results[0] == results[1]
     # The penalties changed something (else they were not exercised).
@@ -189,8 +219,11 @@ class _Batch:
 def test_scatter_fills_each_requests_last_token():
     # Now: "b" (1 decode token), "n" (new, 3 prompt tokens), "a" (1 decode token);
     # in the previous step "a" was row 0 and "b" row 2 ("x" finished since).
-    batch = _Batch(["b", "n", "a"], {"a": 0, "x": 1, "b": 2},
-                   torch.tensor([[11], [12], [13]], dtype=torch.int32))
+    batch = _Batch(
+        ["b", "n", "a"],
+        {"a": 0, "x": 1, "b": 2},
+        torch.tensor([[11], [12], [13]], dtype=torch.int32),
+    )
     host = np.array([-1, 4, 5, 6, -1], dtype=np.int32)
     device = torch.from_numpy(host.copy())
     scatter_prev_sampled_token_ids(batch, host, device, np.array([1, 4, 5]))
@@ -201,20 +234,28 @@ def test_scatter_rejects_placeholders_it_cannot_fill():
     batch = _Batch(["a"], {}, None)
     host = np.array([3, -1], dtype=np.int32)
     with pytest.raises(AssertionError):
-        scatter_prev_sampled_token_ids(batch, host, torch.from_numpy(host.copy()),
-                                       np.array([2]))
+        scatter_prev_sampled_token_ids(batch, host, torch.from_numpy(host.copy()), np.array([2]))
 
 
 def _config(pp: int, use_v2: bool, monkeypatch) -> VllmConfig:
     from types import SimpleNamespace
+
     monkeypatch.setattr(VllmConfig, "use_v2_model_runner", property(lambda self: use_v2))
-    model = SimpleNamespace(model="m", architectures=["LlamaForCausalLM"],
-                            runner_type="generate", is_moe=False, max_model_len=128,
-                            enforce_eager=True)
-    return VllmConfig(model_config=model,
-                      scheduler_config=SchedulerConfig(async_scheduling=True),
-                      parallel_config=ParallelConfig(pipeline_parallel_size=pp,
-                                                     distributed_executor_backend="mp"))
+    model = SimpleNamespace(
+        model="m",
+        architectures=["LlamaForCausalLM"],
+        runner_type="generate",
+        is_moe=False,
+        max_model_len=128,
+        enforce_eager=True,
+    )
+    return VllmConfig(
+        model_config=model,
+        scheduler_config=SchedulerConfig(async_scheduling=True),
+        parallel_config=ParallelConfig(
+            pipeline_parallel_size=pp, distributed_executor_backend="mp"
+        ),
+    )
 
 
 def test_config_allows_v1_async_but_not_with_pipeline_parallelism(monkeypatch):
@@ -234,9 +275,11 @@ def test_v1_async_default_follows_the_executor(tiny_model_dir, monkeypatch):
     uni = EngineArgs(model=model, dtype="float32", max_model_len=128).create_engine_config()
     assert not uni.use_v2_model_runner
     assert not uni.scheduler_config.async_scheduling and uni.max_concurrent_batches == 1
-    mp = EngineArgs(model=model, dtype="float32", max_model_len=128,
-                    tensor_parallel_size=2).create_engine_config()
+    mp = EngineArgs(
+        model=model, dtype="float32", max_model_len=128, tensor_parallel_size=2
+    ).create_engine_config()
     assert mp.scheduler_config.async_scheduling and mp.max_concurrent_batches == 2
-    pp = EngineArgs(model=model, dtype="float32", max_model_len=128,
-                    pipeline_parallel_size=2).create_engine_config()
+    pp = EngineArgs(
+        model=model, dtype="float32", max_model_len=128, pipeline_parallel_size=2
+    ).create_engine_config()
     assert not pp.scheduler_config.async_scheduling and pp.max_concurrent_batches == 2

@@ -2,6 +2,7 @@
 chunked prefill, mixed prefill/decode batches, preemption and V1-style resume,
 a finished request leaving a hole, seeded sampling that does not depend on
 chunking or batch-mates. Greedy tokens must equal transformers' `generate`."""
+
 import random
 
 import pytest
@@ -108,8 +109,7 @@ def _seeded_tokens(worker, chunks: list[int], companions: int, tag: str) -> list
     others = [f"{tag}-greedy{i}" for i in range(companions)]
     for req_id, p in zip(others, prompts(2, [5] * companions)):
         s.add(req_id, p, GREEDY)
-    s.step({f"{tag}-seeded": chunks[0], **{r: 5 for r in others}},
-           new=(f"{tag}-seeded", *others))
+    s.step({f"{tag}-seeded": chunks[0], **{r: 5 for r in others}}, new=(f"{tag}-seeded", *others))
     for chunk in chunks[1:]:
         s.step({f"{tag}-seeded": chunk, **{r: 1 for r in others}})
     s.decode_all([f"{tag}-seeded", *others], steps=5)
@@ -164,8 +164,9 @@ def test_prompt_logprobs_over_chunks_match_transformers(worker, model_dir):
     s.step({"plp": 7})
     tensors = s.last_output.prompt_logprobs_dict["plp"]
     assert tensors.logprobs.shape == (10, 3)
-    torch.testing.assert_close(tensors.logprobs[:, 0], ref.gather(1, targets[:, None])[:, 0],
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        tensors.logprobs[:, 0], ref.gather(1, targets[:, None])[:, 0], atol=1e-4, rtol=1e-4
+    )
     assert tensors.logprob_token_ids[:, 0].tolist() == prompt[1:]
     assert tensors.logprob_token_ids[:, 1:].tolist() == ref.topk(2).indices.tolist()
     expected_ranks = (ref > ref.gather(1, targets[:, None])).sum(-1) + 1
@@ -186,8 +187,9 @@ def test_cpu_kv_cache_budget_sources(model_dir, monkeypatch):
     worker.load_model()
     # Default: 4 GiB capped at max_num_seqs requests of max_model_len tokens.
     cfg = worker.vllm_config
-    per_request = sum(spec.max_memory_usage_bytes(cfg)
-                      for spec in worker.get_kv_cache_spec().values())
+    per_request = sum(
+        spec.max_memory_usage_bytes(cfg) for spec in worker.get_kv_cache_spec().values()
+    )
     expected = min(4 << 30, per_request * cfg.scheduler_config.max_num_seqs)
     assert expected < 4 << 30  # the tiny model needs far less than upstream's 4 GiB
     assert worker.determine_available_memory() == expected

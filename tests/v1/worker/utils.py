@@ -1,6 +1,7 @@
 """A hand-driven "scheduler" for worker tests: it builds the SchedulerOutputs a
 real scheduler would send (V1 form) for a scripted sequence of steps, hands out
 block ids, and records what the worker sampled."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,9 +17,17 @@ NUM_BLOCKS = 96
 
 
 def make_vllm_config(model_dir: str, **overrides):
-    kwargs = dict(model=model_dir, dtype="float32", max_model_len=128, block_size=BLOCK_SIZE,
-                  max_num_seqs=8, max_num_batched_tokens=64, device="cpu",
-                  kv_cache_memory_bytes=1 << 22, enable_prefix_caching=False)
+    kwargs = dict(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=128,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        device="cpu",
+        kv_cache_memory_bytes=1 << 22,
+        enable_prefix_caching=False,
+    )
     kwargs.update(overrides)
     return EngineArgs(**kwargs).create_engine_config()
 
@@ -30,9 +39,11 @@ def make_kv_cache_config(kv_cache_spec: dict, num_blocks: int = NUM_BLOCKS) -> K
     assert all(kv_cache_spec[n] == spec for n in names)
     return KVCacheConfig(
         num_blocks=num_blocks,
-        kv_cache_tensors=[KVCacheTensor(size=spec.page_size_bytes * num_blocks, shared_by=[n])
-                          for n in names],
-        kv_cache_groups=[KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec)])
+        kv_cache_tensors=[
+            KVCacheTensor(size=spec.page_size_bytes * num_blocks, shared_by=[n]) for n in names
+        ],
+        kv_cache_groups=[KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec)],
+    )
 
 
 @dataclass
@@ -86,9 +97,13 @@ class ScriptedScheduler:
         self.free_blocks += self.reqs.pop(req_id).blocks
         self.pending_finished.add(req_id)
 
-    def step(self, schedule: dict[str, int], new: tuple[str, ...] = (),
-             resumed: tuple[str, ...] = (), preempted: tuple[str, ...] = ()
-             ) -> dict[str, list[int]]:
+    def step(
+        self,
+        schedule: dict[str, int],
+        new: tuple[str, ...] = (),
+        resumed: tuple[str, ...] = (),
+        preempted: tuple[str, ...] = (),
+    ) -> dict[str, list[int]]:
         """Run one step: `schedule` maps req id -> tokens to compute now."""
         new_reqs, cached = [], CachedRequestData.make_empty()
         for req_id, n in schedule.items():
@@ -108,12 +123,17 @@ class ScriptedScheduler:
             cached.num_computed_tokens.append(req.num_computed)
             cached.num_output_tokens.append(len(req.outputs))
         so = SchedulerOutput(
-            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
             num_scheduled_tokens=dict(schedule),
             total_num_scheduled_tokens=sum(schedule.values()),
-            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
-            num_common_prefix_blocks=[0], finished_req_ids=self.pending_finished,
-            free_encoder_mm_hashes=[], preempted_req_ids=set(preempted))
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            num_common_prefix_blocks=[0],
+            finished_req_ids=self.pending_finished,
+            free_encoder_mm_hashes=[],
+            preempted_req_ids=set(preempted),
+        )
         self.pending_finished = set()
         for req_id in preempted:
             self.preempt(req_id)
@@ -121,17 +141,21 @@ class ScriptedScheduler:
 
     # The V1 form of the three things Model Runner V2 does differently
     # (tests/v1/worker/gpu/utils.py overrides them).
-    def _sent_as_new(self, req_id: str, new: tuple[str, ...],
-                     resumed: tuple[str, ...]) -> bool:
+    def _sent_as_new(self, req_id: str, new: tuple[str, ...], resumed: tuple[str, ...]) -> bool:
         """V1: only first-time requests; a resumed one is a cached request."""
         return req_id in new
 
     def _new_request_data(self, req_id: str, req: ScriptedRequest) -> NewRequestData:
         return NewRequestData(
-            req_id=req_id, prompt_token_ids=req.prompt, mm_features=[],
-            sampling_params=req.params, pooling_params=None,
-            block_ids=(list(req.blocks),), num_computed_tokens=req.num_computed,
-            lora_request=None)
+            req_id=req_id,
+            prompt_token_ids=req.prompt,
+            mm_features=[],
+            sampling_params=req.params,
+            pooling_params=None,
+            block_ids=(list(req.blocks),),
+            num_computed_tokens=req.num_computed,
+            lora_request=None,
+        )
 
     def _resend_token_ids(self, req: ScriptedRequest) -> bool:
         """V1: a request not scheduled last step gets all its token ids again."""

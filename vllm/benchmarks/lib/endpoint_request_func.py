@@ -6,6 +6,7 @@ an inter-token latency. The token count comes from the final usage chunk
 (`stream_options.include_usage`), so a chunk holding several tokens is
 counted right.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,14 +49,15 @@ async def _sse_events(response: Any) -> AsyncIterator[dict[str, Any]]:
         line = raw.decode("utf-8").strip()
         if not line.startswith("data:"):
             continue
-        data = line[len("data:"):].strip()
+        data = line[len("data:") :].strip()
         if data == "[DONE]":
             return
         yield json.loads(data)
 
 
-async def _stream(payload: dict[str, Any], request_input: RequestFuncInput, session: Any,
-                  text_of: Any) -> RequestFuncOutput:
+async def _stream(
+    payload: dict[str, Any], request_input: RequestFuncInput, session: Any, text_of: Any
+) -> RequestFuncOutput:
     output = RequestFuncOutput(prompt_len=request_input.prompt_len)
     start = most_recent = time.perf_counter()
     output.start_time = start
@@ -90,11 +92,17 @@ async def _stream(payload: dict[str, Any], request_input: RequestFuncInput, sess
     return output
 
 
-async def request_openai_completions(request_input: RequestFuncInput,
-                                     session: Any) -> RequestFuncOutput:
-    payload = {"model": request_input.model, "prompt": request_input.prompt,
-               "max_tokens": request_input.output_len, "stream": True,
-               "stream_options": {"include_usage": True}, **request_input.extra_body}
+async def request_openai_completions(
+    request_input: RequestFuncInput, session: Any
+) -> RequestFuncOutput:
+    payload = {
+        "model": request_input.model,
+        "prompt": request_input.prompt,
+        "max_tokens": request_input.output_len,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **request_input.extra_body,
+    }
 
     def text_of(event: dict[str, Any]) -> str:
         choices = event.get("choices") or []
@@ -103,12 +111,15 @@ async def request_openai_completions(request_input: RequestFuncInput,
     return await _stream(payload, request_input, session, text_of)
 
 
-async def request_openai_chat(request_input: RequestFuncInput,
-                              session: Any) -> RequestFuncOutput:
-    payload = {"model": request_input.model,
-               "messages": [{"role": "user", "content": request_input.prompt}],
-               "max_completion_tokens": request_input.output_len, "stream": True,
-               "stream_options": {"include_usage": True}, **request_input.extra_body}
+async def request_openai_chat(request_input: RequestFuncInput, session: Any) -> RequestFuncOutput:
+    payload = {
+        "model": request_input.model,
+        "messages": [{"role": "user", "content": request_input.prompt}],
+        "max_completion_tokens": request_input.output_len,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **request_input.extra_body,
+    }
 
     def text_of(event: dict[str, Any]) -> str:
         choices = event.get("choices") or []

@@ -16,6 +16,7 @@ Structs go through their constructors. Tensors and arrays go through `MsgpackEnc
 buffers, out of band when large); dtypes are checked against allow-lists.
 A map that has the tag key itself is escaped as a tagged list of pairs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +48,10 @@ def _qualname(cls: type) -> str:
 
 def _is_plain_data_class(cls: Any) -> bool:
     return isinstance(cls, type) and (
-        dataclasses.is_dataclass(cls) or issubclass(cls, (enum.Enum, msgspec.Struct))
-        or (issubclass(cls, tuple) and hasattr(cls, "_fields")))
+        dataclasses.is_dataclass(cls)
+        or issubclass(cls, (enum.Enum, msgspec.Struct))
+        or (issubclass(cls, tuple) and hasattr(cls, "_fields"))
+    )
 
 
 def _resolve_class(name: Any) -> type:

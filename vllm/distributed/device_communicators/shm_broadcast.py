@@ -19,6 +19,7 @@ frame's length (u64) and the frames. Readers on other nodes get every message
 over the remote ZMQ socket. Messages are `RpcEncoder` frames (msgpack, never
 pickle): a reader rejects anything else with `RpcDecodeError`.
 """
+
 from __future__ import annotations
 
 import struct
@@ -27,7 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from typing import Any
@@ -68,8 +69,9 @@ class _Backoff:
 class ShmRingBuffer:
     """`max_chunks` chunks in one shared-memory segment (layout: module docstring)."""
 
-    def __init__(self, n_reader: int, max_chunk_bytes: int, max_chunks: int,
-                 name: str | None = None) -> None:
+    def __init__(
+        self, n_reader: int, max_chunk_bytes: int, max_chunks: int, name: str | None = None
+    ) -> None:
         self.n_reader = n_reader
         self.metadata_size = 1 + n_reader
         self.max_chunk_bytes = max_chunk_bytes
@@ -80,8 +82,9 @@ class ShmRingBuffer:
         self.is_creator = name is None
         if self.is_creator:
             self.shared_memory = shared_memory.SharedMemory(create=True, size=size)
-            self.shared_memory.buf[self.metadata_offset:size] = bytes(
-                self.metadata_size * max_chunks)
+            self.shared_memory.buf[self.metadata_offset : size] = bytes(
+                self.metadata_size * max_chunks
+            )
         else:
             # Python < 3.13 registers an attached segment with the resource
             # tracker too; processes we spawn share ours, where it is one entry
@@ -93,25 +96,21 @@ class ShmRingBuffer:
 
     def get_data(self, i: int) -> memoryview:
         start = self.data_offset + i * self.max_chunk_bytes
-        return self.shared_memory.buf[start:start + self.max_chunk_bytes]
+        return self.shared_memory.buf[start : start + self.max_chunk_bytes]
 
     def get_metadata(self, i: int) -> memoryview:
         start = self.metadata_offset + i * self.metadata_size
-        return self.shared_memory.buf[start:start + self.metadata_size]
+        return self.shared_memory.buf[start : start + self.metadata_size]
 
     def close(self, unlink: bool | None = None) -> None:
         """Unmap the segment; unlink it too if `unlink` (default: if we created it)."""
-        try:
+        # BufferError: a view is still in use (a reader being cancelled on
+        # another thread); the mapping goes away with the process.
+        with suppress(BufferError):
             self.shared_memory.close()
-        except BufferError:
-            # A view is still in use (a reader being cancelled on another
-            # thread); the mapping goes away with the process.
-            pass
         if self.is_creator if unlink is None else unlink:
-            try:
+            with suppress(FileNotFoundError):
                 self.shared_memory.unlink()
-            except FileNotFoundError:
-                pass
 
 
 @dataclass
@@ -129,10 +128,15 @@ class MessageQueue:
     `n_local_reader` on this node (ranks `local_reader_ranks`) read from shared
     memory. The writer is built directly; readers with `create_from_handle`."""
 
-    def __init__(self, n_reader: int, n_local_reader: int,
-                 local_reader_ranks: list[int] | None = None,
-                 max_chunk_bytes: int = 10 * 1024 * 1024, max_chunks: int = 10,
-                 connect_ip: str | None = None) -> None:
+    def __init__(
+        self,
+        n_reader: int,
+        n_local_reader: int,
+        local_reader_ranks: list[int] | None = None,
+        max_chunk_bytes: int = 10 * 1024 * 1024,
+        max_chunks: int = 10,
+        connect_ip: str | None = None,
+    ) -> None:
         if local_reader_ranks is None:
             local_reader_ranks = list(range(n_local_reader))
         if len(local_reader_ranks) != n_local_reader:
@@ -158,8 +162,12 @@ class MessageQueue:
             self.remote_socket = self._socket(zmq.XPUB)
             port = self.remote_socket.bind_to_random_port(f"tcp://{ip}")
             remote_addr = f"tcp://{ip}:{port}"
-        self.handle = Handle(local_reader_ranks, self.buffer.handle() if self.buffer else None,
-                             local_addr, remote_addr)
+        self.handle = Handle(
+            local_reader_ranks,
+            self.buffer.handle() if self.buffer else None,
+            local_addr,
+            remote_addr,
+        )
 
     def _socket(self, kind: int) -> zmq.Socket:
         sock = self.context.socket(kind)
@@ -172,7 +180,7 @@ class MessageQueue:
         return self.handle
 
     @staticmethod
-    def create_from_handle(handle: Handle, rank: int) -> "MessageQueue":
+    def create_from_handle(handle: Handle, rank: int) -> MessageQueue:
         """The reader of global rank `rank` (local if `rank` is a local reader rank)."""
         self = MessageQueue.__new__(MessageQueue)
         self.handle = handle
@@ -206,8 +214,10 @@ class MessageQueue:
         """Writer: wait for every reader's ZMQ subscription, then say READY.
         Reader: wait for READY. Messages sent before would be lost."""
         if self._is_writer:
-            for sock, n in ((self.local_socket, self.n_local_reader),
-                            (self.remote_socket, self.n_remote_reader)):
+            for sock, n in (
+                (self.local_socket, self.n_local_reader),
+                (self.remote_socket, self.n_remote_reader),
+            ):
                 for _ in range(n if sock is not None else 0):
                     self._recv(sock, timeout, None)  # a subscription message
                 if sock is not None:
@@ -225,15 +235,20 @@ class MessageQueue:
         return sock.recv_multipart()
 
     # ---- writing --------------------------------------------------------------------
-    def enqueue(self, obj: Any, timeout: float | None = None,
-                cancel: threading.Event | None = None) -> None:
+    def enqueue(
+        self, obj: Any, timeout: float | None = None, cancel: threading.Event | None = None
+    ) -> None:
         """Send `obj` (any RPC value) to every reader. Waits while the ring is
         full; raises TimeoutError after `timeout`, RuntimeError if `cancel` is set."""
         assert self._is_writer, "only the writer enqueues"
         self._write_frames(self.encoder.encode(obj), timeout, cancel)
 
-    def _write_frames(self, frames: Sequence[bytes | memoryview], timeout: float | None = None,
-                      cancel: threading.Event | None = None) -> None:
+    def _write_frames(
+        self,
+        frames: Sequence[bytes | memoryview],
+        timeout: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> None:
         views = [memoryview(f).cast("B") for f in frames]
         header = _COUNT.size + _LENGTH.size * len(views)
         if self.buffer is not None:
@@ -248,8 +263,9 @@ class MessageQueue:
             self.remote_socket.send_multipart(views, copy=False)
 
     @contextmanager
-    def _acquire_write(self, timeout: float | None, cancel: threading.Event | None
-                       ) -> Iterator[memoryview]:
+    def _acquire_write(
+        self, timeout: float | None, cancel: threading.Event | None
+    ) -> Iterator[memoryview]:
         assert self.buffer is not None
         backoff = _Backoff(timeout, cancel)
         # Views are released as soon as they are used (`with`): a live view
@@ -269,8 +285,7 @@ class MessageQueue:
             return
 
     # ---- reading --------------------------------------------------------------------
-    def dequeue(self, timeout: float | None = None,
-                cancel: threading.Event | None = None) -> Any:
+    def dequeue(self, timeout: float | None = None, cancel: threading.Event | None = None) -> Any:
         """The next message. Raises TimeoutError after `timeout` seconds,
         RuntimeError when `cancel` is set, RpcDecodeError on a malformed one."""
         assert not self._is_writer, "the writer does not dequeue"
@@ -287,8 +302,9 @@ class MessageQueue:
                     frame.release()
 
     @contextmanager
-    def _acquire_read(self, timeout: float | None, cancel: threading.Event | None
-                      ) -> Iterator[memoryview]:
+    def _acquire_read(
+        self, timeout: float | None, cancel: threading.Event | None
+    ) -> Iterator[memoryview]:
         assert self.buffer is not None
         backoff = _Backoff(timeout, cancel)
         flag = 1 + self.local_reader_rank
@@ -329,7 +345,7 @@ def _pack_frames(chunk: memoryview, views: list[memoryview]) -> None:
         _LENGTH.pack_into(chunk, pos, len(v))
         pos += _LENGTH.size
     for v in views:
-        chunk[pos:pos + len(v)] = v
+        chunk[pos : pos + len(v)] = v
         pos += len(v)
 
 
@@ -345,7 +361,7 @@ def _unpack_frames(chunk: memoryview) -> list[memoryview]:
     for n in lengths:
         if pos + n > len(chunk):
             raise ValueError("MessageQueue: corrupt chunk header")
-        frames.append(chunk[pos:pos + n])
+        frames.append(chunk[pos : pos + n])
         pos += n
     return frames
 
@@ -359,4 +375,3 @@ def decode_handle(data: bytes) -> Handle:
 
 
 __all__ = ["Handle", "MessageQueue", "ShmRingBuffer", "decode_handle", "encode_handle"]
-

@@ -1,8 +1,9 @@
 """The `vllm` command (upstream: vllm/entrypoints/cli/main.py).
 
-    vllm serve [model] [engine flags]      (an offline demo until the server lands)
-    vllm bench throughput|latency [flags]
+vllm serve [model] [engine flags]      (an offline demo until the server lands)
+vllm bench throughput|latency [flags]
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,8 +22,10 @@ def _subcommands() -> list[CLISubcommand]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = FlexibleArgumentParser(
-        prog="vllm", description="vLLM CLI",
-        epilog="For a subcommand's flags: vllm <subcommand> --help")
+        prog="vllm",
+        description="vLLM CLI",
+        epilog="For a subcommand's flags: vllm <subcommand> --help",
+    )
     parser.add_argument("-v", "--version", action="version", version=__version__)
     subparsers = parser.add_subparsers(required=False, dest="subparser")
     cmds: dict[str, CLISubcommand] = {}

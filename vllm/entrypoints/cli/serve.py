@@ -1,6 +1,7 @@
 """`vllm serve [model]` (upstream: vllm/entrypoints/cli/serve.py): the
 OpenAI-compatible API server. Without a model it serves the embedded
 default model."""
+
 from __future__ import annotations
 
 import argparse
@@ -37,9 +38,11 @@ class ServeSubcommand(CLISubcommand):
 
     def subparser_init(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         parser = subparsers.add_parser(
-            self.name, help="Start the vLLM OpenAI Compatible API server.",
+            self.name,
+            help="Start the vLLM OpenAI Compatible API server.",
             description="Start the vLLM OpenAI Compatible API server.",
-            usage="vllm serve [model_tag] [options]")
+            usage="vllm serve [model_tag] [options]",
+        )
         return make_arg_parser(parser)
 
 

@@ -1,4 +1,5 @@
 """Base of the `vllm` CLI's subcommands (upstream: vllm/entrypoints/cli/types.py)."""
+
 from __future__ import annotations
 
 import argparse

@@ -13,6 +13,7 @@ With --api-key (or VLLM_API_KEY), every route is guarded except the paths in
 UNGUARDED_PATHS: the check is on the exact raw path, so `//v1`, `%2Fv1` or
 `/v1/../v1` spellings cannot slip past it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,15 +41,27 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.chat_utils import load_chat_template
 from vllm.entrypoints.launcher import serve_http, terminate_if_errored
-from vllm.entrypoints.openai.openapi import (GENERATE_RESPONSES, HEALTH_RESPONSES,
-                                             INVOCATIONS_OPENAPI, INVOCATIONS_RESPONSES,
-                                             install_openapi)
-from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
-                                              CompletionRequest, CompletionResponse,
-                                              ErrorInfo, ErrorResponse, ModelList)
-from vllm.entrypoints.openai.request_limits import (RequestBodyLimitMiddleware,
-                                                    default_max_request_body_bytes,
-                                                    prompt_length_bound)
+from vllm.entrypoints.openai.openapi import (
+    GENERATE_RESPONSES,
+    HEALTH_RESPONSES,
+    INVOCATIONS_OPENAPI,
+    INVOCATIONS_RESPONSES,
+    install_openapi,
+)
+from vllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorInfo,
+    ErrorResponse,
+    ModelList,
+)
+from vllm.entrypoints.openai.request_limits import (
+    RequestBodyLimitMiddleware,
+    default_max_request_body_bytes,
+    prompt_length_bound,
+)
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_models import BaseModelPath, OpenAIServingModels
@@ -56,6 +69,7 @@ from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenizati
 from vllm.entrypoints.openai.utils import respond, validate_json_request
 from vllm.entrypoints.serve import register_vllm_serve_api_routers
 from vllm.entrypoints.serve.instrumentator.health import health
+
 # Starlette's, except that it never fails on a lone surrogate (see there).
 from vllm.entrypoints.utils import Utf8JSONResponse as JSONResponse
 from vllm.entrypoints.utils import with_cancellation
@@ -67,8 +81,9 @@ logger = init_logger("vllm.entrypoints.openai.api_server")
 
 # Paths that answer without an API key: liveness, version and API docs. Every
 # other path (inference, tokenization, metrics, unknown ones) needs the key.
-UNGUARDED_PATHS = frozenset({"/health", "/ping", "/version", "/openapi.json", "/docs",
-                             "/docs/oauth2-redirect", "/redoc"})
+UNGUARDED_PATHS = frozenset(
+    {"/health", "/ping", "/version", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+)
 # Seconds between two periodic stats log lines.
 LOG_STATS_INTERVAL_S = 10.0
 
@@ -78,6 +93,7 @@ router = APIRouter()
 # ----------------------------------------------------------------------
 # Routes
 # ----------------------------------------------------------------------
+
 
 @router.get("/ping", response_class=Response, responses=HEALTH_RESPONSES)
 async def ping(raw_request: Request) -> Response:
@@ -98,25 +114,36 @@ async def show_available_models(raw_request: Request) -> JSONResponse:
     return JSONResponse(content=models.model_dump())
 
 
-@router.post("/v1/completions", dependencies=[Depends(validate_json_request)],
-             response_model=CompletionResponse, responses=GENERATE_RESPONSES)
+@router.post(
+    "/v1/completions",
+    dependencies=[Depends(validate_json_request)],
+    response_model=CompletionResponse,
+    responses=GENERATE_RESPONSES,
+)
 @with_cancellation
 async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
     handler: OpenAIServingCompletion = raw_request.app.state.openai_serving_completion
     return respond(await handler.create_completion(request, raw_request))
 
 
-@router.post("/v1/chat/completions", dependencies=[Depends(validate_json_request)],
-             response_model=ChatCompletionResponse, responses=GENERATE_RESPONSES)
+@router.post(
+    "/v1/chat/completions",
+    dependencies=[Depends(validate_json_request)],
+    response_model=ChatCompletionResponse,
+    responses=GENERATE_RESPONSES,
+)
 @with_cancellation
-async def create_chat_completion(request: ChatCompletionRequest,
-                                 raw_request: Request) -> Response:
+async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
     handler: OpenAIServingChat = raw_request.app.state.openai_serving_chat
     return respond(await handler.create_chat_completion(request, raw_request))
 
 
-@router.post("/invocations", dependencies=[Depends(validate_json_request)],
-             responses=INVOCATIONS_RESPONSES, openapi_extra=INVOCATIONS_OPENAPI)
+@router.post(
+    "/invocations",
+    dependencies=[Depends(validate_json_request)],
+    responses=INVOCATIONS_RESPONSES,
+    openapi_extra=INVOCATIONS_OPENAPI,
+)
 async def invocations(raw_request: Request) -> Response:
     """SageMaker's single route: a chat body or a completion body."""
     try:
@@ -130,8 +157,13 @@ async def invocations(raw_request: Request) -> Response:
         request_cls, route = CompletionRequest, create_completion
     else:
         raise RequestValidationError(
-            errors=["Cannot determine the request type: expected a chat body (messages) or "
-                    "a completion body (prompt)"])
+            errors=[
+                (
+                    "Cannot determine the request type: expected a chat body (messages) or "
+                    "a completion body (prompt)"
+                )
+            ]
+        )
     try:
         request = request_cls.model_validate(body)
     except pydantic.ValidationError as e:
@@ -142,6 +174,7 @@ async def invocations(raw_request: Request) -> Response:
 # ----------------------------------------------------------------------
 # Errors and authentication
 # ----------------------------------------------------------------------
+
 
 def _validation_message(errors: list[Any]) -> tuple[str, str | None]:
     """Bounded message: at most 10 errors of 1000 chars, inputs cut at 200."""
@@ -164,31 +197,35 @@ def _validation_message(errors: list[Any]) -> tuple[str, str | None]:
     return message, param
 
 
-def _error_body(message: str, err_type: str, code: int,
-                param: str | None = None) -> dict[str, Any]:
-    return ErrorResponse(error=ErrorInfo(message=message, type=err_type, param=param,
-                                         code=code)).model_dump()
+def _error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
+    return ErrorResponse(
+        error=ErrorInfo(message=message, type=err_type, param=param, code=code)
+    ).model_dump()
 
 
 def _install_exception_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def validation_exception_handler(_: Request,
-                                           exc: RequestValidationError) -> JSONResponse:
+    async def validation_exception_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(list(exc.errors()))
-        return JSONResponse(_error_body(message, HTTPStatus.BAD_REQUEST.phrase, 400, param),
-                            status_code=400)
+        return JSONResponse(
+            _error_body(message, HTTPStatus.BAD_REQUEST.phrase, 400, param), status_code=400
+        )
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_exception_handler(_: Request,
-                                     exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(_error_body(str(exc.detail), HTTPStatus(exc.status_code).phrase,
-                                        exc.status_code), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+    async def http_exception_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            _error_body(str(exc.detail), HTTPStatus(exc.status_code).phrase, exc.status_code),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(QueueOverflowError)
     async def overflow_handler(_: Request, exc: QueueOverflowError) -> JSONResponse:
-        return JSONResponse(_error_body(str(exc), "ServiceUnavailableError", 503),
-                            status_code=503, headers={"Retry-After": str(exc.retry_after)})
+        return JSONResponse(
+            _error_body(str(exc), "ServiceUnavailableError", 503),
+            status_code=503,
+            headers={"Retry-After": str(exc.retry_after)},
+        )
 
     async def engine_error_handler(req: Request, exc: Exception) -> JSONResponse:
         server = getattr(req.app.state, "server", None)
@@ -202,8 +239,9 @@ def _install_exception_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def internal_error_handler(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("Unhandled error", exc_info=exc)
-        return JSONResponse(_error_body("Internal server error", "InternalServerError", 500),
-                            status_code=500)
+        return JSONResponse(
+            _error_body("Internal server error", "InternalServerError", 500), status_code=500
+        )
 
 
 class AuthenticationMiddleware:
@@ -238,7 +276,7 @@ class AuthenticationMiddleware:
                 return False  # percent-encoding, or a path the server rewrote
         root_path = scope.get("root_path") or ""
         if root_path and path.startswith(root_path):
-            path = path[len(root_path):]
+            path = path[len(root_path) :]
         return path in UNGUARDED_PATHS
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -255,10 +293,14 @@ class AuthenticationMiddleware:
 # App and server
 # ----------------------------------------------------------------------
 
+
 def build_app(args: Namespace) -> FastAPI:
     """The FastAPI app: routes, CORS, the API-key check, error handlers."""
-    docs = {} if not args.disable_fastapi_docs else {"openapi_url": None, "docs_url": None,
-                                                      "redoc_url": None}
+    docs = (
+        {}
+        if not args.disable_fastapi_docs
+        else {"openapi_url": None, "docs_url": None, "redoc_url": None}
+    )
     app = FastAPI(lifespan=_lifespan, root_path=args.root_path or "", **docs)
     register_vllm_serve_api_routers(app)
     app.include_router(router)
@@ -266,9 +308,13 @@ def build_app(args: Namespace) -> FastAPI:
     # Innermost of the three: the API key is checked before any body is read,
     # and a 413 still carries the CORS headers.
     app.add_middleware(RequestBodyLimitMiddleware)
-    app.add_middleware(CORSMiddleware, allow_origins=args.allowed_origins,
-                       allow_credentials=args.allow_credentials,
-                       allow_methods=args.allowed_methods, allow_headers=args.allowed_headers)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=args.allowed_origins,
+        allow_credentials=args.allow_credentials,
+        allow_methods=args.allowed_methods,
+        allow_headers=args.allowed_headers,
+    )
     tokens = [*(args.api_key or [])]
     if envs.VLLM_API_KEY:
         tokens.append(envs.VLLM_API_KEY)
@@ -283,6 +329,7 @@ def build_app(args: Namespace) -> FastAPI:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     task = None
     if getattr(app.state, "log_stats", False):
+
         async def log_stats() -> None:
             while True:
                 await asyncio.sleep(LOG_STATS_INTERVAL_S)
@@ -301,27 +348,38 @@ async def init_app_state(engine_client: EngineClient, state: Any, args: Namespac
     model_config = engine_client.model_config
     served = args.served_model_name
     names = ([served] if isinstance(served, str) else served) or [model_config.model]
-    models = OpenAIServingModels(engine_client, [BaseModelPath(name=name,
-                                                               model_path=model_config.model)
-                                                 for name in names])
+    models = OpenAIServingModels(
+        engine_client, [BaseModelPath(name=name, model_path=model_config.model) for name in names]
+    )
     chat_template = load_chat_template(args.chat_template)
-    common = dict(enable_force_include_usage=args.enable_force_include_usage,
-                  enable_prompt_tokens_details=args.enable_prompt_tokens_details)
+    common = dict(
+        enable_force_include_usage=args.enable_force_include_usage,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+    )
     state.engine_client = engine_client
-    state.max_request_body_bytes = (args.max_request_body_bytes
-                                    or default_max_request_body_bytes(model_config.max_model_len))
+    state.max_request_body_bytes = args.max_request_body_bytes or default_max_request_body_bytes(
+        model_config.max_model_len
+    )
     if not model_config.skip_tokenizer_init:
         prompt_length_bound(await engine_client.get_tokenizer())  # computed once, now
     state.log_stats = not args.disable_log_stats
     state.vllm_config = engine_client.vllm_config
     state.openai_serving_models = models
     state.openai_serving_chat = OpenAIServingChat(
-        engine_client, models, args.response_role, chat_template=chat_template,
-        trust_request_chat_template=args.trust_request_chat_template, **common)
+        engine_client,
+        models,
+        args.response_role,
+        chat_template=chat_template,
+        trust_request_chat_template=args.trust_request_chat_template,
+        **common,
+    )
     state.openai_serving_completion = OpenAIServingCompletion(engine_client, models, **common)
     state.openai_serving_tokenization = OpenAIServingTokenization(
-        engine_client, models, chat_template=chat_template,
-        trust_request_chat_template=args.trust_request_chat_template)
+        engine_client,
+        models,
+        chat_template=chat_template,
+        trust_request_chat_template=args.trust_request_chat_template,
+    )
 
 
 @asynccontextmanager
@@ -335,9 +393,12 @@ async def build_async_engine_client(args: Namespace) -> AsyncIterator[EngineClie
     if max_queued is None:
         max_queued = 8 * vllm_config.scheduler_config.max_num_seqs
     engine = AsyncLLM.from_vllm_config(
-        vllm_config, usage_context=UsageContext.OPENAI_API_SERVER,
+        vllm_config,
+        usage_context=UsageContext.OPENAI_API_SERVER,
         enable_log_requests=engine_args.enable_log_requests,
-        disable_log_stats=engine_args.disable_log_stats, max_num_queued_reqs=max_queued)
+        disable_log_stats=engine_args.disable_log_stats,
+        max_num_queued_reqs=max_queued,
+    )
     try:
         yield engine
     finally:
@@ -366,14 +427,19 @@ async def run_server(args: Namespace, **uvicorn_kwargs: Any) -> None:
         async with build_async_engine_client(args) as engine:
             app = build_app(args)
             await init_app_state(engine, app.state, args)
-            logger.info("Starting vLLM API server on http://%s:%d", args.host or "0.0.0.0",
-                        args.port)
-            await serve_http(app, sock, log_level=args.uvicorn_log_level,
-                             access_log=not args.disable_uvicorn_access_log,
-                             timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
-                             # uvicorn logs an error for a zero timeout even when
-                             # nothing is in flight; a tenth of a second is "no wait".
-                             timeout_graceful_shutdown=max(args.shutdown_timeout, 0.1),
-                             **uvicorn_kwargs)
+            logger.info(
+                "Starting vLLM API server on http://%s:%d", args.host or "0.0.0.0", args.port
+            )
+            await serve_http(
+                app,
+                sock,
+                log_level=args.uvicorn_log_level,
+                access_log=not args.disable_uvicorn_access_log,
+                timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+                # uvicorn logs an error for a zero timeout even when
+                # nothing is in flight; a tenth of a second is "no wait".
+                timeout_graceful_shutdown=max(args.shutdown_timeout, 0.1),
+                **uvicorn_kwargs,
+            )
     finally:
         sock.close()

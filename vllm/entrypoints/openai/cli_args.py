@@ -1,6 +1,7 @@
 """Flags of the OpenAI-compatible server (upstream:
 vllm/entrypoints/openai/cli_args.py). Engine flags come from
 `AsyncEngineArgs`; these are the front end's own."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,60 +12,121 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 
 def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("Frontend")
-    group.add_argument("--host", type=str, default=None,
-                       help="Host name to bind (default: every interface).")
+    group.add_argument(
+        "--host", type=str, default=None, help="Host name to bind (default: every interface)."
+    )
     group.add_argument("--port", type=int, default=8000, help="Port number.")
-    group.add_argument("--uvicorn-log-level", type=str, default="info",
-                       choices=["debug", "info", "warning", "error", "critical", "trace"],
-                       help="Log level for uvicorn.")
-    group.add_argument("--disable-uvicorn-access-log", action="store_true",
-                       help="Disable uvicorn access log.")
-    group.add_argument("--allowed-origins", type=json.loads, default=["*"],
-                       help="CORS allowed origins (JSON list).")
-    group.add_argument("--allow-credentials", action="store_true",
-                       help="CORS: allow credentials.")
-    group.add_argument("--allowed-methods", type=json.loads, default=["*"],
-                       help="CORS allowed methods (JSON list).")
-    group.add_argument("--allowed-headers", type=json.loads, default=["*"],
-                       help="CORS allowed headers (JSON list).")
-    group.add_argument("--api-key", type=str, nargs="+", default=None,
-                       help="If given, every route that runs the model (all but "
-                       "/health, /ping, /version and the API docs) requires one of these "
-                       "keys as `Authorization: Bearer <key>`. Also VLLM_API_KEY.")
-    group.add_argument("--chat-template", type=str, default=None,
-                       help="Chat template: a file path or the template itself "
-                       "(default: the tokenizer's).")
-    group.add_argument("--trust-request-chat-template", action="store_true",
-                       help="Honour a `chat_template` sent in a request (untrusted "
-                       "templates are refused by default).")
-    group.add_argument("--response-role", type=str, default="assistant",
-                       help="Role of generated chat messages (with add_generation_prompt).")
-    group.add_argument("--root-path", type=str, default=None,
-                       help="FastAPI root_path when behind a path-based proxy.")
-    group.add_argument("--enable-force-include-usage", action="store_true",
-                       help="Send usage in every stream, as if include_usage were set.")
-    group.add_argument("--enable-prompt-tokens-details", action="store_true",
-                       help="Report prompt_tokens_details.cached_tokens in usage.")
-    group.add_argument("--max-num-queued-reqs", type=int, default=None,
-                       help="Most unfinished requests (n counts n) before new ones get 503 "
-                       "with Retry-After. Default: 8 x max_num_seqs.")
-    group.add_argument("--shutdown-timeout", type=float, default=0.0,
-                       help="On SIGTERM/SIGINT, seconds to let in-flight requests finish "
-                       "before they are aborted.")
-    group.add_argument("--max-request-body-bytes", type=int, default=None,
-                       help="Largest request body accepted, in bytes; a larger one gets 413 "
-                       "before it is read (a declared Content-Length) or as soon as it "
-                       "passes the limit (a chunked body). Default: max(16 MiB, 128 x "
-                       "max_model_len), room for a full-context prompt; raise it for "
-                       "batched completions of many long prompts.")
-    group.add_argument("--disable-fastapi-docs", action="store_true",
-                       help="Disable /docs, /redoc and /openapi.json.")
+    group.add_argument(
+        "--uvicorn-log-level",
+        type=str,
+        default="info",
+        choices=["debug", "info", "warning", "error", "critical", "trace"],
+        help="Log level for uvicorn.",
+    )
+    group.add_argument(
+        "--disable-uvicorn-access-log", action="store_true", help="Disable uvicorn access log."
+    )
+    group.add_argument(
+        "--allowed-origins",
+        type=json.loads,
+        default=["*"],
+        help="CORS allowed origins (JSON list).",
+    )
+    group.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials.")
+    group.add_argument(
+        "--allowed-methods",
+        type=json.loads,
+        default=["*"],
+        help="CORS allowed methods (JSON list).",
+    )
+    group.add_argument(
+        "--allowed-headers",
+        type=json.loads,
+        default=["*"],
+        help="CORS allowed headers (JSON list).",
+    )
+    group.add_argument(
+        "--api-key",
+        type=str,
+        nargs="+",
+        default=None,
+        help="If given, every route that runs the model (all but "
+        "/health, /ping, /version and the API docs) requires one of these "
+        "keys as `Authorization: Bearer <key>`. Also VLLM_API_KEY.",
+    )
+    group.add_argument(
+        "--chat-template",
+        type=str,
+        default=None,
+        help="Chat template: a file path or the template itself (default: the tokenizer's).",
+    )
+    group.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="Honour a `chat_template` sent in a request (untrusted "
+        "templates are refused by default).",
+    )
+    group.add_argument(
+        "--response-role",
+        type=str,
+        default="assistant",
+        help="Role of generated chat messages (with add_generation_prompt).",
+    )
+    group.add_argument(
+        "--root-path",
+        type=str,
+        default=None,
+        help="FastAPI root_path when behind a path-based proxy.",
+    )
+    group.add_argument(
+        "--enable-force-include-usage",
+        action="store_true",
+        help="Send usage in every stream, as if include_usage were set.",
+    )
+    group.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="Report prompt_tokens_details.cached_tokens in usage.",
+    )
+    group.add_argument(
+        "--max-num-queued-reqs",
+        type=int,
+        default=None,
+        help="Most unfinished requests (n counts n) before new ones get 503 "
+        "with Retry-After. Default: 8 x max_num_seqs.",
+    )
+    group.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=0.0,
+        help="On SIGTERM/SIGINT, seconds to let in-flight requests finish before they are aborted.",
+    )
+    group.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=None,
+        help="Largest request body accepted, in bytes; a larger one gets 413 "
+        "before it is read (a declared Content-Length) or as soon as it "
+        "passes the limit (a chunked body). Default: max(16 MiB, 128 x "
+        "max_model_len), room for a full-context prompt; raise it for "
+        "batched completions of many long prompts.",
+    )
+    group.add_argument(
+        "--disable-fastapi-docs",
+        action="store_true",
+        help="Disable /docs, /redoc and /openapi.json.",
+    )
 
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the server's flags and every engine flag to `parser`."""
-    parser.add_argument("model_tag", type=str, nargs="?", default=None,
-                        help="The model path (default: the embedded SmolLM2 model).")
+    parser.add_argument(
+        "model_tag",
+        type=str,
+        nargs="?",
+        default=None,
+        help="The model path (default: the embedded SmolLM2 model).",
+    )
     _add_frontend_args(parser)
     AsyncEngineArgs.add_cli_args(parser)
     return parser
@@ -74,8 +136,10 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
     """Quick checks of the parsed flags (errors are argparse-style ValueErrors)."""
     if getattr(args, "model_tag", None):
         if args.model != AsyncEngineArgs.model and args.model != args.model_tag:
-            raise ValueError("The model is given twice (positional and --model) with "
-                             f"different values: {args.model_tag!r} vs {args.model!r}")
+            raise ValueError(
+                "The model is given twice (positional and --model) with "
+                f"different values: {args.model_tag!r} vs {args.model!r}"
+            )
         args.model = args.model_tag
     if args.max_num_queued_reqs is not None and args.max_num_queued_reqs < 1:
         raise ValueError("--max-num-queued-reqs must be at least 1")

@@ -14,6 +14,7 @@ prompts, logprob counts.
 (both at once is a 400). `use_beam_search` turns a request into beam search
 params (`to_beam_search_params`), run by `OpenAIServing.beam_search`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,22 +25,49 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from vllm.entrypoints.openai.protocol_base import (  # noqa: F401 (re-exported)
-    LOGPROB_FLOOR, MAX_N_SEQUENCES, MAX_PROMPTS_PER_REQUEST, ErrorInfo, ErrorResponse, Int64,
-    OpenAIBaseModel, PromptTokenUsageInfo, StrictBool, StrictFloat, StrictInt, TokenId,
-    UsageInfo, log_ignored_fields)
+    LOGPROB_FLOOR,
+    MAX_N_SEQUENCES,
+    MAX_PROMPTS_PER_REQUEST,
+    ErrorInfo,
+    ErrorResponse,
+    Int64,
+    OpenAIBaseModel,
+    PromptTokenUsageInfo,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    TokenId,
+    UsageInfo,
+    log_ignored_fields,
+)
 from vllm.entrypoints.openai.protocol_responses import (  # noqa: F401 (re-exported)
-    ChatCompletionLogProb, ChatCompletionLogProbs, ChatCompletionLogProbsContent,
-    ChatCompletionResponse, ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
-    ChatCompletionStreamResponse, ChatMessage, CompletionLogProbs, CompletionResponse,
-    CompletionResponseChoice, CompletionResponseStreamChoice, CompletionStreamResponse,
-    DeltaFunctionCall, DeltaMessage, DeltaToolCall, FunctionCall, ToolCall,
-    make_tool_call_id)
+    ChatCompletionLogProb,
+    ChatCompletionLogProbs,
+    ChatCompletionLogProbsContent,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+    CompletionLogProbs,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionResponseStreamChoice,
+    CompletionStreamResponse,
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
+    make_tool_call_id,
+)
 from vllm.sampling_params import BeamSearchParams, StructuredOutputsParams
 from vllm.utils import random_uuid
 
 
 class UnauthorizedResponse(OpenAIBaseModel):
     """The body of a 401 (upstream's, not OpenAI's envelope)."""
+
     error: Literal["Unauthorized"] = "Unauthorized"
 
 
@@ -91,17 +119,20 @@ class JsonSchemaResponseFormat(OpenAIBaseModel):
 
 
 class ResponseFormat(OpenAIBaseModel):
-    """"text" (no constraint), "json_object" (any JSON object) or "json_schema"."""
+    """ "text" (no constraint), "json_object" (any JSON object) or "json_schema"."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaResponseFormat | None = None
 
     @model_validator(mode="after")
-    def check_schema(self) -> "ResponseFormat":
-        if self.type == "json_schema" and (self.json_schema is None
-                                           or self.json_schema.json_schema is None):
-            raise ValueError("`response_format.json_schema` with its `schema` is required "
-                             "when `response_format.type` is \"json_schema\".")
+    def check_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and (
+            self.json_schema is None or self.json_schema.json_schema is None
+        ):
+            raise ValueError(
+                "`response_format.json_schema` with its `schema` is required "
+                'when `response_format.type` is "json_schema".'
+            )
         return self
 
     def to_structured_outputs(self) -> StructuredOutputsParams | None:
@@ -115,10 +146,13 @@ class ResponseFormat(OpenAIBaseModel):
 
 
 _STRUCTURED_OUTPUTS_FIELDS = frozenset(
-    f.name for f in dataclasses.fields(StructuredOutputsParams) if not f.name.startswith("_"))
+    f.name for f in dataclasses.fields(StructuredOutputsParams) if not f.name.startswith("_")
+)
 _STRUCTURED_OUTPUTS_BOOLS = frozenset(
-    name for name, hint in typing.get_type_hints(StructuredOutputsParams).items()
-    if name in _STRUCTURED_OUTPUTS_FIELDS and (hint is bool or bool in typing.get_args(hint)))
+    name
+    for name, hint in typing.get_type_hints(StructuredOutputsParams).items()
+    if name in _STRUCTURED_OUTPUTS_FIELDS and (hint is bool or bool in typing.get_args(hint))
+)
 
 
 class SamplingRequestMixin(OpenAIBaseModel):
@@ -144,7 +178,8 @@ class SamplingRequestMixin(OpenAIBaseModel):
     min_p: StrictFloat | None = None
     repetition_penalty: StrictFloat | None = None
     stop_token_ids: Annotated[list[TokenId], Field(fail_fast=True)] | None = Field(
-        default_factory=list)
+        default_factory=list
+    )
     include_stop_str_in_output: StrictBool = False
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = Field(0, ge=0)
@@ -155,16 +190,19 @@ class SamplingRequestMixin(OpenAIBaseModel):
     prompt_logprobs: StrictInt | None = Field(None, ge=-1)
     bad_words: Annotated[list[str], Field(fail_fast=True)] = Field(default_factory=list)
     priority: StrictInt = 0
-    request_id: str = Field(default_factory=random_uuid,
-                            description="The request_id related to this request.")
+    request_id: str = Field(
+        default_factory=random_uuid, description="The request_id related to this request."
+    )
     return_token_ids: StrictBool | None = None
     # Logprob entries named "token_id:<id>" rather than by their (maybe ambiguous) text.
     return_tokens_as_token_ids: StrictBool | None = None
     cache_salt: str | None = None
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
     structured_outputs: StructuredOutputsParams | None = Field(
-        default=None, description="Constrain the output: exactly one of json (a JSON "
-        "schema), regex, choice, grammar (EBNF), json_object or structural_tag.")
+        default=None,
+        description="Constrain the output: exactly one of json (a JSON "
+        "schema), regex, choice, grammar (EBNF), json_object or structural_tag.",
+    )
     # Beam search (upstream's request fields): `n` is the beam width.
     use_beam_search: StrictBool = False
     length_penalty: StrictFloat = 1.0
@@ -173,13 +211,33 @@ class SamplingRequestMixin(OpenAIBaseModel):
     # rather than silently dropped): the prompt, its template and tokenization,
     # n, the length cap, temperature, EOS handling, streaming, the request's
     # identity and what the response carries.
-    BEAM_SEARCH_FIELDS: ClassVar[frozenset[str]] = frozenset({
-        "model", "prompt", "messages", "n", "max_tokens", "max_completion_tokens",
-        "temperature", "ignore_eos", "length_penalty", "include_stop_str_in_output",
-        "use_beam_search", "stream", "stream_options", "user", "request_id", "priority",
-        "add_special_tokens", "truncate_prompt_tokens", "add_generation_prompt",
-        "continue_final_message", "chat_template", "chat_template_kwargs",
-        "return_token_ids"})
+    BEAM_SEARCH_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "model",
+            "prompt",
+            "messages",
+            "n",
+            "max_tokens",
+            "max_completion_tokens",
+            "temperature",
+            "ignore_eos",
+            "length_penalty",
+            "include_stop_str_in_output",
+            "use_beam_search",
+            "stream",
+            "stream_options",
+            "user",
+            "request_id",
+            "priority",
+            "add_special_tokens",
+            "truncate_prompt_tokens",
+            "add_generation_prompt",
+            "continue_final_message",
+            "chat_template",
+            "chat_template_kwargs",
+            "return_token_ids",
+        }
+    )
 
     @field_validator("structured_outputs", mode="before")
     @classmethod
@@ -191,29 +249,35 @@ class SamplingRequestMixin(OpenAIBaseModel):
             return value
         for key, item in value.items():
             if isinstance(key, str) and key.startswith("_"):
-                raise ValueError(f"`structured_outputs.{key}` is set by the server, not by "
-                                 "a request.")
+                raise ValueError(
+                    f"`structured_outputs.{key}` is set by the server, not by a request."
+                )
             if key in _STRUCTURED_OUTPUTS_BOOLS and not isinstance(item, bool | None):
                 raise ValueError(f"`structured_outputs.{key}` must be a boolean.")
         log_ignored_fields([k for k in value if k not in _STRUCTURED_OUTPUTS_FIELDS])
         return value
 
     @model_validator(mode="after")
-    def check_stream_options(self) -> "SamplingRequestMixin":
+    def check_stream_options(self) -> SamplingRequestMixin:
         if self.stream_options is not None and not self.stream:
             raise ValueError("Stream options can only be defined when `stream=True`.")
         if self.prompt_logprobs is not None and self.stream and self.prompt_logprobs != 0:
             raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
         if self.cache_salt is not None and not self.cache_salt:
             raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
-        if self.structured_outputs is not None and self.response_format is not None \
-                and self.response_format.type != "text":
-            raise ValueError("`structured_outputs` and a non-text `response_format` both "
-                             "constrain the output: set only one of them.")
+        if (
+            self.structured_outputs is not None
+            and self.response_format is not None
+            and self.response_format.type != "text"
+        ):
+            raise ValueError(
+                "`structured_outputs` and a non-text `response_format` both "
+                "constrain the output: set only one of them."
+            )
         return self
 
     @model_validator(mode="after")
-    def check_beam_search(self) -> "SamplingRequestMixin":
+    def check_beam_search(self) -> SamplingRequestMixin:
         if not self.use_beam_search:
             return self
         fields = type(self).model_fields
@@ -226,27 +290,36 @@ class SamplingRequestMixin(OpenAIBaseModel):
                 raise ValueError(f"`{name}` is not supported with `use_beam_search`.")
         return self
 
-    def to_beam_search_params(self, max_tokens: int,
-                              default_sampling_params: dict[str, Any]) -> BeamSearchParams:
+    def to_beam_search_params(
+        self, max_tokens: int, default_sampling_params: dict[str, Any]
+    ) -> BeamSearchParams:
         """As upstream: beam width `n`; temperature from the request, else
         generation_config.json, else 1.0 (greedy beams need temperature 0)."""
         temperature = self.temperature
         if temperature is None:
             temperature = default_sampling_params.get("temperature", 1.0)
-        return BeamSearchParams(beam_width=self.n, max_tokens=max_tokens,
-                                ignore_eos=self.ignore_eos, temperature=temperature,
-                                length_penalty=self.length_penalty,
-                                include_stop_str_in_output=self.include_stop_str_in_output)
+        return BeamSearchParams(
+            beam_width=self.n,
+            max_tokens=max_tokens,
+            ignore_eos=self.ignore_eos,
+            temperature=temperature,
+            length_penalty=self.length_penalty,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
 
 
 class CompletionRequest(SamplingRequestMixin):
     # https://platform.openai.com/docs/api-reference/completions/create
-    prompt: (Annotated[list[TokenId], Field(max_length=MAX_N_SEQUENCES * 64, fail_fast=True)]
-             | Annotated[list[Annotated[list[TokenId], Field(min_length=0, fail_fast=True)]],
-                         Field(max_length=MAX_PROMPTS_PER_REQUEST, fail_fast=True)]
-             | str
-             | Annotated[list[str], Field(max_length=MAX_PROMPTS_PER_REQUEST, fail_fast=True)]
-             | None) = None
+    prompt: (
+        Annotated[list[TokenId], Field(max_length=MAX_N_SEQUENCES * 64, fail_fast=True)]
+        | Annotated[
+            list[Annotated[list[TokenId], Field(min_length=0, fail_fast=True)]],
+            Field(max_length=MAX_PROMPTS_PER_REQUEST, fail_fast=True),
+        ]
+        | str
+        | Annotated[list[str], Field(max_length=MAX_PROMPTS_PER_REQUEST, fail_fast=True)]
+        | None
+    ) = None
     echo: StrictBool | None = False
     logprobs: StrictInt | None = Field(None, ge=0)
     max_tokens: StrictInt | None = Field(16, ge=0)
@@ -255,12 +328,13 @@ class CompletionRequest(SamplingRequestMixin):
     prompt_embeds: bytes | list[bytes] | None = None
 
     @model_validator(mode="after")
-    def check_prompt(self) -> "CompletionRequest":
+    def check_prompt(self) -> CompletionRequest:
         if self.prompt in (None, "", []) and not self.prompt_embeds:
             raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")
         if self.prompt_embeds is not None:
-            raise ValueError("`prompt_embeds` (prompt embeddings) are not supported "
-                             "by this server.")
+            raise ValueError(
+                "`prompt_embeds` (prompt embeddings) are not supported by this server."
+            )
         if self.suffix is not None:
             raise ValueError("suffix is not currently supported")
         return self
@@ -283,6 +357,7 @@ class ChatCompletionNamedFunction(OpenAIBaseModel):
 
 class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
     """`tool_choice: {"type": "function", "function": {"name": ...}}`: call that tool."""
+
     function: ChatCompletionNamedFunction
     type: Literal["function"] = "function"
 
@@ -300,16 +375,18 @@ class ChatMessageParam(OpenAIBaseModel):
 
 class ChatCompletionRequest(SamplingRequestMixin):
     # https://platform.openai.com/docs/api-reference/chat/create
-    messages: Annotated[list[ChatMessageParam], Field(min_length=1,
-                                                      max_length=MAX_PROMPTS_PER_REQUEST)]
+    messages: Annotated[
+        list[ChatMessageParam], Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST)
+    ]
     logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = Field(0, ge=0)
     max_tokens: StrictInt | None = Field(None, ge=0, deprecated=True)
     max_completion_tokens: StrictInt | None = Field(None, ge=0)
     tools: Annotated[list[ChatCompletionToolsParam], Field(fail_fast=True)] | None = None
     # None with tools means "auto" (OpenAI's default); see tool_choice.py.
-    tool_choice: (Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam
-                  | None) = None
+    tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = (
+        None
+    )
     parallel_tool_calls: StrictBool | None = True
     # --- vLLM's chat extras ---
     echo: StrictBool = False
@@ -320,18 +397,20 @@ class ChatCompletionRequest(SamplingRequestMixin):
     chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def check_chat_options(self) -> "ChatCompletionRequest":
+    def check_chat_options(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("when using `top_logprobs`, `logprobs` must be set to true.")
         if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("Cannot set both `continue_final_message` and "
-                             "`add_generation_prompt` to True.")
+            raise ValueError(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
         return self
 
 
 # ----------------------------------------------------------------------
 # Tokenization
 # ----------------------------------------------------------------------
+
 
 class TokenizeCompletionRequest(OpenAIBaseModel):
     model: str | None = None
@@ -342,8 +421,9 @@ class TokenizeCompletionRequest(OpenAIBaseModel):
 
 class TokenizeChatRequest(OpenAIBaseModel):
     model: str | None = None
-    messages: Annotated[list[ChatMessageParam], Field(min_length=1,
-                                                      max_length=MAX_PROMPTS_PER_REQUEST)]
+    messages: Annotated[
+        list[ChatMessageParam], Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST)
+    ]
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     add_special_tokens: StrictBool = False
@@ -353,10 +433,11 @@ class TokenizeChatRequest(OpenAIBaseModel):
     tools: Annotated[list[ChatCompletionToolsParam], Field(fail_fast=True)] | None = None
 
     @model_validator(mode="after")
-    def check_generation_prompt(self) -> "TokenizeChatRequest":
+    def check_generation_prompt(self) -> TokenizeChatRequest:
         if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("Cannot set both `continue_final_message` and "
-                             "`add_generation_prompt` to True.")
+            raise ValueError(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
         return self
 
 

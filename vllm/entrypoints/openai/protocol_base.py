@@ -8,6 +8,7 @@ client's mistake would otherwise be read as something else: a string or a
 number is not a boolean (`"stream": "false"` would be true to pydantic's lax
 mode), a string or a float is not an integer, a string is not a number.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
@@ -59,8 +60,10 @@ class OpenAIBaseModel(BaseModel):
 def log_ignored_fields(names: list[Any]) -> None:
     """Upstream's warning for request fields nothing reads."""
     if names:
-        logger.warning("The following fields were present in the request but ignored: %s",
-                       _bounded_names(names))
+        logger.warning(
+            "The following fields were present in the request but ignored: %s",
+            _bounded_names(names),
+        )
 
 
 def _known_field_names(cls: type[BaseModel]) -> frozenset[str]:
@@ -68,7 +71,8 @@ def _known_field_names(cls: type[BaseModel]) -> frozenset[str]:
     names = _FIELD_NAMES.get(cls)
     if names is None:
         names = frozenset(
-            [*cls.model_fields, *(f.alias for f in cls.model_fields.values() if f.alias)])
+            [*cls.model_fields, *(f.alias for f in cls.model_fields.values() if f.alias)]
+        )
         _FIELD_NAMES[cls] = names
     return names
 

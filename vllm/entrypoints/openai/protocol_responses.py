@@ -2,6 +2,7 @@
 (re-exported by vllm/entrypoints/openai/protocol.py, upstream's single
 protocol module).
 """
+
 from __future__ import annotations
 
 import time
@@ -12,10 +13,10 @@ from pydantic import Field, model_serializer
 from vllm.entrypoints.openai.protocol_base import LOGPROB_FLOOR, OpenAIBaseModel, UsageInfo
 from vllm.utils import random_uuid
 
-
 # ----------------------------------------------------------------------
 # Completion responses
 # ----------------------------------------------------------------------
+
 
 class CompletionLogProbs(OpenAIBaseModel):
     text_offset: list[int] = Field(default_factory=list)
@@ -68,6 +69,7 @@ class CompletionStreamResponse(OpenAIBaseModel):
 # Chat responses
 # ----------------------------------------------------------------------
 
+
 class ChatCompletionLogProb(OpenAIBaseModel):
     token: str
     logprob: float = LOGPROB_FLOOR
@@ -104,6 +106,7 @@ class DeltaFunctionCall(OpenAIBaseModel):
 
 class DeltaToolCall(OpenAIBaseModel):
     """A streamed piece of a tool call: the first carries id, type and name."""
+
     id: str | None = None
     type: Literal["function"] | None = None
     index: int  # the call's position in the message's tool_calls

@@ -10,6 +10,7 @@ counterpart; upstream v0.28 reads and tokenizes whatever it is sent).
   `PromptLengthBound.from_tokenizer`). A prompt whose bound already exceeds
   the context is refused without tokenizing it.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,10 @@ def default_max_request_body_bytes(max_model_len: int) -> int:
 
 
 def body_too_large_message(limit: int) -> str:
-    return (f"The request body is larger than this server accepts ({limit} bytes; "
-            "see --max-request-body-bytes).")
+    return (
+        f"The request body is larger than this server accepts ({limit} bytes; "
+        "see --max-request-body-bytes)."
+    )
 
 
 class RequestBodyLimitMiddleware:
@@ -90,9 +93,14 @@ class RequestBodyLimitMiddleware:
 
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int) -> None:
-        body = ErrorResponse(error=ErrorInfo(message=body_too_large_message(limit),
-                                             type="Request Entity Too Large", param=None,
-                                             code=413))
+        body = ErrorResponse(
+            error=ErrorInfo(
+                message=body_too_large_message(limit),
+                type="Request Entity Too Large",
+                param=None,
+                code=413,
+            )
+        )
         response = Utf8JSONResponse(body.model_dump(), status_code=413)
         await response(scope, receive, send)
 
@@ -114,13 +122,26 @@ MAX_CANONICAL_DECOMPOSITION = 4
 # of at most 4 bytes each, into one composite of at least 2 bytes (every
 # composite is U+00C0 or above): at most 4K / 2 = 8. Prepend only adds; a
 # ByteLevel normalizer maps each byte to one character of 1 or 2 bytes.
-_SHRINK = {"Lowercase": 4, "NFD": 4, "NFKD": 4, "NFC": 2 * MAX_CANONICAL_DECOMPOSITION,
-           "NFKC": 2 * MAX_CANONICAL_DECOMPOSITION, "Prepend": 1, "ByteLevel": 1}
+_SHRINK = {
+    "Lowercase": 4,
+    "NFD": 4,
+    "NFKD": 4,
+    "NFC": 2 * MAX_CANONICAL_DECOMPOSITION,
+    "NFKC": 2 * MAX_CANONICAL_DECOMPOSITION,
+    "Prepend": 1,
+    "ByteLevel": 1,
+}
 # Pre-tokenizers that only split the text or map it to longer text (ByteLevel:
 # each byte becomes one character; Metaspace: " " becomes the 3-byte "▁").
 # Any of them with the "Removed" behaviour drops the delimiters: refused.
-_SPLITTING_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Split", "Digits", "Punctuation",
-                             "UnicodeScripts"}
+_SPLITTING_PRE_TOKENIZERS = {
+    "ByteLevel",
+    "Metaspace",
+    "Split",
+    "Digits",
+    "Punctuation",
+    "UnicodeScripts",
+}
 
 
 @dataclass(frozen=True)
@@ -141,7 +162,7 @@ class PromptLengthBound:
         return math.ceil((_utf8_len(text) - dropped) / self.bytes_per_token)
 
     @staticmethod
-    def from_tokenizer(tokenizer: TokenizerLike) -> "PromptLengthBound":
+    def from_tokenizer(tokenizer: TokenizerLike) -> PromptLengthBound:
         """Prove a bound for a Hugging Face fast tokenizer, or give none.
 
         Proof. Encoding runs: split out added tokens -> normalizer ->
@@ -183,8 +204,7 @@ class PromptLengthBound:
             return PromptLengthBound(None, reason=coverage)
         longest, dropped = coverage
         if dropped and norm is not None:
-            return PromptLengthBound(None, reason="characters without a token, and a "
-                                     "normalizer")
+            return PromptLengthBound(None, reason="characters without a token, and a normalizer")
         return PromptLengthBound(shrink * longest, dropped)
 
 
@@ -221,8 +241,7 @@ def _pre_tokenizer_problem(pre: dict | None) -> str:
         return ""
     kind = pre.get("type")
     if kind == "Sequence":
-        return next((p for p in map(_pre_tokenizer_problem, pre.get("pretokenizers", []))
-                     if p), "")
+        return next((p for p in map(_pre_tokenizer_problem, pre.get("pretokenizers", [])) if p), "")
     if kind not in _SPLITTING_PRE_TOKENIZERS:
         return f"the {kind} pre-tokenizer may drop text"
     if pre.get("behavior") == "Removed":
@@ -243,8 +262,7 @@ def _byte_level_chars() -> dict[int, str]:
     themselves, the other 68 bytes for U+0100 onwards, in byte order."""
     printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     others = [b for b in range(256) if b not in printable]
-    return {**{b: chr(b) for b in printable},
-            **{b: chr(0x100 + i) for i, b in enumerate(others)}}
+    return {**{b: chr(b) for b in printable}, **{b: chr(0x100 + i) for i, b in enumerate(others)}}
 
 
 def _token_coverage(spec: dict, byte_level: bool) -> tuple[int, str] | str:
@@ -268,8 +286,7 @@ def _token_coverage(spec: dict, byte_level: bool) -> tuple[int, str] | str:
             return "a UTF-8 continuation byte has no token"
         dropped = "".join(chr(b) for b in missing if b < 0x80)
         factor = 2 if any(b >= 0xC2 for b in missing) else 1
-    elif not (model.get("byte_fallback")
-              and all(f"<0x{b:02X}>" in vocab for b in range(256))):
+    elif not (model.get("byte_fallback") and all(f"<0x{b:02X}>" in vocab for b in range(256))):
         return "some characters may map to an unknown token"
     added = spec.get("added_tokens") or []
     if any(t.get("lstrip") or t.get("rstrip") for t in added):
@@ -277,8 +294,10 @@ def _token_coverage(spec: dict, byte_level: bool) -> tuple[int, str] | str:
     # A byte-level piece covers one input byte per character (its UTF-8 form
     # is up to twice as long); added tokens match raw text, their UTF-8 bytes.
     alphabet = set(_byte_level_chars().values()) if byte_level else set()
-    longest = max((len(p) if byte_level and set(p) <= alphabet else len(p.encode("utf-8"))
-                   for p in pieces), default=1)
+    longest = max(
+        (len(p) if byte_level and set(p) <= alphabet else len(p.encode("utf-8")) for p in pieces),
+        default=1,
+    )
     longest = max([longest, *(len(t.get("content", "").encode("utf-8")) for t in added)])
     return factor * longest, dropped
 
@@ -296,15 +315,22 @@ def prompt_length_bound(tokenizer: TokenizerLike) -> PromptLengthBound:
         if bound.bytes_per_token is None:
             logger.info("Prompt lengths are checked after tokenizing only: %s.", bound.reason)
         else:
-            logger.info("A prompt text has at least one token per %d bytes: longer ones "
-                        "than the context are refused before tokenizing.",
-                        bound.bytes_per_token)
+            logger.info(
+                "A prompt text has at least one token per %d bytes: longer ones "
+                "than the context are refused before tokenizing.",
+                bound.bytes_per_token,
+            )
         entry = _BOUNDS[id(tokenizer)] = (tokenizer, bound)
     return entry[1]
 
 
-def check_prompt_text_length(tokenizer: TokenizerLike, text: str, max_model_len: int,
-                             max_tokens: int | None, param: str = "prompt") -> None:
+def check_prompt_text_length(
+    tokenizer: TokenizerLike,
+    text: str,
+    max_model_len: int,
+    max_tokens: int | None,
+    param: str = "prompt",
+) -> None:
     """Refuse a text provably too long for the context, before tokenizing it,
     with upstream's messages for a prompt of (at least) that many tokens.
 
@@ -319,12 +345,15 @@ def check_prompt_text_length(tokenizer: TokenizerLike, text: str, max_model_len:
         raise VLLMValidationError(
             f"This model's maximum context length is {max_model_len} tokens. However, your "
             f"request has at least {min_tokens} input tokens ({_utf8_len(text)} bytes of "
-            "text). Please reduce the length of the input messages.", parameter=param)
+            "text). Please reduce the length of the input messages.",
+            parameter=param,
+        )
     raise VLLMValidationError(
         f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
         f"maximum context length is {max_model_len} tokens and your request has at least "
         f"{min_tokens} input tokens ({max_tokens} > {max_model_len} - {min_tokens}).",
-        parameter="max_tokens")
+        parameter="max_tokens",
+    )
 
 
 def check_token_count(num_tokens: int, max_model_len: int, param: str) -> None:
@@ -332,4 +361,6 @@ def check_token_count(num_tokens: int, max_model_len: int, param: str) -> None:
     if num_tokens > max_model_len:
         raise VLLMValidationError(
             f"This model's maximum context length is {max_model_len} tokens. However, "
-            f"your request has {num_tokens} tokens.", parameter=param)
+            f"your request has {num_tokens} tokens.",
+            parameter=param,
+        )

@@ -4,6 +4,7 @@ One engine request per prompt (a request may carry several); their outputs
 are merged. Choice `i * n + j` is completion j of prompt i. Streaming sends
 `data: {chunk}` frames and ends with `data: [DONE]`, also after an error.
 """
+
 from __future__ import annotations
 
 import time
@@ -12,14 +13,24 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
-from vllm.entrypoints.openai.protocol import (CompletionLogProbs, CompletionRequest,
-                                              CompletionResponse, CompletionResponseChoice,
-                                              CompletionResponseStreamChoice,
-                                              CompletionStreamResponse, ErrorResponse)
+from vllm.entrypoints.openai.protocol import (
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionResponseStreamChoice,
+    CompletionStreamResponse,
+    ErrorResponse,
+)
 from vllm.entrypoints.openai.request_limits import check_prompt_text_length
-from vllm.entrypoints.openai.serving_engine import (GenerationError, OpenAIServing,
-                                                    clamp_logprob, decoded_token,
-                                                    merge_async_iterators, prime)
+from vllm.entrypoints.openai.serving_engine import (
+    GenerationError,
+    OpenAIServing,
+    clamp_logprob,
+    decoded_token,
+    merge_async_iterators,
+    prime,
+)
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
 from vllm.logger import init_logger
@@ -37,9 +48,9 @@ PromptInput = tuple[list[int], str | None]
 class OpenAIServingCompletion(OpenAIServing):
     """Handles `/v1/completions`."""
 
-    async def create_completion(self, request: CompletionRequest,
-                                raw_request: Request | None = None
-                                ) -> AsyncGenerator[str, None] | CompletionResponse | ErrorResponse:
+    async def create_completion(
+        self, request: CompletionRequest, raw_request: Request | None = None
+    ) -> AsyncGenerator[str, None] | CompletionResponse | ErrorResponse:
         """Serve one completion request: a response, an SSE stream, or an error body."""
         error = await self._check_model(request)
         if error is not None:
@@ -53,8 +64,10 @@ class OpenAIServingCompletion(OpenAIServing):
             tokenizer = await self.engine_client.get_tokenizer()
             prompts = self._tokenize_prompts(request, tokenizer)
             self._check_capacity(request.n * len(prompts))
-            generators = [self._generate(request, ids, text, f"{request_id}-{i}")
-                          for i, (ids, text) in enumerate(prompts)]
+            generators = [
+                self._generate(request, ids, text, f"{request_id}-{i}")
+                for i, (ids, text) in enumerate(prompts)
+            ]
         except Exception as e:
             return self.error_from_exception(e)
         try:
@@ -64,15 +77,22 @@ class OpenAIServingCompletion(OpenAIServing):
                 raise
             return self.error_from_exception(e, request)
         if request.stream:
-            return self.completion_stream_generator(request, result_generator, request_id,
-                                                    created_time, model_name, len(prompts),
-                                                    tokenizer)
+            return self.completion_stream_generator(
+                request,
+                result_generator,
+                request_id,
+                created_time,
+                model_name,
+                len(prompts),
+                tokenizer,
+            )
         final_res_batch: list[RequestOutput | None] = [None] * len(prompts)
         try:
             async for i, res in result_generator:
                 final_res_batch[i] = res
             return self.request_output_to_completion_response(
-                final_res_batch, request, request_id, created_time, model_name, tokenizer)
+                final_res_batch, request, request_id, created_time, model_name, tokenizer
+            )
         except Exception as e:
             if isinstance(e, type(self.engine_client.dead_error)):
                 raise
@@ -82,8 +102,9 @@ class OpenAIServingCompletion(OpenAIServing):
     # Prompts
     # ------------------------------------------------------------------
 
-    def _tokenize_prompts(self, request: CompletionRequest,
-                          tokenizer: TokenizerLike) -> list[PromptInput]:
+    def _tokenize_prompts(
+        self, request: CompletionRequest, tokenizer: TokenizerLike
+    ) -> list[PromptInput]:
         prompt = request.prompt
         if isinstance(prompt, str):
             raw: Sequence[str | list[int]] = [prompt]
@@ -96,17 +117,21 @@ class OpenAIServingCompletion(OpenAIServing):
         for item in raw:
             if isinstance(item, str):
                 if request.truncate_prompt_tokens is None:  # refused before tokenizing
-                    check_prompt_text_length(tokenizer, item, self.max_model_len,
-                                             None if request.echo and request.max_tokens == 0
-                                             else request.max_tokens)
+                    check_prompt_text_length(
+                        tokenizer,
+                        item,
+                        self.max_model_len,
+                        None if request.echo and request.max_tokens == 0 else request.max_tokens,
+                    )
                 ids = list(tokenizer.encode(item, add_special_tokens=request.add_special_tokens))
                 text: str | None = item
             else:
                 bad = [t for t in item if t >= vocab_size]
                 if bad:
-                    raise VLLMValidationError(f"Token id {bad[0]} is out of vocabulary "
-                                              f"(vocabulary size {vocab_size})",
-                                              parameter="prompt")
+                    raise VLLMValidationError(
+                        f"Token id {bad[0]} is out of vocabulary (vocabulary size {vocab_size})",
+                        parameter="prompt",
+                    )
                 ids, text = list(item), None
             ids = self._truncate(ids, request.truncate_prompt_tokens, self.max_model_len)
             if not ids:
@@ -118,8 +143,9 @@ class OpenAIServingCompletion(OpenAIServing):
             prompts.append((ids, text))
         return prompts
 
-    def _generate(self, request: CompletionRequest, ids: list[int], text: str | None,
-                  request_id: str) -> AsyncIterator[RequestOutput]:
+    def _generate(
+        self, request: CompletionRequest, ids: list[int], text: str | None, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
         echo_only = request.echo and request.max_tokens == 0
         # Echo-only still runs one step (the engine always samples a token);
         # the sampled token is dropped from the response.
@@ -130,16 +156,22 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None and prompt_logprobs is None:
             prompt_logprobs = request.logprobs
-        params = self.build_sampling_params(request, max_tokens, request.logprobs,
-                                            prompt_logprobs)
+        params = self.build_sampling_params(request, max_tokens, request.logprobs, prompt_logprobs)
         prompt = TokensPrompt(prompt_token_ids=ids)
         if request.cache_salt is not None:
             prompt["cache_salt"] = request.cache_salt
-        return self.engine_client.generate(prompt, params, request_id, prompt_text=text,
-                                           priority=request.priority)
+        return self.engine_client.generate(
+            prompt, params, request_id, prompt_text=text, priority=request.priority
+        )
 
-    def _beam_search(self, request: CompletionRequest, ids: list[int], text: str | None,
-                     request_id: str, max_tokens: int) -> AsyncIterator[RequestOutput]:
+    def _beam_search(
+        self,
+        request: CompletionRequest,
+        ids: list[int],
+        text: str | None,
+        request_id: str,
+        max_tokens: int,
+    ) -> AsyncIterator[RequestOutput]:
         params = request.to_beam_search_params(max_tokens, self.default_sampling_params)
         prompt = TokensPrompt(prompt_token_ids=ids)
         if text is not None:
@@ -152,17 +184,25 @@ class OpenAIServingCompletion(OpenAIServing):
             if num is not None and max_logprobs != -1 and num > max_logprobs:
                 raise VLLMValidationError(
                     f"Requested logprobs of {num}, which is greater than max allowed: "
-                    f"{max_logprobs}", parameter="logprobs", value=num)
+                    f"{max_logprobs}",
+                    parameter="logprobs",
+                    value=num,
+                )
 
     # ------------------------------------------------------------------
     # Streaming
     # ------------------------------------------------------------------
 
     async def completion_stream_generator(
-            self, request: CompletionRequest,
-            result_generator: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
-            created_time: int, model_name: str, num_prompts: int,
-            tokenizer: TokenizerLike) -> AsyncGenerator[str, None]:
+        self,
+        request: CompletionRequest,
+        result_generator: AsyncIterator[tuple[int, RequestOutput]],
+        request_id: str,
+        created_time: int,
+        model_name: str,
+        num_prompts: int,
+        tokenizer: TokenizerLike,
+    ) -> AsyncGenerator[str, None]:
         num_choices = request.n
         previous_text_lens = [0] * num_choices * num_prompts
         previous_num_tokens = [0] * num_choices * num_prompts
@@ -180,35 +220,53 @@ class OpenAIServingCompletion(OpenAIServing):
                     i = output.index + prompt_idx * num_choices
                     if output.finish_reason == "error":
                         raise GenerationError()
-                    delta_text, delta_ids, out_logprobs = self._delta(request, res, output,
-                                                                      has_echoed, i)
+                    delta_text, delta_ids, out_logprobs = self._delta(
+                        request, res, output, has_echoed, i
+                    )
                     if not delta_text and not delta_ids and not output.finish_reason:
                         continue  # nothing new (e.g. a prefill chunk)
                     logprobs = None
                     if request.logprobs is not None:
                         logprobs = create_completion_logprobs(
-                            delta_ids, out_logprobs, request.logprobs, tokenizer,
+                            delta_ids,
+                            out_logprobs,
+                            request.logprobs,
+                            tokenizer,
                             initial_text_offset=previous_text_lens[i],
-                            as_token_ids=bool(request.return_tokens_as_token_ids))
+                            as_token_ids=bool(request.return_tokens_as_token_ids),
+                        )
                     previous_text_lens[i] += len(delta_text)
                     if not (request.echo and request.max_tokens == 0):
                         previous_num_tokens[i] += len(output.token_ids)
                     chunk = CompletionStreamResponse(
-                        id=request_id, created=created_time, model=model_name,
-                        choices=[CompletionResponseStreamChoice(
-                            index=i, text=delta_text, logprobs=logprobs,
-                            finish_reason=output.finish_reason,
-                            stop_reason=output.stop_reason,
-                            token_ids=delta_ids if request.return_token_ids else None)])
+                        id=request_id,
+                        created=created_time,
+                        model=model_name,
+                        choices=[
+                            CompletionResponseStreamChoice(
+                                index=i,
+                                text=delta_text,
+                                logprobs=logprobs,
+                                finish_reason=output.finish_reason,
+                                stop_reason=output.stop_reason,
+                                token_ids=delta_ids if request.return_token_ids else None,
+                            )
+                        ],
+                    )
                     if continuous:
-                        chunk.usage = self.usage_info(num_prompt_tokens[prompt_idx],
-                                             previous_num_tokens[i])
+                        chunk.usage = self.usage_info(
+                            num_prompt_tokens[prompt_idx], previous_num_tokens[i]
+                        )
                     yield f"data: {chunk.model_dump_json()}\n\n"
             if include_usage:
-                usage = self.usage_info(sum(num_prompt_tokens), sum(previous_num_tokens),
-                                        _total_cached(num_cached_tokens))
-                final = CompletionStreamResponse(id=request_id, created=created_time,
-                                                 model=model_name, choices=[], usage=usage)
+                usage = self.usage_info(
+                    sum(num_prompt_tokens),
+                    sum(previous_num_tokens),
+                    _total_cached(num_cached_tokens),
+                )
+                final = CompletionStreamResponse(
+                    id=request_id, created=created_time, model=model_name, choices=[], usage=usage
+                )
                 yield f"data: {final.model_dump_json(exclude_none=True)}\n\n"
         except Exception as e:
             logger.info("Streaming completion %s failed: %s", request_id, e)
@@ -219,8 +277,9 @@ class OpenAIServingCompletion(OpenAIServing):
         return self.error_from_exception(e).model_dump_json()
 
     @staticmethod
-    def _delta(request: CompletionRequest, res: RequestOutput, output: Any,
-               has_echoed: list[bool], i: int) -> tuple[str, list[int], Any]:
+    def _delta(
+        request: CompletionRequest, res: RequestOutput, output: Any, has_echoed: list[bool], i: int
+    ) -> tuple[str, list[int], Any]:
         """This step's (text, token ids, logprobs), the prompt first when echoing."""
         if request.echo and not has_echoed[i]:
             has_echoed[i] = True
@@ -228,8 +287,7 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_lps = list(res.prompt_logprobs or [None] * len(prompt_ids))
             if request.max_tokens == 0:
                 return res.prompt or "", list(prompt_ids), prompt_lps
-            logprobs = (prompt_lps + list(output.logprobs)
-                        if output.logprobs is not None else None)
+            logprobs = prompt_lps + list(output.logprobs) if output.logprobs is not None else None
             return (res.prompt or "") + output.text, [*prompt_ids, *output.token_ids], logprobs
         if request.echo and request.max_tokens == 0:
             return "", [], None
@@ -240,9 +298,14 @@ class OpenAIServingCompletion(OpenAIServing):
     # ------------------------------------------------------------------
 
     def request_output_to_completion_response(
-            self, final_res_batch: list[RequestOutput | None], request: CompletionRequest,
-            request_id: str, created_time: int, model_name: str,
-            tokenizer: TokenizerLike) -> CompletionResponse:
+        self,
+        final_res_batch: list[RequestOutput | None],
+        request: CompletionRequest,
+        request_id: str,
+        created_time: int,
+        model_name: str,
+        tokenizer: TokenizerLike,
+    ) -> CompletionResponse:
         choices: list[CompletionResponseChoice] = []
         num_prompt_tokens = num_generated_tokens = 0
         cached: list[int | None] = []
@@ -252,29 +315,45 @@ class OpenAIServingCompletion(OpenAIServing):
                 if output.finish_reason == "error":
                     raise GenerationError()
                 has_echoed = [False]
-                text, token_ids, out_logprobs = self._delta(request, final_res, output,
-                                                            has_echoed, 0)
+                text, token_ids, out_logprobs = self._delta(
+                    request, final_res, output, has_echoed, 0
+                )
                 logprobs = None
                 if request.logprobs is not None:
                     logprobs = create_completion_logprobs(
-                        token_ids, out_logprobs, request.logprobs, tokenizer,
-                        as_token_ids=bool(request.return_tokens_as_token_ids))
-                choices.append(CompletionResponseChoice(
-                    index=len(choices), text=text, logprobs=logprobs,
-                    finish_reason=output.finish_reason, stop_reason=output.stop_reason,
-                    prompt_logprobs=format_prompt_logprobs(final_res.prompt_logprobs,
-                                                           request.prompt_logprobs),
-                    token_ids=list(output.token_ids) if request.return_token_ids else None,
-                    prompt_token_ids=(final_res.prompt_token_ids if request.return_token_ids
-                                      else None)))
+                        token_ids,
+                        out_logprobs,
+                        request.logprobs,
+                        tokenizer,
+                        as_token_ids=bool(request.return_tokens_as_token_ids),
+                    )
+                choices.append(
+                    CompletionResponseChoice(
+                        index=len(choices),
+                        text=text,
+                        logprobs=logprobs,
+                        finish_reason=output.finish_reason,
+                        stop_reason=output.stop_reason,
+                        prompt_logprobs=format_prompt_logprobs(
+                            final_res.prompt_logprobs, request.prompt_logprobs
+                        ),
+                        token_ids=list(output.token_ids) if request.return_token_ids else None,
+                        prompt_token_ids=(
+                            final_res.prompt_token_ids if request.return_token_ids else None
+                        ),
+                    )
+                )
                 if not (request.echo and request.max_tokens == 0):
                     num_generated_tokens += len(output.token_ids)
             num_prompt_tokens += len(final_res.prompt_token_ids or [])
             cached.append(final_res.num_cached_tokens)
-        return CompletionResponse(id=request_id, created=created_time, model=model_name,
-                                  choices=choices,
-                                  usage=self.usage_info(num_prompt_tokens, num_generated_tokens,
-                                                        _total_cached(cached)))
+        return CompletionResponse(
+            id=request_id,
+            created=created_time,
+            model=model_name,
+            choices=choices,
+            usage=self.usage_info(num_prompt_tokens, num_generated_tokens, _total_cached(cached)),
+        )
 
 
 def _total_cached(per_prompt: list[int | None]) -> int | None:
@@ -283,11 +362,14 @@ def _total_cached(per_prompt: list[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-def create_completion_logprobs(token_ids: list[int],
-                               top_logprobs: Sequence[dict[int, Logprob] | None] | None,
-                               num_output_top_logprobs: int, tokenizer: TokenizerLike,
-                               initial_text_offset: int = 0,
-                               as_token_ids: bool = False) -> CompletionLogProbs:
+def create_completion_logprobs(
+    token_ids: list[int],
+    top_logprobs: Sequence[dict[int, Logprob] | None] | None,
+    num_output_top_logprobs: int,
+    tokenizer: TokenizerLike,
+    initial_text_offset: int = 0,
+    as_token_ids: bool = False,
+) -> CompletionLogProbs:
     """The `logprobs` object of a completion choice.
 
     Each position lists the chosen token and the top `num_output_top_logprobs`
@@ -299,8 +381,7 @@ def create_completion_logprobs(token_ids: list[int],
     for i, token_id in enumerate(token_ids):
         position = top_logprobs[i] if top_logprobs is not None else None
         if position is None or token_id not in position:
-            token = (f"token_id:{token_id}" if as_token_ids
-                     else tokenizer.decode([token_id]))
+            token = f"token_id:{token_id}" if as_token_ids else tokenizer.decode([token_id])
             out.tokens.append(token)
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
@@ -309,22 +390,36 @@ def create_completion_logprobs(token_ids: list[int],
             token = decoded_token(token_id, step, tokenizer, as_token_ids)
             out.tokens.append(token)
             out.token_logprobs.append(clamp_logprob(step.logprob))
-            out.top_logprobs.append({
-                decoded_token(tid, lp, tokenizer, as_token_ids): clamp_logprob(lp.logprob)
-                for j, (tid, lp) in enumerate(position.items())
-                if j <= num_output_top_logprobs})
-        out.text_offset.append(initial_text_offset if not out.text_offset
-                               else out.text_offset[-1] + last_token_len)
+            out.top_logprobs.append(
+                {
+                    decoded_token(tid, lp, tokenizer, as_token_ids): clamp_logprob(lp.logprob)
+                    for j, (tid, lp) in enumerate(position.items())
+                    if j <= num_output_top_logprobs
+                }
+            )
+        out.text_offset.append(
+            initial_text_offset if not out.text_offset else out.text_offset[-1] + last_token_len
+        )
         last_token_len = len(token)
     return out
 
 
-def format_prompt_logprobs(prompt_logprobs: Any, requested: int | None
-                           ) -> list[dict[int, dict[str, Any]] | None] | None:
+def format_prompt_logprobs(
+    prompt_logprobs: Any, requested: int | None
+) -> list[dict[int, dict[str, Any]] | None] | None:
     """Prompt logprobs for the response (only when the request asked for them)."""
     if requested is None or prompt_logprobs is None:
         return None
-    return [None if position is None else {
-        tid: {"logprob": clamp_logprob(lp.logprob), "rank": lp.rank,
-              "decoded_token": lp.decoded_token} for tid, lp in position.items()}
-        for position in prompt_logprobs]
+    return [
+        None
+        if position is None
+        else {
+            tid: {
+                "logprob": clamp_logprob(lp.logprob),
+                "rank": lp.rank,
+                "decoded_token": lp.decoded_token,
+            }
+            for tid, lp in position.items()
+        }
+        for position in prompt_logprobs
+    ]

@@ -1,5 +1,6 @@
 """The served models: `/v1/models` and the model-name check (upstream:
 vllm/entrypoints/openai/serving_models.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,7 @@ class BaseModelPath:
 class OpenAIServingModels:
     """The names a request may use in its `model` field."""
 
-    def __init__(self, engine_client: "EngineClient",
-                 base_model_paths: list[BaseModelPath]) -> None:
+    def __init__(self, engine_client: EngineClient, base_model_paths: list[BaseModelPath]) -> None:
         if not base_model_paths:
             raise ValueError("At least one served model name is needed.")
         self.engine_client = engine_client
@@ -37,7 +37,13 @@ class OpenAIServingModels:
 
     async def show_available_models(self) -> ModelList:
         """The `/v1/models` listing: one card per served name."""
-        cards = [ModelCard(id=base.name, max_model_len=self.max_model_len,
-                           root=base.model_path, permission=[ModelPermission()])
-                 for base in self.base_model_paths]
+        cards = [
+            ModelCard(
+                id=base.name,
+                max_model_len=self.max_model_len,
+                root=base.model_path,
+                permission=[ModelPermission()],
+            )
+            for base in self.base_model_paths
+        ]
         return ModelList(data=cards)

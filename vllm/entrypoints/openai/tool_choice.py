@@ -29,6 +29,7 @@ Differences from upstream, on purpose:
   call's position in the array, as upstream. A named tool's deltas have
   index 0 (its position in tool_calls; older upstream used the choice index).
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,11 +37,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm.entrypoints.openai.protocol import (ChatCompletionNamedToolChoiceParam,
-                                              ChatCompletionRequest,
-                                              ChatCompletionToolsParam, ChatMessage,
-                                              DeltaFunctionCall, DeltaMessage, DeltaToolCall,
-                                              FunctionCall, ToolCall, make_tool_call_id)
+from vllm.entrypoints.openai.protocol import (
+    ChatCompletionNamedToolChoiceParam,
+    ChatCompletionRequest,
+    ChatCompletionToolsParam,
+    ChatMessage,
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
+    make_tool_call_id,
+)
 from vllm.exceptions import VLLMValidationError
 
 # Upstream's schema for a tool without `parameters`: no arguments, i.e. "{}".
@@ -50,8 +58,7 @@ _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 def named_tool(request: ChatCompletionRequest) -> str | None:
     """The tool a named tool_choice forces, else None."""
     choice = request.tool_choice
-    return choice.function.name if isinstance(choice, ChatCompletionNamedToolChoiceParam) \
-        else None
+    return choice.function.name if isinstance(choice, ChatCompletionNamedToolChoiceParam) else None
 
 
 def is_forced(request: ChatCompletionRequest) -> bool:
@@ -63,31 +70,41 @@ def check_tool_choice(request: ChatCompletionRequest, enable_auto_tools: bool) -
     """Refuse what upstream refuses (400s), before anything is rendered."""
     choice = request.tool_choice
     if request.tools is not None and not request.tools:
-        raise VLLMValidationError("`tools` must not be an empty array. Either provide at "
-                                  "least one tool or omit the field entirely.",
-                                  parameter="tools")
+        raise VLLMValidationError(
+            "`tools` must not be an empty array. Either provide at "
+            "least one tool or omit the field entirely.",
+            parameter="tools",
+        )
     if choice is None and request.tools:
         choice = "auto"  # OpenAI's default when tools are given
     if choice not in (None, "none") and not request.tools:
-        raise VLLMValidationError("When using `tool_choice`, `tools` must be set.",
-                                  parameter="tool_choice")
+        raise VLLMValidationError(
+            "When using `tool_choice`, `tools` must be set.", parameter="tool_choice"
+        )
     if choice == "auto" and not enable_auto_tools:
         raise VLLMValidationError(
-            "\"auto\" tool choice requires --enable-auto-tool-choice and "
-            "--tool-call-parser to be set", parameter="tool_choice")
+            '"auto" tool choice requires --enable-auto-tool-choice and '
+            "--tool-call-parser to be set",
+            parameter="tool_choice",
+        )
     if not is_forced(request):
         return
     name = named_tool(request)
     assert request.tools is not None  # checked above
     if name is not None and all(t.function.name != name for t in request.tools):
-        raise VLLMValidationError("The tool specified in `tool_choice` does not match any "
-                                  "of the specified `tools`", parameter="tool_choice")
+        raise VLLMValidationError(
+            "The tool specified in `tool_choice` does not match any of the specified `tools`",
+            parameter="tool_choice",
+        )
     constrained = request.structured_outputs is not None or (
-        request.response_format is not None and request.response_format.type != "text")
+        request.response_format is not None and request.response_format.type != "text"
+    )
     if constrained:
         # Both would constrain the same output.
-        raise VLLMValidationError("You can only either use constraints for structured "
-                                  "outputs or tools, not both.", parameter="tool_choice")
+        raise VLLMValidationError(
+            "You can only either use constraints for structured outputs or tools, not both.",
+            parameter="tool_choice",
+        )
 
 
 def forced_tool_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
@@ -102,18 +119,26 @@ def forced_tool_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
     # "required". The tools' "$defs" move to the top of the schema, where the
     # "#/$defs/..." references of every tool resolve (copies: the request's
     # tools are also rendered into the prompt).
-    params = [copy.deepcopy(t.function.parameters) or dict(_EMPTY_PARAMETERS)
-              for t in request.tools]
+    params = [
+        copy.deepcopy(t.function.parameters) or dict(_EMPTY_PARAMETERS) for t in request.tools
+    ]
     defs: dict[str, Any] = {}
     for schema in params:
         for def_name, def_schema in (schema.pop("$defs", None) or {}).items():
             if def_name in defs and defs[def_name] != def_schema:
-                raise VLLMValidationError(f"Tool definition '{def_name}' has multiple "
-                                          "schemas, which is not supported.",
-                                          parameter="tools")
+                raise VLLMValidationError(
+                    f"Tool definition '{def_name}' has multiple schemas, which is not supported.",
+                    parameter="tools",
+                )
             defs[def_name] = def_schema
-    schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
-        _call_schema(tool, p) for tool, p in zip(request.tools, params)]}}
+    schema = {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "anyOf": [_call_schema(tool, p) for tool, p in zip(request.tools, params)],
+        },
+    }
     if request.parallel_tool_calls is False:
         schema["maxItems"] = 1
     if defs:
@@ -121,24 +146,29 @@ def forced_tool_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
     return schema
 
 
-def _call_schema(tool: ChatCompletionToolsParam, parameters: dict[str, Any]
-                 ) -> dict[str, Any]:
-    return {"properties": {"name": {"type": "string", "enum": [tool.function.name]},
-                           "parameters": parameters},
-            "required": ["name", "parameters"]}
+def _call_schema(tool: ChatCompletionToolsParam, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "properties": {
+            "name": {"type": "string", "enum": [tool.function.name]},
+            "parameters": parameters,
+        },
+        "required": ["name", "parameters"],
+    }
 
 
-def finish_reason(request: ChatCompletionRequest, engine_reason: str | None,
-                  called: bool) -> str | None:
-    """"tool_calls" when "required" produced calls and the engine stopped at
+def finish_reason(
+    request: ChatCompletionRequest, engine_reason: str | None, called: bool
+) -> str | None:
+    """ "tool_calls" when "required" produced calls and the engine stopped at
     the end of them; else the engine's reason."""
     if called and request.tool_choice == "required" and engine_reason == "stop":
         return "tool_calls"
     return engine_reason
 
 
-def response_message(request: ChatCompletionRequest, role: str, text: str, echo: str,
-                     engine_reason: str | None) -> tuple[ChatMessage, str | None]:
+def response_message(
+    request: ChatCompletionRequest, role: str, text: str, echo: str, engine_reason: str | None
+) -> tuple[ChatMessage, str | None]:
     """A non-streamed choice's message and finish_reason. `echo` (the echoed
     last message, or "") starts the content."""
     name = named_tool(request)
@@ -148,8 +178,10 @@ def response_message(request: ChatCompletionRequest, role: str, text: str, echo:
     calls = _parse_required(text) if request.tool_choice == "required" else None
     if calls is None:
         return ChatMessage(role=role, content=echo + text), engine_reason
-    return (ChatMessage(role=role, content=echo, tool_calls=calls),
-            finish_reason(request, engine_reason, called=True))
+    return (
+        ChatMessage(role=role, content=echo, tool_calls=calls),
+        finish_reason(request, engine_reason, called=True),
+    )
 
 
 def _parse_required(text: str) -> list[ToolCall] | None:
@@ -158,13 +190,23 @@ def _parse_required(text: str) -> list[ToolCall] | None:
         items = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(items, list) or not items or not all(
+    if (
+        not isinstance(items, list)
+        or not items
+        or not all(
             isinstance(i, dict) and isinstance(i.get("name"), str) and "parameters" in i
-            for i in items):
+            for i in items
+        )
+    ):
         return None
-    return [ToolCall(function=FunctionCall(
-        name=i["name"], arguments=json.dumps(i["parameters"], ensure_ascii=False)))
-        for i in items]
+    return [
+        ToolCall(
+            function=FunctionCall(
+                name=i["name"], arguments=json.dumps(i["parameters"], ensure_ascii=False)
+            )
+        )
+        for i in items
+    ]
 
 
 class NamedToolStream:
@@ -179,8 +221,12 @@ class NamedToolStream:
             return None
         if not self.called:
             self.called = True
-            call = DeltaToolCall(id=make_tool_call_id(), type="function", index=0,
-                                 function=DeltaFunctionCall(name=self.name, arguments=text))
+            call = DeltaToolCall(
+                id=make_tool_call_id(),
+                type="function",
+                index=0,
+                function=DeltaFunctionCall(name=self.name, arguments=text),
+            )
         else:
             call = DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=text))
         return DeltaMessage(tool_calls=[call])
@@ -189,6 +235,7 @@ class NamedToolStream:
 @dataclass
 class _Call:
     """One item of the "required" array while it streams."""
+
     index: int
     key: str | None = None  # the key whose value is being read
     name_raw: str | None = None  # the JSON text inside the name's quotes
@@ -269,8 +316,7 @@ class RequiredToolStream:
             self._depth += 1
         elif ch in "]}":
             self._depth -= 1
-        closed = (not self._in_string and self._depth == call.args_start_depth
-                  and ch in '"]}')
+        closed = not self._in_string and self._depth == call.args_start_depth and ch in '"]}'
         if closed:
             call.args_start_depth, call.args_done = None, True
         return False
@@ -305,18 +351,24 @@ class RequiredToolStream:
             if call.args_start_depth is None and not call.args_done:
                 return  # wait for the parameters to start (upstream does too)
             call.sent_header = self.called = True
-            self._out.append(DeltaToolCall(
-                id=make_tool_call_id(), type="function", index=call.index,
-                function=DeltaFunctionCall(name=json.loads(f'"{call.name_raw}"'),
-                                           arguments=call.args)))
+            self._out.append(
+                DeltaToolCall(
+                    id=make_tool_call_id(),
+                    type="function",
+                    index=call.index,
+                    function=DeltaFunctionCall(
+                        name=json.loads(f'"{call.name_raw}"'), arguments=call.args
+                    ),
+                )
+            )
         elif call.args:
-            self._out.append(DeltaToolCall(index=call.index,
-                                           function=DeltaFunctionCall(arguments=call.args)))
+            self._out.append(
+                DeltaToolCall(index=call.index, function=DeltaFunctionCall(arguments=call.args))
+            )
         call.args = ""
 
 
-def tool_call_stream(request: ChatCompletionRequest
-                     ) -> NamedToolStream | RequiredToolStream | None:
+def tool_call_stream(request: ChatCompletionRequest) -> NamedToolStream | RequiredToolStream | None:
     """A fresh per-choice delta maker for a forced tool choice, else None."""
     name = named_tool(request)
     if name is not None:

@@ -6,6 +6,7 @@ iterator of SSE lines; `respond` turns any of them into the HTTP response:
 JSON, the error envelope with its status, or a stream that stops as soon as
 the client goes away.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from vllm.entrypoints.openai.protocol import ErrorResponse
+
 # Starlette's, except that it never fails on a lone surrogate (see there).
 from vllm.entrypoints.utils import Utf8JSONResponse as JSONResponse
 
@@ -27,7 +29,8 @@ async def validate_json_request(raw_request: Request) -> None:
     media_type = raw_request.headers.get("content-type", "").lower().split(";", 1)[0].strip()
     if media_type != "application/json":
         raise RequestValidationError(
-            errors=["Unsupported Media Type: Only 'application/json' is allowed"])
+            errors=["Unsupported Media Type: Only 'application/json' is allowed"]
+        )
 
 
 def respond(result: Any) -> Response:
@@ -43,8 +46,7 @@ def error_json(error: ErrorResponse) -> JSONResponse:
     """The error envelope with its HTTP status (`code`); a 503 asks the
     client to retry after a second."""
     headers = {"Retry-After": "1"} if error.error.code == 503 else None
-    return JSONResponse(content=error.model_dump(), status_code=error.error.code,
-                        headers=headers)
+    return JSONResponse(content=error.model_dump(), status_code=error.error.code, headers=headers)
 
 
 class DisconnectAwareStreamingResponse(StreamingResponse):

@@ -2,6 +2,7 @@
 vllm/entrypoints/serve/): liveness, version and metrics (`instrumentator/`),
 tokenization (`tokenize/`), and under VLLM_SERVER_DEV_MODE=1 the operator
 routes (`dev/`: sleep mode, prefix cache)."""
+
 from __future__ import annotations
 
 from fastapi import FastAPI

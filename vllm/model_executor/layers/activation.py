@@ -1,4 +1,5 @@
 """Activation functions (upstream: vllm/model_executor/layers/activation.py)."""
+
 from __future__ import annotations
 
 import torch

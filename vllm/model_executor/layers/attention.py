@@ -6,6 +6,7 @@ attention layers), picks its backend and builds the backend's impl. The runner
 later binds the layer's KV cache (`layer.kv_cache = [tensor]`, one per virtual
 engine) and, each step, passes metadata through the forward context.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -38,7 +39,7 @@ class Attention(nn.Module):
         scale: float,
         num_kv_heads: int | None = None,
         alibi_slopes: list[float] | None = None,
-        cache_config: "CacheConfig | None" = None,
+        cache_config: CacheConfig | None = None,
         quant_config: Any = None,
         logits_soft_cap: float | None = None,
         per_layer_sliding_window: int | None = None,
@@ -62,23 +63,36 @@ class Attention(nn.Module):
         self.layer_name = prefix
         self.kv_cache_dtype = cache_config.cache_dtype
         self.dtype = torch.get_default_dtype()  # the model dtype while it is being built
-        self.kv_cache_torch_dtype = (self.dtype if self.kv_cache_dtype == "auto"
-                                     else STR_DTYPE_TO_TORCH_DTYPE[self.kv_cache_dtype])
-        self.attn_backend = get_attn_backend(head_size, self.dtype, self.kv_cache_dtype,
-                                             cache_config.block_size)
+        self.kv_cache_torch_dtype = (
+            self.dtype
+            if self.kv_cache_dtype == "auto"
+            else STR_DTYPE_TO_TORCH_DTYPE[self.kv_cache_dtype]
+        )
+        self.attn_backend = get_attn_backend(
+            head_size, self.dtype, self.kv_cache_dtype, cache_config.block_size
+        )
         self.impl = self.attn_backend.get_impl_cls()(
-            num_heads, head_size, scale, self.num_kv_heads, alibi_slopes, self.sliding_window,
-            self.kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name)
+            num_heads,
+            head_size,
+            scale,
+            self.num_kv_heads,
+            alibi_slopes,
+            self.sliding_window,
+            self.kv_cache_dtype,
+            logits_soft_cap,
+            attn_type,
+            kv_sharing_target_layer_name,
+        )
         static_ctx = vllm_config.compilation_config.static_forward_context
         if prefix in static_ctx:
             raise ValueError(f"Duplicate layer name: {prefix}")
         static_ctx[prefix] = self
         # One (empty until bound) cache per pipeline-parallel virtual engine.
         self.kv_cache: list[torch.Tensor] = [
-            torch.tensor([]) for _ in range(vllm_config.parallel_config.pipeline_parallel_size)]
+            torch.tensor([]) for _ in range(vllm_config.parallel_config.pipeline_parallel_size)
+        ]
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor,
-                value: torch.Tensor) -> torch.Tensor:
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
         num_tokens = query.shape[0]
         attn_metadata = None
@@ -87,8 +101,9 @@ class Attention(nn.Module):
         if attn_metadata is None:
             # Dummy / profiling run: the shapes and memory of a real step, no cache traffic.
             return torch.zeros_like(query)
-        output = torch.empty(num_tokens, self.num_heads, self.head_size, dtype=query.dtype,
-                             device=query.device)
+        output = torch.empty(
+            num_tokens, self.num_heads, self.head_size, dtype=query.dtype, device=query.device
+        )
         self.impl.forward(
             self,
             query.view(num_tokens, self.num_heads, self.head_size),
@@ -103,17 +118,27 @@ class Attention(nn.Module):
     def get_attn_backend(self) -> type[AttentionBackend]:
         return self.attn_backend
 
-    def get_kv_cache_spec(self, vllm_config: "VllmConfig") -> KVCacheSpec:
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec:
         """The KV cache this layer needs: a sliding-window spec for windowed layers."""
         block_size = vllm_config.cache_config.block_size
         if self.sliding_window is not None:
-            return SlidingWindowSpec(block_size=block_size, num_kv_heads=self.num_kv_heads,
-                                     head_size=self.head_size, dtype=self.kv_cache_torch_dtype,
-                                     sliding_window=self.sliding_window)
-        return FullAttentionSpec(block_size=block_size, num_kv_heads=self.num_kv_heads,
-                                 head_size=self.head_size, dtype=self.kv_cache_torch_dtype)
+            return SlidingWindowSpec(
+                block_size=block_size,
+                num_kv_heads=self.num_kv_heads,
+                head_size=self.head_size,
+                dtype=self.kv_cache_torch_dtype,
+                sliding_window=self.sliding_window,
+            )
+        return FullAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            dtype=self.kv_cache_torch_dtype,
+        )
 
     def extra_repr(self) -> str:
-        return (f"head_size={self.head_size}, num_heads={self.num_heads}, "
-                f"num_kv_heads={self.num_kv_heads}, scale={self.scale}, "
-                f"backend={self.attn_backend.get_name()}")
+        return (
+            f"head_size={self.head_size}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, scale={self.scale}, "
+            f"backend={self.attn_backend.get_name()}"
+        )

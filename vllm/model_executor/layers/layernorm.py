@@ -1,4 +1,5 @@
 """Normalization layers (upstream: vllm/model_executor/layers/layernorm.py)."""
+
 from __future__ import annotations
 
 import torch
@@ -17,9 +18,14 @@ class RMSNorm(nn.Module):
     residual. Statistics are computed in float32 whatever the input dtype.
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6,
-                 var_hidden_size: int | None = None, has_weight: bool = True,
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        var_hidden_size: int | None = None,
+        has_weight: bool = True,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         if var_hidden_size not in (None, hidden_size):
             raise NotImplementedError("RMSNorm over a partial hidden size is not built.")
@@ -29,7 +35,8 @@ class RMSNorm(nn.Module):
         if has_weight:
             self.weight = nn.Parameter(
                 torch.ones(hidden_size, dtype=dtype or torch.get_default_dtype()),
-                requires_grad=False)
+                requires_grad=False,
+            )
             self.weight.weight_loader = default_weight_loader
 
     def forward(
@@ -38,8 +45,12 @@ class RMSNorm(nn.Module):
         """x [..., hidden] -> normalized [..., hidden]; with `residual`:
         (normalized(x + residual), x + residual)."""
         weight = self.weight if self.has_weight else None
-        if weight is not None and x.dim() == 2 and ops.has_compiled_ops(x) \
-                and x.dtype == weight.dtype:
+        if (
+            weight is not None
+            and x.dim() == 2
+            and ops.has_compiled_ops(x)
+            and x.dtype == weight.dtype
+        ):
             # The compiled ops (csrc/cpu/layernorm.cpp, csrc/layernorm_kernels.cu),
             # much faster than F.rms_norm on bf16 rows. Out of place: unlike upstream's in-place
             # fused_add_rms_norm, the caller's tensors are left untouched (the
@@ -49,8 +60,9 @@ class RMSNorm(nn.Module):
                 ops.rms_norm(out, x, weight, self.variance_epsilon)
                 return out
             new_residual = torch.empty_like(x)
-            ops.fused_add_rms_norm_out(out, new_residual, x, residual, weight,
-                                       self.variance_epsilon)
+            ops.fused_add_rms_norm_out(
+                out, new_residual, x, residual, weight, self.variance_epsilon
+            )
             return out, new_residual
         if residual is not None:
             x = x + residual

@@ -1,4 +1,5 @@
 """Hidden states -> vocabulary logits (upstream: vllm/model_executor/layers/logits_processor.py)."""
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,14 @@ class LogitsProcessor(nn.Module):
     """Projects hidden states with the LM head, drops the vocabulary padding,
     then applies the optional soft-cap (cap * tanh(logits / cap)) and scale."""
 
-    def __init__(self, vocab_size: int, org_vocab_size: int | None = None, scale: float = 1.0,
-                 logits_as_input: bool = False, soft_cap: float | None = None) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        org_vocab_size: int | None = None,
+        scale: float = 1.0,
+        logits_as_input: bool = False,
+        soft_cap: float | None = None,
+    ) -> None:
         super().__init__()
         self.vocab_size = vocab_size
         self.org_vocab_size = org_vocab_size or vocab_size
@@ -22,8 +29,12 @@ class LogitsProcessor(nn.Module):
         self.logits_as_input = logits_as_input
         self.soft_cap = soft_cap
 
-    def forward(self, lm_head: VocabParallelEmbedding, hidden_states: torch.Tensor,
-                embedding_bias: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        lm_head: VocabParallelEmbedding,
+        hidden_states: torch.Tensor,
+        embedding_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """hidden_states [T, hidden] (or logits when `logits_as_input`) ->
         logits [T, org_vocab_size] in the model dtype."""
         if self.logits_as_input:
@@ -45,16 +56,22 @@ class LogitsProcessor(nn.Module):
             logits = logits * self.scale
         return logits
 
-    def _get_logits_tp(self, lm_head: VocabParallelEmbedding, hidden_states: torch.Tensor,
-                       embedding_bias: torch.Tensor | None) -> torch.Tensor:
+    def _get_logits_tp(
+        self,
+        lm_head: VocabParallelEmbedding,
+        hidden_states: torch.Tensor,
+        embedding_bias: torch.Tensor | None,
+    ) -> torch.Tensor:
         """Each rank's [T, vocab_padded / tp] slice, gathered in rank order
         along the vocabulary, then the padding columns dropped."""
         bias = embedding_bias if embedding_bias is not None else getattr(lm_head, "bias", None)
         packed = getattr(lm_head, "_packed_weight", None)
         logits = unquantized_gemm(hidden_states, lm_head.weight, bias, packed)
         logits = tensor_model_parallel_all_gather(logits, dim=-1)
-        return logits[..., :self.org_vocab_size]
+        return logits[..., : self.org_vocab_size]
 
     def extra_repr(self) -> str:
-        return (f"vocab_size={self.vocab_size}, org_vocab_size={self.org_vocab_size}, "
-                f"scale={self.scale}, logits_as_input={self.logits_as_input}")
+        return (
+            f"vocab_size={self.vocab_size}, org_vocab_size={self.org_vocab_size}, "
+            f"scale={self.scale}, logits_as_input={self.logits_as_input}"
+        )

@@ -4,6 +4,7 @@ A cos/sin table for every position up to `max_position` is computed once (in
 float32, then cast to the model dtype) and shared by all layers with the same
 parameters; `forward` looks up the rows of the step's positions and rotates q/k.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,9 +46,16 @@ class RotaryEmbedding(nn.Module):
     GPT-J style rotates interleaved pairs (x0, x1), (x2, x3), ...
     """
 
-    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int,
-                 base: float, is_neox_style: bool, dtype: torch.dtype,
-                 rope_scaling: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        head_size: int,
+        rotary_dim: int,
+        max_position_embeddings: int,
+        base: float,
+        is_neox_style: bool,
+        dtype: torch.dtype,
+        rope_scaling: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         if rotary_dim > head_size or rotary_dim % 2:
             raise ValueError(f"Invalid rotary_dim {rotary_dim} for head_size {head_size}.")
@@ -74,8 +82,9 @@ class RotaryEmbedding(nn.Module):
         if rope_type == "linear":
             factor = scaling["factor"]
             return inv_freq / factor, int(self.max_position_embeddings * factor)
-        raise ValueError(f"Unsupported rope scaling type {rope_type!r} "
-                         "(built: default, linear, llama3).")
+        raise ValueError(
+            f"Unsupported rope scaling type {rope_type!r} (built: default, linear, llama3)."
+        )
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [T, heads, head_size]; cos/sin [T, 1, rotary_dim / 2]."""
@@ -88,21 +97,34 @@ class RotaryEmbedding(nn.Module):
             rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
         if self.rotary_dim == self.head_size:
             return rotated
-        return torch.cat((rotated, x[..., self.rotary_dim:]), dim=-1)
+        return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)
 
-    def forward(self, positions: torch.Tensor, query: torch.Tensor,
-                key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """positions [T]; query [T, num_heads * head_size]; key [T, num_kv_heads *
         head_size] -> rotated (query, key) with the input shapes (new tensors)."""
-        if (ops.has_compiled_ops(query) and query.dim() == 2
-                and key is not None and key.dim() == 2
-                and self.cos_sin_cache.dtype == query.dtype):
+        if (
+            ops.has_compiled_ops(query)
+            and query.dim() == 2
+            and key is not None
+            and key.dim() == 2
+            and self.cos_sin_cache.dtype == query.dtype
+        ):
             # csrc/cpu/pos_encoding.cpp: rotated copies in one pass (the
             # caller's q/k, often views of the qkv projection, are untouched).
             q_out = torch.empty_like(query, memory_format=torch.contiguous_format)
             k_out = torch.empty_like(key, memory_format=torch.contiguous_format)
-            ops.rotary_embedding_out(positions, query, key, self.head_size,
-                                     self.cos_sin_cache, self.is_neox_style, q_out, k_out)
+            ops.rotary_embedding_out(
+                positions,
+                query,
+                key,
+                self.head_size,
+                self.cos_sin_cache,
+                self.is_neox_style,
+                q_out,
+                k_out,
+            )
             return q_out, k_out
         cos_sin = self.cos_sin_cache.index_select(0, positions.flatten())
         cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)  # each [T, 1, rotary_dim / 2]
@@ -115,18 +137,26 @@ class RotaryEmbedding(nn.Module):
         return query, key
 
     def extra_repr(self) -> str:
-        return (f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
-                f"max_position_embeddings={self.max_position_embeddings}, base={self.base}, "
-                f"is_neox_style={self.is_neox_style}")
+        return (
+            f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
+            f"max_position_embeddings={self.max_position_embeddings}, base={self.base}, "
+            f"is_neox_style={self.is_neox_style}"
+        )
 
 
 _ROPE_DICT: dict[tuple, RotaryEmbedding] = {}
 
 
-def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
-             is_neox_style: bool = True, rope_scaling: dict[str, Any] | None = None,
-             dtype: torch.dtype | None = None,
-             partial_rotary_factor: float = 1.0) -> RotaryEmbedding:
+def get_rope(
+    head_size: int,
+    rotary_dim: int,
+    max_position: int,
+    base: float,
+    is_neox_style: bool = True,
+    rope_scaling: dict[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
+    partial_rotary_factor: float = 1.0,
+) -> RotaryEmbedding:
     """A (shared) rotary embedding; layers with equal parameters get one instance."""
     dtype = dtype or torch.get_default_dtype()
     if partial_rotary_factor < 1.0:
@@ -135,8 +165,9 @@ def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
     device = torch.empty(0).device  # the device models are being built on
     key = (head_size, rotary_dim, max_position, base, is_neox_style, scaling_key, dtype, device)
     if key not in _ROPE_DICT:
-        _ROPE_DICT[key] = RotaryEmbedding(head_size, rotary_dim, max_position, base,
-                                          is_neox_style, dtype, rope_scaling)
+        _ROPE_DICT[key] = RotaryEmbedding(
+            head_size, rotary_dim, max_position, base, is_neox_style, dtype, rope_scaling
+        )
     return _ROPE_DICT[key]
 
 

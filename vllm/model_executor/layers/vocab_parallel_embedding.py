@@ -8,6 +8,7 @@ per_rank) of the padded table: the embedding looks up the ids in its range and
 the ranks' partial lookups are summed; the LM head's partial logits are
 gathered along the vocabulary.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,11 +30,16 @@ class VocabParallelEmbedding(nn.Module):
     """Embedding table [num_embeddings_padded, embedding_dim]; rows past
     `org_vocab_size` are padding."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int,
-                 params_dtype: torch.dtype | None = None,
-                 org_num_embeddings: int | None = None,
-                 padding_size: int = DEFAULT_VOCAB_PADDING_SIZE,
-                 quant_config: Any = None, prefix: str = "") -> None:
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        params_dtype: torch.dtype | None = None,
+        org_num_embeddings: int | None = None,
+        padding_size: int = DEFAULT_VOCAB_PADDING_SIZE,
+        quant_config: Any = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         if quant_config is not None:
             raise NotImplementedError("Quantized embeddings are not built.")
@@ -48,9 +54,13 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start_index = self.tp_rank * self.num_embeddings_per_partition
         self.vocab_end_index = self.vocab_start_index + self.num_embeddings_per_partition
         self.weight = Parameter(
-            torch.empty(self.num_embeddings_per_partition, embedding_dim,
-                        dtype=params_dtype or torch.get_default_dtype()),
-            requires_grad=False)
+            torch.empty(
+                self.num_embeddings_per_partition,
+                embedding_dim,
+                dtype=params_dtype or torch.get_default_dtype(),
+            ),
+            requires_grad=False,
+        )
         self.weight.weight_loader = self.weight_loader
         self.weight.output_dim = 0
 
@@ -58,12 +68,15 @@ class VocabParallelEmbedding(nn.Module):
         """Copy this rank's rows of the checkpoint's [vocab, dim] table; zero
         the padding rows."""
         if loaded_weight.dim() != 2 or loaded_weight.shape[1] != param.shape[1]:
-            raise ValueError(f"Embedding shape mismatch: checkpoint {tuple(loaded_weight.shape)}"
-                             f" vs parameter {tuple(param.shape)}.")
+            raise ValueError(
+                f"Embedding shape mismatch: checkpoint {tuple(loaded_weight.shape)}"
+                f" vs parameter {tuple(param.shape)}."
+            )
         n = loaded_weight.shape[0]
         if n > self.num_embeddings_padded:
-            raise ValueError(f"Checkpoint vocab {n} exceeds the embedding size "
-                             f"{self.num_embeddings_padded}.")
+            raise ValueError(
+                f"Checkpoint vocab {n} exceeds the embedding size {self.num_embeddings_padded}."
+            )
         _copy_rows(param, loaded_weight, self.vocab_start_index)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -79,26 +92,43 @@ class VocabParallelEmbedding(nn.Module):
         return tensor_model_parallel_all_reduce(embeddings)
 
     def extra_repr(self) -> str:
-        return (f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}, "
-                f"num_embeddings_padded={self.num_embeddings_padded}, tp_size={self.tp_size}")
+        return (
+            f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}, "
+            f"num_embeddings_padded={self.num_embeddings_padded}, tp_size={self.tp_size}"
+        )
 
 
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection, stored like an embedding table. It is not called
     directly: `LogitsProcessor` multiplies hidden states by its weight."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False,
-                 params_dtype: torch.dtype | None = None,
-                 org_num_embeddings: int | None = None,
-                 padding_size: int = DEFAULT_VOCAB_PADDING_SIZE,
-                 quant_config: Any = None, prefix: str = "") -> None:
-        super().__init__(num_embeddings, embedding_dim, params_dtype, org_num_embeddings,
-                         padding_size, quant_config, prefix)
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        org_num_embeddings: int | None = None,
+        padding_size: int = DEFAULT_VOCAB_PADDING_SIZE,
+        quant_config: Any = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__(
+            num_embeddings,
+            embedding_dim,
+            params_dtype,
+            org_num_embeddings,
+            padding_size,
+            quant_config,
+            prefix,
+        )
         self.tied = False
         self._packed_weight: torch.Tensor | None = None  # set after loading on CPU
         if bias:
-            self.bias = Parameter(torch.zeros(self.num_embeddings_per_partition,
-                                              dtype=self.weight.dtype), requires_grad=False)
+            self.bias = Parameter(
+                torch.zeros(self.num_embeddings_per_partition, dtype=self.weight.dtype),
+                requires_grad=False,
+            )
             self.bias.weight_loader = self._bias_loader
         else:
             self.register_parameter("bias", None)
@@ -106,7 +136,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def _bias_loader(self, param: Parameter, loaded_weight: torch.Tensor) -> None:
         _copy_rows(param, loaded_weight, self.vocab_start_index)
 
-    def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> "ParallelLMHead":
+    def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> ParallelLMHead:
         """Share the input embedding table (tie_word_embeddings=True)."""
         self.weight = embed_tokens.weight
         self.tied = True
@@ -123,8 +153,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             return
         self._packed_weight = packed
         if not self.tied:
-            self.weight = Parameter(torch.empty(0, dtype=self.weight.dtype),
-                                    requires_grad=False)
+            self.weight = Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("LMHead's weights should be used in the sampler.")
@@ -133,5 +162,5 @@ class ParallelLMHead(VocabParallelEmbedding):
 def _copy_rows(param: Parameter, loaded_weight: torch.Tensor, start: int) -> None:
     """param[i] = loaded_weight[start + i] where that row exists, else zero."""
     rows = max(0, min(param.shape[0], loaded_weight.shape[0] - start))
-    param.data[:rows].copy_(loaded_weight[start:start + rows])
+    param.data[:rows].copy_(loaded_weight[start : start + rows])
     param.data[rows:].zero_()

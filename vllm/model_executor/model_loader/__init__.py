@@ -5,6 +5,7 @@
 builds the architecture's model class on `device_config.device` in
 `model_config.dtype`, loads its weights and returns it in eval mode.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -15,8 +16,10 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
 from vllm.model_executor.model_loader.gguf_loader import GGUFModelLoader
-from vllm.model_executor.model_loader.utils import (get_architecture_class_name,
-                                                    get_model_architecture)
+from vllm.model_executor.model_loader.utils import (
+    get_architecture_class_name,
+    get_model_architecture,
+)
 
 if TYPE_CHECKING:
     from vllm.config import LoadConfig, ModelConfig, VllmConfig
@@ -30,8 +33,9 @@ _LOADERS: dict[str, type[BaseModelLoader]] = {
 }
 
 
-def get_model_loader(load_config: "LoadConfig",
-                     model_config: "ModelConfig | None" = None) -> BaseModelLoader:
+def get_model_loader(
+    load_config: LoadConfig, model_config: ModelConfig | None = None
+) -> BaseModelLoader:
     """The loader for `load_config.load_format`; "auto" picks the GGUF loader
     when the model is a .gguf file."""
     fmt = load_config.load_format
@@ -42,8 +46,7 @@ def get_model_loader(load_config: "LoadConfig",
     return _LOADERS[fmt](load_config)
 
 
-def get_model(*, vllm_config: "VllmConfig",
-              model_config: "ModelConfig | None" = None) -> nn.Module:
+def get_model(*, vllm_config: VllmConfig, model_config: ModelConfig | None = None) -> nn.Module:
     """Build and load the model described by `vllm_config` (or `model_config`)."""
     model_config = model_config or vllm_config.model_config
     if model_config is None:
@@ -53,6 +56,12 @@ def get_model(*, vllm_config: "VllmConfig",
 
 
 __all__ = [
-    "BaseModelLoader", "DefaultModelLoader", "DummyModelLoader", "GGUFModelLoader",
-    "get_architecture_class_name", "get_model", "get_model_architecture", "get_model_loader",
+    "BaseModelLoader",
+    "DefaultModelLoader",
+    "DummyModelLoader",
+    "GGUFModelLoader",
+    "get_architecture_class_name",
+    "get_model",
+    "get_model_architecture",
+    "get_model_loader",
 ]

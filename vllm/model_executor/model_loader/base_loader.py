@@ -1,4 +1,5 @@
 """The model loader interface (upstream: vllm/model_executor/model_loader/base_loader.py)."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -8,9 +9,11 @@ import torch
 from torch import nn
 
 from vllm.logger import init_logger
-from vllm.model_executor.model_loader.utils import (initialize_model,
-                                                    process_weights_after_loading,
-                                                    set_default_torch_dtype)
+from vllm.model_executor.model_loader.utils import (
+    initialize_model,
+    process_weights_after_loading,
+    set_default_torch_dtype,
+)
 
 if TYPE_CHECKING:
     from vllm.config import LoadConfig, ModelConfig, VllmConfig
@@ -21,20 +24,20 @@ logger = init_logger(__name__)
 class BaseModelLoader(ABC):
     """Builds a model and fills its weights from one kind of checkpoint."""
 
-    def __init__(self, load_config: "LoadConfig") -> None:
+    def __init__(self, load_config: LoadConfig) -> None:
         self.load_config = load_config
 
     @abstractmethod
-    def download_model(self, model_config: "ModelConfig") -> None:
+    def download_model(self, model_config: ModelConfig) -> None:
         """Make the checkpoint available locally (here: check that it is)."""
         raise NotImplementedError
 
     @abstractmethod
-    def load_weights(self, model: nn.Module, model_config: "ModelConfig") -> None:
+    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         """Fill every parameter of an already constructed model."""
         raise NotImplementedError
 
-    def load_model(self, vllm_config: "VllmConfig", model_config: "ModelConfig") -> nn.Module:
+    def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig) -> nn.Module:
         """Construct the model on the target device in the model dtype, load its
         weights and return it in eval mode."""
         target_device = torch.device(vllm_config.device_config.device)

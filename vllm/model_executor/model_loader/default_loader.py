@@ -1,5 +1,6 @@
 """Loads HF checkpoints from a local directory: *.safetensors, else
 pytorch_model*.bin (upstream: vllm/model_executor/model_loader/default_loader.py)."""
+
 from __future__ import annotations
 
 import os
@@ -12,9 +13,11 @@ from torch import nn
 
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
-from vllm.model_executor.model_loader.weight_utils import (find_weight_files,
-                                                           pt_weights_iterator,
-                                                           safetensors_weights_iterator)
+from vllm.model_executor.model_loader.weight_utils import (
+    find_weight_files,
+    pt_weights_iterator,
+    safetensors_weights_iterator,
+)
 
 if TYPE_CHECKING:
     from vllm.config import ModelConfig
@@ -25,18 +28,21 @@ logger = init_logger(__name__)
 class DefaultModelLoader(BaseModelLoader):
     """Model loader for HF-format checkpoints in a local directory."""
 
-    def _model_dir(self, model_config: "ModelConfig") -> str:
+    def _model_dir(self, model_config: ModelConfig) -> str:
         path = model_config.model
         if not os.path.isdir(path):
-            raise ValueError(f"Model path {path!r} is not a local directory with HF "
-                             "weights (GGUF files use load_format='gguf').")
+            raise ValueError(
+                f"Model path {path!r} is not a local directory with HF "
+                "weights (GGUF files use load_format='gguf')."
+            )
         return path
 
-    def download_model(self, model_config: "ModelConfig") -> None:
+    def download_model(self, model_config: ModelConfig) -> None:
         find_weight_files(self._model_dir(model_config))
 
-    def get_all_weights(self, model_config: "ModelConfig",
-                        model: nn.Module) -> Generator[tuple[str, torch.Tensor], None, None]:
+    def get_all_weights(
+        self, model_config: ModelConfig, model: nn.Module
+    ) -> Generator[tuple[str, torch.Tensor], None, None]:
         files, use_safetensors = find_weight_files(self._model_dir(model_config))
         if self.load_config.load_format == "safetensors" and not use_safetensors:
             raise ValueError(f"load_format='safetensors' but {model_config.model!r} has none.")
@@ -45,12 +51,13 @@ class DefaultModelLoader(BaseModelLoader):
         else:
             yield from pt_weights_iterator(files)
 
-    def load_weights(self, model: nn.Module, model_config: "ModelConfig") -> None:
+    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         start = time.perf_counter()
         weights_to_load = {name for name, _ in model.named_parameters()}
         loaded = model.load_weights(self.get_all_weights(model_config, model))
         missing = weights_to_load - set(loaded)
         if missing:
-            raise ValueError("Following weights were not initialized from checkpoint: "
-                             f"{sorted(missing)}")
+            raise ValueError(
+                f"Following weights were not initialized from checkpoint: {sorted(missing)}"
+            )
         logger.info("Loading weights took %.2f seconds", time.perf_counter() - start)

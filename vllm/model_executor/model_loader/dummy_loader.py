@@ -1,5 +1,6 @@
 """Random weights, for measuring speed and memory without a checkpoint
 (upstream: vllm/model_executor/model_loader/dummy_loader.py)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -16,8 +17,8 @@ if TYPE_CHECKING:
 class DummyModelLoader(BaseModelLoader):
     """`load_format="dummy"`: every parameter uniform in [-1e-3, 1e-3)."""
 
-    def download_model(self, model_config: "ModelConfig") -> None:
+    def download_model(self, model_config: ModelConfig) -> None:
         pass  # nothing to fetch
 
-    def load_weights(self, model: nn.Module, model_config: "ModelConfig") -> None:
+    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         initialize_dummy_weights(model, seed=model_config.seed)

@@ -10,6 +10,7 @@ name map translates HF module names to GGUF ones, so we list the HF names the
 model expects (fused parameters expanded through `packed_modules_mapping`),
 invert the map, and feed HF-named tensors to the model's `load_weights`.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,17 +43,18 @@ def _reverse_llama_qk_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 class GGUFModelLoader(BaseModelLoader):
     """Model loader for a local single-file .gguf checkpoint."""
 
-    def _gguf_path(self, model_config: "ModelConfig") -> str:
+    def _gguf_path(self, model_config: ModelConfig) -> str:
         path = getattr(model_config, "gguf_file", None) or model_config.model
         if not (os.path.isfile(path) and path.endswith(".gguf")):
             raise ValueError(f"GGUF loading needs a local .gguf file, got {path!r}.")
         return path
 
-    def download_model(self, model_config: "ModelConfig") -> None:
+    def download_model(self, model_config: ModelConfig) -> None:
         self._gguf_path(model_config)
 
-    def _gguf_to_hf_name_map(self, model: nn.Module, model_config: "ModelConfig",
-                             gguf_arch: str) -> dict[str, str]:
+    def _gguf_to_hf_name_map(
+        self, model: nn.Module, model_config: ModelConfig, gguf_arch: str
+    ) -> dict[str, str]:
         import gguf
 
         arch = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == gguf_arch), None)
@@ -71,8 +73,9 @@ class GGUFModelLoader(BaseModelLoader):
                 gguf_to_hf[f"{gguf_name}.{suffix}"] = hf_name
         return gguf_to_hf
 
-    def _weights_iterator(self, path: str, model: nn.Module, model_config: "ModelConfig"
-                          ) -> Generator[tuple[str, torch.Tensor], None, None]:
+    def _weights_iterator(
+        self, path: str, model: nn.Module, model_config: ModelConfig
+    ) -> Generator[tuple[str, torch.Tensor], None, None]:
         from vllm.transformers_utils.gguf_utils import read_gguf
 
         gguf_file = read_gguf(path)
@@ -84,8 +87,7 @@ class GGUFModelLoader(BaseModelLoader):
             hf_name = name_map.get(info.name)
             if hf_name is None:
                 if info.name not in _IGNORED_GGUF_TENSORS:
-                    logger.warning("Skipping GGUF tensor %s: no matching parameter.",
-                                   info.name)
+                    logger.warning("Skipping GGUF tensor %s: no matching parameter.", info.name)
                 continue
             # Dequantized as float32 [rows, cols] in HF orientation ([out, in]).
             w = torch.from_numpy(gguf_file.tensor_data(info))
@@ -95,18 +97,19 @@ class GGUFModelLoader(BaseModelLoader):
                 w = _reverse_llama_qk_permute(w, cfg.num_key_value_heads)
             yield hf_name, w.to(dtype)
 
-    def load_weights(self, model: nn.Module, model_config: "ModelConfig") -> None:
+    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         path = self._gguf_path(model_config)
         weights_to_load = {name for name, _ in model.named_parameters()}
         loaded = model.load_weights(self._weights_iterator(path, model, model_config))
         missing = weights_to_load - set(loaded)
         if missing:
-            raise ValueError(f"Following weights were not initialized from {path}: "
-                             f"{sorted(missing)}")
+            raise ValueError(
+                f"Following weights were not initialized from {path}: {sorted(missing)}"
+            )
 
 
 def _expand_packed(param_name: str, packed: dict[str, list[str]]) -> list[str]:
-    """"...qkv_proj.weight" -> ["...q_proj.weight", "...k_proj.weight", "...v_proj.weight"]."""
+    """ "...qkv_proj.weight" -> ["...q_proj.weight", "...k_proj.weight", "...v_proj.weight"]."""
     for fused, parts in packed.items():
         if f".{fused}." in param_name:
             return [param_name.replace(f".{fused}.", f".{part}.") for part in parts]

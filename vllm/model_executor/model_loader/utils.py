@@ -1,4 +1,5 @@
 """Building a model from its config (upstream: vllm/model_executor/model_loader/utils.py)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +26,7 @@ def set_default_torch_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(old_dtype)
 
 
-def get_model_architecture(model_config: "ModelConfig") -> tuple[type[nn.Module], str]:
+def get_model_architecture(model_config: ModelConfig) -> tuple[type[nn.Module], str]:
     """(model class, architecture name) from the registry; unknown ones raise
     a ValueError that lists the supported architectures."""
     from vllm.model_executor.models.registry import ModelRegistry
@@ -33,13 +34,17 @@ def get_model_architecture(model_config: "ModelConfig") -> tuple[type[nn.Module]
     return ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
 
 
-def get_architecture_class_name(model_config: "ModelConfig") -> str:
+def get_architecture_class_name(model_config: ModelConfig) -> str:
     return get_model_architecture(model_config)[1]
 
 
-def initialize_model(vllm_config: "VllmConfig", *, prefix: str = "",
-                     model_class: type[nn.Module] | None = None,
-                     model_config: "ModelConfig | None" = None) -> nn.Module:
+def initialize_model(
+    vllm_config: VllmConfig,
+    *,
+    prefix: str = "",
+    model_class: type[nn.Module] | None = None,
+    model_config: ModelConfig | None = None,
+) -> nn.Module:
     """Construct the model (uninitialised weights) with `vllm_config` current,
     so that layers (attention) can register themselves in it."""
     model_config = model_config or vllm_config.model_config
@@ -49,8 +54,9 @@ def initialize_model(vllm_config: "VllmConfig", *, prefix: str = "",
         return model_class(vllm_config=vllm_config, prefix=prefix)
 
 
-def process_weights_after_loading(model: nn.Module, model_config: "ModelConfig",
-                                  target_device: torch.device) -> None:
+def process_weights_after_loading(
+    model: nn.Module, model_config: ModelConfig, target_device: torch.device
+) -> None:
     """Let modules repack their weights once loaded (a hook quantized layers use)."""
     for module in model.modules():
         hook = getattr(module, "process_weights_after_loading", None)

@@ -1,5 +1,6 @@
 """Finding, reading and copying checkpoint weights
 (upstream: vllm/model_executor/model_loader/weight_utils.py)."""
+
 from __future__ import annotations
 
 import glob
@@ -25,8 +26,10 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> N
         param.data.fill_(loaded_weight.item())
         return
     if param.size() != loaded_weight.size():
-        raise ValueError(f"Attempted to load weight {tuple(loaded_weight.size())} into "
-                         f"parameter {tuple(param.size())}.")
+        raise ValueError(
+            f"Attempted to load weight {tuple(loaded_weight.size())} into "
+            f"parameter {tuple(param.size())}."
+        )
     param.data.copy_(loaded_weight)
 
 
@@ -35,15 +38,19 @@ def find_weight_files(model_dir: str) -> tuple[list[str], bool]:
     safetensors (preferred) rather than PyTorch pickles."""
     if not os.path.isdir(model_dir):
         raise ValueError(f"Model path {model_dir!r} is not a local directory.")
-    for pattern, use_safetensors in (("*.safetensors", True), ("pytorch_model*.bin", False),
-                                     ("*.pt", False)):
+    for pattern, use_safetensors in (
+        ("*.safetensors", True),
+        ("pytorch_model*.bin", False),
+        ("*.pt", False),
+    ):
         files = sorted(glob.glob(os.path.join(model_dir, pattern)))
         if files:
             if use_safetensors:
                 files = filter_duplicate_safetensors_files(files, model_dir)
             return files, use_safetensors
-    raise RuntimeError(f"Cannot find any model weights (*.safetensors, pytorch_model*.bin) "
-                       f"in {model_dir!r}.")
+    raise RuntimeError(
+        f"Cannot find any model weights (*.safetensors, pytorch_model*.bin) in {model_dir!r}."
+    )
 
 
 def filter_duplicate_safetensors_files(hf_weights_files: list[str], model_dir: str) -> list[str]:
@@ -59,7 +66,8 @@ def filter_duplicate_safetensors_files(hf_weights_files: list[str], model_dir: s
 
 
 def safetensors_weights_iterator(
-        hf_weights_files: list[str]) -> Generator[tuple[str, torch.Tensor], None, None]:
+    hf_weights_files: list[str],
+) -> Generator[tuple[str, torch.Tensor], None, None]:
     """(name, tensor) for every tensor of the given safetensors files."""
     from safetensors import safe_open
 
@@ -70,7 +78,8 @@ def safetensors_weights_iterator(
 
 
 def pt_weights_iterator(
-        hf_weights_files: list[str]) -> Generator[tuple[str, torch.Tensor], None, None]:
+    hf_weights_files: list[str],
+) -> Generator[tuple[str, torch.Tensor], None, None]:
     """(name, tensor) from PyTorch checkpoints, loaded without unpickling code."""
     for bin_file in hf_weights_files:
         state = torch.load(bin_file, map_location="cpu", weights_only=True)
@@ -78,8 +87,9 @@ def pt_weights_iterator(
         del state
 
 
-def initialize_dummy_weights(model: nn.Module, low: float = -1e-3, high: float = 1e-3,
-                             seed: int = 1234) -> None:
+def initialize_dummy_weights(
+    model: nn.Module, low: float = -1e-3, high: float = 1e-3, seed: int = 1234
+) -> None:
     """Fill every floating-point parameter with uniform noise in [low, high):
     weights for measuring speed/memory, not for meaningful output."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -88,4 +98,3 @@ def initialize_dummy_weights(model: nn.Module, low: float = -1e-3, high: float =
             continue
         noise = torch.rand(param.shape, generator=gen, dtype=torch.float32)
         param.data.copy_((noise * (high - low) + low).to(param.dtype))
-

@@ -10,6 +10,7 @@ What sets it apart from Llama:
   sliding layer asks for a `SlidingWindowSpec` KV cache;
 - the final logits are soft-capped too, and the head is tied.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -22,14 +23,23 @@ from transformers import PretrainedConfig
 from vllm.config import CacheConfig, VllmConfig
 from vllm.model_executor.layers.activation import GeluAndMul
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
-                                               RowParallelLinear)
+from vllm.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.llama import LlamaForCausalLM, get_layer_sliding_window
-from vllm.model_executor.models.utils import (CausalLMBase, extract_layer_index,
-                                              load_stacked_weights, make_layers, maybe_prefix,
-                                              norm_with_residual, single_stage_embeds)
+from vllm.model_executor.models.utils import (
+    CausalLMBase,
+    extract_layer_index,
+    load_stacked_weights,
+    make_layers,
+    maybe_prefix,
+    norm_with_residual,
+    single_stage_embeds,
+)
 
 
 class GemmaRMSNorm(nn.Module):
@@ -41,8 +51,9 @@ class GemmaRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
         self.variance_epsilon = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if residual is not None:
             x = x + residual
             residual = x
@@ -53,15 +64,18 @@ class GemmaRMSNorm(nn.Module):
 
 
 class Gemma2MLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str,
-                 prefix: str = "") -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, hidden_act: str, prefix: str = ""
+    ) -> None:
         super().__init__()
         if hidden_act not in ("gelu_pytorch_tanh", "gelu_new", "gelu"):
             raise ValueError(f"Gemma2 activation {hidden_act!r} is not supported.")
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2,
-                                                       bias=False, prefix=f"{prefix}.gate_up_proj")
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False,
-                                           prefix=f"{prefix}.down_proj")
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, bias=False, prefix=f"{prefix}.gate_up_proj"
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias=False, prefix=f"{prefix}.down_proj"
+        )
         self.act_fn = GeluAndMul("none" if hidden_act == "gelu" else "tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -71,29 +85,45 @@ class Gemma2MLP(nn.Module):
 
 
 class Gemma2Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig, cache_config: CacheConfig | None,
-                 prefix: str) -> None:
+    def __init__(
+        self, config: PretrainedConfig, cache_config: CacheConfig | None, prefix: str
+    ) -> None:
         super().__init__()
         num_heads, num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
         bias = config.attention_bias
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, num_heads,
-                                          num_kv_heads, bias=bias, prefix=f"{prefix}.qkv_proj")
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            self.head_dim,
+            num_heads,
+            num_kv_heads,
+            bias=bias,
+            prefix=f"{prefix}.qkv_proj",
+        )
         self.q_size = self.qkv_proj.num_heads * self.head_dim
         self.kv_size = self.qkv_proj.num_kv_heads * self.head_dim
-        self.o_proj = RowParallelLinear(num_heads * self.head_dim, config.hidden_size,
-                                        bias=bias, prefix=f"{prefix}.o_proj")
+        self.o_proj = RowParallelLinear(
+            num_heads * self.head_dim, config.hidden_size, bias=bias, prefix=f"{prefix}.o_proj"
+        )
         base, rope_scaling = get_rope_parameters(config)
-        self.rotary_emb = get_rope(self.head_dim, rotary_dim=self.head_dim,
-                                   max_position=config.max_position_embeddings, base=base,
-                                   is_neox_style=True, rope_scaling=rope_scaling)
+        self.rotary_emb = get_rope(
+            self.head_dim,
+            rotary_dim=self.head_dim,
+            max_position=config.max_position_embeddings,
+            base=base,
+            is_neox_style=True,
+            rope_scaling=rope_scaling,
+        )
         self.attn = Attention(
-            self.qkv_proj.num_heads, self.head_dim, config.query_pre_attn_scalar**-0.5,
-            num_kv_heads=self.qkv_proj.num_kv_heads, cache_config=cache_config,
+            self.qkv_proj.num_heads,
+            self.head_dim,
+            config.query_pre_attn_scalar**-0.5,
+            num_kv_heads=self.qkv_proj.num_kv_heads,
+            cache_config=cache_config,
             logits_soft_cap=config.attn_logit_softcapping,
-            per_layer_sliding_window=get_layer_sliding_window(config,
-                                                              extract_layer_index(prefix)),
-            prefix=f"{prefix}.attn")
+            per_layer_sliding_window=get_layer_sliding_window(config, extract_layer_index(prefix)),
+            prefix=f"{prefix}.attn",
+        )
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)
@@ -108,20 +138,26 @@ class Gemma2DecoderLayer(nn.Module):
     + post_ffw_norm(mlp(pre_ffw_norm(.))). The residual stream is carried
     separately, as in Llama, so the input norms fuse the residual add."""
 
-    def __init__(self, config: PretrainedConfig, cache_config: CacheConfig | None,
-                 prefix: str) -> None:
+    def __init__(
+        self, config: PretrainedConfig, cache_config: CacheConfig | None, prefix: str
+    ) -> None:
         super().__init__()
         self.self_attn = Gemma2Attention(config, cache_config, prefix=f"{prefix}.self_attn")
-        self.mlp = Gemma2MLP(config.hidden_size, config.intermediate_size,
-                             config.hidden_activation, prefix=f"{prefix}.mlp")
+        self.mlp = Gemma2MLP(
+            config.hidden_size,
+            config.intermediate_size,
+            config.hidden_activation,
+            prefix=f"{prefix}.mlp",
+        )
         eps = config.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, eps)
         self.post_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden_states, residual = norm_with_residual(self.input_layernorm, hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states)
         hidden_states = self.post_attention_layernorm(hidden_states)
@@ -139,20 +175,25 @@ class Gemma2Model(nn.Module):
         self.start_layer, self.end_layer, self.layers = make_layers(
             config.num_hidden_layers,
             lambda p: Gemma2DecoderLayer(config, vllm_config.cache_config, prefix=p),
-            prefix=f"{prefix}.layers")
+            prefix=f"{prefix}.layers",
+        )
         self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         # sqrt(hidden_size), rounded to the model dtype as transformers does.
-        self.register_buffer("normalizer", torch.tensor(config.hidden_size**0.5),
-                             persistent=False)
+        self.register_buffer("normalizer", torch.tensor(config.hidden_size**0.5), persistent=False)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        inputs_embeds = single_stage_embeds(self, self.embed_tokens, input_ids,
-                                            intermediate_tensors, inputs_embeds)
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        inputs_embeds = single_stage_embeds(
+            self, self.embed_tokens, input_ids, intermediate_tensors, inputs_embeds
+        )
         hidden_states = inputs_embeds * self.normalizer.to(inputs_embeds.dtype)
         residual = None
         for layer in self.layers:
@@ -166,7 +207,8 @@ class Gemma2Model(nn.Module):
 
 class Gemma2ForCausalLM(CausalLMBase):
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = dict(
-        LlamaForCausalLM.packed_modules_mapping)
+        LlamaForCausalLM.packed_modules_mapping
+    )
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
@@ -174,5 +216,10 @@ class Gemma2ForCausalLM(CausalLMBase):
         self.config = config
         self.model = Gemma2Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         # Gemma ties the head to the embeddings.
-        self.init_lm_head(config, prefix, self.model.embed_tokens, tie=True,
-                          soft_cap=config.final_logit_softcapping)
+        self.init_lm_head(
+            config,
+            prefix,
+            self.model.embed_tokens,
+            tie=True,
+            soft_cap=config.final_logit_softcapping,
+        )

@@ -7,6 +7,7 @@ GPT-2 checkpoints store their projections as `Conv1D` weights, laid out
 [in_features, out_features]; they are transposed on load into the
 [out, in] layout the linear layers use.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -18,12 +19,19 @@ from transformers import PretrainedConfig
 
 from vllm.config import CacheConfig, VllmConfig
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.linear import (ColumnParallelLinear, QKVParallelLinear,
-                                               RowParallelLinear)
+from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-from vllm.model_executor.models.utils import (CausalLMBase, make_layers, maybe_prefix,
-                                              single_stage_embeds)
+from vllm.model_executor.models.utils import (
+    CausalLMBase,
+    make_layers,
+    maybe_prefix,
+    single_stage_embeds,
+)
 
 # The projections stored as Conv1D ([in, out]) in GPT-2 checkpoints.
 _CONV1D_WEIGHTS = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
@@ -32,11 +40,13 @@ _MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")
 
 
 class GPT2Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig, cache_config: CacheConfig | None = None,
-                 prefix: str = "") -> None:
+    def __init__(
+        self, config: PretrainedConfig, cache_config: CacheConfig | None = None, prefix: str = ""
+    ) -> None:
         super().__init__()
         if getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(
-                config, "reorder_and_upcast_attn", False):
+            config, "reorder_and_upcast_attn", False
+        ):
             raise NotImplementedError("GPT-2 per-layer attention scaling is not built.")
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
@@ -44,11 +54,17 @@ class GPT2Attention(nn.Module):
         self.scale = self.head_dim**-0.5 if getattr(config, "scale_attn_weights", True) else 1.0
         # c_attn is the fused [q; k; v] projection (fused in the checkpoint too;
         # split on load so each rank gets its heads of q, k and v).
-        self.c_attn = QKVParallelLinear(hidden, self.head_dim, self.num_heads, bias=True,
-                                        prefix=f"{prefix}.c_attn")
+        self.c_attn = QKVParallelLinear(
+            hidden, self.head_dim, self.num_heads, bias=True, prefix=f"{prefix}.c_attn"
+        )
         self.c_proj = RowParallelLinear(hidden, hidden, bias=True, prefix=f"{prefix}.c_proj")
-        self.attn = Attention(self.c_attn.num_heads, self.head_dim, self.scale,  # this rank's
-                              cache_config=cache_config, prefix=f"{prefix}.attn")
+        self.attn = Attention(
+            self.c_attn.num_heads,
+            self.head_dim,
+            self.scale,  # this rank's
+            cache_config=cache_config,
+            prefix=f"{prefix}.attn",
+        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.c_attn(hidden_states)  # [T, 3 * hidden]
@@ -58,19 +74,21 @@ class GPT2Attention(nn.Module):
 
 
 class GPT2MLP(nn.Module):
-    def __init__(self, intermediate_size: int, config: PretrainedConfig,
-                 prefix: str = "") -> None:
+    def __init__(self, intermediate_size: int, config: PretrainedConfig, prefix: str = "") -> None:
         super().__init__()
         hidden = config.hidden_size
-        self.c_fc = ColumnParallelLinear(hidden, intermediate_size, bias=True,
-                                         prefix=f"{prefix}.c_fc")
-        self.c_proj = RowParallelLinear(intermediate_size, hidden, bias=True,
-                                        prefix=f"{prefix}.c_proj")
+        self.c_fc = ColumnParallelLinear(
+            hidden, intermediate_size, bias=True, prefix=f"{prefix}.c_fc"
+        )
+        self.c_proj = RowParallelLinear(
+            intermediate_size, hidden, bias=True, prefix=f"{prefix}.c_proj"
+        )
         act = config.activation_function
         if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu", "relu"):
             raise ValueError(f"GPT-2 activation {act!r} is not supported.")
-        self.act = (nn.ReLU() if act == "relu"
-                    else nn.GELU(approximate="none" if act == "gelu" else "tanh"))
+        self.act = (
+            nn.ReLU() if act == "relu" else nn.GELU(approximate="none" if act == "gelu" else "tanh")
+        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         h, _ = self.c_fc(hidden_states)
@@ -79,8 +97,9 @@ class GPT2MLP(nn.Module):
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, config: PretrainedConfig, cache_config: CacheConfig | None = None,
-                 prefix: str = "") -> None:
+    def __init__(
+        self, config: PretrainedConfig, cache_config: CacheConfig | None = None, prefix: str = ""
+    ) -> None:
         super().__init__()
         hidden = config.hidden_size
         inner = config.n_inner if config.n_inner is not None else 4 * hidden
@@ -105,17 +124,23 @@ class GPT2Model(nn.Module):
         self.start_layer, self.end_layer, self.h = make_layers(
             config.num_hidden_layers,
             lambda p: GPT2Block(config, vllm_config.cache_config, prefix=p),
-            prefix=f"{prefix}.h")
+            prefix=f"{prefix}.h",
+        )
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.wte(input_ids)
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        inputs_embeds = single_stage_embeds(self, self.wte, input_ids, intermediate_tensors,
-                                            inputs_embeds)
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        inputs_embeds = single_stage_embeds(
+            self, self.wte, input_ids, intermediate_tensors, inputs_embeds
+        )
         hidden_states = inputs_embeds + self.wpe(positions)
         for block in self.h:
             hidden_states = block(hidden_states)
@@ -130,8 +155,9 @@ class GPT2LMHeadModel(CausalLMBase):
         super().__init__()
         config = vllm_config.model_config.hf_text_config
         self.config = config
-        self.transformer = GPT2Model(vllm_config=vllm_config,
-                                     prefix=maybe_prefix(prefix, "transformer"))
+        self.transformer = GPT2Model(
+            vllm_config=vllm_config, prefix=maybe_prefix(prefix, "transformer")
+        )
         # GPT-2 always ties its head to the token embeddings.
         self.init_lm_head(config, prefix, self.transformer.wte, tie=True)
 

@@ -8,6 +8,7 @@ and the checkpoint stores all experts stacked: input_linear [E, 2I, H]
 (gate rows, then up rows) and output_linear [E, H, I].
 On the Model Runner V2 whitelist.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -21,27 +22,35 @@ from vllm.config import CacheConfig, VllmConfig
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import FusedMoE
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import (QKVParallelLinear, ReplicatedLinear,
-                                               RowParallelLinear)
+from vllm.model_executor.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.llama import LlamaForCausalLM
-from vllm.model_executor.models.utils import (CausalLMBase, load_stacked_weights,
-                                              make_layers, maybe_prefix, single_stage_embeds)
+from vllm.model_executor.models.utils import (
+    CausalLMBase,
+    load_stacked_weights,
+    make_layers,
+    maybe_prefix,
+    single_stage_embeds,
+)
 
 
 class GraniteMoeMoE(nn.Module):
     def __init__(self, config: PretrainedConfig, prefix: str = "") -> None:
         super().__init__()
-        self.router = ReplicatedLinear(config.hidden_size, config.num_local_experts,
-                                       bias=False, prefix=f"{prefix}.router")
-        self.experts = FusedMoE(num_experts=config.num_local_experts,
-                                top_k=config.num_experts_per_tok,
-                                hidden_size=config.hidden_size,
-                                intermediate_size=config.intermediate_size,
-                                reduce_results=True, renormalize=True,
-                                prefix=f"{prefix}.experts")
+        self.router = ReplicatedLinear(
+            config.hidden_size, config.num_local_experts, bias=False, prefix=f"{prefix}.router"
+        )
+        self.experts = FusedMoE(
+            num_experts=config.num_local_experts,
+            top_k=config.num_experts_per_tok,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            reduce_results=True,
+            renormalize=True,
+            prefix=f"{prefix}.experts",
+        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         router_logits, _ = self.router(hidden_states)
@@ -49,27 +58,45 @@ class GraniteMoeMoE(nn.Module):
 
 
 class GraniteMoeAttention(nn.Module):
-    def __init__(self, config: PretrainedConfig, cache_config: CacheConfig | None,
-                 prefix: str) -> None:
+    def __init__(
+        self, config: PretrainedConfig, cache_config: CacheConfig | None, prefix: str
+    ) -> None:
         super().__init__()
         self.head_dim = config.hidden_size // config.num_attention_heads
         bias = getattr(config, "attention_bias", False)
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim,
-                                          config.num_attention_heads,
-                                          config.num_key_value_heads, bias=bias,
-                                          prefix=f"{prefix}.qkv_proj")
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            self.head_dim,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            bias=bias,
+            prefix=f"{prefix}.qkv_proj",
+        )
         self.q_size = self.qkv_proj.num_heads * self.head_dim
         self.kv_size = self.qkv_proj.num_kv_heads * self.head_dim
-        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim,
-                                        config.hidden_size, bias=bias, prefix=f"{prefix}.o_proj")
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim,
+            config.hidden_size,
+            bias=bias,
+            prefix=f"{prefix}.o_proj",
+        )
         base, rope_scaling = get_rope_parameters(config)
-        self.rotary_emb = get_rope(self.head_dim, rotary_dim=self.head_dim,
-                                   max_position=config.max_position_embeddings, base=base,
-                                   is_neox_style=True, rope_scaling=rope_scaling)
-        self.attn = Attention(self.qkv_proj.num_heads, self.head_dim,
-                              config.attention_multiplier,
-                              num_kv_heads=self.qkv_proj.num_kv_heads,
-                              cache_config=cache_config, prefix=f"{prefix}.attn")
+        self.rotary_emb = get_rope(
+            self.head_dim,
+            rotary_dim=self.head_dim,
+            max_position=config.max_position_embeddings,
+            base=base,
+            is_neox_style=True,
+            rope_scaling=rope_scaling,
+        )
+        self.attn = Attention(
+            self.qkv_proj.num_heads,
+            self.head_dim,
+            config.attention_multiplier,
+            num_kv_heads=self.qkv_proj.num_kv_heads,
+            cache_config=cache_config,
+            prefix=f"{prefix}.attn",
+        )
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)
@@ -82,8 +109,9 @@ class GraniteMoeAttention(nn.Module):
 class GraniteMoeDecoderLayer(nn.Module):
     """x + m * attn(norm(x)), then + m * moe(norm(.)), m = residual_multiplier."""
 
-    def __init__(self, config: PretrainedConfig, cache_config: CacheConfig | None,
-                 prefix: str) -> None:
+    def __init__(
+        self, config: PretrainedConfig, cache_config: CacheConfig | None, prefix: str
+    ) -> None:
         super().__init__()
         self.self_attn = GraniteMoeAttention(config, cache_config, f"{prefix}.self_attn")
         self.block_sparse_moe = GraniteMoeMoE(config, f"{prefix}.block_sparse_moe")
@@ -108,17 +136,23 @@ class GraniteMoeModel(nn.Module):
         self.start_layer, self.end_layer, self.layers = make_layers(
             config.num_hidden_layers,
             lambda p: GraniteMoeDecoderLayer(config, vllm_config.cache_config, p),
-            prefix=f"{prefix}.layers")
+            prefix=f"{prefix}.layers",
+        )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        hidden_states = single_stage_embeds(self, self.embed_tokens, input_ids,
-                                            intermediate_tensors, inputs_embeds)
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        hidden_states = single_stage_embeds(
+            self, self.embed_tokens, input_ids, intermediate_tensors, inputs_embeds
+        )
         hidden_states = hidden_states * self.embedding_multiplier
         for layer in self.layers:
             hidden_states = layer(positions, hidden_states)
@@ -146,8 +180,9 @@ class GraniteMoeModel(nn.Module):
                 dense.append((name, weight))
                 continue
             loaded.add(target)
-        return loaded | load_stacked_weights(self, dense,
-                                             LlamaForCausalLM.stacked_params_mapping[:3])
+        return loaded | load_stacked_weights(
+            self, dense, LlamaForCausalLM.stacked_params_mapping[:3]
+        )
 
 
 class GraniteMoeForCausalLM(CausalLMBase):
@@ -159,8 +194,11 @@ class GraniteMoeForCausalLM(CausalLMBase):
         super().__init__()
         config = vllm_config.model_config.hf_text_config
         self.config = config
-        self.model = GraniteMoeModel(vllm_config=vllm_config,
-                                     prefix=maybe_prefix(prefix, "model"))
-        self.init_lm_head(config, prefix, self.model.embed_tokens,
-                          tie=getattr(config, "tie_word_embeddings", False),
-                          scale=1.0 / config.logits_scaling)
+        self.model = GraniteMoeModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        self.init_lm_head(
+            config,
+            prefix,
+            self.model.embed_tokens,
+            tie=getattr(config, "tie_word_embeddings", False),
+            scale=1.0 / config.logits_scaling,
+        )

@@ -5,6 +5,7 @@ A model opts in by inheriting the marker; the registry reads the class
 attributes (`supports_pp`, `has_inner_state`, ...) without building the model.
 Declare only what the model really implements.
 """
+
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal

@@ -5,6 +5,7 @@ experts, softmax, the top k (2) experts per token with their weights
 renormalised to sum to 1, each expert a SwiGLU MLP (w1 gate, w3 up, w2 down).
 Mixtral is not on the Model Runner V2 whitelist, so it runs on V1.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -26,14 +27,18 @@ class MixtralMoE(nn.Module):
 
     def __init__(self, config: PretrainedConfig, prefix: str = "") -> None:
         super().__init__()
-        self.gate = ReplicatedLinear(config.hidden_size, config.num_local_experts, bias=False,
-                                     prefix=f"{prefix}.gate")
-        self.experts = FusedMoE(num_experts=config.num_local_experts,
-                                top_k=config.num_experts_per_tok,
-                                hidden_size=config.hidden_size,
-                                intermediate_size=config.intermediate_size,
-                                reduce_results=True, renormalize=True,
-                                prefix=f"{prefix}.experts")
+        self.gate = ReplicatedLinear(
+            config.hidden_size, config.num_local_experts, bias=False, prefix=f"{prefix}.gate"
+        )
+        self.experts = FusedMoE(
+            num_experts=config.num_local_experts,
+            top_k=config.num_experts_per_tok,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            reduce_results=True,
+            renormalize=True,
+            prefix=f"{prefix}.experts",
+        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         router_logits, _ = self.gate(hidden_states)  # [T, E]
@@ -57,7 +62,8 @@ class MixtralForCausalLM(LlamaForCausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         experts = FusedMoE.make_expert_params_mapping(
-            "w1", "w2", "w3", self.config.num_local_experts)
+            "w1", "w2", "w3", self.config.num_local_experts
+        )
         weights = ((n.replace(".block_sparse_moe.", ".mlp."), w) for n, w in weights)
         skip = ["lm_head."] if getattr(self.config, "tie_word_embeddings", False) else []
         return load_moe_weights(self, weights, self.stacked_params_mapping[:3], experts, skip)

@@ -2,6 +2,7 @@
 Qwen2-MoE, DeepSeek-V2): it routes per-expert checkpoint tensors into
 `FusedMoE`'s stacked parameters. (Their decoder layers are Llama's, with the
 MLP built by `LlamaDecoderLayer._make_mlp`.)"""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -9,8 +10,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from vllm.model_executor.models.utils import (AutoWeightsLoader, is_pp_missing_parameter,
-                                              load_stacked_weight, lookup_param)
+from vllm.model_executor.models.utils import (
+    AutoWeightsLoader,
+    is_pp_missing_parameter,
+    load_stacked_weight,
+    lookup_param,
+)
 
 # (param name part, checkpoint name part, expert id, shard id), from
 # FusedMoE.make_expert_params_mapping.
@@ -18,10 +23,13 @@ ExpertMapping = list[tuple[str, str, int, str]]
 StackedMapping = list[tuple[str, str, str | int]]
 
 
-def load_moe_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                     stacked_params_mapping: StackedMapping,
-                     expert_params_mapping: ExpertMapping,
-                     skip_prefixes: Iterable[str] = ()) -> set[str]:
+def load_moe_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    stacked_params_mapping: StackedMapping,
+    expert_params_mapping: ExpertMapping,
+    skip_prefixes: Iterable[str] = (),
+) -> set[str]:
     """Load a whole MoE model by its full parameter names.
 
     A per-expert tensor ("...experts.3.gate_proj.weight") goes into its slot
@@ -36,16 +44,22 @@ def load_moe_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor
     for name, weight in weights:
         if name.startswith(skip_prefixes) or any(s in name for s in skip_substrs):
             continue
-        target = _load_one(model, params, name, weight, stacked_params_mapping,
-                           expert_params_mapping)
+        target = _load_one(
+            model, params, name, weight, stacked_params_mapping, expert_params_mapping
+        )
         if target is not None:
             loaded.add(target)
     return loaded
 
 
-def _load_one(model: nn.Module, params: dict[str, nn.Parameter], name: str,
-              weight: torch.Tensor, stacked: StackedMapping,
-              experts: ExpertMapping) -> str | None:
+def _load_one(
+    model: nn.Module,
+    params: dict[str, nn.Parameter],
+    name: str,
+    weight: torch.Tensor,
+    stacked: StackedMapping,
+    experts: ExpertMapping,
+) -> str | None:
     """Load one checkpoint tensor; the parameter name, or None when another
     pipeline stage owns it."""
     for param_part, weight_part, expert_id, shard_id in experts:

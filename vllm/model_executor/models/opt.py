@@ -8,6 +8,7 @@ the word embeddings.
 
 Tensor shapes: T = number of tokens in the step (all requests flattened).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -19,11 +20,19 @@ from transformers import PretrainedConfig
 
 from vllm.config import CacheConfig, VllmConfig
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.linear import (ColumnParallelLinear, QKVParallelLinear,
-                                               ReplicatedLinear, RowParallelLinear)
+from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-from vllm.model_executor.models.utils import (CausalLMBase, load_stacked_weights,
-                                              make_layers, maybe_prefix)
+from vllm.model_executor.models.utils import (
+    CausalLMBase,
+    load_stacked_weights,
+    make_layers,
+    maybe_prefix,
+)
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -44,19 +53,32 @@ class OPTLearnedPositionalEmbedding(nn.Embedding):
 class OPTAttention(nn.Module):
     """Biased q/k/v (fused here) -> paged attention -> biased out_proj; no rotary."""
 
-    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True,
-                 cache_config: CacheConfig | None = None, prefix: str = "") -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        bias: bool = True,
+        cache_config: CacheConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         self.head_dim = embed_dim // num_heads
         self.scaling = self.head_dim**-0.5
-        self.qkv_proj = QKVParallelLinear(embed_dim, self.head_dim, num_heads, bias=bias,
-                                          prefix=f"{prefix}.qkv_proj")
+        self.qkv_proj = QKVParallelLinear(
+            embed_dim, self.head_dim, num_heads, bias=bias, prefix=f"{prefix}.qkv_proj"
+        )
         self.num_heads = self.qkv_proj.num_heads
         self.q_size = self.num_heads * self.head_dim
-        self.out_proj = RowParallelLinear(embed_dim, embed_dim, bias=bias,
-                                          prefix=f"{prefix}.out_proj")
-        self.attn = Attention(self.num_heads, self.head_dim, self.scaling,
-                              cache_config=cache_config, prefix=f"{prefix}.attn")
+        self.out_proj = RowParallelLinear(
+            embed_dim, embed_dim, bias=bias, prefix=f"{prefix}.out_proj"
+        )
+        self.attn = Attention(
+            self.num_heads,
+            self.head_dim,
+            self.scaling,
+            cache_config=cache_config,
+            prefix=f"{prefix}.attn",
+        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)  # [T, 3 * q_size]
@@ -68,23 +90,31 @@ class OPTAttention(nn.Module):
 class OPTDecoderLayer(nn.Module):
     """Pre-LN (`do_layer_norm_before`, most checkpoints) or post-LN (OPT-350m) block."""
 
-    def __init__(self, config: PretrainedConfig, cache_config: CacheConfig | None = None,
-                 prefix: str = "") -> None:
+    def __init__(
+        self, config: PretrainedConfig, cache_config: CacheConfig | None = None, prefix: str = ""
+    ) -> None:
         super().__init__()
         self.embed_dim = config.hidden_size
         bias = getattr(config, "enable_bias", True)
-        self.self_attn = OPTAttention(self.embed_dim, config.num_attention_heads, bias=bias,
-                                      cache_config=cache_config, prefix=f"{prefix}.self_attn")
+        self.self_attn = OPTAttention(
+            self.embed_dim,
+            config.num_attention_heads,
+            bias=bias,
+            cache_config=cache_config,
+            prefix=f"{prefix}.self_attn",
+        )
         self.do_layer_norm_before = config.do_layer_norm_before
         affine = getattr(config, "layer_norm_elementwise_affine", True)
         self.self_attn_layer_norm = nn.LayerNorm(self.embed_dim, elementwise_affine=affine)
-        self.fc1 = ColumnParallelLinear(self.embed_dim, config.ffn_dim, bias=bias,
-                                        prefix=f"{prefix}.fc1")
+        self.fc1 = ColumnParallelLinear(
+            self.embed_dim, config.ffn_dim, bias=bias, prefix=f"{prefix}.fc1"
+        )
         if config.activation_function not in _ACTIVATIONS:
             raise ValueError(f"OPT activation {config.activation_function!r} is not supported.")
         self.activation_fn = _ACTIVATIONS[config.activation_function]()
-        self.fc2 = RowParallelLinear(config.ffn_dim, self.embed_dim, bias=bias,
-                                     prefix=f"{prefix}.fc2")
+        self.fc2 = RowParallelLinear(
+            config.ffn_dim, self.embed_dim, bias=bias, prefix=f"{prefix}.fc2"
+        )
         self.final_layer_norm = nn.LayerNorm(self.embed_dim, elementwise_affine=affine)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -107,33 +137,41 @@ class OPTDecoderLayer(nn.Module):
 
 
 class OPTDecoder(nn.Module):
-    def __init__(self, config: PretrainedConfig, cache_config: CacheConfig | None = None,
-                 prefix: str = "") -> None:
+    def __init__(
+        self, config: PretrainedConfig, cache_config: CacheConfig | None = None, prefix: str = ""
+    ) -> None:
         super().__init__()
         self.config = config
         proj_dim = config.word_embed_proj_dim
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, proj_dim)
-        self.embed_positions = OPTLearnedPositionalEmbedding(config.max_position_embeddings,
-                                                             config.hidden_size)
+        self.embed_positions = OPTLearnedPositionalEmbedding(
+            config.max_position_embeddings, config.hidden_size
+        )
         # A narrower word embedding (OPT-350m) is projected in and out.
         self.project_in = self.project_out = None
         if proj_dim != config.hidden_size:
-            self.project_in = ReplicatedLinear(proj_dim, config.hidden_size, bias=False,
-                                               prefix=f"{prefix}.project_in")
-            self.project_out = ReplicatedLinear(config.hidden_size, proj_dim, bias=False,
-                                                prefix=f"{prefix}.project_out")
+            self.project_in = ReplicatedLinear(
+                proj_dim, config.hidden_size, bias=False, prefix=f"{prefix}.project_in"
+            )
+            self.project_out = ReplicatedLinear(
+                config.hidden_size, proj_dim, bias=False, prefix=f"{prefix}.project_out"
+            )
         self.final_layer_norm = None
-        if config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm",
-                                                       False):
+        if config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm", False):
             affine = getattr(config, "layer_norm_elementwise_affine", True)
             self.final_layer_norm = nn.LayerNorm(config.hidden_size, elementwise_affine=affine)
         self.start_layer, self.end_layer, self.layers = make_layers(
             config.num_hidden_layers,
             lambda p: OPTDecoderLayer(config, cache_config, prefix=p),
-            prefix=f"{prefix}.layers")
+            prefix=f"{prefix}.layers",
+        )
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         if self.project_in is not None:
@@ -152,15 +190,20 @@ class OPTModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = vllm_config.model_config.hf_text_config
-        self.decoder = OPTDecoder(config, vllm_config.cache_config,
-                                  prefix=maybe_prefix(prefix, "decoder"))
+        self.decoder = OPTDecoder(
+            config, vllm_config.cache_config, prefix=maybe_prefix(prefix, "decoder")
+        )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.decoder.embed_tokens(input_ids)
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if intermediate_tensors is not None:
             raise NotImplementedError("Pipeline parallelism is not built.")
         return self.decoder(input_ids, positions, inputs_embeds)
@@ -184,12 +227,17 @@ class OPTForCausalLM(CausalLMBase):
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.model = OPTModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
-        self.init_lm_head(config, prefix, self.model.decoder.embed_tokens,
-                          tie=getattr(config, "tie_word_embeddings", True),
-                          hidden_size=config.word_embed_proj_dim)
+        self.init_lm_head(
+            config,
+            prefix,
+            self.model.decoder.embed_tokens,
+            tie=getattr(config, "tie_word_embeddings", True),
+            hidden_size=config.word_embed_proj_dim,
+        )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # Some OPT checkpoints name the body "decoder." without the "model." prefix.
         return super().load_weights(
             (name if name.startswith(("model.", "lm_head.")) else f"model.{name}", w)
-            for name, w in weights)
+            for name, w in weights
+        )

@@ -6,6 +6,7 @@ fused as `gate_up_proj`, and rotary may cover only part of each head
 gate/up parts on load, so each part goes through its shard loader and lands
 in the right rows of every tensor-parallel rank.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator

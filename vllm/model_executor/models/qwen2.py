@@ -3,6 +3,7 @@
 Same decoder as Llama except the attention: q/k/v projections carry a bias,
 the output projection does not.
 """
+
 from __future__ import annotations
 
 from transformers import PretrainedConfig
@@ -18,6 +19,11 @@ class Qwen2DecoderLayer(LlamaDecoderLayer):
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "",
-                 layer_type: type[LlamaDecoderLayer] = Qwen2DecoderLayer) -> None:
+    def __init__(
+        self,
+        *,
+        vllm_config: VllmConfig,
+        prefix: str = "",
+        layer_type: type[LlamaDecoderLayer] = Qwen2DecoderLayer,
+    ) -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)

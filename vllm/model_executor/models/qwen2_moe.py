@@ -6,6 +6,7 @@ renormalised only when `norm_topk_prob`) plus a shared expert, a dense
 SwiGLU MLP always applied and scaled by sigmoid(shared_expert_gate(x)).
 On the Model Runner V2 whitelist.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -28,21 +29,29 @@ from vllm.model_executor.models.utils import extract_layer_index
 class Qwen2MoeSparseMoeBlock(nn.Module):
     def __init__(self, config: PretrainedConfig, prefix: str = "") -> None:
         super().__init__()
-        self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=False,
-                                     prefix=f"{prefix}.gate")
-        self.experts = FusedMoE(num_experts=config.num_experts,
-                                top_k=config.num_experts_per_tok,
-                                hidden_size=config.hidden_size,
-                                intermediate_size=config.moe_intermediate_size,
-                                reduce_results=True, renormalize=config.norm_topk_prob,
-                                prefix=f"{prefix}.experts")
+        self.gate = ReplicatedLinear(
+            config.hidden_size, config.num_experts, bias=False, prefix=f"{prefix}.gate"
+        )
+        self.experts = FusedMoE(
+            num_experts=config.num_experts,
+            top_k=config.num_experts_per_tok,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.moe_intermediate_size,
+            reduce_results=True,
+            renormalize=config.norm_topk_prob,
+            prefix=f"{prefix}.experts",
+        )
         self.shared_expert = None
         if config.shared_expert_intermediate_size > 0:
-            self.shared_expert = LlamaMLP(config.hidden_size,
-                                          config.shared_expert_intermediate_size,
-                                          config.hidden_act, prefix=f"{prefix}.shared_expert")
-        self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1, bias=False,
-                                                   prefix=f"{prefix}.shared_expert_gate")
+            self.shared_expert = LlamaMLP(
+                config.hidden_size,
+                config.shared_expert_intermediate_size,
+                config.hidden_act,
+                prefix=f"{prefix}.shared_expert",
+            )
+        self.shared_expert_gate = ReplicatedLinear(
+            config.hidden_size, 1, bias=False, prefix=f"{prefix}.shared_expert_gate"
+        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[T, H] -> routed experts + sigmoid(gate) * shared expert, [T, H]."""
@@ -58,24 +67,29 @@ class Qwen2MoeDecoderLayer(Qwen2DecoderLayer):
     @classmethod
     def _make_mlp(cls, config: PretrainedConfig, prefix: str) -> nn.Module:
         layer_idx = extract_layer_index(prefix)
-        is_sparse = (layer_idx not in config.mlp_only_layers and config.num_experts > 0
-                     and (layer_idx + 1) % config.decoder_sparse_step == 0)
+        is_sparse = (
+            layer_idx not in config.mlp_only_layers
+            and config.num_experts > 0
+            and (layer_idx + 1) % config.decoder_sparse_step == 0
+        )
         if is_sparse:
             return Qwen2MoeSparseMoeBlock(config, prefix)
-        return LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
-                        prefix=prefix)
+        return LlamaMLP(
+            config.hidden_size, config.intermediate_size, config.hidden_act, prefix=prefix
+        )
 
 
 class Qwen2MoeForCausalLM(LlamaForCausalLM):
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = dict(
-        LlamaForCausalLM.packed_modules_mapping)
+        LlamaForCausalLM.packed_modules_mapping
+    )
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix,
-                         layer_type=Qwen2MoeDecoderLayer)
+        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=Qwen2MoeDecoderLayer)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         experts = FusedMoE.make_expert_params_mapping(
-            "gate_proj", "down_proj", "up_proj", self.config.num_experts)
+            "gate_proj", "down_proj", "up_proj", self.config.num_experts
+        )
         skip = ["lm_head."] if getattr(self.config, "tie_word_embeddings", False) else []
         return load_moe_weights(self, weights, self.stacked_params_mapping, experts, skip)

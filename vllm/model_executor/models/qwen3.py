@@ -3,6 +3,7 @@
 Llama's decoder with per-head RMSNorm on q and k (before rotary) and, by
 default, no q/k/v bias.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,8 +13,7 @@ from transformers import PretrainedConfig
 
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.models.llama import (LlamaAttention, LlamaDecoderLayer,
-                                              LlamaForCausalLM)
+from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
 
 class Qwen3Attention(LlamaAttention):
@@ -39,6 +39,11 @@ class Qwen3DecoderLayer(LlamaDecoderLayer):
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "",
-                 layer_type: type[LlamaDecoderLayer] = Qwen3DecoderLayer) -> None:
+    def __init__(
+        self,
+        *,
+        vllm_config: VllmConfig,
+        prefix: str = "",
+        layer_type: type[LlamaDecoderLayer] = Qwen3DecoderLayer,
+    ) -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)

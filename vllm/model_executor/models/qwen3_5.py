@@ -12,6 +12,7 @@ attention, per `layer_types` (three linear layers per full one by default).
 
 `IsHybrid` + `HasInnerState`: by the seed's rule it runs on the V1 runner.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -30,37 +31,59 @@ from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmb
 from vllm.model_executor.models.gemma2 import GemmaRMSNorm
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaMLP
-from vllm.model_executor.models.utils import (CausalLMBase, extract_layer_index,
-                                              load_stacked_weights, make_layers, maybe_prefix,
-                                              norm_with_residual, single_stage_embeds)
+from vllm.model_executor.models.utils import (
+    CausalLMBase,
+    extract_layer_index,
+    load_stacked_weights,
+    make_layers,
+    maybe_prefix,
+    norm_with_residual,
+    single_stage_embeds,
+)
 
 
 class Qwen3_5Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig, cache_config: CacheConfig | None,
-                 prefix: str) -> None:
+    def __init__(
+        self, config: PretrainedConfig, cache_config: CacheConfig | None, prefix: str
+    ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
         hidden, d = config.hidden_size, self.head_dim
         bias = getattr(config, "attention_bias", False)
-        self.q_proj = ColumnParallelLinear(hidden, self.num_heads * d * 2, bias=bias,
-                                           prefix=f"{prefix}.q_proj")
-        self.k_proj = ColumnParallelLinear(hidden, self.num_kv_heads * d, bias=bias,
-                                           prefix=f"{prefix}.k_proj")
-        self.v_proj = ColumnParallelLinear(hidden, self.num_kv_heads * d, bias=bias,
-                                           prefix=f"{prefix}.v_proj")
-        self.o_proj = RowParallelLinear(self.num_heads * d, hidden, bias=bias,
-                                        prefix=f"{prefix}.o_proj")
+        self.q_proj = ColumnParallelLinear(
+            hidden, self.num_heads * d * 2, bias=bias, prefix=f"{prefix}.q_proj"
+        )
+        self.k_proj = ColumnParallelLinear(
+            hidden, self.num_kv_heads * d, bias=bias, prefix=f"{prefix}.k_proj"
+        )
+        self.v_proj = ColumnParallelLinear(
+            hidden, self.num_kv_heads * d, bias=bias, prefix=f"{prefix}.v_proj"
+        )
+        self.o_proj = RowParallelLinear(
+            self.num_heads * d, hidden, bias=bias, prefix=f"{prefix}.o_proj"
+        )
         self.q_norm = GemmaRMSNorm(d, eps=config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(d, eps=config.rms_norm_eps)
         rope = dict(getattr(config, "rope_parameters", None) or {})
         if rope.get("rope_type", "default") != "default":
             raise NotImplementedError(f"Qwen3.5 rope type {rope['rope_type']!r} is not built.")
-        self.rotary_emb = get_rope(d, rotary_dim=d, max_position=config.max_position_embeddings,
-                                   base=rope.get("rope_theta", 10000.0), is_neox_style=True,
-                                   partial_rotary_factor=rope.get("partial_rotary_factor", 1.0))
-        self.attn = Attention(self.num_heads, d, d**-0.5, num_kv_heads=self.num_kv_heads,
-                              cache_config=cache_config, prefix=f"{prefix}.attn")
+        self.rotary_emb = get_rope(
+            d,
+            rotary_dim=d,
+            max_position=config.max_position_embeddings,
+            base=rope.get("rope_theta", 10000.0),
+            is_neox_style=True,
+            partial_rotary_factor=rope.get("partial_rotary_factor", 1.0),
+        )
+        self.attn = Attention(
+            self.num_heads,
+            d,
+            d**-0.5,
+            num_kv_heads=self.num_kv_heads,
+            cache_config=cache_config,
+            prefix=f"{prefix}.attn",
+        )
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         t, d = hidden_states.shape[0], self.head_dim
@@ -83,22 +106,30 @@ class Qwen3_5DecoderLayer(nn.Module):
         self.layer_type = config.layer_types[extract_layer_index(prefix)]
         if self.layer_type == "linear_attention":
             self.linear_attn = GatedDeltaNet(
-                config.hidden_size, config.linear_num_key_heads, config.linear_num_value_heads,
-                config.linear_key_head_dim, config.linear_value_head_dim,
-                config.linear_conv_kernel_dim, config.rms_norm_eps,
-                prefix=f"{prefix}.linear_attn")
+                config.hidden_size,
+                config.linear_num_key_heads,
+                config.linear_num_value_heads,
+                config.linear_key_head_dim,
+                config.linear_value_head_dim,
+                config.linear_conv_kernel_dim,
+                config.rms_norm_eps,
+                prefix=f"{prefix}.linear_attn",
+            )
         elif self.layer_type == "full_attention":
-            self.self_attn = Qwen3_5Attention(config, vllm_config.cache_config,
-                                              prefix=f"{prefix}.self_attn")
+            self.self_attn = Qwen3_5Attention(
+                config, vllm_config.cache_config, prefix=f"{prefix}.self_attn"
+            )
         else:
             raise ValueError(f"Unknown Qwen3.5 layer type {self.layer_type!r}.")
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
-                            prefix=f"{prefix}.mlp")
+        self.mlp = LlamaMLP(
+            config.hidden_size, config.intermediate_size, config.hidden_act, prefix=f"{prefix}.mlp"
+        )
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden_states, residual = norm_with_residual(self.input_layernorm, hidden_states, residual)
         if self.layer_type == "linear_attention":
             hidden_states = self.linear_attn(hidden_states)
@@ -116,17 +147,23 @@ class Qwen3_5Model(nn.Module):
         self.start_layer, self.end_layer, self.layers = make_layers(
             config.num_hidden_layers,
             lambda p: Qwen3_5DecoderLayer(vllm_config=vllm_config, prefix=p),
-            prefix=f"{prefix}.layers")
+            prefix=f"{prefix}.layers",
+        )
         self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: Any = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        hidden_states = single_stage_embeds(self, self.embed_tokens, input_ids,
-                                            intermediate_tensors, inputs_embeds)
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        hidden_states = single_stage_embeds(
+            self, self.embed_tokens, input_ids, intermediate_tensors, inputs_embeds
+        )
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual)
@@ -147,5 +184,9 @@ class Qwen3_5ForCausalLM(CausalLMBase, HasInnerState, IsHybrid):
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.model = Qwen3_5Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
-        self.init_lm_head(config, prefix, self.model.embed_tokens,
-                          tie=getattr(config, "tie_word_embeddings", False))
+        self.init_lm_head(
+            config,
+            prefix,
+            self.model.embed_tokens,
+            tie=getattr(config, "tie_word_embeddings", False),
+        )

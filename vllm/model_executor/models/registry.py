@@ -5,11 +5,12 @@ Importing a model module pulls in torch layers, so the table holds
 (module, class) names and classes are imported only when a model is built or
 inspected.
 """
+
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import torch.nn as nn
@@ -52,7 +53,7 @@ class _ModelInfo:
     has_noops: bool = False
 
     @staticmethod
-    def from_model_cls(arch: str, model_cls: type[nn.Module]) -> "_ModelInfo":
+    def from_model_cls(arch: str, model_cls: type[nn.Module]) -> _ModelInfo:
         def flag(name: str) -> bool:
             return bool(getattr(model_cls, name, False))
 
@@ -74,7 +75,7 @@ class _ModelRegistry:
     def get_supported_archs(self) -> list[str]:
         return sorted(self.models)
 
-    @lru_cache(maxsize=None)  # noqa: B019 - the registry is a process-wide singleton
+    @cache  # noqa: B019 - the registry is a process-wide singleton
     def _load_model_cls(self, arch: str) -> type[nn.Module]:
         module_name, cls_name = self.models[arch]
         module = importlib.import_module(f"vllm.model_executor.models.{module_name}")
@@ -90,26 +91,30 @@ class _ModelRegistry:
     def _raise_unsupported(self, architectures: list[str]) -> None:
         raise ValueError(
             f"Model architectures {architectures} are not supported for now. "
-            f"Supported architectures: {self.get_supported_archs()}")
+            f"Supported architectures: {self.get_supported_archs()}"
+        )
 
-    def inspect_model_cls(self, architectures: str | list[str] | None,
-                          model_config: Any = None) -> tuple[_ModelInfo, str]:
+    def inspect_model_cls(
+        self, architectures: str | list[str] | None, model_config: Any = None
+    ) -> tuple[_ModelInfo, str]:
         for arch in self._normalize(architectures):
             if arch in self.models:
                 return _ModelInfo.from_model_cls(arch, self._load_model_cls(arch)), arch
         self._raise_unsupported(self._normalize(architectures))
         raise AssertionError  # unreachable
 
-    def resolve_model_cls(self, architectures: str | list[str] | None,
-                          model_config: Any = None) -> tuple[type[nn.Module], str]:
+    def resolve_model_cls(
+        self, architectures: str | list[str] | None, model_config: Any = None
+    ) -> tuple[type[nn.Module], str]:
         for arch in self._normalize(architectures):
             if arch in self.models:
                 return self._load_model_cls(arch), arch
         self._raise_unsupported(self._normalize(architectures))
         raise AssertionError  # unreachable
 
-    def is_text_generation_model(self, architectures: str | list[str] | None,
-                                 model_config: Any = None) -> bool:
+    def is_text_generation_model(
+        self, architectures: str | list[str] | None, model_config: Any = None
+    ) -> bool:
         return self.inspect_model_cls(architectures, model_config)[0].is_text_generation_model
 
     def is_hybrid_model(self, architectures, model_config: Any = None) -> bool:

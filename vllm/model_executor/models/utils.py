@@ -1,4 +1,5 @@
 """Helpers shared by model definitions (upstream: vllm/model_executor/models/utils.py)."""
+
 from __future__ import annotations
 
 import itertools
@@ -46,19 +47,22 @@ class PPMissingLayer(torch.nn.Identity):
         return args[0] if args else next(iter(kwargs.values()))
 
 
-def make_layers(num_hidden_layers: int, layer_fn: Callable[[str], nn.Module],
-                prefix: str) -> tuple[int, int, nn.ModuleList]:
+def make_layers(
+    num_hidden_layers: int, layer_fn: Callable[[str], nn.Module], prefix: str
+) -> tuple[int, int, nn.ModuleList]:
     """(start_layer, end_layer, layers): layers [start, end) are this pipeline
     stage's and built; the others are PPMissingLayer placeholders, so layer i
     keeps its index (and its weight names) on every stage."""
     from vllm.distributed import get_pp_group, get_pp_indices
 
     pp_group = get_pp_group()
-    start, end = get_pp_indices(num_hidden_layers, pp_group.rank_in_group,
-                                pp_group.world_size)
-    layers = nn.ModuleList([
-        layer_fn(f"{prefix}.{i}") if start <= i < end else PPMissingLayer()
-        for i in range(num_hidden_layers)])
+    start, end = get_pp_indices(num_hidden_layers, pp_group.rank_in_group, pp_group.world_size)
+    layers = nn.ModuleList(
+        [
+            layer_fn(f"{prefix}.{i}") if start <= i < end else PPMissingLayer()
+            for i in range(num_hidden_layers)
+        ]
+    )
     return start, end, layers
 
 
@@ -77,23 +81,29 @@ def is_pp_missing_parameter(name: str, model: nn.Module) -> bool:
     return isinstance(module, PPMissingLayer)
 
 
-def make_empty_intermediate_tensors_factory(keys: list[str], hidden_size: int
-                                            ) -> Callable[..., "IntermediateTensors"]:
+def make_empty_intermediate_tensors_factory(
+    keys: list[str], hidden_size: int
+) -> Callable[..., IntermediateTensors]:
     """A `make_empty_intermediate_tensors(batch_size, dtype, device)` for a
     model whose stages pass `keys`, each [batch_size, hidden_size]."""
     from vllm.sequence import IntermediateTensors
 
-    def make_empty_intermediate_tensors(batch_size: int, dtype: torch.dtype,
-                                        device: torch.device) -> IntermediateTensors:
-        return IntermediateTensors({
-            key: torch.zeros((batch_size, hidden_size), dtype=dtype, device=device)
-            for key in keys})
+    def make_empty_intermediate_tensors(
+        batch_size: int, dtype: torch.dtype, device: torch.device
+    ) -> IntermediateTensors:
+        return IntermediateTensors(
+            {
+                key: torch.zeros((batch_size, hidden_size), dtype=dtype, device=device)
+                for key in keys
+            }
+        )
 
     return make_empty_intermediate_tensors
 
 
-def norm_with_residual(norm: nn.Module, hidden_states: torch.Tensor,
-                       residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_with_residual(
+    norm: nn.Module, hidden_states: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A decoder layer's input norm over the residual stream -> (normed, residual).
 
     The first layer (`residual` None) starts the stream with its input; later
@@ -104,14 +114,17 @@ def norm_with_residual(norm: nn.Module, hidden_states: torch.Tensor,
     return norm(hidden_states, residual)
 
 
-def single_stage_embeds(model: nn.Module, embed_tokens: nn.Module,
-                        input_ids: torch.Tensor | None, intermediate_tensors: object,
-                        inputs_embeds: torch.Tensor | None) -> torch.Tensor:
+def single_stage_embeds(
+    model: nn.Module,
+    embed_tokens: nn.Module,
+    input_ids: torch.Tensor | None,
+    intermediate_tensors: object,
+    inputs_embeds: torch.Tensor | None,
+) -> torch.Tensor:
     """The input embeddings [T, hidden] of a body built without pipeline
     parallelism: `inputs_embeds` when given, else `embed_tokens(input_ids)`."""
     if intermediate_tensors is not None:
-        raise NotImplementedError(
-            f"Pipeline parallelism is not built for {type(model).__name__}.")
+        raise NotImplementedError(f"Pipeline parallelism is not built for {type(model).__name__}.")
     return inputs_embeds if inputs_embeds is not None else embed_tokens(input_ids)
 
 
@@ -126,26 +139,36 @@ class AutoWeightsLoader:
     """
 
     # Buffers some checkpoints carry that are recomputed here.
-    ROTARY_EMBEDS_UNUSED_WEIGHTS = ["rotary_emb.inv_freq", "rotary_emb.cos_cached",
-                                    "rotary_emb.sin_cached"]
+    ROTARY_EMBEDS_UNUSED_WEIGHTS = [
+        "rotary_emb.inv_freq",
+        "rotary_emb.cos_cached",
+        "rotary_emb.sin_cached",
+    ]
 
-    def __init__(self, module: nn.Module, *, skip_prefixes: list[str] | None = None,
-                 skip_substrs: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        skip_prefixes: list[str] | None = None,
+        skip_substrs: list[str] | None = None,
+    ) -> None:
         self.module = module
         self.skip_prefixes = skip_prefixes or []
         self.skip_substrs = (skip_substrs or []) + self.ROTARY_EMBEDS_UNUSED_WEIGHTS
 
     def _can_skip(self, qualname: str) -> bool:
-        return (any(qualname.startswith(p) for p in self.skip_prefixes)
-                or any(s in qualname for s in self.skip_substrs))
+        return any(qualname.startswith(p) for p in self.skip_prefixes) or any(
+            s in qualname for s in self.skip_substrs
+        )
 
     def _groupby_prefix(self, weights: WeightsIter) -> Iterator[tuple[str, WeightsIter]]:
         split = ((name.split(".", 1), w) for name, w in weights)
         for prefix, group in itertools.groupby(split, key=lambda x: x[0][0]):
             yield prefix, ((parts[1] if len(parts) > 1 else "", w) for parts, w in group)
 
-    def _load_param(self, base_prefix: str, param: nn.Parameter,
-                    weights: WeightsIter) -> Iterator[str]:
+    def _load_param(
+        self, base_prefix: str, param: nn.Parameter, weights: WeightsIter
+    ) -> Iterator[str]:
         for rest, weight in weights:
             if rest:  # e.g. "weight.extra": no such parameter
                 raise ValueError(f"Unexpected weight name {base_prefix}.{rest}")
@@ -153,8 +176,9 @@ class AutoWeightsLoader:
             loader(param, weight)
             yield base_prefix
 
-    def _load_module(self, base_prefix: str, module: nn.Module,
-                     weights: WeightsIter) -> Iterator[str]:
+    def _load_module(
+        self, base_prefix: str, module: nn.Module, weights: WeightsIter
+    ) -> Iterator[str]:
         if module is not self.module and hasattr(module, "load_weights"):
             loaded = module.load_weights(weights)
             yield from (maybe_prefix(base_prefix, name) for name in loaded)
@@ -174,8 +198,10 @@ class AutoWeightsLoader:
                 for rest, _ in child_weights:
                     full = maybe_prefix(qualname, rest)
                     if not self._can_skip(full):
-                        raise ValueError(f"There is no module or parameter named {full!r} "
-                                         f"in {type(self.module).__name__}.")
+                        raise ValueError(
+                            f"There is no module or parameter named {full!r} "
+                            f"in {type(self.module).__name__}."
+                        )
 
     def load_weights(self, weights: WeightsIter) -> set[str]:
         """Load everything not skipped; returns the names of the loaded parameters."""
@@ -183,9 +209,12 @@ class AutoWeightsLoader:
         return set(self._load_module("", self.module, weights))
 
 
-def load_stacked_weights(module: nn.Module, weights: WeightsIter,
-                         stacked_params_mapping: list[tuple[str, str, str | int]],
-                         skip_substrs: Iterable[str] = ()) -> set[str]:
+def load_stacked_weights(
+    module: nn.Module,
+    weights: WeightsIter,
+    stacked_params_mapping: list[tuple[str, str, str | int]],
+    skip_substrs: Iterable[str] = (),
+) -> set[str]:
     """Load a transformer body whose checkpoint splits fused parameters.
 
     `stacked_params_mapping` lists (fused_name, checkpoint_name, shard_id), e.g.
@@ -204,9 +233,13 @@ def load_stacked_weights(module: nn.Module, weights: WeightsIter,
     return loaded
 
 
-def load_stacked_weight(module: nn.Module, params: dict[str, nn.Parameter], name: str,
-                        weight: torch.Tensor,
-                        stacked_params_mapping: list[tuple[str, str, str | int]]) -> str | None:
+def load_stacked_weight(
+    module: nn.Module,
+    params: dict[str, nn.Parameter],
+    name: str,
+    weight: torch.Tensor,
+    stacked_params_mapping: list[tuple[str, str, str | int]],
+) -> str | None:
     """Load one checkpoint tensor of `load_stacked_weights`: into its shard of
     a fused parameter, else into the parameter of the same name. Returns the
     parameter's name, or None when another pipeline stage holds it."""
@@ -225,14 +258,11 @@ def load_stacked_weight(module: nn.Module, params: dict[str, nn.Parameter], name
     return target
 
 
-def lookup_param(params: dict[str, nn.Parameter], target: str,
-                 ckpt_name: str) -> nn.Parameter:
+def lookup_param(params: dict[str, nn.Parameter], target: str, ckpt_name: str) -> nn.Parameter:
     """`params[target]`, or a ValueError naming the checkpoint tensor."""
     if target not in params:
-        raise ValueError(f"Checkpoint weight {ckpt_name!r} has no matching parameter "
-                         f"({target!r}).")
+        raise ValueError(f"Checkpoint weight {ckpt_name!r} has no matching parameter ({target!r}).")
     return params[target]
-
 
 
 class CausalLMBase(nn.Module):
@@ -244,17 +274,26 @@ class CausalLMBase(nn.Module):
     # The body's attribute; it is also the checkpoint prefix of its weights.
     body_name: ClassVar[str] = "model"
 
-    def init_lm_head(self, config: PretrainedConfig, prefix: str, embed_tokens: nn.Module,
-                     tie: bool, hidden_size: int | None = None,
-                     **logits_kwargs: float | None) -> None:
+    def init_lm_head(
+        self,
+        config: PretrainedConfig,
+        prefix: str,
+        embed_tokens: nn.Module,
+        tie: bool,
+        hidden_size: int | None = None,
+        **logits_kwargs: float | None,
+    ) -> None:
         """`lm_head` [vocab_size, hidden_size (default config.hidden_size)] on
         the last pipeline stage, sharing `embed_tokens`' table when `tie`; and
         the `logits_processor` (`logits_kwargs`: its scale / soft_cap)."""
         from vllm.distributed import get_pp_group
 
         if get_pp_group().is_last_rank:
-            self.lm_head = ParallelLMHead(config.vocab_size, hidden_size or config.hidden_size,
-                                          prefix=maybe_prefix(prefix, "lm_head"))
+            self.lm_head = ParallelLMHead(
+                config.vocab_size,
+                hidden_size or config.hidden_size,
+                prefix=maybe_prefix(prefix, "lm_head"),
+            )
             if tie:
                 self.lm_head = self.lm_head.tie_weights(embed_tokens)
         else:
@@ -264,10 +303,13 @@ class CausalLMBase(nn.Module):
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return getattr(self, self.body_name).embed_input_ids(input_ids)
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: IntermediateTensors | None = None,
-                inputs_embeds: torch.Tensor | None = None
-                ) -> torch.Tensor | IntermediateTensors:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
         """-> hidden_states [T, hidden] (logits come from `compute_logits`), or
         the IntermediateTensors for the next pipeline stage."""
         body = getattr(self, self.body_name)

@@ -9,6 +9,7 @@ A backend is three cooperating classes:
 - `AttentionImpl`: the per-layer computation (write new K/V into the paged
   cache, then attend).
 """
+
 from __future__ import annotations
 
 import enum
@@ -79,15 +80,16 @@ class AttentionMetadataBuilder(ABC, Generic[M]):
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
 
     @classmethod
-    def get_cudagraph_support(cls, vllm_config: "VllmConfig",
-                              kv_cache_spec: "AttentionSpec") -> AttentionCGSupport:
+    def get_cudagraph_support(
+        cls, vllm_config: VllmConfig, kv_cache_spec: AttentionSpec
+    ) -> AttentionCGSupport:
         return cls._cudagraph_support
 
     def __init__(
         self,
-        kv_cache_spec: "AttentionSpec",
+        kv_cache_spec: AttentionSpec,
         layer_names: list[str],
-        vllm_config: "VllmConfig",
+        vllm_config: VllmConfig,
         device: torch.device,
     ) -> None:
         self.kv_cache_spec = kv_cache_spec

@@ -1,8 +1,9 @@
 """Choose the attention backend for a layer (upstream: vllm/v1/attention/selector.py)."""
+
 from __future__ import annotations
 
 import importlib
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -30,8 +31,16 @@ def get_attn_backend(
     else `VLLM_ATTENTION_BACKEND`, overrides the platform default; the
     platform raises if it cannot serve the requested one.
     """
-    return _cached_get_attn_backend(head_size, dtype, kv_cache_dtype, block_size, use_mla,
-                                    has_sink, use_sparse, _requested_backend())
+    return _cached_get_attn_backend(
+        head_size,
+        dtype,
+        kv_cache_dtype,
+        block_size,
+        use_mla,
+        has_sink,
+        use_sparse,
+        _requested_backend(),
+    )
 
 
 def _requested_backend() -> str | None:
@@ -43,7 +52,7 @@ def _requested_backend() -> str | None:
     return envs.VLLM_ATTENTION_BACKEND
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cached_get_attn_backend(
     head_size: int,
     dtype: torch.dtype,
@@ -57,11 +66,19 @@ def _cached_get_attn_backend(
     from vllm.platforms import current_platform
 
     qualname = current_platform.get_attn_backend_cls(
-        selected_backend, head_size, dtype, kv_cache_dtype, block_size,
-        use_mla=use_mla, has_sink=has_sink, use_sparse=use_sparse)
+        selected_backend,
+        head_size,
+        dtype,
+        kv_cache_dtype,
+        block_size,
+        use_mla=use_mla,
+        has_sink=has_sink,
+        use_sparse=use_sparse,
+    )
     backend = _resolve_qualname(qualname)
     if not backend.supports_head_size(head_size):
         raise ValueError(
             f"Head size {head_size} is not supported by {backend.get_name()}; "
-            f"supported: {backend.get_supported_head_sizes()}.")
+            f"supported: {backend.get_supported_head_sizes()}."
+        )
     return backend

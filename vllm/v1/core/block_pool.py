@@ -11,8 +11,13 @@ event.
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from vllm.distributed.kv_events import (MEDIUM_GPU, AllBlocksCleared, BlockRemoved,
-                                        BlockStored, KVCacheEvent)
+from vllm.distributed.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_utils import (
     BlockHash,
@@ -169,29 +174,43 @@ class BlockPool:
             block = blocks[block_idx]
             if block.is_null:
                 continue
-            key = make_block_hash_with_group_id(
-                request.block_hashes[block_idx], kv_cache_group_id
-            )
+            key = make_block_hash_with_group_id(request.block_hashes[block_idx], kv_cache_group_id)
             block.block_hash = key
             self.cached_block_hash_to_block.insert(key, block)
         if self.enable_kv_cache_events:
             # Collected here, not in the loop: nothing per block when events are off.
-            stored = [idx for idx in range(num_cached_blocks, num_full_blocks)
-                      if not blocks[idx].is_null]
-            self.kv_event_queue.append(_block_stored_event(
-                request, stored, num_cached_blocks, num_full_blocks, block_size,
-                kv_cache_group_id))
+            stored = [
+                idx for idx in range(num_cached_blocks, num_full_blocks) if not blocks[idx].is_null
+            ]
+            self.kv_event_queue.append(
+                _block_stored_event(
+                    request,
+                    stored,
+                    num_cached_blocks,
+                    num_full_blocks,
+                    block_size,
+                    kv_cache_group_id,
+                )
+            )
 
-    def emit_cached_block_events(self, request: "Request", num_cached_blocks: int,
-                                 block_size: int, kv_cache_group_id: int) -> None:
+    def emit_cached_block_events(
+        self, request: "Request", num_cached_blocks: int, block_size: int, kv_cache_group_id: int
+    ) -> None:
         """A BlockStored event for the request's first ``num_cached_blocks``
         blocks, which it reuses from the prefix cache (blocks unchanged), so a
         consumer tracking the cache learns they are in use again."""
         if not self.enable_kv_cache_events or num_cached_blocks == 0:
             return
-        self.kv_event_queue.append(_block_stored_event(
-            request, list(range(num_cached_blocks)), 0, num_cached_blocks, block_size,
-            kv_cache_group_id))
+        self.kv_event_queue.append(
+            _block_stored_event(
+                request,
+                list(range(num_cached_blocks)),
+                0,
+                num_cached_blocks,
+                block_size,
+                kv_cache_group_id,
+            )
+        )
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take ``num_blocks`` blocks from the front of the free queue.
@@ -225,9 +244,13 @@ class BlockPool:
             return False
         block.reset_hash()
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(BlockRemoved(
-                block_hashes=[maybe_convert_block_hash(get_block_hash(block_hash))],
-                medium=MEDIUM_GPU, group_idx=get_group_id(block_hash)))
+            self.kv_event_queue.append(
+                BlockRemoved(
+                    block_hashes=[maybe_convert_block_hash(get_block_hash(block_hash))],
+                    medium=MEDIUM_GPU,
+                    group_idx=get_group_id(block_hash),
+                )
+            )
         return True
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
@@ -332,26 +355,34 @@ class BlockPool:
                 raise AssertionError("a cached block does not carry its cache key")
 
 
-def _block_stored_event(request: "Request", stored: list[int], num_cached_blocks: int,
-                        num_full_blocks: int, block_size: int,
-                        kv_cache_group_id: int) -> BlockStored:
+def _block_stored_event(
+    request: "Request",
+    stored: list[int],
+    num_cached_blocks: int,
+    num_full_blocks: int,
+    block_size: int,
+    kv_cache_group_id: int,
+) -> BlockStored:
     """The event for blocks ``stored`` (indices into the request's blocks)
     newly cached; the tokens span every block from num_cached_blocks on."""
     hashes = request.block_hashes
-    parent = (maybe_convert_block_hash(hashes[num_cached_blocks - 1])
-              if num_cached_blocks > 0 else None)
+    parent = (
+        maybe_convert_block_hash(hashes[num_cached_blocks - 1]) if num_cached_blocks > 0 else None
+    )
     extra_keys: list[tuple[Any, ...] | None] = []
     mm_idx = 0
     for idx in stored:  # each stored block's own extra keys, in order
         keys, mm_idx = generate_block_hash_extra_keys(
-            request, idx * block_size, (idx + 1) * block_size, mm_idx)
+            request, idx * block_size, (idx + 1) * block_size, mm_idx
+        )
         extra_keys.append(keys)
     lora = request.lora_request
     return BlockStored(
         block_hashes=[maybe_convert_block_hash(hashes[idx]) for idx in stored],
         parent_block_hash=parent,
-        token_ids=list(request.all_token_ids[num_cached_blocks * block_size:
-                                             num_full_blocks * block_size]),
+        token_ids=list(
+            request.all_token_ids[num_cached_blocks * block_size : num_full_blocks * block_size]
+        ),
         block_size=block_size,
         lora_id=lora.adapter_id if lora else None,
         medium=MEDIUM_GPU,

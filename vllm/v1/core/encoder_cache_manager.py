@@ -5,6 +5,7 @@ are not built (requests with them are refused by the `InputProcessor` and the
 `Scheduler`), so there is nothing to cache: constructing the manager is refused
 with an error that says so rather than handing out a cache that is never used.
 """
+
 from __future__ import annotations
 
 
@@ -14,7 +15,8 @@ class EncoderCacheManager:
     def __init__(self, cache_size: int) -> None:
         raise NotImplementedError(
             f"EncoderCacheManager(cache_size={cache_size}): the encoder cache is not "
-            "built, since multimodal inputs are not supported yet.")
+            "built, since multimodal inputs are not supported yet."
+        )
 
 
 class EncoderDecoderCacheManager:
@@ -24,4 +26,5 @@ class EncoderDecoderCacheManager:
     def __init__(self, cache_size: int) -> None:
         raise NotImplementedError(
             f"EncoderDecoderCacheManager(cache_size={cache_size}): encoder-decoder "
-            "models are not supported yet.")
+            "models are not supported yet."
+        )

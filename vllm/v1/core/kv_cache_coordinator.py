@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-def _admission_cap(spec: KVCacheSpec, max_in_flight_tokens: int | None,
-                   max_model_len: int) -> int | None:
+def _admission_cap(
+    spec: KVCacheSpec, max_in_flight_tokens: int | None, max_model_len: int
+) -> int | None:
     """Most blocks one request of a windowed spec holds at once (the same bound
     the KV cache was sized with); None for specs that keep every block."""
     cap = getattr(spec, "max_admission_blocks_per_request", None)
@@ -65,7 +66,8 @@ class KVCacheCoordinator(ABC):
                 dcp_world_size=dcp_world_size,
                 pcp_world_size=pcp_world_size,
                 max_admission_blocks_per_request=_admission_cap(
-                    group.kv_cache_spec, max_in_flight_tokens, max_model_len),
+                    group.kv_cache_spec, max_in_flight_tokens, max_model_len
+                ),
             )
             for i, group in enumerate(kv_cache_config.kv_cache_groups)
         )
@@ -90,7 +92,10 @@ class KVCacheCoordinator(ABC):
         """Free blocks all groups together need for ``num_tokens`` slots."""
         return sum(
             manager.get_num_blocks_to_allocate(
-                request_id, num_tokens, new_computed_blocks[i], total_computed_tokens,
+                request_id,
+                num_tokens,
+                new_computed_blocks[i],
+                total_computed_tokens,
                 apply_admission_cap=apply_admission_cap,
             )
             for i, manager in enumerate(self.single_type_managers)
@@ -144,8 +149,7 @@ class KVCacheCoordinator(ABC):
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         """The request's blocks per group (empty lists if it holds none)."""
         return tuple(
-            manager.req_to_blocks.get(request_id) or []
-            for manager in self.single_type_managers
+            manager.req_to_blocks.get(request_id) or [] for manager in self.single_type_managers
         )
 
     @abstractmethod
@@ -174,9 +178,17 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         hash_block_size: int,
         max_in_flight_tokens: int | None = None,
     ) -> None:
-        super().__init__(kv_cache_config, max_model_len, use_eagle, False,
-                         enable_kv_cache_events, dcp_world_size, pcp_world_size,
-                         hash_block_size, max_in_flight_tokens)
+        super().__init__(
+            kv_cache_config,
+            max_model_len,
+            use_eagle,
+            False,
+            enable_kv_cache_events,
+            dcp_world_size,
+            pcp_world_size,
+            hash_block_size,
+            max_in_flight_tokens,
+        )
         self.num_single_type_manager = len(self.single_type_managers)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
@@ -227,7 +239,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     def __init__(self, *args, **kwargs) -> None:
         raise NotImplementedError(
             "Prefix caching with several KV cache groups (hybrid models) is not "
-            "supported; disable prefix caching.")
+            "supported; disable prefix caching."
+        )
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):  # pragma: no cover
         raise NotImplementedError
@@ -252,21 +265,35 @@ def get_kv_cache_coordinator(
     """
     # Mamba states summarise whole prefixes and cannot be shared: such models
     # run without prefix caching (upstream disables it for them too).
-    if enable_caching and any(isinstance(g.kv_cache_spec, MambaSpec)
-                              for g in kv_cache_config.kv_cache_groups):
-        logger.warning_once("Prefix caching is not supported with Mamba state layers; "
-                            "it is disabled.")
+    if enable_caching and any(
+        isinstance(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups
+    ):
+        logger.warning_once(
+            "Prefix caching is not supported with Mamba state layers; it is disabled."
+        )
         enable_caching = False
     # Without groups (attention-free model) there is nothing to cache.
     if not enable_caching or not kv_cache_config.kv_cache_groups:
         return KVCacheCoordinatorNoPrefixCache(
-            kv_cache_config, max_model_len, use_eagle, enable_kv_cache_events,
-            dcp_world_size, pcp_world_size, hash_block_size, max_in_flight_tokens,
+            kv_cache_config,
+            max_model_len,
+            use_eagle,
+            enable_kv_cache_events,
+            dcp_world_size,
+            pcp_world_size,
+            hash_block_size,
+            max_in_flight_tokens,
         )
     if len(kv_cache_config.kv_cache_groups) == 1:
         return UnitaryKVCacheCoordinator(
-            kv_cache_config, max_model_len, use_eagle, enable_caching,
-            enable_kv_cache_events, dcp_world_size, pcp_world_size, hash_block_size,
+            kv_cache_config,
+            max_model_len,
+            use_eagle,
+            enable_caching,
+            enable_kv_cache_events,
+            dcp_world_size,
+            pcp_world_size,
+            hash_block_size,
             max_in_flight_tokens,
         )
     raise NotImplementedError(

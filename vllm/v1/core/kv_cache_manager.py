@@ -5,12 +5,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vllm.distributed.kv_events import BlockStored
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
-from vllm.distributed.kv_events import BlockStored
-from vllm.v1.kv_cache_interface import (KVCacheConfig, MambaSpec, get_kv_cache_spec_kind,
-                                        get_kv_cache_spec_sliding_window)
+from vllm.v1.kv_cache_interface import (
+    KVCacheConfig,
+    MambaSpec,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
@@ -54,37 +58,46 @@ class KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in range(len(self.blocks))))
 
 
-def _check_unbuilt_args(kv_cache_config: KVCacheConfig, scheduler_block_size: int | None,
-                        dcp_world_size: int, pcp_world_size: int,
-                        num_prefill_lookahead: int, metrics_collector: Any) -> None:
+def _check_unbuilt_args(
+    kv_cache_config: KVCacheConfig,
+    scheduler_block_size: int | None,
+    dcp_world_size: int,
+    pcp_world_size: int,
+    num_prefill_lookahead: int,
+    metrics_collector: Any,
+) -> None:
     """Refuse KVCacheManager arguments for features not built here."""
     if num_prefill_lookahead:
-        raise NotImplementedError(f"num_prefill_lookahead={num_prefill_lookahead}: "
-                                  "prefill lookahead slots (speculative decoding) are "
-                                  "not built.")
+        raise NotImplementedError(
+            f"num_prefill_lookahead={num_prefill_lookahead}: "
+            "prefill lookahead slots (speculative decoding) are "
+            "not built."
+        )
     if metrics_collector is not None:
-        raise NotImplementedError("metrics_collector: KV cache residency metrics are "
-                                  "not built.")
+        raise NotImplementedError("metrics_collector: KV cache residency metrics are not built.")
     if scheduler_block_size is None or not kv_cache_config.kv_cache_groups:
         return
     # One group (or groups of one block size): the scheduler allocates in
     # that block size, times the context-parallel sizes. Mamba groups hold one
     # state slot per request (their block_size is max_model_len, not a paging
     # granularity), so only token-paged groups set the scheduler's block size.
-    paged = [g for g in kv_cache_config.kv_cache_groups
-             if not isinstance(g.kv_cache_spec, MambaSpec)]
+    paged = [
+        g for g in kv_cache_config.kv_cache_groups if not isinstance(g.kv_cache_spec, MambaSpec)
+    ]
     if not paged:
         return
     sizes = sorted({g.kv_cache_spec.block_size for g in paged})
     if len(sizes) > 1:
         raise NotImplementedError(
             f"KV cache groups with different block sizes {sizes} (scheduler_block_size="
-            f"{scheduler_block_size}) need the hybrid KV cache manager, which is not built.")
+            f"{scheduler_block_size}) need the hybrid KV cache manager, which is not built."
+        )
     expected = sizes[0] * dcp_world_size * pcp_world_size
     if scheduler_block_size != expected:
         raise NotImplementedError(
             f"scheduler_block_size={scheduler_block_size}: only the groups' block size "
-            f"({expected}) is supported (a coarser scheduling granularity is not built).")
+            f"({expected}) is supported (a coarser scheduling granularity is not built)."
+        )
 
 
 class KVCacheManager:
@@ -121,8 +134,14 @@ class KVCacheManager:
         metrics_collector: Any | None = None,
         watermark: float = 0.0,
     ) -> None:
-        _check_unbuilt_args(kv_cache_config, scheduler_block_size, dcp_world_size,
-                            pcp_world_size, num_prefill_lookahead, metrics_collector)
+        _check_unbuilt_args(
+            kv_cache_config,
+            scheduler_block_size,
+            dcp_world_size,
+            pcp_world_size,
+            num_prefill_lookahead,
+            metrics_collector,
+        )
         if hash_block_size is None:
             raise TypeError("KVCacheManager needs hash_block_size")
         if watermark < 0.0:
@@ -130,8 +149,9 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         # Tokens scheduled but not yet processed (upstream sizes admission caps
         # of windowed attention with it); defaults to max_model_len.
-        self.max_in_flight_tokens = (max_model_len if max_in_flight_tokens is None
-                                     else max_in_flight_tokens)
+        self.max_in_flight_tokens = (
+            max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
+        )
         # Blocks kept free when admitting waiting / preempted requests while
         # others are running, so that the running ones can grow.
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
@@ -203,12 +223,16 @@ class KVCacheManager:
         # A request asking for "full" KV cache reports (sampling_params
         # extra_args kv_cache_report_mode) also gets events for the blocks
         # it reuses, not only for the ones it stores.
-        if (num_new_computed_tokens and self.block_pool.enable_kv_cache_events
-                and request.kv_cache_report_mode == "full"):
+        if (
+            num_new_computed_tokens
+            and self.block_pool.enable_kv_cache_events
+            and request.kv_cache_report_mode == "full"
+        ):
             for group_id, group_blocks in enumerate(computed_blocks):
                 block_size = self.kv_cache_config.kv_cache_groups[group_id].kv_cache_spec.block_size
-                self.block_pool.emit_cached_block_events(request, len(group_blocks),
-                                                         block_size, group_id)
+                self.block_pool.emit_cached_block_events(
+                    request, len(group_blocks), block_size, group_id
+                )
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.record(
                 num_tokens=request.num_tokens,
@@ -295,8 +319,7 @@ class KVCacheManager:
         """
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError(
-                "num_new_tokens must be greater than 0 when there are no "
-                "external computed tokens"
+                "num_new_tokens must be greater than 0 when there are no external computed tokens"
             )
         if num_encoder_tokens:
             raise NotImplementedError("Cross-attention KV cache is not supported.")
@@ -317,14 +340,20 @@ class KVCacheManager:
         # of the step still running, whose attention reads one window back
         # from them: free relative to the tokens actually processed.
         watermark_blocks = 0
-        if has_scheduled_reqs and request.status in (RequestStatus.WAITING,
-                                                     RequestStatus.PREEMPTED):
+        if has_scheduled_reqs and request.status in (
+            RequestStatus.WAITING,
+            RequestStatus.PREEMPTED,
+        ):
             watermark_blocks = self.watermark_blocks
         if full_sequence_must_fit:
             full_num_tokens = min(request.num_tokens, self.max_model_len)
             needed = self.coordinator.get_num_blocks_to_allocate(
-                request.request_id, full_num_tokens, new_computed_block_list,
-                total_computed_tokens, apply_admission_cap=True)
+                request.request_id,
+                full_num_tokens,
+                new_computed_block_list,
+                total_computed_tokens,
+                apply_admission_cap=True,
+            )
             if needed + watermark_blocks > self.block_pool.get_num_free_blocks():
                 return None
         self.coordinator.remove_skipped_blocks(
@@ -345,9 +374,7 @@ class KVCacheManager:
         self.coordinator.save_new_computed_blocks(
             request.request_id, new_computed_block_list, total_computed_tokens
         )
-        new_blocks = self.coordinator.allocate_new_blocks(
-            request.request_id, num_tokens_need_slot
-        )
+        new_blocks = self.coordinator.allocate_new_blocks(request.request_id, num_tokens_need_slot)
         if self.enable_caching and not delay_cache_blocks:
             num_tokens_to_cache = min(total_computed_tokens + num_new_tokens, request.num_tokens)
             self.coordinator.cache_blocks(request, num_tokens_to_cache)
@@ -397,8 +424,7 @@ class KVCacheManager:
         for event in events:
             if isinstance(event, BlockStored) and event.group_idx is not None:
                 if not 0 <= event.group_idx < len(groups):
-                    logger.warning("Group index `%s` not in KV cache metadata",
-                                   event.group_idx)
+                    logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
                     continue
                 spec = groups[event.group_idx].kv_cache_spec
                 event.kv_cache_spec_kind = get_kv_cache_spec_kind(spec).value
@@ -421,8 +447,6 @@ class KVCacheManager:
         if self.enable_caching:
             self.coordinator.cache_blocks(request, num_computed_tokens)
 
-    def create_kv_cache_blocks(
-        self, blocks: tuple[Sequence[KVCacheBlock], ...]
-    ) -> KVCacheBlocks:
+    def create_kv_cache_blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
         """Wrap ``blocks``; the shared empty instance if there are none."""
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks

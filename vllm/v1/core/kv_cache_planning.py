@@ -41,9 +41,7 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-def max_memory_usage_bytes(
-    vllm_config: "VllmConfig", kv_cache_specs: Iterable[KVCacheSpec]
-) -> int:
+def max_memory_usage_bytes(vllm_config: "VllmConfig", kv_cache_specs: Iterable[KVCacheSpec]) -> int:
     """Bytes one request of max_model_len tokens needs over all layers."""
     return sum(spec.max_memory_usage_bytes(vllm_config) for spec in kv_cache_specs)
 
@@ -186,12 +184,15 @@ def _is_attention_and_mamba(kv_cache_spec: dict[str, KVCacheSpec]) -> bool:
     state-space layers."""
     attention = {name: s for name, s in kv_cache_spec.items() if not isinstance(s, MambaSpec)}
     mamba = [s for s in kv_cache_spec.values() if isinstance(s, MambaSpec)]
-    return (bool(attention) and bool(mamba) and is_kv_cache_spec_uniform(attention)
-            and all(s == mamba[0] for s in mamba[1:]))
+    return (
+        bool(attention)
+        and bool(mamba)
+        and is_kv_cache_spec_uniform(attention)
+        and all(s == mamba[0] for s in mamba[1:])
+    )
 
 
-def _attention_and_mamba_groups(kv_cache_spec: dict[str, KVCacheSpec]
-                                ) -> list[KVCacheGroupSpec]:
+def _attention_and_mamba_groups(kv_cache_spec: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
     """Two KV cache groups, each with its own block table: the attention
     layers (paged K/V) and the state-space layers (one state slot per request)."""
     attention = [n for n, s in kv_cache_spec.items() if not isinstance(s, MambaSpec)]
@@ -209,17 +210,20 @@ def _kv_cache_config_for_several_groups(
     handed to any group, so every layer gets a tensor of num_blocks pages of
     its own spec (simple, at the cost of memory a page-size-unified layout
     would share)."""
-    bytes_per_block = sum(group.kv_cache_spec.page_size_bytes * len(group.layer_names)
-                          for group in kv_cache_groups)
+    bytes_per_block = sum(
+        group.kv_cache_spec.page_size_bytes * len(group.layer_names) for group in kv_cache_groups
+    )
     num_blocks = may_override_num_blocks(
-        vllm_config, max(int(available_memory // bytes_per_block), 0))
+        vllm_config, max(int(available_memory // bytes_per_block), 0)
+    )
     kv_cache_tensors = [
-        KVCacheTensor(size=group.kv_cache_spec.page_size_bytes * num_blocks,
-                      shared_by=[layer_name])
-        for group in kv_cache_groups for layer_name in group.layer_names
+        KVCacheTensor(size=group.kv_cache_spec.page_size_bytes * num_blocks, shared_by=[layer_name])
+        for group in kv_cache_groups
+        for layer_name in group.layer_names
     ]
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=kv_cache_tensors,
-                         kv_cache_groups=kv_cache_groups)
+    return KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=kv_cache_tensors, kv_cache_groups=kv_cache_groups
+    )
 
 
 def may_override_num_blocks(vllm_config: "VllmConfig", num_blocks: int) -> int:
@@ -227,8 +231,9 @@ def may_override_num_blocks(vllm_config: "VllmConfig", num_blocks: int) -> int:
     override = vllm_config.cache_config.num_gpu_blocks_override
     if override is None:
         return num_blocks
-    logger.info("Overriding num_gpu_blocks=%d with num_gpu_blocks_override=%d",
-                num_blocks, override)
+    logger.info(
+        "Overriding num_gpu_blocks=%d with num_gpu_blocks_override=%d", num_blocks, override
+    )
     return override
 
 
@@ -254,13 +259,10 @@ def get_kv_cache_config_from_groups(
         # Attention-free model: one dummy block keeps the block pool valid.
         return KVCacheConfig(num_blocks=1, kv_cache_tensors=[], kv_cache_groups=[])
     if len(kv_cache_groups) > 1:
-        return _kv_cache_config_for_several_groups(vllm_config, kv_cache_groups,
-                                                   available_memory)
+        return _kv_cache_config_for_several_groups(vllm_config, kv_cache_groups, available_memory)
     group = kv_cache_groups[0]
     page_size = group.kv_cache_spec.page_size_bytes
-    num_blocks = get_num_blocks(
-        vllm_config, len(group.layer_names), available_memory, page_size
-    )
+    num_blocks = get_num_blocks(vllm_config, len(group.layer_names), available_memory, page_size)
     kv_cache_tensors = [
         KVCacheTensor(size=page_size * num_blocks, shared_by=[layer_name])
         for layer_name in group.layer_names
@@ -277,8 +279,10 @@ def get_max_concurrency_for_kv_cache_config(
 ) -> float:
     """How many requests of max_model_len tokens the cache can hold at once."""
     num_blocks_per_request = sum(
-        cdiv(group.kv_cache_spec.max_memory_usage_bytes(vllm_config),
-             group.kv_cache_spec.page_size_bytes)
+        cdiv(
+            group.kv_cache_spec.max_memory_usage_bytes(vllm_config),
+            group.kv_cache_spec.page_size_bytes,
+        )
         for group in kv_cache_config.kv_cache_groups
     )
     if num_blocks_per_request == 0:
@@ -286,15 +290,15 @@ def get_max_concurrency_for_kv_cache_config(
     return kv_cache_config.num_blocks / num_blocks_per_request
 
 
-def get_kv_cache_capacity(vllm_config: "VllmConfig",
-                          kv_cache_config: KVCacheConfig) -> tuple[int, float]:
+def get_kv_cache_capacity(
+    vllm_config: "VllmConfig", kv_cache_config: KVCacheConfig
+) -> tuple[int, float]:
     """(tokens the cache holds counted in max_model_len requests, max concurrency)."""
     max_concurrency = get_max_concurrency_for_kv_cache_config(vllm_config, kv_cache_config)
     return int(max_concurrency * vllm_config.model_config.max_model_len), max_concurrency
 
 
-def group_and_unify_kv_cache_specs(
-        kv_cache_spec: dict[str, KVCacheSpec]) -> list | None:
+def group_and_unify_kv_cache_specs(kv_cache_spec: dict[str, KVCacheSpec]) -> list | None:
     """Upstream packs sliding-window MLA layers of different page sizes into
     tuples of layers (DeepSeek-V4). None when no such packing is needed; the
     packing itself is not built and is refused."""
@@ -302,8 +306,10 @@ def group_and_unify_kv_cache_specs(
         return None
     if len({spec.page_size_bytes for spec in kv_cache_spec.values()}) <= 1:
         return None
-    raise NotImplementedError("Sliding-window MLA layers with mixed page sizes "
-                              "(DeepSeek-V4 KV cache packing) are not supported.")
+    raise NotImplementedError(
+        "Sliding-window MLA layers with mixed page sizes "
+        "(DeepSeek-V4 KV cache packing) are not supported."
+    )
 
 
 def _report_kv_cache_config(vllm_config: "VllmConfig", config: KVCacheConfig) -> None:
@@ -312,8 +318,11 @@ def _report_kv_cache_config(vllm_config: "VllmConfig", config: KVCacheConfig) ->
     block_size = config.kv_cache_groups[0].kv_cache_spec.block_size
     max_concurrency = get_max_concurrency_for_kv_cache_config(vllm_config, config)
     logger.info("GPU KV cache size: %s tokens", f"{config.num_blocks * block_size:,}")
-    logger.info("Maximum concurrency for %s tokens per request: %.2fx",
-                f"{vllm_config.model_config.max_model_len:,}", max_concurrency)
+    logger.info(
+        "Maximum concurrency for %s tokens per request: %.2fx",
+        f"{vllm_config.model_config.max_model_len:,}",
+        max_concurrency,
+    )
 
 
 def get_kv_cache_configs(

@@ -11,10 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NewType
 
-
 from vllm.logger import init_logger
 from vllm.utils.hashing import xxhash, xxhash_cbor
-from vllm.v1.utils import tensor_data
 
 # Re-exported: callers import the planning API from this module.
 from vllm.v1.core.kv_cache_planning import (  # noqa: F401
@@ -33,6 +31,7 @@ from vllm.v1.core.kv_cache_planning import (  # noqa: F401
     may_override_num_blocks,
     unify_hybrid_kv_cache_specs,
 )
+from vllm.v1.utils import tensor_data
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -62,9 +61,7 @@ def maybe_convert_block_hash(hash_bytes: BlockHash) -> ExternalBlockHash:
     return int.from_bytes(hash_bytes, byteorder="big") & ((1 << 64) - 1)
 
 
-def make_block_hash_with_group_id(
-    block_hash: BlockHash, group_id: int
-) -> BlockHashWithGroupId:
+def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
     """Pack a block hash and a KV cache group id into one cache key."""
     return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big", signed=False))
 
@@ -148,8 +145,9 @@ class KVCacheBlock:
         assert self._block_hash is None, "The block already has a hash."
         self._block_hash = block_hash
 
-    def set_block_hash(self, block_hash: BlockHashWithGroupId,
-                       num_tokens: int | None = None) -> None:
+    def set_block_hash(
+        self, block_hash: BlockHashWithGroupId, num_tokens: int | None = None
+    ) -> None:
         """Upstream's setter. ``num_tokens`` (tokens the hash covers) is for
         partially filled cached blocks, which are not built: a hash here always
         covers a full block, so only None is accepted."""
@@ -354,7 +352,8 @@ def generate_block_hash_extra_keys(
         The extra keys (None when there are none) and the next multimodal index.
     """
     mm_keys, next_mm_idx = _gen_mm_extra_hash_keys(
-        request, start_token_idx, end_token_idx, start_mm_idx)
+        request, start_token_idx, end_token_idx, start_mm_idx
+    )
     salt_keys = [request.cache_salt] if start_token_idx == 0 and request.cache_salt else []
     extra_keys: list[Any] = [
         *_gen_lora_extra_hash_keys(request),
@@ -379,9 +378,7 @@ def hash_block_tokens(
     """
     if not parent_block_hash:
         parent_block_hash = NONE_HASH
-    return BlockHash(
-        hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys))
-    )
+    return BlockHash(hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys)))
 
 
 def get_request_block_hasher(
@@ -406,9 +403,7 @@ def get_request_block_hasher(
                 request, start_token_idx, end_token_idx, curr_mm_idx
             )
             block_tokens = request.all_token_ids[start_token_idx:end_token_idx]
-            parent_hash = hash_block_tokens(
-                caching_hash_fn, parent_hash, block_tokens, extra_keys
-            )
+            parent_hash = hash_block_tokens(caching_hash_fn, parent_hash, block_tokens, extra_keys)
             new_block_hashes.append(parent_hash)
             start_token_idx = end_token_idx
         return new_block_hashes

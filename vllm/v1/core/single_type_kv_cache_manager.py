@@ -15,11 +15,19 @@ from typing import TYPE_CHECKING
 from vllm.utils import cdiv
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
-from vllm.v1.kv_cache_interface import (AttentionSpec, ChunkedLocalAttentionSpec,
-                                        CrossAttentionSpec, FullAttentionSpec, KVCacheSpec,
-                                        MambaSpec,
-                                        MLAAttentionSpec, RSWASpec, SinkFullAttentionSpec,
-                                        SlidingWindowMLASpec, SlidingWindowSpec)
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
 if TYPE_CHECKING:
@@ -57,7 +65,8 @@ class SingleTypeKVCacheManager(ABC):
         if scheduler_block_size is not None and scheduler_block_size != self.block_size:
             raise NotImplementedError(
                 f"scheduler_block_size={scheduler_block_size} differs from the group's "
-                f"block size {self.block_size}: mixed block sizes are not built.")
+                f"block size {self.block_size}: mixed block sizes are not built."
+            )
         self.scheduler_block_size = self.block_size
         # Per-request block cap of the admission check (windowed specs recycle
         # blocks, so a request never holds more than this); None = no cap.
@@ -65,7 +74,8 @@ class SingleTypeKVCacheManager(ABC):
         # Attention blocks handed out since the last take_new_block_ids(),
         # when the worker must zero new blocks before use.
         self._record_new_block_ids = needs_kv_cache_zeroing and isinstance(
-            kv_cache_spec, AttentionSpec)
+            kv_cache_spec, AttentionSpec
+        )
         self.new_block_ids: list[int] = []
         self.dcp_world_size = dcp_world_size
         self.pcp_world_size = pcp_world_size
@@ -108,12 +118,12 @@ class SingleTypeKVCacheManager(ABC):
             a reference pulls them out of the free queue too).
         """
         assert num_tokens_main_model is None or num_tokens_main_model <= num_tokens
-        assert (num_local_computed_tokens is None
-                or num_local_computed_tokens <= total_computed_tokens)
+        assert (
+            num_local_computed_tokens is None or num_local_computed_tokens <= total_computed_tokens
+        )
         num_required_blocks = cdiv(num_tokens, self.block_size)
         if apply_admission_cap and self._max_admission_blocks_per_request is not None:
-            num_required_blocks = min(num_required_blocks,
-                                      self._max_admission_blocks_per_request)
+            num_required_blocks = min(num_required_blocks, self._max_admission_blocks_per_request)
         num_req_blocks = len(self.req_to_blocks.get(request_id, ()))
         if request_id in self.num_cached_block:
             # A running request gets no new prefix hits.
@@ -126,8 +136,7 @@ class SingleTypeKVCacheManager(ABC):
         num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_blocks), 0)
         skipped_hits = max(0, num_skipped_blocks - num_req_blocks)
         num_evictable_hits = sum(
-            block.ref_cnt == 0 and not block.is_null
-            for block in new_computed_blocks[skipped_hits:]
+            block.ref_cnt == 0 and not block.is_null for block in new_computed_blocks[skipped_hits:]
         )
         return num_new_blocks + num_evictable_hits
 
@@ -160,21 +169,27 @@ class SingleTypeKVCacheManager(ABC):
         # Hits are cached already; cache_blocks() must not hash them again.
         self.num_cached_block[request_id] = len(req_blocks)
 
-    def add_local_computed_blocks(self, request_id: str,
-                                  new_computed_blocks: Sequence[KVCacheBlock],
-                                  num_local_computed_tokens: int,
-                                  num_external_computed_tokens: int) -> None:
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
         """Upstream's name for save_new_computed_blocks, with the computed
         tokens split into local hits and external (connector) tokens. Hits are
         whole blocks here (partial-block hits are not built)."""
         if num_local_computed_tokens % self.block_size:
             raise NotImplementedError("Partial-block prefix-cache hits are not built.")
         self.save_new_computed_blocks(
-            request_id, new_computed_blocks,
-            num_local_computed_tokens + num_external_computed_tokens)
+            request_id,
+            new_computed_blocks,
+            num_local_computed_tokens + num_external_computed_tokens,
+        )
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int,
-                            num_tokens_main_model: int | None = None) -> list[KVCacheBlock]:
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
+    ) -> list[KVCacheBlock]:
         """Append blocks until the request has ``num_tokens`` slots.
         (``num_tokens_main_model``: upstream's count without draft-model
         lookahead slots; without speculative decoding it is num_tokens.)
@@ -294,10 +309,19 @@ class SingleTypeKVCacheManager(ABC):
         """
         block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
         # Positional, in field order: each argument is named as its field.
-        hit_blocks = cls._find_hit(CacheHitSearch(
-            block_hashes, max_length // block_size, kv_cache_group_ids, block_pool,
-            kv_cache_spec, drop_eagle_block, alignment_tokens, block_size, max_length,
-        ))
+        hit_blocks = cls._find_hit(
+            CacheHitSearch(
+                block_hashes,
+                max_length // block_size,
+                kv_cache_group_ids,
+                block_pool,
+                kv_cache_spec,
+                drop_eagle_block,
+                alignment_tokens,
+                block_size,
+                max_length,
+            )
+        )
         return hit_blocks, len(hit_blocks[0]) * block_size if hit_blocks else 0
 
     @classmethod
@@ -376,20 +400,16 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 def register_all_kvcache_specs(vllm_config=None) -> None:
     """Register the built-in spec types with their managers and grouping bases
     (upstream's names; `vllm_config` is accepted for upstream's signature)."""
-    from vllm.v1.core.single_type_kv_cache_manager_chunked import (
-        ChunkedLocalAttentionManager)
-    from vllm.v1.core.single_type_kv_cache_manager_sparse import (MambaManager,
-                                                                  SlidingWindowManager)
-    from vllm.v1.core.single_type_kv_cache_manager_unbuilt import (CrossAttentionManager,
-                                                                   RSWAManager)
+    from vllm.v1.core.single_type_kv_cache_manager_chunked import ChunkedLocalAttentionManager
+    from vllm.v1.core.single_type_kv_cache_manager_sparse import MambaManager, SlidingWindowManager
+    from vllm.v1.core.single_type_kv_cache_manager_unbuilt import CrossAttentionManager, RSWAManager
 
     register = KVCacheSpecRegistry.register
     register(FullAttentionSpec, FullAttentionManager, FullAttentionSpec)
     register(SlidingWindowSpec, SlidingWindowManager, SlidingWindowSpec)
     register(SlidingWindowMLASpec, SlidingWindowManager, SlidingWindowMLASpec)
     register(MambaSpec, MambaManager, MambaSpec)
-    register(ChunkedLocalAttentionSpec, ChunkedLocalAttentionManager,
-             ChunkedLocalAttentionSpec)
+    register(ChunkedLocalAttentionSpec, ChunkedLocalAttentionManager, ChunkedLocalAttentionSpec)
     register(CrossAttentionSpec, CrossAttentionManager, CrossAttentionSpec)
     # Full-attention variants share full attention's groups. MLA keeps every
     # token's latent row, exactly like full attention.
@@ -398,15 +418,11 @@ def register_all_kvcache_specs(vllm_config=None) -> None:
     register(SinkFullAttentionSpec, FullAttentionManager, FullAttentionSpec)
 
 
-def get_manager_for_kv_cache_spec(
-    kv_cache_spec: KVCacheSpec, **kwargs
-) -> SingleTypeKVCacheManager:
+def get_manager_for_kv_cache_spec(kv_cache_spec: KVCacheSpec, **kwargs) -> SingleTypeKVCacheManager:
     """Build the manager registered for the spec's type (or nearest base)."""
     manager_class = KVCacheSpecRegistry.get_manager_class(kv_cache_spec)
     if manager_class is None:
-        raise NotImplementedError(
-            f"No KV cache manager for {type(kv_cache_spec).__name__}."
-        )
+        raise NotImplementedError(f"No KV cache manager for {type(kv_cache_spec).__name__}.")
     return manager_class(kv_cache_spec, **kwargs)
 
 

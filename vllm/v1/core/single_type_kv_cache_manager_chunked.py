@@ -7,9 +7,9 @@ A token at position p attends only to the tokens of its own chunk,
 chunk is skipped: it counts as computed (a null block in the block table),
 is freed once the request moves past it, and needs no cache hit.
 """
+
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
-from vllm.v1.core.single_type_kv_cache_manager import (CacheHitSearch,
-                                                       SingleTypeKVCacheManager)
+from vllm.v1.core.single_type_kv_cache_manager import CacheHitSearch, SingleTypeKVCacheManager
 from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
 
 
@@ -29,19 +29,22 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         if search.use_eagle:
             raise NotImplementedError("EAGLE with chunked local attention.")
         if search.alignment_tokens != spec.block_size:
-            raise NotImplementedError("Chunked local attention next to KV cache groups "
-                                      "with other block sizes.")
+            raise NotImplementedError(
+                "Chunked local attention next to KV cache groups with other block sizes."
+            )
         block_size = spec.block_size
         max_length = search.max_length
         # The next token (position max_length) reads from the start of its chunk;
         # the blocks before that are out of the window: null, but "computed".
         chunk_start = max_length // spec.attention_chunk_size * spec.attention_chunk_size
         num_skipped_blocks = chunk_start // block_size
-        computed_blocks = tuple([search.block_pool.null_block] * num_skipped_blocks
-                                for _ in search.kv_cache_group_ids)
+        computed_blocks = tuple(
+            [search.block_pool.null_block] * num_skipped_blocks for _ in search.kv_cache_group_ids
+        )
         for i in range(num_skipped_blocks, search.max_num_blocks):
-            cached = search.block_pool.get_cached_block(search.block_hashes[i],
-                                                        search.kv_cache_group_ids)
+            cached = search.block_pool.get_cached_block(
+                search.block_hashes[i], search.kv_cache_group_ids
+            )
             if cached is None:
                 break
             for computed, block in zip(computed_blocks, cached):

@@ -4,12 +4,12 @@ that one is full): sliding-window attention frees blocks that left the window,
 Mamba layers keep one state slot per request. Re-exported by
 `vllm.v1.core.single_type_kv_cache_manager`.
 """
+
 from typing import TYPE_CHECKING
 
 from vllm.utils import cdiv
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
-from vllm.v1.core.single_type_kv_cache_manager import (CacheHitSearch,
-                                                       SingleTypeKVCacheManager)
+from vllm.v1.core.single_type_kv_cache_manager import CacheHitSearch, SingleTypeKVCacheManager
 from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                 # Cut the blocks after the run: [N, N, 5, 2, N, 4] -> [N, N, 5, 2]
                 # for a run of two (N = null block).
                 for computed in computed_blocks:
-                    del computed[i + num_contiguous:]
+                    del computed[i + num_contiguous :]
                 break
         else:
             # No full run: only a run starting at block 0 (shorter than the
@@ -98,7 +98,8 @@ class MambaManager(SingleTypeKVCacheManager):
             raise NotImplementedError(
                 f"MambaSpec(mamba_cache_mode={kv_cache_spec.mamba_cache_mode!r}, "
                 f"num_speculative_blocks={kv_cache_spec.num_speculative_blocks}): only one "
-                "state slot per request (mode 'none', no speculative blocks) is built.")
+                "state slot per request (mode 'none', no speculative blocks) is built."
+            )
 
     @classmethod
     def _find_hit(cls, search: CacheHitSearch) -> tuple[list[KVCacheBlock], ...]:

@@ -7,6 +7,7 @@ layers; building a KV cache manager for one is refused here, by name, rather
 than serving the layer with the wrong block rules.
 Re-exported by `vllm.v1.core.single_type_kv_cache_manager`.
 """
+
 from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
 from vllm.v1.kv_cache_interface import KVCacheSpec
 
@@ -17,7 +18,8 @@ class _UnbuiltManager(SingleTypeKVCacheManager):
     def __init__(self, kv_cache_spec: KVCacheSpec, **kwargs) -> None:
         raise NotImplementedError(
             f"{type(kv_cache_spec).__name__}: {self.feature} is not built yet, so no KV "
-            "cache manager serves it.")
+            "cache manager serves it."
+        )
 
     @classmethod
     def _find_hit(cls, search):  # pragma: no cover - never constructed

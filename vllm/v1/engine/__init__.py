@@ -1,6 +1,7 @@
 """Messages between the front end and the engine core (upstream:
 vllm/v1/engine/__init__.py). msgspec structs: they cross process boundaries
 as msgpack, never pickle."""
+
 from __future__ import annotations
 
 import enum
@@ -94,8 +95,9 @@ class EngineCoreEvent(msgspec.Struct):
     timestamp: float
 
     @classmethod
-    def new_event(cls, event_type: EngineCoreEventType,
-                  timestamp: float | None = None) -> "EngineCoreEvent":
+    def new_event(
+        cls, event_type: EngineCoreEventType, timestamp: float | None = None
+    ) -> EngineCoreEvent:
         return cls(event_type, time.monotonic() if timestamp is None else timestamp)
 
 

@@ -14,6 +14,7 @@ Failures: a bad request raises from `generate` (ValueError) and leaves the
 engine running; if the engine-core process dies, every pending and later
 `generate` raises `EngineDeadError` and `errored` becomes True.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,8 +36,8 @@ from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import cached_tokenizer_from_config
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
-from vllm.v1.engine.core_sleep import validate_sleep_args, validate_wake_up_tags
 from vllm.v1.engine.core_client import EngineCoreClient
+from vllm.v1.engine.core_sleep import validate_sleep_args, validate_wake_up_tags
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError, QueueOverflowError
 from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
@@ -72,65 +73,88 @@ class _StatsTracker:
         self.requests[request.request_id] = _TrackedRequest(
             RequestStateStats(arrival_time=time.time()),
             prompt_len=len(request.prompt_token_ids or ()),
-            max_tokens=request.sampling_params.max_tokens)
+            max_tokens=request.sampling_params.max_tokens,
+        )
 
     def forget(self, request_ids: Iterable[str]) -> None:
         for rid in request_ids:
             self.requests.pop(rid, None)
 
-    def observe(self, outputs: list[EngineCoreOutput], timestamp: float,
-                iteration_stats: IterationStats) -> None:
+    def observe(
+        self, outputs: list[EngineCoreOutput], timestamp: float, iteration_stats: IterationStats
+    ) -> None:
         """Count a chunk of outputs (before the output processor consumes them)."""
         for output in outputs:
             tracked = self.requests.get(output.request_id)
             if tracked is None:
                 continue
             if output.new_token_ids:
-                iteration_stats.update_from_output(output, timestamp, tracked.is_prefilling,
-                                                   tracked.prompt_len, tracked.stats)
+                iteration_stats.update_from_output(
+                    output, timestamp, tracked.is_prefilling, tracked.prompt_len, tracked.stats
+                )
                 tracked.is_prefilling = False
             elif output.events is not None:
                 iteration_stats.update_from_events(output.events, tracked.stats)
             if output.finish_reason is not None:
-                self.finish(output.request_id, output.finish_reason, iteration_stats,
-                            output.num_cached_tokens)
+                self.finish(
+                    output.request_id,
+                    output.finish_reason,
+                    iteration_stats,
+                    output.num_cached_tokens,
+                )
 
-    def finish(self, request_id: str, reason: FinishReason,
-               iteration_stats: IterationStats, num_cached_tokens: int = 0) -> None:
+    def finish(
+        self,
+        request_id: str,
+        reason: FinishReason,
+        iteration_stats: IterationStats,
+        num_cached_tokens: int = 0,
+    ) -> None:
         tracked = self.requests.pop(request_id, None)
         if tracked is not None:
             iteration_stats.update_from_finished_request(
-                reason, tracked.prompt_len, tracked.max_tokens, tracked.stats,
-                num_cached_tokens)
+                reason, tracked.prompt_len, tracked.max_tokens, tracked.stats, num_cached_tokens
+            )
 
 
 class AsyncLLM(EngineClient):
     """An asyncio LLM engine whose core runs in a separate process."""
 
-    def __init__(self, vllm_config: VllmConfig, executor_class: type["Executor"],
-                 log_stats: bool, usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
-                 log_requests: bool = True, start_engine_loop: bool = True,
-                 stat_loggers: list[type[StatLoggerBase]] | None = None,
-                 max_num_queued_reqs: int | None = None) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        executor_class: type[Executor],
+        log_stats: bool,
+        usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
+        log_requests: bool = True,
+        start_engine_loop: bool = True,
+        stat_loggers: list[type[StatLoggerBase]] | None = None,
+        max_num_queued_reqs: int | None = None,
+    ) -> None:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.log_requests = log_requests
         self.log_stats = log_stats or bool(stat_loggers)
         # At most this many unfinished requests (n > 1 counts n); None: no limit.
         self.max_num_queued_reqs = max_num_queued_reqs
-        self.tokenizer = (None if self.model_config.skip_tokenizer_init
-                          else cached_tokenizer_from_config(self.model_config))
+        self.tokenizer = (
+            None
+            if self.model_config.skip_tokenizer_init
+            else cached_tokenizer_from_config(self.model_config)
+        )
         self.input_processor = InputProcessor(vllm_config, self.tokenizer)
         self.output_processor = OutputProcessor(
-            self.tokenizer, log_stats=self.log_stats,
-            stream_interval=vllm_config.scheduler_config.stream_interval)
+            self.tokenizer,
+            log_stats=self.log_stats,
+            stream_interval=vllm_config.scheduler_config.stream_interval,
+        )
         self.engine_core = EngineCoreClient.make_async_mp_client(
-            vllm_config=vllm_config, executor_class=executor_class, log_stats=self.log_stats)
+            vllm_config=vllm_config, executor_class=executor_class, log_stats=self.log_stats
+        )
         self.logger_manager: StatLoggerManager | None = None
         self._stats: _StatsTracker | None = None
         if self.log_stats:
-            self.logger_manager = StatLoggerManager(vllm_config,
-                                                    custom_stat_loggers=stat_loggers)
+            self.logger_manager = StatLoggerManager(vllm_config, custom_stat_loggers=stat_loggers)
             self.logger_manager.log_engine_initialized()
             self._stats = _StatsTracker(self.logger_manager)
         self.output_handler: asyncio.Task | None = None
@@ -142,30 +166,47 @@ class AsyncLLM(EngineClient):
                 pass  # started by the first generate()
 
     @classmethod
-    def from_vllm_config(cls, vllm_config: VllmConfig, start_engine_loop: bool = True,
-                         usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
-                         stat_loggers: list[type[StatLoggerBase]] | None = None,
-                         enable_log_requests: bool = False, disable_log_stats: bool = False,
-                         max_num_queued_reqs: int | None = None) -> "AsyncLLM":
+    def from_vllm_config(
+        cls,
+        vllm_config: VllmConfig,
+        start_engine_loop: bool = True,
+        usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
+        stat_loggers: list[type[StatLoggerBase]] | None = None,
+        enable_log_requests: bool = False,
+        disable_log_stats: bool = False,
+        max_num_queued_reqs: int | None = None,
+    ) -> AsyncLLM:
         from vllm.v1.executor.abstract import Executor
 
-        return cls(vllm_config=vllm_config, executor_class=Executor.get_class(vllm_config),
-                   log_stats=not disable_log_stats, usage_context=usage_context,
-                   log_requests=enable_log_requests, start_engine_loop=start_engine_loop,
-                   stat_loggers=stat_loggers, max_num_queued_reqs=max_num_queued_reqs)
+        return cls(
+            vllm_config=vllm_config,
+            executor_class=Executor.get_class(vllm_config),
+            log_stats=not disable_log_stats,
+            usage_context=usage_context,
+            log_requests=enable_log_requests,
+            start_engine_loop=start_engine_loop,
+            stat_loggers=stat_loggers,
+            max_num_queued_reqs=max_num_queued_reqs,
+        )
 
     @classmethod
-    def from_engine_args(cls, engine_args: AsyncEngineArgs, start_engine_loop: bool = True,
-                         usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
-                         stat_loggers: list[type[StatLoggerBase]] | None = None
-                         ) -> "AsyncLLM":
+    def from_engine_args(
+        cls,
+        engine_args: AsyncEngineArgs,
+        start_engine_loop: bool = True,
+        usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
+        stat_loggers: list[type[StatLoggerBase]] | None = None,
+    ) -> AsyncLLM:
         """Build the config from `engine_args`, then the engine."""
         vllm_config = engine_args.create_engine_config(usage_context)
         return cls.from_vllm_config(
-            vllm_config, start_engine_loop=start_engine_loop, usage_context=usage_context,
+            vllm_config,
+            start_engine_loop=start_engine_loop,
+            usage_context=usage_context,
             stat_loggers=stat_loggers,
             enable_log_requests=getattr(engine_args, "enable_log_requests", False),
-            disable_log_stats=engine_args.disable_log_stats)
+            disable_log_stats=engine_args.disable_log_stats,
+        )
 
     def __del__(self) -> None:
         self.shutdown()
@@ -184,35 +225,62 @@ class AsyncLLM(EngineClient):
     # Requests
     # ------------------------------------------------------------------
 
-    async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                          arrival_time: float | None = None,
-                          lora_request: LoRARequest | None = None,
-                          tokenization_kwargs: dict[str, Any] | None = None,
-                          trace_headers: Mapping[str, str] | None = None, priority: int = 0,
-                          data_parallel_rank: int | None = None,
-                          prompt_text: str | None = None) -> RequestOutputCollector:
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+        data_parallel_rank: int | None = None,
+        prompt_text: str | None = None,
+    ) -> RequestOutputCollector:
         """Add a new request; its outputs arrive in the returned collector."""
         _, queue = await self._add_request_internal(
-            request_id, prompt, params, arrival_time, lora_request, tokenization_kwargs,
-            trace_headers, priority, data_parallel_rank, prompt_text)
+            request_id,
+            prompt,
+            params,
+            arrival_time,
+            lora_request,
+            tokenization_kwargs,
+            trace_headers,
+            priority,
+            data_parallel_rank,
+            prompt_text,
+        )
         return queue
 
-    async def _add_request_internal(self, request_id: str, prompt: PromptType,
-                                    params: SamplingParams, arrival_time: float | None,
-                                    lora_request: LoRARequest | None,
-                                    tokenization_kwargs: dict[str, Any] | None,
-                                    trace_headers: Mapping[str, str] | None, priority: int,
-                                    data_parallel_rank: int | None,
-                                    prompt_text: str | None
-                                    ) -> tuple[str, RequestOutputCollector]:
+    async def _add_request_internal(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None,
+        lora_request: LoRARequest | None,
+        tokenization_kwargs: dict[str, Any] | None,
+        trace_headers: Mapping[str, str] | None,
+        priority: int,
+        data_parallel_rank: int | None,
+        prompt_text: str | None,
+    ) -> tuple[str, RequestOutputCollector]:
         """Returns (internal id to abort with, collector)."""
         if self.errored:
             raise EngineDeadError()
         self._check_admission(getattr(params, "n", 1))
         request = self.input_processor.process_inputs(
-            request_id, prompt, params, arrival_time=arrival_time, lora_request=lora_request,
-            tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
-            priority=priority, data_parallel_rank=data_parallel_rank)
+            request_id,
+            prompt,
+            params,
+            arrival_time=arrival_time,
+            lora_request=lora_request,
+            tokenization_kwargs=tokenization_kwargs,
+            trace_headers=trace_headers,
+            priority=priority,
+            data_parallel_rank=data_parallel_rank,
+        )
         self.input_processor.assign_request_id(request)
         if prompt_text is None:
             prompt_text = prompt if isinstance(prompt, str) else prompt.get("prompt")
@@ -227,14 +295,14 @@ class AsyncLLM(EngineClient):
             # A value msgpack cannot carry (e.g. an int beyond 64 bits): the
             # request's fault, not the engine's.
             await self.abort(internal_id, internal=True)
-            raise VLLMValidationError(f"The request could not be sent to the engine: "
-                                      f"{e}") from e
+            raise VLLMValidationError(f"The request could not be sent to the engine: {e}") from e
         if self.log_requests:
             logger.info("Added request %s.", request_id)
         return internal_id, queue
 
-    def _fan_out(self, request: EngineCoreRequest, prompt_text: str | None,
-                 queue: RequestOutputCollector) -> tuple[list[EngineCoreRequest], str]:
+    def _fan_out(
+        self, request: EngineCoreRequest, prompt_text: str | None, queue: RequestOutputCollector
+    ) -> tuple[list[EngineCoreRequest], str]:
         params = request.sampling_params
         if params is None or params.n == 1:
             self._register(request, prompt_text, None, 0, queue)
@@ -250,9 +318,14 @@ class AsyncLLM(EngineClient):
             children.append(child)
         return children, parent.request_id
 
-    def _register(self, request: EngineCoreRequest, prompt_text: str | None,
-                  parent: ParentRequest | None, index: int,
-                  queue: RequestOutputCollector) -> None:
+    def _register(
+        self,
+        request: EngineCoreRequest,
+        prompt_text: str | None,
+        parent: ParentRequest | None,
+        index: int,
+        queue: RequestOutputCollector,
+    ) -> None:
         self.output_processor.add_request(request, prompt_text, parent, index, queue)
         if self._stats is not None:
             self._stats.add(request)
@@ -265,15 +338,22 @@ class AsyncLLM(EngineClient):
         if unfinished + n > limit:
             raise QueueOverflowError(
                 f"The server is busy: {unfinished} requests are in flight (limit {limit}). "
-                "Please try again later.")
+                "Please try again later."
+            )
 
-    async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
-                       request_id: str, *, prompt_text: str | None = None,
-                       lora_request: LoRARequest | None = None,
-                       tokenization_kwargs: dict[str, Any] | None = None,
-                       trace_headers: Mapping[str, str] | None = None, priority: int = 0,
-                       data_parallel_rank: int | None = None,
-                       ) -> AsyncGenerator[RequestOutput, None]:
+    async def generate(
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        request_id: str,
+        *,
+        prompt_text: str | None = None,
+        lora_request: LoRARequest | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+        data_parallel_rank: int | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Submit one request and yield its outputs as they come.
 
         Yields `RequestOutput`s until the last one (`finished=True`). Closing
@@ -283,9 +363,17 @@ class AsyncLLM(EngineClient):
         try:
             self._run_output_handler()
             internal_id, q = await self._add_request_internal(
-                request_id, prompt, sampling_params, None, lora_request,
-                tokenization_kwargs, trace_headers, priority, data_parallel_rank,
-                prompt_text)
+                request_id,
+                prompt,
+                sampling_params,
+                None,
+                lora_request,
+                tokenization_kwargs,
+                trace_headers,
+                priority,
+                data_parallel_rank,
+                prompt_text,
+            )
             finished = False
             while not finished:
                 # Take what is ready without a context switch, else wait.
@@ -331,8 +419,11 @@ class AsyncLLM(EngineClient):
             return
         # Locals only: the task must not keep this object alive.
         self.output_handler = asyncio.create_task(
-            _output_handler(self.engine_core, self.output_processor, self._stats,
-                            self.logger_manager), name="AsyncLLMOutputHandler")
+            _output_handler(
+                self.engine_core, self.output_processor, self._stats, self.logger_manager
+            ),
+            name="AsyncLLMOutputHandler",
+        )
 
     # ------------------------------------------------------------------
     # EngineClient
@@ -396,9 +487,12 @@ class AsyncLLM(EngineClient):
         return self.output_processor.get_num_unfinished_requests()
 
 
-async def _output_handler(engine_core: AsyncMPClient, output_processor: OutputProcessor,
-                          stats: _StatsTracker | None,
-                          logger_manager: StatLoggerManager | None) -> None:
+async def _output_handler(
+    engine_core: AsyncMPClient,
+    output_processor: OutputProcessor,
+    stats: _StatsTracker | None,
+    logger_manager: StatLoggerManager | None,
+) -> None:
     """Engine-core outputs -> per-request collectors, until the engine dies."""
     try:
         while True:
@@ -407,7 +501,7 @@ async def _output_handler(engine_core: AsyncMPClient, output_processor: OutputPr
             iteration_stats = IterationStats() if stats is not None and num_outputs else None
             chunk_size = envs.VLLM_V1_OUTPUT_PROC_CHUNK_SIZE
             for start in range(0, num_outputs, chunk_size):
-                chunk = outputs.outputs[start:start + chunk_size]
+                chunk = outputs.outputs[start : start + chunk_size]
                 if iteration_stats is not None:
                     stats.observe(chunk, outputs.timestamp, iteration_stats)
                 processed = output_processor.process_outputs(chunk, outputs.timestamp)

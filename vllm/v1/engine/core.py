@@ -20,6 +20,7 @@ turns that into a block count and tensor layout, and the workers allocate it.
 `EngineCoreProc` (core_proc.py; upstream keeps it in this file) runs this
 class in its own process, a busy loop fed over ZMQ.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,17 +33,19 @@ from typing import TYPE_CHECKING, Any
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import (generate_scheduler_kv_cache_config,
-                                         get_kv_cache_configs, get_request_block_hasher,
-                                         init_none_hash)
+from vllm.v1.core.kv_cache_utils import (
+    generate_scheduler_kv_cache_config,
+    get_kv_cache_configs,
+    get_request_block_hasher,
+    init_none_hash,
+)
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
 from vllm.v1.engine.core_sleep import EngineCoreSleepMixin
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
-
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.core.sched.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from vllm.config.scheduler import SchedulerConfig
@@ -53,7 +56,7 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-def get_scheduler_cls(scheduler_config: "SchedulerConfig") -> type[Scheduler]:
+def get_scheduler_cls(scheduler_config: SchedulerConfig) -> type[Scheduler]:
     """The scheduler class the engine core builds: `AsyncScheduler` with async
     scheduling, else `Scheduler`. Resolved here, not in `SchedulerConfig`, so
     that vllm/config stays below vllm/v1 (see .importlinter)."""
@@ -64,17 +67,24 @@ class EngineCore(EngineCoreSleepMixin):
     """Inner loop of vLLM's engine: owns the scheduler and the model executor.
     Sleep mode (sleep / wake_up / is_sleeping) is in core_sleep.py."""
 
-    def __init__(self, vllm_config: VllmConfig, executor_class: type["Executor"],
-                 log_stats: bool,
-                 executor_fail_callback: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        executor_class: type[Executor],
+        log_stats: bool,
+        executor_fail_callback: Callable[[], None] | None = None,
+    ) -> None:
         self.vllm_config = vllm_config
         self.log_stats = log_stats
-        logger.info("Initializing a V1 LLM engine with config: model=%r, dtype=%s, "
-                    "max_model_len=%d, block_size=%d, prefix_caching=%s",
-                    vllm_config.model_config.model, vllm_config.model_config.dtype,
-                    vllm_config.model_config.max_model_len,
-                    vllm_config.cache_config.block_size,
-                    vllm_config.cache_config.enable_prefix_caching)
+        logger.info(
+            "Initializing a V1 LLM engine with config: model=%r, dtype=%s, "
+            "max_model_len=%d, block_size=%d, prefix_caching=%s",
+            vllm_config.model_config.model,
+            vllm_config.model_config.dtype,
+            vllm_config.model_config.max_model_len,
+            vllm_config.cache_config.block_size,
+            vllm_config.cache_config.enable_prefix_caching,
+        )
 
         # 1. Workers: init device, load the model.
         self.model_executor = executor_class(vllm_config)
@@ -86,24 +96,27 @@ class EngineCore(EngineCoreSleepMixin):
         num_gpu_blocks, kv_cache_config = self._initialize_kv_caches(vllm_config)
         vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
         vllm_config.cache_config.num_cpu_blocks = 0
-        logger.info("init engine (profile, create kv cache, warmup model) took %.2f seconds",
-                    time.perf_counter() - start)
+        logger.info(
+            "init engine (profile, create kv cache, warmup model) took %.2f seconds",
+            time.perf_counter() - start,
+        )
 
         # 3. The scheduler, and the block hasher that prefix caching keys on.
         self.structured_output_manager = StructuredOutputManager(vllm_config)
         scheduler_cls = get_scheduler_cls(vllm_config.scheduler_config)
         self.scheduler = scheduler_cls(
-            vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
             structured_output_manager=self.structured_output_manager,
             include_finished_set=vllm_config.parallel_config.data_parallel_size > 1,
-            log_stats=self.log_stats)
+            log_stats=self.log_stats,
+        )
         self.request_block_hasher: Callable[[Request], list[Any]] | None = None
         cache_config = vllm_config.cache_config
         if cache_config.enable_prefix_caching:
             hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
             init_none_hash(hash_fn)
-            self.request_block_hasher = get_request_block_hasher(cache_config.block_size,
-                                                                 hash_fn)
+            self.request_block_hasher = get_request_block_hasher(cache_config.block_size, hash_fn)
 
         # 4. Steps in flight: more than one only with async scheduling.
         self.batch_queue_size = self.model_executor.max_concurrent_batches
@@ -118,7 +131,7 @@ class EngineCore(EngineCoreSleepMixin):
         self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue
         self._init_sleep_state()  # core_sleep.py
 
-    def _initialize_kv_caches(self, vllm_config: VllmConfig) -> tuple[int, "KVCacheConfig"]:
+    def _initialize_kv_caches(self, vllm_config: VllmConfig) -> tuple[int, KVCacheConfig]:
         """Plan the KV cache from the workers' specs and free memory; allocate it.
 
         Returns the number of blocks and the scheduler's view of the layout.
@@ -208,8 +221,9 @@ class EngineCore(EngineCoreSleepMixin):
         batch_queue = self.batch_queue
         assert batch_queue is not None
         model_executed = False
-        if (self.scheduler.has_requests() and self._deferred_sampling is None
-                and not self._paused):  # a "keep" sleep only finishes the steps in flight
+        if (
+            self.scheduler.has_requests() and self._deferred_sampling is None and not self._paused
+        ):  # a "keep" sleep only finishes the steps in flight
             scheduler_output = self.scheduler.schedule()
             exec_future = self.model_executor.execute_model(scheduler_output, non_block=True)
             model_executed = scheduler_output.total_num_scheduled_tokens > 0
@@ -219,8 +233,7 @@ class EngineCore(EngineCoreSleepMixin):
                 self._deferred_sampling = (exec_future, scheduler_output)
             else:
                 self._queue_sampling(exec_future, scheduler_output)
-                if (len(batch_queue) < self.batch_queue_size
-                        and not batch_queue[-1][0].done()):
+                if len(batch_queue) < self.batch_queue_size and not batch_queue[-1][0].done():
                     # Room for another step and the oldest is still running:
                     # go schedule the next one instead of waiting.
                     return None, True
@@ -228,7 +241,7 @@ class EngineCore(EngineCoreSleepMixin):
             return None, False
         future, exec_future, scheduler_output = batch_queue.pop()
 
-        def wait(_: SchedulerOutput) -> "ModelRunnerOutput":
+        def wait(_: SchedulerOutput) -> ModelRunnerOutput:
             exec_future.result()  # a failed forward pass raises its own error here
             return future.result()
 
@@ -249,23 +262,27 @@ class EngineCore(EngineCoreSleepMixin):
         self.batch_queue.appendleft((future, exec_future, scheduler_output))
 
     def execute_model_with_error_logging(
-            self, model_fn: Callable[["SchedulerOutput"], "ModelRunnerOutput"],
-            scheduler_output: "SchedulerOutput") -> "ModelRunnerOutput":
+        self,
+        model_fn: Callable[[SchedulerOutput], ModelRunnerOutput],
+        scheduler_output: SchedulerOutput,
+    ) -> ModelRunnerOutput:
         """Run `model_fn`, logging what was scheduled if it raises."""
         with self.log_error_detail(scheduler_output):
             return model_fn(scheduler_output)
 
     @contextmanager
-    def log_error_detail(self, scheduler_output: "SchedulerOutput"):
+    def log_error_detail(self, scheduler_output: SchedulerOutput):
         try:
             yield
         except Exception:
             logger.error(
                 "Model execution failed. Scheduled: %d new requests, %d cached requests, "
-                "%d tokens (%s)", len(scheduler_output.scheduled_new_reqs),
+                "%d tokens (%s)",
+                len(scheduler_output.scheduled_new_reqs),
                 scheduler_output.scheduled_cached_reqs.num_reqs,
                 scheduler_output.total_num_scheduled_tokens,
-                scheduler_output.num_scheduled_tokens)
+                scheduler_output.num_scheduled_tokens,
+            )
             raise
 
     # ------------------------------------------------------------------
@@ -275,8 +292,13 @@ class EngineCore(EngineCoreSleepMixin):
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.scheduler.reset_prefix_cache(reset_running_requests)
 
-    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
-                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+    def collective_rpc(
+        self,
+        method: str | Callable,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
         return self.model_executor.collective_rpc(method, timeout, args, kwargs)
 
     def shutdown(self) -> None:

@@ -10,6 +10,7 @@
 PULL socket (outputs); messages are msgpack (vllm/v1/serial_utils.py). If the
 core process dies, every pending and later call raises `EngineDeadError`.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -31,17 +32,21 @@ class EngineCoreClient(ABC):
     """The front end's handle on an engine core, wherever it runs."""
 
     @staticmethod
-    def make_client(multiprocess_mode: bool, asyncio_mode: bool, vllm_config: VllmConfig,
-                    executor_class: type["Executor"], log_stats: bool) -> "EngineCoreClient":
+    def make_client(
+        multiprocess_mode: bool,
+        asyncio_mode: bool,
+        vllm_config: VllmConfig,
+        executor_class: type[Executor],
+        log_stats: bool,
+    ) -> EngineCoreClient:
         """The client for this caller: async -> AsyncMPClient, sync multiprocess ->
         SyncMPClient, else InprocClient."""
         if asyncio_mode and not multiprocess_mode:
             raise NotImplementedError(
-                "Running EngineCore in asyncio without multiprocessing is not currently "
-                "supported.")
+                "Running EngineCore in asyncio without multiprocessing is not currently supported."
+            )
         if multiprocess_mode and asyncio_mode:
-            return EngineCoreClient.make_async_mp_client(vllm_config, executor_class,
-                                                         log_stats)
+            return EngineCoreClient.make_async_mp_client(vllm_config, executor_class, log_stats)
         if multiprocess_mode:
             from vllm.v1.engine.core_client_mp import SyncMPClient
 
@@ -49,8 +54,9 @@ class EngineCoreClient(ABC):
         return InprocClient(vllm_config, executor_class, log_stats)
 
     @staticmethod
-    def make_async_mp_client(vllm_config: VllmConfig, executor_class: type["Executor"],
-                             log_stats: bool) -> "EngineCoreClient":
+    def make_async_mp_client(
+        vllm_config: VllmConfig, executor_class: type[Executor], log_stats: bool
+    ) -> EngineCoreClient:
         from vllm.v1.engine.core_client_mp import AsyncMPClient
 
         return AsyncMPClient(vllm_config, executor_class, log_stats)
@@ -76,8 +82,13 @@ class EngineCoreClient(ABC):
         """Drop every cached block; False if blocks are still in use."""
 
     @abstractmethod
-    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
-                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+    def collective_rpc(
+        self,
+        method: str | Callable,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
         """Call `method` on every worker and return their results."""
 
     # Sleep mode (EngineCore.sleep / wake_up / is_sleeping).
@@ -94,8 +105,9 @@ class EngineCoreClient(ABC):
 class InprocClient(EngineCoreClient):
     """The engine core in the caller's process: `get_output()` runs one step."""
 
-    def __init__(self, vllm_config: VllmConfig, executor_class: type["Executor"],
-                 log_stats: bool) -> None:
+    def __init__(
+        self, vllm_config: VllmConfig, executor_class: type[Executor], log_stats: bool
+    ) -> None:
         self.engine_core = EngineCore(vllm_config, executor_class, log_stats)
 
     def get_output(self) -> EngineCoreOutputs:
@@ -118,8 +130,13 @@ class InprocClient(EngineCoreClient):
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.engine_core.reset_prefix_cache(reset_running_requests)
 
-    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
-                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+    def collective_rpc(
+        self,
+        method: str | Callable,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
         return self.engine_core.collective_rpc(method, timeout, args, kwargs)
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:

@@ -13,10 +13,12 @@ go to `outputs_queue`. The core's ENGINE_CORE_DEAD message, or the monitor
 seeing the process exit, marks the engine dead: every waiter gets
 `EngineDeadError`.
 """
+
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import multiprocessing.connection
 import queue
 import threading
@@ -32,14 +34,22 @@ import zmq.asyncio
 import vllm.envs as envs
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
-from vllm.v1.engine import (EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType,
-                            UtilityOutput)
+from vllm.v1.engine import (
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    UtilityOutput,
+)
 from vllm.v1.engine.core_client import EngineCoreClient
 from vllm.v1.engine.core_proc import EngineCoreProc
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm.v1.engine.utils import (CoreEngineProcManager, block_shutdown_signals,
-                                  get_open_zmq_inproc_path, launch_core_engines,
-                                  make_zmq_socket)
+from vllm.v1.engine.utils import (
+    CoreEngineProcManager,
+    block_shutdown_signals,
+    get_open_zmq_inproc_path,
+    launch_core_engines,
+    make_zmq_socket,
+)
 from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
@@ -84,10 +94,8 @@ class BackgroundResources:
             with self.ctx.socket(zmq.PAIR) as shutdown_sender:
                 shutdown_sender.setsockopt(zmq.LINGER, 0)
                 shutdown_sender.connect(self.shutdown_path)
-                try:
+                with contextlib.suppress(zmq.ZMQError):  # the thread has already gone
                     shutdown_sender.send(b"", flags=zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass  # the thread has already gone
         elif self.output_socket is not None:
             self.output_socket.close(linger=0)
         if self.input_socket is not None:
@@ -107,8 +115,7 @@ class BackgroundResources:
             raise EngineDeadError()
 
 
-def _process_utility_output(output: UtilityOutput,
-                            utility_results: dict[int, AnyFuture]) -> None:
+def _process_utility_output(output: UtilityOutput, utility_results: dict[int, AnyFuture]) -> None:
     """Resolve the future of a utility call with its result or failure."""
     future = utility_results.pop(output.call_id, None)
     if future is None or future.done():
@@ -127,14 +134,20 @@ def _restore_stats(outputs: EngineCoreOutputs) -> None:
         known = SchedulerStats.__dataclass_fields__
         outputs.scheduler_stats = SchedulerStats(
             **{k: v for k, v in stats.items() if k in known},
-            prefix_cache_stats=PrefixCacheStats(**prefix))
+            prefix_cache_stats=PrefixCacheStats(**prefix),
+        )
 
 
 class MPClient(EngineCoreClient):
     """Base of the clients whose engine core runs in a separate process."""
 
-    def __init__(self, asyncio_mode: bool, vllm_config: VllmConfig,
-                 executor_class: type["Executor"], log_stats: bool) -> None:
+    def __init__(
+        self,
+        asyncio_mode: bool,
+        vllm_config: VllmConfig,
+        executor_class: type[Executor],
+        log_stats: bool,
+    ) -> None:
         self.vllm_config = vllm_config
         self.encoder = MsgpackEncoder()
         self.decoder = MsgpackDecoder(EngineCoreOutputs)
@@ -146,12 +159,16 @@ class MPClient(EngineCoreClient):
         success = False
         try:
             with launch_core_engines(vllm_config, executor_class, log_stats) as (
-                    engine_manager, addresses):
+                engine_manager,
+                addresses,
+            ):
                 self.resources.engine_manager = engine_manager
             self.input_socket = self.resources.input_socket = make_zmq_socket(
-                self.ctx, addresses.inputs[0], zmq.ROUTER, bind=True)
+                self.ctx, addresses.inputs[0], zmq.ROUTER, bind=True
+            )
             self.resources.output_socket = make_zmq_socket(
-                self.ctx, addresses.outputs[0], zmq.PULL, bind=True)
+                self.ctx, addresses.outputs[0], zmq.PULL, bind=True
+            )
             self.core_engine = (0).to_bytes(2, "little")
             self._wait_for_engine_registration()
             self._start_engine_core_monitor()
@@ -165,8 +182,7 @@ class MPClient(EngineCoreClient):
         sync_input_socket = zmq.Socket.shadow(self.input_socket)
         timeout_ms = envs.VLLM_ENGINE_READY_TIMEOUT_S * 1000
         if not sync_input_socket.poll(timeout=timeout_ms):
-            raise TimeoutError("Timed out waiting for the engine core to connect its input "
-                               "socket.")
+            raise TimeoutError("Timed out waiting for the engine core to connect its input socket.")
         identity, _ = sync_input_socket.recv_multipart()
         if identity != self.core_engine:
             raise RuntimeError(f"Unexpected engine identity {identity!r}")
@@ -184,12 +200,15 @@ class MPClient(EngineCoreClient):
             resources = resources_ref()
             if resources is None or resources.engine_dead or engine_manager.closed:
                 return
-            logger.error("Engine core proc %s died unexpectedly, shutting down client.",
-                         engine_manager.finished_procs())
+            logger.error(
+                "Engine core proc %s died unexpectedly, shutting down client.",
+                engine_manager.finished_procs(),
+            )
             resources.mark_dead()
 
-        threading.Thread(target=monitor_engine_cores, daemon=True,
-                         name="MPClientEngineMonitor").start()
+        threading.Thread(
+            target=monitor_engine_cores, daemon=True, name="MPClientEngineMonitor"
+        ).start()
 
     def shutdown(self) -> None:
         """Stop the engine process and close the sockets (idempotent)."""
@@ -199,8 +218,7 @@ class MPClient(EngineCoreClient):
         if self.resources.engine_dead:
             raise EngineDeadError()
 
-    def _encode_input(self, request_type: EngineCoreRequestType,
-                      request: Any) -> tuple[Any, ...]:
+    def _encode_input(self, request_type: EngineCoreRequestType, request: Any) -> tuple[Any, ...]:
         return (self.core_engine, request_type.value, *self.encoder.encode(request))
 
     @staticmethod
@@ -211,10 +229,15 @@ class MPClient(EngineCoreClient):
 class SyncMPClient(MPClient):
     """Synchronous client of an engine core process (the `LLM` default)."""
 
-    def __init__(self, vllm_config: VllmConfig, executor_class: type["Executor"],
-                 log_stats: bool) -> None:
-        super().__init__(asyncio_mode=False, vllm_config=vllm_config,
-                         executor_class=executor_class, log_stats=log_stats)
+    def __init__(
+        self, vllm_config: VllmConfig, executor_class: type[Executor], log_stats: bool
+    ) -> None:
+        super().__init__(
+            asyncio_mode=False,
+            vllm_config=vllm_config,
+            executor_class=executor_class,
+            log_stats=log_stats,
+        )
         self.outputs_queue: queue.Queue[EngineCoreOutputs | Exception] = queue.Queue()
         self._send_lock = threading.Lock()
         outputs_queue, utility_results = self.outputs_queue, self.utility_results
@@ -231,7 +254,9 @@ class SyncMPClient(MPClient):
         self.output_thread = threading.Thread(
             target=_process_outputs_socket,
             args=(self.resources, self.decoder, self.utility_results, outputs_queue, ready),
-            daemon=True, name="EngineCoreOutputQueueThread")
+            daemon=True,
+            name="EngineCoreOutputQueueThread",
+        )
         self.output_thread.start()
         ready.wait()
 
@@ -255,8 +280,7 @@ class SyncMPClient(MPClient):
     def _send_input(self, request_type: EngineCoreRequestType, request: Any) -> None:
         self.ensure_alive()
         with self._send_lock:
-            self.input_socket.send_multipart(self._encode_input(request_type, request),
-                                             copy=False)
+            self.input_socket.send_multipart(self._encode_input(request_type, request), copy=False)
 
     def call_utility(self, method: str, *args: Any) -> Any:
         call_id = self._new_call_id()
@@ -275,8 +299,13 @@ class SyncMPClient(MPClient):
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.call_utility("reset_prefix_cache", reset_running_requests)
 
-    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
-                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+    def collective_rpc(
+        self,
+        method: str | Callable,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
         _check_rpc_method(method)
         return self.call_utility("collective_rpc", method, timeout, args, kwargs)
 
@@ -290,9 +319,13 @@ class SyncMPClient(MPClient):
         return self.call_utility("is_sleeping")
 
 
-def _process_outputs_socket(resources: BackgroundResources, decoder: MsgpackDecoder,
-                            utility_results: dict[int, AnyFuture],
-                            outputs_queue: queue.Queue, ready: threading.Event) -> None:
+def _process_outputs_socket(
+    resources: BackgroundResources,
+    decoder: MsgpackDecoder,
+    utility_results: dict[int, AnyFuture],
+    outputs_queue: queue.Queue,
+    ready: threading.Event,
+) -> None:
     """SyncMPClient's output thread: decode outputs until shutdown or engine death."""
     block_shutdown_signals()
     output_socket = resources.output_socket
@@ -327,10 +360,15 @@ def _process_outputs_socket(resources: BackgroundResources, decoder: MsgpackDeco
 class AsyncMPClient(MPClient):
     """Asyncio client of an engine core process (AsyncLLM's)."""
 
-    def __init__(self, vllm_config: VllmConfig, executor_class: type["Executor"],
-                 log_stats: bool) -> None:
-        super().__init__(asyncio_mode=True, vllm_config=vllm_config,
-                         executor_class=executor_class, log_stats=log_stats)
+    def __init__(
+        self, vllm_config: VllmConfig, executor_class: type[Executor], log_stats: bool
+    ) -> None:
+        super().__init__(
+            asyncio_mode=True,
+            vllm_config=vllm_config,
+            executor_class=executor_class,
+            log_stats=log_stats,
+        )
         self.outputs_queue: asyncio.Queue[EngineCoreOutputs | Exception] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self_ref = weakref.ref(self)
@@ -387,8 +425,9 @@ class AsyncMPClient(MPClient):
             except Exception as e:
                 outputs_queue.put_nowait(e)
 
-        resources.output_queue_task = asyncio.create_task(process_outputs_socket(),
-                                                          name="EngineCoreOutputQueueTask")
+        resources.output_queue_task = asyncio.create_task(
+            process_outputs_socket(), name="EngineCoreOutputQueueTask"
+        )
 
     async def get_output_async(self) -> EngineCoreOutputs:
         self._ensure_output_queue_task()
@@ -404,8 +443,9 @@ class AsyncMPClient(MPClient):
     async def _send_input(self, request_type: EngineCoreRequestType, request: Any) -> None:
         self.ensure_alive()
         self._ensure_output_queue_task()
-        await self.input_socket.send_multipart(self._encode_input(request_type, request),
-                                               copy=False)
+        await self.input_socket.send_multipart(
+            self._encode_input(request_type, request), copy=False
+        )
 
     async def call_utility_async(self, method: str, *args: Any) -> Any:
         call_id = self._new_call_id()
@@ -425,9 +465,13 @@ class AsyncMPClient(MPClient):
     async def reset_prefix_cache_async(self, reset_running_requests: bool = False) -> bool:
         return await self.call_utility_async("reset_prefix_cache", reset_running_requests)
 
-    async def collective_rpc_async(self, method: str | Callable, timeout: float | None = None,
-                                   args: tuple = (),
-                                   kwargs: dict[str, Any] | None = None) -> list[Any]:
+    async def collective_rpc_async(
+        self,
+        method: str | Callable,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
         _check_rpc_method(method)
         return await self.call_utility_async("collective_rpc", method, timeout, args, kwargs)
 
@@ -453,8 +497,13 @@ class AsyncMPClient(MPClient):
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         raise NotImplementedError("AsyncMPClient: use reset_prefix_cache_async()")
 
-    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
-                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+    def collective_rpc(
+        self,
+        method: str | Callable,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
         raise NotImplementedError("AsyncMPClient: use collective_rpc_async()")
 
 
@@ -467,9 +516,11 @@ def _fail_pending_utilities(utility_results: dict[int, AnyFuture]) -> None:
 
 def _check_rpc_method(method: str | Callable) -> None:
     if not isinstance(method, str):
-        raise TypeError("collective_rpc across processes takes a method name: functions "
-                        "are not sent to the engine core (that would need pickle). Use "
-                        "VLLM_ENABLE_V1_MULTIPROCESSING=0 to pass a callable.")
+        raise TypeError(
+            "collective_rpc across processes takes a method name: functions "
+            "are not sent to the engine core (that would need pickle). Use "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0 to pass a callable."
+        )
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -18,6 +18,7 @@ A fatal error in the busy loop sends ENGINE_CORE_DEAD to the clients before
 the process exits; malformed or invalid input is request-scoped: it is
 logged and (when the request id is known) answered with an ERROR output.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,13 +35,24 @@ import zmq
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
-from vllm.v1.engine import (EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
-                            EngineCoreRequestType, FinishReason, UtilityOutput,
-                            UtilityResult)
+from vllm.v1.engine import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    FinishReason,
+    UtilityOutput,
+    UtilityResult,
+)
 from vllm.v1.engine.core import EngineCore
-from vllm.v1.engine.utils import (EngineZmqAddresses, block_shutdown_signals,
-                                  decode_handshake, encode_handshake, make_zmq_socket,
-                                  watch_parent)
+from vllm.v1.engine.utils import (
+    EngineZmqAddresses,
+    block_shutdown_signals,
+    decode_handshake,
+    encode_handshake,
+    make_zmq_socket,
+    watch_parent,
+)
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 if TYPE_CHECKING:
@@ -59,9 +71,16 @@ class EngineCoreProc(EngineCore):
 
     ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
 
-    def __init__(self, vllm_config: VllmConfig, local_client: bool, handshake_address: str,
-                 executor_class: type["Executor"], log_stats: bool,
-                 client_handshake_address: str | None = None, engine_index: int = 0) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        local_client: bool,
+        handshake_address: str,
+        executor_class: type[Executor],
+        log_stats: bool,
+        client_handshake_address: str | None = None,
+        engine_index: int = 0,
+    ) -> None:
         self.input_queue: queue.Queue[tuple[EngineCoreRequestType, Any]] = queue.Queue()
         self.output_queue: queue.Queue[Any] = queue.Queue()
         self.engine_index = engine_index
@@ -80,12 +99,18 @@ class EngineCoreProc(EngineCore):
 
         ready_event = threading.Event()
         self.input_thread = threading.Thread(
-            target=self.process_input_sockets, args=(addresses.inputs, identity, ready_event),
-            daemon=True, name="EngineCoreInput")
+            target=self.process_input_sockets,
+            args=(addresses.inputs, identity, ready_event),
+            daemon=True,
+            name="EngineCoreInput",
+        )
         self.input_thread.start()
         self.output_thread = threading.Thread(
-            target=self.process_output_sockets, args=(addresses.outputs, engine_index),
-            daemon=True, name="EngineCoreOutput")
+            target=self.process_output_sockets,
+            args=(addresses.outputs, engine_index),
+            daemon=True,
+            name="EngineCoreOutput",
+        )
         self.output_thread.start()
         while not ready_event.wait(timeout=10):
             if not self.input_thread.is_alive():
@@ -96,37 +121,46 @@ class EngineCoreProc(EngineCore):
     # ------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _perform_handshake(self, handshake_address: str, identity: bytes,
-                           local_client: bool) -> Iterator[EngineZmqAddresses]:
+    def _perform_handshake(
+        self, handshake_address: str, identity: bytes, local_client: bool
+    ) -> Iterator[EngineZmqAddresses]:
         """HELLO -> addresses; then (after the body: engine init) READY or FAILED."""
         ctx = zmq.Context()
         try:
-            socket = make_zmq_socket(ctx, handshake_address, zmq.DEALER, bind=False,
-                                     identity=identity, linger=5000)
+            socket = make_zmq_socket(
+                ctx, handshake_address, zmq.DEALER, bind=False, identity=identity, linger=5000
+            )
             socket.send(encode_handshake({"status": "HELLO", "local": local_client}))
             if not socket.poll(timeout=5 * 60 * 1000):
                 raise RuntimeError("Did not receive the handshake reply from the front end")
             reply = decode_handshake(socket.recv())
             addrs = reply["addresses"]
-            addresses = EngineZmqAddresses(inputs=list(addrs["inputs"]),
-                                           outputs=list(addrs["outputs"]))
+            addresses = EngineZmqAddresses(
+                inputs=list(addrs["inputs"]), outputs=list(addrs["outputs"])
+            )
             try:
                 yield addresses
             except BaseException as e:
                 error = f"{type(e).__name__}: {e}"
                 socket.send(encode_handshake({"status": "FAILED", "error": error}))
                 raise
-            socket.send(encode_handshake({
-                "status": "READY", "local": local_client,
-                "num_gpu_blocks": self.vllm_config.cache_config.num_gpu_blocks or 0,
-                "max_model_len": self.vllm_config.model_config.max_model_len,
-            }))
+            socket.send(
+                encode_handshake(
+                    {
+                        "status": "READY",
+                        "local": local_client,
+                        "num_gpu_blocks": self.vllm_config.cache_config.num_gpu_blocks or 0,
+                        "max_model_len": self.vllm_config.model_config.max_model_len,
+                    }
+                )
+            )
         finally:
             ctx.destroy(linger=5000)
 
     @staticmethod
-    def run_engine_core(*args: Any, dp_rank: int = 0,
-                        death_pipe: Connection | None = None, **kwargs: Any) -> None:
+    def run_engine_core(
+        *args: Any, dp_rank: int = 0, death_pipe: Connection | None = None, **kwargs: Any
+    ) -> None:
         """Entry point of the engine-core process (spawned by the client)."""
         shutdown_requested = False
 
@@ -200,7 +234,7 @@ class EngineCoreProc(EngineCore):
             return False  # a sleep utility arrived with the last input
         outputs, model_executed = self.step_fn()
         # step_with_batch_queue returns None while its first batch is in flight.
-        for output in (outputs.items() if outputs else ()):
+        for output in outputs.items() if outputs else ():
             self.output_queue.put_nowait(output)
         if not model_executed and self.scheduler.has_unfinished_requests():
             # As upstream: nothing ran but requests wait (a grammar still
@@ -211,14 +245,12 @@ class EngineCoreProc(EngineCore):
         self._maybe_fall_asleep()  # sleep mode "wait", once nothing is in flight
         return model_executed
 
-    def _handle_client_request(self, request_type: EngineCoreRequestType,
-                               request: Any) -> None:
+    def _handle_client_request(self, request_type: EngineCoreRequestType, request: Any) -> None:
         if request_type == EngineCoreRequestType.ADD:
             req, request_wave = request
             if self._paused:
                 # Upstream's sleep: requests are accepted and wait for wake_up.
-                logger.info("Engine is sleeping: request %s waits for wake_up.",
-                            req.request_id)
+                logger.info("Engine is sleeping: request %s waits for wake_up.", req.request_id)
             try:
                 self.add_request(req, request_wave)
             except Exception as e:
@@ -234,8 +266,9 @@ class EngineCoreProc(EngineCore):
         else:
             logger.error("Unrecognized input request type: %s", request_type)
 
-    def _handle_utility(self, client_idx: int, call_id: int, method_name: str,
-                        args: list[Any]) -> None:
+    def _handle_utility(
+        self, client_idx: int, call_id: int, method_name: str, args: list[Any]
+    ) -> None:
         output = UtilityOutput(call_id)
         try:
             if method_name.startswith("_") or method_name in _NOT_UTILITIES:
@@ -245,7 +278,8 @@ class EngineCoreProc(EngineCore):
             if isinstance(result, Future):
                 # Answered when it resolves (sleep mode "wait"), on the busy loop.
                 result.add_done_callback(
-                    lambda f: self._send_utility_future(client_idx, call_id, method_name, f))
+                    lambda f: self._send_utility_future(client_idx, call_id, method_name, f)
+                )
                 return
             output.result = UtilityResult(result)
         except Exception as e:
@@ -253,8 +287,9 @@ class EngineCoreProc(EngineCore):
             output.failure_message = f"Call to {method_name} method failed: {e}"
         self.output_queue.put_nowait((client_idx, EngineCoreOutputs(utility_output=output)))
 
-    def _send_utility_future(self, client_idx: int, call_id: int, method_name: str,
-                             future: Future) -> None:
+    def _send_utility_future(
+        self, client_idx: int, call_id: int, method_name: str, future: Future
+    ) -> None:
         output = UtilityOutput(call_id)
         if (e := future.exception()) is not None:
             logger.error("Invocation of %s method failed: %s", method_name, e)
@@ -269,8 +304,9 @@ class EngineCoreProc(EngineCore):
             self.output_queue.put_nowait((client_index, client_outputs))
 
     def _send_request_error(self, request_id: str, client_index: int) -> None:
-        eco = EngineCoreOutput(request_id=request_id, new_token_ids=[],
-                               finish_reason=FinishReason.ERROR)
+        eco = EngineCoreOutput(
+            request_id=request_id, new_token_ids=[], finish_reason=FinishReason.ERROR
+        )
         self.output_queue.put_nowait((client_index, EngineCoreOutputs(outputs=[eco])))
 
     def _send_engine_dead(self) -> None:
@@ -278,8 +314,9 @@ class EngineCoreProc(EngineCore):
         self.output_queue.put_nowait(EngineCoreProc.ENGINE_CORE_DEAD)
         self.output_thread.join(timeout=5.0)
         if self.output_thread.is_alive():
-            logger.fatal("vLLM shutdown signal from EngineCore failed to send. Please "
-                         "report this issue.")
+            logger.fatal(
+                "vLLM shutdown signal from EngineCore failed to send. Please report this issue."
+            )
 
     # ------------------------------------------------------------------
     # Socket threads
@@ -289,11 +326,13 @@ class EngineCoreProc(EngineCore):
         """A socket thread crashed: the engine cannot serve; make the busy loop
         fail (clients then get ENGINE_CORE_DEAD, or see the process exit)."""
         logger.exception("EngineCore %s thread failed.", name)
-        self.input_queue.put_nowait((EngineCoreRequestType.EXECUTOR_FAILED,
-                                     f"EngineCore {name} thread failed"))
+        self.input_queue.put_nowait(
+            (EngineCoreRequestType.EXECUTOR_FAILED, f"EngineCore {name} thread failed")
+        )
 
-    def process_input_sockets(self, input_addresses: list[str], identity: bytes,
-                              ready_event: threading.Event) -> None:
+    def process_input_sockets(
+        self, input_addresses: list[str], identity: bytes, ready_event: threading.Event
+    ) -> None:
         """Input thread: receive, decode and queue client messages."""
         block_shutdown_signals()
         try:
@@ -301,12 +340,15 @@ class EngineCoreProc(EngineCore):
         except Exception:
             self._thread_failed("input")
 
-    def _run_input_sockets(self, input_addresses: list[str], identity: bytes,
-                           ready_event: threading.Event) -> None:
+    def _run_input_sockets(
+        self, input_addresses: list[str], identity: bytes, ready_event: threading.Event
+    ) -> None:
         decoders = (MsgpackDecoder(EngineCoreRequest), MsgpackDecoder())
         with zmq.Context() as ctx:
-            sockets = [make_zmq_socket(ctx, addr, zmq.DEALER, bind=False, identity=identity,
-                                       linger=0) for addr in input_addresses]
+            sockets = [
+                make_zmq_socket(ctx, addr, zmq.DEALER, bind=False, identity=identity, linger=0)
+                for addr in input_addresses
+            ]
             poller = zmq.Poller()
             for socket in sockets:
                 # An empty first message tells the client's ROUTER who we are.
@@ -320,8 +362,9 @@ class EngineCoreProc(EngineCore):
             for socket in sockets:
                 socket.close(linger=0)
 
-    def _handle_input_frames(self, frames: list[Any], add_decoder: MsgpackDecoder,
-                             generic_decoder: MsgpackDecoder) -> None:
+    def _handle_input_frames(
+        self, frames: list[Any], add_decoder: MsgpackDecoder, generic_decoder: MsgpackDecoder
+    ) -> None:
         """Decode one message and queue it; anything malformed is dropped."""
         try:
             request_type = EngineCoreRequestType(bytes(frames[0].buffer))
@@ -331,7 +374,8 @@ class EngineCoreProc(EngineCore):
                 try:
                     # Block hashing happens here, off the busy loop.
                     self.input_queue.put_nowait(
-                        (request_type, self.preprocess_add_request(request)))
+                        (request_type, self.preprocess_add_request(request))
+                    )
                 except Exception as e:
                     logger.error("Invalid request %s: %s", request.request_id, e)
                     self._send_request_error(request.request_id, request.client_index)
@@ -353,8 +397,10 @@ class EngineCoreProc(EngineCore):
     def _run_output_sockets(self, output_paths: list[str], engine_index: int) -> None:
         encoder = MsgpackEncoder()
         with zmq.Context() as ctx:
-            sockets = [make_zmq_socket(ctx, path, zmq.PUSH, bind=False, linger=4000)
-                       for path in output_paths]
+            sockets = [
+                make_zmq_socket(ctx, path, zmq.PUSH, bind=False, linger=4000)
+                for path in output_paths
+            ]
             # On a requested shutdown nobody waits for pending outputs: drop
             # them; the death notice is worth waiting a little for.
             linger = 0
@@ -370,8 +416,7 @@ class EngineCoreProc(EngineCore):
                         break
                     client_index, outputs = output
                     outputs.engine_index = engine_index
-                    sockets[client_index].send_multipart(_encode(encoder, outputs),
-                                                         copy=False)
+                    sockets[client_index].send_multipart(_encode(encoder, outputs), copy=False)
             finally:
                 for socket in sockets:
                     socket.close(linger=linger)
@@ -386,9 +431,20 @@ class EngineCoreProc(EngineCore):
 
 
 # Public methods of EngineCoreProc that a client must not call remotely.
-_NOT_UTILITIES = frozenset(("run_busy_loop", "run_engine_core", "process_input_sockets",
-                            "process_output_sockets", "shutdown", "step", "step_fn",
-                            "step_with_batch_queue", "add_request", "preprocess_add_request"))
+_NOT_UTILITIES = frozenset(
+    (
+        "run_busy_loop",
+        "run_engine_core",
+        "process_input_sockets",
+        "process_output_sockets",
+        "shutdown",
+        "step",
+        "step_fn",
+        "step_with_batch_queue",
+        "add_request",
+        "preprocess_add_request",
+    )
+)
 
 
 def _encode(encoder: MsgpackEncoder, outputs: EngineCoreOutputs) -> Any:
@@ -411,9 +467,14 @@ def _check_payload(request_type: EngineCoreRequestType, payload: Any) -> None:
         if not (isinstance(payload, list) and all(isinstance(r, str) for r in payload)):
             raise ValueError("ABORT carries a list of request ids")
     elif request_type == EngineCoreRequestType.UTILITY:
-        ok = (isinstance(payload, list) and len(payload) == 4
-              and isinstance(payload[0], int) and isinstance(payload[1], int)
-              and isinstance(payload[2], str) and isinstance(payload[3], list))
+        ok = (
+            isinstance(payload, list)
+            and len(payload) == 4
+            and isinstance(payload[0], int)
+            and isinstance(payload[1], int)
+            and isinstance(payload[2], str)
+            and isinstance(payload[3], list)
+        )
         if not ok:
             raise ValueError("UTILITY carries (client_index, call_id, method, args)")
     else:

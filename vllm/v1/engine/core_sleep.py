@@ -23,6 +23,7 @@ wake_up, as upstream. The front ends (LLMEngine, AsyncLLM) call
 `validate_sleep_args` / `validate_wake_up_tags` before anything is sent, so a
 bad argument is a ValueError (a 400 on the server) there.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import Future
@@ -92,16 +93,21 @@ class EngineCoreSleepMixin:
             # Woken before it fell asleep: the sleep is called off.
             _, future = self._pending_sleep
             self._pending_sleep = None
-            future.set_exception(RuntimeError("wake_up was called before the engine fell "
-                                              "asleep (sleep mode 'wait')."))
+            future.set_exception(
+                RuntimeError(
+                    "wake_up was called before the engine fell asleep (sleep mode 'wait')."
+                )
+            )
         memory_tags = None if tags is None else [t for t in tags if t != "scheduling"]
         if memory_tags is None or memory_tags:
             self.model_executor.wake_up(memory_tags)
         if self.model_executor.is_sleeping:
             # Upstream resumes anyway; a step without weights or KV cache
             # would fail, so scheduling waits for the rest of the wake-up.
-            logger.info("Still asleep: %s; scheduling resumes when they wake up.",
-                        sorted(self.model_executor.sleeping_tags))
+            logger.info(
+                "Still asleep: %s; scheduling resumes when they wake up.",
+                sorted(self.model_executor.sleeping_tags),
+            )
             return
         self._paused = False
         held, self._held_requests = self._held_requests, []
@@ -110,16 +116,14 @@ class EngineCoreSleepMixin:
         logger.info("Engine awake.")
 
     def is_sleeping(self) -> bool:
-        return (self._paused or self._pending_sleep is not None
-                or self.model_executor.is_sleeping)
+        return self._paused or self._pending_sleep is not None or self.model_executor.is_sleeping
 
     # ---- helpers ----------------------------------------------------------------------
-    def _hold_request(self, request: "Request") -> bool:
+    def _hold_request(self, request: Request) -> bool:
         """Hold a new request while a "wait" sleep is pending (True if held)."""
         if self._pending_sleep is None:
             return False
-        logger.info("Engine is going to sleep: request %s waits for wake_up.",
-                    request.request_id)
+        logger.info("Engine is going to sleep: request %s waits for wake_up.", request.request_id)
         self._held_requests.append(request)
         return True
 
@@ -128,8 +132,9 @@ class EngineCoreSleepMixin:
         self._held_requests = [r for r in self._held_requests if r.request_id not in ids]
 
     def _has_steps_left(self) -> bool:
-        return bool(self.scheduler.has_requests() or self.batch_queue
-                    or self._deferred_sampling is not None)
+        return bool(
+            self.scheduler.has_requests() or self.batch_queue or self._deferred_sampling is not None
+        )
 
     def _maybe_fall_asleep(self) -> None:
         """Mode "wait": fall asleep once the requests in flight are done."""
@@ -161,9 +166,13 @@ class EngineCoreSleepMixin:
         self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
         by_client: dict[int, list[EngineCoreOutput]] = {}
         for request in aborted:
-            by_client.setdefault(request.client_index, []).append(EngineCoreOutput(
-                request_id=request.request_id, new_token_ids=[],
-                finish_reason=FinishReason.ABORT))
+            by_client.setdefault(request.client_index, []).append(
+                EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[],
+                    finish_reason=FinishReason.ABORT,
+                )
+            )
         self._emit_outputs({i: EngineCoreOutputs(outputs=outs) for i, outs in by_client.items()})
 
     def _drain(self) -> None:
@@ -197,7 +206,7 @@ class EngineCoreSleepMixin:
         return stashed
 
 
-def validate_sleep_args(vllm_config: "VllmConfig", level: Any, mode: Any) -> None:
+def validate_sleep_args(vllm_config: VllmConfig, level: Any, mode: Any) -> None:
     """ValueError (a 400 on the server) for a sleep this engine cannot do."""
     _require_sleep_mode(vllm_config)
     if type(level) is not int or level not in SLEEP_LEVELS:
@@ -210,7 +219,7 @@ def validate_sleep_args(vllm_config: "VllmConfig", level: Any, mode: Any) -> Non
         check_sleep_supported(vllm_config, level)
 
 
-def validate_wake_up_tags(vllm_config: "VllmConfig", tags: Any) -> None:
+def validate_wake_up_tags(vllm_config: VllmConfig, tags: Any) -> None:
     _require_sleep_mode(vllm_config)
     if tags is None:
         return
@@ -221,7 +230,9 @@ def validate_wake_up_tags(vllm_config: "VllmConfig", tags: Any) -> None:
         raise ValueError(f"Unknown wake-up tags {unknown}; the tags are {list(WAKE_UP_TAGS)}.")
 
 
-def _require_sleep_mode(vllm_config: "VllmConfig") -> None:
+def _require_sleep_mode(vllm_config: VllmConfig) -> None:
     if not vllm_config.model_config.enable_sleep_mode:
-        raise ValueError("Sleep mode is not enabled: start the engine with "
-                         "enable_sleep_mode=True (--enable-sleep-mode).")
+        raise ValueError(
+            "Sleep mode is not enabled: start the engine with "
+            "enable_sleep_mode=True (--enable-sleep-mode)."
+        )

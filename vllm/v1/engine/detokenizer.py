@@ -11,6 +11,7 @@ and decides how much text a streamed (DELTA) output may show yet:
   characters are held back until the request finishes, since they may be
   the start of a stop string.
 """
+
 from __future__ import annotations
 
 import sys
@@ -19,8 +20,10 @@ from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from vllm.logger import init_logger
-from vllm.transformers_utils.detokenizer_utils import (convert_prompt_ids_to_tokens,
-                                                       detokenize_incrementally)
+from vllm.transformers_utils.detokenizer_utils import (
+    convert_prompt_ids_to_tokens,
+    detokenize_incrementally,
+)
 from vllm.v1.engine import EngineCoreRequest
 
 if TYPE_CHECKING:
@@ -55,8 +58,9 @@ class IncrementalDetokenizer:
         return ""
 
     @classmethod
-    def from_new_request(cls, tokenizer: TokenizerLike | None,
-                         request: EngineCoreRequest) -> "IncrementalDetokenizer":
+    def from_new_request(
+        cls, tokenizer: TokenizerLike | None, request: EngineCoreRequest
+    ) -> IncrementalDetokenizer:
         if tokenizer is None:
             return IncrementalDetokenizer()
         if _has_fast_backend(tokenizer):
@@ -82,8 +86,11 @@ class BaseIncrementalDetokenizer(IncrementalDetokenizer, ABC):
         self.min_tokens = params.min_tokens
         self.include_stop_str_in_output = params.include_stop_str_in_output
         # A hidden stop string may be starting in the last len-1 characters.
-        self.stop_buffer_length = (max(len(s) for s in self.stop) - 1
-                                   if self.stop and not self.include_stop_str_in_output else 0)
+        self.stop_buffer_length = (
+            max(len(s) for s in self.stop) - 1
+            if self.stop and not self.include_stop_str_in_output
+            else 0
+        )
         self._last_output_text_offset = 0
         self.output_text = ""
 
@@ -109,8 +116,12 @@ class BaseIncrementalDetokenizer(IncrementalDetokenizer, ABC):
             return None
         # Only text produced after min_tokens may complete a stop string.
         check_from = offsets[max(self.min_tokens - num_prev_tokens, 0)]
-        match = check_stop_strings(self.output_text, len(self.output_text) - check_from,
-                                   self.stop, self.include_stop_str_in_output)
+        match = check_stop_strings(
+            self.output_text,
+            len(self.output_text) - check_from,
+            self.stop,
+            self.include_stop_str_in_output,
+        )
         if match is None:
             return None
         stop_string, truncate_to = match
@@ -120,7 +131,7 @@ class BaseIncrementalDetokenizer(IncrementalDetokenizer, ABC):
         # Tokens after the one that completed the stop string are dropped
         # (several can arrive in one step, e.g. with speculative decoding).
         num_kept = bisect_left(offsets, stop_end, lo=1)
-        del self.token_ids[first_new_index + num_kept:]
+        del self.token_ids[first_new_index + num_kept :]
         if truncate_to != -1:
             self.output_text = self.output_text[:truncate_to]
         return stop_string
@@ -152,18 +163,21 @@ class FastIncrementalDetokenizer(BaseIncrementalDetokenizer):
         self.request_id = request.request_id
         self.skip_special_tokens = params.skip_special_tokens
         self.tokenizer = tokenizer._tokenizer
-        self._make_stream = lambda ids: DecodeStream(ids=ids,
-                                                     skip_special_tokens=self.skip_special_tokens)
+        self._make_stream = lambda ids: DecodeStream(
+            ids=ids, skip_special_tokens=self.skip_special_tokens
+        )
         self.stream = self._make_stream(list(request.prompt_token_ids or []))
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         # Without spaces between special tokens, consecutive added tokens are
         # emitted as their raw content (DecodeStream would insert a space).
-        self.spaces_between_special_tokens = (params.skip_special_tokens
-                                              or params.spaces_between_special_tokens)
+        self.spaces_between_special_tokens = (
+            params.skip_special_tokens or params.spaces_between_special_tokens
+        )
         self.added_token_ids: dict[int, str] = {}
         if not self.spaces_between_special_tokens:
-            self.added_token_ids = {tid: tok.content for tid, tok
-                                    in self.tokenizer.get_added_tokens_decoder().items()}
+            self.added_token_ids = {
+                tid: tok.content for tid, tok in self.tokenizer.get_added_tokens_decoder().items()
+            }
             self.spaces_between_special_tokens = not self.added_token_ids
         self.last_special = False
 
@@ -204,22 +218,29 @@ class SlowIncrementalDetokenizer(BaseIncrementalDetokenizer):
         self.spaces_between_special_tokens = params.spaces_between_special_tokens
         prompt = list(request.prompt_token_ids or [])
         self.tokens, self.prefix_offset, self.read_offset = convert_prompt_ids_to_tokens(
-            tokenizer, prompt, skip_special_tokens=self.skip_special_tokens)
+            tokenizer, prompt, skip_special_tokens=self.skip_special_tokens
+        )
         # Prompt ids plus output ids: the decode window needs the left context.
         self.all_ids = prompt
 
     def decode_next(self, next_token_id: int) -> str:
         self.all_ids.append(next_token_id)
         new_tokens, text, self.prefix_offset, self.read_offset = detokenize_incrementally(
-            self.tokenizer, self.all_ids, self.tokens, self.prefix_offset, self.read_offset,
+            self.tokenizer,
+            self.all_ids,
+            self.tokens,
+            self.prefix_offset,
+            self.read_offset,
             skip_special_tokens=self.skip_special_tokens,
-            spaces_between_special_tokens=self.spaces_between_special_tokens)
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+        )
         self.tokens.extend(new_tokens)
         return text
 
 
-def check_stop_strings(output_text: str, new_char_count: int, stop: list[str],
-                       include_in_output: bool) -> tuple[str, int] | None:
+def check_stop_strings(
+    output_text: str, new_char_count: int, stop: list[str], include_in_output: bool
+) -> tuple[str, int] | None:
     """Find a stop string completed within the last `new_char_count` characters.
 
     Returns (stop_string, truncate_to) or None. truncate_to is where the text

@@ -1,4 +1,5 @@
 """Errors the engine front ends raise (upstream: vllm/v1/engine/exceptions.py)."""
+
 from __future__ import annotations
 
 
@@ -10,8 +11,7 @@ class EngineDeadError(Exception):
     """The engine core died: every pending and future request fails with this."""
 
     def __init__(self, *args, suppress_context: bool = False, **kwargs) -> None:
-        message = ("EngineCore encountered an issue. See stack trace (above) for the "
-                   "root cause.")
+        message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
         super().__init__(message, *args, **kwargs)
         # Raised while handling a socket error: hide that (unhelpful) context.
         self.__suppress_context__ = suppress_context

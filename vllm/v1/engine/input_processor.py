@@ -13,6 +13,7 @@ constraint is compiled once here so a bad one never reaches the core. A
 request priority other than 0 is refused unless the scheduling policy is
 "priority".
 """
+
 from __future__ import annotations
 
 import time
@@ -55,29 +56,39 @@ class InputProcessor:
         """Keep the caller's id as `external_req_id` and give the request a unique
         internal id (`"{id}-{8 random chars}"`), so reused user ids cannot clash."""
         if request.external_req_id is not None:
-            raise ValueError("The external_req_id field should not be set on "
-                             "EngineCoreRequests passed to vLLM; use the request_id field.")
+            raise ValueError(
+                "The external_req_id field should not be set on "
+                "EngineCoreRequests passed to vLLM; use the request_id field."
+            )
         request.external_req_id = request.request_id
         request.request_id = f"{request.external_req_id}-{random_uuid()[:8]}"
 
-    def process_inputs(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                       arrival_time: float | None = None, lora_request: LoRARequest | None = None,
-                       tokenization_kwargs: dict[str, Any] | None = None,
-                       trace_headers: Mapping[str, str] | None = None, priority: int = 0,
-                       data_parallel_rank: int | None = None) -> EngineCoreRequest:
+    def process_inputs(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+        data_parallel_rank: int | None = None,
+    ) -> EngineCoreRequest:
         """Validate `params` and `prompt`, tokenize, and build the engine request."""
         self._validate_params(params)
         if lora_request is not None:
-            raise VLLMValidationError(f"Got lora_request {lora_request} but LoRA is not "
-                                      "enabled!")
+            raise VLLMValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!")
         if priority != 0 and self.vllm_config.scheduler_config.policy != "priority":
             # Upstream's check: under FCFS a priority would be silently ignored.
-            raise VLLMValidationError(f"Got priority {priority} but Priority scheduling is "
-                                      "not enabled.", parameter="priority")
+            raise VLLMValidationError(
+                f"Got priority {priority} but Priority scheduling is not enabled.",
+                parameter="priority",
+            )
         if data_parallel_rank is not None and not (
-                0 <= data_parallel_rank < self.vllm_config.parallel_config.data_parallel_size):
-            raise VLLMValidationError(f"data_parallel_rank {data_parallel_rank} is out of "
-                                      "range.")
+            0 <= data_parallel_rank < self.vllm_config.parallel_config.data_parallel_size
+        ):
+            raise VLLMValidationError(f"data_parallel_rank {data_parallel_rank} is out of range.")
         prompt_token_ids, cache_salt = self._tokenize(prompt, tokenization_kwargs)
         self._validate_prompt(prompt_token_ids)
         sampling_params = params.clone()
@@ -89,19 +100,27 @@ class InputProcessor:
                 raise VLLMValidationError(
                     "min_tokens must be less than or equal to max_tokens="
                     f"{sampling_params.max_tokens}, got {sampling_params.min_tokens}.",
-                    parameter="min_tokens")
-        sampling_params.update_from_generation_config(self.generation_config_fields,
-                                                      self._eos_token_id())
+                    parameter="min_tokens",
+                )
+        sampling_params.update_from_generation_config(
+            self.generation_config_fields, self._eos_token_id()
+        )
         if self.tokenizer is not None:
             sampling_params.update_from_tokenizer(self.tokenizer)
         return EngineCoreRequest(
-            request_id=request_id, prompt_token_ids=prompt_token_ids, mm_features=None,
-            sampling_params=sampling_params, pooling_params=None,
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            mm_features=None,
+            sampling_params=sampling_params,
+            pooling_params=None,
             eos_token_id=self._eos_token_id(),
             arrival_time=time.time() if arrival_time is None else arrival_time,
-            lora_request=None, cache_salt=cache_salt, data_parallel_rank=data_parallel_rank,
+            lora_request=None,
+            cache_salt=cache_salt,
+            data_parallel_rank=data_parallel_rank,
             priority=priority,
-            trace_headers=dict(trace_headers) if trace_headers is not None else None)
+            trace_headers=dict(trace_headers) if trace_headers is not None else None,
+        )
 
     # ------------------------------------------------------------------
     # Parameters
@@ -109,8 +128,10 @@ class InputProcessor:
 
     def _validate_params(self, params: Any) -> None:
         if not isinstance(params, SamplingParams):
-            raise TypeError("params must be SamplingParams (pooling is not supported yet), "
-                            f"got {type(params).__name__}")
+            raise TypeError(
+                "params must be SamplingParams (pooling is not supported yet), "
+                f"got {type(params).__name__}"
+            )
         if self.model_config.runner_type != "generate":
             raise VLLMValidationError("This model does not support generation")
         self._validate_logprobs(params)
@@ -130,33 +151,44 @@ class InputProcessor:
             if num > max_logprobs:
                 raise VLLMValidationError(
                     f"Requested {label} logprobs of {num}, which is greater than max "
-                    f"allowed: {max_logprobs}", parameter=name, value=num)
+                    f"allowed: {max_logprobs}",
+                    parameter=name,
+                    value=num,
+                )
 
     def _validate_token_id_params(self, params: SamplingParams) -> None:
         vocab_size = self.model_config.get_vocab_size()
         allowed = params.allowed_token_ids
         if allowed is not None:
             if not allowed:
-                raise VLLMValidationError("allowed_token_ids is not None and empty!",
-                                          parameter="allowed_token_ids")
+                raise VLLMValidationError(
+                    "allowed_token_ids is not None and empty!", parameter="allowed_token_ids"
+                )
             if any(not 0 <= t < vocab_size for t in allowed):
-                raise VLLMValidationError("allowed_token_ids contains out-of-vocab token id!",
-                                          parameter="allowed_token_ids")
+                raise VLLMValidationError(
+                    "allowed_token_ids contains out-of-vocab token id!",
+                    parameter="allowed_token_ids",
+                )
         if params.logit_bias:
             bad = [t for t in params.logit_bias if not 0 <= t < vocab_size]
             if bad:
                 raise VLLMValidationError(
                     f"token_id(s) {bad} in logit_bias contain out-of-vocab token ids. "
-                    f"Vocabulary size: {vocab_size}", parameter="logit_bias")
+                    f"Vocabulary size: {vocab_size}",
+                    parameter="logit_bias",
+                )
         bad_stop_ids = [t for t in params.stop_token_ids or () if not 0 <= t < vocab_size]
         if bad_stop_ids:
             raise VLLMValidationError(
                 f"token_id(s) {bad_stop_ids} in stop_token_ids contain out-of-vocab token "
-                f"ids. Vocabulary size: {vocab_size}", parameter="stop_token_ids",
-                value=bad_stop_ids)
+                f"ids. Vocabulary size: {vocab_size}",
+                parameter="stop_token_ids",
+                value=bad_stop_ids,
+            )
         if params.bad_words and self.tokenizer is None:
-            raise VLLMValidationError("bad_words needs a tokenizer (skip_tokenizer_init is "
-                                      "set).", parameter="bad_words")
+            raise VLLMValidationError(
+                "bad_words needs a tokenizer (skip_tokenizer_init is set).", parameter="bad_words"
+            )
 
     def _validate_structured_output(self, params: SamplingParams) -> None:
         """Resolve the backend and check that xgrammar can compile the
@@ -168,28 +200,38 @@ class InputProcessor:
         if self.model_config.skip_tokenizer_init or self.tokenizer is None:
             raise VLLMValidationError(
                 "Structured outputs requires a tokenizer so it can't be used with "
-                "'skip_tokenizer_init'", parameter="structured_outputs")
+                "'skip_tokenizer_init'",
+                parameter="structured_outputs",
+            )
         backend = self.vllm_config.structured_outputs_config.backend
-        if so_params._backend and so_params._backend != backend and not (
-                backend == "auto" and so_params._backend_was_auto):
+        if (
+            so_params._backend
+            and so_params._backend != backend
+            and not (backend == "auto" and so_params._backend_was_auto)
+        ):
             # Params reused after an "auto" request carry "xgrammar" and
             # `_backend_was_auto`; anything else is a per-request choice.
             raise VLLMValidationError(
                 "Request-level structured output backend selection is not supported. The "
                 f"request specified {so_params._backend!r}, but vLLM was initialised with "
                 f"{backend!r}. This error can be resolved by removing '_backend' from the "
-                "request.", parameter="structured_outputs")
+                "request.",
+                parameter="structured_outputs",
+            )
         try:
             # The config refuses these when built; a config set by hand may not be.
             verify_backend_name(backend)
         except ValueError as e:
             raise VLLMValidationError(str(e), parameter="structured_outputs") from e
         if isinstance(so_params.grammar, str) and not so_params.grammar.strip():
-            raise VLLMValidationError("structured_outputs.grammar cannot be an empty string",
-                                      parameter="structured_outputs")
+            raise VLLMValidationError(
+                "structured_outputs.grammar cannot be an empty string",
+                parameter="structured_outputs",
+            )
         # Imported here: xgrammar costs ~0.2 s of start-up, and only
         # structured-output requests need it.
         from vllm.v1.structured_output import backend_xgrammar
+
         try:
             backend_xgrammar.validate_xgrammar_grammar(params)
         except ValueError as e:
@@ -201,14 +243,17 @@ class InputProcessor:
     # Prompts
     # ------------------------------------------------------------------
 
-    def _tokenize(self, prompt: PromptType,
-                  tokenization_kwargs: dict[str, Any] | None) -> tuple[list[int], str | None]:
+    def _tokenize(
+        self, prompt: PromptType, tokenization_kwargs: dict[str, Any] | None
+    ) -> tuple[list[int], str | None]:
         """(prompt token ids, cache salt) of a str, TextPrompt or TokensPrompt."""
         if isinstance(prompt, str):
             return self._encode(prompt, tokenization_kwargs), None
         if not isinstance(prompt, dict):
-            raise TypeError("A prompt must be a str, a TextPrompt or a TokensPrompt, got "
-                            f"{type(prompt).__name__}")
+            raise TypeError(
+                "A prompt must be a str, a TextPrompt or a TokensPrompt, got "
+                f"{type(prompt).__name__}"
+            )
         if prompt.get("multi_modal_data") is not None:
             raise VLLMValidationError("Multimodal inputs are not supported yet.")
         if "prompt_embeds" in prompt:
@@ -225,8 +270,9 @@ class InputProcessor:
 
     def _encode(self, text: str, tokenization_kwargs: dict[str, Any] | None) -> list[int]:
         if self.tokenizer is None:
-            raise VLLMValidationError("Text prompts need a tokenizer; with "
-                                      "skip_tokenizer_init pass TokensPrompt instead.")
+            raise VLLMValidationError(
+                "Text prompts need a tokenizer; with skip_tokenizer_init pass TokensPrompt instead."
+            )
         return list(self.tokenizer.encode(text, **(tokenization_kwargs or {})))
 
     def _validate_prompt(self, prompt_ids: list[int]) -> None:
@@ -238,20 +284,23 @@ class InputProcessor:
             raise VLLMValidationError(
                 f"The decoder prompt (length {prompt_len}) is longer than the maximum model "
                 f"length of {max_len}. Make sure that `max_model_len` is no smaller than the "
-                "number of text tokens.")
+                "number of text tokens."
+            )
         if prompt_len == max_len and self.model_config.runner_type == "generate":
             raise VLLMValidationError(
                 f"The decoder prompt (length {prompt_len}) plus the number of requested "
                 f"output tokens (at least 1) is longer than the maximum model length of "
                 f"{max_len}. Make sure that `max_model_len` is no smaller than the number of "
-                "text tokens (prompt + requested output tokens).")
+                "text tokens (prompt + requested output tokens)."
+            )
         # The model's embedding table may be larger than the tokenizer's
         # vocabulary (padding), never smaller: it bounds what the model can read.
         vocab_size = self.model_config.get_vocab_size()
         bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
         if bad:
-            raise VLLMValidationError(f"Token id {bad[0]} is out of vocabulary "
-                                      f"(vocabulary size {vocab_size})")
+            raise VLLMValidationError(
+                f"Token id {bad[0]} is out of vocabulary (vocabulary size {vocab_size})"
+            )
 
     def _eos_token_id(self) -> int | None:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:

@@ -1,10 +1,11 @@
 """The synchronous engine behind `LLM` (upstream: vllm/v1/engine/llm_engine.py).
 
-    add_request: InputProcessor (validate, tokenize) -> OutputProcessor.add_request
-                 -> engine core
-    step:        engine core outputs -> OutputProcessor.process_outputs
-                 -> abort what stop strings finished -> RequestOutputs
+add_request: InputProcessor (validate, tokenize) -> OutputProcessor.add_request
+             -> engine core
+step:        engine core outputs -> OutputProcessor.process_outputs
+             -> abort what stop strings finished -> RequestOutputs
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -20,8 +21,8 @@ from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import cached_tokenizer_from_config
 from vllm.usage.usage_lib import UsageContext
-from vllm.v1.engine.core_sleep import validate_sleep_args, validate_wake_up_tags
 from vllm.v1.engine.core_client import EngineCoreClient
+from vllm.v1.engine.core_sleep import validate_sleep_args, validate_wake_up_tags
 from vllm.v1.engine.input_processor import InputProcessor
 from vllm.v1.engine.output_processor import OutputProcessor
 from vllm.v1.engine.parallel_sampling import ParentRequest
@@ -37,10 +38,15 @@ logger = init_logger(__name__)
 class LLMEngine:
     """Synchronous engine: requests in, `RequestOutput`s out, one `step()` at a time."""
 
-    def __init__(self, vllm_config: VllmConfig, executor_class: type["Executor"],
-                 log_stats: bool, usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
-                 stat_loggers: list[Any] | None = None,
-                 multiprocess_mode: bool = False) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        executor_class: type[Executor],
+        log_stats: bool,
+        usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
+        stat_loggers: list[Any] | None = None,
+        multiprocess_mode: bool = False,
+    ) -> None:
         if stat_loggers:
             raise NotImplementedError("Custom stat loggers are not supported yet.")
         self.vllm_config = vllm_config
@@ -48,16 +54,25 @@ class LLMEngine:
         self.cache_config = vllm_config.cache_config
         self.log_stats = log_stats
         self.usage_context = usage_context
-        tokenizer = (None if self.model_config.skip_tokenizer_init
-                     else cached_tokenizer_from_config(self.model_config))
+        tokenizer = (
+            None
+            if self.model_config.skip_tokenizer_init
+            else cached_tokenizer_from_config(self.model_config)
+        )
         self.tokenizer = tokenizer
         self.input_processor = InputProcessor(vllm_config, tokenizer)
         self.output_processor = OutputProcessor(
-            tokenizer, log_stats=log_stats,
-            stream_interval=vllm_config.scheduler_config.stream_interval)
+            tokenizer,
+            log_stats=log_stats,
+            stream_interval=vllm_config.scheduler_config.stream_interval,
+        )
         self.engine_core = EngineCoreClient.make_client(
-            multiprocess_mode=multiprocess_mode, asyncio_mode=False, vllm_config=vllm_config,
-            executor_class=executor_class, log_stats=log_stats)
+            multiprocess_mode=multiprocess_mode,
+            asyncio_mode=False,
+            vllm_config=vllm_config,
+            executor_class=executor_class,
+            log_stats=log_stats,
+        )
         self._sleeping = False
         # The in-process core's executor, for callers that reach into it (None
         # when the core runs in its own process).
@@ -65,31 +80,46 @@ class LLMEngine:
         self.model_executor = getattr(inproc_core, "model_executor", None)
 
     @classmethod
-    def from_vllm_config(cls, vllm_config: VllmConfig,
-                         usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
-                         stat_loggers: list[Any] | None = None,
-                         disable_log_stats: bool = False) -> "LLMEngine":
+    def from_vllm_config(
+        cls,
+        vllm_config: VllmConfig,
+        usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
+        stat_loggers: list[Any] | None = None,
+        disable_log_stats: bool = False,
+    ) -> LLMEngine:
         from vllm.v1.executor.abstract import Executor
 
-        return cls(vllm_config=vllm_config, executor_class=Executor.get_class(vllm_config),
-                   log_stats=not disable_log_stats, usage_context=usage_context,
-                   stat_loggers=stat_loggers,
-                   multiprocess_mode=envs.VLLM_ENABLE_V1_MULTIPROCESSING)
+        return cls(
+            vllm_config=vllm_config,
+            executor_class=Executor.get_class(vllm_config),
+            log_stats=not disable_log_stats,
+            usage_context=usage_context,
+            stat_loggers=stat_loggers,
+            multiprocess_mode=envs.VLLM_ENABLE_V1_MULTIPROCESSING,
+        )
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs,
-                         usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
-                         stat_loggers: list[Any] | None = None,
-                         enable_multiprocessing: bool = False) -> "LLMEngine":
+    def from_engine_args(
+        cls,
+        engine_args: EngineArgs,
+        usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
+        stat_loggers: list[Any] | None = None,
+        enable_multiprocessing: bool = False,
+    ) -> LLMEngine:
         """Build the config from `engine_args`, then the engine."""
         from vllm.v1.executor.abstract import Executor
 
         vllm_config = engine_args.create_engine_config(usage_context)
         if envs.VLLM_ENABLE_V1_MULTIPROCESSING:
             enable_multiprocessing = True
-        return cls(vllm_config=vllm_config, executor_class=Executor.get_class(vllm_config),
-                   log_stats=not engine_args.disable_log_stats, usage_context=usage_context,
-                   stat_loggers=stat_loggers, multiprocess_mode=enable_multiprocessing)
+        return cls(
+            vllm_config=vllm_config,
+            executor_class=Executor.get_class(vllm_config),
+            log_stats=not engine_args.disable_log_stats,
+            usage_context=usage_context,
+            stat_loggers=stat_loggers,
+            multiprocess_mode=enable_multiprocessing,
+        )
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()
@@ -97,11 +127,17 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()
 
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None, lora_request: LoRARequest | None = None,
-                    tokenization_kwargs: dict[str, Any] | None = None,
-                    trace_headers: Mapping[str, str] | None = None,
-                    priority: int = 0) -> str:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+    ) -> str:
         """Validate and submit one request; returns its internal request id.
 
         Raises ValueError (VLLMValidationError) for bad prompts or params; the
@@ -111,12 +147,17 @@ class LLMEngine:
             raise TypeError(f"request_id must be a string, got {type(request_id)}")
         if self._sleeping:
             # Nothing would be scheduled: step() would wait forever.
-            raise RuntimeError("The engine is sleeping: call wake_up() before adding "
-                               "requests.")
+            raise RuntimeError("The engine is sleeping: call wake_up() before adding requests.")
         request = self.input_processor.process_inputs(
-            request_id, prompt, params, arrival_time=arrival_time, lora_request=lora_request,
-            tokenization_kwargs=tokenization_kwargs, trace_headers=trace_headers,
-            priority=priority)
+            request_id,
+            prompt,
+            params,
+            arrival_time=arrival_time,
+            lora_request=lora_request,
+            tokenization_kwargs=tokenization_kwargs,
+            trace_headers=trace_headers,
+            priority=priority,
+        )
         self.input_processor.assign_request_id(request)
         prompt_text = prompt if isinstance(prompt, str) else prompt.get("prompt")
         # The processed copy of the params (max_tokens and stop ids filled in).
@@ -149,7 +190,8 @@ class LLMEngine:
             raise RuntimeError("The engine is sleeping: call wake_up() before step().")
         outputs = self.engine_core.get_output()
         processed = self.output_processor.process_outputs(
-            outputs.outputs, engine_core_timestamp=outputs.timestamp)
+            outputs.outputs, engine_core_timestamp=outputs.timestamp
+        )
         # Requests that stop strings finished here are still live in the core.
         self.engine_core.abort_requests(processed.reqs_to_abort)
         return processed.request_outputs
@@ -160,8 +202,13 @@ class LLMEngine:
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.engine_core.reset_prefix_cache(reset_running_requests)
 
-    def collective_rpc(self, method: str | Callable, timeout: float | None = None,
-                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+    def collective_rpc(
+        self,
+        method: str | Callable,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
         return self.engine_core.collective_rpc(method, timeout, args, kwargs)
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
@@ -172,8 +219,10 @@ class LLMEngine:
         validate_sleep_args(self.vllm_config, level, mode)
         if mode == "wait" and self.has_unfinished_requests():
             # Only step() runs them, and sleep() cannot return their outputs.
-            raise ValueError("Sleep mode 'wait' with requests in flight: step() them to "
-                             "completion first, or use mode 'abort'.")
+            raise ValueError(
+                "Sleep mode 'wait' with requests in flight: step() them to "
+                "completion first, or use mode 'abort'."
+            )
         if mode == "abort":
             self.abort_request(list(self.output_processor.request_states), internal=True)
         self.engine_core.sleep(level, mode)

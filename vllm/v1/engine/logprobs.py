@@ -1,13 +1,19 @@
 """Turning the engine's logprob arrays into per-token entries
 (upstream: vllm/v1/engine/logprobs.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vllm.logprobs import (FlatLogprobs, PromptLogprobs, SampleLogprobs,
-                           append_logprobs_for_next_position, create_prompt_logprobs,
-                           create_sample_logprobs)
+from vllm.logprobs import (
+    FlatLogprobs,
+    PromptLogprobs,
+    SampleLogprobs,
+    append_logprobs_for_next_position,
+    create_prompt_logprobs,
+    create_sample_logprobs,
+)
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest
 from vllm.v1.outputs import LogprobsLists, LogprobsTensors
 
@@ -28,20 +34,23 @@ class LogprobsProcessor:
     num_prompt_logprobs: int | None
 
     @classmethod
-    def from_new_request(cls, tokenizer: TokenizerLike | None,
-                         request: EngineCoreRequest) -> "LogprobsProcessor":
+    def from_new_request(
+        cls, tokenizer: TokenizerLike | None, request: EngineCoreRequest
+    ) -> LogprobsProcessor:
         params = request.sampling_params
         assert params is not None
         num_logprobs = params.logprobs
         num_prompt_logprobs = params.prompt_logprobs
         flat = params.flat_logprobs
-        return cls(tokenizer=tokenizer,
-                   logprobs=None if num_logprobs is None else create_sample_logprobs(flat),
-                   # The first prompt token has no logprob: it is not predicted.
-                   prompt_logprobs=(None if num_prompt_logprobs is None
-                                    else create_prompt_logprobs(flat)),
-                   cumulative_logprob=None if num_logprobs is None else 0.0,
-                   num_logprobs=num_logprobs, num_prompt_logprobs=num_prompt_logprobs)
+        return cls(
+            tokenizer=tokenizer,
+            logprobs=None if num_logprobs is None else create_sample_logprobs(flat),
+            # The first prompt token has no logprob: it is not predicted.
+            prompt_logprobs=(None if num_prompt_logprobs is None else create_prompt_logprobs(flat)),
+            cumulative_logprob=None if num_logprobs is None else 0.0,
+            num_logprobs=num_logprobs,
+            num_prompt_logprobs=num_prompt_logprobs,
+        )
 
     def update_from_output(self, output: EngineCoreOutput) -> None:
         if output.new_logprobs is not None:
@@ -51,21 +60,29 @@ class LogprobsProcessor:
 
     def _update_sample_logprobs(self, lists: LogprobsLists) -> None:
         assert self.logprobs is not None and self.num_logprobs is not None
-        for ids, values, rank in zip(lists.logprob_token_ids, lists.logprobs,
-                                     lists.sampled_token_ranks):
+        for ids, values, rank in zip(
+            lists.logprob_token_ids, lists.logprobs, lists.sampled_token_ranks
+        ):
             # Entry 0 is the sampled token; the rest are the top-k, ranked 1..k.
             self.cumulative_logprob = (self.cumulative_logprob or 0.0) + values[0]
-            append_logprobs_for_next_position(self.logprobs, ids, values,
-                                              self._decode_all(ids), rank, self.num_logprobs)
+            append_logprobs_for_next_position(
+                self.logprobs, ids, values, self._decode_all(ids), rank, self.num_logprobs
+            )
 
     def _update_prompt_logprobs(self, tensors: LogprobsTensors) -> None:
         assert self.prompt_logprobs is not None and self.num_prompt_logprobs is not None
         lists = tensors.tolists()
-        for ids, values, rank in zip(lists.logprob_token_ids, lists.logprobs,
-                                     lists.sampled_token_ranks):
-            append_logprobs_for_next_position(self.prompt_logprobs, ids, values,
-                                              self._decode_all(ids), rank,
-                                              self.num_prompt_logprobs)
+        for ids, values, rank in zip(
+            lists.logprob_token_ids, lists.logprobs, lists.sampled_token_ranks
+        ):
+            append_logprobs_for_next_position(
+                self.prompt_logprobs,
+                ids,
+                values,
+                self._decode_all(ids),
+                rank,
+                self.num_prompt_logprobs,
+            )
 
     def _decode_all(self, token_ids: list[int]) -> list[str | None]:
         if self.tokenizer is None:

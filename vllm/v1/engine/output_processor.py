@@ -7,6 +7,7 @@ outputs: detokenize, check stop strings (a stop string found here finishes
 the request, which the engine core must then be told to abort), and build
 the `RequestOutput`s.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -75,14 +76,24 @@ class OutputProcessorOutput:
 class RequestState:
     """Front-end state of one request."""
 
-    def __init__(self, request_id: str, external_req_id: str,
-                 parent_req: ParentRequest | None, request_index: int,
-                 lora_request: LoRARequest | None, output_kind: RequestOutputKind,
-                 prompt: str | None, prompt_token_ids: list[int] | None,
-                 logprobs_processor: LogprobsProcessor,
-                 detokenizer: IncrementalDetokenizer, max_tokens_param: int | None,
-                 arrival_time: float, queue: RequestOutputCollector | None, log_stats: bool,
-                 stream_interval: int) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        external_req_id: str,
+        parent_req: ParentRequest | None,
+        request_index: int,
+        lora_request: LoRARequest | None,
+        output_kind: RequestOutputKind,
+        prompt: str | None,
+        prompt_token_ids: list[int] | None,
+        logprobs_processor: LogprobsProcessor,
+        detokenizer: IncrementalDetokenizer,
+        max_tokens_param: int | None,
+        arrival_time: float,
+        queue: RequestOutputCollector | None,
+        log_stats: bool,
+        stream_interval: int,
+    ) -> None:
         self.request_id = request_id
         self.external_req_id = external_req_id
         self.parent_req = parent_req
@@ -103,28 +114,46 @@ class RequestState:
         self.sent_tokens_offset = 0  # output tokens already sent (stream_interval > 1)
 
     @classmethod
-    def from_new_request(cls, tokenizer: TokenizerLike | None, request: EngineCoreRequest,
-                         prompt: str | None,
-                         parent_req: ParentRequest | None, request_index: int,
-                         queue: RequestOutputCollector | None, log_stats: bool,
-                         stream_interval: int) -> "RequestState":
+    def from_new_request(
+        cls,
+        tokenizer: TokenizerLike | None,
+        request: EngineCoreRequest,
+        prompt: str | None,
+        parent_req: ParentRequest | None,
+        request_index: int,
+        queue: RequestOutputCollector | None,
+        log_stats: bool,
+        stream_interval: int,
+    ) -> RequestState:
         params = request.sampling_params
         if params is None:
             raise ValueError("Pooling requests are not supported yet.")
         if not params.detokenize:
             tokenizer = None
-        return cls(request_id=request.request_id,
-                   external_req_id=request.external_req_id or request.request_id,
-                   parent_req=parent_req, request_index=request_index,
-                   lora_request=request.lora_request, output_kind=params.output_kind,
-                   prompt=prompt, prompt_token_ids=request.prompt_token_ids,
-                   logprobs_processor=LogprobsProcessor.from_new_request(tokenizer, request),
-                   detokenizer=IncrementalDetokenizer.from_new_request(tokenizer, request),
-                   max_tokens_param=params.max_tokens, arrival_time=request.arrival_time,
-                   queue=queue, log_stats=log_stats, stream_interval=stream_interval)
+        return cls(
+            request_id=request.request_id,
+            external_req_id=request.external_req_id or request.request_id,
+            parent_req=parent_req,
+            request_index=request_index,
+            lora_request=request.lora_request,
+            output_kind=params.output_kind,
+            prompt=prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            logprobs_processor=LogprobsProcessor.from_new_request(tokenizer, request),
+            detokenizer=IncrementalDetokenizer.from_new_request(tokenizer, request),
+            max_tokens_param=params.max_tokens,
+            arrival_time=request.arrival_time,
+            queue=queue,
+            log_stats=log_stats,
+            stream_interval=stream_interval,
+        )
 
-    def make_request_output(self, new_token_ids: list[int], finish_reason: FinishReason | None,
-                            stop_reason: int | str | None) -> RequestOutput | None:
+    def make_request_output(
+        self,
+        new_token_ids: list[int],
+        finish_reason: FinishReason | None,
+        stop_reason: int | str | None,
+    ) -> RequestOutput | None:
         """The output to emit now, or None (FINAL_ONLY before the end, or between
         stream intervals)."""
         finished = finish_reason is not None
@@ -133,13 +162,16 @@ class RequestState:
         delta = self.output_kind == RequestOutputKind.DELTA
         if self.stream_interval > 1:
             num_out = self.detokenizer.num_output_tokens()
-            due = (finished or self.sent_tokens_offset == 0
-                   or num_out - self.sent_tokens_offset >= self.stream_interval)
+            due = (
+                finished
+                or self.sent_tokens_offset == 0
+                or num_out - self.sent_tokens_offset >= self.stream_interval
+            )
             if not due:
                 return None
             if delta:
                 # Tokens held back by the interval go out with this output.
-                new_token_ids = self.detokenizer.output_token_ids[self.sent_tokens_offset:]
+                new_token_ids = self.detokenizer.output_token_ids[self.sent_tokens_offset :]
             self.sent_tokens_offset = num_out
         completion = self._new_completion_output(new_token_ids, finish_reason, stop_reason)
         external_req_id = self.external_req_id
@@ -152,21 +184,31 @@ class RequestState:
             external_req_id = self.parent_req.external_req_id
         return self._new_request_output(external_req_id, outputs, finished)
 
-    def _new_request_output(self, external_req_id: str, outputs: list[CompletionOutput],
-                            finished: bool) -> RequestOutput:
+    def _new_request_output(
+        self, external_req_id: str, outputs: list[CompletionOutput], finished: bool
+    ) -> RequestOutput:
         if self.output_kind == RequestOutputKind.DELTA:
             prompt_logprobs = self.logprobs_processor.pop_prompt_logprobs()
         else:
             prompt_logprobs = self.logprobs_processor.prompt_logprobs
-        return RequestOutput(request_id=external_req_id, prompt=self.prompt,
-                             prompt_token_ids=self.prompt_token_ids,
-                             prompt_logprobs=prompt_logprobs, outputs=outputs,
-                             finished=finished, metrics=self.stats,
-                             lora_request=self.lora_request,
-                             num_cached_tokens=self.num_cached_tokens)
+        return RequestOutput(
+            request_id=external_req_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            prompt_logprobs=prompt_logprobs,
+            outputs=outputs,
+            finished=finished,
+            metrics=self.stats,
+            lora_request=self.lora_request,
+            num_cached_tokens=self.num_cached_tokens,
+        )
 
-    def _new_completion_output(self, token_ids: list[int], finish_reason: FinishReason | None,
-                               stop_reason: int | str | None) -> CompletionOutput:
+    def _new_completion_output(
+        self,
+        token_ids: list[int],
+        finish_reason: FinishReason | None,
+        stop_reason: int | str | None,
+    ) -> CompletionOutput:
         finished = finish_reason is not None
         delta = self.output_kind == RequestOutputKind.DELTA
         text = self.detokenizer.get_next_output_text(finished, delta)
@@ -174,19 +216,24 @@ class RequestState:
             token_ids = list(self.detokenizer.output_token_ids)
         logprobs = self.logprobs_processor.logprobs
         if delta and logprobs is not None:
-            logprobs = logprobs[len(logprobs) - len(token_ids):] if token_ids else []
-        return CompletionOutput(index=self.request_index, text=text, token_ids=list(token_ids),
-                                cumulative_logprob=self.logprobs_processor.cumulative_logprob,
-                                logprobs=logprobs,
-                                finish_reason=str(finish_reason) if finished else None,
-                                stop_reason=stop_reason if finished else None)
+            logprobs = logprobs[len(logprobs) - len(token_ids) :] if token_ids else []
+        return CompletionOutput(
+            index=self.request_index,
+            text=text,
+            token_ids=list(token_ids),
+            cumulative_logprob=self.logprobs_processor.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=str(finish_reason) if finished else None,
+            stop_reason=stop_reason if finished else None,
+        )
 
 
 class OutputProcessor:
     """Turns `EngineCoreOutput`s into `RequestOutput`s (front-end side)."""
 
-    def __init__(self, tokenizer: TokenizerLike | None, log_stats: bool,
-                 stream_interval: int = 1) -> None:
+    def __init__(
+        self, tokenizer: TokenizerLike | None, log_stats: bool, stream_interval: int = 1
+    ) -> None:
         self.tokenizer = tokenizer
         self.log_stats = log_stats
         self.stream_interval = stream_interval
@@ -209,15 +256,27 @@ class OutputProcessor:
             if state.queue is not None:
                 state.queue.put(e)
 
-    def add_request(self, request: EngineCoreRequest, prompt: str | None,
-                    parent_req: ParentRequest | None = None, request_index: int = 0,
-                    queue: RequestOutputCollector | None = None) -> None:
+    def add_request(
+        self,
+        request: EngineCoreRequest,
+        prompt: str | None,
+        parent_req: ParentRequest | None = None,
+        request_index: int = 0,
+        queue: RequestOutputCollector | None = None,
+    ) -> None:
         request_id = request.request_id
         if request_id in self.request_states:
             raise ValueError(f"Request id {request_id} already running.")
-        state = RequestState.from_new_request(self.tokenizer, request, prompt, parent_req,
-                                              request_index, queue, self.log_stats,
-                                              self.stream_interval)
+        state = RequestState.from_new_request(
+            self.tokenizer,
+            request,
+            prompt,
+            parent_req,
+            request_index,
+            queue,
+            self.log_stats,
+            self.stream_interval,
+        )
         self.request_states[request_id] = state
         self.external_req_ids[state.external_req_id].append(request_id)
         if parent_req is not None:
@@ -252,9 +311,12 @@ class OutputProcessor:
                     state.queue.put(output)
         return aborted
 
-    def process_outputs(self, engine_core_outputs: list[EngineCoreOutput],
-                        engine_core_timestamp: float | None = None,
-                        iteration_stats: Any | None = None) -> OutputProcessorOutput:
+    def process_outputs(
+        self,
+        engine_core_outputs: list[EngineCoreOutput],
+        engine_core_timestamp: float | None = None,
+        iteration_stats: Any | None = None,
+    ) -> OutputProcessorOutput:
         """Detokenize, apply stop strings and build this step's `RequestOutput`s.
 
         Outputs of requests that were already aborted are ignored. Outputs go
@@ -269,8 +331,9 @@ class OutputProcessor:
             self._update_stats(state, eco, engine_core_timestamp)
             finish_reason, stop_reason = eco.finish_reason, eco.stop_reason
             num_prev = state.detokenizer.num_output_tokens()
-            stop_string = state.detokenizer.update(eco.new_token_ids,
-                                                   finish_reason == FinishReason.STOP)
+            stop_string = state.detokenizer.update(
+                eco.new_token_ids, finish_reason == FinishReason.STOP
+            )
             new_token_ids = eco.new_token_ids
             if stop_string:
                 finish_reason, stop_reason = FinishReason.STOP, stop_string
@@ -293,11 +356,11 @@ class OutputProcessor:
                 if not eco.finished:
                     # Finished here (stop string) while the core still runs it.
                     reqs_to_abort.append(eco.request_id)
-        return OutputProcessorOutput(request_outputs=request_outputs,
-                                     reqs_to_abort=reqs_to_abort)
+        return OutputProcessorOutput(request_outputs=request_outputs, reqs_to_abort=reqs_to_abort)
 
-    def _update_stats(self, state: RequestState, eco: EngineCoreOutput,
-                      engine_core_timestamp: float | None) -> None:
+    def _update_stats(
+        self, state: RequestState, eco: EngineCoreOutput, engine_core_timestamp: float | None
+    ) -> None:
         if state.is_prefilling:
             state.num_cached_tokens = eco.num_cached_tokens
             state.is_prefilling = False
@@ -311,8 +374,9 @@ class OutputProcessor:
     def _finish_request(self, state: RequestState) -> None:
         self.request_states.pop(state.request_id, None)
         parent = state.parent_req
-        if parent is not None and not any(cid in self.request_states
-                                          for cid in parent.child_requests):
+        if parent is not None and not any(
+            cid in self.request_states for cid in parent.child_requests
+        ):
             self.parent_requests.pop(parent.request_id, None)
         ids = self.external_req_ids.get(state.external_req_id)
         if ids is not None:

@@ -12,6 +12,7 @@ them. The children's outputs are gathered back here:
   `RequestOutput` holding that one completion (its `index` tells which);
   the output is marked finished when the last child finishes.
 """
+
 from __future__ import annotations
 
 from copy import copy
@@ -34,7 +35,8 @@ class ParentRequest:
         self.child_requests: set[str] = set()
         # FINAL_ONLY: slot i receives child i's final completion.
         self.output_aggregator: list[CompletionOutput | None] = (
-            [None] * params.n if params.output_kind == RequestOutputKind.FINAL_ONLY else [])
+            [None] * params.n if params.output_kind == RequestOutputKind.FINAL_ONLY else []
+        )
         self.max_num_generation_tokens = 0
         self.cached_child_sampling_params: SamplingParams | None = None
 
@@ -62,8 +64,9 @@ class ParentRequest:
         self.child_requests.add(child_req_id)
         return child_req_id, self._get_child_sampling_params(index)
 
-    def get_outputs(self, child_request_id: str, completion_output: CompletionOutput
-                    ) -> tuple[list[CompletionOutput], bool]:
+    def get_outputs(
+        self, child_request_id: str, completion_output: CompletionOutput
+    ) -> tuple[list[CompletionOutput], bool]:
         """What to emit for this child output: (completions, parent finished).
         An empty list means emit nothing now."""
         already_returned = False
@@ -82,6 +85,5 @@ class ParentRequest:
         return outputs, not self.child_requests
 
     def observe_num_generation_tokens(self, num_generation_tokens: int) -> int:
-        self.max_num_generation_tokens = max(num_generation_tokens,
-                                             self.max_num_generation_tokens)
+        self.max_num_generation_tokens = max(num_generation_tokens, self.max_num_generation_tokens)
         return self.max_num_generation_tokens

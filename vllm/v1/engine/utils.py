@@ -20,6 +20,7 @@ Start-up, as upstream:
 Every socket is on `ipc://` (a fresh path in the temp dir) or on the loopback
 interface: nothing is ever bound to all interfaces.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -57,6 +58,7 @@ _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 # Sockets
 # ----------------------------------------------------------------------
 
+
 def get_open_zmq_ipc_path() -> str:
     """A fresh `ipc://` path in the temp dir (one per socket)."""
     return f"ipc://{tempfile.gettempdir()}/vllm-{uuid4()}"
@@ -71,16 +73,23 @@ def check_zmq_address(path: str) -> None:
     if path.startswith(("ipc://", "inproc://")):
         return
     if path.startswith("tcp://"):
-        host = path[len("tcp://"):].rsplit(":", 1)[0]
+        host = path[len("tcp://") :].rsplit(":", 1)[0]
         if host in _LOOPBACK_HOSTS:
             return
-    raise ValueError(f"Refusing ZMQ address {path!r}: only ipc://, inproc:// and loopback "
-                     "tcp:// addresses are allowed")
+    raise ValueError(
+        f"Refusing ZMQ address {path!r}: only ipc://, inproc:// and loopback "
+        "tcp:// addresses are allowed"
+    )
 
 
-def make_zmq_socket(ctx: zmq.Context | zmq.asyncio.Context, path: str, socket_type: int,
-                    bind: bool | None = None, identity: bytes | None = None,
-                    linger: int | None = None) -> zmq.Socket:
+def make_zmq_socket(
+    ctx: zmq.Context | zmq.asyncio.Context,
+    path: str,
+    socket_type: int,
+    bind: bool | None = None,
+    identity: bytes | None = None,
+    linger: int | None = None,
+) -> zmq.Socket:
     """Make a socket, bind or connect it to `path`.
 
     bind defaults to True for ROUTER and PULL (the client's ends), False otherwise.
@@ -106,8 +115,13 @@ def make_zmq_socket(ctx: zmq.Context | zmq.asyncio.Context, path: str, socket_ty
 
 
 @contextlib.contextmanager
-def zmq_socket_ctx(path: str, socket_type: int, bind: bool | None = None,
-                   linger: int = 0, identity: bytes | None = None) -> Iterator[zmq.Socket]:
+def zmq_socket_ctx(
+    path: str,
+    socket_type: int,
+    bind: bool | None = None,
+    linger: int = 0,
+    identity: bytes | None = None,
+) -> Iterator[zmq.Socket]:
     """A socket on its own context, closed (and the context terminated) on exit."""
     ctx = zmq.Context()
     try:
@@ -138,6 +152,7 @@ class EngineZmqAddresses:
 # Processes
 # ----------------------------------------------------------------------
 
+
 def block_shutdown_signals() -> None:
     """Call at the start of a helper thread: SIGTERM / SIGINT then go to the
     main thread, whose handler turns them into a clean shutdown."""
@@ -150,10 +165,8 @@ def watch_parent(death_pipe: Connection) -> None:
 
     def wait() -> None:
         block_shutdown_signals()
-        try:
+        with contextlib.suppress(EOFError, OSError):
             death_pipe.recv()
-        except (EOFError, OSError):
-            pass
         logger.info("Parent process exited; shutting down.")
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -167,9 +180,16 @@ class CoreEngineProcManager:
     sends SIGTERM, waits, then SIGKILLs whatever is left.
     """
 
-    def __init__(self, target_fn: Callable[..., None], local_engine_count: int,
-                 vllm_config: "VllmConfig", local_client: bool, handshake_address: str,
-                 executor_class: type["Executor"], log_stats: bool) -> None:
+    def __init__(
+        self,
+        target_fn: Callable[..., None],
+        local_engine_count: int,
+        vllm_config: VllmConfig,
+        local_client: bool,
+        handshake_address: str,
+        executor_class: type[Executor],
+        log_stats: bool,
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self.processes: list[BaseProcess] = []
         # The child only reads; when this process dies the pipe closes.
@@ -177,14 +197,24 @@ class CoreEngineProcManager:
         for index in range(local_engine_count):
             reader, writer = context.Pipe(duplex=False)
             self._death_writers.append(writer)
-            self.processes.append(context.Process(
-                target=target_fn, name=f"EngineCore_DP{index}",
-                kwargs=dict(vllm_config=vllm_config, local_client=local_client,
-                            handshake_address=handshake_address,
-                            executor_class=executor_class, log_stats=log_stats,
-                            dp_rank=index, death_pipe=reader)))
-        self._finalizer = weakref.finalize(self, shutdown_processes, self.processes,
-                                           self._death_writers)
+            self.processes.append(
+                context.Process(
+                    target=target_fn,
+                    name=f"EngineCore_DP{index}",
+                    kwargs=dict(
+                        vllm_config=vllm_config,
+                        local_client=local_client,
+                        handshake_address=handshake_address,
+                        executor_class=executor_class,
+                        log_stats=log_stats,
+                        dp_rank=index,
+                        death_pipe=reader,
+                    ),
+                )
+            )
+        self._finalizer = weakref.finalize(
+            self, shutdown_processes, self.processes, self._death_writers
+        )
         # multiprocessing's own exit hook joins non-daemon children; this one,
         # registered later, runs before it and stops them first.
         atexit.register(self._finalizer)
@@ -205,12 +235,12 @@ class CoreEngineProcManager:
 
     def finished_procs(self) -> dict[str, int]:
         """Name -> exit code of each engine process that has exited."""
-        return {proc.name: proc.exitcode for proc in self.processes
-                if proc.exitcode is not None}
+        return {proc.name: proc.exitcode for proc in self.processes if proc.exitcode is not None}
 
 
-def shutdown_processes(procs: list[BaseProcess], death_writers: list[Connection] = (),
-                       timeout: float = 5.0) -> None:
+def shutdown_processes(
+    procs: list[BaseProcess], death_writers: list[Connection] = (), timeout: float = 5.0
+) -> None:
     """SIGTERM, wait up to `timeout` s, then SIGKILL; reap every process."""
     procs = [proc for proc in procs if proc.pid is not None]  # skip any that never started
     for proc in procs:
@@ -221,8 +251,9 @@ def shutdown_processes(procs: list[BaseProcess], death_writers: list[Connection]
         proc.join(max(0.0, deadline - time.monotonic()))
     for proc in procs:
         if proc.is_alive():
-            logger.warning("Engine process %s did not exit in %.0fs; killing it.", proc.name,
-                           timeout)
+            logger.warning(
+                "Engine process %s did not exit in %.0fs; killing it.", proc.name, timeout
+            )
             proc.kill()
             proc.join(2.0)
     for writer in death_writers:
@@ -231,7 +262,9 @@ def shutdown_processes(procs: list[BaseProcess], death_writers: list[Connection]
 
 @contextlib.contextmanager
 def launch_core_engines(
-    vllm_config: "VllmConfig", executor_class: type["Executor"], log_stats: bool,
+    vllm_config: VllmConfig,
+    executor_class: type[Executor],
+    log_stats: bool,
 ) -> Iterator[tuple[CoreEngineProcManager, EngineZmqAddresses]]:
     """Spawn the engine core and complete its handshake.
 
@@ -241,21 +274,30 @@ def launch_core_engines(
     """
     from vllm.v1.engine.core_proc import EngineCoreProc
 
-    addresses = EngineZmqAddresses(inputs=[get_open_zmq_ipc_path()],
-                                   outputs=[get_open_zmq_ipc_path()])
+    addresses = EngineZmqAddresses(
+        inputs=[get_open_zmq_ipc_path()], outputs=[get_open_zmq_ipc_path()]
+    )
     handshake_address = get_open_zmq_ipc_path()
     with zmq_socket_ctx(handshake_address, zmq.ROUTER, bind=True) as handshake_socket:
         manager = CoreEngineProcManager(
-            EngineCoreProc.run_engine_core, local_engine_count=1, vllm_config=vllm_config,
-            local_client=True, handshake_address=handshake_address,
-            executor_class=executor_class, log_stats=log_stats)
+            EngineCoreProc.run_engine_core,
+            local_engine_count=1,
+            vllm_config=vllm_config,
+            local_client=True,
+            handshake_address=handshake_address,
+            executor_class=executor_class,
+            log_stats=log_stats,
+        )
         yield manager, addresses
         wait_for_engine_startup(handshake_socket, addresses, manager, vllm_config)
 
 
-def wait_for_engine_startup(handshake_socket: zmq.Socket, addresses: EngineZmqAddresses,
-                            proc_manager: CoreEngineProcManager,
-                            vllm_config: "VllmConfig") -> None:
+def wait_for_engine_startup(
+    handshake_socket: zmq.Socket,
+    addresses: EngineZmqAddresses,
+    proc_manager: CoreEngineProcManager,
+    vllm_config: VllmConfig,
+) -> None:
     """Answer HELLO with the addresses and wait for READY from every engine.
 
     Raises RuntimeError if an engine reports FAILED or exits, TimeoutError
@@ -270,23 +312,33 @@ def wait_for_engine_startup(handshake_socket: zmq.Socket, addresses: EngineZmqAd
     while pending:
         remaining_ms = (deadline - time.monotonic()) * 1000
         if remaining_ms <= 0:
-            raise TimeoutError("Timed out waiting for the engine core to start "
-                               f"(VLLM_ENGINE_READY_TIMEOUT_S={envs.VLLM_ENGINE_READY_TIMEOUT_S})")
+            raise TimeoutError(
+                "Timed out waiting for the engine core to start "
+                f"(VLLM_ENGINE_READY_TIMEOUT_S={envs.VLLM_ENGINE_READY_TIMEOUT_S})"
+            )
         events = dict(poller.poll(min(remaining_ms, 5000)))
         if handshake_socket in events:
             identity, data = handshake_socket.recv_multipart()
-            _handle_handshake_message(handshake_socket, identity, decode_handshake(data),
-                                      addresses, pending, vllm_config)
+            _handle_handshake_message(
+                handshake_socket, identity, decode_handshake(data), addresses, pending, vllm_config
+            )
             continue
         finished = proc_manager.finished_procs()
         if finished:
-            raise RuntimeError("Engine core initialization failed. See root cause above. "
-                               f"Failed core proc(s): {finished}")
+            raise RuntimeError(
+                "Engine core initialization failed. See root cause above. "
+                f"Failed core proc(s): {finished}"
+            )
 
 
-def _handle_handshake_message(socket: zmq.Socket, identity: bytes, msg: dict[str, Any],
-                              addresses: EngineZmqAddresses, pending: set[bytes],
-                              vllm_config: "VllmConfig") -> None:
+def _handle_handshake_message(
+    socket: zmq.Socket,
+    identity: bytes,
+    msg: dict[str, Any],
+    addresses: EngineZmqAddresses,
+    pending: set[bytes],
+    vllm_config: VllmConfig,
+) -> None:
     status = msg.get("status")
     if identity not in pending:
         raise RuntimeError(f"Unexpected handshake message from engine {identity!r}")
@@ -301,8 +353,12 @@ def _handle_handshake_message(socket: zmq.Socket, identity: bytes, msg: dict[str
         vllm_config.model_config.max_model_len = max_model_len
         vllm_config.scheduler_config.max_model_len = max_model_len
         pending.discard(identity)
-        logger.info("Engine core %d ready: %d KV-cache blocks, max_model_len %d",
-                    int.from_bytes(identity, "little"), num_gpu_blocks, max_model_len)
+        logger.info(
+            "Engine core %d ready: %d KV-cache blocks, max_model_len %d",
+            int.from_bytes(identity, "little"),
+            num_gpu_blocks,
+            max_model_len,
+        )
     elif status == "FAILED":
         raise RuntimeError(f"Engine core initialization failed: {msg.get('error')}")
     else:

@@ -3,6 +3,7 @@
 An executor owns the workers and fans calls out to them with
 `collective_rpc(method, args, kwargs)`; the engine core only talks to it.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -40,7 +41,7 @@ class Executor(ABC):
     supports_pp: bool = False
 
     @staticmethod
-    def get_class(vllm_config: "VllmConfig") -> type["Executor"]:
+    def get_class(vllm_config: VllmConfig) -> type[Executor]:
         """The executor class for `parallel_config.distributed_executor_backend`:
         an Executor subclass, "uni", a built-in name, or a qualified class name."""
         parallel_config = vllm_config.parallel_config
@@ -49,25 +50,33 @@ class Executor(ABC):
             backend = "uni" if parallel_config.world_size == 1 else "mp"
         if isinstance(backend, type):
             if not issubclass(backend, Executor):
-                raise TypeError("distributed_executor_backend must be a subclass of "
-                                f"Executor; got {backend}.")
+                raise TypeError(
+                    f"distributed_executor_backend must be a subclass of Executor; got {backend}."
+                )
             return backend
         if backend == "uni":
             if parallel_config.world_size != 1:
-                raise ValueError("The 'uni' executor runs one worker; world size is "
-                                 f"{parallel_config.world_size}.")
+                raise ValueError(
+                    "The 'uni' executor runs one worker; world size is "
+                    f"{parallel_config.world_size}."
+                )
             from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
             return UniProcExecutor
         if backend == "mp":
             from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
             return MultiprocExecutor
         if backend == "ray":
             from vllm.v1.executor.ray_executor import RayDistributedExecutor
+
             return RayDistributedExecutor
         if backend in _UNBUILT_BACKENDS:
-            raise ValueError(f"distributed_executor_backend={backend!r} needs "
-                             f"{_UNBUILT_BACKENDS[backend]}, which is not built yet; "
-                             "use 'mp', 'ray' or (world size 1) 'uni'.")
+            raise ValueError(
+                f"distributed_executor_backend={backend!r} needs "
+                f"{_UNBUILT_BACKENDS[backend]}, which is not built yet; "
+                "use 'mp', 'ray' or (world size 1) 'uni'."
+            )
         if isinstance(backend, str) and "." in backend:
             module_name, _, class_name = backend.rpartition(".")
             executor_class = getattr(importlib.import_module(module_name), class_name)
@@ -76,7 +85,7 @@ class Executor(ABC):
             return executor_class
         raise ValueError(f"Unknown distributed executor backend: {backend!r}.")
 
-    def __init__(self, vllm_config: "VllmConfig") -> None:
+    def __init__(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.cache_config = vllm_config.cache_config
@@ -97,7 +106,7 @@ class Executor(ABC):
         fail that way and ignore it."""
 
     # ---- KV cache set-up ---------------------------------------------------------
-    def initialize_from_config(self, kv_cache_configs: list["KVCacheConfig"]) -> None:
+    def initialize_from_config(self, kv_cache_configs: list[KVCacheConfig]) -> None:
         """Allocate each worker's KV cache (one config per worker), then warm up."""
         self.collective_rpc("initialize_from_config", args=(kv_cache_configs,))
         self.collective_rpc("compile_or_warm_up_model")
@@ -106,15 +115,20 @@ class Executor(ABC):
         """Bytes each worker can give to its KV cache."""
         return self.collective_rpc("determine_available_memory")
 
-    def get_kv_cache_specs(self) -> list[dict[str, "KVCacheSpec"]]:
+    def get_kv_cache_specs(self) -> list[dict[str, KVCacheSpec]]:
         """Per worker: layer name -> KV cache spec."""
         return self.collective_rpc("get_kv_cache_spec")
 
     # ---- RPC ---------------------------------------------------------------------
     @abstractmethod
-    def collective_rpc(self, method: str | Callable[..., _R], timeout: float | None = None,
-                       args: tuple = (), kwargs: dict[str, Any] | None = None,
-                       non_block: bool = False) -> list[Any] | Future[list[Any]]:
+    def collective_rpc(
+        self,
+        method: str | Callable[..., _R],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        non_block: bool = False,
+    ) -> list[Any] | Future[list[Any]]:
         """Call `method` on every worker and return their results in rank order.
 
         `method` is a worker method name, or a callable run as
@@ -135,13 +149,15 @@ class Executor(ABC):
         rank of the last pipeline stage, the one that samples."""
         return self.parallel_config.world_size - self.parallel_config.tensor_parallel_size
 
-    def execute_model(self, scheduler_output: "SchedulerOutput", non_block: bool = False
-                      ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | None | Future[ModelRunnerOutput | None]:
         """Forward pass of one step. None means: call `sample_tokens` next."""
         return self._step_rpc("execute_model", scheduler_output, non_block)
 
-    def sample_tokens(self, grammar_output: "GrammarOutput | None", non_block: bool = False
-                      ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
+    def sample_tokens(
+        self, grammar_output: GrammarOutput | None, non_block: bool = False
+    ) -> ModelRunnerOutput | None | Future[ModelRunnerOutput | None]:
         """Sample the step's tokens (with the structured-output bitmask, if any)."""
         return self._step_rpc("sample_tokens", grammar_output, non_block)
 
@@ -149,8 +165,9 @@ class Executor(ABC):
         """`method(arg)` on every worker; `output_rank`'s reply when
         `unique_reply_rpc`, else (as upstream's base) the driver's, rank 0."""
         if self.unique_reply_rpc:
-            return self.collective_rpc(method, args=(arg,), non_block=non_block,
-                                       unique_reply_rank=self.output_rank)
+            return self.collective_rpc(
+                method, args=(arg,), non_block=non_block, unique_reply_rank=self.output_rank
+            )
         return _first(self.collective_rpc(method, args=(arg,), non_block=non_block))
 
     @property
@@ -199,8 +216,11 @@ class Executor(ABC):
         start = time.perf_counter()
         self.collective_rpc("wake_up", kwargs={"tags": tags})
         self.sleeping_tags = frozenset() if tags is None else self.sleeping_tags - set(tags)
-        logger.info("It took %.6f seconds to wake up tags %s.", time.perf_counter() - start,
-                    tags if tags is not None else list(SLEEP_TAGS))
+        logger.info(
+            "It took %.6f seconds to wake up tags %s.",
+            time.perf_counter() - start,
+            tags if tags is not None else list(SLEEP_TAGS),
+        )
 
     def shutdown(self) -> None:
         """Shut the workers down."""

@@ -15,6 +15,7 @@ remaining workers and runs the failure callback (the engine core then dies
 and its clients raise EngineDeadError). Workers in turn die with their parent:
 PR_SET_PDEATHSIG on Linux plus a watcher on a pipe from the parent.
 """
+
 from __future__ import annotations
 
 import threading
@@ -55,15 +56,20 @@ class MultiprocExecutor(Executor):
         self._finalizer = weakref.finalize(self, shutdown_processes, [], [])
         try:
             self.workers = WorkerProc.start_workers(
-                self.vllm_config, self.world_size, init_method,
-                self.rpc_broadcast_mq.export_handle())
+                self.vllm_config,
+                self.world_size,
+                init_method,
+                self.rpc_broadcast_mq.export_handle(),
+            )
             self._finalizer.detach()
             self._finalizer = weakref.finalize(
-                self, shutdown_processes, [w.proc for w in self.workers],
-                [w.death_writer for w in self.workers])
+                self,
+                shutdown_processes,
+                [w.proc for w in self.workers],
+                [w.death_writer for w in self.workers],
+            )
             self.rpc_broadcast_mq.wait_until_ready(timeout=WORKER_READY_TIMEOUT_S)
-            self.response_mqs = WorkerProc.wait_for_ready(self.workers,
-                                                          WORKER_READY_TIMEOUT_S)
+            self.response_mqs = WorkerProc.wait_for_ready(self.workers, WORKER_READY_TIMEOUT_S)
         except BaseException:
             self.shutdown()
             raise
@@ -81,8 +87,10 @@ class MultiprocExecutor(Executor):
             if executor is None or executor.shutting_down:
                 return
             names = [f"{p.name} (exit code {p.exitcode})" for p in procs if p.sentinel in dead]
-            logger.error("Worker process(es) %s died unexpectedly; shutting down "
-                         "the executor.", ", ".join(names))
+            logger.error(
+                "Worker process(es) %s died unexpectedly; shutting down the executor.",
+                ", ".join(names),
+            )
             executor.is_failed = True
             executor.shutdown_event.set()  # fail every pending response wait
             executor.shutdown()
@@ -98,39 +106,49 @@ class MultiprocExecutor(Executor):
             self.failure_callback = callback
 
     # ---- RPC -------------------------------------------------------------------------
-    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
-                       args: tuple = (), kwargs: dict[str, Any] | None = None,
-                       non_block: bool = False, unique_reply_rank: int | None = None
-                       ) -> Any:
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        non_block: bool = False,
+        unique_reply_rank: int | None = None,
+    ) -> Any:
         """Run worker method `method` (a name) on every rank. Returns the
         results in rank order, or only rank `unique_reply_rank`'s result (not
         in a list) when given; a Future of that with `non_block`."""
         if not isinstance(method, str):
-            raise TypeError("MultiprocExecutor calls worker methods by name; functions "
-                            "cannot be sent to worker processes.")
+            raise TypeError(
+                "MultiprocExecutor calls worker methods by name; functions "
+                "cannot be sent to worker processes."
+            )
         if self.is_failed or self.shutting_down:
             raise RuntimeError("Executor failed." if self.is_failed else "Executor is shut down.")
         with self._rpc_lock:  # broadcast order == response order
             try:
                 # A dead worker stops reading: do not wait on it for ever.
-                self.rpc_broadcast_mq.enqueue((method, tuple(args), kwargs or {},
-                                               unique_reply_rank),
-                                              cancel=self.shutdown_event)
+                self.rpc_broadcast_mq.enqueue(
+                    (method, tuple(args), kwargs or {}, unique_reply_rank),
+                    cancel=self.shutdown_event,
+                )
             except RuntimeError as e:
                 raise RuntimeError("Executor failed: a worker process died.") from e
-            ranks = (range(self.world_size) if unique_reply_rank is None
-                     else [unique_reply_rank])
-            future = self.io_thread_pool.submit(self._get_responses, method, list(ranks),
-                                                timeout, unique_reply_rank is not None)
+            ranks = range(self.world_size) if unique_reply_rank is None else [unique_reply_rank]
+            future = self.io_thread_pool.submit(
+                self._get_responses, method, list(ranks), timeout, unique_reply_rank is not None
+            )
         return future if non_block else future.result()
 
-    def _get_responses(self, method: str, ranks: list[int], timeout: float | None,
-                       single: bool) -> Any:
+    def _get_responses(
+        self, method: str, ranks: list[int], timeout: float | None, single: bool
+    ) -> Any:
         results = []
         for rank in ranks:
             try:
                 status, result = self.response_mqs[rank].dequeue(
-                    timeout=timeout, cancel=self.shutdown_event)
+                    timeout=timeout, cancel=self.shutdown_event
+                )
             except TimeoutError as e:
                 raise TimeoutError(f"RPC call to {method} timed out.") from e
             except RuntimeError as e:
@@ -173,4 +191,3 @@ class MultiprocExecutor(Executor):
             mq.close(unlink=True)  # the workers are gone and cannot unlink them
         self.response_mqs = []
         self.rpc_broadcast_mq = None  # type: ignore[assignment]
-

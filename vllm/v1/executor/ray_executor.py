@@ -9,6 +9,7 @@ methods by name, arguments and results as msgpack, `unique_reply_rank`
 returns one rank's result. A dead actor fails the call and the executor
 (failure callback), so the engine dies instead of hanging.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -19,8 +20,13 @@ from vllm.distributed.device_communicators.rpc_codec import RpcDecoder, RpcEncod
 from vllm.distributed.utils import get_distributed_init_method, get_open_port
 from vllm.logger import init_logger
 from vllm.v1.executor.abstract import Executor
-from vllm.v1.executor.ray_utils import (RayWorkerWrapper, assert_ray_available,
-                                        initialize_ray_cluster, ray, vllm_env_vars)
+from vllm.v1.executor.ray_utils import (
+    RayWorkerWrapper,
+    assert_ray_available,
+    initialize_ray_cluster,
+    ray,
+    vllm_env_vars,
+)
 
 logger = init_logger(__name__)
 
@@ -38,7 +44,8 @@ class RayDistributedExecutor(Executor):
         self.failure_callback: Callable[[], None] | None = None
         self.workers: list[Any] = []
         self.placement_group, self._started_ray = initialize_ray_cluster(
-            self.parallel_config, self.device_config.device_type)
+            self.parallel_config, self.device_config.device_type
+        )
         self._owns_placement_group = ray.util.get_current_placement_group() is None
         self.world_size = self.parallel_config.world_size
         self._encoder, self._decoder = RpcEncoder(), RpcDecoder()
@@ -55,13 +62,20 @@ class RayDistributedExecutor(Executor):
         use_gpu = self.device_config.device_type == "cuda"
         for rank in range(self.world_size):
             strategy = PlacementGroupSchedulingStrategy(
-                placement_group=self.placement_group, placement_group_bundle_index=rank,
-                placement_group_capture_child_tasks=True)
-            actor = ray.remote(RayWorkerWrapper).options(
-                num_cpus=0 if use_gpu else 1, num_gpus=1 if use_gpu else 0,
-                scheduling_strategy=strategy,
-                runtime_env={"env_vars": vllm_env_vars()},
-            ).remote(vllm_config=self.vllm_config, rpc_rank=rank)
+                placement_group=self.placement_group,
+                placement_group_bundle_index=rank,
+                placement_group_capture_child_tasks=True,
+            )
+            actor = (
+                ray.remote(RayWorkerWrapper)
+                .options(
+                    num_cpus=0 if use_gpu else 1,
+                    num_gpus=1 if use_gpu else 0,
+                    scheduling_strategy=strategy,
+                    runtime_env={"env_vars": vllm_env_vars()},
+                )
+                .remote(vllm_config=self.vllm_config, rpc_rank=rank)
+            )
             self.workers.append(actor)
         node_ips = ray.get([w.get_node_ip.remote() for w in self.workers])
         driver_ip = ray.util.get_node_ip_address()
@@ -69,33 +83,48 @@ class RayDistributedExecutor(Executor):
         ip = "127.0.0.1" if set(node_ips) == {driver_ip} else driver_ip
         init_method = get_distributed_init_method(ip, get_open_port())
         local_ranks = [node_ips[:rank].count(node_ips[rank]) for rank in range(self.world_size)]
-        all_kwargs = [dict(local_rank=local_ranks[rank],
-                           rank=rank, distributed_init_method=init_method,
-                           is_driver_worker=rank == 0) for rank in range(self.world_size)]
+        all_kwargs = [
+            dict(
+                local_rank=local_ranks[rank],
+                rank=rank,
+                distributed_init_method=init_method,
+                is_driver_worker=rank == 0,
+            )
+            for rank in range(self.world_size)
+        ]
         self.collective_rpc("init_worker", args=(all_kwargs,))
         self.collective_rpc("init_device")
         self.collective_rpc("load_model")
 
     # ---- RPC -------------------------------------------------------------------------
-    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
-                       args: tuple = (), kwargs: dict[str, Any] | None = None,
-                       non_block: bool = False, unique_reply_rank: int | None = None
-                       ) -> Any:
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        non_block: bool = False,
+        unique_reply_rank: int | None = None,
+    ) -> Any:
         """As `MultiprocExecutor.collective_rpc`, over Ray actor calls."""
         if not isinstance(method, str):
-            raise TypeError("RayDistributedExecutor calls worker methods by name; functions "
-                            "cannot be sent to the workers.")
+            raise TypeError(
+                "RayDistributedExecutor calls worker methods by name; functions "
+                "cannot be sent to the workers."
+            )
         if self.is_failed:
             raise RuntimeError("Executor failed: a Ray worker died.")
         payload = [bytes(f) for f in self._encoder.encode((tuple(args), kwargs or {}))]
         refs = [w.execute_method.remote(method, payload) for w in self.workers]
         wanted = refs if unique_reply_rank is None else [refs[unique_reply_rank]]
-        future = self.io_thread_pool.submit(self._get_results, method, wanted, timeout,
-                                            unique_reply_rank is not None)
+        future = self.io_thread_pool.submit(
+            self._get_results, method, wanted, timeout, unique_reply_rank is not None
+        )
         return future if non_block else future.result()
 
-    def _get_results(self, method: str, refs: list[Any], timeout: float | None,
-                     single: bool) -> Any:
+    def _get_results(
+        self, method: str, refs: list[Any], timeout: float | None, single: bool
+    ) -> Any:
         try:
             frames = ray.get(refs, timeout=timeout)
         except ray.exceptions.GetTimeoutError as e:

@@ -4,6 +4,7 @@
 arrive as (method name, msgpack payload) and whose results leave as msgpack,
 so our messages never rely on pickling (Ray's own transport aside).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,6 +26,7 @@ try:
     import ray
     from ray.util import get_current_placement_group
     from ray.util.placement_group import placement_group
+
     ray_import_err: ImportError | None = None
 except ImportError as e:  # Ray is an optional dependency (extra "ray")
     ray = None  # type: ignore[assignment]
@@ -33,14 +35,13 @@ except ImportError as e:  # Ray is an optional dependency (extra "ray")
 
 def assert_ray_available() -> None:
     if ray is None:
-        raise ValueError("The Ray executor needs Ray: pip install 'vllm[ray]'.") \
-            from ray_import_err
+        raise ValueError("The Ray executor needs Ray: pip install 'vllm[ray]'.") from ray_import_err
 
 
 class RayWorkerWrapper(WorkerWrapperBase):
     """The worker of one rank inside a Ray actor."""
 
-    def __init__(self, vllm_config: "VllmConfig", rpc_rank: int = 0) -> None:
+    def __init__(self, vllm_config: VllmConfig, rpc_rank: int = 0) -> None:
         super().__init__(vllm_config, rpc_rank)
         self._encoder = RpcEncoder()
         self._decoder = RpcDecoder()
@@ -74,8 +75,9 @@ def vllm_env_vars() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
 
 
-def initialize_ray_cluster(parallel_config: "ParallelConfig", device_type: str = "cpu",
-                           ray_address: str | None = None) -> tuple["PlacementGroup", bool]:
+def initialize_ray_cluster(
+    parallel_config: ParallelConfig, device_type: str = "cpu", ray_address: str | None = None
+) -> tuple[PlacementGroup, bool]:
     """Connect to Ray (an existing cluster at `ray_address` / RAY_ADDRESS, or
     a local one started here) and get a placement group with one bundle per
     worker: the current one if this task runs in one, else a new one.
@@ -87,23 +89,27 @@ def initialize_ray_cluster(parallel_config: "ParallelConfig", device_type: str =
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
-            ray.init(num_cpus=parallel_config.world_size, include_dashboard=False,
-                     log_to_driver=False)
+            ray.init(
+                num_cpus=parallel_config.world_size, include_dashboard=False, log_to_driver=False
+            )
             started = True
     device = "GPU" if device_type == "cuda" else "CPU"
     current = get_current_placement_group()
     if current is not None:
         bundles = [b for b in current.bundle_specs if b.get(device, 0) > 0]
         if len(bundles) < parallel_config.world_size:
-            raise ValueError(f"The current placement group has {len(bundles)} {device} "
-                             f"bundles; {parallel_config.world_size} workers need one each.")
+            raise ValueError(
+                f"The current placement group has {len(bundles)} {device} "
+                f"bundles; {parallel_config.world_size} workers need one each."
+            )
         return current, started
     pg = placement_group([{device: 1.0}] * parallel_config.world_size, strategy="PACK")
     try:
         ray.get(pg.ready(), timeout=120)
     except ray.exceptions.GetTimeoutError as e:
         ray.util.remove_placement_group(pg)
-        raise ValueError(f"Ray cannot place {parallel_config.world_size} workers with one "
-                         f"{device} each; cluster resources: {ray.cluster_resources()}.") from e
+        raise ValueError(
+            f"Ray cannot place {parallel_config.world_size} workers with one "
+            f"{device} each; cluster resources: {ray.cluster_resources()}."
+        ) from e
     return pg, started
-

@@ -5,6 +5,7 @@ Calls are plain method calls on the worker; under async scheduling they run
 on one worker thread, so `execute_model(non_block=True)` returns a Future
 while the engine core goes on scheduling.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -34,18 +35,35 @@ class UniProcExecutor(Executor):
     def _init_executor(self) -> None:
         self._async = bool(self.vllm_config.scheduler_config.async_scheduling)
         # One thread: calls run in submission order, as they would on a remote worker.
-        self._thread = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-worker")
-                        if self._async else None)
+        self._thread = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-worker")
+            if self._async
+            else None
+        )
         self.driver_worker = WorkerWrapperBase(vllm_config=self.vllm_config, rpc_rank=0)
-        self.driver_worker.init_worker(all_kwargs=[dict(
-            vllm_config=self.vllm_config, local_rank=0, rank=0,
-            distributed_init_method="", is_driver_worker=True)])
+        self.driver_worker.init_worker(
+            all_kwargs=[
+                dict(
+                    vllm_config=self.vllm_config,
+                    local_rank=0,
+                    rank=0,
+                    distributed_init_method="",
+                    is_driver_worker=True,
+                )
+            ]
+        )
         self.driver_worker.init_device()
         self.driver_worker.load_model()
 
-    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
-                       args: tuple = (), kwargs: dict[str, Any] | None = None,
-                       non_block: bool = False, single_value: bool = False) -> Any:
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        non_block: bool = False,
+        single_value: bool = False,
+    ) -> Any:
         """As `Executor.collective_rpc`; with `single_value` the worker's result
         is returned as is instead of in a one-element list."""
         kwargs = kwargs or {}
@@ -66,8 +84,7 @@ class UniProcExecutor(Executor):
             future.set_result(result if single_value else [result])
         return future
 
-    def _call(self, method: str | Callable[..., Any], args: tuple,
-              kwargs: dict[str, Any]) -> Any:
+    def _call(self, method: str | Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         result = run_method(self.driver_worker, method, args, kwargs)
         if isinstance(result, AsyncModelRunnerOutput):
             # Resolve on the worker side (the worker thread when async), so the
@@ -75,15 +92,19 @@ class UniProcExecutor(Executor):
             result = result.get_output()
         return result
 
-    def execute_model(self, scheduler_output: "SchedulerOutput", non_block: bool = False
-                      ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
-        return self.collective_rpc("execute_model", args=(scheduler_output,),
-                                   non_block=non_block, single_value=True)
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, non_block: bool = False
+    ) -> ModelRunnerOutput | None | Future[ModelRunnerOutput | None]:
+        return self.collective_rpc(
+            "execute_model", args=(scheduler_output,), non_block=non_block, single_value=True
+        )
 
-    def sample_tokens(self, grammar_output: "GrammarOutput | None", non_block: bool = False
-                      ) -> "ModelRunnerOutput | None | Future[ModelRunnerOutput | None]":
-        return self.collective_rpc("sample_tokens", args=(grammar_output,),
-                                   non_block=non_block, single_value=True)
+    def sample_tokens(
+        self, grammar_output: GrammarOutput | None, non_block: bool = False
+    ) -> ModelRunnerOutput | None | Future[ModelRunnerOutput | None]:
+        return self.collective_rpc(
+            "sample_tokens", args=(grammar_output,), non_block=non_block, single_value=True
+        )
 
     def check_health(self) -> None:
         # The worker lives in this process: it is healthy as long as we run.
@@ -104,11 +125,11 @@ class UniProcExecutor(Executor):
             worker.shutdown()
 
 
-def _map_future(future: "Future[Any]", fn: Callable[[Any], Any]) -> "Future[Any]":
+def _map_future(future: Future[Any], fn: Callable[[Any], Any]) -> Future[Any]:
     """A future resolving to fn(result of `future`), or to its exception."""
     mapped: Future[Any] = Future()
 
-    def done(f: "Future[Any]") -> None:
+    def done(f: Future[Any]) -> None:
         if (e := f.exception()) is not None:
             mapped.set_exception(e)
         else:

@@ -6,6 +6,7 @@ the worker builds its `Worker`, attaches to the broadcast queue, creates its
 response queue and sends {"status": "READY", "handle": <queue handle>} (or
 "FAILED" with the error), then serves calls until told to stop or killed.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -18,7 +19,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for_connections
@@ -27,8 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from vllm.distributed.device_communicators.shm_broadcast import (Handle, MessageQueue,
-                                                                  decode_handle, encode_handle)
+from vllm.distributed.device_communicators.shm_broadcast import (
+    Handle,
+    MessageQueue,
+    decode_handle,
+    encode_handle,
+)
 from vllm.logger import init_logger
 from vllm.v1.outputs import AsyncModelRunnerOutput
 from vllm.v1.worker.worker_base import WorkerWrapperBase
@@ -58,10 +63,8 @@ def watch_parent_pipe(death_pipe: Connection) -> None:
     a collective, so this does not wait for it."""
 
     def wait() -> None:
-        try:
+        with suppress(EOFError, OSError):
             death_pipe.recv_bytes()
-        except (EOFError, OSError):
-            pass
         os._exit(1)
 
     threading.Thread(target=wait, daemon=True, name="WorkerParentWatcher").start()
@@ -69,8 +72,9 @@ def watch_parent_pipe(death_pipe: Connection) -> None:
 
 def cpu_threads_per_worker(world_size: int) -> int:
     """Intra-op threads per worker so that the workers together use each core once."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     return max(1, cores // world_size)
 
 
@@ -87,14 +91,13 @@ def _worker_env(world_size: int) -> Iterator[None]:
             os.environ.pop("OMP_NUM_THREADS", None)
 
 
-def shutdown_processes(procs: list[BaseProcess], death_writers: list[Connection],
-                       grace_s: float = 4.0) -> None:
+def shutdown_processes(
+    procs: list[BaseProcess], death_writers: list[Connection], grace_s: float = 4.0
+) -> None:
     """SIGTERM the processes, wait up to `grace_s`, SIGKILL what is left."""
     for writer in death_writers:
-        try:
+        with suppress(OSError):
             writer.close()  # the children's watchers exit on this alone
-        except OSError:
-            pass
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
@@ -123,8 +126,14 @@ class WorkerProc:
         ready_reader: Connection
         death_writer: Connection
 
-    def __init__(self, vllm_config: "VllmConfig", local_rank: int, rank: int,
-                 distributed_init_method: str, input_handle: Handle) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        local_rank: int,
+        rank: int,
+        distributed_init_method: str,
+        input_handle: Handle,
+    ) -> None:
         self.rank = rank
         # Attach to the broadcast queue first: the executor waits for every
         # reader's subscription before anything else.
@@ -133,9 +142,13 @@ class WorkerProc:
         self.worker = WorkerWrapperBase(vllm_config, rpc_rank=rank)
         world_size = vllm_config.parallel_config.world_size
         all_kwargs: list[dict[str, Any]] = [{} for _ in range(world_size)]
-        all_kwargs[rank] = dict(vllm_config=vllm_config, local_rank=local_rank, rank=rank,
-                                distributed_init_method=distributed_init_method,
-                                is_driver_worker=rank == 0)
+        all_kwargs[rank] = dict(
+            vllm_config=vllm_config,
+            local_rank=local_rank,
+            rank=rank,
+            distributed_init_method=distributed_init_method,
+            is_driver_worker=rank == 0,
+        )
         self.worker.init_worker(all_kwargs)
         self.worker.init_device()
         self.worker.load_model()
@@ -143,8 +156,9 @@ class WorkerProc:
 
     # ---- executor side ------------------------------------------------------------------
     @staticmethod
-    def start_workers(vllm_config: "VllmConfig", world_size: int, init_method: str,
-                      input_handle: Handle) -> list["WorkerProc.Handle"]:
+    def start_workers(
+        vllm_config: VllmConfig, world_size: int, init_method: str, input_handle: Handle
+    ) -> list[WorkerProc.Handle]:
         context = multiprocessing.get_context("spawn")
         handles = []
         with _worker_env(world_size):
@@ -152,11 +166,19 @@ class WorkerProc:
                 ready_reader, ready_writer = context.Pipe(duplex=False)
                 death_reader, death_writer = context.Pipe(duplex=False)
                 proc = context.Process(
-                    target=WorkerProc.worker_main, name=f"VllmWorker-{rank}", daemon=True,
-                    kwargs=dict(vllm_config=vllm_config, local_rank=rank, rank=rank,
-                                distributed_init_method=init_method,
-                                input_handle=encode_handle(input_handle),
-                                ready_pipe=ready_writer, death_pipe=death_reader))
+                    target=WorkerProc.worker_main,
+                    name=f"VllmWorker-{rank}",
+                    daemon=True,
+                    kwargs=dict(
+                        vllm_config=vllm_config,
+                        local_rank=rank,
+                        rank=rank,
+                        distributed_init_method=init_method,
+                        input_handle=encode_handle(input_handle),
+                        ready_pipe=ready_writer,
+                        death_pipe=death_reader,
+                    ),
+                )
                 proc.start()
                 ready_writer.close()
                 death_reader.close()
@@ -164,8 +186,7 @@ class WorkerProc:
         return handles
 
     @staticmethod
-    def wait_for_ready(workers: list["WorkerProc.Handle"], timeout: float
-                       ) -> list[MessageQueue]:
+    def wait_for_ready(workers: list[WorkerProc.Handle], timeout: float) -> list[MessageQueue]:
         """Each worker's response queue (reader side), in rank order."""
         pending = {w.ready_reader: w for w in workers}
         handles: dict[int, Handle] = {}
@@ -181,8 +202,7 @@ class WorkerProc:
                 except EOFError:
                     raise RuntimeError(f"Worker {worker.rank} died during start-up.") from None
                 if msg.get("status") != "READY":
-                    raise RuntimeError(f"Worker {worker.rank} failed to start: "
-                                       f"{msg.get('error')}")
+                    raise RuntimeError(f"Worker {worker.rank} failed to start: {msg.get('error')}")
                 handles[worker.rank] = decode_handle(msg["handle"])
                 conn.close()
         mqs = [MessageQueue.create_from_handle(handles[w.rank], 0) for w in workers]
@@ -192,24 +212,36 @@ class WorkerProc:
 
     # ---- worker side --------------------------------------------------------------------
     @staticmethod
-    def worker_main(*, vllm_config: "VllmConfig", local_rank: int, rank: int,
-                    distributed_init_method: str, input_handle: bytes,
-                    ready_pipe: Connection, death_pipe: Connection) -> None:
+    def worker_main(
+        *,
+        vllm_config: VllmConfig,
+        local_rank: int,
+        rank: int,
+        distributed_init_method: str,
+        input_handle: bytes,
+        ready_pipe: Connection,
+        death_pipe: Connection,
+    ) -> None:
         """Entry point of a worker process."""
         set_parent_death_signal()
         watch_parent_pipe(death_pipe)
         # SIGTERM from the executor: exit now (the main thread may be inside a collective).
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
         try:
-            proc = WorkerProc(vllm_config, local_rank, rank, distributed_init_method,
-                              decode_handle(input_handle))
-            ready_pipe.send_bytes(msgspec.msgpack.encode({
-                "status": "READY",
-                "handle": encode_handle(proc.worker_response_mq.export_handle())}))
+            proc = WorkerProc(
+                vllm_config, local_rank, rank, distributed_init_method, decode_handle(input_handle)
+            )
+            ready_pipe.send_bytes(
+                msgspec.msgpack.encode(
+                    {
+                        "status": "READY",
+                        "handle": encode_handle(proc.worker_response_mq.export_handle()),
+                    }
+                )
+            )
         except Exception as e:
             logger.exception("Worker %d failed to start.", rank)
-            ready_pipe.send_bytes(msgspec.msgpack.encode({"status": "FAILED",
-                                                          "error": repr(e)}))
+            ready_pipe.send_bytes(msgspec.msgpack.encode({"status": "FAILED", "error": repr(e)}))
             return
         finally:
             ready_pipe.close()
@@ -229,8 +261,7 @@ class WorkerProc:
                 response = (WorkerProc.ResponseStatus.SUCCESS, output)
             except Exception as e:
                 logger.exception("Worker %d: %s failed.", self.rank, method)
-                response = (WorkerProc.ResponseStatus.FAILURE,
-                            f"{e!r}\n{traceback.format_exc()}")
+                response = (WorkerProc.ResponseStatus.FAILURE, f"{e!r}\n{traceback.format_exc()}")
             if output_rank is None or output_rank == self.rank:
                 self.worker_response_mq.enqueue(response)
             if method == "shutdown":

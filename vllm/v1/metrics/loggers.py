@@ -7,6 +7,7 @@ counters) and the front end's `IterationStats` (tokens, latencies, finished
 requests). Prometheus metrics carry the labels `model_name` and `engine`;
 counters get the `_total` suffix on exposition.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,12 +24,74 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0]
-_REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+_TTFT_BUCKETS = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
+_ITL_BUCKETS = [
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+]
+_REQUEST_LATENCY_BUCKETS = [
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+]
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -48,11 +111,15 @@ class StatLoggerBase(ABC):
     """Receives the stats of every batch of outputs."""
 
     @abstractmethod
-    def record(self, scheduler_stats: SchedulerStats | None,
-               iteration_stats: IterationStats | None, engine_idx: int = 0) -> None:
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        engine_idx: int = 0,
+    ) -> None:
         """Take one batch of stats."""
 
-    def log_engine_initialized(self) -> None:
+    def log_engine_initialized(self) -> None:  # noqa: B027 - optional hook
         """Called once the engine is up."""
 
     def log(self) -> None:  # noqa: B027 - optional periodic hook
@@ -62,7 +129,7 @@ class StatLoggerBase(ABC):
 class LoggingStatLogger(StatLoggerBase):
     """Logs throughput, queue lengths and cache usage since the last `log()`."""
 
-    def __init__(self, vllm_config: "VllmConfig", engine_index: int = 0) -> None:
+    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
         self.engine_index = engine_index
         self.vllm_config = vllm_config
         self.last_scheduler_stats = SchedulerStats()
@@ -76,8 +143,12 @@ class LoggingStatLogger(StatLoggerBase):
         self.prefix_queries = 0
         self.prefix_hits = 0
 
-    def record(self, scheduler_stats: SchedulerStats | None,
-               iteration_stats: IterationStats | None, engine_idx: int = 0) -> None:
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        engine_idx: int = 0,
+    ) -> None:
         if iteration_stats is not None:
             self.num_prompt_tokens += iteration_stats.num_prompt_tokens
             self.num_generation_tokens += iteration_stats.num_generation_tokens
@@ -94,15 +165,23 @@ class LoggingStatLogger(StatLoggerBase):
         logger.info(
             "Engine %03d: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: "
             "%.1f tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, "
-            "Prefix cache hit rate: %.1f%%", self.engine_index,
-            self.num_prompt_tokens / elapsed, self.num_generation_tokens / elapsed,
-            stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage * 100,
-            hit_rate * 100)
+            "Prefix cache hit rate: %.1f%%",
+            self.engine_index,
+            self.num_prompt_tokens / elapsed,
+            self.num_generation_tokens / elapsed,
+            stats.num_running_reqs,
+            stats.num_waiting_reqs,
+            stats.kv_cache_usage * 100,
+            hit_rate * 100,
+        )
         self._reset(now)
 
     def log_engine_initialized(self) -> None:
-        logger.info("Engine %03d: %s KV-cache blocks", self.engine_index,
-                    self.vllm_config.cache_config.num_gpu_blocks)
+        logger.info(
+            "Engine %03d: %s KV-cache blocks",
+            self.engine_index,
+            self.vllm_config.cache_config.num_gpu_blocks,
+        )
 
 
 def unregister_vllm_metrics() -> None:
@@ -118,7 +197,7 @@ def unregister_vllm_metrics() -> None:
 class PrometheusStatLogger(StatLoggerBase):
     """Upstream's `vllm:*` metrics in the default Prometheus registry."""
 
-    def __init__(self, vllm_config: "VllmConfig", engine_index: int = 0) -> None:
+    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
         unregister_vllm_metrics()
         model_config = vllm_config.model_config
         served = model_config.served_model_name
@@ -131,76 +210,111 @@ class PrometheusStatLogger(StatLoggerBase):
 
     def _make_gauges(self, names: list[str], labels: dict[str, str]) -> None:
         def gauge(name: str, doc: str) -> prometheus_client.Gauge:
-            return prometheus_client.Gauge(name, doc, names,
-                                           multiprocess_mode="mostrecent").labels(**labels)
+            return prometheus_client.Gauge(name, doc, names, multiprocess_mode="mostrecent").labels(
+                **labels
+            )
 
-        self.gauge_scheduler_running = gauge("vllm:num_requests_running",
-                                             "Number of requests in model execution batches.")
-        self.gauge_scheduler_waiting = gauge("vllm:num_requests_waiting",
-                                             "Number of requests waiting to be processed.")
-        self.gauge_kv_cache_usage = gauge("vllm:kv_cache_usage_perc",
-                                          "KV-cache usage. 1 means 100 percent usage.")
+        self.gauge_scheduler_running = gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
+        )
+        self.gauge_scheduler_waiting = gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+        )
+        self.gauge_kv_cache_usage = gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        )
 
     def _make_counters(self, names: list[str], labels: dict[str, str]) -> None:
         def counter(name: str, doc: str) -> prometheus_client.Counter:
             return prometheus_client.Counter(name, doc, names).labels(**labels)
 
         self.counter_num_preempted_reqs = counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+        )
         self.counter_prefix_cache_queries = counter(
             "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.")
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
         self.counter_prefix_cache_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self.counter_prompt_tokens = counter("vllm:prompt_tokens",
-                                             "Number of prefill tokens processed.")
-        self.counter_generation_tokens = counter("vllm:generation_tokens",
-                                                 "Number of generation tokens processed.")
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
+        self.counter_prompt_tokens = counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed."
+        )
+        self.counter_generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        )
         request_success = prometheus_client.Counter(
-            "vllm:request_success", "Count of successfully processed requests.",
-            [*names, "finished_reason"])
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*names, "finished_reason"],
+        )
         self.counter_request_success = {
             reason: request_success.labels(**labels, finished_reason=reason)
-            for reason in ("stop", "length", "abort", "error", "repetition")}
+            for reason in ("stop", "length", "abort", "error", "repetition")
+        }
 
-    def _make_histograms(self, names: list[str], labels: dict[str, str],
-                         max_model_len: int) -> None:
+    def _make_histograms(
+        self, names: list[str], labels: dict[str, str], max_model_len: int
+    ) -> None:
         def histogram(name: str, doc: str, buckets: list[float]) -> prometheus_client.Histogram:
-            return prometheus_client.Histogram(name, doc, names,
-                                               buckets=buckets).labels(**labels)
+            return prometheus_client.Histogram(name, doc, names, buckets=buckets).labels(**labels)
 
         tokens = build_1_2_5_buckets(max_model_len)
         self.histogram_num_prompt_tokens = histogram(
-            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens
+        )
         self.histogram_num_generation_tokens = histogram(
-            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens
+        )
         self.histogram_max_tokens = histogram(
-            "vllm:request_params_max_tokens", "The max_tokens request parameter.", tokens)
+            "vllm:request_params_max_tokens", "The max_tokens request parameter.", tokens
+        )
         self.histogram_iteration_tokens = histogram(
-            "vllm:iteration_tokens_total", "Number of tokens per engine_step.",
-            [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384])
-        self.histogram_ttft = histogram("vllm:time_to_first_token_seconds",
-                                        "Histogram of time to first token in seconds.",
-                                        _TTFT_BUCKETS)
-        self.histogram_itl = histogram("vllm:inter_token_latency_seconds",
-                                       "Histogram of inter-token latency in seconds.",
-                                       _ITL_BUCKETS)
-        self.histogram_tpot = histogram("vllm:request_time_per_output_token_seconds",
-                                        "Histogram of time_per_output_token_seconds per "
-                                        "request.", _ITL_BUCKETS)
-        self.histogram_e2e = histogram("vllm:e2e_request_latency_seconds",
-                                       "Histogram of e2e request latency in seconds.",
-                                       _REQUEST_LATENCY_BUCKETS)
+            "vllm:iteration_tokens_total",
+            "Number of tokens per engine_step.",
+            [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384],
+        )
+        self.histogram_ttft = histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            _TTFT_BUCKETS,
+        )
+        self.histogram_itl = histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            _ITL_BUCKETS,
+        )
+        self.histogram_tpot = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            _ITL_BUCKETS,
+        )
+        self.histogram_e2e = histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            _REQUEST_LATENCY_BUCKETS,
+        )
         phases = {}
-        for phase, doc in (("queue", "in WAITING phase"), ("inference", "in RUNNING phase"),
-                           ("prefill", "in PREFILL phase"), ("decode", "in DECODE phase")):
-            phases[phase] = histogram(f"vllm:request_{phase}_time_seconds",
-                                      f"Histogram of time spent {doc} for request.",
-                                      _REQUEST_LATENCY_BUCKETS)
+        for phase, doc in (
+            ("queue", "in WAITING phase"),
+            ("inference", "in RUNNING phase"),
+            ("prefill", "in PREFILL phase"),
+            ("decode", "in DECODE phase"),
+        ):
+            phases[phase] = histogram(
+                f"vllm:request_{phase}_time_seconds",
+                f"Histogram of time spent {doc} for request.",
+                _REQUEST_LATENCY_BUCKETS,
+            )
         self.histogram_phase = phases
 
-    def record(self, scheduler_stats: SchedulerStats | None,
-               iteration_stats: IterationStats | None, engine_idx: int = 0) -> None:
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        engine_idx: int = 0,
+    ) -> None:
         if scheduler_stats is not None:
             self.gauge_scheduler_running.set(scheduler_stats.num_running_reqs)
             self.gauge_scheduler_waiting.set(scheduler_stats.num_waiting_reqs)
@@ -214,8 +328,9 @@ class PrometheusStatLogger(StatLoggerBase):
         self.counter_num_preempted_reqs.inc(stats.num_preempted_reqs)
         self.counter_prompt_tokens.inc(stats.num_prompt_tokens)
         self.counter_generation_tokens.inc(stats.num_generation_tokens)
-        self.histogram_iteration_tokens.observe(stats.num_prompt_tokens
-                                                + stats.num_generation_tokens)
+        self.histogram_iteration_tokens.observe(
+            stats.num_prompt_tokens + stats.num_generation_tokens
+        )
         for ttft in stats.time_to_first_tokens_iter:
             self.histogram_ttft.observe(ttft)
         for itl in stats.inter_token_latencies_iter:
@@ -239,9 +354,13 @@ class PrometheusStatLogger(StatLoggerBase):
 class StatLoggerManager:
     """Fans the stats out to the loggers of one engine."""
 
-    def __init__(self, vllm_config: "VllmConfig", engine_idxs: list[int] | None = None,
-                 custom_stat_loggers: list[type[StatLoggerBase]] | None = None,
-                 enable_default_loggers: bool = True) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        engine_idxs: list[int] | None = None,
+        custom_stat_loggers: list[type[StatLoggerBase]] | None = None,
+        enable_default_loggers: bool = True,
+    ) -> None:
         engine_idx = (engine_idxs or [0])[0]
         self.stat_loggers: list[StatLoggerBase] = []
         if enable_default_loggers:
@@ -250,8 +369,12 @@ class StatLoggerManager:
         for logger_cls in custom_stat_loggers or []:
             self.stat_loggers.append(logger_cls(vllm_config, engine_idx))  # type: ignore[call-arg]
 
-    def record(self, scheduler_stats: SchedulerStats | None,
-               iteration_stats: IterationStats | None, engine_idx: int = 0) -> None:
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        engine_idx: int = 0,
+    ) -> None:
         for stat_logger in self.stat_loggers:
             stat_logger.record(scheduler_stats, iteration_stats, engine_idx)
 

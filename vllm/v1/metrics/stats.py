@@ -168,9 +168,14 @@ class IterationStats:
         """Seconds from `start` (wall-clock) to this iteration."""
         return self.iteration_timestamp - start
 
-    def update_from_output(self, output: Any, engine_core_timestamp: float,
-                           is_prefilling: bool, prompt_len: int,
-                           req_stats: RequestStateStats) -> None:
+    def update_from_output(
+        self,
+        output: Any,
+        engine_core_timestamp: float,
+        is_prefilling: bool,
+        prompt_len: int,
+        req_stats: RequestStateStats,
+    ) -> None:
         """Count one `EngineCoreOutput` of a live request."""
         num_new_generation_tokens = len(output.new_token_ids)
         self.num_generation_tokens += num_new_generation_tokens
@@ -185,8 +190,7 @@ class IterationStats:
         if is_prefilling:
             req_stats.first_token_ts = engine_core_timestamp
         else:
-            self.inter_token_latencies_iter.append(engine_core_timestamp
-                                                   - req_stats.last_token_ts)
+            self.inter_token_latencies_iter.append(engine_core_timestamp - req_stats.last_token_ts)
         req_stats.last_token_ts = engine_core_timestamp
 
     def update_from_events(self, events: list[Any], req_stats: RequestStateStats) -> None:
@@ -201,10 +205,14 @@ class IterationStats:
             elif event.type == EngineCoreEventType.PREEMPTED:
                 self.num_preempted_reqs += 1
 
-    def update_from_finished_request(self, finish_reason: Any, num_prompt_tokens: int,
-                                     max_tokens_param: int | None,
-                                     req_stats: RequestStateStats,
-                                     num_cached_tokens: int = 0) -> None:
+    def update_from_finished_request(
+        self,
+        finish_reason: Any,
+        num_prompt_tokens: int,
+        max_tokens_param: int | None,
+        req_stats: RequestStateStats,
+        num_cached_tokens: int = 0,
+    ) -> None:
         e2e_latency = self._time_since(req_stats.arrival_time)
         # Queued: first QUEUED -> first SCHEDULED; prefill: first SCHEDULED ->
         # first token; decode: first -> last token; inference: prefill + decode.
@@ -213,13 +221,20 @@ class IterationStats:
         decode_time = max(req_stats.last_token_ts - req_stats.first_token_ts, 0.0)
         inference_time = max(req_stats.last_token_ts - req_stats.scheduled_ts, 0.0)
         num_decode_tokens = req_stats.num_generation_tokens - 1
-        self.finished_requests.append(FinishedRequestStats(
-            finish_reason=finish_reason, e2e_latency=e2e_latency,
-            num_prompt_tokens=num_prompt_tokens,
-            num_generation_tokens=req_stats.num_generation_tokens,
-            max_tokens_param=max_tokens_param, queued_time=queued_time,
-            prefill_time=prefill_time, inference_time=inference_time,
-            decode_time=decode_time,
-            mean_time_per_output_token=(decode_time / num_decode_tokens
-                                        if num_decode_tokens > 0 else 0.0),
-            num_cached_tokens=num_cached_tokens))
+        self.finished_requests.append(
+            FinishedRequestStats(
+                finish_reason=finish_reason,
+                e2e_latency=e2e_latency,
+                num_prompt_tokens=num_prompt_tokens,
+                num_generation_tokens=req_stats.num_generation_tokens,
+                max_tokens_param=max_tokens_param,
+                queued_time=queued_time,
+                prefill_time=prefill_time,
+                inference_time=inference_time,
+                decode_time=decode_time,
+                mean_time_per_output_token=(
+                    decode_time / num_decode_tokens if num_decode_tokens > 0 else 0.0
+                ),
+                num_cached_tokens=num_cached_tokens,
+            )
+        )

@@ -5,6 +5,7 @@ the view of those rows that `Sampler.forward` reads. Tensors are indexed by the
 batch row and have `num_reqs` rows. A tensor is None when no request in the
 batch needs it, which is what lets the sampler skip whole stages.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -15,6 +15,7 @@ Every stage is one batched op over the rows (the only Python loops are over
 the seeded rows' generators and over the bad words of the rows that have
 some, never over the vocabulary).
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,13 +45,13 @@ class Sampler(nn.Module):
     def __init__(self, logprobs_mode: str = "raw_logprobs") -> None:
         super().__init__()
         if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"Unknown logprobs_mode {logprobs_mode!r}; "
-                             f"expected one of {LOGPROBS_MODES}.")
+            raise ValueError(
+                f"Unknown logprobs_mode {logprobs_mode!r}; expected one of {LOGPROBS_MODES}."
+            )
         self.logprobs_mode = logprobs_mode
         self.topk_topp_sampler = TopKTopPSampler(logprobs_mode)
 
-    def forward(self, logits: torch.Tensor,
-                sampling_metadata: SamplingMetadata) -> SamplerOutput:
+    def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
         num_logprobs = sampling_metadata.max_num_logprobs
         raw_logprobs: torch.Tensor | None = None
         if num_logprobs is not None:
@@ -73,30 +74,34 @@ class Sampler(nn.Module):
         sampled = sampled.to(torch.int32).unsqueeze(-1)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs_tensors)
 
-    def apply_logits_processors(self, logits: torch.Tensor,
-                                sampling_metadata: SamplingMetadata) -> torch.Tensor:
+    def apply_logits_processors(
+        self, logits: torch.Tensor, sampling_metadata: SamplingMetadata
+    ) -> torch.Tensor:
         """The edits that can change the argmax, applied to every row (greedy
         ones included). logits: [num_reqs, vocab] float32, edited in place."""
         if sampling_metadata.allowed_token_ids_mask is not None:
             logits.masked_fill_(sampling_metadata.allowed_token_ids_mask, float("-inf"))
         if sampling_metadata.bad_words_token_ids:
-            apply_bad_words(logits, sampling_metadata.bad_words_token_ids,
-                            sampling_metadata.output_token_ids)
+            apply_bad_words(
+                logits, sampling_metadata.bad_words_token_ids, sampling_metadata.output_token_ids
+            )
         for processor in sampling_metadata.logitsprocs.non_argmax_invariant:
             logits = processor.apply(logits)
         return self.apply_penalties(logits, sampling_metadata)
 
     @staticmethod
-    def apply_penalties(logits: torch.Tensor,
-                        sampling_metadata: SamplingMetadata) -> torch.Tensor:
+    def apply_penalties(logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> torch.Tensor:
         if sampling_metadata.no_penalties:
             return logits
         assert sampling_metadata.prompt_token_ids is not None
-        return apply_all_penalties(logits, sampling_metadata.prompt_token_ids,
-                                   sampling_metadata.presence_penalties,
-                                   sampling_metadata.frequency_penalties,
-                                   sampling_metadata.repetition_penalties,
-                                   sampling_metadata.output_token_ids)
+        return apply_all_penalties(
+            logits,
+            sampling_metadata.prompt_token_ids,
+            sampling_metadata.presence_penalties,
+            sampling_metadata.frequency_penalties,
+            sampling_metadata.repetition_penalties,
+            sampling_metadata.output_token_ids,
+        )
 
     def sample(
         self,
@@ -126,8 +131,8 @@ class Sampler(nn.Module):
         if sampling_metadata.min_p is not None:
             logits = self.apply_min_p(logits, sampling_metadata.min_p)
         random_sampled, processed = self.topk_topp_sampler(
-            logits, sampling_metadata.generators, sampling_metadata.top_k,
-            sampling_metadata.top_p)
+            logits, sampling_metadata.generators, sampling_metadata.top_k, sampling_metadata.top_p
+        )
         if greedy_sampled is None:
             return random_sampled, processed
         sampled = torch.where(temperature < _SAMPLING_EPS, greedy_sampled, random_sampled)
@@ -138,8 +143,9 @@ class Sampler(nn.Module):
         return logits.argmax(dim=-1).view(-1)
 
     @staticmethod
-    def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor,
-                          all_random: bool) -> torch.Tensor:
+    def apply_temperature(
+        logits: torch.Tensor, temperature: torch.Tensor, all_random: bool
+    ) -> torch.Tensor:
         """Divide each row by its temperature, in place. Greedy rows of a mixed
         batch divide by 1 instead (their random draw is discarded anyway)."""
         if not all_random:
@@ -159,8 +165,9 @@ class Sampler(nn.Module):
         return logits.log_softmax(dim=-1, dtype=torch.float32)
 
     @staticmethod
-    def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int,
-                        token_ids: torch.Tensor) -> LogprobsTensors:
+    def gather_logprobs(
+        logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor
+    ) -> LogprobsTensors:
         """The sampled token's logprob and rank, then the row's top `num_logprobs`.
 
         logprobs: [n, vocab] float32; token_ids: [n] int64.

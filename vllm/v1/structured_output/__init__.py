@@ -6,6 +6,7 @@ compile in a small thread pool, so a slow compilation never blocks the
 engine loop; the scheduler leaves a request waiting until its grammar is
 ready (or failed: `compile_error`).
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,7 @@ import numpy as np
 import torch
 
 from vllm.logger import init_logger
-from vllm.v1.structured_output.backend_types import (StructuredOutputBackend,
-                                                     StructuredOutputGrammar)
+from vllm.v1.structured_output.backend_types import StructuredOutputBackend, StructuredOutputGrammar
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -35,7 +35,7 @@ class StructuredOutputManager:
     """Engine-side structured output state: the backend (built on first use),
     the compile thread pool and the bitmask buffer."""
 
-    def __init__(self, vllm_config: "VllmConfig") -> None:
+    def __init__(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
         self.backend: StructuredOutputBackend | None = None
         self._tokenizer: TokenizerLike | None = None
@@ -49,9 +49,12 @@ class StructuredOutputManager:
         if self._tokenizer is None:
             model_config = self.vllm_config.model_config
             if model_config is None or model_config.skip_tokenizer_init:
-                raise ValueError("Structured outputs need a tokenizer; they are not "
-                                 "supported with skip_tokenizer_init=True.")
+                raise ValueError(
+                    "Structured outputs need a tokenizer; they are not "
+                    "supported with skip_tokenizer_init=True."
+                )
             from vllm.transformers_utils.tokenizer import cached_tokenizer_from_config
+
             self._tokenizer = cached_tokenizer_from_config(model_config)
         return self._tokenizer
 
@@ -59,23 +62,25 @@ class StructuredOutputManager:
     def executor(self) -> ThreadPoolExecutor:
         if self._executor is None:
             workers = max(1, min(_MAX_COMPILE_WORKERS, (os.cpu_count() or 1) // 2))
-            self._executor = ThreadPoolExecutor(max_workers=workers,
-                                                thread_name_prefix="grammar-compile")
+            self._executor = ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="grammar-compile"
+            )
         return self._executor
 
     def _init_backend(self, backend_name: str | None) -> StructuredOutputBackend:
         from vllm.config.structured_outputs import verify_backend_name
+
         name = backend_name or self.vllm_config.structured_outputs_config.backend
         verify_backend_name(name)
         # Every built name ("auto", "xgrammar") resolves to xgrammar.
         from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+
         assert self.vllm_config.model_config is not None
         vocab_size = self.vllm_config.model_config.get_vocab_size()
-        return XgrammarBackend(self.vllm_config, tokenizer=self.tokenizer,
-                               vocab_size=vocab_size)
+        return XgrammarBackend(self.vllm_config, tokenizer=self.tokenizer, vocab_size=vocab_size)
 
     # ---- per request --------------------------------------------------------------------
-    def grammar_init(self, request: "Request") -> None:
+    def grammar_init(self, request: Request) -> None:
         """Start compiling the request's grammar in the thread pool."""
         so_request = request.structured_output_request
         if so_request is None:
@@ -89,35 +94,37 @@ class StructuredOutputManager:
             return
         so_request.grammar = self.executor.submit(self._create_grammar, request)
 
-    def _create_grammar(self, request: "Request") -> StructuredOutputGrammar:
+    def _create_grammar(self, request: Request) -> StructuredOutputGrammar:
         so_request = request.structured_output_request
         assert so_request is not None and self.backend is not None
         request_type, grammar_spec = so_request.structured_output_key
-        return self.backend.compile_grammar(request_type, grammar_spec,
-                                            params=so_request.params)
+        return self.backend.compile_grammar(request_type, grammar_spec, params=so_request.params)
 
-    def should_advance(self, request: "Request") -> bool:
+    def should_advance(self, request: Request) -> bool:
         """Whether the request's new tokens must be fed to its grammar."""
         so_request = request.structured_output_request
         return so_request is not None and so_request.grammar is not None
 
-    def should_fill_bitmask(self, request: "Request") -> bool:
+    def should_fill_bitmask(self, request: Request) -> bool:
         """Whether the request's logits are constrained this step."""
         return request.structured_output_request is not None
 
     # ---- per step -----------------------------------------------------------------------
-    def grammar_bitmask(self, requests: dict[str, "Request"],
-                        structured_output_request_ids: list[str],
-                        scheduled_spec_decode_tokens: dict[str, list[int]],
-                        ) -> np.ndarray | None:
+    def grammar_bitmask(
+        self,
+        requests: dict[str, Request],
+        structured_output_request_ids: list[str],
+        scheduled_spec_decode_tokens: dict[str, list[int]],
+    ) -> np.ndarray | None:
         """int32 [rows, ceil(vocab / 32)]: one row per position to sample of
         each id in order (1 + its spec tokens; spec decode is not built, so
         one row each). None when there is nothing to constrain."""
         if not structured_output_request_ids:
             return None
         assert self.backend is not None, "grammar_bitmask before any grammar_init"
-        rows = sum(1 + len(scheduled_spec_decode_tokens.get(r, ()))
-                   for r in structured_output_request_ids)
+        rows = sum(
+            1 + len(scheduled_spec_decode_tokens.get(r, ())) for r in structured_output_request_ids
+        )
         max_rows = self.vllm_config.scheduler_config.max_num_seqs
         if self._grammar_bitmask is None or self._grammar_bitmask.shape[0] < rows:
             self._grammar_bitmask = self.backend.allocate_token_bitmask(max(rows, max_rows))
@@ -134,8 +141,11 @@ class StructuredOutputManager:
                 if apply:
                     assert grammar is not None
                     grammar.fill_bitmask(bitmask, index)
-                    if (token is not None and not grammar.is_terminated()
-                            and grammar.accept_tokens(req_id, [token])):
+                    if (
+                        token is not None
+                        and not grammar.is_terminated()
+                        and grammar.accept_tokens(req_id, [token])
+                    ):
                         advanced += 1
                 else:
                     bitmask[index].fill_(-1)  # all allowed

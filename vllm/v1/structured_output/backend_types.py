@@ -1,5 +1,6 @@
 """The interface between the structured output manager and a grammar backend
 (upstream: vllm/v1/structured_output/backend_types.py)."""
+
 from __future__ import annotations
 
 import enum
@@ -8,10 +9,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from vllm.config import VllmConfig
     from vllm.sampling_params import StructuredOutputsParams
     from vllm.tokenizers import TokenizerLike
-    import torch
 
 
 class StructuredOutputOptions(enum.Enum):
@@ -47,7 +49,7 @@ class StructuredOutputGrammar(ABC):
         """Undo the last `num_tokens` accepted tokens."""
 
     @abstractmethod
-    def fill_bitmask(self, bitmask: "torch.Tensor", idx: int) -> None:
+    def fill_bitmask(self, bitmask: torch.Tensor, idx: int) -> None:
         """Write the allowed next tokens into row `idx` of `bitmask`."""
 
     @abstractmethod
@@ -63,21 +65,25 @@ class StructuredOutputGrammar(ABC):
 class StructuredOutputBackend(ABC):
     """Compiles constraints into grammars for one tokenizer."""
 
-    vllm_config: "VllmConfig"
+    vllm_config: VllmConfig
     tokenizer: TokenizerLike
     # The model's logits width: the bitmask's vocabulary.
     vocab_size: int
 
     @abstractmethod
-    def compile_grammar(self, request_type: StructuredOutputOptions, grammar_spec: str,
-                        *, params: "StructuredOutputsParams | None" = None,
-                        ) -> StructuredOutputGrammar:
+    def compile_grammar(
+        self,
+        request_type: StructuredOutputOptions,
+        grammar_spec: str,
+        *,
+        params: StructuredOutputsParams | None = None,
+    ) -> StructuredOutputGrammar:
         """A fresh matcher for the constraint (ValueError when it does not
         compile). `params` carries the request's formatting options
         (whitespace, additional properties)."""
 
     @abstractmethod
-    def allocate_token_bitmask(self, max_num_seqs: int) -> "torch.Tensor":
+    def allocate_token_bitmask(self, max_num_seqs: int) -> torch.Tensor:
         """An int32 [max_num_seqs, ceil(vocab_size / 32)] bitmask buffer."""
 
     @abstractmethod

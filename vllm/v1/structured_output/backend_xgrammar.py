@@ -5,6 +5,7 @@ xgrammar compiles a constraint against the tokenizer's vocabulary once
 (cached, bounded) and a GrammarMatcher per request walks it token by token,
 writing the allowed next tokens as a bitmask (int32 words, bit j = token j).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,11 @@ import xgrammar as xgr
 
 from vllm.logger import init_logger
 from vllm.utils.json_schema import check_json_schema_depth
-from vllm.v1.structured_output.backend_types import (StructuredOutputBackend,
-                                                     StructuredOutputGrammar,
-                                                     StructuredOutputOptions)
+from vllm.v1.structured_output.backend_types import (
+    StructuredOutputBackend,
+    StructuredOutputGrammar,
+    StructuredOutputOptions,
+)
 from vllm.v1.structured_output.utils import choice_as_grammar, grammar_is_likely_lark
 
 if TYPE_CHECKING:
@@ -45,8 +48,9 @@ def _cache_limit_bytes() -> int:
 
 def _clean_error(err: BaseException) -> str:
     """xgrammar's message without the C++ source location."""
-    return _CPP_PREFIX.sub("", str(err).strip()).replace("Check failed: (error.empty()) "
-                                                         "is false: ", "")
+    return _CPP_PREFIX.sub("", str(err).strip()).replace(
+        "Check failed: (error.empty()) is false: ", ""
+    )
 
 
 @dataclass
@@ -63,36 +67,48 @@ class XgrammarBackend(StructuredOutputBackend):
         self.disable_any_whitespace = so_config.disable_any_whitespace
         # vocab_size is the logits width; ids past the tokenizer's vocabulary
         # (padding of the embedding table) are never allowed by xgrammar.
-        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(self.tokenizer,
-                                                                 vocab_size=self.vocab_size)
-        self.compiler = xgr.GrammarCompiler(self.tokenizer_info,
-                                            max_threads=_COMPILER_THREADS,
-                                            cache_enabled=True,
-                                            cache_limit_bytes=self.cache_limit_bytes)
+        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
+            self.tokenizer, vocab_size=self.vocab_size
+        )
+        self.compiler = xgr.GrammarCompiler(
+            self.tokenizer_info,
+            max_threads=_COMPILER_THREADS,
+            cache_enabled=True,
+            cache_limit_bytes=self.cache_limit_bytes,
+        )
 
-    def compile_grammar(self, request_type: StructuredOutputOptions, grammar_spec: str,
-                        *, params: "StructuredOutputsParams | None" = None,
-                        ) -> "XgrammarGrammar":
+    def compile_grammar(
+        self,
+        request_type: StructuredOutputOptions,
+        grammar_spec: str,
+        *,
+        params: StructuredOutputsParams | None = None,
+    ) -> XgrammarGrammar:
         try:
             ctx = self._compile(request_type, grammar_spec, params)
         except ValueError:
             raise
         except Exception as e:  # xgrammar raises RuntimeError from C++
-            raise ValueError(f"Invalid {request_type.name.lower()} constraint: "
-                             f"{_clean_error(e)}") from e
-        return XgrammarGrammar(matcher=xgr.GrammarMatcher(ctx), ctx=ctx,
-                               vocab_size=self.vocab_size)
+            raise ValueError(
+                f"Invalid {request_type.name.lower()} constraint: {_clean_error(e)}"
+            ) from e
+        return XgrammarGrammar(matcher=xgr.GrammarMatcher(ctx), ctx=ctx, vocab_size=self.vocab_size)
 
-    def _compile(self, request_type: StructuredOutputOptions, spec: str,
-                 params: "StructuredOutputsParams | None") -> xgr.CompiledGrammar:
+    def _compile(
+        self,
+        request_type: StructuredOutputOptions,
+        spec: str,
+        params: StructuredOutputsParams | None,
+    ) -> xgr.CompiledGrammar:
         opts = StructuredOutputOptions
         if request_type == opts.JSON:
             return self.compiler.compile_json_schema(spec, **self._json_kwargs(params))
         if request_type == opts.JSON_OBJECT:
             # An object, as upstream and OpenAI's json_object mode: xgrammar's
             # builtin JSON grammar would also admit a top-level array.
-            return self.compiler.compile_json_schema('{"type": "object"}',
-                                                     **self._json_kwargs(params))
+            return self.compiler.compile_json_schema(
+                '{"type": "object"}', **self._json_kwargs(params)
+            )
         if request_type == opts.REGEX:
             return self.compiler.compile_regex(spec)
         if request_type == opts.GRAMMAR:
@@ -105,11 +121,13 @@ class XgrammarBackend(StructuredOutputBackend):
             return self.compiler.compile_structural_tag(*_structural_tag_args(spec))
         raise ValueError(f"Unsupported structured output kind {request_type!r}")
 
-    def _json_kwargs(self, params: "StructuredOutputsParams | None") -> dict[str, Any]:
+    def _json_kwargs(self, params: StructuredOutputsParams | None) -> dict[str, Any]:
         """compile_json_schema options from the config and the request."""
         if params is not None and params.whitespace_pattern is not None:
-            raise ValueError("whitespace_pattern is not supported by the xgrammar backend; "
-                             "use disable_any_whitespace instead.")
+            raise ValueError(
+                "whitespace_pattern is not supported by the xgrammar backend; "
+                "use disable_any_whitespace instead."
+            )
         no_ws = self.disable_any_whitespace or bool(params and params.disable_any_whitespace)
         # xgrammar's strict mode (its default, as upstream keeps it) already
         # forbids properties the schema does not list; disable_additional_properties
@@ -140,12 +158,18 @@ def _structural_tag_args(spec: str) -> tuple[Any, ...]:
     check_json_schema_depth(tag)  # its schemas cost as much as a json constraint's
     if isinstance(tag, dict) and "structures" in tag:
         try:
-            items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]),
-                                           end=s["end"]) for s in tag["structures"]]
+            items = [
+                xgr.StructuralTagItem(
+                    begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"]
+                )
+                for s in tag["structures"]
+            ]
             return items, list(tag["triggers"])
         except (KeyError, TypeError) as e:
-            raise ValueError("structural_tag 'structures' entries need 'begin', 'schema' and "
-                             f"'end', and a 'triggers' list: {e}") from e
+            raise ValueError(
+                "structural_tag 'structures' entries need 'begin', 'schema' and "
+                f"'end', and a 'triggers' list: {e}"
+            ) from e
     return (spec,)
 
 
@@ -168,8 +192,13 @@ class XgrammarGrammar(StructuredOutputGrammar):
                     return False
                 continue
             if not self.matcher.accept_token(token):
-                logger.error("Grammar of request %s rejected token %d (at %d of %s).",
-                             request_id, token, i, tokens)
+                logger.error(
+                    "Grammar of request %s rejected token %d (at %d of %s).",
+                    request_id,
+                    token,
+                    i,
+                    tokens,
+                )
                 return False
             self.num_processed_tokens += 1
             self._is_terminated = self.matcher.is_terminated()
@@ -219,7 +248,7 @@ def _bit(pos: int) -> int:
     return (1 << pos) - (1 << 32 if pos == 31 else 0)
 
 
-def validate_xgrammar_grammar(sampling_params: "SamplingParams") -> None:
+def validate_xgrammar_grammar(sampling_params: SamplingParams) -> None:
     """ValueError, with xgrammar's reason, for a constraint xgrammar cannot
     compile. Converts the spec to a grammar without a tokenizer (quick; a
     regex like (a+)+b is converted, not executed, so it cannot hang)."""
@@ -231,12 +260,15 @@ def validate_xgrammar_grammar(sampling_params: "SamplingParams") -> None:
     except ValueError:
         raise
     except Exception as e:  # xgrammar raises RuntimeError from C++
-        kind = next(k for k in ("json", "regex", "choice", "grammar", "structural_tag",
-                                "json_object") if getattr(so, k) not in (None, False))
+        kind = next(
+            k
+            for k in ("json", "regex", "choice", "grammar", "structural_tag", "json_object")
+            if getattr(so, k) not in (None, False)
+        )
         raise ValueError(f"Invalid structured_outputs.{kind}: {_clean_error(e)}") from e
 
 
-def _check_spec(so: "StructuredOutputsParams") -> None:
+def _check_spec(so: StructuredOutputsParams) -> None:
     if so.json is not None:
         schema = so.json
         if isinstance(schema, str):
@@ -248,8 +280,10 @@ def _check_spec(so: "StructuredOutputsParams") -> None:
                 raise ValueError("The JSON schema is nested too deeply.") from e
         check_json_schema_depth(schema)
         if so.whitespace_pattern is not None:
-            raise ValueError("whitespace_pattern is not supported by the xgrammar backend; "
-                             "use disable_any_whitespace instead.")
+            raise ValueError(
+                "whitespace_pattern is not supported by the xgrammar backend; "
+                "use disable_any_whitespace instead."
+            )
         xgr.Grammar.from_json_schema(so.json_str or "")
     elif so.regex is not None:
         xgr.Grammar.from_regex(so.regex)

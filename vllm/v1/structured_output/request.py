@@ -1,5 +1,6 @@
 """The structured-output state of one request (upstream:
 vllm/v1/structured_output/request.py)."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
-from vllm.v1.structured_output.backend_types import (StructuredOutputGrammar,
-                                                     StructuredOutputKey,
-                                                     StructuredOutputOptions)
+from vllm.v1.structured_output.backend_types import (
+    StructuredOutputGrammar,
+    StructuredOutputKey,
+    StructuredOutputOptions,
+)
 
 
 @dataclass
@@ -50,8 +53,9 @@ class StructuredOutputRequest:
         return self._grammar
 
     @grammar.setter
-    def grammar(self, grammar: Future[StructuredOutputGrammar] | StructuredOutputGrammar
-                | None) -> None:
+    def grammar(
+        self, grammar: Future[StructuredOutputGrammar] | StructuredOutputGrammar | None
+    ) -> None:
         self._grammar = grammar
 
     def _resolve(self) -> None:
@@ -68,8 +72,9 @@ class StructuredOutputRequest:
             self.compile_error = f"{type(exc).__name__}: {exc}"
 
     @staticmethod
-    def from_sampling_params(sampling_params: "SamplingParams | None",
-                             ) -> "StructuredOutputRequest | None":
+    def from_sampling_params(
+        sampling_params: SamplingParams | None,
+    ) -> StructuredOutputRequest | None:
         """The request's structured output state, or None without a constraint."""
         if sampling_params is None or sampling_params.structured_outputs is None:
             return None

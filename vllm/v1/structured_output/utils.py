@@ -1,6 +1,7 @@
 """Helpers of structured outputs: grammar text for choices, Lark detection,
 and applying the step's bitmask to the logits (upstream:
 vllm/v1/structured_output/utils.py)."""
+
 from __future__ import annotations
 
 import re
@@ -26,6 +27,7 @@ class BatchRows(Protocol):
 
     @property
     def req_ids(self) -> Sequence[str | None]: ...
+
 
 _EBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -59,9 +61,12 @@ def grammar_is_likely_lark(grammar_str: str) -> bool:
     return bool(grammar_str.strip())
 
 
-def apply_grammar_bitmask(scheduler_output: "SchedulerOutput",
-                          grammar_output: "GrammarOutput", input_batch: BatchRows,
-                          logits: torch.Tensor) -> None:
+def apply_grammar_bitmask(
+    scheduler_output: SchedulerOutput,
+    grammar_output: GrammarOutput,
+    input_batch: BatchRows,
+    logits: torch.Tensor,
+) -> None:
     """Mask, in place, the logits of every structured-output request: a token
     whose bit is clear in its row becomes -inf. Rows of other requests are
     untouched.
@@ -89,7 +94,7 @@ def apply_grammar_bitmask(scheduler_output: "SchedulerOutput",
         n = 1 + len(spec.get(req_id, ()))
         dst = logit_row.get(req_id)
         if dst is not None:  # else: finished/preempted since scheduling
-            full[dst:dst + n] = bitmask[src:src + n]
+            full[dst : dst + n] = bitmask[src : src + n]
             indices.extend(range(dst, dst + n))
         src += n
     if not indices:
@@ -106,23 +111,21 @@ def _apply(logits: torch.Tensor, bitmask: torch.Tensor, indices: list[int]) -> N
         from vllm import _custom_ops as ops
 
         # The compiled op (csrc/cpu/bitmask.cpp) also masks the padded ids.
-        if ops.apply_token_bitmask(logits, bitmask,
-                                   torch.tensor(indices, dtype=torch.int64)):
+        if ops.apply_token_bitmask(logits, bitmask, torch.tensor(indices, dtype=torch.int64)):
             return
     bitmask = bitmask.to(logits.device, non_blocking=True)
     done = False
-    if logits.is_contiguous() and logits.dtype in (torch.float32, torch.float16,
-                                                   torch.bfloat16):
+    if logits.is_contiguous() and logits.dtype in (torch.float32, torch.float16, torch.bfloat16):
         try:
             # CPU: xgrammar's C++ loop; CUDA: its Triton kernel.
-            xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab,
-                                            indices=indices)
+            xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=indices)
             done = True
         except (ImportError, RuntimeError) as e:
             # No Triton (or its kernel failed to build) on this device: the
             # torch ops below do the same (masking twice changes nothing).
-            logger.warning_once("xgrammar's bitmask kernel is unavailable (%s); "
-                                "using torch ops.", e)
+            logger.warning_once(
+                "xgrammar's bitmask kernel is unavailable (%s); using torch ops.", e
+            )
     if not done:
         _apply_torch(logits, bitmask, indices, vocab)
     if logits.shape[-1] > width:
@@ -131,8 +134,9 @@ def _apply(logits: torch.Tensor, bitmask: torch.Tensor, indices: list[int]) -> N
         logits[rows, width:] = float("-inf")
 
 
-def _apply_torch(logits: torch.Tensor, bitmask: torch.Tensor, indices: list[int],
-                 vocab: int) -> None:
+def _apply_torch(
+    logits: torch.Tensor, bitmask: torch.Tensor, indices: list[int], vocab: int
+) -> None:
     """The same masking with plain torch ops (any dtype/layout)."""
     rows = torch.tensor(indices, device=logits.device)
     shifts = torch.arange(32, device=logits.device, dtype=torch.int32)

@@ -8,6 +8,7 @@ Row i of the table holds the block ids of the request in batch row i:
 Token position `pos` of that request lives in KV slot
 `block_table[i, pos // block_size] * block_size + pos % block_size`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,22 +21,33 @@ from vllm.v1.worker.utils import CpuGpuBuffer
 class BlockTable:
     """The block table of one KV cache group."""
 
-    def __init__(self, block_size: int, max_num_reqs: int, max_num_blocks_per_req: int,
-                 max_num_batched_tokens: int, pin_memory: bool,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        max_num_reqs: int,
+        max_num_blocks_per_req: int,
+        max_num_batched_tokens: int,
+        pin_memory: bool,
+        device: torch.device,
+    ) -> None:
         self.block_size = block_size
         self.max_num_reqs = max_num_reqs
         self.max_num_blocks_per_req = max_num_blocks_per_req
         self.max_num_batched_tokens = max_num_batched_tokens
         self.device = device
         # [max_num_reqs, max_num_blocks_per_req] int32; unused entries are stale.
-        self.block_table = CpuGpuBuffer(max_num_reqs, max_num_blocks_per_req,
-                                        dtype=torch.int32, device=device,
-                                        pin_memory=pin_memory)
+        self.block_table = CpuGpuBuffer(
+            max_num_reqs,
+            max_num_blocks_per_req,
+            dtype=torch.int32,
+            device=device,
+            pin_memory=pin_memory,
+        )
         self.num_blocks_per_row = np.zeros(max_num_reqs, dtype=np.int32)
         # [max_num_batched_tokens] int64: the KV slot of every scheduled token.
-        self.slot_mapping = CpuGpuBuffer(max_num_batched_tokens, dtype=torch.int64,
-                                         device=device, pin_memory=pin_memory)
+        self.slot_mapping = CpuGpuBuffer(
+            max_num_batched_tokens, dtype=torch.int64, device=device, pin_memory=pin_memory
+        )
 
     def append_row(self, block_ids: list[int], row_idx: int) -> None:
         """Add `block_ids` after the blocks the row already has."""
@@ -44,8 +56,10 @@ class BlockTable:
         start = self.num_blocks_per_row[row_idx]
         end = start + len(block_ids)
         if end > self.max_num_blocks_per_req:
-            raise ValueError(f"Request needs {end} blocks, more than the "
-                             f"{self.max_num_blocks_per_req} a row can hold.")
+            raise ValueError(
+                f"Request needs {end} blocks, more than the "
+                f"{self.max_num_blocks_per_req} a row can hold."
+            )
         self.num_blocks_per_row[row_idx] = end
         self.block_table.np[row_idx, start:end] = block_ids
 
@@ -115,11 +129,24 @@ class MultiGroupBlockTable:
     `NewRequestData.block_ids`).
     """
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, max_num_batched_tokens: int,
-                 pin_memory: bool, device: torch.device, block_sizes: list[int]) -> None:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+        pin_memory: bool,
+        device: torch.device,
+        block_sizes: list[int],
+    ) -> None:
         self.block_tables = [
-            BlockTable(block_size, max_num_reqs, cdiv(max_model_len, block_size),
-                       max_num_batched_tokens, pin_memory, device)
+            BlockTable(
+                block_size,
+                max_num_reqs,
+                cdiv(max_model_len, block_size),
+                max_num_batched_tokens,
+                pin_memory,
+                device,
+            )
             for block_size in block_sizes
         ]
 

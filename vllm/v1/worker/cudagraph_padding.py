@@ -21,6 +21,7 @@ than max_model_len) is not done: the batch runs eagerly instead.
 A dummy run (warm-up, profile, capture) is the same layout with no real
 request: `write_padding` with num_reqs = num_tokens = 0.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -76,16 +77,24 @@ def eager_batch(num_reqs: int, num_tokens: int) -> PaddedBatch:
     return PaddedBatch(CUDAGraphMode.NONE, None, num_reqs, num_tokens)
 
 
-def plan_padding(runtime_mode: CUDAGraphMode, batch_descriptor: BatchDescriptor,
-                 num_reqs: int, num_tokens: int, max_num_reqs: int,
-                 max_model_len: int) -> PaddedBatch:
+def plan_padding(
+    runtime_mode: CUDAGraphMode,
+    batch_descriptor: BatchDescriptor,
+    num_reqs: int,
+    num_tokens: int,
+    max_num_reqs: int,
+    max_model_len: int,
+) -> PaddedBatch:
     """The padded batch for a dispatcher decision (NONE: no padding)."""
     if runtime_mode == CUDAGraphMode.NONE:
         return eager_batch(num_reqs, num_tokens)
     num_pad = batch_descriptor.num_tokens - num_tokens
     assert num_pad >= 0, (batch_descriptor, num_tokens)
-    uniform_q = (num_tokens // num_reqs if batch_descriptor.uniform and num_reqs
-                 and num_tokens % num_reqs == 0 else 0)
+    uniform_q = (
+        num_tokens // num_reqs
+        if batch_descriptor.uniform and num_reqs and num_tokens % num_reqs == 0
+        else 0
+    )
     if num_pad == 0:
         lens = np.zeros(0, dtype=np.int32)
     elif uniform_q and num_pad % uniform_q == 0:
@@ -97,26 +106,37 @@ def plan_padding(runtime_mode: CUDAGraphMode, batch_descriptor: BatchDescriptor,
     return PaddedBatch(runtime_mode, batch_descriptor, num_reqs, num_tokens, lens)
 
 
-def dummy_layout(dispatcher: "CudagraphDispatcher", num_scheduled: np.ndarray,
-                 uniform_decode: bool, cudagraph_runtime_mode: CUDAGraphMode | None
-                 ) -> PaddedBatch:
+def dummy_layout(
+    dispatcher: CudagraphDispatcher,
+    num_scheduled: np.ndarray,
+    uniform_decode: bool,
+    cudagraph_runtime_mode: CUDAGraphMode | None,
+) -> PaddedBatch:
     """A dummy batch (warm-up, profile, capture) is all padding: no real
     request, `num_scheduled` tokens per fake one; under a graph mode, with
     the dispatcher's key for exactly its size (a capture run)."""
     num_reqs, num_tokens = len(num_scheduled), int(num_scheduled.sum())
     mode, desc = CUDAGraphMode.NONE, None
     if cudagraph_runtime_mode not in (None, CUDAGraphMode.NONE):
-        mode, desc = dispatcher.dispatch(num_tokens, uniform_decode=uniform_decode,
-                                         num_reqs=num_reqs)
+        mode, desc = dispatcher.dispatch(
+            num_tokens, uniform_decode=uniform_decode, num_reqs=num_reqs
+        )
         if mode != cudagraph_runtime_mode or desc.num_tokens != num_tokens:
-            raise ValueError(f"No {cudagraph_runtime_mode.name} CUDA graph of {num_tokens} "
-                             f"tokens (dispatcher: {mode.name}, {desc}).")
+            raise ValueError(
+                f"No {cudagraph_runtime_mode.name} CUDA graph of {num_tokens} "
+                f"tokens (dispatcher: {mode.name}, {desc})."
+            )
     return PaddedBatch(mode, desc, 0, 0, num_scheduled)
 
 
-def write_padding(padded: PaddedBatch, input_ids: np.ndarray, positions: np.ndarray,
-                  query_start_loc: np.ndarray, seq_lens: np.ndarray,
-                  slot_mappings: list[np.ndarray]) -> None:
+def write_padding(
+    padded: PaddedBatch,
+    input_ids: np.ndarray,
+    positions: np.ndarray,
+    query_start_loc: np.ndarray,
+    seq_lens: np.ndarray,
+    slot_mappings: list[np.ndarray],
+) -> None:
     """Lay the dummy requests out after the real ones in the host buffers
     (the real entries, [:num_tokens] and [:num_reqs + 1], are already filled).
 
@@ -134,23 +154,27 @@ def write_padding(padded: PaddedBatch, input_ids: np.ndarray, positions: np.ndar
     input_ids[t:n] = 0
     if r == 0:  # a dummy run: no real request
         query_start_loc[0] = 0
-    query_start_loc[r + 1:rp + 1] = query_ends
+    query_start_loc[r + 1 : rp + 1] = query_ends
     seq_lens[r:rp] = lens
     for slot_mapping in slot_mappings:
         slot_mapping[t:n] = PAD_SLOT_ID
 
 
-def min_cudagraph_support(attn_groups: "list[list[AttentionGroup]]", vllm_config: "VllmConfig"):
+def min_cudagraph_support(attn_groups: list[list[AttentionGroup]], vllm_config: VllmConfig):
     """The weakest full-graph support among the model's attention backends."""
     from vllm.v1.attention.backend import AttentionCGSupport
 
-    supports = [g.metadata_builder.get_cudagraph_support(vllm_config, g.kv_cache_spec)
-                for groups in attn_groups for g in groups]
+    supports = [
+        g.metadata_builder.get_cudagraph_support(vllm_config, g.kv_cache_spec)
+        for groups in attn_groups
+        for g in groups
+    ]
     return min(supports, key=lambda s: s.value, default=AttentionCGSupport.ALWAYS)
 
 
-def resolve_cudagraph_mode(vllm_config: "VllmConfig",
-                           attn_groups: "list[list[AttentionGroup]]") -> CUDAGraphMode:
+def resolve_cudagraph_mode(
+    vllm_config: VllmConfig, attn_groups: list[list[AttentionGroup]]
+) -> CUDAGraphMode:
     """The configured mode, narrowed to what the attention backends and the
     parallel layout allow (upstream: GPUModelRunner._check_and_update_cudagraph_mode).
 
@@ -171,8 +195,11 @@ def resolve_cudagraph_mode(vllm_config: "VllmConfig",
     if model_config is not None and model_config.is_moe:
         # FusedMoE here loops over the experts that received tokens, which
         # needs their counts on the host: not capturable.
-        logger.info("cudagraph_mode %s -> NONE: the MoE layer synchronises with the "
-                    "host (per-expert loop).", mode.name)
+        logger.info(
+            "cudagraph_mode %s -> NONE: the MoE layer synchronises with the "
+            "host (per-expert loop).",
+            mode.name,
+        )
         return CUDAGraphMode.NONE
     support = min_cudagraph_support(attn_groups, vllm_config)
     if support == AttentionCGSupport.NEVER:
@@ -182,13 +209,18 @@ def resolve_cudagraph_mode(vllm_config: "VllmConfig",
     else:
         narrowed = mode
     if narrowed != mode:
-        logger.info("cudagraph_mode %s -> %s: the attention backends' CUDA graph "
-                    "support is %s.", mode.name, narrowed.name, support.name)
+        logger.info(
+            "cudagraph_mode %s -> %s: the attention backends' CUDA graph support is %s.",
+            mode.name,
+            narrowed.name,
+            support.name,
+        )
     return narrowed
 
 
-def capture_cudagraphs(dispatcher: "CudagraphDispatcher",
-                       dummy_run: Callable[..., object], device: torch.device) -> int:
+def capture_cudagraphs(
+    dispatcher: CudagraphDispatcher, dummy_run: Callable[..., object], device: torch.device
+) -> int:
     """Capture one graph per dispatcher key, largest first, each after one
     eager run of the same shape (Triton compiles and autotunes there, not
     inside the capture). Returns the number of graphs."""

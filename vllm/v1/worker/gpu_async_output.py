@@ -23,6 +23,7 @@ the values (penalties, bad words: `update_async_output_token_ids`), as upstream.
 A request that leaves the batch and comes back is re-sent whole by the
 scheduler (`CachedRequestData.all_token_ids`), which replaces its placeholders.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -46,11 +47,14 @@ class AsyncGPUModelRunnerOutput(AsyncModelRunnerOutput):
     `invalid_req_indices` (requests mid-prefill) report no token.
     """
 
-    def __init__(self, model_runner_output: ModelRunnerOutput,
-                 sampled_token_ids: torch.Tensor,
-                 logprobs_tensors: LogprobsTensors | None,
-                 invalid_req_indices: list[int],
-                 async_output_copy_stream: "torch.cuda.Stream | None") -> None:
+    def __init__(
+        self,
+        model_runner_output: ModelRunnerOutput,
+        sampled_token_ids: torch.Tensor,
+        logprobs_tensors: LogprobsTensors | None,
+        invalid_req_indices: list[int],
+        async_output_copy_stream: torch.cuda.Stream | None,
+    ) -> None:
         self._model_runner_output = model_runner_output
         self._invalid_req_indices = invalid_req_indices
         # Keep the device tensors alive until the side-stream copies are done.
@@ -65,8 +69,11 @@ class AsyncGPUModelRunnerOutput(AsyncModelRunnerOutput):
         with torch.cuda.stream(async_output_copy_stream):
             async_output_copy_stream.wait_stream(default_stream)
             self.sampled_token_ids_cpu = sampled_token_ids.to("cpu", non_blocking=True)
-            self._logprobs_tensors = None if logprobs_tensors is None else LogprobsTensors(
-                *(t.to("cpu", non_blocking=True) for t in logprobs_tensors))
+            self._logprobs_tensors = (
+                None
+                if logprobs_tensors is None
+                else LogprobsTensors(*(t.to("cpu", non_blocking=True) for t in logprobs_tensors))
+            )
             self.async_copy_ready_event = torch.cuda.Event()
             self.async_copy_ready_event.record(async_output_copy_stream)
 
@@ -83,9 +90,12 @@ class AsyncGPUModelRunnerOutput(AsyncModelRunnerOutput):
         return output
 
 
-def scatter_prev_sampled_token_ids(batch: "InputBatch", input_ids_np: np.ndarray,
-                                   input_ids_gpu: torch.Tensor,
-                                   cu_num_tokens: np.ndarray) -> None:
+def scatter_prev_sampled_token_ids(
+    batch: InputBatch,
+    input_ids_np: np.ndarray,
+    input_ids_gpu: torch.Tensor,
+    cu_num_tokens: np.ndarray,
+) -> None:
     """Write the previous step's sampled tokens over their placeholders in
     this step's device input ids (after the host ids were copied there).
 
@@ -108,18 +118,18 @@ def scatter_prev_sampled_token_ids(batch: "InputBatch", input_ids_np: np.ndarray
             flat_indices.append(int(cu_num_tokens[row]) - 1)
             prev_indices.append(prev_index)
     assert sorted(flat_indices) == placeholders.tolist(), (
-        "placeholder input ids do not match the previous step's sampled tokens")
+        "placeholder input ids do not match the previous step's sampled tokens"
+    )
     if not flat_indices:
         return
     assert batch.prev_sampled_token_ids is not None
     device = input_ids_gpu.device
     dst = torch.tensor(flat_indices, dtype=torch.int64).to(device, non_blocking=True)
     src = torch.tensor(prev_indices, dtype=torch.int64).to(device, non_blocking=True)
-    input_ids_gpu.index_copy_(0, dst, batch.prev_sampled_token_ids[src, 0].to(
-        input_ids_gpu.dtype))
+    input_ids_gpu.index_copy_(0, dst, batch.prev_sampled_token_ids[src, 0].to(input_ids_gpu.dtype))
 
 
-def update_async_output_token_ids(batch: "InputBatch") -> None:
+def update_async_output_token_ids(batch: InputBatch) -> None:
     """Replace the placeholder at the end of each row's output list with the
     token the previous step sampled there (waits for that step's host copy).
     Call before sampling in a step whose sampling reads output token values;
@@ -131,8 +141,7 @@ def update_async_output_token_ids(batch: "InputBatch") -> None:
     for row, req_id in enumerate(batch.req_ids):
         prev_index = prev.get(req_id)
         output_ids = batch.req_output_token_ids[row]
-        if (prev_index is None or not output_ids
-                or output_ids[-1] != PLACEHOLDER_TOKEN_ID):
+        if prev_index is None or not output_ids or output_ids[-1] != PLACEHOLDER_TOKEN_ID:
             continue
         if sampled is None:
             if batch.async_copy_ready_event is not None:

@@ -9,6 +9,7 @@ request's output list. Synchronously that is the sampled token; with async
 scheduling it is a placeholder, replaced on the device in the next step's
 inputs (see vllm/v1/worker/gpu_async_output.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,9 @@ def sampling_metadata_for_step(batch: InputBatch, discard_mask: np.ndarray) -> S
     return metadata
 
 
-def append_sampled_tokens(batch: InputBatch, token_ids: np.ndarray,
-                          discard_mask: np.ndarray) -> np.ndarray:
+def append_sampled_tokens(
+    batch: InputBatch, token_ids: np.ndarray, discard_mask: np.ndarray
+) -> np.ndarray:
     """Append token_ids[row] to every row not in `discard_mask`, in the token
     table and the request's output list; returns those rows."""
     rows = np.flatnonzero(~discard_mask)
@@ -51,9 +53,12 @@ def append_sampled_tokens(batch: InputBatch, token_ids: np.ndarray,
     return rows
 
 
-def bookkeeping_sync(batch: InputBatch, sampled_token_ids: torch.Tensor,
-                     logprobs_tensors: LogprobsTensors | None,
-                     discard_mask: np.ndarray) -> ModelRunnerOutput:
+def bookkeeping_sync(
+    batch: InputBatch,
+    sampled_token_ids: torch.Tensor,
+    logprobs_tensors: LogprobsTensors | None,
+    discard_mask: np.ndarray,
+) -> ModelRunnerOutput:
     """Append the sampled tokens ([num_reqs, 1] int32, waited for) and build
     the step's output."""
     sampled_np = sampled_token_ids[:, 0].cpu().numpy()
@@ -70,11 +75,14 @@ def bookkeeping_sync(batch: InputBatch, sampled_token_ids: torch.Tensor,
     )
 
 
-def bookkeeping_async(batch: InputBatch, sampled_token_ids: torch.Tensor,
-                      logprobs_tensors: LogprobsTensors | None, discard_mask: np.ndarray,
-                      prompt_logprobs_dict: dict[str, LogprobsTensors | None],
-                      async_output_copy_stream: "torch.cuda.Stream | None"
-                      ) -> AsyncGPUModelRunnerOutput:
+def bookkeeping_async(
+    batch: InputBatch,
+    sampled_token_ids: torch.Tensor,
+    logprobs_tensors: LogprobsTensors | None,
+    discard_mask: np.ndarray,
+    prompt_logprobs_dict: dict[str, LogprobsTensors | None],
+    async_output_copy_stream: torch.cuda.Stream | None,
+) -> AsyncGPUModelRunnerOutput:
     """As `bookkeeping_sync`, without waiting for the sampled ids: the rows
     get placeholders, the batch keeps the ids on the device for the next
     step's inputs, and the output gets them when its host copy lands."""
@@ -83,12 +91,18 @@ def bookkeeping_async(batch: InputBatch, sampled_token_ids: torch.Tensor,
     req_ids = batch.req_ids
     batch.prev_sampled_token_ids = sampled_token_ids
     batch.prev_req_id_to_index = {req_ids[row]: row for row in rows.tolist()}
-    output = ModelRunnerOutput(req_ids=list(req_ids),
-                               req_id_to_index=dict(batch.req_id_to_index),
-                               prompt_logprobs_dict=prompt_logprobs_dict)
+    output = ModelRunnerOutput(
+        req_ids=list(req_ids),
+        req_id_to_index=dict(batch.req_id_to_index),
+        prompt_logprobs_dict=prompt_logprobs_dict,
+    )
     async_output = AsyncGPUModelRunnerOutput(
-        output, sampled_token_ids, logprobs_tensors, np.flatnonzero(discard_mask).tolist(),
-        async_output_copy_stream)
+        output,
+        sampled_token_ids,
+        logprobs_tensors,
+        np.flatnonzero(discard_mask).tolist(),
+        async_output_copy_stream,
+    )
     batch.sampled_token_ids_cpu = async_output.sampled_token_ids_cpu
     batch.async_copy_ready_event = async_output.async_copy_ready_event
     return async_output

@@ -13,6 +13,7 @@ min_tokens live in the logits processors, which learn about rows that come,
 go and move through a `BatchUpdateBuilder` drained once per step by
 `refresh_metadata`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,8 +24,12 @@ import torch
 
 from vllm.logger import init_logger
 from vllm.sampling_params import SamplingParams, SamplingType
-from vllm.v1.sample.logits_processor import (BatchUpdate, BatchUpdateBuilder,
-                                             LogitsProcessors, MoveDirectionality)
+from vllm.v1.sample.logits_processor import (
+    BatchUpdate,
+    BatchUpdateBuilder,
+    LogitsProcessors,
+    MoveDirectionality,
+)
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.worker.block_table import MultiGroupBlockTable
 from vllm.v1.worker.utils import CpuGpuBuffer
@@ -73,9 +78,17 @@ class CachedRequestState:
 class InputBatch:
     """Rows of token ids, progress, block tables and sampling parameters."""
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, max_num_batched_tokens: int,
-                 device: torch.device, pin_memory: bool, vocab_size: int,
-                 block_sizes: list[int], logitsprocs: LogitsProcessors | None = None) -> None:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+        device: torch.device,
+        pin_memory: bool,
+        vocab_size: int,
+        block_sizes: list[int],
+        logitsprocs: LogitsProcessors | None = None,
+    ) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -89,21 +102,21 @@ class InputBatch:
         self._removed_indices: set[int] = set()
 
         # [max_num_reqs, max_model_len]: prompt then output token ids per row.
-        self.token_ids_cpu_tensor = torch.zeros((max_num_reqs, max_model_len),
-                                                dtype=torch.int32, device="cpu")
+        self.token_ids_cpu_tensor = torch.zeros(
+            (max_num_reqs, max_model_len), dtype=torch.int32, device="cpu"
+        )
         self.token_ids_cpu = self.token_ids_cpu_tensor.numpy()
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_computed_tokens_cpu_tensor = torch.zeros(max_num_reqs, dtype=torch.int32)
         self.num_computed_tokens_cpu = self.num_computed_tokens_cpu_tensor.numpy()
 
-        self.block_table = MultiGroupBlockTable(max_num_reqs, max_model_len,
-                                                max_num_batched_tokens, pin_memory, device,
-                                                block_sizes)
+        self.block_table = MultiGroupBlockTable(
+            max_num_reqs, max_model_len, max_num_batched_tokens, pin_memory, device, block_sizes
+        )
 
         def buffer(dtype: torch.dtype) -> CpuGpuBuffer:
-            return CpuGpuBuffer(max_num_reqs, dtype=dtype, device=device,
-                                pin_memory=pin_memory)
+            return CpuGpuBuffer(max_num_reqs, dtype=dtype, device=device, pin_memory=pin_memory)
 
         self.temperature = buffer(torch.float32)
         self.top_p = buffer(torch.float32)
@@ -183,8 +196,11 @@ class InputBatch:
 
     @property
     def no_penalties(self) -> bool:
-        return not (self.frequency_penalties_reqs or self.presence_penalties_reqs
-                    or self.repetition_penalties_reqs)
+        return not (
+            self.frequency_penalties_reqs
+            or self.presence_penalties_reqs
+            or self.repetition_penalties_reqs
+        )
 
     @property
     def no_allowed_token_ids(self) -> bool:
@@ -219,8 +235,10 @@ class InputBatch:
         num_prompt = request.num_prompt_tokens
         num_tokens = request.num_tokens
         if num_tokens > self.max_model_len:
-            raise ValueError(f"Request {req_id} has {num_tokens} tokens, more than "
-                             f"max_model_len={self.max_model_len}.")
+            raise ValueError(
+                f"Request {req_id} has {num_tokens} tokens, more than "
+                f"max_model_len={self.max_model_len}."
+            )
         self.token_ids_cpu[row, :num_prompt] = request.prompt_token_ids
         self.token_ids_cpu[row, num_prompt:num_tokens] = request.output_token_ids
         self.num_prompt_tokens[row] = num_prompt
@@ -234,12 +252,14 @@ class InputBatch:
             # A request re-added after its prompt was done has sent them already.
             if params.prompt_logprobs is not None and not request.output_token_ids:
                 self.num_prompt_logprobs[req_id] = params.prompt_logprobs
-            self.batch_update_builder.add((row, params, request.prompt_token_ids,
-                                           request.output_token_ids))
+            self.batch_update_builder.add(
+                (row, params, request.prompt_token_ids, request.output_token_ids)
+            )
         return row
 
-    def _add_sampling_params(self, req_id: str, row: int, params: SamplingParams,
-                             generator: torch.Generator | None) -> None:
+    def _add_sampling_params(
+        self, req_id: str, row: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> None:
         if params.sampling_type == SamplingType.GREEDY:
             self.temperature.np[row] = _GREEDY_TEMPERATURE
             self.greedy_reqs.add(req_id)
@@ -281,7 +301,8 @@ class InputBatch:
     def _set_allowed_token_ids(self, req_id: str, row: int, allowed: list[int]) -> None:
         if self.allowed_token_ids_mask_cpu_tensor is None:
             self.allowed_token_ids_mask_cpu_tensor = torch.zeros(
-                (self.max_num_reqs, self.vocab_size), dtype=torch.bool, device="cpu")
+                (self.max_num_reqs, self.vocab_size), dtype=torch.bool, device="cpu"
+            )
         mask = self.allowed_token_ids_mask_cpu_tensor
         mask[row] = True
         ids = [t for t in allowed if 0 <= t < self.vocab_size]
@@ -297,9 +318,16 @@ class InputBatch:
         self.batch_update_builder.removed_append(row)
         self._req_ids[row] = None
         self.req_output_token_ids[row] = None
-        for feature_set in (self.greedy_reqs, self.random_reqs, self.top_p_reqs,
-                            self.top_k_reqs, self.min_p_reqs, self.frequency_penalties_reqs,
-                            self.presence_penalties_reqs, self.repetition_penalties_reqs):
+        for feature_set in (
+            self.greedy_reqs,
+            self.random_reqs,
+            self.top_p_reqs,
+            self.top_k_reqs,
+            self.min_p_reqs,
+            self.frequency_penalties_reqs,
+            self.presence_penalties_reqs,
+            self.repetition_penalties_reqs,
+        ):
             feature_set.discard(req_id)
         if req_id in self.has_allowed_token_ids:
             self.has_allowed_token_ids.discard(req_id)
@@ -359,10 +387,18 @@ class InputBatch:
         self.batch_update_builder.move(src, dst, MoveDirectionality.UNIDIRECTIONAL)
 
     def _row_arrays(self) -> tuple[np.ndarray, ...]:
-        arrays = (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens_cpu,
-                  self.temperature.np, self.top_p.np, self.top_k.np, self.min_p.np,
-                  self.frequency_penalties.np, self.presence_penalties.np,
-                  self.repetition_penalties.np)
+        arrays = (
+            self.num_tokens,
+            self.num_prompt_tokens,
+            self.num_computed_tokens_cpu,
+            self.temperature.np,
+            self.top_p.np,
+            self.top_k.np,
+            self.min_p.np,
+            self.frequency_penalties.np,
+            self.presence_penalties.np,
+            self.repetition_penalties.np,
+        )
         if self.allowed_token_ids_mask_cpu_tensor is not None:
             arrays += (self.allowed_token_ids_mask_cpu_tensor.numpy(),)
         return arrays
@@ -388,8 +424,7 @@ class InputBatch:
     def refresh_metadata(self) -> None:
         """Hand this step's row changes to the logits processors and rebuild
         `sampling_metadata` for the current rows (after condense)."""
-        batch_update: BatchUpdate | None = self.batch_update_builder.get_and_reset(
-            self.num_reqs)
+        batch_update: BatchUpdate | None = self.batch_update_builder.get_and_reset(self.num_reqs)
         # Processors are updated every step: per-request state such as the
         # number of generated tokens (min_tokens) changes without row changes.
         for processor in self.logitsprocs.all:
@@ -410,8 +445,9 @@ class InputBatch:
         allowed_mask = None
         if not self.no_allowed_token_ids:
             assert self.allowed_token_ids_mask_cpu_tensor is not None
-            allowed_mask = self.allowed_token_ids_mask_cpu_tensor[:n].to(self.device,
-                                                                         non_blocking=True)
+            allowed_mask = self.allowed_token_ids_mask_cpu_tensor[:n].to(
+                self.device, non_blocking=True
+            )
         return SamplingMetadata(
             temperature=None if all_greedy else self.temperature.copy_to_gpu(n),
             all_greedy=all_greedy,
@@ -425,8 +461,9 @@ class InputBatch:
             prompt_token_ids=prompt_token_ids,
             frequency_penalties=None if no_penalties else self.frequency_penalties.copy_to_gpu(n),
             presence_penalties=None if no_penalties else self.presence_penalties.copy_to_gpu(n),
-            repetition_penalties=(None if no_penalties
-                                  else self.repetition_penalties.copy_to_gpu(n)),
+            repetition_penalties=(
+                None if no_penalties else self.repetition_penalties.copy_to_gpu(n)
+            ),
             output_token_ids=self.req_output_token_ids,  # type: ignore[arg-type]
             allowed_token_ids_mask=allowed_mask,
             bad_words_token_ids=self.bad_words_token_ids,

@@ -18,6 +18,7 @@ One step is two calls, as upstream:
       tokens reach the next step's inputs on the device
       (vllm/v1/worker/gpu_async_output.py)
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
@@ -39,16 +40,24 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker import kv_cache_setup
 from vllm.v1.worker.cudagraph_padding import PaddedBatch
-from vllm.v1.worker.gpu_async_output import (AsyncGPUModelRunnerOutput,
-                                              scatter_prev_sampled_token_ids,
-                                              update_async_output_token_ids)
-from vllm.v1.worker.gpu_bookkeeping import (bookkeeping_async, bookkeeping_sync,
-                                            sampling_metadata_for_step)
+from vllm.v1.worker.gpu_async_output import (
+    AsyncGPUModelRunnerOutput,
+    scatter_prev_sampled_token_ids,
+    update_async_output_token_ids,
+)
+from vllm.v1.worker.gpu_bookkeeping import (
+    bookkeeping_async,
+    bookkeeping_sync,
+    sampling_metadata_for_step,
+)
 from vllm.v1.worker.gpu_dummy_run import CudaGraphRunner, unwrap_model
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 from vllm.v1.worker.prompt_logprobs import get_prompt_logprobs_dict
-from vllm.v1.worker.utils import (AttentionGroup, CpuGpuBuffer,
-                                  reorder_batch_to_split_decodes_and_prefills)
+from vllm.v1.worker.utils import (
+    AttentionGroup,
+    CpuGpuBuffer,
+    reorder_batch_to_split_decodes_and_prefills,
+)
 
 if TYPE_CHECKING:
     from vllm.compilation.cuda_graph import CUDAGraphWrapper
@@ -63,7 +72,7 @@ logger = init_logger(__name__)
 class ExecuteModelState(NamedTuple):
     """What `execute_model` leaves for the `sample_tokens` call that follows."""
 
-    scheduler_output: "SchedulerOutput"
+    scheduler_output: SchedulerOutput
     # [num_tokens, hidden] (for prompt logprobs); None on a pipeline stage
     # before the last, which has no logits either.
     hidden_states: torch.Tensor | None
@@ -84,7 +93,7 @@ class GPUModelRunner:
     and a CudaGraphRunner (graph keys and dispatch, padded inputs, capture,
     dummy runs: vllm/v1/worker/gpu_dummy_run.py)."""
 
-    def __init__(self, vllm_config: "VllmConfig", device: torch.device) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.cache_config = vllm_config.cache_config
@@ -121,12 +130,20 @@ class GPUModelRunner:
         self.positions = buffer(self.max_num_tokens, dtype=torch.int64)
         self.query_start_loc = buffer(self.max_num_reqs + 1, dtype=torch.int32)
         self.seq_lens = buffer(self.max_num_reqs, dtype=torch.int32)
-        self.arange_np = np.arange(max(self.max_num_reqs + 1, self.max_model_len,
-                                       self.max_num_tokens), dtype=np.int64)
+        self.arange_np = np.arange(
+            max(self.max_num_reqs + 1, self.max_model_len, self.max_num_tokens), dtype=np.int64
+        )
         self.execute_model_state: ExecuteModelState | None = None
         self.cudagraph_runner = CudaGraphRunner(
-            vllm_config, device, self.cudagraph_dispatcher, self.sampler, self.input_ids,
-            self.positions, self.query_start_loc, self.seq_lens)
+            vllm_config,
+            device,
+            self.cudagraph_dispatcher,
+            self.sampler,
+            self.input_ids,
+            self.positions,
+            self.query_start_loc,
+            self.seq_lens,
+        )
         # Async scheduling: the sampled ids go to the host on a side stream;
         # the event guards the pinned input buffers, which the next step
         # rewrites while this step's copies may still be queued.
@@ -137,10 +154,15 @@ class GPUModelRunner:
 
     def _make_input_batch(self, block_sizes: list[int]) -> InputBatch:
         return InputBatch(
-            max_num_reqs=self.max_num_reqs, max_model_len=self.max_model_len,
-            max_num_batched_tokens=self.max_num_tokens, device=self.device,
-            pin_memory=self.pin_memory, vocab_size=self.vocab_size, block_sizes=block_sizes,
-            logitsprocs=build_logitsprocs(self.vllm_config, self.device, self.pin_memory))
+            max_num_reqs=self.max_num_reqs,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_tokens,
+            device=self.device,
+            pin_memory=self.pin_memory,
+            vocab_size=self.vocab_size,
+            block_sizes=block_sizes,
+            logitsprocs=build_logitsprocs(self.vllm_config, self.device, self.pin_memory),
+        )
 
     # ---- model and KV cache --------------------------------------------------
     def load_model(self) -> None:
@@ -151,17 +173,18 @@ class GPUModelRunner:
         self.model = get_model(vllm_config=self.vllm_config)
         # No-op unless compilation_config.mode asks for torch.compile (on
         # CPU it measured slower than eager: see vllm/compilation/decorators.py).
-        self.model = maybe_compile_model(self.model, self.vllm_config.compilation_config,
-                                         self.device)
+        self.model = maybe_compile_model(
+            self.model, self.vllm_config.compilation_config, self.device
+        )
 
     def get_model(self) -> nn.Module:
         return unwrap_model(self.model)
 
-    def get_kv_cache_spec(self) -> dict[str, "KVCacheSpec"]:
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """KV cache spec of every attention layer the model registered."""
         return kv_cache_setup.get_kv_cache_spec(self.vllm_config)
 
-    def initialize_kv_cache(self, kv_cache_config: "KVCacheConfig") -> None:
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate the KV cache tensors, bind them to the layers and build the
         attention metadata builders."""
         self.kv_cache_config = kv_cache_config
@@ -170,23 +193,39 @@ class GPUModelRunner:
             # One block table per group; rebuild the (still empty) batch.
             assert not self.requests, "KV cache re-initialised with live requests"
             self.input_batch = self._make_input_batch(block_sizes)
-        self.attn_groups = kv_cache_setup.make_attn_groups(kv_cache_config, self.vllm_config,
-                                                           self.device)
-        thresholds = [g.metadata_builder.reorder_batch_threshold
-                      for groups in self.attn_groups for g in groups]
+        self.attn_groups = kv_cache_setup.make_attn_groups(
+            kv_cache_config, self.vllm_config, self.device
+        )
+        thresholds = [
+            g.metadata_builder.reorder_batch_threshold
+            for groups in self.attn_groups
+            for g in groups
+        ]
         thresholds = [t for t in thresholds if t is not None]
         self.reorder_batch_threshold = min(thresholds) if thresholds else None
         self.kv_caches = kv_cache_setup.allocate_and_bind_kv_caches(
-            kv_cache_config, self.attn_groups, self.vllm_config, self.device)
+            kv_cache_config, self.attn_groups, self.vllm_config, self.device
+        )
         self.model = self.cudagraph_runner.init_cudagraphs(self.model, self.attn_groups)
 
     # ---- dummy runs and graph capture: CudaGraphRunner (gpu_dummy_run.py) --------
-    def _dummy_run(self, num_tokens: int, use_kv_cache: bool = True, num_reqs: int | None = None,
-                   cudagraph_runtime_mode: "CUDAGraphMode | None" = None,
-                   uniform_decode: bool = False) -> torch.Tensor:
+    def _dummy_run(
+        self,
+        num_tokens: int,
+        use_kv_cache: bool = True,
+        num_reqs: int | None = None,
+        cudagraph_runtime_mode: CUDAGraphMode | None = None,
+        uniform_decode: bool = False,
+    ) -> torch.Tensor:
         return self.cudagraph_runner.dummy_run(
-            self.model, self.input_batch, self.attn_groups if use_kv_cache else [], num_tokens,
-            num_reqs, cudagraph_runtime_mode, uniform_decode)
+            self.model,
+            self.input_batch,
+            self.attn_groups if use_kv_cache else [],
+            num_tokens,
+            num_reqs,
+            cudagraph_runtime_mode,
+            uniform_decode,
+        )
 
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
         self.cudagraph_runner.dummy_sampler_run(self.get_model(), hidden_states)
@@ -203,9 +242,11 @@ class GPUModelRunner:
 
     # ---- one step ------------------------------------------------------------
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: "SchedulerOutput",
-                      intermediate_tensors: IntermediateTensors | None = None
-                      ) -> ModelRunnerOutput | IntermediateTensors | None:
+    def execute_model(
+        self,
+        scheduler_output: SchedulerOutput,
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> ModelRunnerOutput | IntermediateTensors | None:
         """Run the forward pass; returns None and leaves the logits for
         `sample_tokens` (or EMPTY_MODEL_RUNNER_OUTPUT when nothing is scheduled).
         Under pipeline parallelism a later stage starts from the previous
@@ -221,31 +262,37 @@ class GPUModelRunner:
             self.input_batch.prev_req_id_to_index = None
             return EMPTY_MODEL_RUNNER_OUTPUT
 
-        attn_metadata, logits_indices, discard_mask, padded = self._prepare_inputs(
-            scheduler_output)
+        attn_metadata, logits_indices, discard_mask, padded = self._prepare_inputs(scheduler_output)
         if self.prepare_inputs_event is not None:
             self.prepare_inputs_event.record()
         num_tokens = padded.num_tokens_padded
-        with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens,
-                                 cudagraph_runtime_mode=padded.runtime_mode,
-                                 batch_descriptor=padded.batch_descriptor):
-            hidden_states = self.model(input_ids=self.input_ids.gpu[:num_tokens],
-                                       positions=self.positions.gpu[:num_tokens],
-                                       intermediate_tensors=intermediate_tensors)
+        with set_forward_context(
+            attn_metadata,
+            self.vllm_config,
+            num_tokens=num_tokens,
+            cudagraph_runtime_mode=padded.runtime_mode,
+            batch_descriptor=padded.batch_descriptor,
+        ):
+            hidden_states = self.model(
+                input_ids=self.input_ids.gpu[:num_tokens],
+                positions=self.positions.gpu[:num_tokens],
+                intermediate_tensors=intermediate_tensors,
+            )
         if padded.num_tokens != num_tokens and isinstance(hidden_states, torch.Tensor):
-            hidden_states = hidden_states[:padded.num_tokens]  # drop the padding
+            hidden_states = hidden_states[: padded.num_tokens]  # drop the padding
         if not get_pp_group().is_last_rank:
-            self.execute_model_state = ExecuteModelState(scheduler_output, None, None,
-                                                         discard_mask)
+            self.execute_model_state = ExecuteModelState(scheduler_output, None, None, discard_mask)
             return hidden_states  # IntermediateTensors for the next stage
         logits = self.get_model().compute_logits(hidden_states[logits_indices])
-        self.execute_model_state = ExecuteModelState(scheduler_output, hidden_states, logits,
-                                                     discard_mask)
+        self.execute_model_state = ExecuteModelState(
+            scheduler_output, hidden_states, logits, discard_mask
+        )
         return None
 
     @torch.inference_mode()
-    def sample_tokens(self, grammar_output: "GrammarOutput | None"
-                      ) -> ModelRunnerOutput | AsyncGPUModelRunnerOutput | None:
+    def sample_tokens(
+        self, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | AsyncGPUModelRunnerOutput | None:
         """Sample from the logits of the preceding `execute_model`, masked by
         the step's grammar bitmask first (penalties, temperature and top-k/p
         come after and cannot revive a masked token)."""
@@ -255,38 +302,54 @@ class GPUModelRunner:
         self.execute_model_state = None
         if grammar_output is not None and state.logits is not None:
             # Logits row i is self.input_batch.req_ids[i].
-            apply_grammar_bitmask(state.scheduler_output, grammar_output, self.input_batch,
-                                  state.logits)
+            apply_grammar_bitmask(
+                state.scheduler_output, grammar_output, self.input_batch, state.logits
+            )
         pp_group = get_pp_group()
         if state.logits is None:
             # A stage before the last: take the last stage's tokens, so this
             # stage's batch holds them too.
             sampled = torch.empty((len(state.discard_mask), 1), dtype=torch.int64)
-            bookkeeping_sync(self.input_batch,
-                             pp_group.broadcast(sampled, src=pp_group.world_size - 1), None,
-                             state.discard_mask)
+            bookkeeping_sync(
+                self.input_batch,
+                pp_group.broadcast(sampled, src=pp_group.world_size - 1),
+                None,
+                state.discard_mask,
+            )
             return None
         sampling_metadata = sampling_metadata_for_step(self.input_batch, state.discard_mask)
-        if self.use_async_scheduling and (not sampling_metadata.no_penalties
-                                          or sampling_metadata.bad_words_token_ids):
+        if self.use_async_scheduling and (
+            not sampling_metadata.no_penalties or sampling_metadata.bad_words_token_ids
+        ):
             update_async_output_token_ids(self.input_batch)  # they read output tokens
         sampler_output = self.sampler(state.logits, sampling_metadata)
         if pp_group.world_size > 1:
-            pp_group.broadcast(sampler_output.sampled_token_ids.to(torch.int64).cpu(),
-                               src=pp_group.world_size - 1)
+            pp_group.broadcast(
+                sampler_output.sampled_token_ids.to(torch.int64).cpu(), src=pp_group.world_size - 1
+            )
         prompt_logprobs_dict = get_prompt_logprobs_dict(
-            self, state.hidden_states, state.scheduler_output.num_scheduled_tokens)
+            self, state.hidden_states, state.scheduler_output.num_scheduled_tokens
+        )
         if self.use_async_scheduling:
-            return bookkeeping_async(self.input_batch, sampler_output.sampled_token_ids,
-                                     sampler_output.logprobs_tensors, state.discard_mask,
-                                     prompt_logprobs_dict, self.async_output_copy_stream)
-        output = bookkeeping_sync(self.input_batch, sampler_output.sampled_token_ids,
-                                  sampler_output.logprobs_tensors, state.discard_mask)
+            return bookkeeping_async(
+                self.input_batch,
+                sampler_output.sampled_token_ids,
+                sampler_output.logprobs_tensors,
+                state.discard_mask,
+                prompt_logprobs_dict,
+                self.async_output_copy_stream,
+            )
+        output = bookkeeping_sync(
+            self.input_batch,
+            sampler_output.sampled_token_ids,
+            sampler_output.logprobs_tensors,
+            state.discard_mask,
+        )
         output.prompt_logprobs_dict = prompt_logprobs_dict
         return output
 
     # ---- state updates -------------------------------------------------------
-    def _update_states(self, scheduler_output: "SchedulerOutput") -> None:
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         """Bring the cached request states and the persistent batch in line
         with the scheduler's decisions for this step."""
         batch = self.input_batch
@@ -304,8 +367,9 @@ class GPUModelRunner:
             if req_id not in scheduled or req_id in cached.resumed_req_ids:
                 batch.remove_request(req_id)
 
-        reqs_to_add = [self._add_new_request(new_req)
-                       for new_req in scheduler_output.scheduled_new_reqs]
+        reqs_to_add = [
+            self._add_new_request(new_req) for new_req in scheduler_output.scheduled_new_reqs
+        ]
         reqs_to_add += self._update_cached_requests(scheduler_output)
         prev = batch.prev_req_id_to_index
         for req_state in reqs_to_add:
@@ -317,32 +381,43 @@ class GPUModelRunner:
         batch.condense()
         if self.reorder_batch_threshold is not None:
             reorder_batch_to_split_decodes_and_prefills(
-                batch, scheduler_output.num_scheduled_tokens, self.reorder_batch_threshold)
+                batch, scheduler_output.num_scheduled_tokens, self.reorder_batch_threshold
+            )
         batch.refresh_metadata()
 
-    def _add_new_request(self, new_req: "NewRequestData") -> CachedRequestState:
+    def _add_new_request(self, new_req: NewRequestData) -> CachedRequestState:
         params = new_req.sampling_params
         if params is None:
-            raise ValueError(f"Request {new_req.req_id} has no sampling params; pooling "
-                             "requests are not supported.")
+            raise ValueError(
+                f"Request {new_req.req_id} has no sampling params; pooling "
+                "requests are not supported."
+            )
         if new_req.prompt_token_ids is None:
-            raise ValueError(f"Request {new_req.req_id} has no prompt token ids; prompt "
-                             "embeddings are not supported.")
+            raise ValueError(
+                f"Request {new_req.req_id} has no prompt token ids; prompt "
+                "embeddings are not supported."
+            )
         generator = None
         if params.sampling_type == SamplingType.RANDOM_SEED:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed)
         req_state = CachedRequestState(
-            req_id=new_req.req_id, prompt_token_ids=new_req.prompt_token_ids,
-            mm_features=new_req.mm_features, sampling_params=params, generator=generator,
+            req_id=new_req.req_id,
+            prompt_token_ids=new_req.prompt_token_ids,
+            mm_features=new_req.mm_features,
+            sampling_params=params,
+            generator=generator,
             block_ids=tuple(list(ids) for ids in new_req.block_ids),
-            num_computed_tokens=new_req.num_computed_tokens, output_token_ids=[],
-            lora_request=new_req.lora_request)
+            num_computed_tokens=new_req.num_computed_tokens,
+            output_token_ids=[],
+            lora_request=new_req.lora_request,
+        )
         self.requests[new_req.req_id] = req_state
         return req_state
 
-    def _update_cached_requests(self, scheduler_output: "SchedulerOutput"
-                                ) -> list[CachedRequestState]:
+    def _update_cached_requests(
+        self, scheduler_output: SchedulerOutput
+    ) -> list[CachedRequestState]:
         """Apply the per-request diffs; returns the states that must (re)join
         the batch (resumed, or not scheduled in the previous step)."""
         batch = self.input_batch
@@ -372,7 +447,7 @@ class GPUModelRunner:
             if row is None:
                 all_token_ids = data.all_token_ids.get(req_id)
                 if all_token_ids is not None:
-                    req_state.output_token_ids[:] = all_token_ids[req_state.num_prompt_tokens:]
+                    req_state.output_token_ids[:] = all_token_ids[req_state.num_prompt_tokens :]
                 to_add.append(req_state)
                 continue
             batch.num_computed_tokens_cpu[row] = num_computed
@@ -381,7 +456,7 @@ class GPUModelRunner:
         return to_add
 
     # ---- inputs --------------------------------------------------------------
-    def _prepare_inputs(self, scheduler_output: "SchedulerOutput") -> PreparedInputs:
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> PreparedInputs:
         """Fill the input buffers for the scheduled tokens, vectorised.
 
         Tokens are laid out request after request in batch order. For the
@@ -397,12 +472,13 @@ class GPUModelRunner:
         assert 0 < total <= self.max_num_tokens
         num_scheduled = np.fromiter(
             (scheduler_output.num_scheduled_tokens[r] for r in batch.req_ids),
-            dtype=np.int32, count=num_reqs)
+            dtype=np.int32,
+            count=num_reqs,
+        )
         cu_num_tokens = np.cumsum(num_scheduled)
         req_indices = np.repeat(self.arange_np[:num_reqs], num_scheduled)
         # Offset of each token inside its request: 0..n_i-1 for every request i.
-        offsets = self.arange_np[:total] - np.repeat(cu_num_tokens - num_scheduled,
-                                                     num_scheduled)
+        offsets = self.arange_np[:total] - np.repeat(cu_num_tokens - num_scheduled, num_scheduled)
         positions = self.positions.np[:total]
         np.add(batch.num_computed_tokens_cpu[req_indices], offsets, out=positions)
 
@@ -411,18 +487,20 @@ class GPUModelRunner:
         np.take(batch.token_ids_cpu.ravel(), token_indices, out=self.input_ids.np[:total])
         batch.block_table.compute_slot_mapping(req_indices, positions)
         self.query_start_loc.np[0] = 0
-        self.query_start_loc.np[1:num_reqs + 1] = cu_num_tokens
+        self.query_start_loc.np[1 : num_reqs + 1] = cu_num_tokens
         seq_lens = self.seq_lens.np[:num_reqs]
         np.add(batch.num_computed_tokens_cpu[:num_reqs], num_scheduled, out=seq_lens)
 
         padded = self.cudagraph_runner.dispatch(num_scheduled, total)
-        attn_metadata = self.cudagraph_runner.commit_inputs(padded, self.input_batch,
-                                                            self.attn_groups)
+        attn_metadata = self.cudagraph_runner.commit_inputs(
+            padded, self.input_batch, self.attn_groups
+        )
         if self.use_async_scheduling:
             # The decode tokens sampled by the step still in flight.
-            scatter_prev_sampled_token_ids(batch, self.input_ids.np, self.input_ids.gpu,
-                                           cu_num_tokens)
-        logits_indices = self.query_start_loc.gpu[1:num_reqs + 1].to(torch.int64) - 1
+            scatter_prev_sampled_token_ids(
+                batch, self.input_ids.np, self.input_ids.gpu, cu_num_tokens
+            )
+        logits_indices = self.query_start_loc.gpu[1 : num_reqs + 1].to(torch.int64) - 1
         # A request whose tokens are not all computed after this step is still
         # in its prefill: the token sampled for it is not a real output.
         discard_mask = seq_lens < batch.num_tokens[:num_reqs]

@@ -9,6 +9,7 @@ useful about what the rest of the machine needs.
 `VllmConfig.use_v2_model_runner` says so, else the V1 runner
 (`gpu_model_runner.py`).
 """
+
 from __future__ import annotations
 
 import gc
@@ -46,10 +47,15 @@ DEFAULT_CPU_KV_CACHE_BYTES = 4 * GiB_bytes
 class Worker(WorkerBase):
     """A worker on one CPU or CUDA device."""
 
-    def __init__(self, vllm_config: "VllmConfig", local_rank: int = 0, rank: int = 0,
-                 distributed_init_method: str = "", is_driver_worker: bool = True) -> None:
-        super().__init__(vllm_config, local_rank, rank, distributed_init_method,
-                         is_driver_worker)
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        local_rank: int = 0,
+        rank: int = 0,
+        distributed_init_method: str = "",
+        is_driver_worker: bool = True,
+    ) -> None:
+        super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
         self.device: torch.device | None = None
         self.model_runner: GPUModelRunner | None = None
         # CUDA: (free, total) bytes right after device init, before the model.
@@ -71,15 +77,20 @@ class Worker(WorkerBase):
         else:
             self.device = torch.device("cpu")
             self._init_cpu_threads()
-        init_worker_distributed_environment(self.vllm_config, self.rank,
-                                            self.distributed_init_method, self.local_rank,
-                                            "nccl" if self.device.type == "cuda" else "gloo")
+        init_worker_distributed_environment(
+            self.vllm_config,
+            self.rank,
+            self.distributed_init_method,
+            self.local_rank,
+            "nccl" if self.device.type == "cuda" else "gloo",
+        )
         current_platform.seed_everything(self.model_config.seed)
         # Capture sizes clipped to what one step can hold (upstream does this
         # when it builds VllmConfig).
         sched = self.vllm_config.scheduler_config
-        self.vllm_config.compilation_config.set_cudagraph_sizes(sched.max_num_batched_tokens,
-                                                                sched.max_num_seqs)
+        self.vllm_config.compilation_config.set_cudagraph_sizes(
+            sched.max_num_batched_tokens, sched.max_num_seqs
+        )
         self.model_runner = self._make_model_runner()
 
     def _init_cpu_threads(self) -> None:
@@ -87,23 +98,28 @@ class Worker(WorkerBase):
         otherwise. (Measured on 2 cores: 2 threads halve a prefill-sized GEMM
         and help decode-sized ones; torch's default already agrees there.)"""
         if os.environ.get("OMP_NUM_THREADS"):
-            logger.info("CPU worker: %d torch threads (OMP_NUM_THREADS)",
-                        torch.get_num_threads())
+            logger.info("CPU worker: %d torch threads (OMP_NUM_THREADS)", torch.get_num_threads())
             return
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
+        cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else (os.cpu_count() or 1)
+        )
         if torch.get_num_threads() != cores:
             torch.set_num_threads(cores)
-        logger.info("CPU worker: %d torch threads for %d usable cores",
-                    torch.get_num_threads(), cores)
+        logger.info(
+            "CPU worker: %d torch threads for %d usable cores", torch.get_num_threads(), cores
+        )
 
-    def _make_model_runner(self) -> "GPUModelRunner":
+    def _make_model_runner(self) -> GPUModelRunner:
         """Model Runner V2 when the config picks it, else the V1 runner."""
         assert self.device is not None
         if self.vllm_config.use_v2_model_runner:
             from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2ModelRunner
+
             return V2ModelRunner(self.vllm_config, self.device)  # type: ignore[return-value]
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
         if self.vllm_config._is_default_v2_model_runner_model():
             if importlib.util.find_spec("vllm.v1.worker.gpu.model_runner") is None:
                 reason = "Model Runner V2, this model's default, is not built yet"
@@ -118,15 +134,16 @@ class Worker(WorkerBase):
             from vllm.model_executor.models.interfaces import supports_pp
 
             if not supports_pp(self.get_model()):
-                raise ValueError(f"{type(self.get_model()).__name__} does not support "
-                                 "pipeline parallelism.")
+                raise ValueError(
+                    f"{type(self.get_model()).__name__} does not support pipeline parallelism."
+                )
         if self.device is not None and self.device.type == "cuda":
             self._weights_memory = torch.cuda.memory_allocated(self.device)
 
     def get_model(self) -> nn.Module:
         return self._runner().get_model()
 
-    def get_kv_cache_spec(self) -> dict[str, "KVCacheSpec"]:
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         return self._runner().get_kv_cache_spec()
 
     def get_supported_tasks(self) -> tuple[str, ...]:
@@ -154,8 +171,7 @@ class Worker(WorkerBase):
             logger.info("CPU KV cache space: %.2f GiB (%s)", size / GiB_bytes, source)
             return int(size)
         if explicit is not None:
-            logger.info("KV cache memory: %.2f GiB (kv_cache_memory_bytes)",
-                        explicit / GiB_bytes)
+            logger.info("KV cache memory: %.2f GiB (kv_cache_memory_bytes)", explicit / GiB_bytes)
             return int(explicit)
         return self._profile_cuda_memory()
 
@@ -180,7 +196,8 @@ class Worker(WorkerBase):
                 f"Free memory on device ({init_free / GiB_bytes:.2f}/{total / GiB_bytes:.2f} "
                 f"GiB) at start-up is less than the desired GPU memory utilization "
                 f"({self.cache_config.gpu_memory_utilization}, "
-                f"{requested / GiB_bytes:.2f} GiB). Lower gpu_memory_utilization.")
+                f"{requested / GiB_bytes:.2f} GiB). Lower gpu_memory_utilization."
+            )
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
@@ -197,12 +214,16 @@ class Worker(WorkerBase):
         available = int(requested - non_kv)
         logger.info(
             "Memory profile: weights %.2f GiB, peak activations %.2f GiB, non-torch "
-            "%.2f GiB -> KV cache %.2f GiB", self._weights_memory / GiB_bytes,
-            peak_activation / GiB_bytes, non_torch / GiB_bytes, available / GiB_bytes)
+            "%.2f GiB -> KV cache %.2f GiB",
+            self._weights_memory / GiB_bytes,
+            peak_activation / GiB_bytes,
+            non_torch / GiB_bytes,
+            available / GiB_bytes,
+        )
         torch.cuda.empty_cache()
         return max(available, 0)
 
-    def initialize_from_config(self, kv_cache_config: "KVCacheConfig") -> None:
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         self._runner().initialize_kv_cache(kv_cache_config)
 
     def compile_or_warm_up_model(self) -> None:
@@ -218,35 +239,38 @@ class Worker(WorkerBase):
         self._capture_cudagraphs(runner)
         current_platform.seed_everything(self.model_config.seed)
 
-    def _capture_cudagraphs(self, runner: "GPUModelRunner") -> None:
+    def _capture_cudagraphs(self, runner: GPUModelRunner) -> None:
         if self.device is None or self.device.type != "cuda":
             return
         free_before = torch.cuda.mem_get_info()[0]
         start = time.perf_counter()
         num_graphs = runner.capture_model()
         if num_graphs:
-            logger.info("Captured %d CUDA graphs in %.1f s, %.2f GiB", num_graphs,
-                        time.perf_counter() - start,
-                        (free_before - torch.cuda.mem_get_info()[0]) / GiB_bytes)
+            logger.info(
+                "Captured %d CUDA graphs in %.1f s, %.2f GiB",
+                num_graphs,
+                time.perf_counter() - start,
+                (free_before - torch.cuda.mem_get_info()[0]) / GiB_bytes,
+            )
 
     # ---- steps -----------------------------------------------------------------
-    def execute_model(self, scheduler_output: "SchedulerOutput") -> "ModelRunnerOutput | None":
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         """One forward pass. A pipeline stage after the first receives the
         previous stage's tensors first; one before the last sends its own on
         and returns None (only the last stage has an output)."""
         pp_group = get_pp_group()
         intermediate_tensors = None
-        if (not pp_group.is_first_rank
-                and scheduler_output.total_num_scheduled_tokens > 0):
+        if not pp_group.is_first_rank and scheduler_output.total_num_scheduled_tokens > 0:
             intermediate_tensors = IntermediateTensors(
-                pp_group.recv_tensor_dict(device=self.device))
+                pp_group.recv_tensor_dict(device=self.device)
+            )
         output = self._runner().execute_model(scheduler_output, intermediate_tensors)
         if isinstance(output, IntermediateTensors):
             pp_group.send_tensor_dict(output.tensors)
             return None
         return output
 
-    def sample_tokens(self, grammar_output: "GrammarOutput | None") -> "ModelRunnerOutput | None":
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | None:
         return self._runner().sample_tokens(grammar_output)
 
     def check_health(self) -> None:
@@ -280,8 +304,12 @@ class Worker(WorkerBase):
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.empty_cache()
         after = _memory_in_use(self.device)
-        logger.info("Sleep level %d: %.2f GiB freed (%.2f GiB still in use).", level,
-                    (before - after) / GiB_bytes, after / GiB_bytes)
+        logger.info(
+            "Sleep level %d: %.2f GiB freed (%.2f GiB still in use).",
+            level,
+            (before - after) / GiB_bytes,
+            after / GiB_bytes,
+        )
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Take back the memory of `tags` ("weights", "kv_cache"; None: both)."""
@@ -293,15 +321,14 @@ class Worker(WorkerBase):
                 worker_sleep.reload_weights(runner.get_model(), self.vllm_config)
             elif self._host_weights is not None:
                 assert self.device is not None
-                worker_sleep.onload_weights(runner.get_model(), self._host_weights,
-                                            self.device)
+                worker_sleep.onload_weights(runner.get_model(), self._host_weights, self.device)
                 self._host_weights = None
             self._sleeping_tags.discard("weights")
         if "kv_cache" in tags and "kv_cache" in self._sleeping_tags:
             worker_sleep.reallocate_kv_cache(runner, self.vllm_config)
             self._sleeping_tags.discard("kv_cache")
 
-    def _runner(self) -> "GPUModelRunner":
+    def _runner(self) -> GPUModelRunner:
         if self.model_runner is None:
             raise RuntimeError("init_device() must run before this worker call.")
         return self.model_runner
@@ -317,10 +344,13 @@ def _memory_in_use(device: torch.device | None) -> int:
     return psutil.Process().memory_info().rss
 
 
-def init_worker_distributed_environment(vllm_config: "VllmConfig", rank: int,
-                                        distributed_init_method: str | None = None,
-                                        local_rank: int = -1,
-                                        backend: str = "gloo") -> None:
+def init_worker_distributed_environment(
+    vllm_config: VllmConfig,
+    rank: int,
+    distributed_init_method: str | None = None,
+    local_rank: int = -1,
+    backend: str = "gloo",
+) -> None:
     """Join the workers' torch.distributed world and build the tensor- and
     pipeline-parallel groups. One worker (world size 1) needs no process
     group: `vllm.distributed`'s one-rank groups serve it."""
@@ -329,7 +359,9 @@ def init_worker_distributed_environment(vllm_config: "VllmConfig", rank: int,
         return
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 
-    init_distributed_environment(parallel_config.world_size, rank,
-                                 distributed_init_method or "env://", local_rank, backend)
-    ensure_model_parallel_initialized(parallel_config.tensor_parallel_size,
-                                      parallel_config.pipeline_parallel_size, backend)
+    init_distributed_environment(
+        parallel_config.world_size, rank, distributed_init_method or "env://", local_rank, backend
+    )
+    ensure_model_parallel_initialized(
+        parallel_config.tensor_parallel_size, parallel_config.pipeline_parallel_size, backend
+    )

@@ -8,6 +8,7 @@ views its allocation as `backend.get_kv_cache_shape(num_blocks, ...)`, e.g.
 `(2, num_blocks, block_size, num_kv_heads, head_size)` for the CPU backend,
 so block id b of every layer of a group addresses the same tokens.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-def get_kv_cache_spec(vllm_config: "VllmConfig") -> dict[str, "KVCacheSpec"]:
+def get_kv_cache_spec(vllm_config: VllmConfig) -> dict[str, KVCacheSpec]:
     """layer name -> KV cache spec, for every layer that needs a KV cache."""
     specs: dict[str, KVCacheSpec] = {}
     for layer_name, layer in get_layers_from_vllm_config(vllm_config).items():
@@ -37,8 +38,9 @@ def get_kv_cache_spec(vllm_config: "VllmConfig") -> dict[str, "KVCacheSpec"]:
     return specs
 
 
-def make_attn_groups(kv_cache_config: "KVCacheConfig", vllm_config: "VllmConfig",
-                     device: torch.device) -> list[list[AttentionGroup]]:
+def make_attn_groups(
+    kv_cache_config: KVCacheConfig, vllm_config: VllmConfig, device: torch.device
+) -> list[list[AttentionGroup]]:
     """Per KV cache group, its layers split by attention backend, each with a
     metadata builder."""
     attn_groups: list[list[AttentionGroup]] = []
@@ -49,18 +51,20 @@ def make_attn_groups(kv_cache_config: "KVCacheConfig", vllm_config: "VllmConfig"
             by_backend[layer.get_attn_backend()].append(layer_name)
         groups = []
         for backend, layer_names in by_backend.items():
-            builder = backend.get_builder_cls()(group_spec.kv_cache_spec, layer_names,
-                                                vllm_config, device)
-            groups.append(AttentionGroup(backend, builder, layer_names,
-                                         group_spec.kv_cache_spec))
+            builder = backend.get_builder_cls()(
+                group_spec.kv_cache_spec, layer_names, vllm_config, device
+            )
+            groups.append(AttentionGroup(backend, builder, layer_names, group_spec.kv_cache_spec))
         attn_groups.append(groups)
     return attn_groups
 
 
-def allocate_and_bind_kv_caches(kv_cache_config: "KVCacheConfig",
-                                attn_groups: list[list[AttentionGroup]],
-                                vllm_config: "VllmConfig",
-                                device: torch.device) -> list[torch.Tensor]:
+def allocate_and_bind_kv_caches(
+    kv_cache_config: KVCacheConfig,
+    attn_groups: list[list[AttentionGroup]],
+    vllm_config: VllmConfig,
+    device: torch.device,
+) -> list[torch.Tensor]:
     """Allocate every `KVCacheTensor`, view it per layer in the backend's
     shape, and set `layer.kv_cache = [tensor]`. Returns the per-layer tensors
     in layer order."""
@@ -72,26 +76,39 @@ def allocate_and_bind_kv_caches(kv_cache_config: "KVCacheConfig",
             if isinstance(spec, MambaSpec):  # state slots, shaped by the spec
                 for layer_name in group.layer_names:
                     kv_caches[layer_name] = view_mamba_states(
-                        raw[layer_name], spec.shapes, spec.dtypes, kv_cache_config.num_blocks)
+                        raw[layer_name], spec.shapes, spec.dtypes, kv_cache_config.num_blocks
+                    )
                 continue
             if not isinstance(spec, AttentionSpec):
-                raise NotImplementedError(f"KV cache spec {type(spec).__name__} is not "
-                                          "supported by the V1 model runner yet.")
+                raise NotImplementedError(
+                    f"KV cache spec {type(spec).__name__} is not "
+                    "supported by the V1 model runner yet."
+                )
             for layer_name in group.layer_names:
                 kv_caches[layer_name] = _view_as_kv_cache(
-                    raw[layer_name], spec, group.backend, kv_cache_config.num_blocks,
-                    vllm_config.cache_config.cache_dtype)
+                    raw[layer_name],
+                    spec,
+                    group.backend,
+                    kv_cache_config.num_blocks,
+                    vllm_config.cache_config.cache_dtype,
+                )
     runner_kv_caches: list[torch.Tensor] = []
-    bind_kv_cache(kv_caches, vllm_config.compilation_config.static_forward_context,
-                  runner_kv_caches)
+    bind_kv_cache(
+        kv_caches, vllm_config.compilation_config.static_forward_context, runner_kv_caches
+    )
     total = sum(t.size for t in kv_cache_config.kv_cache_tensors)
-    logger.info("KV cache: %d blocks, %.2f GiB in %d tensors", kv_cache_config.num_blocks,
-                total / (1 << 30), len(kv_cache_config.kv_cache_tensors))
+    logger.info(
+        "KV cache: %d blocks, %.2f GiB in %d tensors",
+        kv_cache_config.num_blocks,
+        total / (1 << 30),
+        len(kv_cache_config.kv_cache_tensors),
+    )
     return runner_kv_caches
 
 
-def _allocate_raw_tensors(kv_cache_config: "KVCacheConfig",
-                          device: torch.device) -> dict[str, torch.Tensor]:
+def _allocate_raw_tensors(
+    kv_cache_config: KVCacheConfig, device: torch.device
+) -> dict[str, torch.Tensor]:
     """layer name -> its raw int8 allocation. Zero-filled: a backend may read a
     never-written slot under a mask, and 0 * garbage can be NaN."""
     raw: dict[str, torch.Tensor] = {}
@@ -106,15 +123,21 @@ def _allocate_raw_tensors(kv_cache_config: "KVCacheConfig",
     return raw
 
 
-def _view_as_kv_cache(raw: torch.Tensor, spec: AttentionSpec, backend: type,
-                      num_blocks: int, cache_dtype: str) -> torch.Tensor:
+def _view_as_kv_cache(
+    raw: torch.Tensor, spec: AttentionSpec, backend: type, num_blocks: int, cache_dtype: str
+) -> torch.Tensor:
     if raw.numel() % spec.page_size_bytes != 0:
-        raise ValueError(f"KV cache tensor of {raw.numel()} bytes is not a whole number "
-                         f"of {spec.page_size_bytes}-byte pages.")
+        raise ValueError(
+            f"KV cache tensor of {raw.numel()} bytes is not a whole number "
+            f"of {spec.page_size_bytes}-byte pages."
+        )
     tensor_blocks = raw.numel() // spec.page_size_bytes
     if tensor_blocks < num_blocks:
-        raise ValueError(f"KV cache tensor holds {tensor_blocks} blocks, fewer than "
-                         f"the {num_blocks} the config asks for.")
-    shape = backend.get_kv_cache_shape(tensor_blocks, spec.block_size, spec.num_kv_heads,
-                                       spec.head_size, cache_dtype)
+        raise ValueError(
+            f"KV cache tensor holds {tensor_blocks} blocks, fewer than "
+            f"the {num_blocks} the config asks for."
+        )
+    shape = backend.get_kv_cache_shape(
+        tensor_blocks, spec.block_size, spec.num_kv_heads, spec.head_size, cache_dtype
+    )
     return raw.view(spec.dtype).view(shape)

@@ -8,6 +8,7 @@ tokens starting at position s yields entries s .. s + n - 1 (clipped to
 P - 2), written into one preallocated CPU tensor per request; the tensor is
 returned with the step that finishes the prompt.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -21,9 +22,9 @@ if TYPE_CHECKING:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 
-def get_prompt_logprobs_dict(runner: "GPUModelRunner", hidden_states: torch.Tensor,
-                             num_scheduled_tokens: dict[str, int]
-                             ) -> dict[str, LogprobsTensors | None]:
+def get_prompt_logprobs_dict(
+    runner: GPUModelRunner, hidden_states: torch.Tensor, num_scheduled_tokens: dict[str, int]
+) -> dict[str, LogprobsTensors | None]:
     """req_id -> the finished prompt logprobs, for requests whose prompt
     completes in this step. hidden_states: [num_tokens, hidden] of the step."""
     batch = runner.input_batch
@@ -55,15 +56,15 @@ def get_prompt_logprobs_dict(runner: "GPUModelRunner", hidden_states: torch.Tens
         if num_logits <= 0:
             continue
         offset = int(query_start_loc[batch.req_id_to_index[req_id]])
-        logits = runner.get_model().compute_logits(hidden_states[offset:offset + num_logits])
-        targets = torch.from_numpy(np.asarray(
-            req.prompt_token_ids[start + 1:start + 1 + num_logits], dtype=np.int64))
+        logits = runner.get_model().compute_logits(hidden_states[offset : offset + num_logits])
+        targets = torch.from_numpy(
+            np.asarray(req.prompt_token_ids[start + 1 : start + 1 + num_logits], dtype=np.int64)
+        )
         logprobs = runner.sampler.compute_logprobs(logits)
-        ids, values, ranks = runner.sampler.gather_logprobs(logprobs, k,
-                                                            targets.to(logits.device))
-        tensors.logprob_token_ids[start:start + num_logits].copy_(ids, non_blocking=True)
-        tensors.logprobs[start:start + num_logits].copy_(values, non_blocking=True)
-        tensors.selected_token_ranks[start:start + num_logits].copy_(ranks, non_blocking=True)
+        ids, values, ranks = runner.sampler.gather_logprobs(logprobs, k, targets.to(logits.device))
+        tensors.logprob_token_ids[start : start + num_logits].copy_(ids, non_blocking=True)
+        tensors.logprobs[start : start + num_logits].copy_(values, non_blocking=True)
+        tensors.selected_token_ranks[start : start + num_logits].copy_(ranks, non_blocking=True)
     for req_id in completed:
         del pending[req_id]
         del in_progress[req_id]

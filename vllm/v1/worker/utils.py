@@ -1,6 +1,7 @@
 """Small helpers shared by both model runners (upstream: vllm/v1/worker/utils.py
 and the `CpuGpuBuffer` of vllm/v1/utils.py). This module imports neither runner
 (.importlinter)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,8 +15,11 @@ from vllm.distributed import get_pp_group
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.attention.backend import (AttentionBackend, AttentionMetadataBuilder,
-                                           CommonAttentionMetadata)
+    from vllm.v1.attention.backend import (
+        AttentionBackend,
+        AttentionMetadataBuilder,
+        CommonAttentionMetadata,
+    )
     from vllm.v1.kv_cache_interface import KVCacheSpec
 
 
@@ -27,8 +31,14 @@ class CpuGpuBuffer:
     `copy_to_gpu` costs nothing and the model reads the numpy-written memory.
     """
 
-    def __init__(self, *size: int, dtype: torch.dtype, device: torch.device,
-                 pin_memory: bool, with_numpy: bool = True) -> None:
+    def __init__(
+        self,
+        *size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        pin_memory: bool,
+        with_numpy: bool = True,
+    ) -> None:
         self.cpu = torch.zeros(*size, dtype=dtype, device="cpu", pin_memory=pin_memory)
         self.np: np.ndarray = self.cpu.numpy() if with_numpy else np.empty(0)
         self.on_cpu = device.type == "cpu"
@@ -45,21 +55,28 @@ class CpuGpuBuffer:
         return self.gpu[:n]
 
 
-def build_group_attn_metadata(groups: list["AttentionGroup"],
-                              common: "CommonAttentionMetadata", for_cudagraph_capture: bool,
-                              out: dict[str, Any]) -> None:
+def build_group_attn_metadata(
+    groups: list[AttentionGroup],
+    common: CommonAttentionMetadata,
+    for_cudagraph_capture: bool,
+    out: dict[str, Any],
+) -> None:
     """One KV cache group's metadata: each backend group's builder builds it
     once from `common` and every layer of that group shares it (out[layer])."""
     for group in groups:
         builder = group.metadata_builder
-        metadata = (builder.build_for_cudagraph_capture(common) if for_cudagraph_capture
-                    else builder.build(common_prefix_len=0, common_attn_metadata=common))
+        metadata = (
+            builder.build_for_cudagraph_capture(common)
+            if for_cudagraph_capture
+            else builder.build(common_prefix_len=0, common_attn_metadata=common)
+        )
         for layer_name in group.layer_names:
             out[layer_name] = metadata
 
 
-def get_layers_from_vllm_config(vllm_config: "VllmConfig",
-                                layer_names: list[str] | None = None) -> dict[str, Any]:
+def get_layers_from_vllm_config(
+    vllm_config: VllmConfig, layer_names: list[str] | None = None
+) -> dict[str, Any]:
     """The attention layers registered in the static forward context, by name
     (all of them when `layer_names` is None)."""
     ctx = vllm_config.compilation_config.static_forward_context
@@ -67,13 +84,18 @@ def get_layers_from_vllm_config(vllm_config: "VllmConfig",
         return dict(ctx)
     missing = [name for name in layer_names if name not in ctx]
     if missing:
-        raise ValueError(f"Layers {missing} are not registered in the static forward "
-                         "context; was the model built under this VllmConfig?")
+        raise ValueError(
+            f"Layers {missing} are not registered in the static forward "
+            "context; was the model built under this VllmConfig?"
+        )
     return {name: ctx[name] for name in layer_names}
 
 
-def bind_kv_cache(kv_caches: dict[str, torch.Tensor], forward_context: dict[str, Any],
-                  runner_kv_caches: list[torch.Tensor]) -> None:
+def bind_kv_cache(
+    kv_caches: dict[str, torch.Tensor],
+    forward_context: dict[str, Any],
+    runner_kv_caches: list[torch.Tensor],
+) -> None:
     """Give every attention layer its KV cache tensor.
 
     Layers read `layer.kv_cache[virtual_engine]`; without pipeline parallelism
@@ -89,8 +111,9 @@ def bind_kv_cache(kv_caches: dict[str, torch.Tensor], forward_context: dict[str,
 
 def _layer_sort_key(layer_name: str) -> tuple:
     """Order "model.layers.10.attn" after "model.layers.9.attn"."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
-                 for part in layer_name.split("."))
+    return tuple(
+        (0, int(part), "") if part.isdigit() else (1, 0, part) for part in layer_name.split(".")
+    )
 
 
 @dataclass
@@ -98,10 +121,10 @@ class AttentionGroup:
     """Layers of one KV cache group that share a backend, and hence one
     metadata builder (upstream: vllm/v1/worker/utils.py)."""
 
-    backend: type["AttentionBackend"]
-    metadata_builder: "AttentionMetadataBuilder"
+    backend: type[AttentionBackend]
+    metadata_builder: AttentionMetadataBuilder
     layer_names: list[str]
-    kv_cache_spec: "KVCacheSpec"
+    kv_cache_spec: KVCacheSpec
 
 
 class SwappableBatch(Protocol):
@@ -132,8 +155,7 @@ def reorder_batch_to_split_decodes_and_prefills(
     num_reqs = len(req_ids)
     if num_reqs == 0:
         return False
-    counts = np.fromiter((num_scheduled_tokens[r] for r in req_ids), dtype=np.int64,
-                         count=num_reqs)
+    counts = np.fromiter((num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=num_reqs)
     is_decode = counts <= decode_threshold
     num_decodes = int(is_decode.sum())
     # Rows that must move: prefills in the front part, decodes in the back part.
@@ -144,8 +166,9 @@ def reorder_batch_to_split_decodes_and_prefills(
     return len(prefills_in_front) > 0
 
 
-def pp_dummy_intermediate_tensors(model: nn.Module, num_tokens: int, dtype: torch.dtype,
-                                  device: torch.device) -> Any:
+def pp_dummy_intermediate_tensors(
+    model: nn.Module, num_tokens: int, dtype: torch.dtype, device: torch.device
+) -> Any:
     """What a dummy batch's forward starts from: None on the first stage, zeros
     (the model's `make_empty_intermediate_tensors`) on a later one, since the
     stages run their dummy batches independently."""

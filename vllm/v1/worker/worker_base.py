@@ -3,6 +3,7 @@
 A worker owns one device and its model runner. Executors call its methods by
 name through `collective_rpc`, so every method here is part of the RPC surface.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -28,8 +29,14 @@ class WorkerBase:
       -> (execute_model -> sample_tokens)* -> shutdown
     """
 
-    def __init__(self, vllm_config: "VllmConfig", local_rank: int, rank: int,
-                 distributed_init_method: str, is_driver_worker: bool = False) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        local_rank: int,
+        rank: int,
+        distributed_init_method: str,
+        is_driver_worker: bool = False,
+    ) -> None:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.cache_config = vllm_config.cache_config
@@ -51,7 +58,7 @@ class WorkerBase:
     def get_model(self) -> nn.Module:
         raise NotImplementedError
 
-    def get_kv_cache_spec(self) -> dict[str, "KVCacheSpec"]:
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """layer name -> KV cache spec of every layer that needs a KV cache."""
         raise NotImplementedError
 
@@ -59,18 +66,18 @@ class WorkerBase:
         """Bytes this worker can give to the KV cache."""
         raise NotImplementedError
 
-    def initialize_from_config(self, kv_cache_config: "KVCacheConfig") -> None:
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate the KV cache described by `kv_cache_config`."""
         raise NotImplementedError
 
     def compile_or_warm_up_model(self) -> None:
         raise NotImplementedError
 
-    def execute_model(self, scheduler_output: "SchedulerOutput") -> "ModelRunnerOutput | None":
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         """Run one step's forward pass. None means: call `sample_tokens` next."""
         raise NotImplementedError
 
-    def sample_tokens(self, grammar_output: "GrammarOutput | None") -> "ModelRunnerOutput | None":
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | None:
         raise NotImplementedError
 
     def check_health(self) -> None:
@@ -92,15 +99,17 @@ class WorkerBase:
         """Release what the worker holds."""
 
 
-def run_method(obj: Any, method: str | Callable[..., _R], args: tuple,
-               kwargs: dict[str, Any]) -> Any:
+def run_method(
+    obj: Any, method: str | Callable[..., _R], args: tuple, kwargs: dict[str, Any]
+) -> Any:
     """Call `method` on `obj`: a method name, or a callable taking `obj` first."""
     if isinstance(method, str):
         try:
             func = getattr(obj, method)
         except AttributeError as e:
             raise NotImplementedError(
-                f"Method {method!r} is not implemented by {type(obj).__name__}.") from e
+                f"Method {method!r} is not implemented by {type(obj).__name__}."
+            ) from e
         return func(*args, **kwargs)
     return method(obj, *args, **kwargs)
 
@@ -113,7 +122,7 @@ class WorkerWrapperBase:
     rank (the KV cache configs) pick this rank's entry here.
     """
 
-    def __init__(self, vllm_config: "VllmConfig", rpc_rank: int = 0) -> None:
+    def __init__(self, vllm_config: VllmConfig, rpc_rank: int = 0) -> None:
         self.vllm_config = vllm_config
         self.rpc_rank = rpc_rank
         self.worker: WorkerBase | None = None
@@ -123,7 +132,7 @@ class WorkerWrapperBase:
 
         self.worker = Worker(**all_kwargs[self.rpc_rank])
 
-    def initialize_from_config(self, kv_cache_configs: list["KVCacheConfig"]) -> None:
+    def initialize_from_config(self, kv_cache_configs: list[KVCacheConfig]) -> None:
         assert self.worker is not None
         self.worker.initialize_from_config(kv_cache_configs[self.rpc_rank])
 

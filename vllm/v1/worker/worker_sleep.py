@@ -31,6 +31,7 @@ What cannot work this way is refused before anything is freed: a model
 running under CUDA graphs (the graphs hold the tensors' addresses), and level
 2 of a torch.compile'd model (the compiled graph may keep frozen weights).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -57,23 +58,25 @@ def check_wake_up_tags(tags: list[str] | None) -> None:
         raise ValueError(f"Unknown wake-up tags {unknown}; the tags are {list(SLEEP_TAGS)}.")
 
 
-def check_sleep_supported(vllm_config: "VllmConfig", level: int) -> None:
+def check_sleep_supported(vllm_config: VllmConfig, level: int) -> None:
     """Raise (before anything is freed) where this build cannot sleep."""
     compilation = vllm_config.compilation_config
     if compilation.cudagraph_mode not in (None, CUDAGraphMode.NONE):
         raise ValueError(
             "Sleep mode with CUDA graphs needs upstream's cumem allocator (graphs keep the "
             "addresses of the tensors sleep frees), which is not built: run with "
-            "--enforce-eager to use sleep mode.")
+            "--enforce-eager to use sleep mode."
+        )
     if level == 2 and compilation.mode != CompilationMode.NONE:
         raise ValueError(
             "Sleep level 2 reloads the weights on wake-up, which a torch.compile'd model "
-            "(compilation mode %s) would not see: use level 1, or compilation mode 0."
-            % compilation.mode)
+            f"(compilation mode {compilation.mode}) would not see: use level 1, or "
+            "compilation mode 0."
+        )
 
 
 # ---- KV cache ----------------------------------------------------------------------
-def discard_kv_cache(runner: Any, vllm_config: "VllmConfig") -> None:
+def discard_kv_cache(runner: Any, vllm_config: VllmConfig) -> None:
     """Drop every reference to the KV cache tensors."""
     num_engines = vllm_config.parallel_config.pipeline_parallel_size
     for layer in vllm_config.compilation_config.static_forward_context.values():
@@ -82,12 +85,13 @@ def discard_kv_cache(runner: Any, vllm_config: "VllmConfig") -> None:
     runner.kv_caches = []
 
 
-def reallocate_kv_cache(runner: Any, vllm_config: "VllmConfig") -> None:
+def reallocate_kv_cache(runner: Any, vllm_config: VllmConfig) -> None:
     """Allocate the KV cache again (zero-filled) and bind it to the layers."""
     if runner.kv_cache_config is None:
         raise RuntimeError("The KV cache was never initialised: nothing to wake up.")
     runner.kv_caches = kv_cache_setup.allocate_and_bind_kv_caches(
-        runner.kv_cache_config, runner.attn_groups, vllm_config, runner.device)
+        runner.kv_cache_config, runner.attn_groups, vllm_config, runner.device
+    )
 
 
 # ---- weights -----------------------------------------------------------------------
@@ -96,7 +100,8 @@ def _weight_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     attributes kept next to them (packed GEMM weights). Buffers are not
     weights (upstream keeps them too)."""
     tensors: dict[str, torch.Tensor] = {
-        name: p for name, p in module._parameters.items() if p is not None}
+        name: p for name, p in module._parameters.items() if p is not None
+    }
     for name, value in vars(module).items():
         if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
             tensors[name] = value
@@ -117,8 +122,9 @@ def offload_weights(model: nn.Module) -> dict[tuple[str, str], torch.Tensor]:
     return host
 
 
-def onload_weights(model: nn.Module, host: dict[tuple[str, str], torch.Tensor],
-                   device: torch.device) -> None:
+def onload_weights(
+    model: nn.Module, host: dict[tuple[str, str], torch.Tensor], device: torch.device
+) -> None:
     """Undo `offload_weights`."""
     modules = dict(model.named_modules())
     for module in modules.values():
@@ -140,7 +146,7 @@ def discard_weights(model: nn.Module) -> None:
                 setattr(module, name, None)
 
 
-def reload_weights(model: nn.Module, vllm_config: "VllmConfig") -> None:
+def reload_weights(model: nn.Module, vllm_config: VllmConfig) -> None:
     """Build the model again from the checkpoint (the start-up loader) and
     move its weight tensors into `model`'s modules."""
     from vllm.model_executor.model_loader import get_model

@@ -6,6 +6,7 @@ vllm.v1.worker.gpu.* is first imported, so these checks run in a fresh
 interpreter with TRITON_INTERPRET=1 (see `run_checks`); `python -m
 tests.v1.worker.gpu.kernel_checks NAME...` prints a JSON verdict per check.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,15 @@ def _batch(seed: int, num_reqs: int = 6, max_num_reqs: int = 10, max_model_len: 
     np.cumsum(query_lens, out=qsl[1:])
     tokens = g.integers(0, 1000, (max_num_reqs, max_model_len)).astype(np.int32)
     last = g.integers(0, 1000, (max_num_reqs, 1)).astype(np.int64)
-    return dict(rows=rows, prefill_len=prefill_len, computed=computed, qsl=qsl,
-                tokens=tokens, last=last, num_tokens=int(qsl[-1]))
+    return dict(
+        rows=rows,
+        prefill_len=prefill_len,
+        computed=computed,
+        qsl=qsl,
+        tokens=tokens,
+        last=last,
+        num_tokens=int(qsl[-1]),
+    )
 
 
 def _t(x: np.ndarray) -> torch.Tensor:
@@ -73,6 +81,7 @@ def _assert_equal(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
 def check_prepare_prefill_inputs() -> None:
     from vllm.v1.worker.gpu import input_batch as ib
     from vllm.v1.worker.gpu import input_batch_kernels as k
+
     for seed in range(5):
         b = _batch(seed)
         n = b["num_tokens"]
@@ -81,12 +90,19 @@ def check_prepare_prefill_inputs() -> None:
             s, e = b["qsl"][i], b["qsl"][i + 1]
             if b["computed"][r] < b["prefill_len"][r]:
                 c = b["computed"][r]
-                want[s:e] = b["tokens"][r, c:c + e - s]
+                want[s:e] = b["tokens"][r, c : c + e - s]
         outs = []
         for fn in (ib._prepare_prefill_inputs_torch, k.prepare_prefill_inputs_triton):
             out = torch.full((n + 3,), -7, dtype=torch.int32)
-            fn(out, _t(b["rows"]), _t(b["qsl"]), _t(b["tokens"]), _t(b["prefill_len"]),
-               _t(b["computed"]), n)
+            fn(
+                out,
+                _t(b["rows"]),
+                _t(b["qsl"]),
+                _t(b["tokens"]),
+                _t(b["prefill_len"]),
+                _t(b["computed"]),
+                n,
+            )
             outs.append(out)
         _assert_equal(outs[0], _t(want), "torch vs reference")
         _assert_equal(outs[1], outs[0], "triton vs torch")
@@ -96,6 +112,7 @@ def check_prepare_prefill_inputs() -> None:
 def check_prepare_pos_seq_lens() -> None:
     from vllm.v1.worker.gpu import input_batch as ib
     from vllm.v1.worker.gpu import input_batch_kernels as k
+
     for seed in range(5):
         b = _batch(seed)
         n, num_reqs = b["num_tokens"], len(b["rows"])
@@ -149,7 +166,7 @@ def _combine_reference(b, qsl, seq_lens, cu, draft_tokens, n):
         if seq_lens[i] > b["prefill_len"][r]:
             if seq_lens[i] - nl >= b["prefill_len"][r]:
                 ids[first] = b["last"][r, 0]
-            ids[first + 1:first + nl] = draft_tokens[r, :nl - 1]
+            ids[first + 1 : first + nl] = draft_tokens[r, : nl - 1]
     return ids, np.array(idx, dtype=np.int64)
 
 
@@ -157,17 +174,29 @@ def _combine_reference(b, qsl, seq_lens, cu, draft_tokens, n):
 def check_combine_sampled_and_draft_tokens() -> None:
     from vllm.v1.worker.gpu import input_batch as ib
     from vllm.v1.worker.gpu import input_batch_kernels as k
+
     for seed in range(6):
         num_spec = seed % 3  # 0: plain decoding; 1-2: with draft tokens
         b, qsl, seq_lens, cu, drafts = _combine_case(seed, num_spec)
         n = int(qsl[-1])
         want_ids, want_idx = _combine_reference(b, qsl, seq_lens, cu, drafts, n)
         outs = []
-        for fn in (ib._combine_sampled_and_draft_tokens_torch,
-                   k.combine_sampled_and_draft_tokens_triton):
+        for fn in (
+            ib._combine_sampled_and_draft_tokens_torch,
+            k.combine_sampled_and_draft_tokens_triton,
+        ):
             ids = torch.arange(n, dtype=torch.int32) + 5000
-            idx = fn(ids, _t(b["rows"]), _t(b["last"]), _t(qsl), _t(seq_lens),
-                     _t(b["prefill_len"]), _t(drafts), _t(cu), int(cu[-1]))
+            idx = fn(
+                ids,
+                _t(b["rows"]),
+                _t(b["last"]),
+                _t(qsl),
+                _t(seq_lens),
+                _t(b["prefill_len"]),
+                _t(drafts),
+                _t(cu),
+                int(cu[-1]),
+            )
             outs.append((ids, idx))
         _assert_equal(outs[0][0], _t(want_ids), "input_ids (torch)")
         _assert_equal(outs[0][1], _t(want_idx), "logits_indices (torch)")
@@ -179,6 +208,7 @@ def check_combine_sampled_and_draft_tokens() -> None:
 def check_get_num_sampled_and_rejected() -> None:
     from vllm.v1.worker.gpu import input_batch as ib
     from vllm.v1.worker.gpu import input_batch_kernels as k
+
     for seed in range(4):
         b, qsl, seq_lens, cu, _ = _combine_case(seed, num_spec=2)
         g = np.random.default_rng(seed)
@@ -187,9 +217,13 @@ def check_get_num_sampled_and_rejected() -> None:
         chunked = seq_lens < b["prefill_len"][b["rows"]]
         want_s = np.where(chunked, 0, sampled)
         want_r = np.where(chunked, 0, num_logits - sampled)
-        outs = [fn(_t(sampled), _t(seq_lens), _t(cu), _t(b["rows"]), _t(b["prefill_len"]))
-                for fn in (ib._get_num_sampled_and_rejected_torch,
-                           k.get_num_sampled_and_rejected_triton)]
+        outs = [
+            fn(_t(sampled), _t(seq_lens), _t(cu), _t(b["rows"]), _t(b["prefill_len"]))
+            for fn in (
+                ib._get_num_sampled_and_rejected_torch,
+                k.get_num_sampled_and_rejected_triton,
+            )
+        ]
         _assert_equal(outs[0][0], _t(want_s), "num_sampled (torch)")
         _assert_equal(outs[0][1], _t(want_r.astype(np.int32)), "num_rejected (torch)")
         for a, c in zip(outs[1], outs[0]):
@@ -200,6 +234,7 @@ def check_get_num_sampled_and_rejected() -> None:
 def check_post_update() -> None:
     from vllm.v1.worker.gpu import input_batch as ib
     from vllm.v1.worker.gpu import input_batch_kernels as k
+
     for seed in range(4):
         g = np.random.default_rng(seed)
         b = _batch(seed)
@@ -212,22 +247,34 @@ def check_post_update() -> None:
         num_sampled = g.integers(0, width + 1, num_reqs).astype(np.int32)
         num_rejected = g.integers(0, 2, num_reqs).astype(np.int32)
         total = (b["prefill_len"] + g.integers(0, 10, 10)).astype(np.int32)
-        want = dict(ids=b["tokens"].copy(), last=b["last"].copy(), total=total.copy(),
-                    computed=b["computed"].copy())
+        want = dict(
+            ids=b["tokens"].copy(),
+            last=b["last"].copy(),
+            total=total.copy(),
+            computed=b["computed"].copy(),
+        )
         for i, r in enumerate(rows):
             if r < 0:
                 continue
             ns = num_sampled[i]
-            want["ids"][r, total[r]:total[r] + ns] = sampled[i, :ns]
+            want["ids"][r, total[r] : total[r] + ns] = sampled[i, :ns]
             if ns:
                 want["last"][r, 0] = sampled[i, ns - 1]
                 want["total"][r] += ns
             want["computed"][r] += b["qsl"][i + 1] - b["qsl"][i] - num_rejected[i]
         for fn in (ib._post_update_torch, k.post_update_triton):
-            ids, last, tot, comp = (_t(b["tokens"]), _t(b["last"]), _t(total),
-                                    _t(b["computed"]))
-            fn(_t(rows), comp, last, _t(sampled), _t(num_sampled), _t(num_rejected),
-               _t(b["qsl"]), ids, tot)
+            ids, last, tot, comp = (_t(b["tokens"]), _t(b["last"]), _t(total), _t(b["computed"]))
+            fn(
+                _t(rows),
+                comp,
+                last,
+                _t(sampled),
+                _t(num_sampled),
+                _t(num_rejected),
+                _t(b["qsl"]),
+                ids,
+                tot,
+            )
             name = fn.__name__
             _assert_equal(ids, _t(want["ids"]), f"all_token_ids ({name})")
             _assert_equal(last, _t(want["last"]), f"last_sampled ({name})")
@@ -238,17 +285,22 @@ def check_post_update() -> None:
 @check
 def check_compute_slot_mapping() -> None:
     from vllm.v1.worker.gpu import block_table as bt
+
     for seed in range(4):
         b = _batch(seed)
         g = np.random.default_rng(seed)
         block_size = int(g.choice([4, 16]))
         table = g.integers(0, 500, (10, 64 // block_size + 1)).astype(np.int32)
-        pos = np.concatenate([b["computed"][r] + np.arange(b["qsl"][i + 1] - b["qsl"][i])
-                              for i, r in enumerate(b["rows"])]).astype(np.int64)
+        pos = np.concatenate(
+            [
+                b["computed"][r] + np.arange(b["qsl"][i + 1] - b["qsl"][i])
+                for i, r in enumerate(b["rows"])
+            ]
+        ).astype(np.int64)
         want = np.full(80, -1, dtype=np.int64)
         t = 0
         for i, r in enumerate(b["rows"]):
-            for p in pos[b["qsl"][i]:b["qsl"][i + 1]]:
+            for p in pos[b["qsl"][i] : b["qsl"][i + 1]]:
                 want[t] = table[r, p // block_size] * block_size + p % block_size
                 t += 1
         for fn in (bt._compute_slot_mapping_torch, bt._compute_slot_mapping_triton):
@@ -260,18 +312,23 @@ def check_compute_slot_mapping() -> None:
 @check
 def check_apply_staged_writes() -> None:
     from vllm.v1.worker.gpu import buffer_utils as bu
+
     g = np.random.default_rng(0)
     for dtype, shape in ((torch.int32, (6, 40)), (torch.float32, (6, 40)), (torch.int64, (9,))):
-        writes = [(int(g.integers(0, shape[0])),
-                   0 if len(shape) == 1 else int(g.integers(0, 20)),
-                   g.integers(0, 100, 1 if len(shape) == 1 else int(g.integers(1, 20))))
-                  for _ in range(5)]
+        writes = [
+            (
+                int(g.integers(0, shape[0])),
+                0 if len(shape) == 1 else int(g.integers(0, 20)),
+                g.integers(0, 100, 1 if len(shape) == 1 else int(g.integers(1, 20))),
+            )
+            for _ in range(5)
+        ]
         want = torch.zeros(shape, dtype=dtype)
         for row, start, vals in writes:
             if len(shape) == 1:
                 want[row] = float(vals[0])
             else:
-                want[row, start:start + len(vals)] = torch.tensor(vals, dtype=dtype)
+                want[row, start : start + len(vals)] = torch.tensor(vals, dtype=dtype)
         indices = np.array([w[0] for w in writes])
         starts = np.array([w[1] for w in writes])
         cu = np.cumsum([len(w[2]) for w in writes])
@@ -288,6 +345,7 @@ def check_apply_staged_writes() -> None:
 @check
 def check_gumbel_sample() -> None:
     from vllm.v1.worker.gpu.sample import gumbel
+
     g = np.random.default_rng(0)
     num_rows, vocab = 48, 1500  # vocab > BLOCK_SIZE: the kernel's block loop is used
     for scale in (1.0, 5.0):
@@ -295,7 +353,7 @@ def check_gumbel_sample() -> None:
         logits *= scale
         rows = g.permutation(64)[:num_rows].astype(np.int64)
         temp = g.choice([0.0, 0.7, 1.0], 64).astype(np.float32)
-        seeds = g.integers(-2**63, 2**63 - 1, 64, dtype=np.int64)
+        seeds = g.integers(-(2**63), 2**63 - 1, 64, dtype=np.int64)
         pos = g.integers(0, 2**31 - 1, num_rows).astype(np.int64)
         args = (logits, _t(rows), _t(temp), _t(seeds), _t(pos))
         want_torch = gumbel._gumbel_sample_torch(*args, None)
@@ -312,10 +370,19 @@ def run_checks(names: list[str]) -> dict[str, str]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         return _run_here(names)
     env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__))))))
-    proc = subprocess.run([sys.executable, "-m", "tests.v1.worker.gpu.kernel_checks", *names],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    root = os.path.dirname(
+        os.path.dirname(
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.v1.worker.gpu.kernel_checks", *names],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"kernel checks failed to run:\n{proc.stdout}\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

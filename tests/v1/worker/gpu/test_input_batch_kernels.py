@@ -1,6 +1,7 @@
 """Each Triton kernel of Model Runner V2 (input preparation, slot mappings,
 staged writes, Gumbel sampling) against its torch path and a plain-Python
 reference, under Triton's CPU interpreter (see kernel_checks.py)."""
+
 import pytest
 
 from tests.v1.worker.gpu.kernel_checks import CHECKS, run_checks

@@ -3,6 +3,7 @@ SchedulerOutputs: chunked prefill mixed with decodes, a preempted request
 resumed as a new request carrying prompt + generated tokens, rows reused after
 a finish, seeded sampling that does not depend on the batch, async output.
 Greedy tokens must equal transformers' `generate`."""
+
 import random
 
 import numpy as np
@@ -69,7 +70,7 @@ def test_greedy_matches_transformers_through_chunking_preemption_and_resume(runn
     for req_id, expected in zip("abcd", want):
         got = outputs[req_id]
         assert len(got) >= 4
-        assert got == expected[:len(got)], req_id
+        assert got == expected[: len(got)], req_id
 
 
 def _collected(s: V2ScriptedScheduler, req_id: str) -> list[int]:
@@ -94,8 +95,13 @@ def test_finished_requests_leave_in_a_step_without_tokens(runner):
     finish_all(s)
 
 
-def _seeded_run(runner, target: list[int], others: list[tuple[list[int], SamplingParams]],
-                first_chunk: int, steps: int) -> list[int]:
+def _seeded_run(
+    runner,
+    target: list[int],
+    others: list[tuple[list[int], SamplingParams]],
+    first_chunk: int,
+    steps: int,
+) -> list[int]:
     params = SamplingParams(temperature=0.8, seed=42, max_tokens=64)
     s = V2ScriptedScheduler(runner)
     s.add("target", target, params)
@@ -118,11 +124,13 @@ def test_seeded_request_samples_the_same_alone_and_in_a_batch_of_16(runner):
     others = []
     for i in range(15):
         kind = i % 5
-        p = {0: SamplingParams(temperature=0.0),
-             1: SamplingParams(temperature=1.0, seed=i),
-             2: SamplingParams(temperature=0.8),  # unseeded
-             3: SamplingParams(temperature=1.2, top_k=5, seed=100 + i),
-             4: SamplingParams(temperature=0.7, top_p=0.8, min_p=0.05)}[kind]
+        p = {
+            0: SamplingParams(temperature=0.0),
+            1: SamplingParams(temperature=1.0, seed=i),
+            2: SamplingParams(temperature=0.8),  # unseeded
+            3: SamplingParams(temperature=1.2, top_k=5, seed=100 + i),
+            4: SamplingParams(temperature=0.7, top_p=0.8, min_p=0.05),
+        }[kind]
         others.append((prompts(10 + i, [rng.randrange(3, 9)])[0], p))
     alone = _seeded_run(runner, target, [], first_chunk=9, steps=6)
     # In the batch the target's prompt is also chunked differently (4 + 5).
@@ -195,8 +203,9 @@ def test_prompt_logprobs_over_chunks_and_not_again_after_resume(runner, model_di
         ref = hf(torch.tensor([prompt])).logits[0, :-1].log_softmax(-1)
     targets = torch.tensor(prompt[1:])
     assert torch.equal(lp.logprob_token_ids[:, 0].long(), targets)
-    torch.testing.assert_close(lp.logprobs[:, 0], ref.gather(1, targets[:, None])[:, 0],
-                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        lp.logprobs[:, 0], ref.gather(1, targets[:, None])[:, 0], atol=1e-4, rtol=0
+    )
     assert torch.equal(lp.logprob_token_ids[:, 1:].long(), ref.topk(2).indices)
     s.decode_all(["p"], 2)
     s.add("q", prompts(8, [4])[0], GREEDY)

@@ -1,4 +1,5 @@
 """RequestState rows, staged writes and block tables of Model Runner V2."""
+
 import numpy as np
 import pytest
 import torch
@@ -11,8 +12,14 @@ CPU = torch.device("cpu")
 
 
 def make_states(max_num_reqs: int = 4) -> RequestState:
-    return RequestState(max_num_reqs=max_num_reqs, max_model_len=32, max_num_batched_tokens=64,
-                        num_speculative_steps=0, vocab_size=100, device=CPU)
+    return RequestState(
+        max_num_reqs=max_num_reqs,
+        max_model_len=32,
+        max_num_batched_tokens=64,
+        num_speculative_steps=0,
+        vocab_size=100,
+        device=CPU,
+    )
 
 
 def test_request_keeps_its_row_and_freed_rows_are_reused():
@@ -84,8 +91,9 @@ def test_staged_writes_apply_in_order_and_clear():
 
 
 def test_block_tables_append_replace_gather_and_slots():
-    bt = BlockTables(block_sizes=[4], max_num_reqs=4, max_num_batched_tokens=16,
-                     max_model_len=16, device=CPU)
+    bt = BlockTables(
+        block_sizes=[4], max_num_reqs=4, max_num_batched_tokens=16, max_model_len=16, device=CPU
+    )
     bt.append_block_ids(2, ([7, 3],), overwrite=True)
     bt.append_block_ids(0, ([5],), overwrite=True)
     bt.apply_staged_writes()

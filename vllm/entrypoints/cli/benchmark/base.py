@@ -1,4 +1,5 @@
 """Base of the `vllm bench` subcommands (upstream: vllm/entrypoints/cli/benchmark/base.py)."""
+
 from __future__ import annotations
 
 import argparse

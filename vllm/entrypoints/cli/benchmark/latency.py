@@ -1,4 +1,5 @@
 """`vllm bench latency` (upstream: vllm/entrypoints/cli/benchmark/latency.py)."""
+
 from __future__ import annotations
 
 import argparse

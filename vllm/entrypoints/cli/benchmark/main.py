@@ -1,4 +1,5 @@
 """`vllm bench <benchmark>` (upstream: vllm/entrypoints/cli/benchmark/main.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,9 +11,11 @@ from vllm.entrypoints.cli.benchmark.throughput import BenchmarkThroughputSubcomm
 from vllm.entrypoints.cli.types import CLISubcommand
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-BENCHMARKS: list[type[BenchmarkSubcommandBase]] = [BenchmarkLatencySubcommand,
-                                                   BenchmarkServingSubcommand,
-                                                   BenchmarkThroughputSubcommand]
+BENCHMARKS: list[type[BenchmarkSubcommandBase]] = [
+    BenchmarkLatencySubcommand,
+    BenchmarkServingSubcommand,
+    BenchmarkThroughputSubcommand,
+]
 
 
 class BenchmarkSubcommand(CLISubcommand):
@@ -29,13 +32,22 @@ class BenchmarkSubcommand(CLISubcommand):
         pass
 
     def subparser_init(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-        parser = subparsers.add_parser(self.name, help=self.help, description=self.help,
-                                       usage="vllm bench <bench_type> [options]")
-        bench_parsers = parser.add_subparsers(required=True, dest="bench_type",
-                                              parser_class=FlexibleArgumentParser)
+        parser = subparsers.add_parser(
+            self.name,
+            help=self.help,
+            description=self.help,
+            usage="vllm bench <bench_type> [options]",
+        )
+        bench_parsers = parser.add_subparsers(
+            required=True, dest="bench_type", parser_class=FlexibleArgumentParser
+        )
         for cls in BENCHMARKS:
-            sub = bench_parsers.add_parser(cls.name, help=cls.help, description=cls.help,
-                                           usage=f"vllm bench {cls.name} [options]")
+            sub = bench_parsers.add_parser(
+                cls.name,
+                help=cls.help,
+                description=cls.help,
+                usage=f"vllm bench {cls.name} [options]",
+            )
             cls.add_cli_args(sub)
             sub.set_defaults(dispatch_function=cls.cmd)
         return parser

@@ -1,4 +1,5 @@
 """`vllm bench serve` (upstream: vllm/entrypoints/cli/benchmark/serve.py)."""
+
 from __future__ import annotations
 
 import argparse

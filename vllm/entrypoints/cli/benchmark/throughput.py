@@ -1,4 +1,5 @@
 """`vllm bench throughput` (upstream: vllm/entrypoints/cli/benchmark/throughput.py)."""
+
 from __future__ import annotations
 
 import argparse

@@ -7,6 +7,7 @@ They change the state of the whole engine, so they must never be reachable
 by the public: like every route but /health, /ping, /version and the docs,
 they sit behind `--api-key` when one is set.
 """
+
 from __future__ import annotations
 
 from fastapi import FastAPI

@@ -1,5 +1,6 @@
 """Liveness, version and Prometheus metrics routes
 (upstream: vllm/entrypoints/serve/instrumentator/)."""
+
 from __future__ import annotations
 
 from fastapi import FastAPI

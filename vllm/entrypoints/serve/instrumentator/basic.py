@@ -1,4 +1,5 @@
 """GET /version (upstream: vllm/entrypoints/serve/instrumentator/basic.py)."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter

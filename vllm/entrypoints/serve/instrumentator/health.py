@@ -1,4 +1,5 @@
 """GET /health (upstream: vllm/entrypoints/serve/instrumentator/health.py)."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Request

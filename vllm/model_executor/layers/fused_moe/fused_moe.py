@@ -7,14 +7,16 @@ tensor-parallel rank), K experts per token.
 - routing: router_logits [T, E] -> topk_weights [T, K] float32, topk_ids [T, K] int64
 - experts: w13 [E, 2I, H] (gate rows then up rows), w2 [E, H, I]
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 
-def fused_topk(router_logits: torch.Tensor, topk: int, renormalize: bool,
-               scoring_func: str = "softmax") -> tuple[torch.Tensor, torch.Tensor]:
+def fused_topk(
+    router_logits: torch.Tensor, topk: int, renormalize: bool, scoring_func: str = "softmax"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Score every expert (softmax or sigmoid, in float32), keep the top k;
     with `renormalize` the kept weights are rescaled to sum to 1."""
     scores = _score(router_logits, scoring_func)
@@ -24,10 +26,15 @@ def fused_topk(router_logits: torch.Tensor, topk: int, renormalize: bool,
     return topk_weights, topk_ids
 
 
-def grouped_topk(router_logits: torch.Tensor, topk: int, renormalize: bool,
-                 num_expert_group: int, topk_group: int, scoring_func: str = "softmax",
-                 e_score_correction_bias: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_topk(
+    router_logits: torch.Tensor,
+    topk: int,
+    renormalize: bool,
+    num_expert_group: int,
+    topk_group: int,
+    scoring_func: str = "softmax",
+    e_score_correction_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek's group-limited routing: experts form `num_expert_group`
     equal groups; a group scores as its best expert (or, with a correction
     bias, its two best biased scores), only the `topk_group` best groups stay
@@ -65,9 +72,14 @@ def _score(router_logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
 _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu}
 
 
-def fused_experts(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                  topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                  activation: str = "silu") -> torch.Tensor:
+def fused_experts(
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+) -> torch.Tensor:
     """sum_k weight[t, k] * expert_{id[t, k]}(x[t]) for every token t -> [T, H].
 
     The T*K (token, expert) pairs are sorted by expert so each expert runs one
@@ -83,8 +95,9 @@ def fused_experts(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     token_of_pair = order // top_k
     counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
     inputs = hidden_states.index_select(0, token_of_pair)  # [T*K, H], expert-sorted
-    outputs = torch.empty(inputs.shape[0], w2.shape[1], dtype=hidden_states.dtype,
-                          device=hidden_states.device)
+    outputs = torch.empty(
+        inputs.shape[0], w2.shape[1], dtype=hidden_states.dtype, device=hidden_states.device
+    )
     start = 0
     for expert_id, count in enumerate(counts):
         if count == 0:

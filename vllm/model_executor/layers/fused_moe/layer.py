@@ -9,6 +9,7 @@ outputs are summed across ranks (`reduce_results`). Checkpoints store one
 tensor per expert and projection; `make_expert_params_mapping` names them and
 `weight_loader` copies each into its expert's slot.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,11 +18,13 @@ import torch
 from torch import nn
 from torch.nn.parameter import Parameter
 
-from vllm.distributed import (divide, get_tensor_model_parallel_rank,
-                              get_tensor_model_parallel_world_size,
-                              tensor_model_parallel_all_reduce)
-from vllm.model_executor.layers.fused_moe.fused_moe import (fused_experts, fused_topk,
-                                                            grouped_topk)
+from vllm.distributed import (
+    divide,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
+from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts, fused_topk, grouped_topk
 
 
 class FusedMoE(nn.Module):
@@ -44,15 +47,26 @@ class FusedMoE(nn.Module):
         activation: Gate activation ("silu").
     """
 
-    def __init__(self, num_experts: int, top_k: int, hidden_size: int,
-                 intermediate_size: int, params_dtype: torch.dtype | None = None,
-                 reduce_results: bool = False, renormalize: bool = True,
-                 use_grouped_topk: bool = False, num_expert_group: int | None = None,
-                 topk_group: int | None = None, quant_config: Any = None,
-                 tp_size: int | None = None, prefix: str = "",
-                 scoring_func: str = "softmax", routed_scaling_factor: float = 1.0,
-                 e_score_correction_bias: torch.Tensor | None = None,
-                 activation: str = "silu") -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        params_dtype: torch.dtype | None = None,
+        reduce_results: bool = False,
+        renormalize: bool = True,
+        use_grouped_topk: bool = False,
+        num_expert_group: int | None = None,
+        topk_group: int | None = None,
+        quant_config: Any = None,
+        tp_size: int | None = None,
+        prefix: str = "",
+        scoring_func: str = "softmax",
+        routed_scaling_factor: float = 1.0,
+        e_score_correction_bias: torch.Tensor | None = None,
+        activation: str = "silu",
+    ) -> None:
         super().__init__()
         if quant_config is not None:
             raise NotImplementedError("Quantized MoE is not built.")
@@ -76,31 +90,47 @@ class FusedMoE(nn.Module):
         self.layer_name = prefix
         dtype = params_dtype or torch.get_default_dtype()
         i_tp = self.intermediate_size_per_partition
-        self.w13_weight = Parameter(torch.empty(num_experts, 2 * i_tp, hidden_size, dtype=dtype),
-                                    requires_grad=False)
-        self.w2_weight = Parameter(torch.empty(num_experts, hidden_size, i_tp, dtype=dtype),
-                                   requires_grad=False)
+        self.w13_weight = Parameter(
+            torch.empty(num_experts, 2 * i_tp, hidden_size, dtype=dtype), requires_grad=False
+        )
+        self.w2_weight = Parameter(
+            torch.empty(num_experts, hidden_size, i_tp, dtype=dtype), requires_grad=False
+        )
         for param in (self.w13_weight, self.w2_weight):
             param.weight_loader = self.weight_loader
 
     @staticmethod
-    def make_expert_params_mapping(ckpt_gate_proj_name: str, ckpt_down_proj_name: str,
-                                   ckpt_up_proj_name: str, num_experts: int
-                                   ) -> list[tuple[str, str, int, str]]:
+    def make_expert_params_mapping(
+        ckpt_gate_proj_name: str, ckpt_down_proj_name: str, ckpt_up_proj_name: str, num_experts: int
+    ) -> list[tuple[str, str, int, str]]:
         """(param prefix, checkpoint name part, expert id, shard id) per expert
         and projection, e.g. ("experts.w13_", "experts.3.gate_proj.", 3, "w1"):
         replace the second by the first in a checkpoint name to get the param."""
         return [
-            ("experts.w13_" if name in (ckpt_gate_proj_name, ckpt_up_proj_name)
-             else "experts.w2_", f"experts.{expert_id}.{name}.", expert_id, shard_id)
+            (
+                "experts.w13_"
+                if name in (ckpt_gate_proj_name, ckpt_up_proj_name)
+                else "experts.w2_",
+                f"experts.{expert_id}.{name}.",
+                expert_id,
+                shard_id,
+            )
             for expert_id in range(num_experts)
-            for shard_id, name in (("w1", ckpt_gate_proj_name), ("w2", ckpt_down_proj_name),
-                                   ("w3", ckpt_up_proj_name))
+            for shard_id, name in (
+                ("w1", ckpt_gate_proj_name),
+                ("w2", ckpt_down_proj_name),
+                ("w3", ckpt_up_proj_name),
+            )
         ]
 
-    def weight_loader(self, param: Parameter, loaded_weight: torch.Tensor,
-                      weight_name: str = "", shard_id: str = "",
-                      expert_id: int | None = None) -> None:
+    def weight_loader(
+        self,
+        param: Parameter,
+        loaded_weight: torch.Tensor,
+        weight_name: str = "",
+        shard_id: str = "",
+        expert_id: int | None = None,
+    ) -> None:
         """Copy one expert's projection (this rank's slice) into the stack.
 
         w1/w3: checkpoint [I, H] -> rows of w13 (gate first, then up);
@@ -121,20 +151,28 @@ class FusedMoE(nn.Module):
             src = loaded_weight.narrow(0, self.tp_rank * i_tp, i_tp)
             dst = expert.narrow(0, 0 if shard_id == "w1" else i_tp, i_tp)
         if dst.shape != src.shape:
-            raise ValueError(f"Expert weight shape {tuple(src.shape)} does not fit "
-                             f"{tuple(dst.shape)} ({weight_name}, {shard_id}).")
+            raise ValueError(
+                f"Expert weight shape {tuple(src.shape)} does not fit "
+                f"{tuple(dst.shape)} ({weight_name}, {shard_id})."
+            )
         dst.copy_(src)
 
-    def select_experts(self, router_logits: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    def select_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """router_logits [T, E] -> (topk_weights [T, K] float32, topk_ids [T, K])."""
         if self.use_grouped_topk:
-            weights, ids = grouped_topk(router_logits, self.top_k, self.renormalize,
-                                        self.num_expert_group, self.topk_group,
-                                        self.scoring_func, self.e_score_correction_bias)
+            weights, ids = grouped_topk(
+                router_logits,
+                self.top_k,
+                self.renormalize,
+                self.num_expert_group,
+                self.topk_group,
+                self.scoring_func,
+                self.e_score_correction_bias,
+            )
         else:
-            weights, ids = fused_topk(router_logits, self.top_k, self.renormalize,
-                                      self.scoring_func)
+            weights, ids = fused_topk(
+                router_logits, self.top_k, self.renormalize, self.scoring_func
+            )
         if self.routed_scaling_factor != 1.0:
             weights = weights * self.routed_scaling_factor
         return weights, ids
@@ -142,14 +180,17 @@ class FusedMoE(nn.Module):
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """hidden_states [T, H], router_logits [T, E] -> [T, H]."""
         topk_weights, topk_ids = self.select_experts(router_logits)
-        out = fused_experts(hidden_states, self.w13_weight, self.w2_weight, topk_weights,
-                            topk_ids, self.activation)
+        out = fused_experts(
+            hidden_states, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.activation
+        )
         if self.reduce_results and self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
         return out
 
     def extra_repr(self) -> str:
-        return (f"global_num_experts={self.global_num_experts}, top_k={self.top_k}, "
-                f"intermediate_size_per_partition={self.intermediate_size_per_partition}, "
-                f"tp_size={self.tp_size}, renormalize={self.renormalize}, "
-                f"use_grouped_topk={self.use_grouped_topk}, scoring_func={self.scoring_func}")
+        return (
+            f"global_num_experts={self.global_num_experts}, top_k={self.top_k}, "
+            f"intermediate_size_per_partition={self.intermediate_size_per_partition}, "
+            f"tp_size={self.tp_size}, renormalize={self.renormalize}, "
+            f"use_grouped_topk={self.use_grouped_topk}, scoring_func={self.scoring_func}"
+        )

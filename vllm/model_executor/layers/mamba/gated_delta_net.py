@@ -14,6 +14,7 @@ key heads are shared by Hv / Hk consecutive value heads):
     o_t = S^T q_t
 then o is RMS-normalised per head, gated by silu(z), and projected out.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -24,11 +25,15 @@ from torch import nn
 
 from vllm.config import get_current_vllm_config
 from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.fla.ops import (
+    chunk_gated_delta_rule,
+    fused_recurrent_gated_delta_rule,
+)
 from vllm.model_executor.layers.linear import ReplicatedLinear
-from vllm.model_executor.layers.fla.ops import (chunk_gated_delta_rule,
-                                                fused_recurrent_gated_delta_rule)
-from vllm.model_executor.layers.mamba.ops.causal_conv1d import (causal_conv1d_fn,
-                                                                causal_conv1d_update)
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
+    causal_conv1d_fn,
+    causal_conv1d_update,
+)
 from vllm.model_executor.layers.mamba.ops.varlen import StateGroup, build_state_groups
 from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
 from vllm.v1.kv_cache_interface import MambaSpec
@@ -53,9 +58,17 @@ class RMSNormGated(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    def __init__(self, hidden_size: int, num_k_heads: int, num_v_heads: int, head_k_dim: int,
-                 head_v_dim: int, conv_kernel_size: int, rms_norm_eps: float,
-                 prefix: str = "") -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_k_heads: int,
+        num_v_heads: int,
+        head_k_dim: int,
+        head_v_dim: int,
+        conv_kernel_size: int,
+        rms_norm_eps: float,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         vllm_config = get_current_vllm_config()
         if vllm_config.parallel_config.tensor_parallel_size != 1:
@@ -65,22 +78,28 @@ class GatedDeltaNet(nn.Module):
         self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.conv_kernel_size = conv_kernel_size
-        self.in_proj_qkv = ReplicatedLinear(hidden_size, self.conv_dim, bias=False,
-                                            prefix=f"{prefix}.in_proj_qkv")
-        self.in_proj_z = ReplicatedLinear(hidden_size, self.value_dim, bias=False,
-                                          prefix=f"{prefix}.in_proj_z")
-        self.in_proj_b = ReplicatedLinear(hidden_size, num_v_heads, bias=False,
-                                          prefix=f"{prefix}.in_proj_b")
-        self.in_proj_a = ReplicatedLinear(hidden_size, num_v_heads, bias=False,
-                                          prefix=f"{prefix}.in_proj_a")
-        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel_size,
-                                groups=self.conv_dim, bias=False)
+        self.in_proj_qkv = ReplicatedLinear(
+            hidden_size, self.conv_dim, bias=False, prefix=f"{prefix}.in_proj_qkv"
+        )
+        self.in_proj_z = ReplicatedLinear(
+            hidden_size, self.value_dim, bias=False, prefix=f"{prefix}.in_proj_z"
+        )
+        self.in_proj_b = ReplicatedLinear(
+            hidden_size, num_v_heads, bias=False, prefix=f"{prefix}.in_proj_b"
+        )
+        self.in_proj_a = ReplicatedLinear(
+            hidden_size, num_v_heads, bias=False, prefix=f"{prefix}.in_proj_a"
+        )
+        self.conv1d = nn.Conv1d(
+            self.conv_dim, self.conv_dim, conv_kernel_size, groups=self.conv_dim, bias=False
+        )
         self.conv1d.requires_grad_(False)
         self.dt_bias = nn.Parameter(torch.ones(num_v_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(num_v_heads), requires_grad=False)
         self.norm = RMSNormGated(head_v_dim, eps=rms_norm_eps)
-        self.out_proj = ReplicatedLinear(self.value_dim, hidden_size, bias=False,
-                                         prefix=f"{prefix}.out_proj")
+        self.out_proj = ReplicatedLinear(
+            self.value_dim, hidden_size, bias=False, prefix=f"{prefix}.out_proj"
+        )
         self.layer_name = prefix
         self.dtype = torch.get_default_dtype()
         vllm_config.compilation_config.register_stateful_layer(prefix, self, "GDN")
@@ -89,11 +108,16 @@ class GatedDeltaNet(nn.Module):
     def get_attn_backend(self) -> type[GDNAttentionBackend]:
         return GDNAttentionBackend
 
-    def get_kv_cache_spec(self, vllm_config: "VllmConfig") -> MambaSpec:
-        return MambaSpec(block_size=vllm_config.model_config.max_model_len,
-                         shapes=((self.conv_dim, self.conv_kernel_size - 1),
-                                 (self.num_v_heads, self.head_k_dim, self.head_v_dim)),
-                         dtypes=(self.dtype, self.dtype), mamba_type="gdn_attention")
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> MambaSpec:
+        return MambaSpec(
+            block_size=vllm_config.model_config.max_model_len,
+            shapes=(
+                (self.conv_dim, self.conv_kernel_size - 1),
+                (self.num_v_heads, self.head_k_dim, self.head_v_dim),
+            ),
+            dtypes=(self.dtype, self.dtype),
+            mamba_type="gdn_attention",
+        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [T, H] -> [T, H]; all requests batched, each from its
@@ -112,17 +136,27 @@ class GatedDeltaNet(nn.Module):
         else:
             groups, states = md.state_groups, self.kv_cache[ctx.virtual_engine]
         # Tokens past the scheduled ones (padding) stay 0.
-        out = torch.zeros(hidden_states.shape[0], self.num_v_heads, self.head_v_dim,
-                          dtype=hidden_states.dtype, device=hidden_states.device)
+        out = torch.zeros(
+            hidden_states.shape[0],
+            self.num_v_heads,
+            self.head_v_dim,
+            dtype=hidden_states.dtype,
+            device=hidden_states.device,
+        )
         for group in groups:
             out[group.flat_index] = self._run_group(mixed, beta, g, group, states)
         out = self.norm(out, z.view_as(out)).reshape(hidden_states.shape[0], -1)
         result, _ = self.out_proj(out)
         return result
 
-    def _run_group(self, mixed: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
-                   group: StateGroup, states: tuple[torch.Tensor, torch.Tensor] | None
-                   ) -> torch.Tensor:
+    def _run_group(
+        self,
+        mixed: torch.Tensor,
+        beta: torch.Tensor,
+        g: torch.Tensor,
+        group: StateGroup,
+        states: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
         """One group: mixed [T, C], beta/g [T, Hv] (the whole step) ->
         [n, Hv, Dv] for group.flat_index; the group's state slots are updated."""
         gn, length = group.token_index.shape
@@ -137,8 +171,7 @@ class GatedDeltaNet(nn.Module):
             x, conv_out = causal_conv1d_update(xg[:, 0], conv_in, self.conv1d.weight, None)
             x = x[:, None]
         else:
-            x, conv_out = causal_conv1d_fn(xg, self.conv1d.weight, None, conv_in,
-                                           group.lengths)
+            x, conv_out = causal_conv1d_fn(xg, self.conv1d.weight, None, conv_in, group.lengths)
         q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.num_v_heads // self.num_k_heads
         q = q.reshape(gn, length, self.num_k_heads, -1).repeat_interleave(rep, dim=2).float()

@@ -13,6 +13,7 @@ For token t with input u_t (after conv + SiLU):
     h_t = exp(dt_t * A) * h_{t-1} + dt_t * B_t * u_t      [D, N], A = -exp(A_log)
     y_t = h_t C_t + D * u_t, gated by silu(z_t)
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -23,12 +24,16 @@ from torch import nn
 
 from vllm.config import get_current_vllm_config
 from vllm.forward_context import get_forward_context
-from vllm.model_executor.layers.linear import (ColumnParallelLinear, ReplicatedLinear,
-                                               RowParallelLinear)
-from vllm.model_executor.layers.mamba.ops.causal_conv1d import (causal_conv1d_fn,
-                                                                causal_conv1d_update)
-from vllm.model_executor.layers.mamba.ops.mamba_ssm import (selective_scan_fn,
-                                                            selective_state_update)
+from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
+    causal_conv1d_fn,
+    causal_conv1d_update,
+)
+from vllm.model_executor.layers.mamba.ops.mamba_ssm import selective_scan_fn, selective_state_update
 from vllm.model_executor.layers.mamba.ops.varlen import StateGroup, build_state_groups
 from vllm.v1.attention.backends.mamba1_attn import Mamba1AttentionBackend
 from vllm.v1.kv_cache_interface import MambaSpec
@@ -38,9 +43,18 @@ if TYPE_CHECKING:
 
 
 class MambaMixer(nn.Module):
-    def __init__(self, hidden_size: int, ssm_state_size: int, conv_kernel_size: int,
-                 intermediate_size: int, time_step_rank: int, use_conv_bias: bool,
-                 use_bias: bool, activation: str = "silu", prefix: str = "") -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        ssm_state_size: int,
+        conv_kernel_size: int,
+        intermediate_size: int,
+        time_step_rank: int,
+        use_conv_bias: bool,
+        use_bias: bool,
+        activation: str = "silu",
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         if activation != "silu":
             raise ValueError(f"Mamba activation {activation!r} is not supported.")
@@ -49,21 +63,34 @@ class MambaMixer(nn.Module):
             raise NotImplementedError("Mamba with tensor parallelism is not built.")
         self.d_inner, self.d_state = intermediate_size, ssm_state_size
         self.conv_kernel_size, self.time_step_rank = conv_kernel_size, time_step_rank
-        self.in_proj = ColumnParallelLinear(hidden_size, 2 * intermediate_size, bias=use_bias,
-                                            prefix=f"{prefix}.in_proj")
+        self.in_proj = ColumnParallelLinear(
+            hidden_size, 2 * intermediate_size, bias=use_bias, prefix=f"{prefix}.in_proj"
+        )
         # Depthwise conv, stored like nn.Conv1d: [D, 1, K].
-        self.conv1d = nn.Conv1d(intermediate_size, intermediate_size, conv_kernel_size,
-                                groups=intermediate_size, bias=use_conv_bias)
+        self.conv1d = nn.Conv1d(
+            intermediate_size,
+            intermediate_size,
+            conv_kernel_size,
+            groups=intermediate_size,
+            bias=use_conv_bias,
+        )
         self.conv1d.requires_grad_(False)
-        self.x_proj = ReplicatedLinear(intermediate_size, time_step_rank + 2 * ssm_state_size,
-                                       bias=False, prefix=f"{prefix}.x_proj")
-        self.dt_proj = ColumnParallelLinear(time_step_rank, intermediate_size, bias=True,
-                                            prefix=f"{prefix}.dt_proj")
-        self.A_log = nn.Parameter(torch.empty(intermediate_size, ssm_state_size),
-                                  requires_grad=False)
+        self.x_proj = ReplicatedLinear(
+            intermediate_size,
+            time_step_rank + 2 * ssm_state_size,
+            bias=False,
+            prefix=f"{prefix}.x_proj",
+        )
+        self.dt_proj = ColumnParallelLinear(
+            time_step_rank, intermediate_size, bias=True, prefix=f"{prefix}.dt_proj"
+        )
+        self.A_log = nn.Parameter(
+            torch.empty(intermediate_size, ssm_state_size), requires_grad=False
+        )
         self.D = nn.Parameter(torch.empty(intermediate_size), requires_grad=False)
-        self.out_proj = RowParallelLinear(intermediate_size, hidden_size, bias=use_bias,
-                                          prefix=f"{prefix}.out_proj")
+        self.out_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias=use_bias, prefix=f"{prefix}.out_proj"
+        )
         self.layer_name = prefix
         self.dtype = torch.get_default_dtype()
         vllm_config.compilation_config.register_stateful_layer(prefix, self, "Mamba")
@@ -72,11 +99,12 @@ class MambaMixer(nn.Module):
     def get_attn_backend(self) -> type[Mamba1AttentionBackend]:
         return Mamba1AttentionBackend
 
-    def get_kv_cache_spec(self, vllm_config: "VllmConfig") -> MambaSpec:
-        return MambaSpec(block_size=vllm_config.model_config.max_model_len,
-                         shapes=((self.d_inner, self.conv_kernel_size - 1),
-                                 (self.d_inner, self.d_state)),
-                         dtypes=(self.dtype, self.dtype))
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> MambaSpec:
+        return MambaSpec(
+            block_size=vllm_config.model_config.max_model_len,
+            shapes=((self.d_inner, self.conv_kernel_size - 1), (self.d_inner, self.d_state)),
+            dtypes=(self.dtype, self.dtype),
+        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [T, H] -> [T, H]; each request's tokens are scanned
@@ -96,8 +124,13 @@ class MambaMixer(nn.Module):
         out, _ = self.out_proj(y)
         return out
 
-    def _run_group(self, x: torch.Tensor, z: torch.Tensor, group: StateGroup,
-                   states: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def _run_group(
+        self,
+        x: torch.Tensor,
+        z: torch.Tensor,
+        group: StateGroup,
+        states: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
         """One group's tokens: x, z [T, D] (the whole step) -> [n, D] for
         group.flat_index; the group's state slots are updated."""
         g, length = group.token_index.shape
@@ -125,7 +158,14 @@ class MambaMixer(nn.Module):
         if length == 1:
             y, h = selective_state_update(
                 h0 if h0 is not None else u.new_zeros(g, *a.shape, dtype=torch.float32),
-                u[:, 0], dt[:, 0], a, b[:, 0], c[:, 0], self.D, zg[:, 0])
+                u[:, 0],
+                dt[:, 0],
+                a,
+                b[:, 0],
+                c[:, 0],
+                self.D,
+                zg[:, 0],
+            )
             y = y[:, None]
         else:
             y, h = selective_scan_fn(u, dt, a, b, c, self.D, zg, h0)

@@ -32,6 +32,7 @@ table (one task per sequence x kv head, online softmax in fp32; 4-9x faster
 than gather + matmuls at batch 64), and new K/V are written by
 `reshape_and_cache`. The torch paths above stay as the fallback.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -42,9 +43,13 @@ import torch.nn.functional as F
 
 from vllm import _custom_ops as ops
 from vllm.utils import cdiv
-from vllm.v1.attention.backend import (AttentionBackend, AttentionImpl,
-                                       AttentionMetadataBuilder, AttentionType,
-                                       CommonAttentionMetadata)
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+)
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 if TYPE_CHECKING:
@@ -60,11 +65,11 @@ class CPUAttentionBackend(AttentionBackend):
         return "CPU_ATTN"
 
     @staticmethod
-    def get_impl_cls() -> type["CPUAttentionBackendImpl"]:
+    def get_impl_cls() -> type[CPUAttentionBackendImpl]:
         return CPUAttentionBackendImpl
 
     @staticmethod
-    def get_builder_cls() -> type["CPUAttentionMetadataBuilder"]:
+    def get_builder_cls() -> type[CPUAttentionMetadataBuilder]:
         return CPUAttentionMetadataBuilder
 
     @staticmethod
@@ -185,8 +190,9 @@ def _make_decode_plan(md: CPUAttentionMetadata, window: int | None) -> DecodePla
 _SDPA_MIN_SCORES = 256 * 256
 
 
-def _make_prefill_plan(md: CPUAttentionMetadata, req: PrefillRequest,
-                       window: int | None) -> PrefillPlan:
+def _make_prefill_plan(
+    md: CPUAttentionMetadata, req: PrefillRequest, window: int | None
+) -> PrefillPlan:
     """Keys needed by one prefill request and its causal (+window) mask.
 
     Query i sits at absolute position num_computed + i and sees keys at
@@ -218,25 +224,34 @@ def _make_prefill_plan(md: CPUAttentionMetadata, req: PrefillRequest,
 class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]):
     reorder_batch_threshold: ClassVar[int | None] = 1
 
-    def __init__(self, kv_cache_spec: "AttentionSpec", layer_names: list[str],
-                 vllm_config: "VllmConfig", device: torch.device) -> None:
+    def __init__(
+        self,
+        kv_cache_spec: AttentionSpec,
+        layer_names: list[str],
+        vllm_config: VllmConfig,
+        device: torch.device,
+    ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
 
-    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              fast_build: bool = False) -> CPUAttentionMetadata:
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> CPUAttentionMetadata:
         cm = common_attn_metadata
         if not cm.causal:
             raise NotImplementedError("CPU attention supports causal attention only.")
         num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
-            cm, decode_threshold=self.reorder_batch_threshold)
+            cm, decode_threshold=self.reorder_batch_threshold
+        )
         slots, write_ids = self._write_targets(cm)
         seq_lens_cpu = cm.seq_lens_cpu[: cm.num_reqs].to(torch.int64)
         qsl = cm.query_start_loc_cpu.tolist()
         seq_list = seq_lens_cpu.tolist()
         prefills = [
-            PrefillRequest(qsl[i], qsl[i + 1], seq_list[i] - (qsl[i + 1] - qsl[i]),
-                           seq_list[i], i)
+            PrefillRequest(qsl[i], qsl[i + 1], seq_list[i] - (qsl[i + 1] - qsl[i]), seq_list[i], i)
             for i in range(num_decodes, cm.num_reqs)
         ]
         return CPUAttentionMetadata(
@@ -285,7 +300,8 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
             raise NotImplementedError("CPU attention: ALiBi is not built.")
         if kv_cache_dtype != "auto":
             raise NotImplementedError(
-                f"CPU attention: kv_cache_dtype {kv_cache_dtype!r} is not built (use 'auto').")
+                f"CPU attention: kv_cache_dtype {kv_cache_dtype!r} is not built (use 'auto')."
+            )
         if kv_sharing_target_layer_name is not None:
             raise NotImplementedError("CPU attention: KV sharing between layers is not built.")
         self.num_heads = num_heads
@@ -293,8 +309,9 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads or num_heads
         if self.num_heads % self.num_kv_heads != 0:
-            raise ValueError(f"num_heads {num_heads} is not a multiple of "
-                             f"num_kv_heads {self.num_kv_heads}.")
+            raise ValueError(
+                f"num_heads {num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}."
+            )
         self.num_queries_per_kv = self.num_heads // self.num_kv_heads
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap if logits_soft_cap else None
@@ -320,10 +337,18 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         if n < query.shape[0]:
             output[n:].zero_()
         key_cache, value_cache = kv_cache.unbind(0)  # each [NB, BS, Hkv, D]
-        compiled = (self.use_compiled and query.device.type == "cpu"
-                    and query.dtype in (torch.float32, torch.bfloat16))
-        if compiled and key.stride(-1) == 1 and key.stride(-2) == self.head_size \
-                and value.stride(-1) == 1 and value.stride(-2) == self.head_size:
+        compiled = (
+            self.use_compiled
+            and query.device.type == "cpu"
+            and query.dtype in (torch.float32, torch.bfloat16)
+        )
+        if (
+            compiled
+            and key.stride(-1) == 1
+            and key.stride(-2) == self.head_size
+            and value.stride(-1) == 1
+            and value.stride(-2) == self.head_size
+        ):
             ops.reshape_and_cache(key[:n], value[:n], key_cache, value_cache, md.all_slots)
         else:
             self._write_kv(key[:n], value[:n], key_cache, value_cache, md)
@@ -331,9 +356,16 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
             nd = md.num_decode_tokens
             if compiled and output.stride(-1) == 1:
                 ops.paged_attention_decode(
-                    output[:nd], query[:nd], key_cache, value_cache,
-                    md.block_table[:nd], md.decode_seq_lens, self.scale,
-                    self.sliding_window, self.logits_soft_cap)
+                    output[:nd],
+                    query[:nd],
+                    key_cache,
+                    value_cache,
+                    md.block_table[:nd],
+                    md.decode_seq_lens,
+                    self.scale,
+                    self.sliding_window,
+                    self.logits_soft_cap,
+                )
             else:
                 output[:nd] = self._decode(query[:nd], key_cache, value_cache, md)
         if md.num_prefills > 0:
@@ -341,8 +373,13 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         return output
 
     @staticmethod
-    def _write_kv(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                  value_cache: torch.Tensor, md: CPUAttentionMetadata) -> None:
+    def _write_kv(
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        md: CPUAttentionMetadata,
+    ) -> None:
         """Scatter the step's new K/V rows into their slots."""
         if md.write_token_ids is not None:
             key = key.index_select(0, md.write_token_ids)
@@ -351,8 +388,7 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, md.slot_mapping, key)
         value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, md.slot_mapping, value)
 
-    def _gather(self, cache: torch.Tensor, block_ids: torch.Tensor,
-                num_seqs: int) -> torch.Tensor:
+    def _gather(self, cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
         """Blocks of [NB, BS, Hkv, D] by id -> contiguous [num_seqs, Hkv, L, D]
         (L = blocks per sequence * BS): one gather, one head-major copy, so the
         matmuls below run on dense batches."""
@@ -360,8 +396,13 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         g = g.view(num_seqs, -1, self.num_kv_heads, self.head_size)
         return g.transpose(1, 2).contiguous()
 
-    def _decode(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                md: CPUAttentionMetadata) -> torch.Tensor:
+    def _decode(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        md: CPUAttentionMetadata,
+    ) -> torch.Tensor:
         """All decode requests at once: query [B, H, D] -> [B, H, D].
 
         GQA without repeating K/V: the G = H / Hkv query heads of a KV head
@@ -374,9 +415,16 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         out = self._grouped_attention(q, k, v, 1, bias=plan.key_bias)  # [B, Hkv, G, D]
         return out.view(b, self.num_heads, self.head_size)
 
-    def _prefill(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 key_cache: torch.Tensor, value_cache: torch.Tensor,
-                 md: CPUAttentionMetadata, output: torch.Tensor) -> None:
+    def _prefill(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        md: CPUAttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
         """Per request: keys come from the block table when a prefix is cached,
         else straight from this step's K/V (they are the whole sequence)."""
         for req, plan in zip(md.prefills, md.prefill_plans(self.sliding_window)):
@@ -391,9 +439,14 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
             q = query[s:e].transpose(0, 1)  # [H, Lq, D]
             if plan.use_sdpa and self.logits_soft_cap is None:
                 out = F.scaled_dot_product_attention(
-                    q.unsqueeze(0), k, v, attn_mask=plan.mask,
-                    is_causal=plan.mask is None, scale=self.scale,
-                    enable_gqa=self.num_queries_per_kv > 1)[0]  # [H, Lq, D]
+                    q.unsqueeze(0),
+                    k,
+                    v,
+                    attn_mask=plan.mask,
+                    is_causal=plan.mask is None,
+                    scale=self.scale,
+                    enable_gqa=self.num_queries_per_kv > 1,
+                )[0]  # [H, Lq, D]
             else:
                 masked_out = plan.masked_out
                 if masked_out is None:  # SDPA-sized but soft-capped: causal by hand
@@ -404,9 +457,15 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
                 out = out.view(self.num_heads, e - s, self.head_size)
             output[s:e] = out.transpose(0, 1)
 
-    def _grouped_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           q_len: int, bias: torch.Tensor | None = None,
-                           masked_out: torch.Tensor | None = None) -> torch.Tensor:
+    def _grouped_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_len: int,
+        bias: torch.Tensor | None = None,
+        masked_out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """q [B, Hkv, G * q_len, D] (rows ordered (g, i)), k/v [B, Hkv, L, D]
         -> [B, Hkv, G * q_len, D].
 
@@ -429,8 +488,9 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         return torch.matmul(probs, v)
 
 
-def _masked_out_of(mask: torch.Tensor | None, q_len: int, k_len: int,
-                   device: torch.device) -> torch.Tensor:
+def _masked_out_of(
+    mask: torch.Tensor | None, q_len: int, k_len: int, device: torch.device
+) -> torch.Tensor:
     """The `masked_out` form of an SDPA mask (None = causal with q_len == k_len)."""
     if mask is not None:
         return ~mask

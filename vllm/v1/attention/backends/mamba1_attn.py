@@ -7,6 +7,7 @@ cache group, `block_table[:, 0]`), and whether that slot already holds the
 state of its earlier tokens (num_computed_tokens > 0) or must start from
 zeros (a new request, or one preempted and now recomputed from scratch).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,8 +16,11 @@ from typing import ClassVar
 import torch
 
 from vllm.model_executor.layers.mamba.ops.varlen import StateGroup, build_state_groups
-from vllm.v1.attention.backend import (AttentionBackend, AttentionMetadataBuilder,
-                                       CommonAttentionMetadata)
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionMetadataBuilder,
+    CommonAttentionMetadata,
+)
 
 
 @dataclass
@@ -35,8 +39,12 @@ class Mamba1AttentionMetadataBuilder(AttentionMetadataBuilder[Mamba1AttentionMet
     # Mamba does not care about the batch order.
     reorder_batch_threshold: ClassVar[int | None] = None
 
-    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              fast_build: bool = False) -> Mamba1AttentionMetadata:
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> Mamba1AttentionMetadata:
         cm = common_attn_metadata
         n = cm.num_reqs
         query_start_loc = cm.query_start_loc_cpu[: n + 1].tolist()
@@ -48,8 +56,9 @@ class Mamba1AttentionMetadataBuilder(AttentionMetadataBuilder[Mamba1AttentionMet
             query_start_loc=query_start_loc,
             state_indices=state_indices,
             has_initial_states=has_initial_states,
-            state_groups=build_state_groups(query_start_loc, cm.block_table_tensor.device,
-                                            state_indices, has_initial_states),
+            state_groups=build_state_groups(
+                query_start_loc, cm.block_table_tensor.device, state_indices, has_initial_states
+            ),
         )
 
 
@@ -67,14 +76,22 @@ class Mamba1AttentionBackend(AttentionBackend):
         return Mamba1AttentionMetadataBuilder
 
     @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
-                           head_size: int, cache_dtype_str: str = "auto") -> tuple[int, ...]:
+    def get_kv_cache_shape(
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype_str: str = "auto",
+    ) -> tuple[int, ...]:
         raise NotImplementedError("Mamba states are shaped by MambaSpec.shapes.")
 
 
-def view_mamba_states(raw: torch.Tensor, shapes: tuple[tuple[int, ...], ...],
-                      dtypes: tuple[torch.dtype, ...], num_blocks: int
-                      ) -> tuple[torch.Tensor, ...]:
+def view_mamba_states(
+    raw: torch.Tensor,
+    shapes: tuple[tuple[int, ...], ...],
+    dtypes: tuple[torch.dtype, ...],
+    num_blocks: int,
+) -> tuple[torch.Tensor, ...]:
     """Split one layer's raw byte allocation into its state tensors, each
     [num_blocks, *shape] and contiguous (the tensors follow each other)."""
     states = []
@@ -83,6 +100,6 @@ def view_mamba_states(raw: torch.Tensor, shapes: tuple[tuple[int, ...], ...],
         nbytes = num_blocks * torch.Size(shape).numel() * dtype.itemsize
         if offset + nbytes > raw.numel():
             raise ValueError("Mamba state allocation is smaller than its spec.")
-        states.append(raw[offset:offset + nbytes].view(dtype).view(num_blocks, *shape))
+        states.append(raw[offset : offset + nbytes].view(dtype).view(num_blocks, *shape))
         offset += nbytes
     return tuple(states)

@@ -5,6 +5,7 @@
 whether the named backend can run and raises `AttentionBackendUnavailableError`
 (a ValueError naming the backend and the reason) when it cannot.
 """
+
 from __future__ import annotations
 
 import enum
@@ -32,12 +33,13 @@ class AttentionBackendEnum(enum.Enum):
         return self.value
 
     @classmethod
-    def from_name(cls, name: str) -> "AttentionBackendEnum":
+    def from_name(cls, name: str) -> AttentionBackendEnum:
         try:
             return cls[name.upper()]
         except KeyError:
-            raise ValueError(f"Unknown attention backend {name!r}; known: "
-                             f"{', '.join(m.name for m in cls)}.") from None
+            raise ValueError(
+                f"Unknown attention backend {name!r}; known: {', '.join(m.name for m in cls)}."
+            ) from None
 
 
 def module_available(name: str) -> bool:

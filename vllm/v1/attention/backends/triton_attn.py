@@ -16,6 +16,7 @@ dummy requests whose slots are -1, so the kernels need no padding logic.
 Runs wherever Triton has a driver (CUDA GPUs); on CPU it runs only under
 TRITON_INTERPRET=1 (tests), so the selector never picks it there.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,9 +24,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, AttentionImpl,
-                                       AttentionMetadataBuilder, AttentionType,
-                                       CommonAttentionMetadata)
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -40,16 +46,21 @@ class TritonAttentionBackend(AttentionBackend):
         return "TRITON_ATTN"
 
     @staticmethod
-    def get_impl_cls() -> type["TritonAttentionImpl"]:
+    def get_impl_cls() -> type[TritonAttentionImpl]:
         return TritonAttentionImpl
 
     @staticmethod
-    def get_builder_cls() -> type["TritonAttentionMetadataBuilder"]:
+    def get_builder_cls() -> type[TritonAttentionMetadataBuilder]:
         return TritonAttentionMetadataBuilder
 
     @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
-                           head_size: int, cache_dtype_str: str = "auto") -> tuple[int, ...]:
+    def get_kv_cache_shape(
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype_str: str = "auto",
+    ) -> tuple[int, ...]:
         return (2, num_blocks, block_size, num_kv_heads, head_size)
 
     @classmethod
@@ -76,16 +87,25 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
     reorder_batch_threshold: ClassVar[int | None] = None
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
 
-    def __init__(self, kv_cache_spec: "AttentionSpec", layer_names: list[str],
-                 vllm_config: "VllmConfig", device: torch.device) -> None:
+    def __init__(
+        self,
+        kv_cache_spec: AttentionSpec,
+        layer_names: list[str],
+        vllm_config: VllmConfig,
+        device: torch.device,
+    ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         max_num_tokens = vllm_config.scheduler_config.max_num_batched_tokens
         # Persistent: a CUDA graph replays with the address it captured.
         self.token_to_seq = torch.zeros(max_num_tokens, dtype=torch.int32, device=device)
         self.slot_mapping = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
 
-    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              fast_build: bool = False) -> TritonAttentionMetadata:
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> TritonAttentionMetadata:
         cm = common_attn_metadata
         if not cm.causal:
             raise NotImplementedError("TRITON_ATTN supports causal attention only.")
@@ -94,9 +114,13 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
         n = cm.num_actual_tokens
         # output_size: no device -> host sync to size the result.
         token_to_seq = self.token_to_seq[:n]
-        token_to_seq.copy_(torch.repeat_interleave(
-            torch.arange(cm.num_reqs, dtype=torch.int32, device=qsl.device), query_lens,
-            output_size=n))
+        token_to_seq.copy_(
+            torch.repeat_interleave(
+                torch.arange(cm.num_reqs, dtype=torch.int32, device=qsl.device),
+                query_lens,
+                output_size=n,
+            )
+        )
         slot_mapping = cm.slot_mapping[:n]
         if slot_mapping.dtype != torch.int64:
             slot_mapping = self.slot_mapping[:n]
@@ -112,11 +136,19 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder[TritonAttentionMet
 
 
 class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
-    def __init__(self, num_heads: int, head_size: int, scale: float,
-                 num_kv_heads: int | None = None, alibi_slopes: list[float] | None = None,
-                 sliding_window: int | None = None, kv_cache_dtype: str = "auto",
-                 logits_soft_cap: float | None = None, attn_type: str = AttentionType.DECODER,
-                 kv_sharing_target_layer_name: str | None = None) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+    ) -> None:
         if attn_type != AttentionType.DECODER:
             raise NotImplementedError(f"TRITON_ATTN: attn_type {attn_type!r} is not built.")
         if alibi_slopes is not None or kv_cache_dtype != "auto":
@@ -128,19 +160,27 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads or num_heads
         if num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {num_heads} is not a multiple of "
-                             f"num_kv_heads {self.num_kv_heads}.")
+            raise ValueError(
+                f"num_heads {num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}."
+            )
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap or None
 
-    def forward(self, layer: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                value: torch.Tensor, kv_cache: torch.Tensor,
-                attn_metadata: TritonAttentionMetadata,
-                output: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        layer: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: TritonAttentionMetadata,
+        output: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """query [T, H, D], key/value [T, Hkv, D] -> output [T, H, D]
         (rows past num_actual_tokens are zero)."""
         from vllm.v1.attention.ops.triton_reshape_and_cache_flash import (
-            triton_reshape_and_cache_flash)
+            triton_reshape_and_cache_flash,
+        )
         from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
         md = attn_metadata
@@ -150,9 +190,18 @@ class TritonAttentionImpl(AttentionImpl[TritonAttentionMetadata]):
         if n < query.shape[0]:
             output[n:].zero_()
         key_cache, value_cache = kv_cache.unbind(0)
-        triton_reshape_and_cache_flash(key[:n], value[:n], key_cache, value_cache,
-                                       md.slot_mapping)
-        unified_attention(output[:n], query[:n], key_cache, value_cache, md.block_table,
-                          md.seq_lens, md.query_start_loc, md.token_to_seq, self.scale,
-                          self.sliding_window, self.logits_soft_cap)
+        triton_reshape_and_cache_flash(key[:n], value[:n], key_cache, value_cache, md.slot_mapping)
+        unified_attention(
+            output[:n],
+            query[:n],
+            key_cache,
+            value_cache,
+            md.block_table,
+            md.seq_lens,
+            md.query_start_loc,
+            md.token_to_seq,
+            self.scale,
+            self.sliding_window,
+            self.logits_soft_cap,
+        )
         return output

@@ -1,4 +1,5 @@
 """Helpers shared by attention backends (upstream: vllm/v1/attention/backends/utils.py)."""
+
 from __future__ import annotations
 
 import torch
@@ -29,5 +30,9 @@ def split_decodes_and_prefills(
     # First request that is not a decode; all before it are decodes.
     first_prefill = int(torch.argmax(is_prefill.to(torch.int8)).item())
     num_decode_tokens = int(qsl[first_prefill].item())
-    return (first_prefill, num_reqs - first_prefill, num_decode_tokens,
-            num_tokens - num_decode_tokens)
+    return (
+        first_prefill,
+        num_reqs - first_prefill,
+        num_decode_tokens,
+        num_tokens - num_decode_tokens,
+    )

@@ -14,6 +14,7 @@ The base scheduler already counts placeholders as tokens to compute
 for a decoding request with one step in flight) and refuses to schedule a
 request whose steps in flight already reach max_tokens.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -43,17 +44,16 @@ class AsyncScheduler(Scheduler):
             # chunk, or a decode step)? Then the step samples a token whose
             # value arrives only with its output. A mid-prompt chunk samples
             # nothing.
-            if (request.num_computed_tokens
-                    == request.num_tokens + request.num_output_placeholders):
+            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
                 request.num_output_placeholders += 1
 
     def _update_request_with_output(
-            self, request: Request, new_token_ids: list[int]) -> tuple[list[int], bool]:
+        self, request: Request, new_token_ids: list[int]
+    ) -> tuple[list[int], bool]:
         num_to_discard = self._num_async_tokens_to_discard.get(request.request_id, 0)
         if num_to_discard > 0:
             # A stale token from before a forced preemption.
-            self._set_tokens_to_discard(request.request_id,
-                                        num_to_discard - len(new_token_ids))
+            self._set_tokens_to_discard(request.request_id, num_to_discard - len(new_token_ids))
             return [], False
 
         status_before_update = request.status
@@ -65,15 +65,15 @@ class AsyncScheduler(Scheduler):
             # tokens; now that the new tokens are known, cache the blocks
             # they completed. A preempted request has no blocks to cache.
             self.kv_cache_manager.cache_blocks(
-                request, request.num_computed_tokens - request.num_output_placeholders)
+                request, request.num_computed_tokens - request.num_output_placeholders
+            )
         return new_token_ids, stopped
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         if reset_running_requests:
             for request in self.running:
                 if request.num_output_placeholders > 0:
-                    self._set_tokens_to_discard(request.request_id,
-                                                request.num_output_placeholders)
+                    self._set_tokens_to_discard(request.request_id, request.num_output_placeholders)
                     request.num_output_placeholders = 0
         return super().reset_prefix_cache(reset_running_requests)
 

@@ -1,4 +1,5 @@
 """The contract between the engine core and a scheduler."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

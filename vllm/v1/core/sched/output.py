@@ -1,6 +1,7 @@
 """What the scheduler sends the workers each step (upstream:
 vllm/v1/core/sched/output.py). Workers keep per-request state, so a request is
 sent whole once (NewRequestData) and as diffs afterwards (CachedRequestData)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ class NewRequestData:
     req_id: str
     prompt_token_ids: list[int] | None
     mm_features: list[Any]
-    sampling_params: "SamplingParams | None"
+    sampling_params: SamplingParams | None
     pooling_params: Any | None
     # One list of block ids per KV cache group.
     block_ids: tuple[list[int], ...]
@@ -37,8 +38,12 @@ class NewRequestData:
     prefill_token_ids: list[int] | None = None
 
     @classmethod
-    def from_request(cls, request: "Request", block_ids: tuple[list[int], ...],
-                     prefill_token_ids: list[int] | None = None) -> "NewRequestData":
+    def from_request(
+        cls,
+        request: Request,
+        block_ids: tuple[list[int], ...],
+        prefill_token_ids: list[int] | None = None,
+    ) -> NewRequestData:
         return cls(
             req_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
@@ -54,10 +59,12 @@ class NewRequestData:
 
     def __repr__(self) -> str:
         prefill = self.prefill_token_ids
-        return (f"NewRequestData(req_id={self.req_id}, "
-                f"prompt_len={len(self.prompt_token_ids or [])}, block_ids={self.block_ids}, "
-                f"num_computed_tokens={self.num_computed_tokens}, "
-                f"prefill_len={None if prefill is None else len(prefill)})")
+        return (
+            f"NewRequestData(req_id={self.req_id}, "
+            f"prompt_len={len(self.prompt_token_ids or [])}, block_ids={self.block_ids}, "
+            f"num_computed_tokens={self.num_computed_tokens}, "
+            f"prefill_len={None if prefill is None else len(prefill)})"
+        )
 
 
 @dataclass
@@ -86,9 +93,16 @@ class CachedRequestData:
         return req_id in self.resumed_req_ids
 
     @classmethod
-    def make_empty(cls) -> "CachedRequestData":
-        return cls(req_ids=[], resumed_req_ids=set(), new_token_ids=[], all_token_ids={},
-                   new_block_ids=[], num_computed_tokens=[], num_output_tokens=[])
+    def make_empty(cls) -> CachedRequestData:
+        return cls(
+            req_ids=[],
+            resumed_req_ids=set(),
+            new_token_ids=[],
+            all_token_ids={},
+            new_block_ids=[],
+            num_computed_tokens=[],
+            num_output_tokens=[],
+        )
 
 
 @dataclass
@@ -130,7 +144,7 @@ class SchedulerOutput:
     # Upstream v0.28's fields for features not built here (encoder inputs,
     # speculative decoding, KV / EC connectors, partial-block caching). The
     # scheduler never sets them, so workers never see anything but defaults.
-    scheduled_encoder_input_stats: "ScheduledEncoderInputStats | None" = None
+    scheduled_encoder_input_stats: ScheduledEncoderInputStats | None = None
     pending_structured_output_tokens: bool = False
     num_invalid_spec_tokens: dict[str, int] | None = None
     ec_connector_metadata: Any | None = None
@@ -141,12 +155,18 @@ class SchedulerOutput:
     num_spec_tokens_to_schedule: int = 0
 
     @classmethod
-    def make_empty(cls) -> "SchedulerOutput":
-        return cls(scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData.make_empty(),
-                   num_scheduled_tokens={}, total_num_scheduled_tokens=0,
-                   scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
-                   num_common_prefix_blocks=[], finished_req_ids=set(),
-                   free_encoder_mm_hashes=[])
+    def make_empty(cls) -> SchedulerOutput:
+        return cls(
+            scheduled_new_reqs=[],
+            scheduled_cached_reqs=CachedRequestData.make_empty(),
+            num_scheduled_tokens={},
+            total_num_scheduled_tokens=0,
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            num_common_prefix_blocks=[],
+            finished_req_ids=set(),
+            free_encoder_mm_hashes=[],
+        )
 
 
 @dataclass

@@ -2,6 +2,7 @@
 `SchedulerOutput` (to the workers) and the `EngineCoreOutputs` (to the
 front-ends). Pure functions of their arguments; the `Scheduler` supplies its
 state."""
+
 from __future__ import annotations
 
 import itertools
@@ -31,13 +32,18 @@ def make_new_reqs_data(
     request). The V1 runner keeps resumed requests among the cached ones.
     """
     if not use_v2_model_runner:
-        data = [NewRequestData.from_request(req, req_to_new_blocks[req.request_id].get_block_ids())
-                for req in new_reqs]
+        data = [
+            NewRequestData.from_request(req, req_to_new_blocks[req.request_id].get_block_ids())
+            for req in new_reqs
+        ]
         return data, resumed_reqs
     data = [
         # A copy: the request keeps appending to its own list.
-        NewRequestData.from_request(req, req_to_new_blocks[req.request_id].get_block_ids(),
-                                    prefill_token_ids=req.all_token_ids.copy())
+        NewRequestData.from_request(
+            req,
+            req_to_new_blocks[req.request_id].get_block_ids(),
+            prefill_token_ids=req.all_token_ids.copy(),
+        )
         for req in itertools.chain(new_reqs, resumed_reqs)
     ]
     return data, []
@@ -64,7 +70,7 @@ def make_cached_request_data(
             # sampled; with it, the first stage never saw them.
             num_tokens = num_scheduled_tokens[req_id] - len(spec_decode_tokens.get(req_id, ()))
             start = req.num_computed_tokens
-            data.new_token_ids.append(list(req.all_token_ids[start:start + num_tokens]))
+            data.new_token_ids.append(list(req.all_token_ids[start : start + num_tokens]))
         scheduled_in_prev_step = req_id in prev_step_scheduled_req_ids
         if idx >= len(running_reqs):
             # Preempted in an earlier step, so absent from the previous one.
@@ -93,8 +99,7 @@ def make_engine_core_outputs(
     only, even in a step without any output.
     """
     engine_core_outputs = {
-        client_index: EngineCoreOutputs(outputs=outs)
-        for client_index, outs in outputs.items()
+        client_index: EngineCoreOutputs(outputs=outs) for client_index, outs in outputs.items()
     }
     if finished_req_ids_dict:
         for client_index, finished in finished_req_ids_dict.items():

@@ -9,6 +9,7 @@ ones) in a `RequestQueue`. The queue decides which request is admitted next:
   `(priority, arrival_time, request_id)`; a smaller priority value runs first.
   "Prepending" has no meaning there: a request goes back to its heap position.
 """
+
 from __future__ import annotations
 
 import heapq

@@ -4,6 +4,7 @@ Per step, the engine core calls `schedule()`, runs the batch, then hands the
 model runner's output to `update_from_output()`. The scheduler owns the
 requests, the waiting queue and running list, and the KV cache manager.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,11 +16,12 @@ from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vllm.v1.core.sched.interface import SchedulerInterface
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-from vllm.v1.core.sched.output_builder import (make_cached_request_data,
-                                               make_engine_core_outputs,
-                                               make_new_reqs_data)
-from vllm.v1.core.sched.request_queue import (SchedulingPolicy,
-                                              create_request_queue)
+from vllm.v1.core.sched.output_builder import (
+    make_cached_request_data,
+    make_engine_core_outputs,
+    make_new_reqs_data,
+)
+from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vllm.v1.core.sched.scheduling_step import SchedulingStep
 from vllm.v1.core.sched.structured_output import StructuredOutputScheduling
 from vllm.v1.core.sched.utils import check_stop, remove_all
@@ -66,7 +68,8 @@ class Scheduler(SchedulerInterface):
         # requests of its client that finished since the last output (the
         # multi-engine front-ends track request lifetimes with it).
         self.finished_req_ids_dict: dict[int, set[str]] | None = (
-            defaultdict(set) if include_finished_set else None)
+            defaultdict(set) if include_finished_set else None
+        )
         # Requests scheduled in the previous step (V1 runner: the others
         # were dropped from its persistent batch and need all their tokens).
         self.prev_step_scheduled_req_ids: set[str] = set()
@@ -84,15 +87,15 @@ class Scheduler(SchedulerInterface):
         try:
             self.policy = SchedulingPolicy(self.scheduler_config.policy)
         except ValueError as e:
-            raise ValueError(
-                f"Unknown scheduling policy: {self.scheduler_config.policy}") from e
+            raise ValueError(f"Unknown scheduling policy: {self.scheduler_config.policy}") from e
         self.waiting = create_request_queue(self.policy)
         self.running: list[Request] = []
         # Requests finished since the last schedule(); the next
         # SchedulerOutput tells the workers to drop their state.
         self.finished_req_ids: set[str] = set()
-        self.structured_output = StructuredOutputScheduling(structured_output_manager,
-                                                            self._free_request)
+        self.structured_output = StructuredOutputScheduling(
+            structured_output_manager, self._free_request
+        )
 
         self.kv_cache_manager = KVCacheManager(
             kv_cache_config=kv_cache_config,
@@ -101,8 +104,9 @@ class Scheduler(SchedulerInterface):
             hash_block_size=hash_block_size or self.block_size,
             # Tokens scheduled but not yet processed: one full budget per batch
             # in flight (upstream's VllmConfig.max_in_flight_tokens).
-            max_in_flight_tokens=(vllm_config.max_concurrent_batches
-                                  * self.max_num_scheduled_tokens),
+            max_in_flight_tokens=(
+                vllm_config.max_concurrent_batches * self.max_num_scheduled_tokens
+            ),
             enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats,
             watermark=self.scheduler_config.watermark,
@@ -130,8 +134,9 @@ class Scheduler(SchedulerInterface):
         # RUNNING requests go first, in order; when the KV cache is full a
         # running request is preempted to make room. WAITING requests are
         # admitted afterwards, only if nothing was preempted in this step.
-        step = SchedulingStep(token_budget=self.max_num_scheduled_tokens,
-                              timestamp=time.monotonic())
+        step = SchedulingStep(
+            token_budget=self.max_num_scheduled_tokens, timestamp=time.monotonic()
+        )
         self._schedule_running(step)
         if not step.preempted_reqs:
             self._schedule_waiting(step)
@@ -168,19 +173,23 @@ class Scheduler(SchedulerInterface):
             req_index += 1
 
     def _num_new_tokens_running(self, request: Request, token_budget: int) -> int:
-        if (request.num_output_placeholders > 0
-                # (num_computed_tokens + 1) - (num_output_placeholders - 1)
-                # = num_tokens + 1 without drafts: a lower bound of the
-                # tokens the request holds once its steps in flight return
-                # (each returns at least one token; drafts may be rejected).
-                and request.num_computed_tokens + 2 - request.num_output_placeholders
-                >= request.num_prompt_tokens + request.max_tokens):
+        if (
+            request.num_output_placeholders > 0
+            # (num_computed_tokens + 1) - (num_output_placeholders - 1)
+            # = num_tokens + 1 without drafts: a lower bound of the
+            # tokens the request holds once its steps in flight return
+            # (each returns at least one token; drafts may be rejected).
+            and request.num_computed_tokens + 2 - request.num_output_placeholders
+            >= request.num_prompt_tokens + request.max_tokens
+        ):
             # Async scheduling: the steps in flight already produce the last
             # allowed token; one more step would be thrown away.
             return 0
-        num_new_tokens = (request.num_tokens_with_spec
-                          + request.num_output_placeholders
-                          - request.num_computed_tokens)
+        num_new_tokens = (
+            request.num_tokens_with_spec
+            + request.num_output_placeholders
+            - request.num_computed_tokens
+        )
         threshold = self.scheduler_config.long_prefill_token_threshold
         if 0 < threshold < num_new_tokens:
             num_new_tokens = threshold
@@ -194,8 +203,9 @@ class Scheduler(SchedulerInterface):
         limit = max(self.max_model_len - 1, request.num_tokens)
         return max(0, min(num_new_tokens, limit - request.num_computed_tokens))
 
-    def _allocate_running(self, request: Request, num_new_tokens: int,
-                          step: SchedulingStep) -> KVCacheBlocks | None:
+    def _allocate_running(
+        self, request: Request, num_new_tokens: int, step: SchedulingStep
+    ) -> KVCacheBlocks | None:
         """Allocate slots for a running request, preempting other requests
         until it fits. Returns None when `request` itself was preempted."""
         while True:
@@ -242,14 +252,15 @@ class Scheduler(SchedulerInterface):
             if len(self.running) == self.max_num_running_reqs:
                 break
             request = self.waiting.peek_request()
-            if (request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
-                    and not self.structured_output.admit(request, self.waiting,
-                                                         skipped_waiting)):
+            if (
+                request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+                and not self.structured_output.admit(request, self.waiting, skipped_waiting)
+            ):
                 continue
-            new_computed_blocks, num_computed_tokens = (
-                self._get_computed_blocks(request))
+            new_computed_blocks, num_computed_tokens = self._get_computed_blocks(request)
             num_new_tokens = self._num_new_tokens_waiting(
-                request, num_computed_tokens, step.token_budget)
+                request, num_computed_tokens, step.token_budget
+            )
             if num_new_tokens == 0:
                 # Chunked prefill is off and the prompt does not fit: stop
                 # here to keep the queue order.
@@ -276,16 +287,16 @@ class Scheduler(SchedulerInterface):
         blocks, num_tokens, _ = self.kv_cache_manager.get_computed_blocks(request)
         return blocks, num_tokens
 
-    def _num_new_tokens_waiting(self, request: Request, num_computed_tokens: int,
-                                token_budget: int) -> int:
+    def _num_new_tokens_waiting(
+        self, request: Request, num_computed_tokens: int, token_budget: int
+    ) -> int:
         # num_tokens, not num_prompt_tokens: a resumed request recomputes its
         # generated tokens too.
         num_new_tokens = request.num_tokens - num_computed_tokens
         threshold = self.scheduler_config.long_prefill_token_threshold
         if 0 < threshold < num_new_tokens:
             num_new_tokens = threshold
-        if (not self.scheduler_config.enable_chunked_prefill
-                and num_new_tokens > token_budget):
+        if not self.scheduler_config.enable_chunked_prefill and num_new_tokens > token_budget:
             return 0
         num_new_tokens = min(num_new_tokens, token_budget)
         # Prefix hits stop one token short of num_tokens, so there is always
@@ -293,8 +304,9 @@ class Scheduler(SchedulerInterface):
         assert num_new_tokens > 0
         return num_new_tokens
 
-    def _admit_request(self, request: Request, num_new_tokens: int,
-                       num_computed_tokens: int, step: SchedulingStep) -> None:
+    def _admit_request(
+        self, request: Request, num_new_tokens: int, num_computed_tokens: int, step: SchedulingStep
+    ) -> None:
         """Move a request popped from the waiting queue to running."""
         self.running.append(request)
         if self.log_stats:
@@ -307,8 +319,7 @@ class Scheduler(SchedulerInterface):
             raise RuntimeError(f"Invalid request status: {request.status}")
         # The workers get every block of an admitted request, the prefix
         # hits included (a resumed request's list replaces its old one).
-        step.add(request, num_new_tokens,
-                 self.kv_cache_manager.get_blocks(request.request_id))
+        step.add(request, num_new_tokens, self.kv_cache_manager.get_blocks(request.request_id))
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_computed_tokens
         if request.num_cached_tokens < 0:
@@ -324,16 +335,22 @@ class Scheduler(SchedulerInterface):
         if self.running:
             # Blocks shared by every running request (cascade attention).
             num_common_prefix_blocks = list(
-                self.kv_cache_manager.get_num_common_prefix_blocks(
-                    self.running[0].request_id))
+                self.kv_cache_manager.get_num_common_prefix_blocks(self.running[0].request_id)
+            )
         new_reqs_data, resumed_reqs = make_new_reqs_data(
-            step.new_reqs, step.resumed_reqs, step.req_to_new_blocks,
-            self.use_v2_model_runner)
+            step.new_reqs, step.resumed_reqs, step.req_to_new_blocks, self.use_v2_model_runner
+        )
         # Diffs for the requests the workers already hold.
         cached_reqs_data = make_cached_request_data(
-            step.running_reqs, resumed_reqs, step.num_scheduled_tokens, {},
-            step.req_to_new_blocks, self.prev_step_scheduled_req_ids, self.use_pp,
-            self.use_v2_model_runner)
+            step.running_reqs,
+            resumed_reqs,
+            step.num_scheduled_tokens,
+            {},
+            step.req_to_new_blocks,
+            self.prev_step_scheduled_req_ids,
+            self.use_pp,
+            self.use_v2_model_runner,
+        )
         # Must follow make_cached_request_data, which reads the old value.
         self.prev_step_scheduled_req_ids = set(step.num_scheduled_tokens)
         return SchedulerOutput(
@@ -345,10 +362,12 @@ class Scheduler(SchedulerInterface):
             scheduled_encoder_inputs={},
             num_common_prefix_blocks=num_common_prefix_blocks,
             has_structured_output_requests=any(
-                self.requests[req_id].use_structured_output
-                for req_id in step.num_scheduled_tokens),
-            preempted_req_ids=({req.request_id for req in step.preempted_reqs}
-                               | self._take_preempted_outside_schedule()),
+                self.requests[req_id].use_structured_output for req_id in step.num_scheduled_tokens
+            ),
+            preempted_req_ids=(
+                {req.request_id for req in step.preempted_reqs}
+                | self._take_preempted_outside_schedule()
+            ),
             # Not decided in this step: the requests that finished since the
             # previous one (_update_after_schedule starts a new set).
             finished_req_ids=self.finished_req_ids,
@@ -404,8 +423,7 @@ class Scheduler(SchedulerInterface):
         if stopped_preempted_reqs:
             # Rare: preempted while its last step was still in flight.
             self.waiting.remove_requests(stopped_preempted_reqs)
-        return make_engine_core_outputs(outputs, self.finished_req_ids_dict,
-                                        self.make_stats())
+        return make_engine_core_outputs(outputs, self.finished_req_ids_dict, self.make_stats())
 
     def _process_request_output(
         self,
@@ -423,8 +441,7 @@ class Scheduler(SchedulerInterface):
 
         stopped = False
         if new_token_ids:
-            new_token_ids, stopped = self._update_request_with_output(
-                request, new_token_ids)
+            new_token_ids, stopped = self._update_request_with_output(request, new_token_ids)
             self.structured_output.advance(request, new_token_ids)
         elif request.pooling_params is not None and pooler_output is not None:
             # A pooling request is done as soon as it has its output.
@@ -437,12 +454,17 @@ class Scheduler(SchedulerInterface):
 
         new_logprobs = None
         logprobs = model_runner_output.logprobs
-        if (logprobs is not None and new_token_ids and request.sampling_params is not None
-                and request.sampling_params.logprobs is not None):
+        if (
+            logprobs is not None
+            and new_token_ids
+            and request.sampling_params is not None
+            and request.sampling_params.logprobs is not None
+        ):
             new_logprobs = logprobs.slice(req_index, req_index + 1)
         prompt_logprobs = model_runner_output.prompt_logprobs_dict.get(req_id)
-        if not (new_token_ids or stopped or pooler_output is not None
-                or prompt_logprobs is not None):
+        if not (
+            new_token_ids or stopped or pooler_output is not None or prompt_logprobs is not None
+        ):
             return None
         return EngineCoreOutput(
             request_id=req_id,
@@ -458,7 +480,8 @@ class Scheduler(SchedulerInterface):
         )
 
     def _update_request_with_output(
-            self, request: Request, new_token_ids: list[int]) -> tuple[list[int], bool]:
+        self, request: Request, new_token_ids: list[int]
+    ) -> tuple[list[int], bool]:
         """Append sampled tokens one by one, checking the stop conditions
         after each; tokens after the stopping one are dropped."""
         for num_new, token_id in enumerate(new_token_ids, 1):
@@ -480,8 +503,9 @@ class Scheduler(SchedulerInterface):
         if request.mm_features:
             raise ValueError("Multimodal inputs are not supported")
         if request.lora_request is not None:
-            raise ValueError(f"lora_request {request.lora_request.lora_name!r}: LoRA is not "
-                             "supported yet")
+            raise ValueError(
+                f"lora_request {request.lora_request.lora_name!r}: LoRA is not supported yet"
+            )
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
         if self.log_stats:
@@ -567,8 +591,8 @@ class Scheduler(SchedulerInterface):
         reset_successful = self.kv_cache_manager.reset_prefix_cache()
         if reset_running_requests and not reset_successful:
             raise RuntimeError(
-                "Failed to reset the prefix cache even after preempting every "
-                "running request")
+                "Failed to reset the prefix cache even after preempting every running request"
+            )
         return reset_successful
 
     def make_stats(self) -> SchedulerStats | None:
@@ -587,4 +611,3 @@ class Scheduler(SchedulerInterface):
         # Upstream stops its KV-event publisher and KV connector here; this
         # scheduler holds neither, so there is nothing to release.
         pass
-

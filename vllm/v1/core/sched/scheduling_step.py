@@ -1,4 +1,5 @@
 """The bookkeeping of one `Scheduler.schedule()` call."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -10,6 +10,7 @@ that file short).
                        (`grammar_bitmask` here) -> sample_tokens
     update_from_output `advance` with the accepted tokens
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -36,8 +37,9 @@ class StructuredOutputScheduling:
     bitmask, grammar advance, and the outputs of requests whose grammar
     failed to compile."""
 
-    def __init__(self, manager: StructuredOutputManager,
-                 free_request: Callable[[Request], object]) -> None:
+    def __init__(
+        self, manager: StructuredOutputManager, free_request: Callable[[Request], object]
+    ) -> None:
         self.manager = manager
         self._free_request = free_request
         # Outputs of requests finished inside schedule() (a grammar that
@@ -49,8 +51,7 @@ class StructuredOutputScheduling:
         outputs, self._error_outputs = self._error_outputs, defaultdict(list)
         return outputs
 
-    def admit(self, request: Request, waiting: RequestQueue,
-              skipped_waiting: RequestQueue) -> bool:
+    def admit(self, request: Request, waiting: RequestQueue, skipped_waiting: RequestQueue) -> bool:
         """For the request at the head of the waiting queue: True once its
         grammar compiled (it becomes WAITING). Otherwise it leaves the queue:
         into `skipped_waiting` while compiling, finished with FINISHED_ERROR
@@ -67,14 +68,22 @@ class StructuredOutputScheduling:
         if not ready:
             skipped_waiting.prepend_request(request)
             return False
-        logger.error("Request %s failed: its structured output grammar did not compile: %s",
-                     request.request_id, so_request.compile_error)
+        logger.error(
+            "Request %s failed: its structured output grammar did not compile: %s",
+            request.request_id,
+            so_request.compile_error,
+        )
         request.status = RequestStatus.FINISHED_ERROR
         self._free_request(request)
-        self._error_outputs[request.client_index].append(EngineCoreOutput(
-            request_id=request.request_id, new_token_ids=[],
-            finish_reason=request.get_finished_reason(), events=request.take_events(),
-            trace_headers=request.trace_headers))
+        self._error_outputs[request.client_index].append(
+            EngineCoreOutput(
+                request_id=request.request_id,
+                new_token_ids=[],
+                finish_reason=request.get_finished_reason(),
+                events=request.take_events(),
+                trace_headers=request.trace_headers,
+            )
+        )
         return False
 
     def advance(self, request: Request, new_token_ids: list[int]) -> None:
@@ -86,11 +95,13 @@ class StructuredOutputScheduling:
         assert so_request is not None and so_request.grammar is not None
         if not so_request.grammar.accept_tokens(request.request_id, new_token_ids):
             # The bitmask forbids such tokens: a bug, not bad input.
-            logger.error("Request %s: the grammar rejected tokens %s", request.request_id,
-                         new_token_ids)
+            logger.error(
+                "Request %s: the grammar rejected tokens %s", request.request_id, new_token_ids
+            )
 
-    def grammar_bitmask(self, requests: dict[str, Request],
-                        scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+    def grammar_bitmask(
+        self, requests: dict[str, Request], scheduler_output: SchedulerOutput
+    ) -> GrammarOutput | None:
         """The bitmask of the structured-output requests that sample in this
         step (row i: request `structured_output_request_ids[i]`), or None.
 
@@ -100,7 +111,8 @@ class StructuredOutputScheduling:
             return None
         req_ids = structured_output_req_ids_to_sample(requests, scheduler_output)
         bitmask = self.manager.grammar_bitmask(
-            requests, req_ids, scheduler_output.scheduled_spec_decode_tokens)
+            requests, req_ids, scheduler_output.scheduled_spec_decode_tokens
+        )
         if bitmask is None:
             return None
         return GrammarOutput(structured_output_request_ids=req_ids, grammar_bitmask=bitmask)

@@ -1,5 +1,6 @@
 """Helpers of the scheduler: the stop check, fast list removal, and which
 structured-output requests sample in a step."""
+
 from __future__ import annotations
 
 import contextlib
@@ -73,15 +74,15 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         request.status = RequestStatus.FINISHED_STOPPED
         request.stop_reason = last_token_id
         return True
-    if (request.num_tokens >= max_model_len
-            or request.num_output_tokens >= request.max_tokens):
+    if request.num_tokens >= max_model_len or request.num_output_tokens >= request.max_tokens:
         request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         return True
     return False
 
 
-def structured_output_req_ids_to_sample(requests: dict[str, Request],
-                                        scheduler_output: SchedulerOutput) -> list[str]:
+def structured_output_req_ids_to_sample(
+    requests: dict[str, Request], scheduler_output: SchedulerOutput
+) -> list[str]:
     """The scheduled structured-output requests that sample a token in this
     step, in scheduling order; a request in a partial prefill chunk does not.
 

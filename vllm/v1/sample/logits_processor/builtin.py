@@ -7,6 +7,7 @@ in a dict and, when that state changes, rebuilds flat index tensors for one
 
     rows = [0, 0, 2]    cols = [17, 99, 5]    ->  logits[rows, cols] op= values
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -14,8 +15,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from vllm.v1.sample.logits_processor.interface import (BatchUpdate, LogitsProcessor,
-                                                       MoveDirectionality)
+from vllm.v1.sample.logits_processor.interface import (
+    BatchUpdate,
+    LogitsProcessor,
+    MoveDirectionality,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -25,8 +29,9 @@ T = TypeVar("T")
 
 
 def process_dict_updates(
-    req_entries: dict[int, T], batch_update: BatchUpdate | None,
-    new_state: Callable[["SamplingParams", "list[int] | None", "list[int]"], T | None],
+    req_entries: dict[int, T],
+    batch_update: BatchUpdate | None,
+    new_state: Callable[[SamplingParams, list[int] | None, list[int]], T | None],
 ) -> bool:
     """Apply a `BatchUpdate` to per-row state kept as {row: entry}.
 
@@ -65,8 +70,7 @@ def process_dict_updates(
 class _SparseCellsProcessor(LogitsProcessor):
     """Shared machinery: per-row state -> (rows, cols, values) tensors."""
 
-    def __init__(self, vllm_config: "VllmConfig", device: torch.device,
-                 is_pin_memory: bool) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         self.device = device
         self.pin_memory = is_pin_memory
         self.vocab_size = vllm_config.model_config.get_vocab_size()
@@ -92,38 +96,45 @@ class _SparseCellsProcessor(LogitsProcessor):
 class LogitBiasLogitsProcessor(_SparseCellsProcessor):
     """Adds each request's `logit_bias` {token: bias} to its row."""
 
-    def __init__(self, vllm_config: "VllmConfig", device: torch.device,
-                 is_pin_memory: bool) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         super().__init__(vllm_config, device, is_pin_memory)
         self.biases: dict[int, dict[int, float]] = {}
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if not process_dict_updates(self.biases, batch_update,
-                                    lambda params, _, __: params.logit_bias or None):
+        if not process_dict_updates(
+            self.biases, batch_update, lambda params, _, __: params.logit_bias or None
+        ):
             return
-        self._build_cells([(row, tok, bias) for row, bias_map in self.biases.items()
-                           for tok, bias in bias_map.items() if 0 <= tok < self.vocab_size])
+        self._build_cells(
+            [
+                (row, tok, bias)
+                for row, bias_map in self.biases.items()
+                for tok, bias in bias_map.items()
+                if 0 <= tok < self.vocab_size
+            ]
+        )
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self.rows is None:
             return logits
-        return logits.index_put_((self.rows, self.cols), self.values.to(logits.dtype),
-                                 accumulate=True)
+        return logits.index_put_(
+            (self.rows, self.cols), self.values.to(logits.dtype), accumulate=True
+        )
 
 
 class MinTokensLogitsProcessor(_SparseCellsProcessor):
     """Forbids the stop tokens (EOS, `stop_token_ids` and the generation
     config's extra EOS ids) of a request until it has `min_tokens` outputs."""
 
-    def __init__(self, vllm_config: "VllmConfig", device: torch.device,
-                 is_pin_memory: bool) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         super().__init__(vllm_config, device, is_pin_memory)
         # row -> (min_tokens, the request's output token list, its stop ids)
         self.min_toks: dict[int, tuple[int, list[int], set[int]]] = {}
 
     @staticmethod
-    def _new_state(params: "SamplingParams", _prompt: list[int] | None,
-                   output_ids: list[int]) -> tuple[int, list[int], set[int]] | None:
+    def _new_state(
+        params: SamplingParams, _prompt: list[int] | None, output_ids: list[int]
+    ) -> tuple[int, list[int], set[int]] | None:
         min_tokens = params.min_tokens
         if min_tokens and len(output_ids) < min_tokens and params.all_stop_token_ids:
             return min_tokens, output_ids, params.all_stop_token_ids
@@ -133,14 +144,20 @@ class MinTokensLogitsProcessor(_SparseCellsProcessor):
         changed = process_dict_updates(self.min_toks, batch_update, self._new_state)
         # The output lists grew since the last step: rows that reached their
         # min_tokens are released.
-        done = [row for row, (min_tokens, out, _) in self.min_toks.items()
-                if len(out) >= min_tokens]
+        done = [
+            row for row, (min_tokens, out, _) in self.min_toks.items() if len(out) >= min_tokens
+        ]
         for row in done:
             del self.min_toks[row]
         if changed or done:
-            self._build_cells([(row, tok, float("-inf"))
-                               for row, (_, _, stop_ids) in self.min_toks.items()
-                               for tok in stop_ids if 0 <= tok < self.vocab_size])
+            self._build_cells(
+                [
+                    (row, tok, float("-inf"))
+                    for row, (_, _, stop_ids) in self.min_toks.items()
+                    for tok in stop_ids
+                    if 0 <= tok < self.vocab_size
+                ]
+            )
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self.rows is None:
@@ -149,4 +166,6 @@ class MinTokensLogitsProcessor(_SparseCellsProcessor):
 
 
 BUILTIN_LOGITS_PROCESSORS: tuple[type[LogitsProcessor], ...] = (
-    MinTokensLogitsProcessor, LogitBiasLogitsProcessor)
+    MinTokensLogitsProcessor,
+    LogitBiasLogitsProcessor,
+)

@@ -12,6 +12,7 @@ likely, e.g. min-p: the sampler applies them to random rows only, after the
 temperature) or not (logit bias, min_tokens: they apply to every row, before
 the penalties and before greedy sampling).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -62,8 +63,7 @@ class LogitsProcessor(ABC):
     """One kind of logits edit, batched over the rows that need it."""
 
     @abstractmethod
-    def __init__(self, vllm_config: "VllmConfig", device: torch.device,
-                 is_pin_memory: bool) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         raise NotImplementedError
 
     @abstractmethod

@@ -1,13 +1,19 @@
 """Bookkeeping between the persistent batch and its logits processors
 (upstream: vllm/v1/sample/logits_processor/state.py)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from itertools import chain
 
-from vllm.v1.sample.logits_processor.interface import (AddedRequest, BatchUpdate,
-                                                       LogitsProcessor, MovedRequest,
-                                                       MoveDirectionality, RemovedRequest)
+from vllm.v1.sample.logits_processor.interface import (
+    AddedRequest,
+    BatchUpdate,
+    LogitsProcessor,
+    MoveDirectionality,
+    MovedRequest,
+    RemovedRequest,
+)
 
 
 class BatchUpdateBuilder:
@@ -36,8 +42,9 @@ class BatchUpdateBuilder:
         """The changes recorded since the last call (None if there were none)."""
         if not (self.removed or self.added or self.moved):
             return None
-        update = BatchUpdate(batch_size=batch_size, removed=self.removed, added=self.added,
-                             moved=self.moved)
+        update = BatchUpdate(
+            batch_size=batch_size, removed=self.removed, added=self.added, moved=self.moved
+        )
         self.removed, self.added, self.moved = [], [], []
         return update
 
@@ -49,8 +56,9 @@ class LogitsProcessors:
         self.argmax_invariant: list[LogitsProcessor] = []
         self.non_argmax_invariant: list[LogitsProcessor] = []
         for proc in logitsprocs or ():
-            (self.argmax_invariant if proc.is_argmax_invariant()
-             else self.non_argmax_invariant).append(proc)
+            (
+                self.argmax_invariant if proc.is_argmax_invariant() else self.non_argmax_invariant
+            ).append(proc)
 
     @property
     def all(self) -> Iterator[LogitsProcessor]:

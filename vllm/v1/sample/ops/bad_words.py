@@ -7,6 +7,7 @@ last token of a word is ever masked: the prefix may be generated freely, the
 word just cannot be completed. The prompt is not part of the history, as
 upstream.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,11 @@ def banned_tokens(bad_words_token_ids: list[list[int]], past_tokens_ids: list[in
     return banned
 
 
-def apply_bad_words(logits: torch.Tensor, bad_words_token_ids: dict[int, list[list[int]]],
-                    past_tokens_ids: list[list[int]]) -> None:
+def apply_bad_words(
+    logits: torch.Tensor,
+    bad_words_token_ids: dict[int, list[list[int]]],
+    past_tokens_ids: list[list[int]],
+) -> None:
     """Mask the banned tokens of every row, in place, with one index_put_.
 
     bad_words_token_ids: row -> that request's words; past_tokens_ids: the
@@ -42,7 +46,7 @@ def apply_bad_words(logits: torch.Tensor, bad_words_token_ids: dict[int, list[li
                 rows.append(row)
                 cols.append(token)
     if rows:
-        index = (torch.tensor(rows, device=logits.device),
-                 torch.tensor(cols, device=logits.device))
-        logits.index_put_(index, torch.tensor(_SMALLEST_LOGIT, device=logits.device,
-                                              dtype=logits.dtype))
+        index = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
+        logits.index_put_(
+            index, torch.tensor(_SMALLEST_LOGIT, device=logits.device, dtype=logits.dtype)
+        )

@@ -6,10 +6,12 @@ op loops over requests or over the vocabulary. The only per-request loop is in
 `random_sample`, over the seeded rows, because each of them must draw its
 uniform from its own `torch.Generator`.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+
 
 class TopKTopPSampler(nn.Module):
     """Filters logits with per-row top-k and top-p, then samples one token per row.
@@ -69,8 +71,9 @@ def apply_top_k_top_p(
 TOP_P_CANDIDATES = 256
 
 
-def _top_k_top_p_from_candidates(logits: torch.Tensor, k: torch.Tensor | None,
-                                 p: torch.Tensor) -> bool:
+def _top_k_top_p_from_candidates(
+    logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor
+) -> bool:
     """`apply_top_k_top_p` computed among each row's TOP_P_CANDIDATES most
     likely tokens, in place. Returns False (logits untouched) unless that is
     exact for every row: the row's top-k already drops every other token, or
@@ -118,8 +121,9 @@ def _top_k_top_p_from_candidates(logits: torch.Tensor, k: torch.Tensor | None,
     return True
 
 
-def _top_k_top_p_by_sort(logits: torch.Tensor, k: torch.Tensor | None,
-                         p: torch.Tensor) -> torch.Tensor:
+def _top_k_top_p_by_sort(
+    logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor
+) -> torch.Tensor:
     """`apply_top_k_top_p` over a full sort of each row (any k and p)."""
     # Work in ascending order: the k-th largest value sits at index vocab - k,
     # and the tokens to drop for top-p form a prefix of the sorted row.
@@ -228,10 +232,10 @@ def _block_sums(probs: torch.Tensor) -> torch.Tensor:
     """[num_reqs, vocab] -> [num_reqs, ceil(vocab / _CDF_BLOCK)] float64 sums."""
     num_reqs, vocab = probs.shape
     num_full = vocab // _CDF_BLOCK
-    full = probs[:, :num_full * _CDF_BLOCK].reshape(num_reqs, num_full, _CDF_BLOCK)
+    full = probs[:, : num_full * _CDF_BLOCK].reshape(num_reqs, num_full, _CDF_BLOCK)
     sums = full.sum(dim=-1, dtype=torch.float64)
     if num_full * _CDF_BLOCK < vocab:
-        tail = probs[:, num_full * _CDF_BLOCK:].sum(dim=-1, keepdim=True, dtype=torch.float64)
+        tail = probs[:, num_full * _CDF_BLOCK :].sum(dim=-1, keepdim=True, dtype=torch.float64)
         sums = torch.cat((sums, tail), dim=1)
     return sums
 

@@ -7,21 +7,30 @@ holds that copy, and `get_output()` waits for it and builds the
 calls `get_output()` only after it has scheduled the next step; without it the
 runner calls it right away. On CPU the "copy" is a view and nothing waits.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from vllm.v1.outputs import (AsyncModelRunnerOutput, LogprobsTensors, ModelRunnerOutput,
-                             SamplerOutput)
+from vllm.v1.outputs import (
+    AsyncModelRunnerOutput,
+    LogprobsTensors,
+    ModelRunnerOutput,
+    SamplerOutput,
+)
 
 
 class AsyncOutput(AsyncModelRunnerOutput):
     """A step's `ModelRunnerOutput`, completed once its host copies land."""
 
-    def __init__(self, model_runner_output: ModelRunnerOutput, sampler_output: SamplerOutput,
-                 num_sampled_tokens: torch.Tensor,
-                 copy_stream: "torch.cuda.Stream | None" = None) -> None:
+    def __init__(
+        self,
+        model_runner_output: ModelRunnerOutput,
+        sampler_output: SamplerOutput,
+        num_sampled_tokens: torch.Tensor,
+        copy_stream: torch.cuda.Stream | None = None,
+    ) -> None:
         self.model_runner_output = model_runner_output
         # Keep the device tensors alive until the side-stream copies are done.
         self.sampler_output = sampler_output
@@ -38,8 +47,11 @@ class AsyncOutput(AsyncModelRunnerOutput):
             copy_stream.wait_stream(main_stream)
             self.sampled_token_ids = _to_host(sampler_output.sampled_token_ids)
             self.num_sampled_tokens_np = _to_host(num_sampled_tokens)
-            self.logprobs_tensors = None if logprobs is None else LogprobsTensors(
-                *(t.to("cpu", non_blocking=True) for t in logprobs))
+            self.logprobs_tensors = (
+                None
+                if logprobs is None
+                else LogprobsTensors(*(t.to("cpu", non_blocking=True) for t in logprobs))
+            )
             self.copy_event = torch.cuda.Event()
             self.copy_event.record(copy_stream)
 

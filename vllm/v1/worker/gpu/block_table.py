@@ -10,6 +10,7 @@ Each step the rows of the batch are gathered into `input_block_tables` (batch
 order, what attention reads) and the slot of every scheduled token is computed
 on the device from the positions, so the host never builds per-token arrays.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,8 +27,14 @@ PAD_SLOT_ID = -1
 class BlockTables:
     """Block ids of every live request, per KV cache group."""
 
-    def __init__(self, block_sizes: list[int], max_num_reqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        block_sizes: list[int],
+        max_num_reqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        device: torch.device,
+    ) -> None:
         self.block_sizes = block_sizes
         self.max_num_reqs = max_num_reqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -47,18 +54,25 @@ class BlockTables:
             torch.zeros_like(bt.gpu) for bt in self.block_tables
         ]
         # [num_groups, max_num_batched_tokens]; entries past the step's tokens are PAD_SLOT_ID.
-        self.slot_mappings = torch.full((self.num_kv_cache_groups, max_num_batched_tokens),
-                                        PAD_SLOT_ID, dtype=torch.int64, device=device)
+        self.slot_mappings = torch.full(
+            (self.num_kv_cache_groups, max_num_batched_tokens),
+            PAD_SLOT_ID,
+            dtype=torch.int64,
+            device=device,
+        )
 
-    def append_block_ids(self, req_index: int, new_block_ids: tuple[list[int], ...],
-                         overwrite: bool) -> None:
+    def append_block_ids(
+        self, req_index: int, new_block_ids: tuple[list[int], ...], overwrite: bool
+    ) -> None:
         """Add blocks after the row's current ones, or (overwrite) replace them."""
         for g, block_ids in enumerate(new_block_ids):
             start = 0 if overwrite else int(self.num_blocks[g, req_index])
             end = start + len(block_ids)
             if end > self.block_tables[g].gpu.shape[1]:
-                raise ValueError(f"Request row {req_index} needs {end} blocks in group {g}; "
-                                 f"a row holds {self.block_tables[g].gpu.shape[1]}.")
+                raise ValueError(
+                    f"Request row {req_index} needs {end} blocks in group {g}; "
+                    f"a row holds {self.block_tables[g].gpu.shape[1]}."
+                )
             self.block_tables[g].stage_write(req_index, start, block_ids)
             self.num_blocks[g, req_index] = end
 
@@ -79,16 +93,23 @@ class BlockTables:
             out.append(dst[:num_reqs])
         return tuple(out)
 
-    def compute_slot_mappings(self, idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
-                              positions: torch.Tensor) -> torch.Tensor:
+    def compute_slot_mappings(
+        self, idx_mapping: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         """[num_groups, num_tokens] int64: the KV slot of every scheduled token.
 
         Entries past `num_tokens` are reset to PAD_SLOT_ID (for padded batches).
         """
         num_tokens = positions.shape[0]
         for g, (block_table, block_size) in enumerate(zip(self.block_tables, self.block_sizes)):
-            compute_slot_mapping(self.slot_mappings[g], block_table.gpu, block_size,
-                                 idx_mapping, query_start_loc, positions)
+            compute_slot_mapping(
+                self.slot_mappings[g],
+                block_table.gpu,
+                block_size,
+                idx_mapping,
+                query_start_loc,
+                positions,
+            )
         return self.slot_mappings[:, :num_tokens]
 
     def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
@@ -100,26 +121,41 @@ class BlockTables:
 def token_batch_indices(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """[num_tokens] int64: the batch position each flattened token belongs to."""
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
-    return torch.repeat_interleave(torch.arange(query_lens.shape[0], device=query_lens.device),
-                                   query_lens, output_size=num_tokens)
+    return torch.repeat_interleave(
+        torch.arange(query_lens.shape[0], device=query_lens.device),
+        query_lens,
+        output_size=num_tokens,
+    )
 
 
-def compute_slot_mapping(out: torch.Tensor, block_table: torch.Tensor, block_size: int,
-                         idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
-                         positions: torch.Tensor) -> None:
+def compute_slot_mapping(
+    out: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+) -> None:
     """Fill `out[:num_tokens]` with the slots of one KV cache group and `out[num_tokens:]`
     with PAD_SLOT_ID. block_table: [max_num_reqs, max_num_blocks] by request row."""
     if out.is_cuda and HAS_TRITON:
-        _compute_slot_mapping_triton(out, block_table, block_size, idx_mapping,
-                                     query_start_loc, positions)
+        _compute_slot_mapping_triton(
+            out, block_table, block_size, idx_mapping, query_start_loc, positions
+        )
     else:
-        _compute_slot_mapping_torch(out, block_table, block_size, idx_mapping,
-                                    query_start_loc, positions)
+        _compute_slot_mapping_torch(
+            out, block_table, block_size, idx_mapping, query_start_loc, positions
+        )
 
 
-def _compute_slot_mapping_torch(out: torch.Tensor, block_table: torch.Tensor, block_size: int,
-                                idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
-                                positions: torch.Tensor) -> None:
+def _compute_slot_mapping_torch(
+    out: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+) -> None:
     num_tokens = positions.shape[0]
     rows = idx_mapping.to(torch.int64)
     if num_tokens != rows.shape[0]:  # else one token per request: token i is request i
@@ -133,23 +169,45 @@ def _compute_slot_mapping_torch(out: torch.Tensor, block_table: torch.Tensor, bl
     out[num_tokens:] = PAD_SLOT_ID
 
 
-def _compute_slot_mapping_triton(out: torch.Tensor, block_table: torch.Tensor,
-                                 block_size: int, idx_mapping: torch.Tensor,
-                                 query_start_loc: torch.Tensor,
-                                 positions: torch.Tensor) -> None:
+def _compute_slot_mapping_triton(
+    out: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+) -> None:
     num_reqs = idx_mapping.shape[0]
     # The extra last program pads the tail of `out`.
     _compute_slot_mapping_kernel[(num_reqs + 1,)](
-        out, out.shape[0], positions.shape[0], block_table, block_table.stride(0),
-        block_size, idx_mapping, query_start_loc, positions,
-        PAD_ID=PAD_SLOT_ID, BLOCK_SIZE=1024)
+        out,
+        out.shape[0],
+        positions.shape[0],
+        block_table,
+        block_table.stride(0),
+        block_size,
+        idx_mapping,
+        query_start_loc,
+        positions,
+        PAD_ID=PAD_SLOT_ID,
+        BLOCK_SIZE=1024,
+    )
 
 
 @triton.jit
-def _compute_slot_mapping_kernel(out_ptr, max_num_tokens, num_tokens, block_table_ptr,
-                                 block_table_stride, block_size, idx_mapping_ptr,
-                                 query_start_loc_ptr, pos_ptr, PAD_ID: tl.constexpr,
-                                 BLOCK_SIZE: tl.constexpr):
+def _compute_slot_mapping_kernel(
+    out_ptr,
+    max_num_tokens,
+    num_tokens,
+    block_table_ptr,
+    block_table_stride,
+    block_size,
+    idx_mapping_ptr,
+    query_start_loc_ptr,
+    pos_ptr,
+    PAD_ID: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
     batch_idx = tl.program_id(0)
     if batch_idx == tl.num_programs(0) - 1:
         for i in range(num_tokens, max_num_tokens, BLOCK_SIZE):
@@ -163,7 +221,8 @@ def _compute_slot_mapping_kernel(out_ptr, max_num_tokens, num_tokens, block_tabl
         offs = i + tl.arange(0, BLOCK_SIZE)
         mask = offs < end
         pos = tl.load(pos_ptr + offs, mask=mask, other=0)
-        block_numbers = tl.load(block_table_ptr + row * block_table_stride + pos // block_size,
-                                mask=mask, other=0)
+        block_numbers = tl.load(
+            block_table_ptr + row * block_table_stride + pos // block_size, mask=mask, other=0
+        )
         slots = block_numbers.to(tl.int64) * block_size + pos % block_size
         tl.store(out_ptr + offs, slots, mask=mask)

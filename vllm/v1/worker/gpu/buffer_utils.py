@@ -12,6 +12,7 @@ device (prompt lengths, sampling parameters) use `CpuGpuBuffer`
 (vllm/v1/worker/utils.py): numpy is the source of truth and `copy_to_gpu()`
 publishes it (free on CPU, where the two are the same memory).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -24,8 +25,9 @@ from vllm.triton_utils import HAS_TRITON, tl, triton
 _SUPPORTED_DTYPES = (torch.int32, torch.int64, torch.float32)
 
 
-def async_copy_to_gpu(x: np.ndarray, out: torch.Tensor | None = None,
-                      device: torch.device | None = None) -> torch.Tensor:
+def async_copy_to_gpu(
+    x: np.ndarray, out: torch.Tensor | None = None, device: torch.device | None = None
+) -> torch.Tensor:
     """Copy a host array to the device (into `out` when given).
 
     On a CPU device without `out` the result *aliases* `x` (no copy), so `x`
@@ -47,8 +49,7 @@ class StagedWriteTensor:
     Writes are applied in staging order, so a later write to the same place wins.
     """
 
-    def __init__(self, size: int | Sequence[int], dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(self, size: int | Sequence[int], dtype: torch.dtype, device: torch.device) -> None:
         if dtype not in _SUPPORTED_DTYPES:
             raise ValueError(f"Unsupported dtype {dtype}; expected one of {_SUPPORTED_DTYPES}.")
         self.dtype = dtype
@@ -101,8 +102,13 @@ class StagedWriteTensor:
         self._staged_write_cu_lens.clear()
 
 
-def apply_staged_writes(output: torch.Tensor, indices: np.ndarray, starts: np.ndarray,
-                        contents: torch.Tensor, cu_lens: np.ndarray) -> None:
+def apply_staged_writes(
+    output: torch.Tensor,
+    indices: np.ndarray,
+    starts: np.ndarray,
+    contents: torch.Tensor,
+    cu_lens: np.ndarray,
+) -> None:
     """Write `contents[cu_lens[i-1]:cu_lens[i]]` to `output[indices[i], starts[i]:]`
     for every i (a 1-D `output` is treated as one column per row)."""
     if output.is_cuda and HAS_TRITON:
@@ -111,8 +117,13 @@ def apply_staged_writes(output: torch.Tensor, indices: np.ndarray, starts: np.nd
         _apply_write_torch(output, indices, starts, contents, cu_lens)
 
 
-def _apply_write_torch(output: torch.Tensor, indices: np.ndarray, starts: np.ndarray,
-                       contents: torch.Tensor, cu_lens: np.ndarray) -> None:
+def _apply_write_torch(
+    output: torch.Tensor,
+    indices: np.ndarray,
+    starts: np.ndarray,
+    contents: torch.Tensor,
+    cu_lens: np.ndarray,
+) -> None:
     assert output.is_contiguous()
     stride = output.stride(0)
     lens = np.diff(cu_lens, prepend=0)
@@ -123,20 +134,37 @@ def _apply_write_torch(output: torch.Tensor, indices: np.ndarray, starts: np.nda
     output.view(-1).index_copy_(0, dst, contents.to(output.device, non_blocking=True))
 
 
-def _apply_write_triton(output: torch.Tensor, indices: np.ndarray, starts: np.ndarray,
-                        contents: torch.Tensor, cu_lens: np.ndarray) -> None:
+def _apply_write_triton(
+    output: torch.Tensor,
+    indices: np.ndarray,
+    starts: np.ndarray,
+    contents: torch.Tensor,
+    cu_lens: np.ndarray,
+) -> None:
     device = output.device
     as_dev = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
     n = indices.shape[0]
     _apply_write_kernel[(n,)](
-        output, output.stride(0) if output.dim() > 1 else 1,
-        as_dev(indices), as_dev(starts), contents.to(device, non_blocking=True),
-        as_dev(cu_lens), BLOCK_SIZE=1024)
+        output,
+        output.stride(0) if output.dim() > 1 else 1,
+        as_dev(indices),
+        as_dev(starts),
+        contents.to(device, non_blocking=True),
+        as_dev(cu_lens),
+        BLOCK_SIZE=1024,
+    )
 
 
 @triton.jit
-def _apply_write_kernel(output_ptr, output_stride, indices_ptr, starts_ptr, contents_ptr,
-                        cu_lens_ptr, BLOCK_SIZE: tl.constexpr):
+def _apply_write_kernel(
+    output_ptr,
+    output_stride,
+    indices_ptr,
+    starts_ptr,
+    contents_ptr,
+    cu_lens_ptr,
+    BLOCK_SIZE: tl.constexpr,
+):
     # One program per staged write: copy its values into its row.
     pid = tl.program_id(0)
     row = tl.load(indices_ptr + pid)

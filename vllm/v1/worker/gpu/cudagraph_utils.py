@@ -10,6 +10,7 @@ buffers. `capture` records one graph per key at start-up, largest first, in
 one shared memory pool; `run_fullgraph` replays one and returns its static
 hidden states (overwritten by the next replay).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -48,18 +49,18 @@ class BatchExecutionDescriptor:
 
     @property
     def batch_descriptor(self) -> BatchDescriptor:
-        return BatchDescriptor(self.num_tokens, num_reqs=self.num_reqs,
-                               uniform=self.uniform_token_count is not None)
+        return BatchDescriptor(
+            self.num_tokens, num_reqs=self.num_reqs, uniform=self.uniform_token_count is not None
+        )
 
 
 # Prepares a dummy batch of a descriptor's shape in the persistent buffers:
 # (attention metadata, input_ids, positions).
-PrepareFn = Callable[[BatchExecutionDescriptor], tuple[dict[str, Any], torch.Tensor,
-                                                       torch.Tensor]]
+PrepareFn = Callable[[BatchExecutionDescriptor], tuple[dict[str, Any], torch.Tensor, torch.Tensor]]
 
 
 class CudaGraphManager:
-    def __init__(self, vllm_config: "VllmConfig", device: torch.device) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.vllm_config = vllm_config
         self.device = device
         self.dispatcher = CudagraphDispatcher(vllm_config)
@@ -76,25 +77,33 @@ class CudaGraphManager:
         self.uniform_decode_query_len = uniform_decode_query_len
         self.dispatcher.initialize_cudagraph_keys(cudagraph_mode, uniform_decode_query_len)
 
-    def dispatch(self, num_reqs: int, num_tokens: int,
-                 uniform_token_count: int | None) -> BatchExecutionDescriptor | None:
+    def dispatch(
+        self, num_reqs: int, num_tokens: int, uniform_token_count: int | None
+    ) -> BatchExecutionDescriptor | None:
         """The graph for a batch (None: run eagerly). `uniform_token_count` is
         the query length shared by every request, None when they differ."""
         uniform = uniform_token_count == self.uniform_decode_query_len
-        mode, desc = self.dispatcher.dispatch(num_tokens, uniform_decode=uniform,
-                                              num_reqs=num_reqs)
+        mode, desc = self.dispatcher.dispatch(num_tokens, uniform_decode=uniform, num_reqs=num_reqs)
         if mode != CUDAGraphMode.FULL:
             return None
-        return BatchExecutionDescriptor(CUDAGraphMode.FULL, desc.num_tokens, desc.num_reqs,
-                                        uniform_token_count if desc.uniform else None)
+        return BatchExecutionDescriptor(
+            CUDAGraphMode.FULL,
+            desc.num_tokens,
+            desc.num_reqs,
+            uniform_token_count if desc.uniform else None,
+        )
 
     def get_capture_descs(self) -> list[BatchExecutionDescriptor]:
         """Every FULL key, largest first."""
         q = self.uniform_decode_query_len
-        return [BatchExecutionDescriptor(CUDAGraphMode.FULL, d.num_tokens, d.num_reqs,
-                                         q if d.uniform else None)
-                for mode, descs in self.dispatcher.get_capture_descs()
-                if mode == CUDAGraphMode.FULL for d in descs]
+        return [
+            BatchExecutionDescriptor(
+                CUDAGraphMode.FULL, d.num_tokens, d.num_reqs, q if d.uniform else None
+            )
+            for mode, descs in self.dispatcher.get_capture_descs()
+            if mode == CUDAGraphMode.FULL
+            for d in descs
+        ]
 
     def has_graph(self, desc: BatchExecutionDescriptor) -> bool:
         return desc in self.graphs
@@ -108,8 +117,7 @@ class CudaGraphManager:
         pool = torch.cuda.graph_pool_handle()
         for desc in self.get_capture_descs():
             attn_metadata, input_ids, positions = prepare(desc)
-            with set_forward_context(attn_metadata, self.vllm_config,
-                                     num_tokens=desc.num_tokens):
+            with set_forward_context(attn_metadata, self.vllm_config, num_tokens=desc.num_tokens):
                 model(input_ids=input_ids, positions=positions)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
@@ -130,9 +138,13 @@ class CudaGraphManager:
         return self.hidden_states[desc]
 
 
-def dispatch_and_plan(manager: CudaGraphManager, num_scheduled: np.ndarray, num_tokens: int,
-                      max_num_reqs: int, max_model_len: int
-                      ) -> tuple[BatchExecutionDescriptor | None, PaddedBatch]:
+def dispatch_and_plan(
+    manager: CudaGraphManager,
+    num_scheduled: np.ndarray,
+    num_tokens: int,
+    max_num_reqs: int,
+    max_model_len: int,
+) -> tuple[BatchExecutionDescriptor | None, PaddedBatch]:
     """The manager's graph for a batch and the padding it needs (None and an
     unpadded batch when it runs eagerly)."""
     num_reqs = len(num_scheduled)
@@ -140,12 +152,13 @@ def dispatch_and_plan(manager: CudaGraphManager, num_scheduled: np.ndarray, num_
     desc = manager.dispatch(num_reqs, num_tokens, uniform)
     if desc is None:
         return None, eager_batch(num_reqs, num_tokens)
-    padded = plan_padding(desc.cg_mode, desc.batch_descriptor, num_reqs, num_tokens,
-                          max_num_reqs, max_model_len)
+    padded = plan_padding(
+        desc.cg_mode, desc.batch_descriptor, num_reqs, num_tokens, max_num_reqs, max_model_len
+    )
     return (desc if padded.runtime_mode == CUDAGraphMode.FULL else None), padded
 
 
-def pad_input_buffers(padded: PaddedBatch, bufs: "InputBuffers") -> None:
+def pad_input_buffers(padded: PaddedBatch, bufs: InputBuffers) -> None:
     """Write the dummy requests after the real ones in V2's device buffers:
     input ids 0, positions from 0 in each dummy request, their query starts
     and sequence lengths (slots past the real tokens are already padding)."""
@@ -157,28 +170,40 @@ def pad_input_buffers(padded: PaddedBatch, bufs: "InputBuffers") -> None:
     positions, query_ends = padded.dummy_layout()
     bufs.input_ids[t:n].zero_()
     bufs.positions[t:n].copy_(torch.from_numpy(positions))
-    bufs.query_start_loc[r + 1:rp + 1].copy_(torch.from_numpy(query_ends.astype(np.int32)))
+    bufs.query_start_loc[r + 1 : rp + 1].copy_(torch.from_numpy(query_ends.astype(np.int32)))
     bufs.seq_lens[r:rp].copy_(torch.from_numpy(lens))
 
 
-def build_padded_attn_metadata(attn_groups: "list[list[AttentionGroup]]",
-                               input_batch: "InputBatch", padded: PaddedBatch,
-                               bufs: "InputBuffers", block_tables: "BlockTables"
-                               ) -> dict[str, Any]:
+def build_padded_attn_metadata(
+    attn_groups: list[list[AttentionGroup]],
+    input_batch: InputBatch,
+    padded: PaddedBatch,
+    bufs: InputBuffers,
+    block_tables: BlockTables,
+) -> dict[str, Any]:
     """Attention metadata over the padded batch: the real requests' gathered
     block-table rows plus the spare rows after them (valid block ids, read
     and discarded by the dummy requests), persistent buffers throughout."""
     lens = padded.pad_query_lens
     rp, n = padded.num_reqs_padded, padded.num_tokens_padded
-    qsl_np = np.concatenate([input_batch.query_start_loc_np,
-                             padded.num_tokens + np.cumsum(lens)]).astype(np.int32)
+    qsl_np = np.concatenate(
+        [input_batch.query_start_loc_np, padded.num_tokens + np.cumsum(lens)]
+    ).astype(np.int32)
     seq_lens_np = np.concatenate([input_batch.seq_lens_np, lens]).astype(np.int32)
-    num_computed = np.concatenate([input_batch.num_computed_tokens_np,
-                                   np.zeros(len(lens), np.int32)]).astype(np.int32)
+    num_computed = np.concatenate(
+        [input_batch.num_computed_tokens_np, np.zeros(len(lens), np.int32)]
+    ).astype(np.int32)
     return build_attn_metadata(
-        attn_groups, rp, n, bufs.query_start_loc[:rp + 1], torch.from_numpy(qsl_np),
-        bufs.seq_lens[:rp], torch.from_numpy(seq_lens_np), torch.from_numpy(num_computed),
+        attn_groups,
+        rp,
+        n,
+        bufs.query_start_loc[: rp + 1],
+        torch.from_numpy(qsl_np),
+        bufs.seq_lens[:rp],
+        torch.from_numpy(seq_lens_np),
+        torch.from_numpy(num_computed),
         max_query_len=int((qsl_np[1:] - qsl_np[:-1]).max()),
         max_seq_len=int(seq_lens_np.max()),
         block_tables=tuple(t[:rp] for t in block_tables.input_block_tables),
-        slot_mappings=block_tables.slot_mappings[:, :n])
+        slot_mappings=block_tables.slot_mappings[:, :n],
+    )

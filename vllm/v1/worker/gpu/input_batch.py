@@ -21,6 +21,7 @@ Token layout: request i's tokens are `query_start_loc[i]:query_start_loc[i+1]`
 of the flattened batch; the logits of request i are rows
 `cu_num_logits[i]:cu_num_logits[i+1]` (one per request without drafts).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -87,8 +88,13 @@ class InputBatch:
     attn_metadata: dict[str, Any] | None = None
 
     @classmethod
-    def make_dummy(cls, num_reqs: int | None, num_tokens: int, input_buffers: InputBuffers,
-                   device: torch.device) -> "InputBatch":
+    def make_dummy(
+        cls,
+        num_reqs: int | None,
+        num_tokens: int,
+        input_buffers: InputBuffers,
+        device: torch.device,
+    ) -> InputBatch:
         """A batch of `num_reqs` (default min(num_tokens, max_num_reqs)) fresh
         requests sharing `num_tokens` tokens (input ids 0, positions 0..n-1
         within each request), for warm-up, profiling and capture runs (no
@@ -105,31 +111,41 @@ class InputBatch:
         seq_lens = input_buffers.seq_lens[:num_reqs]
         seq_lens.copy_(torch.from_numpy(num_scheduled))
         positions = input_buffers.positions[:num_tokens]
-        positions.copy_(torch.from_numpy(
-            np.arange(num_tokens) - np.repeat(qsl_np[:-1], num_scheduled)))
+        positions.copy_(
+            torch.from_numpy(np.arange(num_tokens) - np.repeat(qsl_np[:-1], num_scheduled))
+        )
         idx_mapping = torch.arange(num_reqs, dtype=torch.int64, device=device)
         cu_np = np.arange(num_reqs + 1, dtype=np.int32)
         return cls(
-            req_ids=[f"_dummy_req_{i}" for i in range(num_reqs)], num_reqs=num_reqs,
-            idx_mapping=idx_mapping, idx_mapping_np=np.arange(num_reqs, dtype=np.int64),
-            expanded_idx_mapping=idx_mapping, num_scheduled_tokens=num_scheduled,
-            num_tokens=num_tokens, num_tokens_after_padding=num_tokens, num_draft_tokens=0,
-            query_start_loc=qsl, query_start_loc_np=qsl_np, seq_lens=seq_lens,
+            req_ids=[f"_dummy_req_{i}" for i in range(num_reqs)],
+            num_reqs=num_reqs,
+            idx_mapping=idx_mapping,
+            idx_mapping_np=np.arange(num_reqs, dtype=np.int64),
+            expanded_idx_mapping=idx_mapping,
+            num_scheduled_tokens=num_scheduled,
+            num_tokens=num_tokens,
+            num_tokens_after_padding=num_tokens,
+            num_draft_tokens=0,
+            query_start_loc=qsl,
+            query_start_loc_np=qsl_np,
+            seq_lens=seq_lens,
             seq_lens_np=num_scheduled.copy(),
             num_computed_tokens_np=np.zeros(num_reqs, dtype=np.int32),
             input_ids=input_buffers.input_ids[:num_tokens].zero_(),
             positions=positions,
             logits_indices=qsl[1:].to(torch.int64) - 1,
-            cu_num_logits=torch.from_numpy(cu_np).to(device), cu_num_logits_np=cu_np)
+            cu_num_logits=torch.from_numpy(cu_np).to(device),
+            cu_num_logits_np=cu_np,
+        )
 
 
 def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and HAS_TRITON
 
 
-def _token_rows_and_offsets(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
-                            num_tokens: int
-                            ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+def _token_rows_and_offsets(
+    idx_mapping: torch.Tensor, query_start_loc: torch.Tensor, num_tokens: int
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """Per flattened token: (batch position, request row, offset in its query).
 
     With as many tokens as requests every query has length 1 (a decode-only
@@ -147,23 +163,44 @@ def _token_rows_and_offsets(idx_mapping: torch.Tensor, query_start_loc: torch.Te
 
 # ---- prepare_prefill_inputs ------------------------------------------------------
 
-def prepare_prefill_inputs(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
-                           query_start_loc: torch.Tensor, all_token_ids: torch.Tensor,
-                           prefill_len: torch.Tensor, num_computed_tokens: torch.Tensor,
-                           num_tokens: int) -> None:
+
+def prepare_prefill_inputs(
+    input_ids: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    all_token_ids: torch.Tensor,
+    prefill_len: torch.Tensor,
+    num_computed_tokens: torch.Tensor,
+    num_tokens: int,
+) -> None:
     """For every request still prefilling (num_computed < prefill_len), copy its
     next query_len prefill tokens from `all_token_ids` into `input_ids`.
     Decode requests are left to `combine_sampled_and_draft_tokens`."""
-    fn = (kernels.prepare_prefill_inputs_triton if _use_triton(input_ids)
-          else _prepare_prefill_inputs_torch)
-    fn(input_ids, idx_mapping, query_start_loc, all_token_ids, prefill_len,
-       num_computed_tokens, num_tokens)
+    fn = (
+        kernels.prepare_prefill_inputs_triton
+        if _use_triton(input_ids)
+        else _prepare_prefill_inputs_torch
+    )
+    fn(
+        input_ids,
+        idx_mapping,
+        query_start_loc,
+        all_token_ids,
+        prefill_len,
+        num_computed_tokens,
+        num_tokens,
+    )
 
 
-def _prepare_prefill_inputs_torch(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
-                                  query_start_loc: torch.Tensor, all_token_ids: torch.Tensor,
-                                  prefill_len: torch.Tensor, num_computed_tokens: torch.Tensor,
-                                  num_tokens: int) -> None:
+def _prepare_prefill_inputs_torch(
+    input_ids: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    all_token_ids: torch.Tensor,
+    prefill_len: torch.Tensor,
+    num_computed_tokens: torch.Tensor,
+    num_tokens: int,
+) -> None:
     _, rows, offsets = _token_rows_and_offsets(idx_mapping, query_start_loc, num_tokens)
     computed = num_computed_tokens[rows]
     is_prefill = computed < prefill_len[rows]
@@ -178,19 +215,29 @@ def _prepare_prefill_inputs_torch(input_ids: torch.Tensor, idx_mapping: torch.Te
 
 # ---- prepare_pos_seq_lens ----------------------------------------------------------
 
-def prepare_pos_seq_lens(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
-                         num_computed_tokens: torch.Tensor, pos: torch.Tensor,
-                         seq_lens: torch.Tensor, num_tokens: int) -> None:
+
+def prepare_pos_seq_lens(
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    num_computed_tokens: torch.Tensor,
+    pos: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_tokens: int,
+) -> None:
     """positions of every token (num_computed + offset in its query) and
     seq_lens = num_computed + query_len; seq_lens past num_reqs are zeroed."""
-    fn = (kernels.prepare_pos_seq_lens_triton if _use_triton(pos)
-          else _prepare_pos_seq_lens_torch)
+    fn = kernels.prepare_pos_seq_lens_triton if _use_triton(pos) else _prepare_pos_seq_lens_torch
     fn(idx_mapping, query_start_loc, num_computed_tokens, pos, seq_lens, num_tokens)
 
 
-def _prepare_pos_seq_lens_torch(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
-                                num_computed_tokens: torch.Tensor, pos: torch.Tensor,
-                                seq_lens: torch.Tensor, num_tokens: int) -> None:
+def _prepare_pos_seq_lens_torch(
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    num_computed_tokens: torch.Tensor,
+    pos: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_tokens: int,
+) -> None:
     num_reqs = idx_mapping.shape[0]
     computed = num_computed_tokens[idx_mapping.to(torch.int64)]
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
@@ -205,12 +252,18 @@ def _prepare_pos_seq_lens_torch(idx_mapping: torch.Tensor, query_start_loc: torc
 
 # ---- combine_sampled_and_draft_tokens ------------------------------------------------
 
-def combine_sampled_and_draft_tokens(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
-                                     last_sampled_tokens: torch.Tensor,
-                                     query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                                     prefill_len: torch.Tensor, draft_tokens: torch.Tensor,
-                                     cu_num_logits: torch.Tensor,
-                                     num_logits: int) -> torch.Tensor:
+
+def combine_sampled_and_draft_tokens(
+    input_ids: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    last_sampled_tokens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    prefill_len: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    num_logits: int,
+) -> torch.Tensor:
     """Fill the input ids of decoding requests on the device and return
     `logits_indices` [num_logits] int64.
 
@@ -222,17 +275,35 @@ def combine_sampled_and_draft_tokens(input_ids: torch.Tensor, idx_mapping: torch
     scheduler run a step ahead: the inputs never wait for the host to see
     the sampled tokens.
     """
-    fn = (kernels.combine_sampled_and_draft_tokens_triton if _use_triton(input_ids)
-          else _combine_sampled_and_draft_tokens_torch)
-    return fn(input_ids, idx_mapping, last_sampled_tokens, query_start_loc, seq_lens,
-              prefill_len, draft_tokens, cu_num_logits, num_logits)
+    fn = (
+        kernels.combine_sampled_and_draft_tokens_triton
+        if _use_triton(input_ids)
+        else _combine_sampled_and_draft_tokens_torch
+    )
+    return fn(
+        input_ids,
+        idx_mapping,
+        last_sampled_tokens,
+        query_start_loc,
+        seq_lens,
+        prefill_len,
+        draft_tokens,
+        cu_num_logits,
+        num_logits,
+    )
 
 
 def _combine_sampled_and_draft_tokens_torch(
-        input_ids: torch.Tensor, idx_mapping: torch.Tensor, last_sampled_tokens: torch.Tensor,
-        query_start_loc: torch.Tensor, seq_lens: torch.Tensor, prefill_len: torch.Tensor,
-        draft_tokens: torch.Tensor, cu_num_logits: torch.Tensor,
-        num_logits: int) -> torch.Tensor:
+    input_ids: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    last_sampled_tokens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    prefill_len: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    num_logits: int,
+) -> torch.Tensor:
     num_reqs = idx_mapping.shape[0]
     rows = idx_mapping.to(torch.int64)
     if num_logits == num_reqs:
@@ -264,26 +335,35 @@ def _combine_sampled_and_draft_tokens_torch(
     else:
         drafts = sampled  # no draft columns: take_draft is all False
     current = input_ids[logits_indices]
-    new = torch.where(take_sampled, sampled.to(input_ids.dtype),
-                      torch.where(take_draft, drafts.to(input_ids.dtype), current))
+    new = torch.where(
+        take_sampled,
+        sampled.to(input_ids.dtype),
+        torch.where(take_draft, drafts.to(input_ids.dtype), current),
+    )
     input_ids[logits_indices] = new
     return logits_indices
 
 
-def copy_query_start_loc(num_scheduled: np.ndarray, out: torch.Tensor
-                         ) -> tuple[torch.Tensor, np.ndarray]:
+def copy_query_start_loc(
+    num_scheduled: np.ndarray, out: torch.Tensor
+) -> tuple[torch.Tensor, np.ndarray]:
     """query_start_loc [num_reqs + 1] = 0, cumsum(num_scheduled): written into
     `out` (device) and returned with its host copy."""
     qsl_np = np.empty(len(num_scheduled) + 1, dtype=np.int32)
     qsl_np[0] = 0
     np.cumsum(num_scheduled, out=qsl_np[1:])
-    return async_copy_to_gpu(qsl_np, out=out[:len(qsl_np)]), qsl_np
+    return async_copy_to_gpu(qsl_np, out=out[: len(qsl_np)]), qsl_np
 
 
-def prepare_token_inputs(bufs: InputBuffers, states: "RequestState", idx_mapping: torch.Tensor,
-                         idx_mapping_np: np.ndarray, query_start_loc: torch.Tensor,
-                         cu_num_logits: torch.Tensor, num_tokens: int
-                         ) -> tuple[torch.Tensor, np.ndarray]:
+def prepare_token_inputs(
+    bufs: InputBuffers,
+    states: RequestState,
+    idx_mapping: torch.Tensor,
+    idx_mapping_np: np.ndarray,
+    query_start_loc: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    num_tokens: int,
+) -> tuple[torch.Tensor, np.ndarray]:
     """A step's input ids, positions and sequence lengths, written into `bufs`
     on the device from the request rows `idx_mapping` (batch order). Returns
     (logits_indices [num_logits] int64, the rows' computed-token counts
@@ -293,35 +373,61 @@ def prepare_token_inputs(bufs: InputBuffers, states: "RequestState", idx_mapping
     if (num_computed_np < states.prefill_len.np[idx_mapping_np]).any():
         # Some request is prefilling (the host knows; in a decode-only step
         # every input token comes from combine_sampled_and_draft_tokens).
-        prepare_prefill_inputs(bufs.input_ids, idx_mapping, query_start_loc,
-                               states.all_token_ids.gpu, states.prefill_len.gpu,
-                               num_computed, num_tokens)
-    prepare_pos_seq_lens(idx_mapping, query_start_loc, num_computed, bufs.positions,
-                         bufs.seq_lens, num_tokens)
+        prepare_prefill_inputs(
+            bufs.input_ids,
+            idx_mapping,
+            query_start_loc,
+            states.all_token_ids.gpu,
+            states.prefill_len.gpu,
+            num_computed,
+            num_tokens,
+        )
+    prepare_pos_seq_lens(
+        idx_mapping, query_start_loc, num_computed, bufs.positions, bufs.seq_lens, num_tokens
+    )
     num_reqs = len(idx_mapping_np)
     logits_indices = combine_sampled_and_draft_tokens(
-        bufs.input_ids, idx_mapping, states.last_sampled_tokens, query_start_loc,
-        bufs.seq_lens[:num_reqs], states.prefill_len.gpu, states.draft_tokens, cu_num_logits,
-        num_reqs)
+        bufs.input_ids,
+        idx_mapping,
+        states.last_sampled_tokens,
+        query_start_loc,
+        bufs.seq_lens[:num_reqs],
+        states.prefill_len.gpu,
+        states.draft_tokens,
+        cu_num_logits,
+        num_reqs,
+    )
     return logits_indices, num_computed_np
 
 
 # ---- after sampling -----------------------------------------------------------------
 
-def get_num_sampled_and_rejected(num_sampled: torch.Tensor, seq_lens: torch.Tensor,
-                                 cu_num_logits: torch.Tensor, idx_mapping: torch.Tensor,
-                                 prefill_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+
+def get_num_sampled_and_rejected(
+    num_sampled: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    prefill_len: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A request still mid-prefill (seq_len < prefill_len) samples nothing and
     rejects nothing; otherwise rejected = logits - sampled. Updates
     `num_sampled` in place; returns (num_sampled, num_rejected)."""
-    fn = (kernels.get_num_sampled_and_rejected_triton if _use_triton(num_sampled)
-          else _get_num_sampled_and_rejected_torch)
+    fn = (
+        kernels.get_num_sampled_and_rejected_triton
+        if _use_triton(num_sampled)
+        else _get_num_sampled_and_rejected_torch
+    )
     return fn(num_sampled, seq_lens, cu_num_logits, idx_mapping, prefill_len)
 
 
 def _get_num_sampled_and_rejected_torch(
-        num_sampled: torch.Tensor, seq_lens: torch.Tensor, cu_num_logits: torch.Tensor,
-        idx_mapping: torch.Tensor, prefill_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    num_sampled: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    prefill_len: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     num_reqs = idx_mapping.shape[0]
     chunked = seq_lens[:num_reqs] < prefill_len[idx_mapping.to(torch.int64)]
     num_sampled.masked_fill_(chunked, 0)
@@ -330,9 +436,13 @@ def _get_num_sampled_and_rejected_torch(
     return num_sampled, num_rejected
 
 
-def num_sampled_and_rejected(input_batch: InputBatch, prefill_len_np: np.ndarray,
-                             prefill_len: torch.Tensor, ones: torch.Tensor, zeros: torch.Tensor
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
+def num_sampled_and_rejected(
+    input_batch: InputBatch,
+    prefill_len_np: np.ndarray,
+    prefill_len: torch.Tensor,
+    ones: torch.Tensor,
+    zeros: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """[num_reqs] tokens sampled and drafts rejected per request of the batch:
     1 and 0, except 0 and 0 for requests still mid-prefill. Without drafts the
     host knows whether any request is mid-prefill, and the device work is
@@ -340,19 +450,31 @@ def num_sampled_and_rejected(input_batch: InputBatch, prefill_len_np: np.ndarray
     [max_num_reqs] int32 buffers; `prefill_len(_np)`: per request row)."""
     num_reqs = input_batch.num_reqs
     batch_prefill_len_np = prefill_len_np[input_batch.idx_mapping_np]
-    if input_batch.num_draft_tokens == 0 and (
-            input_batch.seq_lens_np >= batch_prefill_len_np).all():
+    if (
+        input_batch.num_draft_tokens == 0
+        and (input_batch.seq_lens_np >= batch_prefill_len_np).all()
+    ):
         return ones[:num_reqs], zeros[:num_reqs]
-    return get_num_sampled_and_rejected(ones[:num_reqs].clone(), input_batch.seq_lens,
-                                        input_batch.cu_num_logits, input_batch.idx_mapping,
-                                        prefill_len)
+    return get_num_sampled_and_rejected(
+        ones[:num_reqs].clone(),
+        input_batch.seq_lens,
+        input_batch.cu_num_logits,
+        input_batch.idx_mapping,
+        prefill_len,
+    )
 
 
-def post_update(idx_mapping: torch.Tensor, num_computed_tokens: torch.Tensor,
-                last_sampled_tokens: torch.Tensor, sampled_tokens: torch.Tensor,
-                num_sampled: torch.Tensor, num_rejected: torch.Tensor,
-                query_start_loc: torch.Tensor, all_token_ids: torch.Tensor,
-                total_len: torch.Tensor) -> None:
+def post_update(
+    idx_mapping: torch.Tensor,
+    num_computed_tokens: torch.Tensor,
+    last_sampled_tokens: torch.Tensor,
+    sampled_tokens: torch.Tensor,
+    num_sampled: torch.Tensor,
+    num_rejected: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    all_token_ids: torch.Tensor,
+    total_len: torch.Tensor,
+) -> None:
     """Record a step's results in the request rows, on the device.
 
     For batch position i (row r = idx_mapping[i]; r < 0 means skip): its first
@@ -361,15 +483,30 @@ def post_update(idx_mapping: torch.Tensor, num_computed_tokens: torch.Tensor,
     and num_computed_tokens[r] advances by query_len - num_rejected[i].
     """
     fn = kernels.post_update_triton if _use_triton(num_computed_tokens) else _post_update_torch
-    fn(idx_mapping, num_computed_tokens, last_sampled_tokens, sampled_tokens, num_sampled,
-       num_rejected, query_start_loc, all_token_ids, total_len)
+    fn(
+        idx_mapping,
+        num_computed_tokens,
+        last_sampled_tokens,
+        sampled_tokens,
+        num_sampled,
+        num_rejected,
+        query_start_loc,
+        all_token_ids,
+        total_len,
+    )
 
 
-def _post_update_torch(idx_mapping: torch.Tensor, num_computed_tokens: torch.Tensor,
-                       last_sampled_tokens: torch.Tensor, sampled_tokens: torch.Tensor,
-                       num_sampled: torch.Tensor, num_rejected: torch.Tensor,
-                       query_start_loc: torch.Tensor, all_token_ids: torch.Tensor,
-                       total_len: torch.Tensor) -> None:
+def _post_update_torch(
+    idx_mapping: torch.Tensor,
+    num_computed_tokens: torch.Tensor,
+    last_sampled_tokens: torch.Tensor,
+    sampled_tokens: torch.Tensor,
+    num_sampled: torch.Tensor,
+    num_rejected: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    all_token_ids: torch.Tensor,
+    total_len: torch.Tensor,
+) -> None:
     valid = idx_mapping >= 0
     all_valid = bool(valid.all())
     rows = idx_mapping.to(torch.int64)

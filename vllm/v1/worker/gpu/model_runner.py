@@ -17,6 +17,7 @@ Step order (`execute_model`), as upstream: `finish_requests` (upstream's
 token. `sample_tokens` then samples, records the tokens on the device
 (`postprocess`) and returns the output, an `AsyncOutput` under async scheduling.
 """
+
 from __future__ import annotations
 
 import operator
@@ -32,22 +33,35 @@ from vllm.logger import init_logger
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker import kv_cache_setup
+from vllm.v1.worker.cudagraph_padding import PaddedBatch, resolve_cudagraph_mode
 from vllm.v1.worker.gpu.async_utils import AsyncOutput
-from vllm.v1.worker.gpu.attn_utils import (build_batch_attn_metadata, build_dummy_attn_metadata,
-                                           decodes_first_order, get_reorder_batch_threshold)
+from vllm.v1.worker.gpu.attn_utils import (
+    build_batch_attn_metadata,
+    build_dummy_attn_metadata,
+    decodes_first_order,
+    get_reorder_batch_threshold,
+)
 from vllm.v1.worker.gpu.block_table import BlockTables
 from vllm.v1.worker.gpu.buffer_utils import async_copy_to_gpu
-from vllm.v1.worker.gpu.cudagraph_utils import (BatchExecutionDescriptor, CudaGraphManager,
-                                                build_padded_attn_metadata, dispatch_and_plan,
-                                                pad_input_buffers)
-from vllm.v1.worker.gpu.input_batch import (InputBatch, InputBuffers,
-                                            copy_query_start_loc, num_sampled_and_rejected,
-                                            post_update, prepare_token_inputs)
+from vllm.v1.worker.gpu.cudagraph_utils import (
+    BatchExecutionDescriptor,
+    CudaGraphManager,
+    build_padded_attn_metadata,
+    dispatch_and_plan,
+    pad_input_buffers,
+)
+from vllm.v1.worker.gpu.input_batch import (
+    InputBatch,
+    InputBuffers,
+    copy_query_start_loc,
+    num_sampled_and_rejected,
+    post_update,
+    prepare_token_inputs,
+)
 from vllm.v1.worker.gpu.pp_utils import pp_broadcast, pp_receive
 from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
 from vllm.v1.worker.gpu.sample.sampler import Sampler, dummy_sample
 from vllm.v1.worker.gpu.states import RequestState
-from vllm.v1.worker.cudagraph_padding import PaddedBatch, resolve_cudagraph_mode
 from vllm.v1.worker.utils import AttentionGroup, pp_dummy_intermediate_tensors
 
 if TYPE_CHECKING:
@@ -61,7 +75,7 @@ logger = init_logger(__name__)
 class ExecuteModelState(NamedTuple):
     """What `execute_model` leaves for the `sample_tokens` call that follows."""
 
-    scheduler_output: "SchedulerOutput"
+    scheduler_output: SchedulerOutput
     input_batch: InputBatch
     # [num_tokens, hidden] (prompt logprobs); None before the last PP stage.
     hidden_states: torch.Tensor | None
@@ -71,7 +85,7 @@ class ExecuteModelState(NamedTuple):
 class GPUModelRunner:
     """Owns the model, the KV cache, the request rows and the sampler."""
 
-    def __init__(self, vllm_config: "VllmConfig", device: torch.device) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.cache_config = vllm_config.cache_config
@@ -87,12 +101,21 @@ class GPUModelRunner:
         self.num_speculative_steps = 0
 
         self.req_states = RequestState(
-            self.max_num_reqs, self.max_model_len, self.max_num_tokens,
-            self.num_speculative_steps, self.vocab_size, device)
+            self.max_num_reqs,
+            self.max_model_len,
+            self.max_num_tokens,
+            self.num_speculative_steps,
+            self.vocab_size,
+            device,
+        )
         self.input_buffers = InputBuffers(self.max_num_reqs, self.max_num_tokens, device)
-        self.sampler = Sampler(self.max_num_reqs, self.vocab_size, device,
-                               logprobs_mode=self.model_config.logprobs_mode,
-                               seed=self.model_config.seed)
+        self.sampler = Sampler(
+            self.max_num_reqs,
+            self.vocab_size,
+            device,
+            logprobs_mode=self.model_config.logprobs_mode,
+            seed=self.model_config.seed,
+        )
         self.prompt_logprobs_worker = PromptLogprobsWorker(self.vocab_size)
         # Without drafts request i owns logits row i: cu_num_logits = arange.
         self._arange_np = np.arange(self.max_num_reqs + 1, dtype=np.int32)
@@ -116,33 +139,39 @@ class GPUModelRunner:
         from vllm.compilation.decorators import maybe_compile_model
         from vllm.model_executor.model_loader import get_model
 
-        logger.info("Loading model %s on %s (Model Runner V2)", self.model_config.model,
-                    self.device)
+        logger.info(
+            "Loading model %s on %s (Model Runner V2)", self.model_config.model, self.device
+        )
         self.model = get_model(vllm_config=self.vllm_config)
         # No-op unless compilation_config.mode asks for torch.compile.
-        self.model = maybe_compile_model(self.model, self.vllm_config.compilation_config,
-                                         self.device)
+        self.model = maybe_compile_model(
+            self.model, self.vllm_config.compilation_config, self.device
+        )
 
     def get_model(self) -> nn.Module:
         assert self.model is not None, "load_model() has not run"
         return self.model
 
-    def get_kv_cache_spec(self) -> dict[str, "KVCacheSpec"]:
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         return kv_cache_setup.get_kv_cache_spec(self.vllm_config)
 
-    def initialize_kv_cache(self, kv_cache_config: "KVCacheConfig") -> None:
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """KV cache tensors, metadata builders, one block table per KV cache group."""
         self.kv_cache_config = kv_cache_config
         block_sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
-        self.block_tables = BlockTables(block_sizes, self.max_num_reqs, self.max_num_tokens,
-                                        self.max_model_len, self.device)
-        self.attn_groups = kv_cache_setup.make_attn_groups(kv_cache_config, self.vllm_config,
-                                                           self.device)
+        self.block_tables = BlockTables(
+            block_sizes, self.max_num_reqs, self.max_num_tokens, self.max_model_len, self.device
+        )
+        self.attn_groups = kv_cache_setup.make_attn_groups(
+            kv_cache_config, self.vllm_config, self.device
+        )
         self.reorder_batch_threshold = get_reorder_batch_threshold(self.attn_groups)
         self.kv_caches = kv_cache_setup.allocate_and_bind_kv_caches(
-            kv_cache_config, self.attn_groups, self.vllm_config, self.device)
+            kv_cache_config, self.attn_groups, self.vllm_config, self.device
+        )
         self.cudagraph_manager.initialize(
-            resolve_cudagraph_mode(self.vllm_config, self.attn_groups))
+            resolve_cudagraph_mode(self.vllm_config, self.attn_groups)
+        )
 
     def capture_model(self) -> int:
         """Capture the full graphs (worker, after warm-up); returns how many."""
@@ -154,7 +183,7 @@ class GPUModelRunner:
         return self.block_tables
 
     # ---- request state updates -------------------------------------------------------
-    def finish_requests(self, scheduler_output: "SchedulerOutput") -> None:
+    def finish_requests(self, scheduler_output: SchedulerOutput) -> None:
         """Finished and preempted requests give up their rows (V2 treats a
         preemption like a finish; the request comes back as a new one)."""
         finished = scheduler_output.finished_req_ids
@@ -163,29 +192,38 @@ class GPUModelRunner:
             self.req_states.remove_request(req_id)
             self.prompt_logprobs_worker.remove_request(req_id)
 
-    def add_requests(self, scheduler_output: "SchedulerOutput") -> None:
+    def add_requests(self, scheduler_output: SchedulerOutput) -> None:
         block_tables = self._block_tables()
         for new_req in scheduler_output.scheduled_new_reqs:
             # Under V2 the scheduler sends the tokens to prefill with every new
             # request: the prompt, plus the outputs of a resumed request.
             assert new_req.prefill_token_ids is not None, (
                 f"request {new_req.req_id}: prefill_token_ids missing (resumed requests "
-                "must carry prompt + generated tokens under Model Runner V2)")
+                "must carry prompt + generated tokens under Model Runner V2)"
+            )
             if new_req.prompt_token_ids is None or new_req.sampling_params is None:
-                raise ValueError(f"Request {new_req.req_id}: prompt embeddings and pooling "
-                                 "requests are not supported.")
+                raise ValueError(
+                    f"Request {new_req.req_id}: prompt embeddings and pooling "
+                    "requests are not supported."
+                )
             req_idx = self.req_states.add_request(
-                new_req.req_id, prompt_len=len(new_req.prompt_token_ids),
+                new_req.req_id,
+                prompt_len=len(new_req.prompt_token_ids),
                 all_token_ids=new_req.prefill_token_ids,
-                num_computed_tokens=new_req.num_computed_tokens)
+                num_computed_tokens=new_req.num_computed_tokens,
+            )
             block_tables.append_block_ids(req_idx, new_req.block_ids, overwrite=True)
-            self.sampler.add_request(req_idx, len(new_req.prompt_token_ids),
-                                     new_req.sampling_params)
+            self.sampler.add_request(
+                req_idx, len(new_req.prompt_token_ids), new_req.sampling_params
+            )
             self.prompt_logprobs_worker.add_request(
-                new_req.req_id, new_req.prompt_token_ids, len(new_req.prefill_token_ids),
-                new_req.sampling_params)
+                new_req.req_id,
+                new_req.prompt_token_ids,
+                len(new_req.prefill_token_ids),
+                new_req.sampling_params,
+            )
 
-    def update_requests(self, scheduler_output: "SchedulerOutput") -> None:
+    def update_requests(self, scheduler_output: SchedulerOutput) -> None:
         """Cached requests: the scheduler's computed-token counts, and new blocks."""
         cached = scheduler_output.scheduled_cached_reqs
         if not cached.req_ids:
@@ -193,12 +231,12 @@ class GPUModelRunner:
         assert not cached.resumed_req_ids, "V2 receives resumed requests as new requests"
         req_indices = self.req_states.get_req_indices(cached.req_ids)
         self.req_states.set_num_computed_tokens(
-            req_indices, np.asarray(cached.num_computed_tokens, dtype=np.int32))
+            req_indices, np.asarray(cached.num_computed_tokens, dtype=np.int32)
+        )
         block_tables = self._block_tables()
         for i, new_block_ids in enumerate(cached.new_block_ids):
             if new_block_ids is not None:
-                block_tables.append_block_ids(int(req_indices[i]), new_block_ids,
-                                              overwrite=False)
+                block_tables.append_block_ids(int(req_indices[i]), new_block_ids, overwrite=False)
 
     def apply_staged_writes(self) -> None:
         self.req_states.apply_staged_writes()
@@ -206,8 +244,9 @@ class GPUModelRunner:
         self.sampler.apply_staged_writes()
 
     # ---- inputs ------------------------------------------------------------------
-    def gather_batch_req_state(self, scheduler_output: "SchedulerOutput"
-                               ) -> tuple[list[str], np.ndarray, np.ndarray]:
+    def gather_batch_req_state(
+        self, scheduler_output: SchedulerOutput
+    ) -> tuple[list[str], np.ndarray, np.ndarray]:
         """The step's batch order: (req_ids, idx_mapping_np, num_scheduled_tokens),
         the scheduler's order with decodes first if the backend asks for it."""
         tokens_per_req = scheduler_output.num_scheduled_tokens
@@ -220,66 +259,93 @@ class GPUModelRunner:
             num_scheduled = num_scheduled[order]
         return req_ids, self.req_states.get_req_indices(req_ids), num_scheduled
 
-    def dispatch_cg_and_sync_dp(self, num_scheduled: np.ndarray, num_tokens: int
-                                ) -> tuple[BatchExecutionDescriptor | None, PaddedBatch]:
+    def dispatch_cg_and_sync_dp(
+        self, num_scheduled: np.ndarray, num_tokens: int
+    ) -> tuple[BatchExecutionDescriptor | None, PaddedBatch]:
         """The CUDA graph for this batch (None: eager) and its padding. No
         data parallelism here, so there are no ranks to agree with."""
-        return dispatch_and_plan(self.cudagraph_manager, num_scheduled, num_tokens,
-                                 self.max_num_reqs, self.max_model_len)
+        return dispatch_and_plan(
+            self.cudagraph_manager, num_scheduled, num_tokens, self.max_num_reqs, self.max_model_len
+        )
 
-    def prepare_inputs(self, scheduler_output: "SchedulerOutput",
-                       batch_order: tuple[list[str], np.ndarray, np.ndarray] | None = None,
-                       padded: PaddedBatch | None = None) -> InputBatch:
+    def prepare_inputs(
+        self,
+        scheduler_output: SchedulerOutput,
+        batch_order: tuple[list[str], np.ndarray, np.ndarray] | None = None,
+        padded: PaddedBatch | None = None,
+    ) -> InputBatch:
         """Gather the batch's rows and build its inputs on the device (in
         `batch_order`, default `gather_batch_req_state`'s), padded as `padded` says."""
         if scheduler_output.scheduled_spec_decode_tokens:
             raise NotImplementedError("Speculative decoding is not built for Model Runner V2.")
-        req_ids, idx_mapping_np, num_scheduled = (
-            batch_order or self.gather_batch_req_state(scheduler_output))
+        req_ids, idx_mapping_np, num_scheduled = batch_order or self.gather_batch_req_state(
+            scheduler_output
+        )
         num_reqs, num_tokens = len(req_ids), scheduler_output.total_num_scheduled_tokens
         bufs = self.input_buffers
         idx_mapping = async_copy_to_gpu(idx_mapping_np, device=self.device)
         query_start_loc, qsl_np = copy_query_start_loc(num_scheduled, bufs.query_start_loc)
-        cu_num_logits = self._arange[:num_reqs + 1]
+        cu_num_logits = self._arange[: num_reqs + 1]
         logits_indices, num_computed_np = prepare_token_inputs(
-            bufs, self.req_states, idx_mapping, idx_mapping_np, query_start_loc,
-            cu_num_logits, num_tokens)
+            bufs,
+            self.req_states,
+            idx_mapping,
+            idx_mapping_np,
+            query_start_loc,
+            cu_num_logits,
+            num_tokens,
+        )
         num_padded = num_tokens
         if padded is not None:  # after the writes above (they zero seq_lens past num_reqs)
             pad_input_buffers(padded, bufs)
             num_padded = padded.num_tokens_padded
 
         return InputBatch(
-            req_ids=req_ids, num_reqs=num_reqs, idx_mapping=idx_mapping,
-            idx_mapping_np=idx_mapping_np, expanded_idx_mapping=idx_mapping,
-            num_scheduled_tokens=num_scheduled, num_tokens=num_tokens,
-            num_tokens_after_padding=num_padded, num_draft_tokens=0,
-            query_start_loc=query_start_loc, query_start_loc_np=qsl_np,
+            req_ids=req_ids,
+            num_reqs=num_reqs,
+            idx_mapping=idx_mapping,
+            idx_mapping_np=idx_mapping_np,
+            expanded_idx_mapping=idx_mapping,
+            num_scheduled_tokens=num_scheduled,
+            num_tokens=num_tokens,
+            num_tokens_after_padding=num_padded,
+            num_draft_tokens=0,
+            query_start_loc=query_start_loc,
+            query_start_loc_np=qsl_np,
             seq_lens=bufs.seq_lens[:num_reqs],
-            seq_lens_np=num_computed_np + num_scheduled, num_computed_tokens_np=num_computed_np,
-            input_ids=bufs.input_ids[:num_padded], positions=bufs.positions[:num_padded],
-            logits_indices=logits_indices, cu_num_logits=cu_num_logits,
-            cu_num_logits_np=self._arange_np[:num_reqs + 1],
-            has_structured_output_reqs=scheduler_output.has_structured_output_requests)
+            seq_lens_np=num_computed_np + num_scheduled,
+            num_computed_tokens_np=num_computed_np,
+            input_ids=bufs.input_ids[:num_padded],
+            positions=bufs.positions[:num_padded],
+            logits_indices=logits_indices,
+            cu_num_logits=cu_num_logits,
+            cu_num_logits_np=self._arange_np[: num_reqs + 1],
+            has_structured_output_reqs=scheduler_output.has_structured_output_requests,
+        )
 
-    def prepare_attn(self, input_batch: InputBatch,
-                     padded: PaddedBatch | None = None) -> dict[str, Any]:
+    def prepare_attn(
+        self, input_batch: InputBatch, padded: PaddedBatch | None = None
+    ) -> dict[str, Any]:
         """Block tables and slot mappings gathered on the device, then each
         attention group's metadata (over the padded batch when padded)."""
         block_tables = self._block_tables()
         tables = block_tables.gather_block_tables(input_batch.idx_mapping)
         slot_mappings = block_tables.compute_slot_mappings(
-            input_batch.idx_mapping, input_batch.query_start_loc,
-            input_batch.positions[:input_batch.num_tokens])
+            input_batch.idx_mapping,
+            input_batch.query_start_loc,
+            input_batch.positions[: input_batch.num_tokens],
+        )
         if padded is not None and len(padded.pad_query_lens):
-            return build_padded_attn_metadata(self.attn_groups, input_batch, padded,
-                                              self.input_buffers, block_tables)
+            return build_padded_attn_metadata(
+                self.attn_groups, input_batch, padded, self.input_buffers, block_tables
+            )
         return build_batch_attn_metadata(self.attn_groups, input_batch, tables, slot_mappings)
 
     # ---- one step --------------------------------------------------------------------
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: "SchedulerOutput",
-                      intermediate_tensors: Any = None) -> ModelRunnerOutput | None:
+    def execute_model(
+        self, scheduler_output: SchedulerOutput, intermediate_tensors: Any = None
+    ) -> ModelRunnerOutput | None:
         """Update the request rows and run the forward pass; returns None and
         leaves the logits for `sample_tokens` (EMPTY_MODEL_RUNNER_OUTPUT when
         nothing is scheduled). Under pipeline parallelism a later stage starts
@@ -294,44 +360,53 @@ class GPUModelRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         batch_order = self.gather_batch_req_state(scheduler_output)
         cg_desc, padded = self.dispatch_cg_and_sync_dp(
-            batch_order[2], scheduler_output.total_num_scheduled_tokens)
+            batch_order[2], scheduler_output.total_num_scheduled_tokens
+        )
         input_batch = self.prepare_inputs(scheduler_output, batch_order, padded)
         attn_metadata = self.prepare_attn(input_batch, padded)
-        hidden_states, logits = self._run_model(input_batch, attn_metadata,
-                                                intermediate_tensors, cg_desc)
+        hidden_states, logits = self._run_model(
+            input_batch, attn_metadata, intermediate_tensors, cg_desc
+        )
         if logits is None:  # a stage before the last: hand its tensors on
-            self.execute_model_state = ExecuteModelState(scheduler_output, input_batch, None,
-                                                         None)
+            self.execute_model_state = ExecuteModelState(scheduler_output, input_batch, None, None)
             return hidden_states
-        self.execute_model_state = ExecuteModelState(scheduler_output, input_batch,
-                                                     hidden_states, logits)
+        self.execute_model_state = ExecuteModelState(
+            scheduler_output, input_batch, hidden_states, logits
+        )
         return None
 
-    def _run_model(self, input_batch: InputBatch, attn_metadata: dict[str, Any] | None,
-                   intermediate_tensors: Any = None,
-                   cg_desc: BatchExecutionDescriptor | None = None
-                   ) -> tuple[Any, torch.Tensor | None]:
+    def _run_model(
+        self,
+        input_batch: InputBatch,
+        attn_metadata: dict[str, Any] | None,
+        intermediate_tensors: Any = None,
+        cg_desc: BatchExecutionDescriptor | None = None,
+    ) -> tuple[Any, torch.Tensor | None]:
         """Forward pass (a graph replay when `cg_desc` has a captured graph,
         else eager over the same, possibly padded, inputs): (hidden states
         [num_tokens, hidden], logits of the sampled rows [num_logits, vocab]);
         on a pipeline stage before the last, (IntermediateTensors, None)."""
         model = self.get_model()
-        with set_forward_context(attn_metadata, self.vllm_config,
-                                 num_tokens=input_batch.num_tokens_after_padding):
+        with set_forward_context(
+            attn_metadata, self.vllm_config, num_tokens=input_batch.num_tokens_after_padding
+        ):
             if cg_desc is not None and self.cudagraph_manager.has_graph(cg_desc):
                 hidden_states = self.cudagraph_manager.run_fullgraph(cg_desc)
             else:
-                hidden_states = model(input_ids=input_batch.input_ids,
-                                      positions=input_batch.positions,
-                                      intermediate_tensors=intermediate_tensors)
+                hidden_states = model(
+                    input_ids=input_batch.input_ids,
+                    positions=input_batch.positions,
+                    intermediate_tensors=intermediate_tensors,
+                )
         if not get_pp_group().is_last_rank:
             return hidden_states, None
-        hidden_states = hidden_states[:input_batch.num_tokens]  # drop the padding
+        hidden_states = hidden_states[: input_batch.num_tokens]  # drop the padding
         return hidden_states, model.compute_logits(hidden_states[input_batch.logits_indices])
 
     @torch.inference_mode()
-    def sample_tokens(self, grammar_output: "GrammarOutput | None"
-                      ) -> ModelRunnerOutput | AsyncOutput | None:
+    def sample_tokens(
+        self, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | AsyncOutput | None:
         """Sample from the preceding `execute_model`'s logits, masked by the
         step's grammar bitmask first, and record the tokens in the request
         rows, on the device."""
@@ -349,9 +424,14 @@ class GPUModelRunner:
             apply_grammar_bitmask(scheduler_output, grammar_output, input_batch, logits)
         # Each logits row is sampled at its token's position (the noise key).
         pos = input_batch.positions[input_batch.logits_indices]
-        sampler_output = self.sampler(logits, input_batch.expanded_idx_mapping,
-                                      input_batch.idx_mapping_np, pos, input_batch.seq_lens_np,
-                                      self.req_states.all_token_ids.gpu)
+        sampler_output = self.sampler(
+            logits,
+            input_batch.expanded_idx_mapping,
+            input_batch.idx_mapping_np,
+            pos,
+            input_batch.seq_lens_np,
+            self.req_states.all_token_ids.gpu,
+        )
         num_sampled, num_rejected = self._num_sampled_and_rejected(input_batch)
         pp_broadcast(sampler_output.sampled_token_ids)  # the earlier stages record them too
         output = ModelRunnerOutput(
@@ -359,12 +439,12 @@ class GPUModelRunner:
             req_id_to_index={req_id: i for i, req_id in enumerate(input_batch.req_ids)},
             sampled_token_ids=[],
             prompt_logprobs_dict=self.prompt_logprobs_worker.compute_prompt_logprobs(
-                self.get_model().compute_logits, hidden_states, input_batch))
-        async_output = AsyncOutput(output, sampler_output, num_sampled,
-                                   self.output_copy_stream)
+                self.get_model().compute_logits, hidden_states, input_batch
+            ),
+        )
+        async_output = AsyncOutput(output, sampler_output, num_sampled, self.output_copy_stream)
         # After AsyncOutput: the host copy is already queued behind the sampler.
-        self.postprocess(input_batch, sampler_output.sampled_token_ids, num_sampled,
-                         num_rejected)
+        self.postprocess(input_batch, sampler_output.sampled_token_ids, num_sampled, num_rejected)
         return async_output if self.use_async_scheduling else async_output.get_output()
 
     def _receive_pp_sampled_tokens(self, input_batch: InputBatch) -> None:
@@ -376,18 +456,31 @@ class GPUModelRunner:
 
     def _num_sampled_and_rejected(self, batch: InputBatch) -> tuple[torch.Tensor, torch.Tensor]:
         prefill_len = self.req_states.prefill_len
-        return num_sampled_and_rejected(batch, prefill_len.np, prefill_len.gpu, self._ones,
-                                        self._zeros)
+        return num_sampled_and_rejected(
+            batch, prefill_len.np, prefill_len.gpu, self._ones, self._zeros
+        )
 
-    def postprocess(self, input_batch: InputBatch, sampled_tokens: torch.Tensor,
-                    num_sampled: torch.Tensor, num_rejected: torch.Tensor) -> None:
+    def postprocess(
+        self,
+        input_batch: InputBatch,
+        sampled_tokens: torch.Tensor,
+        num_sampled: torch.Tensor,
+        num_rejected: torch.Tensor,
+    ) -> None:
         """Append the sampled tokens to the rows and advance the counters (device),
         and the host mirrors of the computed-token counts."""
         states = self.req_states
-        post_update(input_batch.idx_mapping, states.num_computed_tokens.gpu,
-                    states.last_sampled_tokens, sampled_tokens, num_sampled, num_rejected,
-                    input_batch.query_start_loc, states.all_token_ids.gpu,
-                    states.total_len.gpu)
+        post_update(
+            input_batch.idx_mapping,
+            states.num_computed_tokens.gpu,
+            states.last_sampled_tokens,
+            sampled_tokens,
+            num_sampled,
+            num_rejected,
+            input_batch.query_start_loc,
+            states.all_token_ids.gpu,
+            states.total_len.gpu,
+        )
         states.advance_host_counts(input_batch.idx_mapping_np, input_batch.num_scheduled_tokens)
 
     def take_draft_token_ids(self) -> None:
@@ -396,40 +489,57 @@ class GPUModelRunner:
 
     # ---- dummy runs (warm-up, memory profiling and graph capture) --------------------
     @torch.inference_mode()
-    def _dummy_run(self, num_tokens: int, use_kv_cache: bool = True,
-                   num_reqs: int | None = None) -> torch.Tensor:
+    def _dummy_run(
+        self, num_tokens: int, use_kv_cache: bool = True, num_reqs: int | None = None
+    ) -> torch.Tensor:
         """Forward a dummy batch (`InputBatch.make_dummy`); no request row is
         touched. With `use_kv_cache` (and a KV cache) attention reads a zero
         block table and writes nothing (`build_dummy_attn_metadata`); otherwise
         the layers skip attention (profile run). Returns the hidden states of
         each fake request's last token."""
         batch = InputBatch.make_dummy(num_reqs, num_tokens, self.input_buffers, self.device)
-        attn_metadata = (build_dummy_attn_metadata(self.attn_groups, batch, self._block_tables())
-                         if use_kv_cache and self.attn_groups else None)
+        attn_metadata = (
+            build_dummy_attn_metadata(self.attn_groups, batch, self._block_tables())
+            if use_kv_cache and self.attn_groups
+            else None
+        )
         model = self.get_model()
         intermediate_tensors = pp_dummy_intermediate_tensors(
-            model, num_tokens, self.model_config.dtype, self.device)
+            model, num_tokens, self.model_config.dtype, self.device
+        )
         with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens):
-            hidden_states = model(input_ids=batch.input_ids, positions=batch.positions,
-                                  intermediate_tensors=intermediate_tensors)
+            hidden_states = model(
+                input_ids=batch.input_ids,
+                positions=batch.positions,
+                intermediate_tensors=intermediate_tensors,
+            )
         return hidden_states[batch.logits_indices]
 
-    def _prepare_capture_batch(self, desc: BatchExecutionDescriptor
-                               ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
+    def _prepare_capture_batch(
+        self, desc: BatchExecutionDescriptor
+    ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
         """A dummy batch of a graph's shape, laid out where real steps put
         theirs (uniform decode graphs: one token per request)."""
-        batch = InputBatch.make_dummy(desc.num_reqs, desc.num_tokens, self.input_buffers,
-                                      self.device)
-        return (build_dummy_attn_metadata(self.attn_groups, batch, self._block_tables(),
-                                          for_cudagraph_capture=True),
-                batch.input_ids, batch.positions)
+        batch = InputBatch.make_dummy(
+            desc.num_reqs, desc.num_tokens, self.input_buffers, self.device
+        )
+        return (
+            build_dummy_attn_metadata(
+                self.attn_groups, batch, self._block_tables(), for_cudagraph_capture=True
+            ),
+            batch.input_ids,
+            batch.positions,
+        )
 
     @torch.inference_mode()
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
         """`dummy_sample` over the rows' logits (only the last PP stage has any)."""
         if get_pp_group().is_last_rank:
-            dummy_sample(self.get_model().compute_logits(hidden_states), self.vocab_size,
-                         self.model_config.max_logprobs)
+            dummy_sample(
+                self.get_model().compute_logits(hidden_states),
+                self.vocab_size,
+                self.model_config.max_logprobs,
+            )
 
     def profile_run(self) -> None:
         """The largest step the scheduler can produce, without a KV cache."""

@@ -10,6 +10,7 @@ which every backend of the PP group can carry. A dummy batch's intermediate
 tensors (`pp_dummy_intermediate_tensors`) are shared with the V1 runner, in
 vllm/v1/worker/utils.py.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,4 +33,3 @@ def pp_receive(num_logits: int, device: torch.device) -> torch.Tensor:
     sampled = torch.empty((num_logits, 1), dtype=torch.int64)
     pp_group.broadcast(sampled, src=pp_group.world_size - 1)
     return sampled.to(device)
-

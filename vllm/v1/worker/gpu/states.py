@@ -14,6 +14,7 @@ Lengths, for a request in row r:
   the device as tokens are sampled;
 - `num_computed_tokens[r]`: tokens whose KV is in the cache.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,9 +27,16 @@ from vllm.v1.worker.utils import CpuGpuBuffer
 class RequestState:
     """Rows of token ids, lengths and sampled tokens, one per live request."""
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, max_num_batched_tokens: int,
-                 num_speculative_steps: int, vocab_size: int, device: torch.device,
-                 pin_memory: bool = False) -> None:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+        num_speculative_steps: int,
+        vocab_size: int,
+        device: torch.device,
+        pin_memory: bool = False,
+    ) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -42,12 +50,13 @@ class RequestState:
         self.free_indices: list[int] = list(range(max_num_reqs - 1, -1, -1))
 
         # [max_num_reqs, max_model_len]: prefill tokens, then sampled tokens.
-        self.all_token_ids = StagedWriteTensor((max_num_reqs, max_model_len), torch.int32,
-                                               device)
-        self.prompt_len = CpuGpuBuffer(max_num_reqs, dtype=torch.int32, device=device,
-                                       pin_memory=pin_memory)
-        self.prefill_len = CpuGpuBuffer(max_num_reqs, dtype=torch.int32, device=device,
-                                        pin_memory=pin_memory)
+        self.all_token_ids = StagedWriteTensor((max_num_reqs, max_model_len), torch.int32, device)
+        self.prompt_len = CpuGpuBuffer(
+            max_num_reqs, dtype=torch.int32, device=device, pin_memory=pin_memory
+        )
+        self.prefill_len = CpuGpuBuffer(
+            max_num_reqs, dtype=torch.int32, device=device, pin_memory=pin_memory
+        )
         self.total_len = StagedWriteTensor(max_num_reqs, torch.int32, device)
 
         # Device truth plus a host mirror, kept exact by the scheduler's
@@ -59,18 +68,19 @@ class RequestState:
 
         # [max_num_reqs, 1]: the token each request sampled last; a decode
         # step reads its input token from here, on the device.
-        self.last_sampled_tokens = torch.zeros(max_num_reqs, 1, dtype=torch.int64,
-                                               device=device)
+        self.last_sampled_tokens = torch.zeros(max_num_reqs, 1, dtype=torch.int64, device=device)
         # [max_num_reqs, num_speculative_steps]: draft tokens to verify next step.
-        self.draft_tokens = torch.zeros(max_num_reqs, num_speculative_steps,
-                                        dtype=torch.int64, device=device)
+        self.draft_tokens = torch.zeros(
+            max_num_reqs, num_speculative_steps, dtype=torch.int64, device=device
+        )
 
     @property
     def num_reqs(self) -> int:
         return len(self.req_id_to_index)
 
-    def add_request(self, req_id: str, prompt_len: int, all_token_ids: list[int],
-                    num_computed_tokens: int) -> int:
+    def add_request(
+        self, req_id: str, prompt_len: int, all_token_ids: list[int], num_computed_tokens: int
+    ) -> int:
         """Give `req_id` a free row and stage its tokens; returns the row.
 
         `all_token_ids` is everything to prefill (prompt, plus the generated
@@ -83,8 +93,10 @@ class RequestState:
             raise RuntimeError(f"All {self.max_num_reqs} request rows are in use.")
         prefill_len = len(all_token_ids)
         if not prompt_len <= prefill_len <= self.max_model_len:
-            raise ValueError(f"Request {req_id!r}: prefill length {prefill_len} must be in "
-                             f"[prompt_len {prompt_len}, max_model_len {self.max_model_len}].")
+            raise ValueError(
+                f"Request {req_id!r}: prefill length {prefill_len} must be in "
+                f"[prompt_len {prompt_len}, max_model_len {self.max_model_len}]."
+            )
         req_idx = self.free_indices.pop()
         self.req_id_to_index[req_id] = req_idx
         self.index_to_req_id[req_idx] = req_id
@@ -109,11 +121,13 @@ class RequestState:
 
     def get_req_indices(self, req_ids: list[str]) -> np.ndarray:
         """[len(req_ids)] int64: the row of each request (KeyError if unknown)."""
-        return np.fromiter(map(self.req_id_to_index.__getitem__, req_ids), dtype=np.int64,
-                           count=len(req_ids))
+        return np.fromiter(
+            map(self.req_id_to_index.__getitem__, req_ids), dtype=np.int64, count=len(req_ids)
+        )
 
-    def set_num_computed_tokens(self, req_indices: np.ndarray,
-                                num_computed_tokens: np.ndarray) -> None:
+    def set_num_computed_tokens(
+        self, req_indices: np.ndarray, num_computed_tokens: np.ndarray
+    ) -> None:
         """Take the scheduler's counts for requests already in their rows
         (one vectorised scatter instead of a staged write per request)."""
         if req_indices.size == 0:
@@ -128,8 +142,9 @@ class RequestState:
         by the tokens scheduled (prefill tokens capped at prefill_len)."""
         self.num_computed_tokens_np[req_indices] += num_scheduled
         computed_prefill = self.num_computed_prefill_tokens
-        computed_prefill[req_indices] = np.minimum(computed_prefill[req_indices] + num_scheduled,
-                                                   self.prefill_len.np[req_indices])
+        computed_prefill[req_indices] = np.minimum(
+            computed_prefill[req_indices] + num_scheduled, self.prefill_len.np[req_indices]
+        )
 
     def apply_staged_writes(self) -> None:
         """Publish every host-side change of this step to the device."""

@@ -1,6 +1,7 @@
 """The V2 sampler's logits edits read each request's tokens from its row of
 `all_token_ids` (prompt = [0, prompt_len), outputs = [prompt_len, seq_len)):
 penalties, bad words, min_tokens, allowed tokens and logit bias."""
+
 import numpy as np
 import torch
 
@@ -11,21 +12,23 @@ CPU = torch.device("cpu")
 VOCAB = 16
 
 
-def setup(params: dict[int, SamplingParams], prompts: dict[int, list[int]],
-          outputs: dict[int, list[int]]):
+def setup(
+    params: dict[int, SamplingParams], prompts: dict[int, list[int]], outputs: dict[int, list[int]]
+):
     """A sampler with requests in the given rows, and their all_token_ids rows."""
     sampler = Sampler(max_num_reqs=6, vocab_size=VOCAB, device=CPU)
     all_token_ids = torch.full((6, 32), 15, dtype=torch.int32)  # stale: never counted
     for row, p in params.items():
         sampler.add_request(row, len(prompts[row]), p)
         tokens = prompts[row] + outputs[row]
-        all_token_ids[row, :len(tokens)] = torch.tensor(tokens)
+        all_token_ids[row, : len(tokens)] = torch.tensor(tokens)
     sampler.apply_staged_writes()
     return sampler, all_token_ids
 
 
-def edit(sampler, all_token_ids, rows: list[int], seq_lens: list[int],
-         logits: torch.Tensor) -> torch.Tensor:
+def edit(
+    sampler, all_token_ids, rows: list[int], seq_lens: list[int], logits: torch.Tensor
+) -> torch.Tensor:
     logits = logits.clone()
     sampler.apply_logits_edits(logits, np.array(rows), np.array(seq_lens), all_token_ids)
     return logits
@@ -50,8 +53,10 @@ def test_penalties_count_prompt_and_outputs_from_the_rows():
 
 
 def test_min_tokens_allowed_ids_and_bias():
-    params = {0: SamplingParams(min_tokens=2, stop_token_ids=[7], max_tokens=8),
-              2: SamplingParams(allowed_token_ids=[3, 4, 9], logit_bias={4: 2.0, 9: -1.0})}
+    params = {
+        0: SamplingParams(min_tokens=2, stop_token_ids=[7], max_tokens=8),
+        2: SamplingParams(allowed_token_ids=[3, 4, 9], logit_bias={4: 2.0, 9: -1.0}),
+    }
     sampler, ids = setup(params, {0: [1, 1, 1], 2: [2]}, {0: [], 2: []})
     logits = torch.zeros(2, VOCAB)
     # Row 0 has 1 output (seq_len 4, prompt 3): the stop token is still forbidden.

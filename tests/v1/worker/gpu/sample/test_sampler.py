@@ -1,5 +1,6 @@
 """Model Runner V2 sampling: Gumbel-max with a stateless (seed, position)
 stream, the per-request parameters, and top-k logprobs without a full softmax."""
+
 import numpy as np
 import pytest
 import torch
@@ -18,8 +19,7 @@ def test_gumbel_max_draws_follow_the_softmax():
     n = 20000
     logits = probs.log().repeat(n, 1)
     rows = torch.zeros(n, dtype=torch.int64)
-    tokens = gumbel_sample(logits, rows, torch.ones(1), torch.tensor([42]),
-                           torch.arange(n))
+    tokens = gumbel_sample(logits, rows, torch.ones(1), torch.tensor([42]), torch.arange(n))
     freq = torch.bincount(tokens, minlength=8).float() / n
     sigma = (probs * (1 - probs) / n).sqrt()
     assert ((freq - probs).abs() < 5 * sigma + 1e-4).all(), (freq, probs)
@@ -32,7 +32,7 @@ def test_noise_is_finite_for_every_uniform_and_masks_hold():
     samples it (the grammar / min_tokens / bad_words masks rely on that)."""
     from vllm.v1.worker.gpu.sample.gumbel import log_neg_log_u_
 
-    k_half = torch.arange(2 ** 23, dtype=torch.float32) + 0.5
+    k_half = torch.arange(2**23, dtype=torch.float32) + 0.5
     noise = log_neg_log_u_(k_half)
     assert torch.isfinite(noise).all()
     # Monotone in k (U grows, -log U shrinks) up to the floor.
@@ -44,8 +44,13 @@ def test_noise_is_finite_for_every_uniform_and_masks_hold():
     logits = torch.full((n, vocab), float("-inf"))
     logits[torch.arange(n), allowed] = 0.0
     with torch.inference_mode():  # as the runner (the workspaces are inference tensors)
-        tokens = gumbel_sample(logits, torch.arange(n), torch.ones(n), torch.arange(n),
-                               torch.zeros(n, dtype=torch.int64))
+        tokens = gumbel_sample(
+            logits,
+            torch.arange(n),
+            torch.ones(n),
+            torch.arange(n),
+            torch.zeros(n, dtype=torch.int64),
+        )
     assert torch.equal(tokens, allowed)
 
 
@@ -56,7 +61,7 @@ def test_noise_is_uniform_gumbel_and_keyed_by_seed_and_position():
     # Standard Gumbel: mean = Euler-Mascheroni constant, variance = pi^2 / 6.
     for row in noise:
         assert abs(row.mean().item() - 0.5772) < 0.03
-        assert abs(row.var().item() - np.pi ** 2 / 6) < 0.06
+        assert abs(row.var().item() - np.pi**2 / 6) < 0.06
     # Different (seed, pos) -> unrelated noise; same key -> the same noise.
     assert abs(np.corrcoef(noise[0], noise[1])[0, 1]) < 0.02
     assert torch.equal(gumbel_noise(keys[:1], 50000)[0], noise[0])
@@ -114,9 +119,12 @@ def test_sampler_parameters():
     logits = torch.randn(4, vocab, generator=g) * 3
     argmax = logits.argmax(-1)
     # Each of these leaves only the most likely token.
-    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.5, top_k=1),
-              SamplingParams(temperature=1.5, top_p=1e-6), SamplingParams(temperature=1.5,
-                                                                          min_p=1.0)]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.5, top_k=1),
+        SamplingParams(temperature=1.5, top_p=1e-6),
+        SamplingParams(temperature=1.5, min_p=1.0),
+    ]
     sampler = make_sampler(params)
     for pos in range(5):
         out = run(sampler, logits, [0, 1, 2, 3], [pos] * 4)
@@ -124,17 +132,20 @@ def test_sampler_parameters():
         assert out.logprobs_tensors is None
     # Without the filters, temperature 1.5 does move off the argmax.
     free = make_sampler([SamplingParams(temperature=1.5, seed=s) for s in range(4)])
-    draws = torch.stack([run(free, logits, [0, 1, 2, 3], [p] * 4).sampled_token_ids[:, 0]
-                         for p in range(10)])
+    draws = torch.stack(
+        [run(free, logits, [0, 1, 2, 3], [p] * 4).sampled_token_ids[:, 0] for p in range(10)]
+    )
     assert (draws != argmax).any()
 
 
 def test_top_k_keeps_draws_inside_the_top_k():
     logits = torch.arange(32, dtype=torch.float32).repeat(3, 1) / 8
-    sampler = make_sampler([SamplingParams(temperature=2.0, top_k=3, seed=s) for s in range(3)],
-                           vocab=32)
-    draws = torch.cat([run(sampler, logits, [0, 1, 2], [p] * 3).sampled_token_ids[:, 0]
-                       for p in range(30)])
+    sampler = make_sampler(
+        [SamplingParams(temperature=2.0, top_k=3, seed=s) for s in range(3)], vocab=32
+    )
+    draws = torch.cat(
+        [run(sampler, logits, [0, 1, 2], [p] * 3).sampled_token_ids[:, 0] for p in range(30)]
+    )
     assert set(draws.tolist()) == {29, 30, 31}
 
 
@@ -142,8 +153,13 @@ def test_top_k_keeps_draws_inside_the_top_k():
 def test_logprobs_modes(mode):
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(2, 64, generator=g)
-    sampler = make_sampler([SamplingParams(temperature=0.5, logprobs=2, seed=1),
-                            SamplingParams(temperature=0.0, logprobs=4)], logprobs_mode=mode)
+    sampler = make_sampler(
+        [
+            SamplingParams(temperature=0.5, logprobs=2, seed=1),
+            SamplingParams(temperature=0.0, logprobs=4),
+        ],
+        logprobs_mode=mode,
+    )
     out = run(sampler, logits, [0, 1], [0, 0])
     lp = out.logprobs_tensors
     assert lp.logprob_token_ids.shape == (2, 5)  # sampled + the batch's max of 4
@@ -172,6 +188,7 @@ def test_unseeded_requests_draw_reproducible_distinct_seeds():
 @pytest.mark.parametrize("vocab", [100, 512, 513, 32000, 32001])
 def test_blockwise_argmax_equals_torch_argmax(vocab):
     from vllm.v1.worker.gpu.sample.greedy_argmax import argmax_rows
+
     g = torch.Generator().manual_seed(vocab)
     x = torch.randn(12, vocab, generator=g)
     x[0] = 1.0  # all tied: index 0

@@ -1,4 +1,5 @@
 """KV connector telemetry (upstream: vllm/distributed/kv_transfer/kv_connector/v1/metrics.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ class KVConnectorStats:
     def reset(self) -> None:
         raise NotImplementedError
 
-    def aggregate(self, other: "KVConnectorStats") -> "KVConnectorStats":
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         raise NotImplementedError
 
     def reduce(self) -> dict[str, int | float]:

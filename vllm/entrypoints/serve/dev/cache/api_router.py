@@ -6,6 +6,7 @@ are in use is a 409 (`reset_running_requests=true` preempts the running
 requests first, which then recompute). `reset_external` would reset a KV
 connector's cache: no connector is built, so it is refused.
 """
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
@@ -26,15 +27,22 @@ def engine_client(request: Request) -> EngineClient:
 
 
 @router.post("/reset_prefix_cache", response_class=Response, responses=DEV_ROUTE_RESPONSES)
-async def reset_prefix_cache(raw_request: Request,
-                             reset_running_requests: bool = Query(False),
-                             reset_external: bool = Query(False)) -> Response:
+async def reset_prefix_cache(
+    raw_request: Request,
+    reset_running_requests: bool = Query(False),
+    reset_external: bool = Query(False),
+) -> Response:
     if reset_external:
-        return error_response("reset_external resets a KV connector's prefix cache; no KV "
-                              "connector is built.", param="reset_external")
+        return error_response(
+            "reset_external resets a KV connector's prefix cache; no KV connector is built.",
+            param="reset_external",
+        )
     logger.info("Resetting prefix cache...")
     if not await engine_client(raw_request).reset_prefix_cache(reset_running_requests):
-        return error_response("The prefix cache was not reset: running requests hold "
-                              "cached blocks (reset_running_requests=true preempts them).",
-                              status_code=409, err_type="ConflictError")
+        return error_response(
+            "The prefix cache was not reset: running requests hold "
+            "cached blocks (reset_running_requests=true preempts them).",
+            status_code=409,
+            err_type="ConflictError",
+        )
     return Response(status_code=200)

@@ -5,6 +5,7 @@ arguments it gives: a remote-code-execution surface even in dev mode. It is
 not built here; the route exists so that a client learns that, with the error
 envelope, instead of a bare 404.
 """
+
 from __future__ import annotations
 
 from fastapi import APIRouter
@@ -20,4 +21,6 @@ router = APIRouter()
 async def collective_rpc() -> JSONResponse:
     return error_response(
         "/collective_rpc (calling worker methods by name over HTTP) is not built; the "
-        "sleep mode, prefix-cache and engine routes are.", param="method")
+        "sleep mode, prefix-cache and engine routes are.",
+        param="method",
+    )

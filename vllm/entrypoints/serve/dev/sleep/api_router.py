@@ -13,6 +13,7 @@ vllm/entrypoints/serve/dev/sleep/api_router.py). Needs --enable-sleep-mode.
 A request sent while the engine sleeps waits for /wake_up, as upstream.
 Arguments the engine cannot honour are a 400 with the error envelope.
 """
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
@@ -38,8 +39,9 @@ def engine_client(request: Request) -> EngineClient:
 
 
 @router.post("/sleep", response_class=Response, responses=DEV_ROUTE_RESPONSES)
-async def sleep(raw_request: Request, level: int = Query(1), mode: str = Query("abort")
-                ) -> Response:
+async def sleep(
+    raw_request: Request, level: int = Query(1), mode: str = Query("abort")
+) -> Response:
     logger.info("Putting the engine to sleep (level %s, mode %s).", level, mode)
     try:
         await engine_client(raw_request).sleep(level, mode)
@@ -49,7 +51,7 @@ async def sleep(raw_request: Request, level: int = Query(1), mode: str = Query("
 
 
 @router.post("/wake_up", response_class=Response, responses=DEV_ROUTE_RESPONSES)
-async def wake_up(raw_request: Request, tags: list[str] | None = Query(None)) -> Response:
+async def wake_up(raw_request: Request, tags: list[str] | None = Query(None)) -> Response:  # noqa: B008 (FastAPI idiom)
     # No tags (or an empty list) wakes everything up, as upstream.
     tags = tags or None
     logger.info("Waking up the engine (tags: %s).", tags)
@@ -60,7 +62,6 @@ async def wake_up(raw_request: Request, tags: list[str] | None = Query(None)) ->
     return Response(status_code=200)
 
 
-@router.get("/is_sleeping", response_model=IsSleepingResponse,
-            responses=DEV_ROUTE_RESPONSES)
+@router.get("/is_sleeping", response_model=IsSleepingResponse, responses=DEV_ROUTE_RESPONSES)
 async def is_sleeping(raw_request: Request) -> JSONResponse:
     return JSONResponse({"is_sleeping": await engine_client(raw_request).is_sleeping()})

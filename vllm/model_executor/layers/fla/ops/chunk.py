@@ -15,6 +15,7 @@ and the state leaving the chunk are then matrix products:
     S_T = exp(G_T) S0 + K^T diag(exp(G_T - G)) U.
 All exponents are <= 0, so nothing overflows; everything is float32.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,14 @@ import torch
 CHUNK_SIZE = 64
 
 
-def _chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-           beta: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk, heads first: q, k [G, H, T, K], v [G, H, T, V], g, beta
     [G, H, T], state [G, H, K, V] -> (o [G, H, T, V], state leaving it)."""
     t = g.shape[-1]
@@ -40,16 +47,22 @@ def _chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     u = u_prime - w @ state  # [G, H, T, V]
     o = cum.exp()[..., None] * (q @ state) + ((q @ k.transpose(-1, -2)) * decay) @ u
     last = cum[..., -1:]  # G_T
-    state = (last.exp()[..., None] * state
-             + k.transpose(-1, -2) @ ((last - cum).exp()[..., None] * u))
+    state = last.exp()[..., None] * state + k.transpose(-1, -2) @ (
+        (last - cum).exp()[..., None] * u
+    )
     return o, state
 
 
-def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           g: torch.Tensor, beta: torch.Tensor,
-                           initial_state: torch.Tensor | None = None,
-                           scale: float | None = None, chunk_size: int = CHUNK_SIZE
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    chunk_size: int = CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Batched: q, k [G, L, H, K], v [G, L, H, V], g (log decay, <= 0), beta
     [G, L, H], initial_state [G, H, K, V] or None -> (o [G, L, H, V] in v's
     dtype, final state [G, H, K, V] float32). Padding positions must have
@@ -57,9 +70,12 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}.")
     gn, length, h, dk = k.shape
-    scale = dk ** -0.5 if scale is None else scale
-    state = (initial_state.float() if initial_state is not None
-             else v.new_zeros(gn, h, dk, v.shape[-1], dtype=torch.float32))
+    scale = dk**-0.5 if scale is None else scale
+    state = (
+        initial_state.float()
+        if initial_state is not None
+        else v.new_zeros(gn, h, dk, v.shape[-1], dtype=torch.float32)
+    )
     # Heads first: [G, H, L, ...].
     qf = (q.float() * scale).transpose(1, 2)
     kf, vf = k.float().transpose(1, 2), v.float().transpose(1, 2)
@@ -67,9 +83,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     outs = []
     for s in range(0, length, chunk_size):
         e = s + chunk_size
-        o, state = _chunk(qf[:, :, s:e], kf[:, :, s:e], vf[:, :, s:e], gf[:, :, s:e],
-                          bf[:, :, s:e], state)
+        o, state = _chunk(
+            qf[:, :, s:e], kf[:, :, s:e], vf[:, :, s:e], gf[:, :, s:e], bf[:, :, s:e], state
+        )
         outs.append(o)
-    o = (torch.cat(outs, dim=2) if outs
-         else v.new_zeros(gn, h, 0, v.shape[-1], dtype=torch.float32))
+    o = torch.cat(outs, dim=2) if outs else v.new_zeros(gn, h, 0, v.shape[-1], dtype=torch.float32)
     return o.transpose(1, 2).to(v.dtype), state

@@ -4,6 +4,7 @@
 The conv state of a sequence is its last K - 1 inputs, [C, K - 1] (oldest
 first); a sequence continues from it as if those inputs preceded its tokens.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,9 +19,14 @@ def _activate(x: torch.Tensor, activation: str | None) -> torch.Tensor:
     raise ValueError(f"Unsupported conv activation {activation!r}.")
 
 
-def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                     conv_state: torch.Tensor, lengths: torch.Tensor,
-                     activation: str | None = "silu") -> tuple[torch.Tensor, torch.Tensor]:
+def causal_conv1d_fn(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    lengths: torch.Tensor,
+    activation: str | None = "silu",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [G, L, C] (request g's tokens at [g, :lengths[g]], padding after),
     weight [C, K] or [C, 1, K], conv_state [G, C, K-1] -> (out [G, L, C],
     new conv_state [G, C, K-1]: the last K-1 inputs before each request's padding)."""
@@ -36,9 +42,13 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return _activate(out.transpose(1, 2), activation), new_state
 
 
-def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
-                         bias: torch.Tensor | None, activation: str | None = "silu"
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None = "silu",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: x [G, C], conv_state [G, C, K-1] ->
     (out [G, C], new conv_state [G, C, K-1])."""
     channels = x.shape[-1]

@@ -16,6 +16,7 @@ Why not the [T, T] segment-sum form of Mamba-2: Mamba-1's decay differs per
 (d, n), so that form builds a [G, D, N, T, T] tensor per chunk; on CPU it
 measured 10-100x slower than this scan at T = 8-32.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,8 +31,9 @@ SCAN_CHUNK_SIZE = 8
 SCAN_BLOCK_TOKENS = 64
 
 
-def _output(y: torch.Tensor, u: torch.Tensor, d: torch.Tensor | None,
-            z: torch.Tensor | None) -> torch.Tensor:
+def _output(
+    y: torch.Tensor, u: torch.Tensor, d: torch.Tensor | None, z: torch.Tensor | None
+) -> torch.Tensor:
     if d is not None:
         y = y + u.float() * d.float()
     if z is not None:
@@ -39,14 +41,19 @@ def _output(y: torch.Tensor, u: torch.Tensor, d: torch.Tensor | None,
     return y.to(u.dtype)
 
 
-def selective_scan_ref(u: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                       c: torch.Tensor, d: torch.Tensor | None = None,
-                       z: torch.Tensor | None = None, h0: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def selective_scan_ref(
+    u: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    h0: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence, token by token: u, dt, z [L, D], a [D, N], b, c [L, N],
     h0 [D, N] or None (zeros) -> (y [L, D], final state [D, N] float32)."""
-    h = (h0.float() if h0 is not None
-         else u.new_zeros(a.shape, dtype=torch.float32))
+    h = h0.float() if h0 is not None else u.new_zeros(a.shape, dtype=torch.float32)
     dt = dt.float()
     decay = torch.exp(dt[:, :, None] * a.float())  # [L, D, N]
     drive = dt[:, :, None] * b.float()[:, None, :] * u.float()[:, :, None]  # [L, D, N]
@@ -58,8 +65,9 @@ def selective_scan_ref(u: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: to
     return _output(y, u, d, z), h
 
 
-def _scan_block(decay: torch.Tensor, drive: torch.Tensor, c: torch.Tensor, h: torch.Tensor,
-                chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _scan_block(
+    decay: torch.Tensor, drive: torch.Tensor, c: torch.Tensor, h: torch.Tensor, chunk_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """decay (exp(dt A)), drive [G, L, D, N] (L a multiple of chunk_size), c [G, L, N],
     h [G, D, N] entering -> (y [G, L, D] without the D/z terms, h leaving).
 
@@ -91,10 +99,17 @@ def _scan_block(decay: torch.Tensor, drive: torch.Tensor, c: torch.Tensor, h: to
     return y, h
 
 
-def selective_scan_fn(u: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                      c: torch.Tensor, d: torch.Tensor | None = None,
-                      z: torch.Tensor | None = None, h0: torch.Tensor | None = None,
-                      chunk_size: int = SCAN_CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+def selective_scan_fn(
+    u: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    h0: torch.Tensor | None = None,
+    chunk_size: int = SCAN_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Batched chunked scan: u, dt, z [G, L, D], a [D, N], b, c [G, L, N],
     h0 [G, D, N] or None -> (y [G, L, D], final state [G, D, N] float32).
     Padding positions must have dt = 0: the state then passes them unchanged.
@@ -103,8 +118,7 @@ def selective_scan_fn(u: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: tor
         raise ValueError(f"chunk_size must be positive, got {chunk_size}.")
     g, length, _ = u.shape
     af = a.float()
-    h = (h0.float() if h0 is not None
-         else u.new_zeros(g, *a.shape, dtype=torch.float32))
+    h = h0.float() if h0 is not None else u.new_zeros(g, *a.shape, dtype=torch.float32)
     ys = []
     for s in range(0, length, SCAN_BLOCK_TOKENS):
         e = min(s + SCAN_BLOCK_TOKENS, length)
@@ -116,19 +130,27 @@ def selective_scan_fn(u: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: tor
         decay = torch.exp(dtc[..., None] * af)  # [G, T, D, N]
         drive = (dtc * uc)[..., None] * bc[:, :, None, :]
         y, h = _scan_block(decay, drive, cc, h, chunk_size)
-        ys.append(y[:, :e - s])
+        ys.append(y[:, : e - s])
     y = torch.cat(ys, dim=1) if ys else u.new_zeros(u.shape, dtype=torch.float32)
     return _output(y, u, d, z), h
 
 
-def selective_state_update(state: torch.Tensor, u: torch.Tensor, dt: torch.Tensor,
-                           a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-                           d: torch.Tensor | None = None, z: torch.Tensor | None = None
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def selective_state_update(
+    state: torch.Tensor,
+    u: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: state [G, D, N], u, dt, z [G, D], b, c [G, N]
     -> (y [G, D], new state [G, D, N] float32)."""
     dtf = dt.float()
-    h = (torch.exp(dtf[..., None] * a.float()) * state.float()
-         + (dtf * u.float())[..., None] * b.float()[:, None, :])
+    h = (
+        torch.exp(dtf[..., None] * a.float()) * state.float()
+        + (dtf * u.float())[..., None] * b.float()[:, None, :]
+    )
     y = torch.einsum("gdn,gn->gd", h, c.float())
     return _output(y, u, d, z), h

@@ -13,6 +13,7 @@ to its own longest request:
 
 Requests with no tokens this step are in neither group (their state is left).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,19 +47,33 @@ class StateGroup:
         states.index_copy_(0, self.slots, new.to(states.dtype))
 
 
-def _group(starts: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor | None,
-           has_init: torch.Tensor | None, max_len: int) -> StateGroup:
+def _group(
+    starts: torch.Tensor,
+    lengths: torch.Tensor,
+    slots: torch.Tensor | None,
+    has_init: torch.Tensor | None,
+    max_len: int,
+) -> StateGroup:
     pos = torch.arange(max_len, device=starts.device)
     mask = pos[None, :] < lengths[:, None]
     # Padding points at the request's last token, so gathers stay in range.
     token_index = starts[:, None] + torch.minimum(pos[None, :], lengths[:, None] - 1)
-    return StateGroup(token_index=token_index, mask=mask, lengths=lengths,
-                      flat_index=token_index[mask], slots=slots, has_initial_state=has_init)
+    return StateGroup(
+        token_index=token_index,
+        mask=mask,
+        lengths=lengths,
+        flat_index=token_index[mask],
+        slots=slots,
+        has_initial_state=has_init,
+    )
 
 
-def build_state_groups(query_start_loc: list[int], device: torch.device,
-                       state_indices: list[int] | None = None,
-                       has_initial_states: list[bool] | None = None) -> list[StateGroup]:
+def build_state_groups(
+    query_start_loc: list[int],
+    device: torch.device,
+    state_indices: list[int] | None = None,
+    has_initial_states: list[bool] | None = None,
+) -> list[StateGroup]:
     """Group requests into (decodes, prefills), each present only if non-empty.
     `query_start_loc` [R + 1] host ints; without `state_indices` the groups
     are stateless (a dummy run)."""
@@ -69,21 +84,30 @@ def build_state_groups(query_start_loc: list[int], device: torch.device,
     if any(n < 0 for n in lens):
         raise ValueError(f"query_start_loc must not decrease: {query_start_loc}.")
     groups = []
-    for members in ([i for i, n in enumerate(lens) if n == 1],
-                    [i for i, n in enumerate(lens) if n > 1]):
+    for members in (
+        [i for i, n in enumerate(lens) if n == 1],
+        [i for i, n in enumerate(lens) if n > 1],
+    ):
         if not members:
             continue
 
-        def pick(values: list) -> list:
+        def pick(values: list, members: list[int] = members) -> list:
             return [values[i] for i in members]
 
         to = dict(device=device, dtype=torch.long)
         slots = init = None
         if state_indices is not None:
             slots = torch.tensor(pick(state_indices), **to)
-            init = torch.tensor(pick(has_initial_states or [False] * num_reqs),
-                                dtype=torch.bool, device=device)
-        groups.append(_group(torch.tensor(pick(query_start_loc[:-1]), **to),
-                             torch.tensor(pick(lens), **to), slots, init,
-                             max(pick(lens))))
+            init = torch.tensor(
+                pick(has_initial_states or [False] * num_reqs), dtype=torch.bool, device=device
+            )
+        groups.append(
+            _group(
+                torch.tensor(pick(query_start_loc[:-1]), **to),
+                torch.tensor(pick(lens), **to),
+                slots,
+                init,
+                max(pick(lens)),
+            )
+        )
     return groups

@@ -20,6 +20,7 @@ the cached tokens, which is the point of MLA.
 The metadata is the CPU backend's (`CPUAttentionMetadataBuilder`): decodes
 first, then prefills with their cached-prefix lengths.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -28,8 +29,7 @@ import torch
 
 from vllm.utils import cdiv
 from vllm.v1.attention.backend import AttentionBackend, AttentionImpl, AttentionType
-from vllm.v1.attention.backends.cpu_attn import (CPUAttentionMetadata,
-                                                 CPUAttentionMetadataBuilder)
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata, CPUAttentionMetadataBuilder
 
 if TYPE_CHECKING:
     from torch import nn
@@ -43,7 +43,7 @@ class CPUMLABackend(AttentionBackend):
         return "CPU_MLA"
 
     @staticmethod
-    def get_impl_cls() -> type["CPUMLAImpl"]:
+    def get_impl_cls() -> type[CPUMLAImpl]:
         return CPUMLAImpl
 
     @staticmethod
@@ -51,8 +51,13 @@ class CPUMLABackend(AttentionBackend):
         return CPUAttentionMetadataBuilder
 
     @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
-                           head_size: int, cache_dtype_str: str = "auto") -> tuple[int, ...]:
+    def get_kv_cache_shape(
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype_str: str = "auto",
+    ) -> tuple[int, ...]:
         assert num_kv_heads == 1, "MLA caches one latent row per token"
         return (num_blocks, block_size, head_size)
 
@@ -60,16 +65,34 @@ class CPUMLABackend(AttentionBackend):
 class CPUMLAImpl(AttentionImpl[CPUAttentionMetadata]):
     """The per-layer MLA computation; `kv_b_proj` supplies W_UK and W_UV."""
 
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
-                 alibi_slopes: list[float] | None, sliding_window: int | None,
-                 kv_cache_dtype: str, logits_soft_cap: float | None = None,
-                 attn_type: str = AttentionType.DECODER,
-                 kv_sharing_target_layer_name: str | None = None, *,
-                 q_lora_rank: int | None, kv_lora_rank: int, qk_nope_head_dim: int,
-                 qk_rope_head_dim: int, qk_head_dim: int, v_head_dim: int,
-                 kv_b_proj: "nn.Module") -> None:
-        if (alibi_slopes is not None or sliding_window is not None or logits_soft_cap
-                or attn_type != AttentionType.DECODER or kv_sharing_target_layer_name):
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        alibi_slopes: list[float] | None,
+        sliding_window: int | None,
+        kv_cache_dtype: str,
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        *,
+        q_lora_rank: int | None,
+        kv_lora_rank: int,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        qk_head_dim: int,
+        v_head_dim: int,
+        kv_b_proj: nn.Module,
+    ) -> None:
+        if (
+            alibi_slopes is not None
+            or sliding_window is not None
+            or logits_soft_cap
+            or attn_type != AttentionType.DECODER
+            or kv_sharing_target_layer_name
+        ):
             raise NotImplementedError("MLA supports plain causal decoder attention only.")
         if kv_cache_dtype != "auto":
             raise NotImplementedError(f"MLA kv_cache_dtype {kv_cache_dtype!r} is not built.")
@@ -87,21 +110,30 @@ class CPUMLAImpl(AttentionImpl[CPUAttentionMetadata]):
         """(W_UK [H, N, L], W_UV [H, V, L]) as views of kv_b_proj's weight,
         whose rows are per head [k_nope (N rows); v (V rows)]."""
         weight = self._kv_b_proj[0].weight
-        w = weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim,
-                        self.kv_lora_rank)
-        return w[:, : self.qk_nope_head_dim], w[:, self.qk_nope_head_dim:]
+        w = weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
+        return w[:, : self.qk_nope_head_dim], w[:, self.qk_nope_head_dim :]
 
-    def forward(self, layer: "nn.Module", query: torch.Tensor, kv_c_normed: torch.Tensor,
-                k_pe: torch.Tensor, kv_cache: torch.Tensor,
-                attn_metadata: CPUAttentionMetadata,
-                output: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        layer: nn.Module,
+        query: torch.Tensor,
+        kv_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: CPUAttentionMetadata,
+        output: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """query [T, H, N + R] (rope applied), kv_c_normed [T, L], k_pe [T, R],
         kv_cache (NB, BS, L + R) -> output [T, H * V]."""
         md = attn_metadata
         n = md.num_actual_tokens
         if output is None:
-            output = torch.empty(query.shape[0], self.num_heads * self.v_head_dim,
-                                 dtype=query.dtype, device=query.device)
+            output = torch.empty(
+                query.shape[0],
+                self.num_heads * self.v_head_dim,
+                dtype=query.dtype,
+                device=query.device,
+            )
         output[n:].zero_()
         self._write_latents(kv_c_normed[:n], k_pe[:n], kv_cache, md)
         w_uk, w_uv = self._absorbed_weights()
@@ -110,22 +142,31 @@ class CPUMLAImpl(AttentionImpl[CPUAttentionMetadata]):
         q_full = torch.cat((q_lat, q_pe), dim=-1)  # [n, H, L + R]
         o_lat = torch.empty_like(q_lat)
         for start, end, num_computed, seq_len, row in _requests(md):
-            o_lat[start:end] = self._attend(q_full[start:end], kv_cache, md, row,
-                                            num_computed, seq_len)
+            o_lat[start:end] = self._attend(
+                q_full[start:end], kv_cache, md, row, num_computed, seq_len
+            )
         out = torch.einsum("thl,hvl->thv", o_lat, w_uv)  # [n, H, V]
         output[:n] = out.reshape(n, -1)
         return output
 
     @staticmethod
-    def _write_latents(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
-                       md: CPUAttentionMetadata) -> None:
+    def _write_latents(
+        kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, md: CPUAttentionMetadata
+    ) -> None:
         rows = torch.cat((kv_c, k_pe), dim=-1)  # [n, L + R]
         if md.write_token_ids is not None:
             rows = rows.index_select(0, md.write_token_ids)
         kv_cache.view(-1, kv_cache.shape[-1]).index_copy_(0, md.slot_mapping, rows)
 
-    def _attend(self, q: torch.Tensor, kv_cache: torch.Tensor, md: CPUAttentionMetadata,
-                row: int, num_computed: int, seq_len: int) -> torch.Tensor:
+    def _attend(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: CPUAttentionMetadata,
+        row: int,
+        num_computed: int,
+        seq_len: int,
+    ) -> torch.Tensor:
         """One request: q [q_len, H, L + R] at positions num_computed.. over its
         seq_len cached rows -> o_lat [q_len, H, L]."""
         num_blocks = cdiv(seq_len, md.block_size)

@@ -5,6 +5,7 @@ rows with bad words read their last `longest word - 1` output tokens back
 (a device sync on CUDA, paid only by those rows) and the V1 op masks the
 banned last tokens.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,7 +16,6 @@ from vllm.v1.sample.ops.bad_words import apply_bad_words
 
 
 class BadWordsState:
-
     def __init__(self, max_num_reqs: int) -> None:
         self.prompt_len = np.zeros(max_num_reqs, dtype=np.int32)
         self.has_bad_words = np.zeros(max_num_reqs, dtype=bool)
@@ -31,8 +31,13 @@ class BadWordsState:
     def any_active(self, idx_mapping_np: np.ndarray) -> bool:
         return bool(self.has_bad_words[idx_mapping_np].any())
 
-    def apply_bad_words(self, logits: torch.Tensor, idx_mapping_np: np.ndarray,
-                        seq_lens_np: np.ndarray, all_token_ids: torch.Tensor) -> None:
+    def apply_bad_words(
+        self,
+        logits: torch.Tensor,
+        idx_mapping_np: np.ndarray,
+        seq_lens_np: np.ndarray,
+        all_token_ids: torch.Tensor,
+    ) -> None:
         sel = np.flatnonzero(self.has_bad_words[idx_mapping_np]).tolist()
         if not sel:
             return

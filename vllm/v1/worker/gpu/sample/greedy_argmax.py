@@ -6,6 +6,7 @@ CPU the argmax is taken in two levels: the max of every block of 128 logits,
 the first block holding the row's max, then the argmax inside that block.
 Same result as `torch.argmax(x, dim=-1)`: the first index of the maximum.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,9 +21,9 @@ def argmax_rows(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
         return torch.argmax(x, dim=-1, out=out)
     num_blocks = vocab // _BLOCK
     # [n, num_blocks, 128] view of the whole blocks; a ragged tail is one more block.
-    block_max = x[:, :num_blocks * _BLOCK].view(num_rows, num_blocks, _BLOCK).amax(dim=-1)
+    block_max = x[:, : num_blocks * _BLOCK].view(num_rows, num_blocks, _BLOCK).amax(dim=-1)
     if vocab % _BLOCK:
-        tail_max = x[:, num_blocks * _BLOCK:].amax(dim=-1, keepdim=True)
+        tail_max = x[:, num_blocks * _BLOCK :].amax(dim=-1, keepdim=True)
         block_max = torch.cat((block_max, tail_max), dim=1)
     first = block_max.argmax(dim=-1) * _BLOCK  # first column of the winning block
     # Columns of that block; past the end they repeat the last column, which

@@ -36,6 +36,7 @@ path works through the rows a chunk at a time in preallocated buffers, so its
 (measured on 2 CPU cores, 64 rows x 32000: ~2x faster than the same passes over
 the whole [rows, vocab] block, ~3x faster than V1's softmax + exponential draw).
 """
+
 from __future__ import annotations
 
 import math
@@ -53,7 +54,7 @@ _POS_SALT = 0x7F4A7C15
 # -log(U) = 23 * ln 2 - log(k + 0.5) for U = (k + 0.5) * 2**-23.
 _NEG_LOG_SCALE = 23 * math.log(2)
 # Floor of -log(U) (see log_neg_log_u_): 2**-24, ~ -log U of the largest k.
-_MIN_NEG_LOG_U = 2.0 ** -24
+_MIN_NEG_LOG_U = 2.0**-24
 # Elements per row chunk of the torch path (4 MiB per int32/float32 buffer):
 # small enough to stay in cache, large enough that the ~20 passes of a chunk
 # are not dominated by thread hand-offs (measured on 2 cores).
@@ -65,8 +66,9 @@ def _as_int32(c: int) -> int:
     return c - (1 << 32) if c >= 1 << 31 else c
 
 
-def apply_temperature(logits: torch.Tensor, idx_mapping: torch.Tensor,
-                      temperature: torch.Tensor) -> None:
+def apply_temperature(
+    logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: torch.Tensor
+) -> None:
     """logits[i] /= temperature[idx_mapping[i]], in place; rows at temperature 0
     (greedy) are left as they are."""
     temp = temperature[idx_mapping.to(torch.int64)]
@@ -74,9 +76,14 @@ def apply_temperature(logits: torch.Tensor, idx_mapping: torch.Tensor,
     logits.div_(temp.unsqueeze(1))
 
 
-def gumbel_sample(logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: torch.Tensor,
-                  seeds: torch.Tensor, pos: torch.Tensor,
-                  is_greedy_np: np.ndarray | None = None) -> torch.Tensor:
+def gumbel_sample(
+    logits: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    pos: torch.Tensor,
+    is_greedy_np: np.ndarray | None = None,
+) -> torch.Tensor:
     """[num_rows] int64: argmax of each row, plus Gumbel noise for rows whose
     temperature (temperature[idx_mapping[i]]) is not 0. Temperature must already
     be applied. temperature/seeds: [max_num_reqs] by request row; pos: [num_rows].
@@ -89,6 +96,7 @@ def gumbel_sample(logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: 
 
 
 # ---- torch path --------------------------------------------------------------------
+
 
 class _Int32Hasher:
     """fmix32 over int32 tensors, in place, with one scratch buffer."""
@@ -190,8 +198,12 @@ def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     (for tests and inspection; sampling adds it chunk by chunk)."""
     zeros = torch.zeros(keys.shape[0], vocab_size, device=keys.device)
     ws = _workspace(vocab_size, keys.device)
-    return torch.cat([_add_noise_chunk(zeros[s:s + ws.rows], keys[s:s + ws.rows], ws).clone()
-                      for s in range(0, keys.shape[0], ws.rows)])
+    return torch.cat(
+        [
+            _add_noise_chunk(zeros[s : s + ws.rows], keys[s : s + ws.rows], ws).clone()
+            for s in range(0, keys.shape[0], ws.rows)
+        ]
+    )
 
 
 def _sample_rows(logits: torch.Tensor, keys: torch.Tensor, out: torch.Tensor) -> None:
@@ -202,9 +214,14 @@ def _sample_rows(logits: torch.Tensor, keys: torch.Tensor, out: torch.Tensor) ->
         argmax_rows(_add_noise_chunk(logits[s:e], keys[s:e], ws), out=out[s:e])
 
 
-def _gumbel_sample_torch(logits: torch.Tensor, idx_mapping: torch.Tensor,
-                         temperature: torch.Tensor, seeds: torch.Tensor, pos: torch.Tensor,
-                         is_greedy_np: np.ndarray | None) -> torch.Tensor:
+def _gumbel_sample_torch(
+    logits: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    pos: torch.Tensor,
+    is_greedy_np: np.ndarray | None,
+) -> torch.Tensor:
     rows = idx_mapping.to(torch.int64)
     if is_greedy_np is None:
         is_greedy_np = (temperature[rows] == 0.0).cpu().numpy()
@@ -225,6 +242,7 @@ def _gumbel_sample_torch(logits: torch.Tensor, idx_mapping: torch.Tensor,
 
 # ---- Triton path ---------------------------------------------------------------------
 
+
 @triton.jit
 def _fmix32(h):
     h ^= h >> 16
@@ -236,8 +254,17 @@ def _fmix32(h):
 
 
 @triton.jit
-def _gumbel_sample_kernel(out_ptr, logits_ptr, logits_stride, idx_mapping_ptr, temp_ptr,
-                          seeds_ptr, pos_ptr, vocab_size, BLOCK_SIZE: tl.constexpr):
+def _gumbel_sample_kernel(
+    out_ptr,
+    logits_ptr,
+    logits_stride,
+    idx_mapping_ptr,
+    temp_ptr,
+    seeds_ptr,
+    pos_ptr,
+    vocab_size,
+    BLOCK_SIZE: tl.constexpr,
+):
     i = tl.program_id(0)
     row = tl.load(idx_mapping_ptr + i).to(tl.int64)
     temp = tl.load(temp_ptr + row)
@@ -252,8 +279,9 @@ def _gumbel_sample_kernel(out_ptr, logits_ptr, logits_stride, idx_mapping_ptr, t
     for start in range(0, vocab_size, BLOCK_SIZE):
         v = start + tl.arange(0, BLOCK_SIZE)
         mask = v < vocab_size
-        x = tl.load(logits_ptr + i * logits_stride + v, mask=mask,
-                    other=-float("inf")).to(tl.float32)
+        x = tl.load(logits_ptr + i * logits_stride + v, mask=mask, other=-float("inf")).to(
+            tl.float32
+        )
         if temp != 0.0:
             h = _fmix32(v.to(tl.uint32) * 0x9E3779B9 + key)
             # k + 0.5 for k = the top 23 bits; 15.942385... = 23 * ln 2, so
@@ -271,12 +299,24 @@ def _gumbel_sample_kernel(out_ptr, logits_ptr, logits_stride, idx_mapping_ptr, t
     tl.store(out_ptr + i, best_idx.to(tl.int64))
 
 
-def _gumbel_sample_triton(logits: torch.Tensor, idx_mapping: torch.Tensor,
-                          temperature: torch.Tensor, seeds: torch.Tensor,
-                          pos: torch.Tensor) -> torch.Tensor:
+def _gumbel_sample_triton(
+    logits: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    pos: torch.Tensor,
+) -> torch.Tensor:
     num_rows, vocab_size = logits.shape
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
-    _gumbel_sample_kernel[(num_rows,)](out, logits, logits.stride(0), idx_mapping,
-                                       temperature, seeds, pos.contiguous(), vocab_size,
-                                       BLOCK_SIZE=1024)
+    _gumbel_sample_kernel[(num_rows,)](
+        out,
+        logits,
+        logits.stride(0),
+        idx_mapping,
+        temperature,
+        seeds,
+        pos.contiguous(),
+        vocab_size,
+        BLOCK_SIZE=1024,
+    )
     return out

@@ -10,6 +10,7 @@ min_tokens needs the number of tokens a request has generated so far: the
 sampled token lands at position seq_len, so that number is seq_len -
 prompt_len, which the host knows without reading the device.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +20,6 @@ from vllm.sampling_params import SamplingParams
 
 
 class LogitBiasState:
-
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.device = device
@@ -44,9 +44,10 @@ class LogitBiasState:
         bias = {t: b for t, b in (params.logit_bias or {}).items() if 0 <= t < self.vocab_size}
         self.has_bias[req_idx] = bool(bias)
         if bias:
-            self.bias[req_idx] = (self._ids(bias),
-                                  torch.tensor(list(bias.values()), dtype=torch.float32,
-                                               device=self.device))
+            self.bias[req_idx] = (
+                self._ids(bias),
+                torch.tensor(list(bias.values()), dtype=torch.float32, device=self.device),
+            )
         stop_ids = params.all_stop_token_ids if params.min_tokens else ()
         self.min_tokens[req_idx] = params.min_tokens if stop_ids else 0
         if stop_ids:
@@ -60,8 +61,9 @@ class LogitBiasState:
             logits[i].fill_(float("-inf"))
             logits[i, allowed] = kept
 
-    def apply_min_tokens_and_bias(self, logits: torch.Tensor, idx_mapping_np: np.ndarray,
-                                  seq_lens_np: np.ndarray) -> None:
+    def apply_min_tokens_and_bias(
+        self, logits: torch.Tensor, idx_mapping_np: np.ndarray, seq_lens_np: np.ndarray
+    ) -> None:
         """Forbid the stop tokens of rows with fewer than min_tokens outputs,
         then add the logit bias, in place (upstream's order)."""
         for i in np.flatnonzero(self._below_min_tokens(idx_mapping_np, seq_lens_np)).tolist():
@@ -70,13 +72,15 @@ class LogitBiasState:
             ids, values = self.bias[int(idx_mapping_np[i])]
             logits[i].index_add_(0, ids, values.to(logits.dtype))
 
-    def _below_min_tokens(self, idx_mapping_np: np.ndarray,
-                          seq_lens_np: np.ndarray) -> np.ndarray:
+    def _below_min_tokens(self, idx_mapping_np: np.ndarray, seq_lens_np: np.ndarray) -> np.ndarray:
         min_tokens = self.min_tokens[idx_mapping_np]
         num_outputs = seq_lens_np - self.prompt_len[idx_mapping_np]
         return (min_tokens > 0) & (num_outputs < min_tokens)
 
     def any_active(self, idx_mapping_np: np.ndarray, seq_lens_np: np.ndarray) -> bool:
         rows = idx_mapping_np
-        return bool(self.has_allowed[rows].any() or self.has_bias[rows].any()
-                    or self._below_min_tokens(rows, seq_lens_np).any())
+        return bool(
+            self.has_allowed[rows].any()
+            or self.has_bias[rows].any()
+            or self._below_min_tokens(rows, seq_lens_np).any()
+        )

@@ -6,6 +6,7 @@ are turned into logprobs; the [num_rows, vocab] logprob tensor is never built.
 The sampled token's rank (1 = most likely) is the number of tokens whose logit
 is at least its own, counted on the logits (the order is the same).
 """
+
 from __future__ import annotations
 
 import torch
@@ -13,9 +14,12 @@ import torch
 from vllm.v1.outputs import LogprobsTensors
 
 
-def compute_topk_logprobs(logits: torch.Tensor, num_logprobs: int,
-                          sampled_token_ids: torch.Tensor,
-                          as_logprobs: bool = True) -> LogprobsTensors:
+def compute_topk_logprobs(
+    logits: torch.Tensor,
+    num_logprobs: int,
+    sampled_token_ids: torch.Tensor,
+    as_logprobs: bool = True,
+) -> LogprobsTensors:
     """For each row: the sampled token then the row's top `num_logprobs` tokens.
 
     logits: [n, vocab] float32; sampled_token_ids: [n] int64.

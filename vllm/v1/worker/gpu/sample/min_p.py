@@ -3,6 +3,7 @@
 The filter itself is the V1 sampler's op; V2 only restricts it to the rows
 whose request asked for min-p, which are known on the host.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,9 @@ import torch
 from vllm.v1.sample.sampler import Sampler as V1Sampler
 
 
-def apply_min_p(logits: torch.Tensor, idx_mapping: torch.Tensor, min_p: torch.Tensor,
-                rows_np: np.ndarray) -> None:
+def apply_min_p(
+    logits: torch.Tensor, idx_mapping: torch.Tensor, min_p: torch.Tensor, rows_np: np.ndarray
+) -> None:
     """Mask, in place, the tokens of row i whose probability is below
     min_p[idx_mapping[i]] times the row's top probability, for the batch rows
     `rows_np` (those with min_p > 0)."""

@@ -7,6 +7,7 @@ device, prompt = [0, prompt_len), outputs = [prompt_len, seq_len), gathered
 as padded [rows, L] tensors for the penalised rows only. No token list is
 kept on the host.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +18,6 @@ from vllm.v1.sample.ops.penalties import apply_penalties
 
 
 class PenaltiesState:
-
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.device = device
@@ -32,15 +32,22 @@ class PenaltiesState:
         self.repetition[req_idx] = params.repetition_penalty
         self.frequency[req_idx] = params.frequency_penalty
         self.presence[req_idx] = params.presence_penalty
-        self.use_penalty[req_idx] = (params.repetition_penalty != 1.0
-                                     or params.frequency_penalty != 0.0
-                                     or params.presence_penalty != 0.0)
+        self.use_penalty[req_idx] = (
+            params.repetition_penalty != 1.0
+            or params.frequency_penalty != 0.0
+            or params.presence_penalty != 0.0
+        )
 
     def any_active(self, idx_mapping_np: np.ndarray) -> bool:
         return bool(self.use_penalty[idx_mapping_np].any())
 
-    def apply_penalties(self, logits: torch.Tensor, idx_mapping_np: np.ndarray,
-                        seq_lens_np: np.ndarray, all_token_ids: torch.Tensor) -> None:
+    def apply_penalties(
+        self,
+        logits: torch.Tensor,
+        idx_mapping_np: np.ndarray,
+        seq_lens_np: np.ndarray,
+        all_token_ids: torch.Tensor,
+    ) -> None:
         """Penalise, in place, the batch rows whose request asked for it.
         seq_lens_np: [num_rows] tokens known per row (prompt + outputs so far)."""
         sel = np.flatnonzero(self.use_penalty[idx_mapping_np])
@@ -56,12 +63,19 @@ class PenaltiesState:
         def param(values: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(values[rows]).to(logits.device)
 
-        sub = apply_penalties(logits[sel_t], prompt_ids, output_ids, param(self.presence),
-                              param(self.frequency), param(self.repetition))
+        sub = apply_penalties(
+            logits[sel_t],
+            prompt_ids,
+            output_ids,
+            param(self.presence),
+            param(self.frequency),
+            param(self.repetition),
+        )
         logits[sel_t] = sub
 
-    def _gather(self, all_token_ids: torch.Tensor, rows: np.ndarray, starts: np.ndarray,
-                lengths: np.ndarray) -> torch.Tensor:
+    def _gather(
+        self, all_token_ids: torch.Tensor, rows: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+    ) -> torch.Tensor:
         """[len(rows), max(1, max length)] int64: all_token_ids[row, start:start+len]
         per row, padded with vocab_size (which the op never counts)."""
         width = max(int(lengths.max(initial=0)), 1)
@@ -69,6 +83,7 @@ class PenaltiesState:
         valid = np.arange(width) < lengths[:, None]
         cols = np.minimum(cols, all_token_ids.shape[1] - 1)
         device = all_token_ids.device
-        ids = all_token_ids[torch.from_numpy(rows).to(device)[:, None],
-                            torch.from_numpy(cols).to(device)].to(torch.int64)
+        ids = all_token_ids[
+            torch.from_numpy(rows).to(device)[:, None], torch.from_numpy(cols).to(device)
+        ].to(torch.int64)
         return ids.masked_fill_(~torch.from_numpy(valid).to(device), self.vocab_size)

@@ -12,6 +12,7 @@ A request resumed after preemption arrives with its generated tokens in its
 prefill (prefill_len > prompt_len): its prompt logprobs went out in its first
 life, so it is not tracked again.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -28,15 +29,19 @@ if TYPE_CHECKING:
 
 
 class PromptLogprobsWorker:
-
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
         # req_id -> (top-k per position, prompt ids on the host)
         self.requests: dict[str, tuple[int, torch.Tensor]] = {}
         self.in_progress: dict[str, LogprobsTensors] = {}
 
-    def add_request(self, req_id: str, prompt_token_ids: list[int], prefill_len: int,
-                    sampling_params: SamplingParams) -> None:
+    def add_request(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        prefill_len: int,
+        sampling_params: SamplingParams,
+    ) -> None:
         num_logprobs = sampling_params.prompt_logprobs
         if num_logprobs is None or prefill_len != len(prompt_token_ids):
             return
@@ -48,15 +53,19 @@ class PromptLogprobsWorker:
         self.requests.pop(req_id, None)
         self.in_progress.pop(req_id, None)
 
-    def compute_prompt_logprobs(self, compute_logits: Callable[[torch.Tensor], torch.Tensor],
-                                hidden_states: torch.Tensor, input_batch: "InputBatch"
-                                ) -> dict[str, LogprobsTensors | None]:
+    def compute_prompt_logprobs(
+        self,
+        compute_logits: Callable[[torch.Tensor], torch.Tensor],
+        hidden_states: torch.Tensor,
+        input_batch: InputBatch,
+    ) -> dict[str, LogprobsTensors | None]:
         """req_id -> the finished prompt logprobs of the requests whose prompt
         completes in this step. hidden_states: [num_tokens, hidden] of the step."""
         if not self.requests:
             return {}
-        batch_index = {req_id: i for i, req_id in enumerate(input_batch.req_ids)
-                       if req_id in self.requests}
+        batch_index = {
+            req_id: i for i, req_id in enumerate(input_batch.req_ids) if req_id in self.requests
+        }
         result: dict[str, LogprobsTensors | None] = {}
         for req_id, i in batch_index.items():
             k, prompt = self.requests[req_id]
@@ -65,13 +74,13 @@ class PromptLogprobsWorker:
             num_logits = min(num_tokens, prompt.shape[0] - 1 - start)
             if num_logits > 0:
                 offset = int(input_batch.query_start_loc_np[i])
-                logits = compute_logits(hidden_states[offset:offset + num_logits])
-                targets = prompt[start + 1:start + 1 + num_logits].to(logits.device)
+                logits = compute_logits(hidden_states[offset : offset + num_logits])
+                targets = prompt[start + 1 : start + 1 + num_logits].to(logits.device)
                 ids, values, ranks = compute_topk_logprobs(logits.to(torch.float32), k, targets)
                 tensors = self.in_progress[req_id]
-                tensors.logprob_token_ids[start:start + num_logits].copy_(ids)
-                tensors.logprobs[start:start + num_logits].copy_(values)
-                tensors.selected_token_ranks[start:start + num_logits].copy_(ranks)
+                tensors.logprob_token_ids[start : start + num_logits].copy_(ids)
+                tensors.logprobs[start : start + num_logits].copy_(values)
+                tensors.selected_token_ranks[start : start + num_logits].copy_(ranks)
             if start + num_tokens >= prompt.shape[0]:  # the prompt is complete
                 result[req_id] = self.in_progress[req_id]
                 self.remove_request(req_id)

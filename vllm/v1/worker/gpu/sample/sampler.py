@@ -14,6 +14,7 @@ Order of operations (the V1 sampler's):
 Parameters live in `SamplingStates` rows; a step reads them through the
 batch's `idx_mapping`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,21 +37,28 @@ from vllm.v1.worker.gpu.sample.states import NO_LOGPROBS, SamplingStates
 class Sampler:
     """Samples one token per logits row from per-request parameters."""
 
-    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device,
-                 logprobs_mode: str = "raw_logprobs", seed: int | None = None) -> None:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        vocab_size: int,
+        device: torch.device,
+        logprobs_mode: str = "raw_logprobs",
+        seed: int | None = None,
+    ) -> None:
         if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"Unknown logprobs_mode {logprobs_mode!r}; "
-                             f"expected one of {LOGPROBS_MODES}.")
+            raise ValueError(
+                f"Unknown logprobs_mode {logprobs_mode!r}; expected one of {LOGPROBS_MODES}."
+            )
         self.logprobs_mode = logprobs_mode
         # `seed` makes the seeds drawn for unseeded requests reproducible.
-        self.sampling_states = SamplingStates(max_num_reqs, vocab_size, device,
-                                              seed_rng=np.random.default_rng(seed))
+        self.sampling_states = SamplingStates(
+            max_num_reqs, vocab_size, device, seed_rng=np.random.default_rng(seed)
+        )
         self.logit_bias_state = LogitBiasState(max_num_reqs, vocab_size, device)
         self.bad_words_state = BadWordsState(max_num_reqs)
         self.penalties_state = PenaltiesState(max_num_reqs, vocab_size, device)
 
-    def add_request(self, req_idx: int, prompt_len: int,
-                    sampling_params: SamplingParams) -> None:
+    def add_request(self, req_idx: int, prompt_len: int, sampling_params: SamplingParams) -> None:
         self.sampling_states.add_request(req_idx, sampling_params)
         self.logit_bias_state.add_request(req_idx, prompt_len, sampling_params)
         self.bad_words_state.add_request(req_idx, prompt_len, sampling_params)
@@ -59,10 +67,15 @@ class Sampler:
     def apply_staged_writes(self) -> None:
         self.sampling_states.apply_staged_writes()
 
-    def __call__(self, logits: torch.Tensor, idx_mapping: torch.Tensor,
-                 idx_mapping_np: np.ndarray, pos: torch.Tensor,
-                 seq_lens_np: np.ndarray | None = None,
-                 all_token_ids: torch.Tensor | None = None) -> SamplerOutput:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        idx_mapping: torch.Tensor,
+        idx_mapping_np: np.ndarray,
+        pos: torch.Tensor,
+        seq_lens_np: np.ndarray | None = None,
+        all_token_ids: torch.Tensor | None = None,
+    ) -> SamplerOutput:
         """logits [n, vocab] (row i belongs to request row idx_mapping[i], and
         was computed at position pos[i]) -> SamplerOutput with
         sampled_token_ids [n, 1] int64.
@@ -74,11 +87,11 @@ class Sampler:
         states = self.sampling_states
         max_num_logprobs = states.max_num_logprobs(idx_mapping_np)
         edits = seq_lens_np is not None and self._any_edits(idx_mapping_np, seq_lens_np)
-        if (not edits and max_num_logprobs == NO_LOGPROBS
-                and states.is_greedy(idx_mapping_np).all()):
+        if not edits and max_num_logprobs == NO_LOGPROBS and states.is_greedy(idx_mapping_np).all():
             # Nothing to process: temperature 0 leaves the argmax.
-            return SamplerOutput(sampled_token_ids=argmax_rows(logits).view(-1, 1),
-                                 logprobs_tensors=None)
+            return SamplerOutput(
+                sampled_token_ids=argmax_rows(logits).view(-1, 1), logprobs_tensors=None
+            )
         want_raw = max_num_logprobs != NO_LOGPROBS and self.logprobs_mode.startswith("raw")
         raw = logits
         logits = logits.to(torch.float32, copy=want_raw)
@@ -91,29 +104,42 @@ class Sampler:
         if max_num_logprobs != NO_LOGPROBS:
             source = raw.to(torch.float32) if want_raw else processed
             logprobs_tensors = compute_topk_logprobs(
-                source, max_num_logprobs, sampled,
-                as_logprobs=self.logprobs_mode.endswith("logprobs"))
-        return SamplerOutput(sampled_token_ids=sampled.view(-1, 1),
-                             logprobs_tensors=logprobs_tensors)
+                source,
+                max_num_logprobs,
+                sampled,
+                as_logprobs=self.logprobs_mode.endswith("logprobs"),
+            )
+        return SamplerOutput(
+            sampled_token_ids=sampled.view(-1, 1), logprobs_tensors=logprobs_tensors
+        )
 
     def _any_edits(self, idx_mapping_np: np.ndarray, seq_lens_np: np.ndarray) -> bool:
-        return (self.logit_bias_state.any_active(idx_mapping_np, seq_lens_np)
-                or self.bad_words_state.any_active(idx_mapping_np)
-                or self.penalties_state.any_active(idx_mapping_np))
+        return (
+            self.logit_bias_state.any_active(idx_mapping_np, seq_lens_np)
+            or self.bad_words_state.any_active(idx_mapping_np)
+            or self.penalties_state.any_active(idx_mapping_np)
+        )
 
-    def apply_logits_edits(self, logits: torch.Tensor, idx_mapping_np: np.ndarray,
-                           seq_lens_np: np.ndarray, all_token_ids: torch.Tensor) -> None:
+    def apply_logits_edits(
+        self,
+        logits: torch.Tensor,
+        idx_mapping_np: np.ndarray,
+        seq_lens_np: np.ndarray,
+        all_token_ids: torch.Tensor,
+    ) -> None:
         """Step 2, in place, in upstream's order."""
         self.logit_bias_state.apply_allowed_token_ids(logits, idx_mapping_np)
-        self.bad_words_state.apply_bad_words(logits, idx_mapping_np, seq_lens_np,
-                                             all_token_ids)
+        self.bad_words_state.apply_bad_words(logits, idx_mapping_np, seq_lens_np, all_token_ids)
         self.logit_bias_state.apply_min_tokens_and_bias(logits, idx_mapping_np, seq_lens_np)
-        self.penalties_state.apply_penalties(logits, idx_mapping_np, seq_lens_np,
-                                             all_token_ids)
+        self.penalties_state.apply_penalties(logits, idx_mapping_np, seq_lens_np, all_token_ids)
 
-    def sample(self, logits: torch.Tensor, idx_mapping: torch.Tensor,
-               idx_mapping_np: np.ndarray, pos: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        idx_mapping: torch.Tensor,
+        idx_mapping_np: np.ndarray,
+        pos: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Process `logits` (float32, modified in place) and sample; returns
         (token ids [n] int64, the processed logits)."""
         states = self.sampling_states
@@ -130,8 +156,14 @@ class Sampler:
             top_p = states.top_p.gpu[rows]
         if top_k is not None or top_p is not None:
             logits = apply_top_k_top_p(logits, top_k, top_p)
-        sampled = gumbel_sample(logits, idx_mapping, states.temperature.gpu,
-                                states.seeds.gpu, pos, states.is_greedy(idx_mapping_np))
+        sampled = gumbel_sample(
+            logits,
+            idx_mapping,
+            states.temperature.gpu,
+            states.seeds.gpu,
+            pos,
+            states.is_greedy(idx_mapping_np),
+        )
         return sampled, logits
 
 
@@ -145,9 +177,15 @@ def dummy_sample(logits: torch.Tensor, vocab_size: int, max_logprobs: int) -> No
     n = logits.shape[0]
     rows = torch.arange(n, device=device)
     logits = apply_top_k_top_p(
-        logits.div_(0.5), torch.full((n,), min(50, vocab_size), device=device),
-        torch.full((n,), 0.9, device=device))
-    sampled = gumbel_sample(logits, rows, torch.full((n,), 0.5, device=device),
-                            torch.zeros(n, dtype=torch.int64, device=device),
-                            torch.zeros(n, dtype=torch.int64, device=device))
+        logits.div_(0.5),
+        torch.full((n,), min(50, vocab_size), device=device),
+        torch.full((n,), 0.9, device=device),
+    )
+    sampled = gumbel_sample(
+        logits,
+        rows,
+        torch.full((n,), 0.5, device=device),
+        torch.zeros(n, dtype=torch.int64, device=device),
+        torch.zeros(n, dtype=torch.int64, device=device),
+    )
     compute_topk_logprobs(logits, vocab_size if max_logprobs == -1 else max_logprobs, sampled)

@@ -7,6 +7,7 @@ once per step (a no-op on CPU, where both are the same memory). Questions
 about a batch ("does any row use top-k?") are answered from the host arrays
 through `idx_mapping_np`, so they never wait for the device.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,17 +24,21 @@ _NP_INT64_MAX = np.iinfo(np.int64).max
 class SamplingStates:
     """temperature, top_k, top_p, min_p, seed and logprob count per request row."""
 
-    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device,
-                 seed_rng: np.random.Generator | None = None,
-                 pin_memory: bool = False) -> None:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        vocab_size: int,
+        device: torch.device,
+        seed_rng: np.random.Generator | None = None,
+        pin_memory: bool = False,
+    ) -> None:
         self.max_num_reqs = max_num_reqs
         self.vocab_size = vocab_size
         # Draws the seeds of requests that have none.
         self.seed_rng = seed_rng if seed_rng is not None else np.random.default_rng()
 
         def buf(dtype: torch.dtype) -> CpuGpuBuffer:
-            return CpuGpuBuffer(max_num_reqs, dtype=dtype, device=device,
-                                pin_memory=pin_memory)
+            return CpuGpuBuffer(max_num_reqs, dtype=dtype, device=device, pin_memory=pin_memory)
 
         # 0.0 = greedy.
         self.temperature = buf(torch.float32)

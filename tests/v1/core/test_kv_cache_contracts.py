@@ -196,8 +196,6 @@ def test_unbuilt_features_are_refused_by_name():
         VllmConfig(kv_transfer_config=KVTransferConfig(kv_connector="X", kv_role="kv_both"))
     with pytest.raises(NotImplementedError, match="resumable"):
         Request("r", [1], SamplingParams(), resumable=True)
-    with pytest.raises(NotImplementedError, match="num_prefill_lookahead"):
-        _manager(4, num_prefill_lookahead=1)
     with pytest.raises(NotImplementedError, match="scheduler_block_size"):
         KVCacheManager(
             make_kv_cache_config(4, 4), max_model_len=64, scheduler_block_size=8, hash_block_size=4

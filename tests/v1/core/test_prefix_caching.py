@@ -500,24 +500,3 @@ def test_sliding_window_hit_skips_blocks_out_of_the_window():
     assert blocks is not None and blocks.get_block_ids() == ([7],)
     assert [manager.block_pool.blocks[i].ref_cnt for i in (1, 2, 3, 4)] == [0] * 4
     manager.block_pool.check_integrity()
-
-
-def test_decode_context_parallel_block_span():
-    """With DCP each rank stores every dcp-th token, so one block id spans
-    block_size * dcp_world_size tokens (and block hashes use that size)."""
-    manager = KVCacheManager(
-        make_kv_cache_config(16, 11),
-        max_model_len=8192,
-        hash_block_size=32,
-        dcp_world_size=2,
-    )
-    req0 = make_request("0", list(range(70)), 32, sha256)
-    _, _, blocks = schedule(manager, req0)
-    assert blocks is not None and blocks.get_block_ids() == ([1, 2, 3],)
-    req1 = make_request("1", list(range(70)), 32, sha256)
-    computed, num_computed, _ = manager.get_computed_blocks(req1)
-    assert computed.get_block_ids() == ([1, 2],) and num_computed == 64
-    with pytest.raises(ValueError):
-        KVCacheManager(
-            make_kv_cache_config(16, 11), max_model_len=8192, hash_block_size=16, dcp_world_size=2
-        )

@@ -44,8 +44,6 @@ class KVCacheCoordinator(ABC):
         use_eagle: bool,
         enable_caching: bool,
         enable_kv_cache_events: bool,
-        dcp_world_size: int,
-        pcp_world_size: int,
         hash_block_size: int,
         max_in_flight_tokens: int | None = None,
     ) -> None:
@@ -63,8 +61,6 @@ class KVCacheCoordinator(ABC):
                 block_pool=self.block_pool,
                 enable_caching=enable_caching,
                 kv_cache_group_id=i,
-                dcp_world_size=dcp_world_size,
-                pcp_world_size=pcp_world_size,
                 max_admission_blocks_per_request=_admission_cap(
                     group.kv_cache_spec, max_in_flight_tokens, max_model_len
                 ),
@@ -173,8 +169,6 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         max_model_len: int,
         use_eagle: bool,
         enable_kv_cache_events: bool,
-        dcp_world_size: int,
-        pcp_world_size: int,
         hash_block_size: int,
         max_in_flight_tokens: int | None = None,
     ) -> None:
@@ -184,8 +178,6 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
             use_eagle,
             False,
             enable_kv_cache_events,
-            dcp_world_size,
-            pcp_world_size,
             hash_block_size,
             max_in_flight_tokens,
         )
@@ -210,7 +202,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     @property
     def block_size(self) -> int:
-        """The spec's block size times the context parallel sizes."""
+        """The group's block size (tokens per block)."""
         return self.single_type_managers[0].block_size
 
     def find_longest_cache_hit(
@@ -226,8 +218,6 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             kv_cache_spec=manager.kv_cache_spec,
             drop_eagle_block=self.use_eagle,
             alignment_tokens=manager.block_size,
-            dcp_world_size=manager.dcp_world_size,
-            pcp_world_size=manager.pcp_world_size,
         )
 
 
@@ -252,8 +242,6 @@ def get_kv_cache_coordinator(
     use_eagle: bool,
     enable_caching: bool,
     enable_kv_cache_events: bool,
-    dcp_world_size: int,
-    pcp_world_size: int,
     hash_block_size: int,
     max_in_flight_tokens: int | None = None,
 ) -> KVCacheCoordinator:
@@ -279,8 +267,6 @@ def get_kv_cache_coordinator(
             max_model_len,
             use_eagle,
             enable_kv_cache_events,
-            dcp_world_size,
-            pcp_world_size,
             hash_block_size,
             max_in_flight_tokens,
         )
@@ -291,8 +277,6 @@ def get_kv_cache_coordinator(
             use_eagle,
             enable_caching,
             enable_kv_cache_events,
-            dcp_world_size,
-            pcp_world_size,
             hash_block_size,
             max_in_flight_tokens,
         )

@@ -3,7 +3,6 @@
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from vllm.distributed.kv_events import BlockStored
 from vllm.logger import init_logger
@@ -58,29 +57,16 @@ class KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in range(len(self.blocks))))
 
 
-def _check_unbuilt_args(
-    kv_cache_config: KVCacheConfig,
-    scheduler_block_size: int | None,
-    dcp_world_size: int,
-    pcp_world_size: int,
-    num_prefill_lookahead: int,
-    metrics_collector: Any,
+def _check_scheduler_block_size(
+    kv_cache_config: KVCacheConfig, scheduler_block_size: int | None
 ) -> None:
-    """Refuse KVCacheManager arguments for features not built here."""
-    if num_prefill_lookahead:
-        raise NotImplementedError(
-            f"num_prefill_lookahead={num_prefill_lookahead}: "
-            "prefill lookahead slots (speculative decoding) are "
-            "not built."
-        )
-    if metrics_collector is not None:
-        raise NotImplementedError("metrics_collector: KV cache residency metrics are not built.")
+    """Refuse a scheduler block size other than the groups' one block size."""
     if scheduler_block_size is None or not kv_cache_config.kv_cache_groups:
         return
     # One group (or groups of one block size): the scheduler allocates in
-    # that block size, times the context-parallel sizes. Mamba groups hold one
-    # state slot per request (their block_size is max_model_len, not a paging
-    # granularity), so only token-paged groups set the scheduler's block size.
+    # that block size. Mamba groups hold one state slot per request (their
+    # block_size is max_model_len, not a paging granularity), so only
+    # token-paged groups set the scheduler's block size.
     paged = [
         g for g in kv_cache_config.kv_cache_groups if not isinstance(g.kv_cache_spec, MambaSpec)
     ]
@@ -92,11 +78,10 @@ def _check_unbuilt_args(
             f"KV cache groups with different block sizes {sizes} (scheduler_block_size="
             f"{scheduler_block_size}) need the hybrid KV cache manager, which is not built."
         )
-    expected = sizes[0] * dcp_world_size * pcp_world_size
-    if scheduler_block_size != expected:
+    if scheduler_block_size != sizes[0]:
         raise NotImplementedError(
             f"scheduler_block_size={scheduler_block_size}: only the groups' block size "
-            f"({expected}) is supported (a coarser scheduling granularity is not built)."
+            f"({sizes[0]}) is supported (a coarser scheduling granularity is not built)."
         )
 
 
@@ -113,8 +98,12 @@ class KVCacheManager:
             block is dropped so that its hidden states are recomputed).
         log_stats: Whether to collect prefix-cache hit statistics.
         enable_kv_cache_events: Record KV cache events (see `BlockPool`).
-        dcp_world_size: Decode context parallel size.
-        pcp_world_size: Prefill context parallel size.
+        watermark: Fraction of the blocks kept free when admitting waiting or
+            preempted requests while others run.
+
+    Upstream's constructor also takes context-parallel sizes, a prefill
+    lookahead (speculative decoding) and a residency metrics collector; none
+    of those features is built here, so neither are the parameters.
     """
 
     def __init__(
@@ -126,22 +115,11 @@ class KVCacheManager:
         max_in_flight_tokens: int | None = None,
         enable_caching: bool = True,
         use_eagle: bool = False,
-        num_prefill_lookahead: int = 0,
         log_stats: bool = False,
         enable_kv_cache_events: bool = False,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        metrics_collector: Any | None = None,
         watermark: float = 0.0,
     ) -> None:
-        _check_unbuilt_args(
-            kv_cache_config,
-            scheduler_block_size,
-            dcp_world_size,
-            pcp_world_size,
-            num_prefill_lookahead,
-            metrics_collector,
-        )
+        _check_scheduler_block_size(kv_cache_config, scheduler_block_size)
         if hash_block_size is None:
             raise TypeError("KVCacheManager needs hash_block_size")
         if watermark < 0.0:
@@ -155,9 +133,7 @@ class KVCacheManager:
         # Blocks kept free when admitting waiting / preempted requests while
         # others are running, so that the running ones can grow.
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
-        self.enable_kv_cache_events = enable_kv_cache_events
         self.enable_caching = enable_caching
-        self.use_eagle = use_eagle
         self.log_stats = log_stats
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.coordinator = get_kv_cache_coordinator(
@@ -166,8 +142,6 @@ class KVCacheManager:
             use_eagle=use_eagle,
             enable_caching=enable_caching,
             enable_kv_cache_events=enable_kv_cache_events,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
             hash_block_size=hash_block_size,
             max_in_flight_tokens=self.max_in_flight_tokens,
         )

@@ -42,9 +42,12 @@ class SingleTypeKVCacheManager(ABC):
         block_pool: The pool shared by all groups.
         enable_caching: Whether prefix caching is enabled.
         kv_cache_group_id: The id of the group.
-        dcp_world_size: Decode context parallel size: each rank stores every
-            dcp_world_size-th token, so one block spans that many more tokens.
-        pcp_world_size: Prefill context parallel size (same effect).
+        scheduler_block_size: The scheduler's allocation granularity; must
+            equal the spec's block size (mixed block sizes are not built).
+        needs_kv_cache_zeroing: Record the ids of new attention blocks (see
+            take_new_block_ids) for the worker to zero before use.
+        max_admission_blocks_per_request: Most blocks one request holds at
+            once (windowed specs recycle blocks); None for no cap.
     """
 
     def __init__(
@@ -54,12 +57,10 @@ class SingleTypeKVCacheManager(ABC):
         enable_caching: bool,
         kv_cache_group_id: int,
         scheduler_block_size: int | None = None,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
         needs_kv_cache_zeroing: bool = False,
         max_admission_blocks_per_request: int | None = None,
     ) -> None:
-        self.block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+        self.block_size = kv_cache_spec.block_size
         # The scheduler's allocation granularity; a multiple of block_size
         # only with groups of mixed block sizes, which are not built.
         if scheduler_block_size is not None and scheduler_block_size != self.block_size:
@@ -77,8 +78,6 @@ class SingleTypeKVCacheManager(ABC):
             kv_cache_spec, AttentionSpec
         )
         self.new_block_ids: list[int] = []
-        self.dcp_world_size = dcp_world_size
-        self.pcp_world_size = pcp_world_size
         self.kv_cache_spec = kv_cache_spec
         self.block_pool = block_pool
         self.enable_caching = enable_caching
@@ -284,8 +283,6 @@ class SingleTypeKVCacheManager(ABC):
         kv_cache_spec: KVCacheSpec,
         drop_eagle_block: bool,
         alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """The longest usable prefix-cache hit of at most ``max_length`` tokens.
 
@@ -299,15 +296,13 @@ class SingleTypeKVCacheManager(ABC):
             drop_eagle_block: Drop the last hit block: EAGLE must recompute it
                 to get the hidden states its draft head needs.
             alignment_tokens: The hit length must be a multiple of this.
-            dcp_world_size: Decode context parallel size.
-            pcp_world_size: Prefill context parallel size.
 
         Returns:
             Per group, the hit blocks (blocks the attention skips are null
             blocks, e.g. ``[NULL, NULL, 7, 8]`` for a sliding window of two
             blocks), and the hit length in tokens.
         """
-        block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+        block_size = kv_cache_spec.block_size
         # Positional, in field order: each argument is named as its field.
         hit_blocks = cls._find_hit(
             CacheHitSearch(
@@ -343,7 +338,7 @@ class CacheHitSearch:
     kv_cache_spec: KVCacheSpec
     use_eagle: bool
     alignment_tokens: int
-    # The spec's block size times the context parallel sizes.
+    # Tokens per block (the spec's block size).
     block_size: int
     # The bound in tokens (chunked local attention needs the exact position).
     max_length: int

@@ -18,8 +18,6 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
     def __init__(self, kv_cache_spec: ChunkedLocalAttentionSpec, **kwargs) -> None:
         super().__init__(kv_cache_spec, **kwargs)
-        if self.dcp_world_size * self.pcp_world_size != 1:
-            raise NotImplementedError("Context parallelism with chunked local attention.")
         self.attention_chunk_size = kv_cache_spec.attention_chunk_size
 
     @classmethod

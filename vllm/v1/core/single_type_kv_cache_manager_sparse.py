@@ -22,8 +22,6 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
     def __init__(self, kv_cache_spec: SlidingWindowSpec, **kwargs) -> None:
         super().__init__(kv_cache_spec, **kwargs)
-        if self.dcp_world_size * self.pcp_world_size != 1:
-            raise NotImplementedError("Context parallelism with sliding window attention.")
         self.sliding_window = kv_cache_spec.sliding_window
 
     @classmethod
@@ -31,7 +29,6 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         spec = search.kv_cache_spec
         assert isinstance(spec, SlidingWindowSpec)
         block_size = search.block_size
-        assert block_size == spec.block_size, "no context parallelism here"
         # A hit ending at block i only needs the blocks inside the window of
         # the next token: ceil((window - 1) / block_size) contiguous blocks
         # (-1: the next token itself is part of its window). EAGLE needs one

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -49,19 +49,15 @@ class Scheduler(SchedulerInterface):
         structured_output_manager: StructuredOutputManager,
         block_size: int | None = None,
         hash_block_size: int | None = None,
-        mm_registry: Any | None = None,
         include_finished_set: bool = False,
         log_stats: bool = False,
     ) -> None:
-        # mm_registry is part of upstream's signature; multimodal inputs are
-        # not built, so it is kept only for callers that pass it.
         self.vllm_config = vllm_config
         self.scheduler_config = vllm_config.scheduler_config
         self.cache_config = vllm_config.cache_config
         self.parallel_config = vllm_config.parallel_config
         self.kv_cache_config = kv_cache_config
         self.structured_output_manager = structured_output_manager
-        self.mm_registry = mm_registry
         self.log_stats = log_stats
 
         # With include_finished_set, every EngineCoreOutputs also lists the

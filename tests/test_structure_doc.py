@@ -102,10 +102,10 @@ def test_path_exists(path: str) -> None:
 
 def test_resolver_rejects_missing_names() -> None:
     # The check can fail: a wrong method, class or function is reported.
-    assert _resolve("vllm/v1/engine/core.py", "EngineCore.step")
-    assert not _resolve("vllm/v1/engine/core.py", "EngineCore.no_such_method")
-    assert not _resolve("vllm/v1/engine/core.py", "NoSuchClass")
-    assert not _resolve("vllm/v1/engine/core.py", "EngineCore.step.inner")
+    assert _resolve("vllm/v1/engine/engine_core.py", "EngineCore.step")
+    assert not _resolve("vllm/v1/engine/engine_core.py", "EngineCore.no_such_method")
+    assert not _resolve("vllm/v1/engine/engine_core.py", "NoSuchClass")
+    assert not _resolve("vllm/v1/engine/engine_core.py", "EngineCore.step.inner")
 
 
 # ---- csrc/README.md ------------------------------------------------------------------

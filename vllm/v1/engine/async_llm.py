@@ -36,7 +36,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import cached_tokenizer_from_config
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
-from vllm.v1.engine.core_client import EngineCoreClient
+from vllm.v1.engine.core_client_base import EngineCoreClient
 from vllm.v1.engine.core_sleep import validate_sleep_args, validate_wake_up_tags
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError, QueueOverflowError
 from vllm.v1.engine.input_processor import InputProcessor

@@ -1,5 +1,5 @@
 """The multiprocess engine-core clients (upstream: `MPClient`, `SyncMPClient`,
-`AsyncMPClient` in vllm/v1/engine/core_client.py; import them from here).
+`AsyncMPClient` in vllm/v1/engine/core_client.py, which re-exports them from here).
 
     MPClient.__init__: launch_core_engines() (spawn + handshake up to READY)
                        -> bind ROUTER (inputs) / PULL (outputs)
@@ -40,7 +40,7 @@ from vllm.v1.engine import (
     EngineCoreRequestType,
     UtilityOutput,
 )
-from vllm.v1.engine.core_client import EngineCoreClient
+from vllm.v1.engine.core_client_base import EngineCoreClient
 from vllm.v1.engine.core_proc import EngineCoreProc
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.utils import (

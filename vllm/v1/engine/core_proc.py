@@ -44,7 +44,7 @@ from vllm.v1.engine import (
     UtilityOutput,
     UtilityResult,
 )
-from vllm.v1.engine.core import EngineCore
+from vllm.v1.engine.engine_core import EngineCore
 from vllm.v1.engine.utils import (
     EngineZmqAddresses,
     block_shutdown_signals,

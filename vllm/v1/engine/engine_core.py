@@ -1,0 +1,311 @@
+"""The engine core: scheduler + executor, one step at a time (upstream:
+`EngineCore` in vllm/v1/engine/core.py, which re-exports it from here).
+
+    step():  schedule() -> executor.execute_model() -> [sample_tokens()]
+             -> scheduler.update_from_output() -> EngineCoreOutputs per client
+
+With async scheduling the executor can hold `max_concurrent_batches` steps
+in flight, and `step_with_batch_queue` schedules step N+1 before it waits for
+step N's tokens (the AsyncScheduler counts the missing tokens as placeholders).
+
+Structured outputs: `add_request` starts compiling the request's grammar
+(`StructuredOutputManager.grammar_init`, a thread pool); `sample_tokens` gets
+the step's grammar bitmask (`Scheduler.get_grammar_bitmask`), which must see
+the grammars advanced by every earlier step's tokens - see
+`step_with_batch_queue` for how the batch queue keeps that order.
+
+At start-up the core sizes the paged KV cache: the executor reports each
+layer's KV spec and the memory it can give the cache, `get_kv_cache_configs`
+turns that into a block count and tensor layout, and the workers allocate it.
+
+`EngineCoreProc` (core_proc.py) runs this class in its own process, a busy
+loop fed over ZMQ.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import (
+    generate_scheduler_kv_cache_config,
+    get_kv_cache_configs,
+    get_request_block_hasher,
+    init_none_hash,
+)
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
+from vllm.v1.engine.core_sleep import EngineCoreSleepMixin
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+if TYPE_CHECKING:
+    from vllm.config.scheduler import SchedulerConfig
+    from vllm.v1.executor.abstract import Executor
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import ModelRunnerOutput
+
+logger = init_logger(__name__)
+
+
+def get_scheduler_cls(scheduler_config: SchedulerConfig) -> type[Scheduler]:
+    """The scheduler class the engine core builds: `AsyncScheduler` with async
+    scheduling, else `Scheduler`. Resolved here, not in `SchedulerConfig`, so
+    that vllm/config stays below vllm/v1 (see .importlinter)."""
+    return AsyncScheduler if scheduler_config.async_scheduling else Scheduler
+
+
+class EngineCore(EngineCoreSleepMixin):
+    """Inner loop of vLLM's engine: owns the scheduler and the model executor.
+    Sleep mode (sleep / wake_up / is_sleeping) is in core_sleep.py."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        executor_class: type[Executor],
+        log_stats: bool,
+        executor_fail_callback: Callable[[], None] | None = None,
+    ) -> None:
+        self.vllm_config = vllm_config
+        self.log_stats = log_stats
+        logger.info(
+            "Initializing a V1 LLM engine with config: model=%r, dtype=%s, "
+            "max_model_len=%d, block_size=%d, prefix_caching=%s",
+            vllm_config.model_config.model,
+            vllm_config.model_config.dtype,
+            vllm_config.model_config.max_model_len,
+            vllm_config.cache_config.block_size,
+            vllm_config.cache_config.enable_prefix_caching,
+        )
+
+        # 1. Workers: init device, load the model.
+        self.model_executor = executor_class(vllm_config)
+        if executor_fail_callback is not None:
+            self.model_executor.register_failure_callback(executor_fail_callback)
+
+        # 2. Size and allocate the KV cache (profile, plan, allocate, warm up).
+        start = time.perf_counter()
+        num_gpu_blocks, kv_cache_config = self._initialize_kv_caches(vllm_config)
+        vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
+        vllm_config.cache_config.num_cpu_blocks = 0
+        logger.info(
+            "init engine (profile, create kv cache, warmup model) took %.2f seconds",
+            time.perf_counter() - start,
+        )
+
+        # 3. The scheduler, and the block hasher that prefix caching keys on.
+        self.structured_output_manager = StructuredOutputManager(vllm_config)
+        scheduler_cls = get_scheduler_cls(vllm_config.scheduler_config)
+        self.scheduler = scheduler_cls(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=self.structured_output_manager,
+            include_finished_set=vllm_config.parallel_config.data_parallel_size > 1,
+            log_stats=self.log_stats,
+        )
+        self.request_block_hasher: Callable[[Request], list[Any]] | None = None
+        cache_config = vllm_config.cache_config
+        if cache_config.enable_prefix_caching:
+            hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
+            init_none_hash(hash_fn)
+            self.request_block_hasher = get_request_block_hasher(cache_config.block_size, hash_fn)
+
+        # 4. Steps in flight: more than one only with async scheduling.
+        self.batch_queue_size = self.model_executor.max_concurrent_batches
+        # (output future, forward-pass future, what was scheduled), newest first.
+        self.batch_queue: deque[tuple[Future, Future, SchedulerOutput]] | None = None
+        if self.batch_queue_size > 1:
+            logger.info("Batch queue is enabled with size %d", self.batch_queue_size)
+            self.batch_queue = deque(maxlen=self.batch_queue_size)
+        # A scheduled step whose sampling waits for the steps in flight (its
+        # grammar bitmask needs their tokens): (forward-pass future, step).
+        self._deferred_sampling: tuple[Future, SchedulerOutput] | None = None
+        self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue
+        self._init_sleep_state()  # core_sleep.py
+
+    def _initialize_kv_caches(self, vllm_config: VllmConfig) -> tuple[int, KVCacheConfig]:
+        """Plan the KV cache from the workers' specs and free memory; allocate it.
+
+        Returns the number of blocks and the scheduler's view of the layout.
+        """
+        kv_cache_specs = self.model_executor.get_kv_cache_specs()
+        if any(kv_cache_specs):
+            available_memory = self.model_executor.determine_available_memory()
+        else:
+            # Attention-free models keep no KV: nothing to size.
+            available_memory = [0] * len(kv_cache_specs)
+        kv_cache_configs = get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory)
+        scheduler_kv_cache_config = generate_scheduler_kv_cache_config(kv_cache_configs)
+        self.model_executor.initialize_from_config(kv_cache_configs)
+        return scheduler_kv_cache_config.num_blocks, scheduler_kv_cache_config
+
+    # ------------------------------------------------------------------
+    # Requests
+    # ------------------------------------------------------------------
+
+    def preprocess_add_request(self, request: EngineCoreRequest) -> tuple[Request, int]:
+        """Turn a wire request into the core's `Request` (hashing its full blocks)."""
+        req = Request.from_engine_core_request(request, self.request_block_hasher)
+        return req, request.current_wave
+
+    def add_request(self, request: Request, request_wave: int = 0) -> None:
+        """Queue a request for scheduling."""
+        if not isinstance(request.request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request.request_id)}")
+        if request.pooling_params is not None:
+            raise ValueError("Pooling requests are not supported yet.")
+        if not self._hold_request(request):  # held while a "wait" sleep is pending
+            self._admit_request(request)
+
+    def _admit_request(self, request: Request) -> None:
+        if request.use_structured_output:
+            # Compiles in the background; the scheduler waits for it.
+            self.structured_output_manager.grammar_init(request)
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Abort requests (unknown or finished ids are ignored)."""
+        self._abort_held(request_ids)
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    # ------------------------------------------------------------------
+    # The step
+    # ------------------------------------------------------------------
+
+    def step(self) -> tuple[dict[int, EngineCoreOutputs], bool]:
+        """Schedule, execute and make outputs.
+
+        Returns ({client_index: outputs}, whether any token was scheduled).
+        """
+        # Finished-but-unreported requests still need a step to tell the workers.
+        if not self.scheduler.has_requests():
+            return {}, False
+        scheduler_output = self.scheduler.schedule()
+        future = self.model_executor.execute_model(scheduler_output, non_block=True)
+        # Built while the forward pass runs.
+        grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)
+        with self.log_error_detail(scheduler_output):
+            model_output = future.result()
+            if model_output is None:
+                # The runner stopped after the forward pass: sample now.
+                model_output = self.model_executor.sample_tokens(grammar_output)
+        engine_core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        return engine_core_outputs, scheduler_output.total_num_scheduled_tokens > 0
+
+    def step_with_batch_queue(self) -> tuple[dict[int, EngineCoreOutputs] | None, bool]:
+        """Schedule and launch a step without waiting for the ones in flight.
+
+        Each call schedules a new step when there is work, and returns
+        (None, True) while the oldest step is still running and the queue has
+        room; otherwise it waits for the oldest step and returns its outputs.
+        Returns (outputs or None, whether a step ran).
+
+        Structured outputs: the bitmask of step N+1 needs the grammars
+        advanced by the tokens of the steps still in flight, which only
+        their update_from_output does. So a step with structured-output
+        requests, scheduled while others are in flight, launches its forward
+        pass at once but defers its sample_tokens call (`_deferred_sampling`):
+        the in-flight steps are processed first (no new step is scheduled
+        meanwhile: the runner takes no second forward pass before sampling),
+        then its bitmask is built and its sampling queued. Its forward pass
+        still overlaps the processing of the step before.
+        """
+        batch_queue = self.batch_queue
+        assert batch_queue is not None
+        model_executed = False
+        if (
+            self.scheduler.has_requests() and self._deferred_sampling is None and not self._paused
+        ):  # a "keep" sleep only finishes the steps in flight
+            scheduler_output = self.scheduler.schedule()
+            exec_future = self.model_executor.execute_model(scheduler_output, non_block=True)
+            model_executed = scheduler_output.total_num_scheduled_tokens > 0
+            if not model_executed:
+                batch_queue.appendleft((exec_future, exec_future, scheduler_output))
+            elif scheduler_output.has_structured_output_requests and batch_queue:
+                self._deferred_sampling = (exec_future, scheduler_output)
+            else:
+                self._queue_sampling(exec_future, scheduler_output)
+                if len(batch_queue) < self.batch_queue_size and not batch_queue[-1][0].done():
+                    # Room for another step and the oldest is still running:
+                    # go schedule the next one instead of waiting.
+                    return None, True
+        elif not batch_queue:
+            return None, False
+        future, exec_future, scheduler_output = batch_queue.pop()
+
+        def wait(_: SchedulerOutput) -> ModelRunnerOutput:
+            exec_future.result()  # a failed forward pass raises its own error here
+            return future.result()
+
+        model_output = self.execute_model_with_error_logging(wait, scheduler_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, model_output)
+        if self._deferred_sampling is not None and not batch_queue:
+            # Every earlier step is processed: the deferred step may sample.
+            deferred, self._deferred_sampling = self._deferred_sampling, None
+            self._queue_sampling(*deferred)
+        return outputs, model_executed
+
+    def _queue_sampling(self, exec_future: Future, scheduler_output: SchedulerOutput) -> None:
+        """Queue a launched step's sampling behind its forward pass (on the
+        worker) and put the step in the batch queue."""
+        assert self.batch_queue is not None
+        grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)
+        future = self.model_executor.sample_tokens(grammar_output, non_block=True)
+        self.batch_queue.appendleft((future, exec_future, scheduler_output))
+
+    def execute_model_with_error_logging(
+        self,
+        model_fn: Callable[[SchedulerOutput], ModelRunnerOutput],
+        scheduler_output: SchedulerOutput,
+    ) -> ModelRunnerOutput:
+        """Run `model_fn`, logging what was scheduled if it raises."""
+        with self.log_error_detail(scheduler_output):
+            return model_fn(scheduler_output)
+
+    @contextmanager
+    def log_error_detail(self, scheduler_output: SchedulerOutput):
+        try:
+            yield
+        except Exception:
+            logger.error(
+                "Model execution failed. Scheduled: %d new requests, %d cached requests, "
+                "%d tokens (%s)",
+                len(scheduler_output.scheduled_new_reqs),
+                scheduler_output.scheduled_cached_reqs.num_reqs,
+                scheduler_output.total_num_scheduled_tokens,
+                scheduler_output.num_scheduled_tokens,
+            )
+            raise
+
+    # ------------------------------------------------------------------
+    # Utilities
+    # ------------------------------------------------------------------
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return self.scheduler.reset_prefix_cache(reset_running_requests)
+
+    def collective_rpc(
+        self,
+        method: str | Callable,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        return self.model_executor.collective_rpc(method, timeout, args, kwargs)
+
+    def shutdown(self) -> None:
+        if getattr(self, "model_executor", None) is not None:
+            self.model_executor.shutdown()
+        if getattr(self, "scheduler", None) is not None:
+            self.scheduler.shutdown()
+        if getattr(self, "structured_output_manager", None) is not None:
+            self.structured_output_manager.clear_backend()

@@ -1,4 +1,4 @@
-"""Async scheduling with the V1 model runner (vllm/v1/worker/gpu_async_output.py):
+"""Async scheduling with the V1 model runner (vllm/v1/worker/async_sampled_tokens.py):
 the runner fills the in-flight decode tokens on the device, and every output
 (greedy stops mid-flight, seeded sampling with penalties and bad words,
 logprobs, chunked prefill) equals the synchronous run's. Greedy parity with
@@ -17,11 +17,8 @@ from vllm.config import SchedulerConfig, VllmConfig
 from vllm.config.parallel import ParallelConfig
 from vllm.inputs import TokensPrompt
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.worker import gpu_model_runner
-from vllm.v1.worker.gpu_async_output import (
-    AsyncGPUModelRunnerOutput,
-    scatter_prev_sampled_token_ids,
-)
+from vllm.v1.worker.async_sampled_tokens import AsyncSampledTokens
+from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput
 
 
 def _prompt(seed: int, n: int) -> list[int]:
@@ -50,15 +47,15 @@ def _llm(model_dir: str, async_scheduling: bool, monkeypatch, **kwargs) -> LLM:
 def _count_filled_tokens(monkeypatch) -> list[int]:
     """Record how many in-flight tokens each step fills on the device."""
     counts: list[int] = []
-    real = gpu_model_runner.scatter_prev_sampled_token_ids
+    real = AsyncSampledTokens.scatter_into_input_ids
 
-    def spy(batch, input_ids_np, input_ids_gpu, cu_num_tokens):
+    def spy(self, req_ids, input_ids_np, input_ids_gpu, cu_num_tokens):
         total = int(cu_num_tokens[-1])
         counts.append(int((input_ids_np[:total] == -1).sum()))
-        real(batch, input_ids_np, input_ids_gpu, cu_num_tokens)
+        real(self, req_ids, input_ids_np, input_ids_gpu, cu_num_tokens)
         assert not (input_ids_gpu[:total] < 0).any()  # host device: same buffer
 
-    monkeypatch.setattr(gpu_model_runner, "scatter_prev_sampled_token_ids", spy)
+    monkeypatch.setattr(AsyncSampledTokens, "scatter_into_input_ids", spy)
     return counts
 
 
@@ -207,34 +204,30 @@ def test_async_output_reports_no_token_for_mid_prefill_rows():
     assert async_out.get_output().sampled_token_ids == [[5], [], [9]]
 
 
-class _Batch:
-    """The InputBatch fields the scatter reads."""
-
-    def __init__(self, req_ids, prev, prev_sampled):
-        self.req_ids = req_ids
-        self.prev_req_id_to_index = prev
-        self.prev_sampled_token_ids = prev_sampled
+def _in_flight(prev, prev_sampled) -> AsyncSampledTokens:
+    tokens = AsyncSampledTokens(None)
+    tokens.req_id_to_index = prev
+    tokens.sampled_token_ids = prev_sampled
+    return tokens
 
 
 def test_scatter_fills_each_requests_last_token():
     # Now: "b" (1 decode token), "n" (new, 3 prompt tokens), "a" (1 decode token);
     # in the previous step "a" was row 0 and "b" row 2 ("x" finished since).
-    batch = _Batch(
-        ["b", "n", "a"],
-        {"a": 0, "x": 1, "b": 2},
-        torch.tensor([[11], [12], [13]], dtype=torch.int32),
+    tokens = _in_flight(
+        {"a": 0, "x": 1, "b": 2}, torch.tensor([[11], [12], [13]], dtype=torch.int32)
     )
     host = np.array([-1, 4, 5, 6, -1], dtype=np.int32)
     device = torch.from_numpy(host.copy())
-    scatter_prev_sampled_token_ids(batch, host, device, np.array([1, 4, 5]))
+    tokens.scatter_into_input_ids(["b", "n", "a"], host, device, np.array([1, 4, 5]))
     assert device.tolist() == [13, 4, 5, 6, 11]
 
 
 def test_scatter_rejects_placeholders_it_cannot_fill():
-    batch = _Batch(["a"], {}, None)
+    tokens = _in_flight({}, None)
     host = np.array([3, -1], dtype=np.int32)
     with pytest.raises(AssertionError):
-        scatter_prev_sampled_token_ids(batch, host, torch.from_numpy(host.copy()), np.array([2]))
+        tokens.scatter_into_input_ids(["a"], host, torch.from_numpy(host.copy()), np.array([2]))
 
 
 def _config(pp: int, use_v2: bool, monkeypatch) -> VllmConfig:

@@ -16,6 +16,7 @@ go and move through a `BatchUpdateBuilder` drained once per step by
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -145,18 +146,8 @@ class InputBatch:
         self.generators: dict[int, torch.Generator] = {}
         # req_id -> number of logprobs asked for
         self.num_logprobs: dict[str, int] = {}
-        # req_id -> number of prompt logprobs, while its prompt is being prefilled
-        self.num_prompt_logprobs: dict[str, int] = {}
         # row -> the request's output token list (the CachedRequestState's)
         self.req_output_token_ids: list[list[int] | None] = []
-        # Async scheduling (vllm/v1/worker/gpu_async_output.py): the previous
-        # step's sampled ids [its num_reqs, 1] on the device and their host
-        # copy (valid once the event fires), and req_id -> row there for the
-        # requests that sampled a real token.
-        self.prev_sampled_token_ids: torch.Tensor | None = None
-        self.prev_req_id_to_index: dict[str, int] | None = None
-        self.sampled_token_ids_cpu: torch.Tensor | None = None
-        self.async_copy_ready_event: torch.cuda.Event | None = None
 
         self.logitsprocs = logitsprocs if logitsprocs is not None else LogitsProcessors()
         self.batch_update_builder = BatchUpdateBuilder()
@@ -249,9 +240,6 @@ class InputBatch:
         params = request.sampling_params
         if params is not None:
             self._add_sampling_params(req_id, row, params, request.generator)
-            # A request re-added after its prompt was done has sent them already.
-            if params.prompt_logprobs is not None and not request.output_token_ids:
-                self.num_prompt_logprobs[req_id] = params.prompt_logprobs
             self.batch_update_builder.add(
                 (row, params, request.prompt_token_ids, request.output_token_ids)
             )
@@ -336,7 +324,6 @@ class InputBatch:
         self.bad_words_token_ids.pop(row, None)
         self.generators.pop(row, None)
         self.num_logprobs.pop(req_id, None)
-        self.num_prompt_logprobs.pop(req_id, None)
         return row
 
     # ---- moving rows ---------------------------------------------------------
@@ -420,7 +407,37 @@ class InputBatch:
         del self._req_ids[num_reqs:]
         del self.req_output_token_ids[num_reqs:]
 
+    # ---- sampled tokens --------------------------------------------------------
+    def append_sampled_tokens(self, token_ids: np.ndarray, discard_mask: np.ndarray) -> np.ndarray:
+        """Append token_ids[row] ([num_reqs]) to every row not in `discard_mask`
+        (rows still mid-prefill), in the token table and the request's output
+        list; returns those rows. With async scheduling the ids are placeholders
+        (vllm/v1/worker/async_sampled_tokens.py)."""
+        rows = np.flatnonzero(~discard_mask)
+        # Write the new tokens after each row's last token, all rows at once.
+        cols = self.num_tokens[rows]
+        fits = cols < self.max_model_len
+        self.token_ids_cpu[rows[fits], cols[fits]] = token_ids[rows[fits]]
+        self.num_tokens[rows] += 1
+        values = token_ids.tolist()
+        for row in rows.tolist():
+            output_ids = self.req_output_token_ids[row]
+            assert output_ids is not None, f"row {row} is a hole"
+            output_ids.append(values[row])
+        return rows
+
     # ---- sampling metadata ---------------------------------------------------
+    def sampling_metadata_for_step(self, discard_mask: np.ndarray) -> SamplingMetadata:
+        """`sampling_metadata` minus the generators of rows still mid-prefill:
+        their draw is discarded, so it must not advance their generator
+        (seeded output must not depend on chunking)."""
+        metadata = self.sampling_metadata
+        generators = metadata.generators
+        if generators and discard_mask.any():
+            kept = {row: g for row, g in generators.items() if not discard_mask[row]}
+            metadata = dataclasses.replace(metadata, generators=kept)
+        return metadata
+
     def refresh_metadata(self) -> None:
         """Hand this step's row changes to the logits processors and rebuild
         `sampling_metadata` for the current rows (after condense)."""

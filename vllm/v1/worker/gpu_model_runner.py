@@ -16,7 +16,7 @@ One step is two calls, as upstream:
       id), sampler, then write the sampled tokens back into the persistent batch;
       with async scheduling an AsyncGPUModelRunnerOutput instead, and the
       tokens reach the next step's inputs on the device
-      (vllm/v1/worker/gpu_async_output.py)
+      (AsyncSampledTokens, vllm/v1/worker/async_sampled_tokens.py)
 """
 
 from __future__ import annotations
@@ -39,20 +39,11 @@ from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker import kv_cache_setup
+from vllm.v1.worker.async_sampled_tokens import AsyncGPUModelRunnerOutput, AsyncSampledTokens
 from vllm.v1.worker.cudagraph_padding import PaddedBatch
-from vllm.v1.worker.gpu_async_output import (
-    AsyncGPUModelRunnerOutput,
-    scatter_prev_sampled_token_ids,
-    update_async_output_token_ids,
-)
-from vllm.v1.worker.gpu_bookkeeping import (
-    bookkeeping_async,
-    bookkeeping_sync,
-    sampling_metadata_for_step,
-)
 from vllm.v1.worker.gpu_dummy_run import CudaGraphRunner, unwrap_model
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
-from vllm.v1.worker.prompt_logprobs import get_prompt_logprobs_dict
+from vllm.v1.worker.prompt_logprobs import PromptLogprobsWorker
 from vllm.v1.worker.utils import (
     AttentionGroup,
     CpuGpuBuffer,
@@ -112,8 +103,7 @@ class GPUModelRunner:
         self.cudagraph_dispatcher = CudagraphDispatcher(vllm_config)
         self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
         self.requests: dict[str, CachedRequestState] = {}
-        # req_id -> prompt logprobs filled so far (chunked prefill)
-        self.in_progress_prompt_logprobs: dict[str, LogprobsTensors] = {}
+        self.prompt_logprobs_worker = PromptLogprobsWorker(self.vocab_size, device)
         self.input_batch = self._make_input_batch([self.cache_config.block_size])
 
         self.kv_cache_config: KVCacheConfig | None = None
@@ -149,8 +139,12 @@ class GPUModelRunner:
         # rewrites while this step's copies may still be queued.
         self.use_async_scheduling = bool(self.scheduler_config.async_scheduling)
         on_cuda = self.use_async_scheduling and device.type == "cuda"
-        self.async_output_copy_stream = torch.cuda.Stream() if on_cuda else None
         self.prepare_inputs_event = torch.cuda.Event() if on_cuda else None
+        self.async_sampled_tokens = (
+            AsyncSampledTokens(torch.cuda.Stream() if on_cuda else None)
+            if self.use_async_scheduling
+            else None
+        )
 
     def _make_input_batch(self, block_sizes: list[int]) -> InputBatch:
         return InputBatch(
@@ -258,8 +252,8 @@ class GPUModelRunner:
             self.prepare_inputs_event.synchronize()
         self._update_states(scheduler_output)
         if not scheduler_output.total_num_scheduled_tokens:
-            # Nothing sampled: the next step has no in-flight tokens to fill.
-            self.input_batch.prev_req_id_to_index = None
+            if self.async_sampled_tokens is not None:
+                self.async_sampled_tokens.clear()  # nothing sampled, nothing in flight
             return EMPTY_MODEL_RUNNER_OUTPUT
 
         attn_metadata, logits_indices, discard_mask, padded = self._prepare_inputs(scheduler_output)
@@ -310,43 +304,67 @@ class GPUModelRunner:
             # A stage before the last: take the last stage's tokens, so this
             # stage's batch holds them too.
             sampled = torch.empty((len(state.discard_mask), 1), dtype=torch.int64)
-            bookkeeping_sync(
-                self.input_batch,
-                pp_group.broadcast(sampled, src=pp_group.world_size - 1),
-                None,
-                state.discard_mask,
+            self._bookkeeping_sync(
+                pp_group.broadcast(sampled, src=pp_group.world_size - 1), None, state.discard_mask
             )
             return None
-        sampling_metadata = sampling_metadata_for_step(self.input_batch, state.discard_mask)
-        if self.use_async_scheduling and (
+        batch = self.input_batch
+        sampling_metadata = batch.sampling_metadata_for_step(state.discard_mask)
+        async_tokens = self.async_sampled_tokens
+        if async_tokens is not None and (
             not sampling_metadata.no_penalties or sampling_metadata.bad_words_token_ids
         ):
-            update_async_output_token_ids(self.input_batch)  # they read output tokens
+            # Penalties and bad words read the output tokens.
+            async_tokens.resolve_placeholders(batch.req_ids, batch.req_output_token_ids)
         sampler_output = self.sampler(state.logits, sampling_metadata)
         if pp_group.world_size > 1:
             pp_group.broadcast(
                 sampler_output.sampled_token_ids.to(torch.int64).cpu(), src=pp_group.world_size - 1
             )
-        prompt_logprobs_dict = get_prompt_logprobs_dict(
-            self, state.hidden_states, state.scheduler_output.num_scheduled_tokens
+        assert state.hidden_states is not None  # the last stage has both
+        prompt_logprobs_dict = self.prompt_logprobs_worker.compute_prompt_logprobs(
+            self.get_model().compute_logits,
+            state.hidden_states,
+            batch,
+            self.query_start_loc.np,
+            state.scheduler_output.num_scheduled_tokens,
         )
-        if self.use_async_scheduling:
-            return bookkeeping_async(
-                self.input_batch,
+        if async_tokens is not None:
+            return async_tokens.record(
+                batch,
                 sampler_output.sampled_token_ids,
                 sampler_output.logprobs_tensors,
                 state.discard_mask,
                 prompt_logprobs_dict,
-                self.async_output_copy_stream,
             )
-        output = bookkeeping_sync(
-            self.input_batch,
-            sampler_output.sampled_token_ids,
-            sampler_output.logprobs_tensors,
-            state.discard_mask,
+        output = self._bookkeeping_sync(
+            sampler_output.sampled_token_ids, sampler_output.logprobs_tensors, state.discard_mask
         )
         output.prompt_logprobs_dict = prompt_logprobs_dict
         return output
+
+    def _bookkeeping_sync(
+        self,
+        sampled_token_ids: torch.Tensor,
+        logprobs_tensors: LogprobsTensors | None,
+        discard_mask: np.ndarray,
+    ) -> ModelRunnerOutput:
+        """Append the sampled tokens ([num_reqs, 1], waited for) to the
+        persistent batch and build the step's output (with async scheduling
+        `AsyncSampledTokens.record` does this instead)."""
+        batch = self.input_batch
+        sampled_np = sampled_token_ids[:, 0].cpu().numpy()
+        rows = batch.append_sampled_tokens(sampled_np, discard_mask)
+        sampled = sampled_np.tolist()
+        sampled_token_ids_list: list[list[int]] = [[] for _ in sampled]
+        for row in rows.tolist():
+            sampled_token_ids_list[row] = [sampled[row]]
+        return ModelRunnerOutput(
+            req_ids=list(batch.req_ids),
+            req_id_to_index=dict(batch.req_id_to_index),
+            sampled_token_ids=sampled_token_ids_list,
+            logprobs=logprobs_tensors.tolists() if logprobs_tensors is not None else None,
+        )
 
     # ---- state updates -------------------------------------------------------
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
@@ -355,7 +373,7 @@ class GPUModelRunner:
         batch = self.input_batch
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
-            self.in_progress_prompt_logprobs.pop(req_id, None)
+            self.prompt_logprobs_worker.remove_request(req_id)
             batch.remove_request(req_id)
 
         # Requests in the batch but not scheduled now (preempted, or left out
@@ -371,13 +389,10 @@ class GPUModelRunner:
             self._add_new_request(new_req) for new_req in scheduler_output.scheduled_new_reqs
         ]
         reqs_to_add += self._update_cached_requests(scheduler_output)
-        prev = batch.prev_req_id_to_index
         for req_state in reqs_to_add:
             batch.add_request(req_state)
-            if prev:
-                # Re-sent whole (e.g. force-preempted while its token was in
-                # flight): it holds no placeholder to fill.
-                prev.pop(req_state.req_id, None)
+            if self.async_sampled_tokens is not None:
+                self.async_sampled_tokens.forget(req_state.req_id)  # re-sent whole
         batch.condense()
         if self.reorder_batch_threshold is not None:
             reorder_batch_to_split_decodes_and_prefills(
@@ -413,6 +428,7 @@ class GPUModelRunner:
             lora_request=new_req.lora_request,
         )
         self.requests[new_req.req_id] = req_state
+        self.prompt_logprobs_worker.add_request(new_req.req_id, new_req.prompt_token_ids, params)
         return req_state
 
     def _update_cached_requests(
@@ -495,10 +511,10 @@ class GPUModelRunner:
         attn_metadata = self.cudagraph_runner.commit_inputs(
             padded, self.input_batch, self.attn_groups
         )
-        if self.use_async_scheduling:
+        if self.async_sampled_tokens is not None:
             # The decode tokens sampled by the step still in flight.
-            scatter_prev_sampled_token_ids(
-                batch, self.input_ids.np, self.input_ids.gpu, cu_num_tokens
+            self.async_sampled_tokens.scatter_into_input_ids(
+                batch.req_ids, self.input_ids.np, self.input_ids.gpu, cu_num_tokens
             )
         logits_indices = self.query_start_loc.gpu[1 : num_reqs + 1].to(torch.int64) - 1
         # A request whose tokens are not all computed after this step is still

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vllm.utils import cdiv
 from vllm.v1.kv_cache_interface import (
@@ -32,12 +32,13 @@ from vllm.v1.kv_cache_interface import (
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.core.single_type_kv_cache_manager_base import SingleTypeKVCacheManager
 
 
 @dataclass(frozen=True)
 class KVCacheSpecMetadata:
     kvcache_spec_cls: type[KVCacheSpec]
-    manager_class: type
+    manager_class: type[SingleTypeKVCacheManager]
     uniform_type_base_spec: type[KVCacheSpec]
 
 
@@ -48,18 +49,18 @@ class KVCacheSpecRegistry:
     """Global registry: spec class -> manager class and grouping base."""
 
     @classmethod
-    def _ensure_registered(cls, vllm_config: Any = None) -> None:
+    def _ensure_registered(cls) -> None:
         if _REGISTRY:
             return
         from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 
-        register_all_kvcache_specs(vllm_config)
+        register_all_kvcache_specs()
 
     @classmethod
     def register(
         cls,
         kvcache_spec_cls: type[KVCacheSpec],
-        manager_class: type | None = None,
+        manager_class: type[SingleTypeKVCacheManager] | None = None,
         uniform_type_base_spec: type[KVCacheSpec] | None = None,
     ) -> None:
         """Register a spec class; re-registering it the same way is a no-op,
@@ -89,7 +90,7 @@ class KVCacheSpecRegistry:
         return None
 
     @classmethod
-    def get_manager_class(cls, spec: KVCacheSpec) -> type | None:
+    def get_manager_class(cls, spec: KVCacheSpec) -> type[SingleTypeKVCacheManager] | None:
         entry = cls._lookup(spec)
         return entry.manager_class if entry else None
 

@@ -1,6 +1,5 @@
-"""Chunked local attention (upstream: ChunkedLocalAttentionManager in
-vllm/v1/core/single_type_kv_cache_manager.py; here in its own module, since
-that one is full). Re-exported by `vllm.v1.core.single_type_kv_cache_manager`.
+"""The KV cache manager of chunked local attention groups (imported from
+`vllm.v1.core.single_type_kv_cache_manager`, upstream's module for it).
 
 A token at position p attends only to the tokens of its own chunk,
 [p // C * C, p] for chunk size C. So every block wholly before the current
@@ -8,15 +7,23 @@ chunk is skipped: it counts as computed (a null block in the block table),
 is freed once the request moves past it, and needs no cache hit.
 """
 
+from typing import Unpack
+
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
-from vllm.v1.core.single_type_kv_cache_manager import CacheHitSearch, SingleTypeKVCacheManager
+from vllm.v1.core.single_type_kv_cache_manager_base import (
+    CacheHitSearch,
+    ManagerArgs,
+    SingleTypeKVCacheManager,
+)
 from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     """Block tables of a chunked-local-attention group."""
 
-    def __init__(self, kv_cache_spec: ChunkedLocalAttentionSpec, **kwargs) -> None:
+    def __init__(
+        self, kv_cache_spec: ChunkedLocalAttentionSpec, **kwargs: Unpack[ManagerArgs]
+    ) -> None:
         super().__init__(kv_cache_spec, **kwargs)
         self.attention_chunk_size = kv_cache_spec.attention_chunk_size
 

@@ -1,15 +1,18 @@
-"""Managers whose requests drop blocks or share none (upstream: in
-vllm/v1/core/single_type_kv_cache_manager.py; here in their own module, since
-that one is full): sliding-window attention frees blocks that left the window,
-Mamba layers keep one state slot per request. Re-exported by
-`vllm.v1.core.single_type_kv_cache_manager`.
+"""The KV cache managers of groups whose requests hold fewer blocks than
+their tokens span: sliding-window attention frees the blocks that left the
+window, Mamba layers keep one state slot per request. Both are imported from
+`vllm.v1.core.single_type_kv_cache_manager`, upstream's module for them.
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 from vllm.utils import cdiv
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
-from vllm.v1.core.single_type_kv_cache_manager import CacheHitSearch, SingleTypeKVCacheManager
+from vllm.v1.core.single_type_kv_cache_manager_base import (
+    CacheHitSearch,
+    ManagerArgs,
+    SingleTypeKVCacheManager,
+)
 from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
 
 if TYPE_CHECKING:
@@ -20,7 +23,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     """Sliding-window attention: a token attends to the last
     ``sliding_window`` tokens (itself included), so older blocks are freed."""
 
-    def __init__(self, kv_cache_spec: SlidingWindowSpec, **kwargs) -> None:
+    def __init__(self, kv_cache_spec: SlidingWindowSpec, **kwargs: Unpack[ManagerArgs]) -> None:
         super().__init__(kv_cache_spec, **kwargs)
         self.sliding_window = kv_cache_spec.sliding_window
 
@@ -87,7 +90,7 @@ class MambaManager(SingleTypeKVCacheManager):
     hits, no common prefix. A preempted request frees its slot and, resumed,
     recomputes its state from the first token."""
 
-    def __init__(self, kv_cache_spec: MambaSpec, **kwargs) -> None:
+    def __init__(self, kv_cache_spec: MambaSpec, **kwargs: Unpack[ManagerArgs]) -> None:
         super().__init__(kv_cache_spec, **kwargs)
         if self.enable_caching:
             raise ValueError("Prefix caching is not supported for Mamba state layers.")

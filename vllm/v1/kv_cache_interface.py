@@ -457,9 +457,10 @@ class KVCacheConfig:
         return self.has_mamba_layers or self.has_mixed_precision_kv_cache
 
 
-# The MLA family, grouping and naming are defined apart to keep this file
-# short. They subclass / import the classes above, so they are loaded on first
-# use (PEP 562), which keeps any import order free of cycles.
+# The MLA spec family (kv_cache_spec_mla.py) and the grouping / naming of
+# specs (kv_cache_spec_registry.py) are their own concepts, kept at upstream's
+# import path here. They subclass / import the classes above, so they are
+# loaded on first use (PEP 562), which keeps any import order free of cycles.
 _LAZY = {
     "HiddenStateCacheSpec": "vllm.v1.kv_cache_spec_mla",
     "MLAAttentionSpec": "vllm.v1.kv_cache_spec_mla",

@@ -1,6 +1,7 @@
-"""The multi-head latent attention (MLA) spec family (upstream: in
-vllm/v1/kv_cache_interface.py; here apart to keep that file short, and
-re-exported there, which is where callers import them from).
+"""The multi-head latent attention (MLA) spec family: the MLA spec, its
+sliding-window variant and the hidden-state cache spec (upstream defines them
+in vllm/v1/kv_cache_interface.py, which re-exports them from here; callers
+import them from there).
 
 An MLA layer caches one row per token, the compressed latent plus the rotary
 key, so a page holds no separate V (`head_size_v` 0). DeepSeek-V4's fields

@@ -1,6 +1,7 @@
-"""The scheduler's structured-output steps (upstream keeps them in
-vllm/v1/core/sched/scheduler.py; here a part the Scheduler owns, to keep
-that file short).
+"""The scheduler's structured-output part: `StructuredOutputScheduling`, owned
+by the `Scheduler`, follows each request with a grammar from admission to its
+last token (upstream keeps these steps inline in
+vllm/v1/core/sched/scheduler.py).
 
     add_request        request waits in WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
     schedule()         `admit`: compiled -> WAITING, schedulable;

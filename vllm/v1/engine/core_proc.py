@@ -204,9 +204,9 @@ class EngineCoreProc(EngineCore):
             self._process_engine_step()
 
     def _has_work(self) -> bool:
-        if self._paused:
+        if self.sleep_manager.paused:
             return False  # asleep: only input (wake_up) is handled
-        if self._pending_sleep is not None:
+        if self.sleep_manager.sleep_pending:
             return True  # a "wait" sleep falls asleep from the step loop
         batch_queue = getattr(self, "batch_queue", None)
         return self.engines_running or self.scheduler.has_requests() or bool(batch_queue)
@@ -230,7 +230,7 @@ class EngineCoreProc(EngineCore):
 
     def _process_engine_step(self) -> bool:
         """One step; its outputs go to the output thread."""
-        if self._paused:
+        if self.sleep_manager.paused:
             return False  # a sleep utility arrived with the last input
         outputs, model_executed = self.step_fn()
         # step_with_batch_queue returns None while its first batch is in flight.
@@ -242,13 +242,13 @@ class EngineCoreProc(EngineCore):
             # front end with a stats message per spin and starved the compile
             # threads (a 40k-item enum stalled every other route for ~40 s).
             time.sleep(0.001)
-        self._maybe_fall_asleep()  # sleep mode "wait", once nothing is in flight
+        self.sleep_manager.maybe_fall_asleep()  # sleep mode "wait", once nothing is in flight
         return model_executed
 
     def _handle_client_request(self, request_type: EngineCoreRequestType, request: Any) -> None:
         if request_type == EngineCoreRequestType.ADD:
             req, request_wave = request
-            if self._paused:
+            if self.sleep_manager.paused:
                 # Upstream's sleep: requests are accepted and wait for wake_up.
                 logger.info("Engine is sleeping: request %s waits for wake_up.", req.request_id)
             try:

@@ -1,6 +1,6 @@
 """Sleep mode of the engine core (upstream: `EngineCore.sleep` / `wake_up` /
-`is_sleeping`, with the pause states of `pause_scheduler`), mixed into
-`EngineCore`.
+`is_sleeping`, with the pause states of `pause_scheduler`): `SleepManager`,
+a part each `EngineCore` owns, whose sleep methods delegate to it.
 
     sleep(level, mode):  pause scheduling; level 1 then gives back the KV
                          cache (the prefix cache is reset first), level 2 the
@@ -26,8 +26,9 @@ bad argument is a ValueError (a 400 on the server) there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm.logger import init_logger
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
@@ -35,6 +36,8 @@ from vllm.v1.request import RequestStatus
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.executor.abstract import Executor
     from vllm.v1.request import Request
 
 logger = init_logger(__name__)
@@ -45,42 +48,71 @@ SLEEP_LEVELS = (0, 1, 2)
 SLEEP_MODES = ("abort", "wait", "keep")
 WAKE_UP_TAGS = ("weights", "kv_cache", "scheduling")
 
+# EngineCore.step / step_with_batch_queue: ({client_index: outputs} or None, whether a step ran).
+StepFn = Callable[[], tuple[dict[int, EngineCoreOutputs] | None, bool]]
 
-class EngineCoreSleepMixin:
-    """The sleep-mode part of `EngineCore` (which provides the attributes used)."""
 
-    def _init_sleep_state(self) -> None:
+class SleepHost(Protocol):
+    """What `SleepManager` uses of the engine core that owns it (`EngineCore`)."""
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    @property
+    def model_executor(self) -> Executor: ...
+
+    @property
+    def step_fn(self) -> StepFn: ...
+
+    def _steps_in_flight(self) -> bool: ...
+
+    def _admit_request(self, request: Request) -> None: ...
+
+    def _emit_outputs(self, outputs: dict[int, EngineCoreOutputs]) -> None: ...
+
+
+class SleepManager:
+    """The sleep mode of one engine core: its pause state and the requests it
+    holds. `EngineCore.sleep` / `wake_up` / `is_sleeping` delegate here; the
+    core asks `paused` before scheduling and `hold_request` before admitting."""
+
+    def __init__(self, vllm_config: VllmConfig, core: SleepHost) -> None:
+        self.vllm_config = vllm_config
+        self.core = core
         # No step is scheduled while paused.
-        self._paused = False
+        self.paused = False
         # Mode "wait": (level, future) until the requests in flight finish;
         # requests that arrive meanwhile are held here, unscheduled.
-        self._pending_sleep: tuple[int, Future] | None = None
+        self._pending_sleep: tuple[int, Future[None]] | None = None
         self._held_requests: list[Request] = []
-        # In process: outputs made while going to sleep (see _emit_outputs).
-        self._stashed_outputs: list[EngineCoreOutputs] = []
 
-    def sleep(self, level: int = 1, mode: str = "abort") -> Future | None:
+    @property
+    def sleep_pending(self) -> bool:
+        """A "wait" sleep waits for the requests in flight."""
+        return self._pending_sleep is not None
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> Future[None] | None:
         """Put the engine to sleep (see the module docstring). Returns a
         Future in mode "wait" while requests are in flight, else None."""
         validate_sleep_args(self.vllm_config, level, mode)
         if self._pending_sleep is not None:
             raise ValueError("A sleep is already waiting for the requests in flight.")
         if mode == "wait" and self._has_steps_left():
-            future: Future = Future()
+            future: Future[None] = Future()
             self._pending_sleep = (level, future)
             logger.info("Waiting for in-flight requests to complete before sleeping...")
             return future
         if mode == "keep":
-            self._paused = True  # from here on nothing new is scheduled
+            self.paused = True  # from here on nothing new is scheduled
             self._finish_steps_in_flight()
             if level >= 1:
                 # Preempt the running requests: they give up their blocks.
-                self.scheduler.reset_prefix_cache(reset_running_requests=True)
+                self.core.scheduler.reset_prefix_cache(reset_running_requests=True)
         else:
             if mode == "abort":
                 self._abort_all()
             self._drain()  # steps that tell the workers what finished
-            self._paused = True
+            self.paused = True
         self._fall_asleep(level)
         return None
 
@@ -98,28 +130,28 @@ class EngineCoreSleepMixin:
                     "wake_up was called before the engine fell asleep (sleep mode 'wait')."
                 )
             )
+        executor = self.core.model_executor
         memory_tags = None if tags is None else [t for t in tags if t != "scheduling"]
         if memory_tags is None or memory_tags:
-            self.model_executor.wake_up(memory_tags)
-        if self.model_executor.is_sleeping:
+            executor.wake_up(memory_tags)
+        if executor.is_sleeping:
             # Upstream resumes anyway; a step without weights or KV cache
             # would fail, so scheduling waits for the rest of the wake-up.
             logger.info(
                 "Still asleep: %s; scheduling resumes when they wake up.",
-                sorted(self.model_executor.sleeping_tags),
+                sorted(executor.sleeping_tags),
             )
             return
-        self._paused = False
+        self.paused = False
         held, self._held_requests = self._held_requests, []
         for request in held:
-            self._admit_request(request)
+            self.core._admit_request(request)
         logger.info("Engine awake.")
 
     def is_sleeping(self) -> bool:
-        return self._paused or self._pending_sleep is not None or self.model_executor.is_sleeping
+        return self.paused or self.sleep_pending or self.core.model_executor.is_sleeping
 
-    # ---- helpers ----------------------------------------------------------------------
-    def _hold_request(self, request: Request) -> bool:
+    def hold_request(self, request: Request) -> bool:
         """Hold a new request while a "wait" sleep is pending (True if held)."""
         if self._pending_sleep is None:
             return False
@@ -127,22 +159,17 @@ class EngineCoreSleepMixin:
         self._held_requests.append(request)
         return True
 
-    def _abort_held(self, request_ids: list[str]) -> None:
+    def abort_held(self, request_ids: list[str]) -> None:
         ids = set(request_ids)
         self._held_requests = [r for r in self._held_requests if r.request_id not in ids]
 
-    def _has_steps_left(self) -> bool:
-        return bool(
-            self.scheduler.has_requests() or self.batch_queue or self._deferred_sampling is not None
-        )
-
-    def _maybe_fall_asleep(self) -> None:
+    def maybe_fall_asleep(self) -> None:
         """Mode "wait": fall asleep once the requests in flight are done."""
         if self._pending_sleep is None or self._has_steps_left():
             return
         level, future = self._pending_sleep
         self._pending_sleep = None
-        self._paused = True
+        self.paused = True
         try:
             self._fall_asleep(level)
         except Exception as e:
@@ -150,20 +177,25 @@ class EngineCoreSleepMixin:
             return
         future.set_result(None)
 
+    # ---- helpers ----------------------------------------------------------------------
+    def _has_steps_left(self) -> bool:
+        return self.core.scheduler.has_requests() or self.core._steps_in_flight()
+
     def _fall_asleep(self, level: int) -> None:
         if level >= 1:
             # The KV cache's content is about to be forgotten.
-            if not self.scheduler.reset_prefix_cache():
+            if not self.core.scheduler.reset_prefix_cache():
                 raise RuntimeError("The prefix cache could not be reset before sleeping.")
-            self.model_executor.sleep(level)
+            self.core.model_executor.sleep(level)
         logger.info("Engine asleep (level %d).", level)
 
     def _abort_all(self) -> None:
         """Abort every request, held ones included, and tell their clients."""
-        aborted = [r for r in self.scheduler.requests.values() if not r.is_finished()]
+        scheduler = self.core.scheduler
+        aborted = [r for r in scheduler.requests.values() if not r.is_finished()]
         aborted += self._held_requests
         self._held_requests = []
-        self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
+        scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
         by_client: dict[int, list[EngineCoreOutput]] = {}
         for request in aborted:
             by_client.setdefault(request.client_index, []).append(
@@ -173,37 +205,26 @@ class EngineCoreSleepMixin:
                     finish_reason=FinishReason.ABORT,
                 )
             )
-        self._emit_outputs({i: EngineCoreOutputs(outputs=outs) for i, outs in by_client.items()})
+        outputs = {i: EngineCoreOutputs(outputs=outs) for i, outs in by_client.items()}
+        self.core._emit_outputs(outputs)
 
     def _drain(self) -> None:
         """Step until the workers dropped the finished requests and no step
         is in flight (nothing new is scheduled: no request is left)."""
-        for _ in range(_MAX_DRAIN_STEPS):
-            if not self._has_steps_left():
-                return
-            outputs, _ = self.step_fn()
-            self._emit_outputs(outputs or {})
-        raise RuntimeError("The engine did not drain its steps before sleeping.")
+        self._step_while(self._has_steps_left, "drain its steps")
 
     def _finish_steps_in_flight(self) -> None:
         """Mode "keep": process the steps launched under async scheduling
         (while paused, step_with_batch_queue schedules nothing new)."""
+        self._step_while(self.core._steps_in_flight, "finish its steps in flight")
+
+    def _step_while(self, more: Callable[[], bool], what: str) -> None:
         for _ in range(_MAX_DRAIN_STEPS):
-            if not (self.batch_queue or self._deferred_sampling is not None):
+            if not more():
                 return
-            outputs, _ = self.step_fn()
-            self._emit_outputs(outputs or {})
-        raise RuntimeError("The engine did not finish its steps in flight before sleeping.")
-
-    def _emit_outputs(self, outputs: dict[int, EngineCoreOutputs]) -> None:
-        """Outputs made outside `step` (aborts, the steps finished while
-        going to sleep). In process they wait for the client's next
-        `get_output` (InprocClient); EngineCoreProc sends them at once."""
-        self._stashed_outputs.extend(o for o in outputs.values() if o.outputs)
-
-    def take_stashed_outputs(self) -> list[EngineCoreOutputs]:
-        stashed, self._stashed_outputs = self._stashed_outputs, []
-        return stashed
+            outputs, _ = self.core.step_fn()
+            self.core._emit_outputs(outputs or {})
+        raise RuntimeError(f"The engine did not {what} before sleeping.")
 
 
 def validate_sleep_args(vllm_config: VllmConfig, level: Any, mode: Any) -> None:

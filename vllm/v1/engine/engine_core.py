@@ -44,7 +44,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
-from vllm.v1.engine.core_sleep import EngineCoreSleepMixin
+from vllm.v1.engine.core_sleep import SleepManager, StepFn
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -64,9 +64,9 @@ def get_scheduler_cls(scheduler_config: SchedulerConfig) -> type[Scheduler]:
     return AsyncScheduler if scheduler_config.async_scheduling else Scheduler
 
 
-class EngineCore(EngineCoreSleepMixin):
+class EngineCore:
     """Inner loop of vLLM's engine: owns the scheduler and the model executor.
-    Sleep mode (sleep / wake_up / is_sleeping) is in core_sleep.py."""
+    Sleep mode (sleep / wake_up / is_sleeping) is its `SleepManager` (core_sleep.py)."""
 
     def __init__(
         self,
@@ -129,8 +129,10 @@ class EngineCore(EngineCoreSleepMixin):
         # A scheduled step whose sampling waits for the steps in flight (its
         # grammar bitmask needs their tokens): (forward-pass future, step).
         self._deferred_sampling: tuple[Future, SchedulerOutput] | None = None
-        self.step_fn = self.step if self.batch_queue is None else self.step_with_batch_queue
-        self._init_sleep_state()  # core_sleep.py
+        self.step_fn: StepFn = self.step if self.batch_queue is None else self.step_with_batch_queue
+        self.sleep_manager = SleepManager(vllm_config, self)
+        # In process: outputs made outside `step` (see _emit_outputs).
+        self._stashed_outputs: list[EngineCoreOutputs] = []
 
     def _initialize_kv_caches(self, vllm_config: VllmConfig) -> tuple[int, KVCacheConfig]:
         """Plan the KV cache from the workers' specs and free memory; allocate it.
@@ -163,7 +165,7 @@ class EngineCore(EngineCoreSleepMixin):
             raise TypeError(f"request_id must be a string, got {type(request.request_id)}")
         if request.pooling_params is not None:
             raise ValueError("Pooling requests are not supported yet.")
-        if not self._hold_request(request):  # held while a "wait" sleep is pending
+        if not self.sleep_manager.hold_request(request):  # held while a "wait" sleep is pending
             self._admit_request(request)
 
     def _admit_request(self, request: Request) -> None:
@@ -174,7 +176,7 @@ class EngineCore(EngineCoreSleepMixin):
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Abort requests (unknown or finished ids are ignored)."""
-        self._abort_held(request_ids)
+        self.sleep_manager.abort_held(request_ids)
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     # ------------------------------------------------------------------
@@ -223,7 +225,9 @@ class EngineCore(EngineCoreSleepMixin):
         assert batch_queue is not None
         model_executed = False
         if (
-            self.scheduler.has_requests() and self._deferred_sampling is None and not self._paused
+            self.scheduler.has_requests()
+            and self._deferred_sampling is None
+            and not self.sleep_manager.paused
         ):  # a "keep" sleep only finishes the steps in flight
             scheduler_output = self.scheduler.schedule()
             exec_future = self.model_executor.execute_model(scheduler_output, non_block=True)
@@ -285,6 +289,35 @@ class EngineCore(EngineCoreSleepMixin):
                 scheduler_output.num_scheduled_tokens,
             )
             raise
+
+    # ------------------------------------------------------------------
+    # Sleep mode (SleepManager, core_sleep.py)
+    # ------------------------------------------------------------------
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> Future[None] | None:
+        """Put the engine to sleep; a Future in mode "wait" while requests
+        are in flight (see core_sleep.py for the levels and modes)."""
+        return self.sleep_manager.sleep(level, mode)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.sleep_manager.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.sleep_manager.is_sleeping()
+
+    def _steps_in_flight(self) -> bool:
+        """Steps launched but not yet processed (async scheduling)."""
+        return bool(self.batch_queue) or self._deferred_sampling is not None
+
+    def _emit_outputs(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        """Outputs made outside `step` (sleep's aborts, the steps finished
+        while going to sleep). In process they wait for the client's next
+        `get_output` (InprocClient); EngineCoreProc sends them at once."""
+        self._stashed_outputs.extend(o for o in outputs.values() if o.outputs)
+
+    def take_stashed_outputs(self) -> list[EngineCoreOutputs]:
+        stashed, self._stashed_outputs = self._stashed_outputs, []
+        return stashed
 
     # ------------------------------------------------------------------
     # Utilities

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 _global_graph_pool: Any = None
+
+# The wrapped callable's type: `unwrap()` gives it back as such.
+_Runnable = TypeVar("_Runnable", bound=Callable[..., Any])
 
 
 def get_global_graph_pool() -> Any:
@@ -66,17 +69,18 @@ def _tensor_addresses(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int
     return [v.data_ptr() for v in values if isinstance(v, torch.Tensor)]
 
 
-class CUDAGraphWrapper:
+class CUDAGraphWrapper(Generic[_Runnable]):
     """Wraps `runnable` with capture/replay for one runtime mode.
 
     Contract (as upstream's): the caller has run each shape eagerly once
     before its first capture, so that cuBLAS handles, workspaces and Triton
     kernels exist; creating them inside a capture fails it. The V1 runner's
-    capture loop (cudagraph_padding.capture_cudagraphs) does that."""
+    capture loop (vllm/v1/worker/cudagraph_manager.py:CudaGraphManager.capture)
+    does that."""
 
     def __init__(
         self,
-        runnable: Callable[..., Any],
+        runnable: _Runnable,
         vllm_config: VllmConfig,
         runtime_mode: CUDAGraphMode,
         cudagraph_options: CUDAGraphOptions | None = None,
@@ -104,7 +108,7 @@ class CUDAGraphWrapper:
             raise AttributeError(key)
         return getattr(runnable, key)
 
-    def unwrap(self) -> Callable[..., Any]:
+    def unwrap(self) -> _Runnable:
         return self.runnable
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

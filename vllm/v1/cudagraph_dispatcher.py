@@ -4,8 +4,22 @@ The dispatcher is the single source of truth about the graphs that exist: the
 runner asks it once per step, with the batch's real token count, and gets back
 the runtime mode (FULL, PIECEWISE or NONE) and the `BatchDescriptor` of the
 graph to use, whose `num_tokens` is the real count rounded up to the next
-capture size. The `CUDAGraphWrapper` then trusts the descriptor it finds in the
-forward context. Batches larger than the largest capture size run eagerly.
+capture size. Batches larger than the largest capture size run eagerly.
+
+One name per role, in both model runners:
+  `CudagraphDispatcher` (here, upstream)   the graph keys; `dispatch` picks one
+      per batch. Both runners' managers own one.
+  `CudaGraphManager`                       the runner's part for graphs:
+      V1 vllm/v1/worker/cudagraph_manager.py, V2 vllm/v1/worker/gpu/cudagraph_utils.py
+      (upstream's V2 name). `initialize(mode)` sets the keys, `dispatch` asks
+      the dispatcher for a batch's graph (V1 returns the padded batch, V2 the
+      graph's `BatchExecutionDescriptor`), `capture` records every key at
+      start-up through the manager's own dummy batches.
+  `CUDAGraphWrapper` (vllm/compilation/cuda_graph.py, upstream)   V1 only:
+      wraps the model under FULL and records / replays the graph named by the
+      descriptor it finds in the forward context. V2's manager holds its
+      graphs itself (`run_fullgraph`).
+  Padding a batch to a graph's size is shared: vllm/v1/worker/cudagraph_padding.py.
 """
 
 from __future__ import annotations

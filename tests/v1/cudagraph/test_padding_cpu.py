@@ -100,8 +100,9 @@ def _force_padding(runner, mode: CUDAGraphMode) -> list[int]:
     """Give the dispatcher graph keys (the model stays unwrapped: eager)."""
     config = runner.vllm_config.compilation_config
     config.cudagraph_capture_sizes = list(SIZES)
-    runner.cudagraph_dispatcher.initialize_cudagraph_keys(mode, uniform_decode_query_len=1)
-    return _spy_forward(runner, runner.query_start_loc.gpu, runner.seq_lens.gpu)
+    runner.cudagraph_manager.initialize(mode)
+    bufs = runner.input_buffers
+    return _spy_forward(runner, bufs.query_start_loc.gpu, bufs.seq_lens.gpu)
 
 
 @pytest.mark.parametrize("mode", [CUDAGraphMode.FULL, CUDAGraphMode.FULL_DECODE_ONLY])
@@ -193,7 +194,7 @@ def test_v1_capture_path_layout_on_cpu(model_dir, monkeypatch):
     """The capture loop and the capture-shaped dummy runs, with the model
     unwrapped (CPU): every key gets one eager and one FULL run, and a size
     without a graph is refused."""
-    from vllm.v1.worker.cudagraph_padding import capture_cudagraphs
+    from vllm.v1.worker import cudagraph_manager
     from vllm.v1.worker.gpu_worker import Worker
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
@@ -206,15 +207,17 @@ def test_v1_capture_path_layout_on_cpu(model_dir, monkeypatch):
         assert runner.capture_model() == 0  # CPU: cudagraph_mode NONE, no keys
         seen = _force_padding(runner, CUDAGraphMode.FULL_DECODE_ONLY)
         calls = []
+        real_dummy_run = cudagraph_manager.dummy_run
 
-        def dummy_run(num_tokens, **kwargs):
-            calls.append((num_tokens, kwargs.get("cudagraph_runtime_mode")))
-            return runner._dummy_run(num_tokens, **kwargs)
+        def dummy_run(*args, **kwargs):
+            calls.append((args[6], kwargs.get("cudagraph_runtime_mode")))
+            return real_dummy_run(*args, **kwargs)
 
-        assert capture_cudagraphs(runner.cudagraph_dispatcher, dummy_run, runner.device) == 4
+        monkeypatch.setattr(cudagraph_manager, "dummy_run", dummy_run)
+        assert runner.capture_model() == 4
         assert calls == [(n, m) for n in (8, 4, 2, 1) for m in (None, CUDAGraphMode.FULL)]
         assert seen == [8, 8, 4, 4, 2, 2, 1, 1]
-        assert runner.seq_lens.gpu[:8].tolist() == [1] * 8  # eight one-token requests
+        assert runner.input_buffers.seq_lens.gpu[:8].tolist() == [1] * 8  # eight one-token requests
         with pytest.raises(ValueError, match="No FULL CUDA graph of 3 tokens"):
             runner._dummy_run(3, cudagraph_runtime_mode=CUDAGraphMode.FULL, uniform_decode=True)
     finally:

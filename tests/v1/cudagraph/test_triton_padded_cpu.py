@@ -59,7 +59,7 @@ worker.initialize_from_config(make_kv_cache_config(worker.get_kv_cache_spec()))
 runner = worker.model_runner
 assert type(runner.attn_groups[0][0].metadata_builder).__name__ == "TritonAttentionMetadataBuilder"
 runner.vllm_config.compilation_config.cudagraph_capture_sizes = list(SIZES)
-runner.cudagraph_dispatcher.initialize_cudagraph_keys(mode, 1)
+runner.cudagraph_manager.initialize(mode)
 v1 = script(ScriptedScheduler(worker))
 worker.shutdown()
 

@@ -24,12 +24,10 @@ request: `write_padding` with num_reqs = num_tokens = 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from vllm.config.compilation import CUDAGraphMode
 from vllm.forward_context import BatchDescriptor
@@ -216,20 +214,3 @@ def resolve_cudagraph_mode(
             support.name,
         )
     return narrowed
-
-
-def capture_cudagraphs(
-    dispatcher: CudagraphDispatcher, dummy_run: Callable[..., object], device: torch.device
-) -> int:
-    """Capture one graph per dispatcher key, largest first, each after one
-    eager run of the same shape (Triton compiles and autotunes there, not
-    inside the capture). Returns the number of graphs."""
-    num_graphs = 0
-    for mode, descs in dispatcher.get_capture_descs():
-        for desc in descs:
-            dummy_run(desc.num_tokens, uniform_decode=desc.uniform)
-            dummy_run(desc.num_tokens, cudagraph_runtime_mode=mode, uniform_decode=desc.uniform)
-            num_graphs += 1
-    if num_graphs and device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return num_graphs

@@ -7,10 +7,12 @@ One step is two calls, as upstream:
   execute_model(scheduler_output) -> None
       _update_states   apply the scheduler's diffs to the persistent batch
       _prepare_inputs  token ids, positions, slots, query_start_loc (numpy);
-                       the CudagraphDispatcher's graph and the padding to its
-                       size (vllm/v1/worker/cudagraph_padding.py)
-      attention metadata per KV cache group, forward (a CUDAGraphWrapper
-      replay under FULL), logits of the last scheduled token of every request
+                       the graph and the padding to its size
+                       (CudaGraphManager.dispatch, vllm/v1/worker/cudagraph_manager.py),
+                       the padded inputs on the device with their attention
+                       metadata (InputBuffers.commit, vllm/v1/worker/gpu_input_buffers.py)
+      forward (a CUDAGraphWrapper replay under FULL), logits of the last
+      scheduled token of every request
   sample_tokens(grammar_output) -> ModelRunnerOutput
       the structured-output bitmask masks the logits (rows found by request
       id), sampler, then write the sampled tokens back into the persistent batch;
@@ -25,7 +27,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 from vllm.distributed import get_pp_group
 from vllm.forward_context import set_forward_context
@@ -33,25 +34,26 @@ from vllm.logger import init_logger
 from vllm.sampling_params import SamplingType
 from vllm.sequence import IntermediateTensors
 from vllm.utils import is_pin_memory_available
-from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput
 from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker import kv_cache_setup
 from vllm.v1.worker.async_sampled_tokens import AsyncGPUModelRunnerOutput, AsyncSampledTokens
-from vllm.v1.worker.cudagraph_padding import PaddedBatch
-from vllm.v1.worker.gpu_dummy_run import CudaGraphRunner, unwrap_model
+from vllm.v1.worker.cudagraph_manager import CudaGraphManager, unwrap_model
+from vllm.v1.worker.cudagraph_padding import PaddedBatch, resolve_cudagraph_mode
+from vllm.v1.worker.gpu_dummy_run import dummy_run, dummy_sampler_run
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+from vllm.v1.worker.gpu_input_buffers import InputBuffers
 from vllm.v1.worker.prompt_logprobs import PromptLogprobsWorker
 from vllm.v1.worker.utils import (
     AttentionGroup,
-    CpuGpuBuffer,
+    TextGenerationModel,
+    as_text_generation_model,
     reorder_batch_to_split_decodes_and_prefills,
 )
 
 if TYPE_CHECKING:
-    from vllm.compilation.cuda_graph import CUDAGraphWrapper
     from vllm.config import VllmConfig
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.core.sched.output import GrammarOutput, NewRequestData, SchedulerOutput
@@ -80,9 +82,9 @@ class PreparedInputs(NamedTuple):
 
 
 class GPUModelRunner:
-    """Owns the model, the KV cache tensors, the persistent batch, the sampler
-    and a CudaGraphRunner (graph keys and dispatch, padded inputs, capture,
-    dummy runs: vllm/v1/worker/gpu_dummy_run.py)."""
+    """Owns the model, the KV cache tensors, the persistent batch and input
+    buffers, the sampler, and its parts: a CudaGraphManager, a
+    PromptLogprobsWorker and, with async scheduling, the AsyncSampledTokens."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.vllm_config = vllm_config
@@ -99,8 +101,8 @@ class GPUModelRunner:
         self.vocab_size = self.model_config.get_vocab_size()
 
         # The model, wrapped in a CUDAGraphWrapper when full graphs are on.
-        self.model: nn.Module | CUDAGraphWrapper | None = None
-        self.cudagraph_dispatcher = CudagraphDispatcher(vllm_config)
+        self.model: TextGenerationModel | None = None
+        self.cudagraph_manager = CudaGraphManager(vllm_config, device)
         self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
         self.requests: dict[str, CachedRequestState] = {}
         self.prompt_logprobs_worker = PromptLogprobsWorker(self.vocab_size, device)
@@ -112,28 +114,13 @@ class GPUModelRunner:
         self.attn_groups: list[list[AttentionGroup]] = []
         self.reorder_batch_threshold: int | None = None
 
-        # Persistent input buffers, sized for the largest step.
-        def buffer(*size: int, dtype: torch.dtype) -> CpuGpuBuffer:
-            return CpuGpuBuffer(*size, dtype=dtype, device=device, pin_memory=self.pin_memory)
-
-        self.input_ids = buffer(self.max_num_tokens, dtype=torch.int32)
-        self.positions = buffer(self.max_num_tokens, dtype=torch.int64)
-        self.query_start_loc = buffer(self.max_num_reqs + 1, dtype=torch.int32)
-        self.seq_lens = buffer(self.max_num_reqs, dtype=torch.int32)
+        self.input_buffers = InputBuffers(
+            self.max_num_reqs, self.max_num_tokens, device, self.pin_memory
+        )
         self.arange_np = np.arange(
             max(self.max_num_reqs + 1, self.max_model_len, self.max_num_tokens), dtype=np.int64
         )
         self.execute_model_state: ExecuteModelState | None = None
-        self.cudagraph_runner = CudaGraphRunner(
-            vllm_config,
-            device,
-            self.cudagraph_dispatcher,
-            self.sampler,
-            self.input_ids,
-            self.positions,
-            self.query_start_loc,
-            self.seq_lens,
-        )
         # Async scheduling: the sampled ids go to the host on a side stream;
         # the event guards the pinned input buffers, which the next step
         # rewrites while this step's copies may still be queued.
@@ -164,14 +151,13 @@ class GPUModelRunner:
         from vllm.model_executor.model_loader import get_model
 
         logger.info("Loading model %s on %s", self.model_config.model, self.device)
-        self.model = get_model(vllm_config=self.vllm_config)
+        model = get_model(vllm_config=self.vllm_config)
         # No-op unless compilation_config.mode asks for torch.compile (on
         # CPU it measured slower than eager: see vllm/compilation/decorators.py).
-        self.model = maybe_compile_model(
-            self.model, self.vllm_config.compilation_config, self.device
-        )
+        model = maybe_compile_model(model, self.vllm_config.compilation_config, self.device)
+        self.model = as_text_generation_model(model)
 
-    def get_model(self) -> nn.Module:
+    def get_model(self) -> TextGenerationModel:
         return unwrap_model(self.model)
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
@@ -200,9 +186,12 @@ class GPUModelRunner:
         self.kv_caches = kv_cache_setup.allocate_and_bind_kv_caches(
             kv_cache_config, self.attn_groups, self.vllm_config, self.device
         )
-        self.model = self.cudagraph_runner.init_cudagraphs(self.model, self.attn_groups)
+        self.cudagraph_manager.initialize(
+            resolve_cudagraph_mode(self.vllm_config, self.attn_groups)
+        )
+        self.model = self.cudagraph_manager.wrap_model(self.model)
 
-    # ---- dummy runs and graph capture: CudaGraphRunner (gpu_dummy_run.py) --------
+    # ---- dummy runs (gpu_dummy_run.py) and graph capture (cudagraph_manager.py) ----
     def _dummy_run(
         self,
         num_tokens: int,
@@ -211,10 +200,14 @@ class GPUModelRunner:
         cudagraph_runtime_mode: CUDAGraphMode | None = None,
         uniform_decode: bool = False,
     ) -> torch.Tensor:
-        return self.cudagraph_runner.dummy_run(
+        assert self.model is not None, "load_model() has not run"
+        return dummy_run(
+            self.vllm_config,
             self.model,
+            self.input_buffers,
             self.input_batch,
             self.attn_groups if use_kv_cache else [],
+            self.cudagraph_manager.dispatcher,
             num_tokens,
             num_reqs,
             cudagraph_runtime_mode,
@@ -222,7 +215,9 @@ class GPUModelRunner:
         )
 
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
-        self.cudagraph_runner.dummy_sampler_run(self.get_model(), hidden_states)
+        dummy_sampler_run(
+            self.model_config, self.get_model(), self.sampler, hidden_states, self.device
+        )
 
     def profile_run(self) -> None:
         """The largest step the scheduler can produce, without a KV cache: its
@@ -232,7 +227,9 @@ class GPUModelRunner:
     def capture_model(self) -> int:
         """Capture every graph the dispatcher has a key for, largest first
         (called by the worker after warm-up); returns how many."""
-        return self.cudagraph_runner.capture(self._dummy_run)
+        return self.cudagraph_manager.capture(
+            self.model, self.input_buffers, self.input_batch, self.attn_groups
+        )
 
     # ---- one step ------------------------------------------------------------
     @torch.inference_mode()
@@ -267,9 +264,10 @@ class GPUModelRunner:
             cudagraph_runtime_mode=padded.runtime_mode,
             batch_descriptor=padded.batch_descriptor,
         ):
+            assert self.model is not None, "load_model() has not run"
             hidden_states = self.model(
-                input_ids=self.input_ids.gpu[:num_tokens],
-                positions=self.positions.gpu[:num_tokens],
+                input_ids=self.input_buffers.input_ids.gpu[:num_tokens],
+                positions=self.input_buffers.positions.gpu[:num_tokens],
                 intermediate_tensors=intermediate_tensors,
             )
         if padded.num_tokens != num_tokens and isinstance(hidden_states, torch.Tensor):
@@ -326,7 +324,7 @@ class GPUModelRunner:
             self.get_model().compute_logits,
             state.hidden_states,
             batch,
-            self.query_start_loc.np,
+            self.input_buffers.query_start_loc.np,
             state.scheduler_output.num_scheduled_tokens,
         )
         if async_tokens is not None:
@@ -482,7 +480,7 @@ class GPUModelRunner:
         When a CUDA graph serves the batch, dummy requests pad it to the
         graph's size (see vllm/v1/worker/cudagraph_padding.py).
         """
-        batch = self.input_batch
+        batch, bufs = self.input_batch, self.input_buffers
         num_reqs = batch.num_reqs
         total = scheduler_output.total_num_scheduled_tokens
         assert 0 < total <= self.max_num_tokens
@@ -495,28 +493,26 @@ class GPUModelRunner:
         req_indices = np.repeat(self.arange_np[:num_reqs], num_scheduled)
         # Offset of each token inside its request: 0..n_i-1 for every request i.
         offsets = self.arange_np[:total] - np.repeat(cu_num_tokens - num_scheduled, num_scheduled)
-        positions = self.positions.np[:total]
+        positions = bufs.positions.np[:total]
         np.add(batch.num_computed_tokens_cpu[req_indices], offsets, out=positions)
 
         # Token ids come from the flattened [max_num_reqs, max_model_len] buffer.
         token_indices = positions + req_indices * batch.token_ids_cpu.shape[1]
-        np.take(batch.token_ids_cpu.ravel(), token_indices, out=self.input_ids.np[:total])
+        np.take(batch.token_ids_cpu.ravel(), token_indices, out=bufs.input_ids.np[:total])
         batch.block_table.compute_slot_mapping(req_indices, positions)
-        self.query_start_loc.np[0] = 0
-        self.query_start_loc.np[1 : num_reqs + 1] = cu_num_tokens
-        seq_lens = self.seq_lens.np[:num_reqs]
+        bufs.query_start_loc.np[0] = 0
+        bufs.query_start_loc.np[1 : num_reqs + 1] = cu_num_tokens
+        seq_lens = bufs.seq_lens.np[:num_reqs]
         np.add(batch.num_computed_tokens_cpu[:num_reqs], num_scheduled, out=seq_lens)
 
-        padded = self.cudagraph_runner.dispatch(num_scheduled, total)
-        attn_metadata = self.cudagraph_runner.commit_inputs(
-            padded, self.input_batch, self.attn_groups
-        )
+        padded = self.cudagraph_manager.dispatch(num_scheduled, total)
+        attn_metadata = bufs.commit(padded, batch, self.attn_groups)
         if self.async_sampled_tokens is not None:
             # The decode tokens sampled by the step still in flight.
             self.async_sampled_tokens.scatter_into_input_ids(
-                batch.req_ids, self.input_ids.np, self.input_ids.gpu, cu_num_tokens
+                batch.req_ids, bufs.input_ids.np, bufs.input_ids.gpu, cu_num_tokens
             )
-        logits_indices = self.query_start_loc.gpu[1 : num_reqs + 1].to(torch.int64) - 1
+        logits_indices = bufs.query_start_loc.gpu[1 : num_reqs + 1].to(torch.int64) - 1
         # A request whose tokens are not all computed after this step is still
         # in its prefill: the token sampled for it is not a real output.
         discard_mask = seq_lens < batch.num_tokens[:num_reqs]

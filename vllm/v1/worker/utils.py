@@ -5,7 +5,7 @@ and the `CpuGpuBuffer` of vllm/v1/utils.py). This module imports neither runner
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ from vllm.distributed import get_pp_group
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.sequence import IntermediateTensors
     from vllm.v1.attention.backend import (
         AttentionBackend,
         AttentionMetadataBuilder,
@@ -166,12 +167,45 @@ def reorder_batch_to_split_decodes_and_prefills(
     return len(prefills_in_front) > 0
 
 
+class TextGenerationModel(Protocol):
+    """The model as both runners call it (upstream:
+    `VllmModelForTextGeneration` of vllm/model_executor/models/interfaces_base.py):
+    a forward over flattened tokens, then logits for the rows to sample."""
+
+    def __call__(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> Any: ...
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor: ...
+
+
+def as_text_generation_model(model: nn.Module) -> TextGenerationModel:
+    """The loaded model, as the runners call it. The loader types what it
+    builds as a plain `nn.Module`; every model class here defines
+    `forward(input_ids, positions, intermediate_tensors)` and `compute_logits`."""
+    if not callable(getattr(model, "compute_logits", None)):
+        raise TypeError(f"{type(model).__name__} has no compute_logits: not a generative model.")
+    return cast("TextGenerationModel", model)
+
+
+@runtime_checkable
+class _SupportsPPModel(Protocol):
+    def make_empty_intermediate_tensors(
+        self, batch_size: int, dtype: torch.dtype, device: torch.device
+    ) -> IntermediateTensors: ...
+
+
 def pp_dummy_intermediate_tensors(
-    model: nn.Module, num_tokens: int, dtype: torch.dtype, device: torch.device
-) -> Any:
+    model: object, num_tokens: int, dtype: torch.dtype, device: torch.device
+) -> IntermediateTensors | None:
     """What a dummy batch's forward starts from: None on the first stage, zeros
     (the model's `make_empty_intermediate_tensors`) on a later one, since the
     stages run their dummy batches independently."""
     if get_pp_group().is_first_rank:
         return None
+    assert isinstance(model, _SupportsPPModel), "a later pipeline stage needs a PP model"
     return model.make_empty_intermediate_tensors(num_tokens, dtype, device)

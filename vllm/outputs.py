@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm.logprobs import PromptLogprobs, SampleLogprobs
+from vllm.logprobs import FlatLogprobs, PromptLogprobs, SampleLogprobs
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
@@ -80,7 +80,7 @@ class RequestOutput:
                     cur.text += nxt.text
                     cur.token_ids.extend(nxt.token_ids)
                     if cur.logprobs is not None and nxt.logprobs is not None:
-                        cur.logprobs.extend(nxt.logprobs)
+                        _extend_logprobs(cur.logprobs, nxt.logprobs)
                     cur.cumulative_logprob = nxt.cumulative_logprob
                     cur.finish_reason = nxt.finish_reason
                     cur.stop_reason = nxt.stop_reason
@@ -97,6 +97,15 @@ class RequestOutput:
             f"prompt_logprobs={self.prompt_logprobs}, outputs={self.outputs}, "
             f"finished={self.finished}, num_cached_tokens={self.num_cached_tokens})"
         )
+
+
+def _extend_logprobs(cur: SampleLogprobs, nxt: SampleLogprobs) -> None:
+    if isinstance(cur, FlatLogprobs):
+        cur.extend(nxt)
+        return
+    # One request's outputs all use the same representation (flat_logprobs).
+    assert not isinstance(nxt, FlatLogprobs)
+    cur.extend(nxt)
 
 
 @dataclass

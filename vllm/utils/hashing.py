@@ -12,14 +12,22 @@ Which function the engine uses is chosen by
 import hashlib
 import pickle
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import cbor2
 
-try:
-    import xxhash as _xxhash
-except ImportError:  # xxhash is optional; only the xxhash* algorithms need it.
-    _xxhash = None
+
+def _import_xxhash() -> ModuleType | None:
+    """xxhash is optional; only the xxhash* algorithms need it."""
+    try:
+        import xxhash
+    except ImportError:
+        return None
+    return xxhash
+
+
+_xxhash = _import_xxhash()
 
 
 def sha256(input: Any) -> bytes:

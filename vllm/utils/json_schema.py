@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 # Deepest JSON schema accepted (containers, counted as JSON nesting). xgrammar's
@@ -21,6 +22,7 @@ def check_json_schema_depth(schema: Any, limit: int = MAX_JSON_SCHEMA_DEPTH) -> 
     stack: list[tuple[Any, int]] = [(schema, 1)]
     while stack:
         node, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(node, dict):
             children = node.values()
         elif isinstance(node, list):

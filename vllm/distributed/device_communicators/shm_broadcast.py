@@ -82,9 +82,7 @@ class ShmRingBuffer:
         self.is_creator = name is None
         if self.is_creator:
             self.shared_memory = shared_memory.SharedMemory(create=True, size=size)
-            self.shared_memory.buf[self.metadata_offset : size] = bytes(
-                self.metadata_size * max_chunks
-            )
+            self._buf()[self.metadata_offset : size] = bytes(self.metadata_size * max_chunks)
         else:
             # Python < 3.13 registers an attached segment with the resource
             # tracker too; processes we spawn share ours, where it is one entry
@@ -94,13 +92,18 @@ class ShmRingBuffer:
     def handle(self) -> tuple[int, int, int, str]:
         return self.n_reader, self.max_chunk_bytes, self.max_chunks, self.shared_memory.name
 
+    def _buf(self) -> memoryview:
+        buf = self.shared_memory.buf
+        assert buf is not None, "the segment is closed"
+        return buf
+
     def get_data(self, i: int) -> memoryview:
         start = self.data_offset + i * self.max_chunk_bytes
-        return self.shared_memory.buf[start : start + self.max_chunk_bytes]
+        return self._buf()[start : start + self.max_chunk_bytes]
 
     def get_metadata(self, i: int) -> memoryview:
         start = self.metadata_offset + i * self.metadata_size
-        return self.shared_memory.buf[start : start + self.metadata_size]
+        return self._buf()[start : start + self.metadata_size]
 
     def close(self, unlink: bool | None = None) -> None:
         """Unmap the segment; unlink it too if `unlink` (default: if we created it)."""
@@ -127,6 +130,11 @@ class MessageQueue:
     """Broadcast from one writer to `n_reader` readers, of which the
     `n_local_reader` on this node (ranks `local_reader_ranks`) read from shared
     memory. The writer is built directly; readers with `create_from_handle`."""
+
+    encoder: RpcEncoder  # the writer's
+    decoder: RpcDecoder  # a reader's
+    local_socket: zmq.Socket[bytes] | None
+    remote_socket: zmq.Socket[bytes] | None
 
     def __init__(
         self,
@@ -245,7 +253,7 @@ class MessageQueue:
 
     def _write_frames(
         self,
-        frames: Sequence[bytes | memoryview],
+        frames: Sequence[bytes | bytearray | memoryview],
         timeout: float | None = None,
         cancel: threading.Event | None = None,
     ) -> None:
@@ -258,6 +266,7 @@ class MessageQueue:
                 if not overflow:
                     _pack_frames(chunk, views)
             if overflow:
+                assert self.local_socket is not None  # it comes with the buffer
                 self.local_socket.send_multipart(views, copy=False)
         if self.remote_socket is not None:
             self.remote_socket.send_multipart(views, copy=False)

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from vllm.logger import init_logger
 from vllm.v1.worker.worker_sleep import SLEEP_TAGS, check_wake_up_tags
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import ModelRunnerOutput
 
 logger = init_logger(__name__)
-
-_R = TypeVar("_R")
 
 # Backends named by parallel_config.distributed_executor_backend that are
 # planned but not built yet.
@@ -120,12 +118,43 @@ class Executor(ABC):
         return self.collective_rpc("get_kv_cache_spec")
 
     # ---- RPC ---------------------------------------------------------------------
+    @overload
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        non_block: Literal[False] = False,
+    ) -> list[Any]: ...
+
+    @overload
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        non_block: Literal[True],
+    ) -> Future[list[Any]]: ...
+
+    @overload
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        non_block: bool = False,
+    ) -> list[Any] | Future[list[Any]]: ...
+
     @abstractmethod
     def collective_rpc(
         self,
-        method: str | Callable[..., _R],
+        method: str | Callable[..., Any],
         timeout: float | None = None,
-        args: tuple = (),
+        args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         non_block: bool = False,
     ) -> list[Any] | Future[list[Any]]:
@@ -139,10 +168,6 @@ class Executor(ABC):
         raise NotImplementedError
 
     # ---- steps -------------------------------------------------------------------
-    # Whether `collective_rpc` takes `unique_reply_rank` (only that rank replies,
-    # and its result comes back as is, not in a list).
-    unique_reply_rpc: bool = False
-
     @property
     def output_rank(self) -> int:
         """The rank whose output a step returns: the first tensor-parallel
@@ -162,12 +187,9 @@ class Executor(ABC):
         return self._step_rpc("sample_tokens", grammar_output, non_block)
 
     def _step_rpc(self, method: str, arg: Any, non_block: bool) -> Any:
-        """`method(arg)` on every worker; `output_rank`'s reply when
-        `unique_reply_rpc`, else (as upstream's base) the driver's, rank 0."""
-        if self.unique_reply_rpc:
-            return self.collective_rpc(
-                method, args=(arg,), non_block=non_block, unique_reply_rank=self.output_rank
-            )
+        """`method(arg)` on every worker; as upstream's base, the driver's
+        (rank 0) reply. Executors whose `collective_rpc` can have only
+        `output_rank` reply override this."""
         return _first(self.collective_rpc(method, args=(arg,), non_block=non_block))
 
     @property

@@ -29,7 +29,7 @@ from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 from vllm.distributed.utils import get_distributed_init_method, get_open_port
 from vllm.logger import init_logger
 from vllm.v1.executor.abstract import Executor
-from vllm.v1.executor.worker_proc import WorkerProc, shutdown_processes
+from vllm.v1.executor.worker_proc import WorkerProc, WorkerProcHandle, shutdown_processes
 
 logger = init_logger(__name__)
 
@@ -41,7 +41,6 @@ class MultiprocExecutor(Executor):
     """Executor over `world_size` spawned worker processes on this node."""
 
     supports_pp: bool = True
-    unique_reply_rpc: bool = True  # steps: only `output_rank` replies
 
     def _init_executor(self) -> None:
         self.is_failed = False
@@ -52,7 +51,7 @@ class MultiprocExecutor(Executor):
         init_method = get_distributed_init_method("127.0.0.1", get_open_port())
         self.rpc_broadcast_mq = MessageQueue(self.world_size, self.world_size)
         self._rpc_lock = threading.Lock()
-        self.workers: list[WorkerProc.Handle] = []
+        self.workers: list[WorkerProcHandle] = []
         self._finalizer = weakref.finalize(self, shutdown_processes, [], [])
         try:
             self.workers = WorkerProc.start_workers(
@@ -139,6 +138,12 @@ class MultiprocExecutor(Executor):
                 self._get_responses, method, list(ranks), timeout, unique_reply_rank is not None
             )
         return future if non_block else future.result()
+
+    def _step_rpc(self, method: str, arg: Any, non_block: bool) -> Any:
+        """Only `output_rank` replies to a step, and its result comes back as is."""
+        return self.collective_rpc(
+            method, args=(arg,), non_block=non_block, unique_reply_rank=self.output_rank
+        )
 
     def _get_responses(
         self, method: str, ranks: list[int], timeout: float | None, single: bool

@@ -36,7 +36,6 @@ class RayDistributedExecutor(Executor):
 
     uses_ray: bool = True
     supports_pp: bool = True
-    unique_reply_rpc: bool = True  # steps: only `output_rank` replies
 
     def _init_executor(self) -> None:
         assert_ray_available()
@@ -121,6 +120,12 @@ class RayDistributedExecutor(Executor):
             self._get_results, method, wanted, timeout, unique_reply_rank is not None
         )
         return future if non_block else future.result()
+
+    def _step_rpc(self, method: str, arg: Any, non_block: bool) -> Any:
+        """Only `output_rank` replies to a step, and its result comes back as is."""
+        return self.collective_rpc(
+            method, args=(arg,), non_block=non_block, unique_reply_rank=self.output_rank
+        )
 
     def _get_results(
         self, method: str, refs: list[Any], timeout: float | None, single: bool

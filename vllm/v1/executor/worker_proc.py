@@ -110,21 +110,22 @@ def shutdown_processes(
             proc.join(1.0)
 
 
+@dataclass
+class WorkerProcHandle:
+    """The executor's view of a started worker process."""
+
+    rank: int
+    proc: BaseProcess
+    ready_reader: Connection
+    death_writer: Connection
+
+
 class WorkerProc:
     """One worker process: a `Worker` serving the executor's broadcast calls."""
 
     class ResponseStatus(enum.IntEnum):
         SUCCESS = 0
         FAILURE = 1
-
-    @dataclass
-    class Handle:
-        """The executor's view of a started worker process."""
-
-        rank: int
-        proc: BaseProcess
-        ready_reader: Connection
-        death_writer: Connection
 
     def __init__(
         self,
@@ -158,7 +159,7 @@ class WorkerProc:
     @staticmethod
     def start_workers(
         vllm_config: VllmConfig, world_size: int, init_method: str, input_handle: Handle
-    ) -> list[WorkerProc.Handle]:
+    ) -> list[WorkerProcHandle]:
         context = multiprocessing.get_context("spawn")
         handles = []
         with _worker_env(world_size):
@@ -182,11 +183,11 @@ class WorkerProc:
                 proc.start()
                 ready_writer.close()
                 death_reader.close()
-                handles.append(WorkerProc.Handle(rank, proc, ready_reader, death_writer))
+                handles.append(WorkerProcHandle(rank, proc, ready_reader, death_writer))
         return handles
 
     @staticmethod
-    def wait_for_ready(workers: list[WorkerProc.Handle], timeout: float) -> list[MessageQueue]:
+    def wait_for_ready(workers: list[WorkerProcHandle], timeout: float) -> list[MessageQueue]:
         """Each worker's response queue (reader side), in rank order."""
         pending = {w.ready_reader: w for w in workers}
         handles: dict[int, Handle] = {}
@@ -195,7 +196,7 @@ class WorkerProc:
             ready = wait_for_connections(list(pending), max(0.0, deadline - time.monotonic()))
             if not ready:
                 raise TimeoutError("Worker processes did not report ready in time.")
-            for conn in ready:
+            for conn in [c for c in pending if c in ready]:
                 worker = pending.pop(conn)
                 try:
                     msg = msgspec.msgpack.decode(conn.recv_bytes())

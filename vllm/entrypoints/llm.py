@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tqdm.auto import tqdm
 
@@ -118,7 +118,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool | Callable[..., tqdm] = True,
-        lora_request: LoRARequest | None = None,
+        lora_request: Sequence[LoRARequest | None] | LoRARequest | None = None,
         priority: list[int] | None = None,
         tokenization_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
@@ -126,8 +126,9 @@ class LLM:
 
         prompts: a str, a TextPrompt / TokensPrompt dict, or a list of them.
         sampling_params: one for all prompts or one per prompt (default: the
-        model's generation-config defaults). priority: one int per prompt
-        (with the "priority" scheduling policy; lower runs first).
+        model's generation-config defaults). lora_request: one for all prompts
+        or one per prompt. priority: one int per prompt (with the "priority"
+        scheduling policy; lower runs first).
         """
         if self.model_config.runner_type != "generate":
             raise ValueError("LLM.generate() is only supported for generative models.")
@@ -169,9 +170,7 @@ class LLM:
             raise ValueError("LLM.chat() is only supported for generative models.")
         if mm_processor_kwargs:
             raise ValueError("Multimodal inputs are not supported.")
-        conversations = (
-            [messages] if not messages or isinstance(messages[0], dict) else list(messages)
-        )
+        conversations = _conversations(messages)
         tokenizer = self.get_tokenizer()
         prompts: list[PromptType] = []
         for conversation in conversations:
@@ -240,8 +239,9 @@ class LLM:
     ) -> list[int]:
         if isinstance(prompt, str):
             return tokenizer.encode(prompt)
-        if "prompt_token_ids" in prompt:
-            return list(prompt["prompt_token_ids"])
+        token_ids = prompt.get("prompt_token_ids")
+        if isinstance(token_ids, list):
+            return list(token_ids)
         return tokenizer.encode(prompt["prompt"])
 
     def _beam_search_step(
@@ -319,7 +319,7 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams],
         *,
         use_tqdm: bool | Callable[..., tqdm],
-        lora_request: LoRARequest | None,
+        lora_request: Sequence[LoRARequest | None] | LoRARequest | None,
         priority: list[int] | None,
         tokenization_kwargs: dict[str, Any] | None,
     ) -> None:
@@ -416,3 +416,13 @@ def _update_speed(pbar: tqdm, total_in: int, total_out: int, n: int) -> None:
     pbar.update(n)
     if pbar.n == pbar.total:
         pbar.refresh()
+
+
+def _conversations(
+    messages: list[ChatCompletionMessageParam] | Sequence[list[ChatCompletionMessageParam]],
+) -> list[list[ChatCompletionMessageParam]]:
+    """`LLM.chat`'s input as a list of conversations: one conversation (a
+    list of message dicts) or a sequence of them."""
+    if not messages or isinstance(messages[0], dict):
+        return [cast(list[ChatCompletionMessageParam], messages)]
+    return list(cast(Sequence[list[ChatCompletionMessageParam]], messages))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from starlette.requests import Request
@@ -23,7 +23,7 @@ async def listen_for_disconnect(request: Request) -> None:
             break
 
 
-def with_cancellation(handler_func: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+def with_cancellation(handler_func: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
     """Run a route handler until it finishes or its client disconnects.
 
     The handler runs as a task next to one that waits for `http.disconnect`;

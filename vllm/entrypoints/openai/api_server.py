@@ -296,15 +296,20 @@ class AuthenticationMiddleware:
 
 def build_app(args: Namespace) -> FastAPI:
     """The FastAPI app: routes, CORS, the API-key check, error handlers."""
-    docs = (
-        {}
-        if not args.disable_fastapi_docs
-        else {"openapi_url": None, "docs_url": None, "redoc_url": None}
-    )
-    app = FastAPI(lifespan=_lifespan, root_path=args.root_path or "", **docs)
+    root_path = args.root_path or ""
+    if args.disable_fastapi_docs:
+        app = FastAPI(
+            lifespan=_lifespan,
+            root_path=root_path,
+            openapi_url=None,
+            docs_url=None,
+            redoc_url=None,
+        )
+    else:
+        app = FastAPI(lifespan=_lifespan, root_path=root_path)
     register_vllm_serve_api_routers(app)
     app.include_router(router)
-    app.root_path = args.root_path or ""
+    app.root_path = root_path
     # Innermost of the three: the API key is checked before any body is read,
     # and a 413 still carries the CORS headers.
     app.add_middleware(RequestBodyLimitMiddleware)

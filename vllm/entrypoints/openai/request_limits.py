@@ -187,10 +187,10 @@ class PromptLengthBound:
         character) or an added token (its UTF-8 length) stands for, and the
         post-processor only adds tokens: tokens >= (T - dropped) / (s * M).
         """
-        try:
-            spec = json.loads(tokenizer.backend_tokenizer.to_str())
-        except AttributeError:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
             return PromptLengthBound(None, reason="not a fast (Rust) tokenizer")
+        spec = json.loads(backend.to_str())
         norm = spec.get("normalizer")
         shrink, why = _normalizer_shrink(norm)
         if shrink is None:

@@ -145,7 +145,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _generate(
         self, request: CompletionRequest, ids: list[int], text: str | None, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         echo_only = request.echo and request.max_tokens == 0
         # Echo-only still runs one step (the engine always samples a token);
         # the sampled token is dropped from the response.
@@ -171,7 +171,7 @@ class OpenAIServingCompletion(OpenAIServing):
         text: str | None,
         request_id: str,
         max_tokens: int,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         params = request.to_beam_search_params(max_tokens, self.default_sampling_params)
         prompt = TokensPrompt(prompt_token_ids=ids)
         if text is not None:

@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import json
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -324,7 +324,7 @@ class OpenAIServing:
 
     async def beam_search(
         self, prompt: TokensPrompt, request_id: str, params: BeamSearchParams, priority: int = 0
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Beam search over one tokenized prompt on the engine, as upstream and
         as `LLM.beam_search`: each step, every live beam is generated for one
         token with its top 2 * beam_width logprobs (all beams at once); a
@@ -467,7 +467,9 @@ def ranked(position: dict[int, Logprob]) -> list[tuple[int, Logprob]]:
     return sorted(position.items(), key=lambda kv: (kv[1].rank is None, kv[1].rank or 0))
 
 
-async def merge_async_iterators(*iterators: AsyncIterator[T]) -> AsyncIterator[tuple[int, T]]:
+async def merge_async_iterators(
+    *iterators: AsyncGenerator[T, None],
+) -> AsyncGenerator[tuple[int, T], None]:
     """Yield (index of the source, item) as items arrive from any iterator.
 
     Closing the merged iterator closes (and so aborts) every source.
@@ -501,18 +503,18 @@ async def merge_async_iterators(*iterators: AsyncIterator[T]) -> AsyncIterator[t
             await it.aclose()
 
 
-async def prime(iterator: AsyncIterator[T]) -> AsyncIterator[T]:
+async def prime(iterator: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
     """Wait for the first item now, so that errors raised before any output
     (bad input, a full queue) surface as an HTTP error rather than inside a
     stream that already answered 200. Returns an iterator over all items."""
     first = await anext(iterator)
 
-    async def chained() -> AsyncIterator[T]:
+    async def chained() -> AsyncGenerator[T, None]:
         try:
             yield first
             async for item in iterator:
                 yield item
         finally:
-            await iterator.aclose()  # type: ignore[attr-defined]
+            await iterator.aclose()
 
     return chained()

@@ -119,9 +119,7 @@ def forced_tool_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
     # "required". The tools' "$defs" move to the top of the schema, where the
     # "#/$defs/..." references of every tool resolve (copies: the request's
     # tools are also rendered into the prompt).
-    params = [
-        copy.deepcopy(t.function.parameters) or dict(_EMPTY_PARAMETERS) for t in request.tools
-    ]
+    params = [copy.deepcopy(t.function.parameters or _EMPTY_PARAMETERS) for t in request.tools]
     defs: dict[str, Any] = {}
     for schema in params:
         for def_name, def_schema in (schema.pop("$defs", None) or {}).items():

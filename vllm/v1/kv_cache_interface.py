@@ -118,7 +118,7 @@ class KVCacheSpec:
         return replace(self, block_size=block_size)
 
     @classmethod
-    def merge(cls, specs: list) -> KVCacheSpec:
+    def merge(cls, specs: list[KVCacheSpec]) -> KVCacheSpec:
         """Merge the specs of the layers of one group; they must agree."""
         assert all(spec == specs[0] for spec in specs[1:]), (
             "All layers in the same KV cache group must be the same."
@@ -202,7 +202,7 @@ class FullAttentionSpec(AttentionSpec):
     non_causal: bool = False
 
     def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
-        max_model_len = vllm_config.model_config.max_model_len
+        max_model_len = get_max_model_len(vllm_config)
         return cdiv(max_model_len, self.block_size) * self.page_size_bytes
 
     @classmethod
@@ -210,10 +210,11 @@ class FullAttentionSpec(AttentionSpec):
         return _merge_window(window_sizes)
 
     @classmethod
-    def merge(cls, specs: list) -> FullAttentionSpec:
+    def merge(cls, specs: list[KVCacheSpec]) -> FullAttentionSpec:
         """One spec for a group: the attention fields must agree; windows are
         merged (at most one size); non-causal if any layer is."""
-        assert all(isinstance(s, FullAttentionSpec) for s in specs), (
+        full = [s for s in specs if isinstance(s, FullAttentionSpec)]
+        assert len(full) == len(specs), (
             "All attention layers in the same KV cache group must be FullAttentionSpec."
         )
         from vllm.v1.kv_cache_spec_mla import MLAAttentionSpec
@@ -221,13 +222,13 @@ class FullAttentionSpec(AttentionSpec):
         assert not any(isinstance(s, MLAAttentionSpec) for s in specs), (
             "MLAAttentionSpec should be merged in MLAAttentionSpec.merge"
         )
-        windows = {s.sliding_window for s in specs if s.sliding_window is not None}
-        chunks = {s.attention_chunk_size for s in specs if s.attention_chunk_size is not None}
+        windows = {s.sliding_window for s in full if s.sliding_window is not None}
+        chunks = {s.attention_chunk_size for s in full if s.attention_chunk_size is not None}
         merged = replace(
-            specs[0],
+            full[0],
             sliding_window=_merge_window(windows),
             attention_chunk_size=_merge_window(chunks),
-            non_causal=any(s.non_causal for s in specs),
+            non_causal=any(s.non_causal for s in full),
         )
         for spec in specs:
             for f in fields(AttentionSpec):
@@ -259,21 +260,36 @@ class RSWASpec(FullAttentionSpec):
     rswa_window: int
 
     @classmethod
-    def merge(cls, specs: list) -> RSWASpec:
-        assert all(isinstance(s, RSWASpec) for s in specs), (
+    def merge(cls, specs: list[KVCacheSpec]) -> RSWASpec:
+        rswa = [s for s in specs if isinstance(s, RSWASpec)]
+        assert len(rswa) == len(specs), (
             "All attention layers in the same KV cache group must be RSWASpec."
         )
-        assert len({s.rswa_window for s in specs}) == 1, (
+        assert len({s.rswa_window for s in rswa}) == 1, (
             "All R-SWA layers must share the same rswa_window."
         )
-        return FullAttentionSpec.merge.__func__(cls, specs)  # type: ignore[attr-defined]
+        merged = super().merge(specs)
+        assert isinstance(merged, RSWASpec)
+        return merged
 
 
-def _max_in_flight_tokens(vllm_config: VllmConfig) -> int:
-    explicit = getattr(vllm_config, "max_in_flight_tokens", None)
-    if explicit is not None:
-        return explicit
-    return vllm_config.scheduler_config.max_num_batched_tokens
+def get_max_in_flight_tokens(vllm_config: VllmConfig) -> int:
+    """Most tokens scheduled but not yet processed (upstream's
+    `VllmConfig.max_in_flight_tokens`): a full token budget per batch in
+    flight. Windowed specs keep the blocks of those tokens until they are
+    processed, so the KV cache is sized, and admission capped, with it."""
+    return vllm_config.max_concurrent_batches * vllm_config.scheduler_config.max_num_batched_tokens
+
+
+def get_max_model_len(vllm_config: VllmConfig) -> int:
+    """The resolved max model length. KV cache sizing needs a model, and
+    `ModelConfig` resolves the user's value (an int, a string like "32k", or
+    None for the model's own limit) to an int when it is built."""
+    model_config = vllm_config.model_config
+    assert model_config is not None, "the KV cache is sized for a model"
+    max_model_len = model_config.max_model_len
+    assert isinstance(max_model_len, int), "ModelConfig resolves max_model_len"
+    return max_model_len
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -292,7 +308,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
     def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
         return (
             self.max_admission_blocks_per_request(
-                _max_in_flight_tokens(vllm_config), vllm_config.model_config.max_model_len
+                get_max_in_flight_tokens(vllm_config), get_max_model_len(vllm_config)
             )
             * self.page_size_bytes
         )
@@ -327,7 +343,7 @@ class SlidingWindowSpec(AttentionSpec):
     def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
         return (
             self.max_admission_blocks_per_request(
-                _max_in_flight_tokens(vllm_config), vllm_config.model_config.max_model_len
+                get_max_in_flight_tokens(vllm_config), get_max_model_len(vllm_config)
             )
             * self.page_size_bytes
         )
@@ -371,7 +387,7 @@ class MambaSpec(KVCacheSpec):
         # (MambaManager refuses the others), so the spec's own field decides.
         mode = self.mamba_cache_mode
         if mode == "all":
-            max_model_len = vllm_config.model_config.max_model_len
+            max_model_len = get_max_model_len(vllm_config)
             return (
                 cdiv(max_model_len, self.block_size) + self.num_speculative_blocks
             ) * self.page_size_bytes
@@ -440,7 +456,7 @@ class KVCacheConfig:
     @property
     def has_mixed_precision_kv_cache(self) -> bool:
         """Whether attention groups store KV at more than one precision."""
-        precisions = set()
+        precisions: set[tuple[torch.dtype, KVQuantMode]] = set()
         for group in self.kv_cache_groups:
             spec = group.kv_cache_spec
             specs = getattr(spec, "kv_cache_specs", {"": spec}).values()
@@ -505,5 +521,7 @@ __all__ = [
     "get_kv_cache_spec_kind",
     "get_kv_cache_spec_sliding_window",
     "get_kv_quant_mode",
+    "get_max_in_flight_tokens",
+    "get_max_model_len",
     "is_quantized_kv_cache",
 ]

@@ -13,12 +13,20 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TypeVar
 
 from vllm.utils import cdiv
-from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
+
+_SpecT = TypeVar("_SpecT", bound=AttentionSpec)
 
 
-def _mla_merge(cls: type, specs: list, extra: tuple[str, ...]) -> AttentionSpec:
+def _mla_merge(cls: type[_SpecT], specs: list[KVCacheSpec], extra: tuple[str, ...]) -> _SpecT:
     assert all(isinstance(s, cls) for s in specs), (
         f"All attention layers in the same KV cache group must be {cls.__name__}."
     )
@@ -32,7 +40,9 @@ def _mla_merge(cls: type, specs: list, extra: tuple[str, ...]) -> AttentionSpec:
         assert len({getattr(s, name) for s in specs}) == 1, (
             f"All attention layers in the same KV cache group must use the same {name}."
         )
-    return copy.deepcopy(specs[0])
+    first = specs[0]
+    assert isinstance(first, cls)
+    return copy.deepcopy(first)
 
 
 def _apply_alignment_padding(spec: MLAAttentionSpec | SlidingWindowMLASpec) -> None:
@@ -65,7 +75,7 @@ class MLAAttentionSpec(FullAttentionSpec):
         return self.block_size // self.compress_ratio
 
     @classmethod
-    def merge(cls, specs: list) -> MLAAttentionSpec:
+    def merge(cls, specs: list[KVCacheSpec]) -> MLAAttentionSpec:
         return _mla_merge(cls, specs, ())
 
 
@@ -96,5 +106,5 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
         return self.block_size // self.compress_ratio
 
     @classmethod
-    def merge(cls, specs: list) -> SlidingWindowMLASpec:
+    def merge(cls, specs: list[KVCacheSpec]) -> SlidingWindowMLASpec:
         return _mla_merge(cls, specs, ("sliding_window", "extra_retained_tokens"))

@@ -158,7 +158,10 @@ class Request:
         )
         self.num_nans_in_logits = 0
 
+        self.max_tokens: int
         if sampling_params is not None:
+            # The input processor turns None ("up to max_model_len") into a count.
+            assert sampling_params.max_tokens is not None, "max_tokens must be resolved"
             self.max_tokens = sampling_params.max_tokens
         elif pooling_params is not None:
             self.max_tokens = 1

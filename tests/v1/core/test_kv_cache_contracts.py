@@ -6,6 +6,7 @@ the unbuilt features those contracts can name."""
 import pytest
 import torch
 
+from tests.v1.core.scheduler_utils import create_scheduler
 from tests.v1.core.utils import make_kv_cache_config, make_request
 from vllm.config import KVTransferConfig, SpeculativeConfig, VllmConfig
 from vllm.distributed.kv_events import BlockStored
@@ -36,6 +37,8 @@ from vllm.v1.kv_cache_interface import (
     UniformTypeKVCacheSpecs,
     get_kv_cache_spec_kind,
     get_kv_cache_spec_sliding_window,
+    get_max_in_flight_tokens,
+    get_max_model_len,
 )
 from vllm.v1.metrics.stats import CachingMetrics, PrefixCacheStats
 from vllm.v1.request import Request
@@ -295,3 +298,20 @@ def test_evictable_hit_is_counted_once_and_not_allocated_again():
     assert manager.req_to_blocks["r"][0] is evictable and evictable.ref_cnt == 1
     with pytest.raises(NotImplementedError, match="Partial-block"):
         manager.add_local_computed_blocks("s", [pool.blocks[2]], 1, 0)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_windowed_kv_sizing_matches_the_schedulers_admission_cap(async_scheduling):
+    """A sliding-window request is sized (max_memory_usage_bytes) for the blocks
+    the scheduler's admission cap lets it hold: one token budget per batch in
+    flight, two batches with async scheduling."""
+    scheduler = create_scheduler(
+        max_num_batched_tokens=32, max_model_len=512, async_scheduling=async_scheduling
+    )
+    config = scheduler.vllm_config
+    in_flight = get_max_in_flight_tokens(config)
+    assert in_flight == config.max_concurrent_batches * 32
+    assert scheduler.kv_cache_manager.max_in_flight_tokens == in_flight
+    spec = _attn(SlidingWindowSpec, sliding_window=16)
+    blocks = spec.max_admission_blocks_per_request(in_flight, get_max_model_len(config))
+    assert spec.max_memory_usage_bytes(config) == blocks * spec.page_size_bytes

@@ -14,7 +14,13 @@ from vllm.logger import init_logger
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
 from vllm.v1.core.single_type_kv_cache_manager import get_manager_for_kv_cache_spec
-from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec, MambaSpec
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -27,11 +33,10 @@ def _admission_cap(
 ) -> int | None:
     """Most blocks one request of a windowed spec holds at once (the same bound
     the KV cache was sized with); None for specs that keep every block."""
-    cap = getattr(spec, "max_admission_blocks_per_request", None)
-    if cap is None:
+    if not isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
         return None
     in_flight = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
-    return cap(in_flight, max_model_len)
+    return spec.max_admission_blocks_per_request(in_flight, max_model_len)
 
 
 class KVCacheCoordinator(ABC):
@@ -226,13 +231,15 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     of different attention types (hybrid models). Not built: hybrid models run
     without prefix caching here, and constructing this is refused."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         raise NotImplementedError(
             "Prefix caching with several KV cache groups (hybrid models) is not "
             "supported; disable prefix caching."
         )
 
-    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):  # pragma: no cover
+    def find_longest_cache_hit(
+        self, block_hashes: list[BlockHash], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:  # pragma: no cover - never constructed
         raise NotImplementedError
 
 

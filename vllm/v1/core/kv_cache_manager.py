@@ -3,8 +3,9 @@
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
-from vllm.distributed.kv_events import BlockStored
+from vllm.distributed.kv_events import BlockStored, KVCacheEvent
 from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
@@ -40,6 +41,12 @@ class KVCacheBlocks:
                 for blocks_1, blocks_2 in zip(self.blocks, other.blocks)
             )
         )
+
+    @overload
+    def get_block_ids(self, allow_none: Literal[False] = False) -> tuple[list[int], ...]: ...
+
+    @overload
+    def get_block_ids(self, allow_none: bool) -> tuple[list[int], ...] | None: ...
 
     def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
         """Block ids per group; None if ``allow_none`` and there are no blocks."""
@@ -389,7 +396,7 @@ class KVCacheManager:
         """
         return self.coordinator.get_num_common_prefix_blocks(running_request_id)
 
-    def take_events(self) -> list:
+    def take_events(self) -> list[KVCacheEvent]:
         """The KV cache events since the last call (see `BlockPool`); stored
         blocks are labelled with their group's spec kind and window here (the
         pool knows blocks, not specs)."""
@@ -411,9 +418,7 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The block ids of a request, per group."""
-        block_ids = self.get_blocks(request_id).get_block_ids()
-        assert block_ids is not None
-        return block_ids
+        return self.get_blocks(request_id).get_block_ids()
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's full blocks among its first

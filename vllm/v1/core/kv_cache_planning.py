@@ -33,6 +33,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowMLASpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
+    get_max_model_len,
 )
 
 if TYPE_CHECKING:
@@ -57,7 +58,8 @@ def estimate_max_model_len(
     fits. max_model_len is changed during the search and restored after.
     """
     model_config = vllm_config.model_config
-    original_max_model_len = model_config.max_model_len
+    assert model_config is not None, "the KV cache is sized for a model"
+    original_max_model_len = get_max_model_len(vllm_config)
 
     def fits(model_len: int) -> bool:
         model_config.max_model_len = model_len
@@ -92,7 +94,7 @@ def check_enough_kv_cache_memory(
             "No available memory for the cache blocks. Try increasing "
             "`gpu_memory_utilization` when initializing the engine."
         )
-    max_model_len = vllm_config.model_config.max_model_len
+    max_model_len = get_max_model_len(vllm_config)
     needed_memory = max_memory_usage_bytes(vllm_config, kv_cache_spec.values())
     if needed_memory <= available_memory:
         return
@@ -149,13 +151,14 @@ def is_kv_cache_spec_uniform(kv_cache_spec: dict[str, KVCacheSpec]) -> bool:
 def _merge_group_spec(layer_specs: list[KVCacheSpec]) -> KVCacheSpec:
     """The spec of a group: the layers' common spec (the window, if all
     full-attention layers of the group share one, is kept)."""
-    if not isinstance(layer_specs[0], FullAttentionSpec):
-        return layer_specs[0].merge(layer_specs)
+    first = layer_specs[0]
+    if not isinstance(first, FullAttentionSpec):
+        return first.merge(layer_specs)
     windows = {
         spec.sliding_window for spec in layer_specs if isinstance(spec, FullAttentionSpec)
     } - {None}
     window = windows.pop() if len(windows) == 1 else None
-    return replace(copy.deepcopy(_without_window(layer_specs[0])), sliding_window=window)
+    return replace(copy.deepcopy(first), sliding_window=window, attention_chunk_size=None)
 
 
 def get_kv_cache_groups(
@@ -295,10 +298,12 @@ def get_kv_cache_capacity(
 ) -> tuple[int, float]:
     """(tokens the cache holds counted in max_model_len requests, max concurrency)."""
     max_concurrency = get_max_concurrency_for_kv_cache_config(vllm_config, kv_cache_config)
-    return int(max_concurrency * vllm_config.model_config.max_model_len), max_concurrency
+    return int(max_concurrency * get_max_model_len(vllm_config)), max_concurrency
 
 
-def group_and_unify_kv_cache_specs(kv_cache_spec: dict[str, KVCacheSpec]) -> list | None:
+def group_and_unify_kv_cache_specs(
+    kv_cache_spec: dict[str, KVCacheSpec],
+) -> list[UniformTypeKVCacheSpecs] | None:
     """Upstream packs sliding-window MLA layers of different page sizes into
     tuples of layers (DeepSeek-V4). None when no such packing is needed; the
     packing itself is not built and is refused."""
@@ -320,7 +325,7 @@ def _report_kv_cache_config(vllm_config: "VllmConfig", config: KVCacheConfig) ->
     logger.info("GPU KV cache size: %s tokens", f"{config.num_blocks * block_size:,}")
     logger.info(
         "Maximum concurrency for %s tokens per request: %.2fx",
-        f"{vllm_config.model_config.max_model_len:,}",
+        f"{get_max_model_len(vllm_config):,}",
         max_concurrency,
     )
 

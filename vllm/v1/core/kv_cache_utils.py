@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, NewType
 from vllm.logger import init_logger
 from vllm.utils.hashing import xxhash, xxhash_cbor
 
-# Re-exported: callers import the planning API from this module.
-from vllm.v1.core.kv_cache_planning import (  # noqa: F401
+# Re-exported (listed in __all__): callers import the planning API from this
+# module, upstream's path for it.
+from vllm.v1.core.kv_cache_planning import (
     check_enough_kv_cache_memory,
     estimate_max_model_len,
     generate_scheduler_kv_cache_config,
@@ -409,3 +410,36 @@ def get_request_block_hasher(
         return new_block_hashes
 
     return request_block_hasher
+
+
+__all__ = [
+    "BlockHash",
+    "BlockHashWithGroupId",
+    "DEFAULT_NONE_HASH_SEED",
+    "ExternalBlockHash",
+    "FreeKVCacheBlockQueue",
+    "KVCacheBlock",
+    "check_enough_kv_cache_memory",
+    "estimate_max_model_len",
+    "generate_block_hash_extra_keys",
+    "generate_scheduler_kv_cache_config",
+    "get_block_hash",
+    "get_group_id",
+    "get_kv_cache_capacity",
+    "get_kv_cache_config_from_groups",
+    "get_kv_cache_configs",
+    "get_kv_cache_groups",
+    "get_max_concurrency_for_kv_cache_config",
+    "get_num_blocks",
+    "get_request_block_hasher",
+    "group_and_unify_kv_cache_specs",
+    "hash_block_tokens",
+    "init_none_hash",
+    "is_kv_cache_spec_uniform",
+    "make_block_hash_with_group_id",
+    "max_memory_usage_bytes",
+    "may_override_num_blocks",
+    "maybe_convert_block_hash",
+    "resolve_none_hash_seed",
+    "unify_hybrid_kv_cache_specs",
+]

@@ -26,6 +26,7 @@ from vllm.v1.core.sched.scheduling_step import SchedulingStep
 from vllm.v1.core.sched.structured_output import StructuredOutputScheduling
 from vllm.v1.core.sched.utils import check_stop, remove_all
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.kv_cache_interface import get_max_in_flight_tokens, get_max_model_len
 from vllm.v1.metrics.stats import SchedulerStats
 from vllm.v1.request import Request, RequestStatus
 
@@ -75,7 +76,7 @@ class Scheduler(SchedulerInterface):
 
         self.max_num_running_reqs = self.scheduler_config.max_num_seqs
         self.max_num_scheduled_tokens = self.scheduler_config.max_num_batched_tokens
-        self.max_model_len = vllm_config.model_config.max_model_len
+        self.max_model_len = get_max_model_len(vllm_config)
         self.block_size = block_size or self.cache_config.block_size
 
         # req_id -> Request, for every unfinished request.
@@ -98,11 +99,7 @@ class Scheduler(SchedulerInterface):
             max_model_len=self.max_model_len,
             scheduler_block_size=self.block_size,
             hash_block_size=hash_block_size or self.block_size,
-            # Tokens scheduled but not yet processed: one full budget per batch
-            # in flight (upstream's VllmConfig.max_in_flight_tokens).
-            max_in_flight_tokens=(
-                vllm_config.max_concurrent_batches * self.max_num_scheduled_tokens
-            ),
+            max_in_flight_tokens=get_max_in_flight_tokens(vllm_config),
             enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats,
             watermark=self.scheduler_config.watermark,

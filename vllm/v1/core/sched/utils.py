@@ -4,16 +4,19 @@ structured-output requests sample in a step."""
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from vllm.v1.request import RequestStatus
 
 if TYPE_CHECKING:
+    from vllm.sampling_params import SamplingParams
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
+_T = TypeVar("_T")
 
-def remove_all(lst: list, items_to_remove: set) -> list:
+
+def remove_all(lst: list[_T], items_to_remove: set[_T]) -> list[_T]:
     """Remove every element of `items_to_remove` from `lst`.
 
     Removing one item (the common case: one request finished) is done in
@@ -30,13 +33,13 @@ def remove_all(lst: list, items_to_remove: set) -> list:
     return [item for item in lst if item not in items_to_remove]
 
 
-def _eos_token_id(request: Request) -> int | None:
+def _eos_token_id(request: Request, sampling_params: SamplingParams) -> int | None:
     # The engine puts the tokenizer's EOS on the request; requests built
     # without one fall back to the id the sampling params learnt from the
     # generation config.
     if request.eos_token_id is not None:
         return request.eos_token_id
-    return request.sampling_params.eos_token_id
+    return sampling_params.eos_token_id
 
 
 def check_stop(request: Request, max_model_len: int) -> bool:
@@ -67,7 +70,7 @@ def check_stop(request: Request, max_model_len: int) -> bool:
         return False
 
     last_token_id = request.output_token_ids[-1]
-    if not sampling_params.ignore_eos and last_token_id == _eos_token_id(request):
+    if not sampling_params.ignore_eos and last_token_id == _eos_token_id(request, sampling_params):
         request.status = RequestStatus.FINISHED_STOPPED
         return True
     if last_token_id in (sampling_params.stop_token_ids or ()):

@@ -40,9 +40,9 @@ class FinishReason(enum.IntEnum):
 
 class EngineCoreRequest(
     msgspec.Struct,
-    array_like=True,  # type: ignore[call-arg]
-    omit_defaults=True,  # type: ignore[call-arg]
-    gc=False,  # type: ignore[call-arg]
+    array_like=True,
+    omit_defaults=True,
+    gc=False,
 ):
     request_id: str
     prompt_token_ids: list[int] | None
@@ -103,9 +103,9 @@ class EngineCoreEvent(msgspec.Struct):
 
 class EngineCoreOutput(
     msgspec.Struct,
-    array_like=True,  # type: ignore[call-arg]
-    omit_defaults=True,  # type: ignore[call-arg]
-    gc=False,  # type: ignore[call-arg]
+    array_like=True,
+    omit_defaults=True,
+    gc=False,
 ):
     request_id: str
     new_token_ids: list[int]
@@ -134,8 +134,8 @@ class UtilityResult:
 
 class UtilityOutput(
     msgspec.Struct,
-    array_like=True,  # type: ignore[call-arg]
-    gc=False,  # type: ignore[call-arg]
+    array_like=True,
+    gc=False,
 ):
     call_id: int
     failure_message: str | None = None
@@ -144,9 +144,9 @@ class UtilityOutput(
 
 class EngineCoreOutputs(
     msgspec.Struct,
-    array_like=True,  # type: ignore[call-arg]
-    omit_defaults=True,  # type: ignore[call-arg]
-    gc=False,  # type: ignore[call-arg]
+    array_like=True,
+    omit_defaults=True,
+    gc=False,
 ):
     engine_index: int = 0
     outputs: list[EngineCoreOutput] = []

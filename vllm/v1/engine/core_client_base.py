@@ -88,9 +88,9 @@ class EngineCoreClient(ABC):
     @abstractmethod
     def collective_rpc(
         self,
-        method: str | Callable,
+        method: str | Callable[..., Any],
         timeout: float | None = None,
-        args: tuple = (),
+        args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
         """Call `method` on every worker and return their results."""
@@ -136,9 +136,9 @@ class InprocClient(EngineCoreClient):
 
     def collective_rpc(
         self,
-        method: str | Callable,
+        method: str | Callable[..., Any],
         timeout: float | None = None,
-        args: tuple = (),
+        args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
         return self.engine_core.collective_rpc(method, timeout, args, kwargs)

@@ -58,7 +58,8 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-AnyFuture = asyncio.Future | concurrent.futures.Future
+# A utility call's pending result: asyncio's (AsyncMPClient) or a thread's (SyncMPClient).
+AnyFuture = asyncio.Future[Any] | concurrent.futures.Future[Any]
 
 
 @dataclass
@@ -66,11 +67,12 @@ class BackgroundResources:
     """What an MP client must release, kept apart from the client so that a
     weakref finalizer (GC or interpreter exit) can release it."""
 
-    ctx: zmq.Context
+    ctx: zmq.SyncContext
     engine_manager: CoreEngineProcManager | None = None
-    input_socket: zmq.Socket | None = None
-    output_socket: zmq.Socket | None = None
-    output_queue_task: asyncio.Task | None = None
+    # Made on the client's context: zmq.asyncio sockets for AsyncMPClient.
+    input_socket: zmq.Socket[Any] | None = None
+    output_socket: zmq.Socket[Any] | None = None
+    output_queue_task: asyncio.Task[None] | None = None
     shutdown_path: str | None = None
     # Callbacks run (once) when the engine is found dead.
     on_engine_dead: list[Callable[[], None]] = field(default_factory=list)
@@ -151,8 +153,10 @@ class MPClient(EngineCoreClient):
         self.vllm_config = vllm_config
         self.encoder = MsgpackEncoder()
         self.decoder = MsgpackDecoder(EngineCoreOutputs)
-        sync_ctx = zmq.Context(io_threads=2)
-        self.ctx = zmq.asyncio.Context(sync_ctx) if asyncio_mode else sync_ctx
+        sync_ctx: zmq.SyncContext = zmq.Context(io_threads=2)
+        self.ctx: zmq.SyncContext | zmq.asyncio.Context = (
+            zmq.asyncio.Context(sync_ctx) if asyncio_mode else sync_ctx
+        )
         self.resources = BackgroundResources(ctx=sync_ctx)
         self._finalizer = weakref.finalize(self, self.resources)
         self.utility_results: dict[int, AnyFuture] = {}
@@ -163,9 +167,10 @@ class MPClient(EngineCoreClient):
                 addresses,
             ):
                 self.resources.engine_manager = engine_manager
-            self.input_socket = self.resources.input_socket = make_zmq_socket(
+            self.input_socket: zmq.Socket[Any] = make_zmq_socket(
                 self.ctx, addresses.inputs[0], zmq.ROUTER, bind=True
             )
+            self.resources.input_socket = self.input_socket
             self.resources.output_socket = make_zmq_socket(
                 self.ctx, addresses.outputs[0], zmq.PULL, bind=True
             )
@@ -179,7 +184,7 @@ class MPClient(EngineCoreClient):
 
     def _wait_for_engine_registration(self) -> None:
         """The core's first (empty) message makes its identity routable."""
-        sync_input_socket = zmq.Socket.shadow(self.input_socket)
+        sync_input_socket: zmq.SyncSocket = zmq.Socket.shadow(self.input_socket)
         timeout_ms = envs.VLLM_ENGINE_READY_TIMEOUT_S * 1000
         if not sync_input_socket.poll(timeout=timeout_ms):
             raise TimeoutError("Timed out waiting for the engine core to connect its input socket.")
@@ -284,7 +289,7 @@ class SyncMPClient(MPClient):
 
     def call_utility(self, method: str, *args: Any) -> Any:
         call_id = self._new_call_id()
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.utility_results[call_id] = future
         self._send_input(EngineCoreRequestType.UTILITY, (0, call_id, method, args))
         return future.result()
@@ -297,17 +302,19 @@ class SyncMPClient(MPClient):
             self._send_input(EngineCoreRequestType.ABORT, request_ids)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        return self.call_utility("reset_prefix_cache", reset_running_requests)
+        reset: bool = self.call_utility("reset_prefix_cache", reset_running_requests)
+        return reset
 
     def collective_rpc(
         self,
-        method: str | Callable,
+        method: str | Callable[..., Any],
         timeout: float | None = None,
-        args: tuple = (),
+        args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
         _check_rpc_method(method)
-        return self.call_utility("collective_rpc", method, timeout, args, kwargs)
+        results: list[Any] = self.call_utility("collective_rpc", method, timeout, args, kwargs)
+        return results
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
         self.call_utility("sleep", level, mode)
@@ -316,19 +323,21 @@ class SyncMPClient(MPClient):
         self.call_utility("wake_up", tags)
 
     def is_sleeping(self) -> bool:
-        return self.call_utility("is_sleeping")
+        sleeping: bool = self.call_utility("is_sleeping")
+        return sleeping
 
 
 def _process_outputs_socket(
     resources: BackgroundResources,
     decoder: MsgpackDecoder,
     utility_results: dict[int, AnyFuture],
-    outputs_queue: queue.Queue,
+    outputs_queue: queue.Queue[EngineCoreOutputs | Exception],
     ready: threading.Event,
 ) -> None:
     """SyncMPClient's output thread: decode outputs until shutdown or engine death."""
     block_shutdown_signals()
     output_socket = resources.output_socket
+    assert output_socket is not None and resources.shutdown_path is not None
     shutdown_socket = resources.ctx.socket(zmq.PAIR)
     shutdown_socket.bind(resources.shutdown_path)
     ready.set()
@@ -405,7 +414,7 @@ class AsyncMPClient(MPClient):
         if resources.output_queue_task is not None:
             return
         self._loop = asyncio.get_running_loop()
-        output_socket = resources.output_socket
+        output_socket = _async_socket(resources.output_socket)
         outputs_queue = self.outputs_queue
         decoder, utility_results = self.decoder, self.utility_results
 
@@ -443,7 +452,7 @@ class AsyncMPClient(MPClient):
     async def _send_input(self, request_type: EngineCoreRequestType, request: Any) -> None:
         self.ensure_alive()
         self._ensure_output_queue_task()
-        await self.input_socket.send_multipart(
+        await _async_socket(self.input_socket).send_multipart(
             self._encode_input(request_type, request), copy=False
         )
 
@@ -463,17 +472,21 @@ class AsyncMPClient(MPClient):
             await self._send_input(EngineCoreRequestType.ABORT, request_ids)
 
     async def reset_prefix_cache_async(self, reset_running_requests: bool = False) -> bool:
-        return await self.call_utility_async("reset_prefix_cache", reset_running_requests)
+        reset: bool = await self.call_utility_async("reset_prefix_cache", reset_running_requests)
+        return reset
 
     async def collective_rpc_async(
         self,
-        method: str | Callable,
+        method: str | Callable[..., Any],
         timeout: float | None = None,
-        args: tuple = (),
+        args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
         _check_rpc_method(method)
-        return await self.call_utility_async("collective_rpc", method, timeout, args, kwargs)
+        results: list[Any] = await self.call_utility_async(
+            "collective_rpc", method, timeout, args, kwargs
+        )
+        return results
 
     async def sleep_async(self, level: int = 1, mode: str = "abort") -> None:
         await self.call_utility_async("sleep", level, mode)
@@ -482,7 +495,8 @@ class AsyncMPClient(MPClient):
         await self.call_utility_async("wake_up", tags)
 
     async def is_sleeping_async(self) -> bool:
-        return await self.call_utility_async("is_sleeping")
+        sleeping: bool = await self.call_utility_async("is_sleeping")
+        return sleeping
 
     # The synchronous interface does not apply to an asyncio client.
     def get_output(self) -> EngineCoreOutputs:
@@ -499,9 +513,9 @@ class AsyncMPClient(MPClient):
 
     def collective_rpc(
         self,
-        method: str | Callable,
+        method: str | Callable[..., Any],
         timeout: float | None = None,
-        args: tuple = (),
+        args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
         raise NotImplementedError("AsyncMPClient: use collective_rpc_async()")
@@ -514,7 +528,13 @@ def _fail_pending_utilities(utility_results: dict[int, AnyFuture]) -> None:
     utility_results.clear()
 
 
-def _check_rpc_method(method: str | Callable) -> None:
+def _async_socket(socket: zmq.Socket[Any] | None) -> zmq.asyncio.Socket:
+    """AsyncMPClient's sockets, made on its zmq.asyncio context."""
+    assert isinstance(socket, zmq.asyncio.Socket)
+    return socket
+
+
+def _check_rpc_method(method: str | Callable[..., Any]) -> None:
     if not isinstance(method, str):
         raise TypeError(
             "collective_rpc across processes takes a method name: functions "

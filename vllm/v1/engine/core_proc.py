@@ -144,13 +144,15 @@ class EngineCoreProc(EngineCore):
                 error = f"{type(e).__name__}: {e}"
                 socket.send(encode_handshake({"status": "FAILED", "error": error}))
                 raise
+            model_config = self.vllm_config.model_config
+            assert model_config is not None  # EngineCore.__init__ checked it
             socket.send(
                 encode_handshake(
                     {
                         "status": "READY",
                         "local": local_client,
                         "num_gpu_blocks": self.vllm_config.cache_config.num_gpu_blocks or 0,
-                        "max_model_len": self.vllm_config.model_config.max_model_len,
+                        "max_model_len": model_config.max_model_len,
                     }
                 )
             )
@@ -159,9 +161,10 @@ class EngineCoreProc(EngineCore):
 
     @staticmethod
     def run_engine_core(
-        *args: Any, dp_rank: int = 0, death_pipe: Connection | None = None, **kwargs: Any
+        *, dp_rank: int = 0, death_pipe: Connection | None = None, **kwargs: Any
     ) -> None:
-        """Entry point of the engine-core process (spawned by the client)."""
+        """Entry point of the engine-core process (spawned by the client; every
+        argument is a keyword: `kwargs` are EngineCoreProc's)."""
         shutdown_requested = False
 
         def signal_handler(signum: int, frame: Any) -> None:
@@ -177,7 +180,7 @@ class EngineCoreProc(EngineCore):
             watch_parent(death_pipe)
         engine_core: EngineCoreProc | None = None
         try:
-            engine_core = EngineCoreProc(*args, engine_index=dp_rank, **kwargs)
+            engine_core = EngineCoreProc(engine_index=dp_rank, **kwargs)
             engine_core.run_busy_loop()
         except SystemExit:
             logger.debug("EngineCore exiting.")
@@ -288,7 +291,7 @@ class EngineCoreProc(EngineCore):
         self.output_queue.put_nowait((client_idx, EngineCoreOutputs(utility_output=output)))
 
     def _send_utility_future(
-        self, client_idx: int, call_id: int, method_name: str, future: Future
+        self, client_idx: int, call_id: int, method_name: str, future: Future[Any]
     ) -> None:
         output = UtilityOutput(call_id)
         if (e := future.exception()) is not None:

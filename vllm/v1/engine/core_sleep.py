@@ -252,7 +252,8 @@ def validate_wake_up_tags(vllm_config: VllmConfig, tags: Any) -> None:
 
 
 def _require_sleep_mode(vllm_config: VllmConfig) -> None:
-    if not vllm_config.model_config.enable_sleep_mode:
+    model_config = vllm_config.model_config
+    if model_config is None or not model_config.enable_sleep_mode:
         raise ValueError(
             "Sleep mode is not enabled: start the engine with "
             "enable_sleep_mode=True (--enable-sleep-mode)."

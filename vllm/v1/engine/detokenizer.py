@@ -27,6 +27,9 @@ from vllm.transformers_utils.detokenizer_utils import (
 from vllm.v1.engine import EngineCoreRequest
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from tokenizers.decoders import DecodeStream
+
     from vllm.tokenizers import TokenizerLike
 
 logger = init_logger(__name__)
@@ -63,15 +66,18 @@ class IncrementalDetokenizer:
     ) -> IncrementalDetokenizer:
         if tokenizer is None:
             return IncrementalDetokenizer()
-        if _has_fast_backend(tokenizer):
+        if _fast_backend(tokenizer) is not None:
             return FastIncrementalDetokenizer(tokenizer, request)
         return SlowIncrementalDetokenizer(tokenizer, request)
 
 
-def _has_fast_backend(tokenizer: TokenizerLike) -> bool:
+def _fast_backend(tokenizer: TokenizerLike) -> Tokenizer | None:
+    """The Rust `tokenizers.Tokenizer` of a Hugging Face fast tokenizer (its
+    public `backend_tokenizer`), or None for a Python-only tokenizer."""
     from tokenizers import Tokenizer
 
-    return isinstance(getattr(tokenizer, "_tokenizer", None), Tokenizer)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend if isinstance(backend, Tokenizer) else None
 
 
 class BaseIncrementalDetokenizer(IncrementalDetokenizer, ABC):
@@ -157,15 +163,13 @@ class FastIncrementalDetokenizer(BaseIncrementalDetokenizer):
 
     def __init__(self, tokenizer: TokenizerLike, request: EngineCoreRequest) -> None:
         super().__init__(request)
-        from tokenizers.decoders import DecodeStream
-
         params = request.sampling_params
+        assert params is not None  # checked by the base class
+        backend = _fast_backend(tokenizer)
+        assert backend is not None, "a fast tokenizer (from_new_request checks it)"
         self.request_id = request.request_id
         self.skip_special_tokens = params.skip_special_tokens
-        self.tokenizer = tokenizer._tokenizer
-        self._make_stream = lambda ids: DecodeStream(
-            ids=ids, skip_special_tokens=self.skip_special_tokens
-        )
+        self.tokenizer = backend
         self.stream = self._make_stream(list(request.prompt_token_ids or []))
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         # Without spaces between special tokens, consecutive added tokens are
@@ -180,6 +184,11 @@ class FastIncrementalDetokenizer(BaseIncrementalDetokenizer):
             }
             self.spaces_between_special_tokens = not self.added_token_ids
         self.last_special = False
+
+    def _make_stream(self, prompt_ids: list[int] | None) -> DecodeStream:
+        from tokenizers.decoders import DecodeStream
+
+        return DecodeStream(ids=prompt_ids, skip_special_tokens=self.skip_special_tokens)
 
     def decode_next(self, next_token_id: int) -> str:
         text = self._protected_step(next_token_id)
@@ -213,6 +222,7 @@ class SlowIncrementalDetokenizer(BaseIncrementalDetokenizer):
     def __init__(self, tokenizer: TokenizerLike, request: EngineCoreRequest) -> None:
         super().__init__(request)
         params = request.sampling_params
+        assert params is not None  # checked by the base class
         self.tokenizer = tokenizer
         self.skip_special_tokens = params.skip_special_tokens
         self.spaces_between_special_tokens = params.spaces_between_special_tokens

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
+# A step's forward pass or sampling, launched on the workers (non_block=True).
+StepFuture: TypeAlias = "Future[ModelRunnerOutput | None]"
+
 
 def get_scheduler_cls(scheduler_config: SchedulerConfig) -> type[Scheduler]:
     """The scheduler class the engine core builds: `AsyncScheduler` with async
@@ -77,12 +80,14 @@ class EngineCore:
     ) -> None:
         self.vllm_config = vllm_config
         self.log_stats = log_stats
+        model_config = vllm_config.model_config
+        assert model_config is not None, "an engine core needs a model"
         logger.info(
             "Initializing a V1 LLM engine with config: model=%r, dtype=%s, "
             "max_model_len=%d, block_size=%d, prefix_caching=%s",
-            vllm_config.model_config.model,
-            vllm_config.model_config.dtype,
-            vllm_config.model_config.max_model_len,
+            model_config.model,
+            model_config.dtype,
+            model_config.max_model_len,
             vllm_config.cache_config.block_size,
             vllm_config.cache_config.enable_prefix_caching,
         )
@@ -122,13 +127,13 @@ class EngineCore:
         # 4. Steps in flight: more than one only with async scheduling.
         self.batch_queue_size = self.model_executor.max_concurrent_batches
         # (output future, forward-pass future, what was scheduled), newest first.
-        self.batch_queue: deque[tuple[Future, Future, SchedulerOutput]] | None = None
+        self.batch_queue: deque[tuple[StepFuture, StepFuture, SchedulerOutput]] | None = None
         if self.batch_queue_size > 1:
             logger.info("Batch queue is enabled with size %d", self.batch_queue_size)
             self.batch_queue = deque(maxlen=self.batch_queue_size)
         # A scheduled step whose sampling waits for the steps in flight (its
         # grammar bitmask needs their tokens): (forward-pass future, step).
-        self._deferred_sampling: tuple[Future, SchedulerOutput] | None = None
+        self._deferred_sampling: tuple[StepFuture, SchedulerOutput] | None = None
         self.step_fn: StepFn = self.step if self.batch_queue is None else self.step_with_batch_queue
         self.sleep_manager = SleepManager(vllm_config, self)
         # In process: outputs made outside `step` (see _emit_outputs).
@@ -192,14 +197,17 @@ class EngineCore:
         if not self.scheduler.has_requests():
             return {}, False
         scheduler_output = self.scheduler.schedule()
-        future = self.model_executor.execute_model(scheduler_output, non_block=True)
+        future = self._launch_forward(scheduler_output)
         # Built while the forward pass runs.
         grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)
         with self.log_error_detail(scheduler_output):
-            model_output = future.result()
-            if model_output is None:
+            forward_output = future.result()
+            if forward_output is None:
                 # The runner stopped after the forward pass: sample now.
-                model_output = self.model_executor.sample_tokens(grammar_output)
+                sampled = self.model_executor.sample_tokens(grammar_output)
+                assert sampled is not None and not isinstance(sampled, Future)
+                forward_output = sampled
+            model_output = forward_output
         engine_core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
         return engine_core_outputs, scheduler_output.total_num_scheduled_tokens > 0
 
@@ -230,7 +238,7 @@ class EngineCore:
             and not self.sleep_manager.paused
         ):  # a "keep" sleep only finishes the steps in flight
             scheduler_output = self.scheduler.schedule()
-            exec_future = self.model_executor.execute_model(scheduler_output, non_block=True)
+            exec_future = self._launch_forward(scheduler_output)
             model_executed = scheduler_output.total_num_scheduled_tokens > 0
             if not model_executed:
                 batch_queue.appendleft((exec_future, exec_future, scheduler_output))
@@ -248,7 +256,10 @@ class EngineCore:
 
         def wait(_: SchedulerOutput) -> ModelRunnerOutput:
             exec_future.result()  # a failed forward pass raises its own error here
-            return future.result()
+            output = future.result()
+            # A sampled step, or one that scheduled no tokens (the runner's empty output).
+            assert output is not None
+            return output
 
         model_output = self.execute_model_with_error_logging(wait, scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, model_output)
@@ -258,13 +269,21 @@ class EngineCore:
             self._queue_sampling(*deferred)
         return outputs, model_executed
 
-    def _queue_sampling(self, exec_future: Future, scheduler_output: SchedulerOutput) -> None:
+    def _queue_sampling(self, exec_future: StepFuture, scheduler_output: SchedulerOutput) -> None:
         """Queue a launched step's sampling behind its forward pass (on the
         worker) and put the step in the batch queue."""
         assert self.batch_queue is not None
         grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)
         future = self.model_executor.sample_tokens(grammar_output, non_block=True)
+        assert isinstance(future, Future)  # non_block=True: every executor returns one
         self.batch_queue.appendleft((future, exec_future, scheduler_output))
+
+    def _launch_forward(self, scheduler_output: SchedulerOutput) -> StepFuture:
+        """Start the step's forward pass; its Future resolves to the output,
+        or to None when the runner waits for `sample_tokens`."""
+        future = self.model_executor.execute_model(scheduler_output, non_block=True)
+        assert isinstance(future, Future)  # non_block=True: every executor returns one
+        return future
 
     def execute_model_with_error_logging(
         self,
@@ -276,7 +295,7 @@ class EngineCore:
             return model_fn(scheduler_output)
 
     @contextmanager
-    def log_error_detail(self, scheduler_output: SchedulerOutput):
+    def log_error_detail(self, scheduler_output: SchedulerOutput) -> Iterator[None]:
         try:
             yield
         except Exception:
@@ -328,9 +347,9 @@ class EngineCore:
 
     def collective_rpc(
         self,
-        method: str | Callable,
+        method: str | Callable[..., Any],
         timeout: float | None = None,
-        args: tuple = (),
+        args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
         return self.model_executor.collective_rpc(method, timeout, args, kwargs)

@@ -10,7 +10,7 @@ class EngineGenerateError(Exception):
 class EngineDeadError(Exception):
     """The engine core died: every pending and future request fails with this."""
 
-    def __init__(self, *args, suppress_context: bool = False, **kwargs) -> None:
+    def __init__(self, *args: object, suppress_context: bool = False, **kwargs: object) -> None:
         message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
         super().__init__(message, *args, **kwargs)
         # Raised while handling a socket error: hide that (unhelpful) context.

@@ -32,11 +32,11 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 from uuid import uuid4
 
 import msgspec
@@ -82,14 +82,47 @@ def check_zmq_address(path: str) -> None:
     )
 
 
+@overload
 def make_zmq_socket(
-    ctx: zmq.Context | zmq.asyncio.Context,
+    ctx: zmq.asyncio.Context,
     path: str,
     socket_type: int,
     bind: bool | None = None,
     identity: bytes | None = None,
     linger: int | None = None,
-) -> zmq.Socket:
+) -> zmq.asyncio.Socket: ...
+
+
+@overload
+def make_zmq_socket(
+    ctx: zmq.SyncContext,
+    path: str,
+    socket_type: int,
+    bind: bool | None = None,
+    identity: bytes | None = None,
+    linger: int | None = None,
+) -> zmq.SyncSocket: ...
+
+
+@overload
+def make_zmq_socket(
+    ctx: zmq.SyncContext | zmq.asyncio.Context,
+    path: str,
+    socket_type: int,
+    bind: bool | None = None,
+    identity: bytes | None = None,
+    linger: int | None = None,
+) -> zmq.Socket[Any]: ...
+
+
+def make_zmq_socket(
+    ctx: zmq.SyncContext | zmq.asyncio.Context,
+    path: str,
+    socket_type: int,
+    bind: bool | None = None,
+    identity: bytes | None = None,
+    linger: int | None = None,
+) -> zmq.Socket[Any]:
     """Make a socket, bind or connect it to `path`.
 
     bind defaults to True for ROUTER and PULL (the client's ends), False otherwise.
@@ -121,7 +154,7 @@ def zmq_socket_ctx(
     bind: bool | None = None,
     linger: int = 0,
     identity: bytes | None = None,
-) -> Iterator[zmq.Socket]:
+) -> Iterator[zmq.SyncSocket]:
     """A socket on its own context, closed (and the context terminated) on exit."""
     ctx = zmq.Context()
     try:
@@ -239,7 +272,9 @@ class CoreEngineProcManager:
 
 
 def shutdown_processes(
-    procs: list[BaseProcess], death_writers: list[Connection] = (), timeout: float = 5.0
+    procs: list[BaseProcess],
+    death_writers: Sequence[Connection] = (),
+    timeout: float = 5.0,
 ) -> None:
     """SIGTERM, wait up to `timeout` s, then SIGKILL; reap every process."""
     procs = [proc for proc in procs if proc.pid is not None]  # skip any that never started
@@ -293,7 +328,7 @@ def launch_core_engines(
 
 
 def wait_for_engine_startup(
-    handshake_socket: zmq.Socket,
+    handshake_socket: zmq.SyncSocket,
     addresses: EngineZmqAddresses,
     proc_manager: CoreEngineProcManager,
     vllm_config: VllmConfig,
@@ -332,7 +367,7 @@ def wait_for_engine_startup(
 
 
 def _handle_handshake_message(
-    socket: zmq.Socket,
+    socket: zmq.SyncSocket,
     identity: bytes,
     msg: dict[str, Any],
     addresses: EngineZmqAddresses,
@@ -350,6 +385,7 @@ def _handle_handshake_message(
         num_gpu_blocks = int(msg["num_gpu_blocks"])
         max_model_len = int(msg["max_model_len"])
         vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
+        assert vllm_config.model_config is not None  # the engine core started a model
         vllm_config.model_config.max_model_len = max_model_len
         vllm_config.scheduler_config.max_model_len = max_model_len
         pending.discard(identity)

@@ -64,7 +64,7 @@ def _tokenizer_model_max_length(tokenizer: str | None) -> int | None:
 
 
 def _parse_max_model_len(value: int | str | None) -> int | None:
-    """Accepts 4096, "4096", "32k", "1m" (k = 1000, K = 1024, as upstream)."""
+    """Accepts 4096, "4096", "32k", "1m" (k = 1000, K = 1024, as upstream), and None."""
     if value is None or isinstance(value, int):
         return value
     s = value.strip()
@@ -83,7 +83,10 @@ class ModelConfig:
     dtype: str | torch.dtype = "auto"
     seed: int = 0
     revision: str | None = None
-    max_model_len: int | str | None = None
+    # Context length (prompt plus output); an int once constructed. -1 (or
+    # None): derived from the checkpoint; "32k"-style strings are parsed, as by
+    # upstream's validator (_parse_max_model_len).
+    max_model_len: int = -1
     max_logprobs: int = 20
     logprobs_mode: str = "raw_logprobs"
     enforce_eager: bool = False

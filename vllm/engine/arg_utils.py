@@ -322,7 +322,7 @@ class EngineArgs:
             dtype=self.dtype,
             seed=self.seed,
             revision=self.revision,
-            max_model_len=self.max_model_len,
+            max_model_len=-1 if self.max_model_len is None else self.max_model_len,
             max_logprobs=self.max_logprobs,
             logprobs_mode=self.logprobs_mode,
             enforce_eager=self.enforce_eager,

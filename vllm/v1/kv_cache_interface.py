@@ -1,424 +1,50 @@
-"""What the KV cache of each layer looks like (upstream: vllm/v1/kv_cache_interface.py).
+"""What the KV cache of each layer and of each worker looks like (upstream:
+vllm/v1/kv_cache_interface.py, where every name below is imported from).
 
-A KV cache is split into blocks of `block_size` token slots. A spec says how
-many bytes one block of one layer takes (its page) and how blocks are managed
-(full attention keeps every block; a sliding window can drop old ones; a Mamba
-layer keeps one state slot). The spec family and its fields are upstream's, so
-that specs built by upstream code and tests mean the same here; which kinds the
-KV cache manager can serve is decided in `single_type_kv_cache_manager.py`
-(the others are refused there by name). Grouping layers of one type
-(`UniformTypeKVCacheSpecs`) and naming a spec's kind live in
-`kv_cache_spec_registry.py` and are re-exported at the bottom.
+Each layer has a spec (`kv_cache_spec.py`: bytes per block, the most one
+request needs, how layers merge; the MLA family in `kv_cache_spec_mla.py`).
+Layers of one type that share a block table group as
+`UniformTypeKVCacheSpecs`, and `KVCacheSpecRegistry` maps each spec type to
+its manager and grouping base (`kv_cache_spec_registry.py`). Defined here: a
+worker's KV cache layout, `KVCacheConfig` (blocks, tensors, groups), which the
+engine core plans and the workers allocate. The spec family and its fields
+are upstream's, so specs built by upstream code and tests mean the same here;
+which kinds the KV cache manager can serve is decided in
+`vllm/v1/core/single_type_kv_cache_manager.py` (the others are refused there
+by name).
 """
 
 from __future__ import annotations
 
-import copy
-import math
-from dataclasses import dataclass, fields, replace
-from enum import Enum, IntEnum
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
-from vllm.utils import cdiv, get_dtype_size
-
-if TYPE_CHECKING:
-    from vllm.config import VllmConfig
-
-
-class KVQuantMode(IntEnum):
-    """How a KV cache is quantized; backends dispatch on it, not on strings.
-    Only NONE is built here (quantized KV cache dtypes are refused)."""
-
-    NONE = 0
-    FP8_PER_TENSOR = 1
-    INT8_PER_TOKEN_HEAD = 2
-    FP8_PER_TOKEN_HEAD = 3
-    INT4_PER_TOKEN_HEAD = 4
-    NVFP4 = 5
-    TURBOQUANT_K8V4 = 6
-    TURBOQUANT_4BIT_NC = 7
-    TURBOQUANT_K3V4_NC = 8
-    TURBOQUANT_3BIT_NC = 9
-
-    @property
-    def is_per_token_head(self) -> bool:
-        return self in (
-            KVQuantMode.INT8_PER_TOKEN_HEAD,
-            KVQuantMode.FP8_PER_TOKEN_HEAD,
-            KVQuantMode.INT4_PER_TOKEN_HEAD,
-        )
-
-    @property
-    def is_nvfp4(self) -> bool:
-        return self == KVQuantMode.NVFP4
-
-    @property
-    def is_turboquant(self) -> bool:
-        return self.name.startswith("TURBOQUANT_")
-
-
-def get_kv_quant_mode(kv_cache_dtype: str) -> KVQuantMode:
-    """The quant mode a `--kv-cache-dtype` string names."""
-    if kv_cache_dtype in ("int4_per_token_head", "int8_per_token_head", "fp8_per_token_head"):
-        return KVQuantMode[kv_cache_dtype.upper()]
-    if kv_cache_dtype.startswith("nvfp4"):
-        return KVQuantMode.NVFP4
-    if kv_cache_dtype.startswith("turboquant_"):
-        return KVQuantMode[kv_cache_dtype.upper()]
-    if kv_cache_dtype.startswith("fp8"):
-        return KVQuantMode.FP8_PER_TENSOR
-    return KVQuantMode.NONE
-
-
-def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
-    return get_kv_quant_mode(kv_cache_dtype) != KVQuantMode.NONE
-
-
-class KVCacheSpecKind(str, Enum):
-    """A spec's kind by name (KV cache events report it)."""
-
-    FULL_ATTENTION = "full_attention"
-    MLA_ATTENTION = "mla_attention"
-    SLIDING_WINDOW = "sliding_window"
-    SLIDING_WINDOW_MLA = "sliding_window_mla"
-    MAMBA = "mamba"
-    CHUNKED_LOCAL_ATTENTION = "chunked_local_attention"
-    SINK_FULL_ATTENTION = "sink_full_attention"
-    ENCODER_ONLY_ATTENTION = "encoder_only_attention"
-    CROSS_ATTENTION = "cross_attention"
-    UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True)
-class KVCacheSpec:
-    """A layer's KV cache format: block size and bytes per block."""
-
-    block_size: int  # tokens per block
-
-    @property
-    def page_size_bytes(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def storage_block_size(self) -> int:
-        """Token rows one page stores (less than block_size when compressed)."""
-        return self.block_size
-
-    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
-        """Worst-case bytes one request can need in this layer."""
-        raise NotImplementedError
-
-    def max_num_blocks_per_req(self, vllm_config: VllmConfig, max_len: int) -> int:
-        """Block-table row length this layer's group needs for `max_len` tokens."""
-        return cdiv(max_len, self.block_size)
-
-    def copy_with_new_block_size(self, block_size: int) -> KVCacheSpec:
-        return replace(self, block_size=block_size)
-
-    @classmethod
-    def merge(cls, specs: list[KVCacheSpec]) -> KVCacheSpec:
-        """Merge the specs of the layers of one group; they must agree."""
-        assert all(spec == specs[0] for spec in specs[1:]), (
-            "All layers in the same KV cache group must be the same."
-        )
-        return copy.deepcopy(specs[0])
-
-    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
-        """Whether every spec in `kv_cache_specs` is of this spec's type."""
-        from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
-
-        base = KVCacheSpecRegistry.get_uniform_type_base_spec(self)
-        assert base is not None, f"Unsupported KV cache spec type: {type(self)}."
-        return all(isinstance(spec, base) for spec in kv_cache_specs.values())
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttentionSpec(KVCacheSpec):
-    """K and V rows per token and head. A page is
-    num_heads x storage_block_size x (head_size + head_size_v) elements,
-    unless the backend packs it (`num_head_slots`, `state_content_bytes`) or
-    pads it (`page_size_padded`)."""
-
-    num_kv_heads: int
-    head_size: int
-    dtype: torch.dtype
-    head_size_v: int = None  # type: ignore[assignment]  # defaults to head_size
-    kv_quant_mode: KVQuantMode = KVQuantMode.NONE
-    page_size_padded: int | None = None
-    indexes_kv_by_block_stride: bool = False
-    num_head_slots: int | None = None
-    state_content_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.head_size_v is None:
-            object.__setattr__(self, "head_size_v", self.head_size)
-
-    @property
-    def num_heads(self) -> int:
-        return self.num_head_slots if self.num_head_slots is not None else self.num_kv_heads
-
-    @property
-    def state_content_size_bytes(self) -> int:
-        """Bytes per (head slot, token row) cell of the page."""
-        if self.state_content_bytes is not None:
-            return self.state_content_bytes
-        return (self.head_size + self.head_size_v) * get_dtype_size(self.dtype)
-
-    @property
-    def unpadded_page_size_bytes(self) -> int:
-        return self.num_heads * self.storage_block_size * self.state_content_size_bytes
-
-    @property
-    def real_page_size_bytes(self) -> int:
-        return self.unpadded_page_size_bytes
-
-    @property
-    def page_size_bytes(self) -> int:
-        if self.page_size_padded is not None:
-            assert self.page_size_padded >= self.unpadded_page_size_bytes
-            return self.page_size_padded
-        return self.unpadded_page_size_bytes
-
-
-def _merge_window(values: set[int]) -> int | None:
-    if len(values) > 1:
-        raise ValueError(
-            "All attention layers in the same KV cache group must have the same window size."
-        )
-    return values.pop() if values else None
-
-
-@dataclass(frozen=True, kw_only=True)
-class FullAttentionSpec(AttentionSpec):
-    """Attention over every earlier token. `sliding_window` /
-    `attention_chunk_size` are set only when such a layer is served by a
-    full-attention manager (blocks kept for all tokens, attention still
-    windowed in the kernel). `non_causal`: the layer attends bidirectionally."""
-
-    sliding_window: int | None = None
-    attention_chunk_size: int | None = None
-    non_causal: bool = False
-
-    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
-        max_model_len = get_max_model_len(vllm_config)
-        return cdiv(max_model_len, self.block_size) * self.page_size_bytes
-
-    @classmethod
-    def merge_window_sizes(cls, window_sizes: set[int]) -> int | None:
-        return _merge_window(window_sizes)
-
-    @classmethod
-    def merge(cls, specs: list[KVCacheSpec]) -> FullAttentionSpec:
-        """One spec for a group: the attention fields must agree; windows are
-        merged (at most one size); non-causal if any layer is."""
-        full = [s for s in specs if isinstance(s, FullAttentionSpec)]
-        assert len(full) == len(specs), (
-            "All attention layers in the same KV cache group must be FullAttentionSpec."
-        )
-        from vllm.v1.kv_cache_spec_mla import MLAAttentionSpec
-
-        assert not any(isinstance(s, MLAAttentionSpec) for s in specs), (
-            "MLAAttentionSpec should be merged in MLAAttentionSpec.merge"
-        )
-        windows = {s.sliding_window for s in full if s.sliding_window is not None}
-        chunks = {s.attention_chunk_size for s in full if s.attention_chunk_size is not None}
-        merged = replace(
-            full[0],
-            sliding_window=_merge_window(windows),
-            attention_chunk_size=_merge_window(chunks),
-            non_causal=any(s.non_causal for s in full),
-        )
-        for spec in specs:
-            for f in fields(AttentionSpec):
-                assert getattr(spec, f.name) == getattr(merged, f.name), (
-                    "All attention layers in the same KV cache group must have the same "
-                    "attention spec."
-                )
-        assert (merged.sliding_window is not None) + (
-            merged.attention_chunk_size is not None
-        ) <= 1, (
-            "Model with both sliding window layers and chunked local attention layers "
-            "is not supported."
-        )
-        return merged
-
-
-@dataclass(frozen=True, kw_only=True)
-class SinkFullAttentionSpec(FullAttentionSpec):
-    """Full attention with `sink_len` learned sink tokens."""
-
-    sink_len: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class RSWASpec(FullAttentionSpec):
-    """Reference sliding-window attention: prompt tokens stay visible; only the
-    last `rswa_window` generated tokens are kept."""
-
-    rswa_window: int
-
-    @classmethod
-    def merge(cls, specs: list[KVCacheSpec]) -> RSWASpec:
-        rswa = [s for s in specs if isinstance(s, RSWASpec)]
-        assert len(rswa) == len(specs), (
-            "All attention layers in the same KV cache group must be RSWASpec."
-        )
-        assert len({s.rswa_window for s in rswa}) == 1, (
-            "All R-SWA layers must share the same rswa_window."
-        )
-        merged = super().merge(specs)
-        assert isinstance(merged, RSWASpec)
-        return merged
-
-
-def get_max_in_flight_tokens(vllm_config: VllmConfig) -> int:
-    """Most tokens scheduled but not yet processed (upstream's
-    `VllmConfig.max_in_flight_tokens`): a full token budget per batch in
-    flight. Windowed specs keep the blocks of those tokens until they are
-    processed, so the KV cache is sized, and admission capped, with it."""
-    return vllm_config.max_concurrent_batches * vllm_config.scheduler_config.max_num_batched_tokens
-
-
-def get_max_model_len(vllm_config: VllmConfig) -> int:
-    """The resolved max model length. KV cache sizing needs a model, and
-    `ModelConfig` resolves the user's value (an int, a string like "32k", or
-    None for the model's own limit) to an int when it is built."""
-    model_config = vllm_config.model_config
-    assert model_config is not None, "the KV cache is sized for a model"
-    max_model_len = model_config.max_model_len
-    assert isinstance(max_model_len, int), "ModelConfig resolves max_model_len"
-    return max_model_len
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChunkedLocalAttentionSpec(AttentionSpec):
-    """Attention within fixed chunks of `attention_chunk_size` tokens."""
-
-    attention_chunk_size: int
-
-    def max_admission_blocks_per_request(
-        self, max_in_flight_tokens: int, max_model_len: int
-    ) -> int:
-        # One chunk window plus the tokens in flight (freed once processed).
-        num_tokens = min(self.attention_chunk_size + max_in_flight_tokens, max_model_len)
-        return cdiv(num_tokens, self.block_size)
-
-    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
-        return (
-            self.max_admission_blocks_per_request(
-                get_max_in_flight_tokens(vllm_config), get_max_model_len(vllm_config)
-            )
-            * self.page_size_bytes
-        )
-
-    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
-        return all(
-            isinstance(s, ChunkedLocalAttentionSpec)
-            and s.attention_chunk_size == self.attention_chunk_size
-            for s in kv_cache_specs.values()
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlidingWindowSpec(AttentionSpec):
-    """Attention over the last `sliding_window` tokens only;
-    `extra_retained_tokens` more trailing tokens keep their blocks."""
-
-    sliding_window: int
-    extra_retained_tokens: int = 0
-
-    def max_admission_blocks_per_request(
-        self, max_in_flight_tokens: int, max_model_len: int
-    ) -> int:
-        # The window, the retained tail and the tokens in flight; +1 because the
-        # window need not start at a block boundary.
-        num_tokens = min(
-            self.sliding_window - 1 + self.extra_retained_tokens + max_in_flight_tokens,
-            max_model_len,
-        )
-        return cdiv(num_tokens, self.block_size) + 1
-
-    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
-        return (
-            self.max_admission_blocks_per_request(
-                get_max_in_flight_tokens(vllm_config), get_max_model_len(vllm_config)
-            )
-            * self.page_size_bytes
-        )
-
-    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
-        return all(
-            isinstance(s, SlidingWindowSpec) and s.sliding_window == self.sliding_window
-            for s in kv_cache_specs.values()
-        )
-
-
-@dataclass(frozen=True)
-class MambaSpec(KVCacheSpec):
-    """State-space layers: a fixed-size state per request instead of per-token
-    K/V. One block is one request's state slot: `shapes[i]` / `dtypes[i]`
-    describe its tensors (Mamba-1: conv state [d_inner, d_conv - 1] and SSM
-    state [d_inner, d_state]); `block_size` is max_model_len, so a request
-    never needs a second block. Only `mamba_cache_mode="none"` (no prefix
-    caching of states) is built."""
-
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[torch.dtype, ...]
-    page_size_padded: int | None = None
-    mamba_type: str = "mamba1"
-    mamba_cache_mode: str = "none"
-    num_speculative_blocks: int = 0
-
-    @property
-    def page_size_bytes(self) -> int:
-        size = sum(
-            math.prod(shape) * get_dtype_size(dtype)
-            for shape, dtype in zip(self.shapes, self.dtypes)
-        )
-        if self.page_size_padded is not None:
-            assert self.page_size_padded >= size
-            return self.page_size_padded
-        return size
-
-    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
-        # Upstream reads the mode from CacheConfig; only "none" is built here
-        # (MambaManager refuses the others), so the spec's own field decides.
-        mode = self.mamba_cache_mode
-        if mode == "all":
-            max_model_len = get_max_model_len(vllm_config)
-            return (
-                cdiv(max_model_len, self.block_size) + self.num_speculative_blocks
-            ) * self.page_size_bytes
-        slots = 2 if mode == "align" else 1
-        return (slots + self.num_speculative_blocks) * self.page_size_bytes
-
-    def max_num_blocks_per_req(self, vllm_config: VllmConfig, max_len: int) -> int:
-        return cdiv(self.max_memory_usage_bytes(vllm_config), self.page_size_bytes)
-
-    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
-        return all(
-            isinstance(s, MambaSpec) and s.num_speculative_blocks == self.num_speculative_blocks
-            for s in kv_cache_specs.values()
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class EncoderOnlyAttentionSpec(AttentionSpec):
-    """Encoder-only layers: no KV cache is kept."""
-
-    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
-        return 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class CrossAttentionSpec(AttentionSpec):
-    """Cross-attention of encoder-decoder models: caches the encoder states."""
-
-    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
-        max_encoder_len = getattr(vllm_config.scheduler_config, "max_num_encoder_input_tokens", 0)
-        return cdiv(max_encoder_len, self.block_size) * self.page_size_bytes
+from vllm.v1.kv_cache_spec import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    KVCacheSpecKind,
+    KVQuantMode,
+    MambaSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
+    SlidingWindowSpec,
+    get_kv_quant_mode,
+    get_max_in_flight_tokens,
+    get_max_model_len,
+    is_quantized_kv_cache,
+)
+from vllm.v1.kv_cache_spec_mla import HiddenStateCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
+from vllm.v1.kv_cache_spec_registry import (
+    KVCacheSpecRegistry,
+    UniformTypeKVCacheSpecs,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
 
 
 @dataclass
@@ -471,30 +97,6 @@ class KVCacheConfig:
         before it is fully written, and a block reused at another precision
         would decode stale bytes as NaN / Inf."""
         return self.has_mamba_layers or self.has_mixed_precision_kv_cache
-
-
-# The MLA spec family (kv_cache_spec_mla.py) and the grouping / naming of
-# specs (kv_cache_spec_registry.py) are their own concepts, kept at upstream's
-# import path here. They subclass / import the classes above, so they are
-# loaded on first use (PEP 562), which keeps any import order free of cycles.
-_LAZY = {
-    "HiddenStateCacheSpec": "vllm.v1.kv_cache_spec_mla",
-    "MLAAttentionSpec": "vllm.v1.kv_cache_spec_mla",
-    "SlidingWindowMLASpec": "vllm.v1.kv_cache_spec_mla",
-    "KVCacheSpecRegistry": "vllm.v1.kv_cache_spec_registry",
-    "UniformTypeKVCacheSpecs": "vllm.v1.kv_cache_spec_registry",
-    "get_kv_cache_spec_kind": "vllm.v1.kv_cache_spec_registry",
-    "get_kv_cache_spec_sliding_window": "vllm.v1.kv_cache_spec_registry",
-}
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
 
 
 __all__ = [

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from vllm.utils import cdiv
-from vllm.v1.kv_cache_interface import (
+from vllm.v1.kv_cache_spec import (
     AttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vllm.utils import cdiv
-from vllm.v1.kv_cache_interface import (
+from vllm.v1.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     EncoderOnlyAttentionSpec,
@@ -24,11 +24,10 @@ from vllm.v1.kv_cache_interface import (
     KVCacheSpec,
     KVCacheSpecKind,
     MambaSpec,
-    MLAAttentionSpec,
     SinkFullAttentionSpec,
-    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
+from vllm.v1.kv_cache_spec_mla import MLAAttentionSpec, SlidingWindowMLASpec
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

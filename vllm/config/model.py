@@ -22,6 +22,7 @@ from vllm.utils import STR_DTYPE_TO_TORCH_DTYPE
 
 if TYPE_CHECKING:
     from vllm.config.parallel import ParallelConfig
+    from vllm.model_executor.models.registry import _ModelInfo
 
 logger = init_logger(__name__)
 
@@ -174,7 +175,7 @@ class ModelConfig:
             )
 
     # ---- derivation helpers -------------------------------------------------
-    def _inspect(self):
+    def _inspect(self) -> tuple[_ModelInfo, str]:
         from vllm.model_executor.models.registry import ModelRegistry
 
         return ModelRegistry.inspect_model_cls(self.architectures, self)
@@ -319,32 +320,33 @@ class ModelConfig:
         )
 
     # ---- shape helpers -------------------------------------------------------
+    # The HF config's attributes are untyped (Any): int() states what they are.
     def get_vocab_size(self) -> int:
-        return self.hf_text_config.vocab_size
+        return int(self.hf_text_config.vocab_size)
 
     def get_hidden_size(self) -> int:
-        return self.hf_text_config.hidden_size
+        return int(self.hf_text_config.hidden_size)
 
     def get_head_size(self) -> int:
         cfg = self.hf_text_config
         head_dim = getattr(cfg, "head_dim", None)
         if head_dim:
             return int(head_dim)
-        return cfg.hidden_size // cfg.num_attention_heads
+        return int(cfg.hidden_size // cfg.num_attention_heads)
 
     def get_total_num_kv_heads(self) -> int:
         cfg = self.hf_text_config
-        return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        return int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
 
     def get_num_kv_heads(self, parallel_config: ParallelConfig) -> int:
         # With TP > #kv heads, each KV head is replicated across ranks.
         return max(1, self.get_total_num_kv_heads() // parallel_config.tensor_parallel_size)
 
     def get_num_attention_heads(self, parallel_config: ParallelConfig) -> int:
-        return self.hf_text_config.num_attention_heads // parallel_config.tensor_parallel_size
+        return int(self.hf_text_config.num_attention_heads) // parallel_config.tensor_parallel_size
 
     def get_total_num_hidden_layers(self) -> int:
-        return self.hf_text_config.num_hidden_layers
+        return int(self.hf_text_config.num_hidden_layers)
 
     def get_num_layers(self, parallel_config: ParallelConfig) -> int:
         return self.get_total_num_hidden_layers() // parallel_config.pipeline_parallel_size

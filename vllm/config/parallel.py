@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Protocol
 
 _BACKENDS = ("uni", "mp", "ray", "external_launcher")
+
+
+class ExecutorClassLike(Protocol):
+    """What the config reads of an executor class given as the backend (an
+    `Executor` subclass; vllm.config does not import vllm.v1, see .importlinter)."""
+
+    @classmethod
+    def supports_async_scheduling(cls) -> bool: ...
 
 
 @dataclass
@@ -14,7 +23,8 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     # None = chosen: uni for world size 1, ray inside a Ray placement group, else mp.
-    distributed_executor_backend: str | type | None = None
+    # Or an Executor subclass (upstream: type[Executor]).
+    distributed_executor_backend: str | type[ExecutorClassLike] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):

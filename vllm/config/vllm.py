@@ -136,7 +136,7 @@ class VllmConfig:
                 raise ValueError(
                     "VLLM_USE_V2_MODEL_RUNNER=1 but Model Runner V2 is not built in this version."
                 )
-            return forced
+            return bool(forced)
         if not self._is_default_v2_model_runner_model():
             return False
         unsupported = self._get_v2_model_runner_unsupported_features()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from vllm.config import (
     AttentionConfig,
@@ -30,7 +30,8 @@ from vllm.config import (
     StructuredOutputsConfig,
     VllmConfig,
 )
-from vllm.config.compilation import PERFORMANCE_MODES
+from vllm.config.compilation import PERFORMANCE_MODES, CompilationMode
+from vllm.config.scheduler import SchedulerPolicy
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import add_field_flag as _add_flag
@@ -227,7 +228,7 @@ class EngineArgs:
     long_prefill_token_threshold: int = _arg(
         0, "A prompt chunk longer than this is cut to it (0: no cap).", "SchedulerConfig", type=int
     )
-    scheduling_policy: str = _arg(
+    scheduling_policy: SchedulerPolicy = _arg(
         "fcfs", "Order of the waiting queue.", "SchedulerConfig", choices=["fcfs", "priority"]
     )
     async_scheduling: bool | None = _arg(
@@ -308,7 +309,7 @@ class EngineArgs:
         return parser
 
     @classmethod
-    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+    def from_cli_args(cls, args: argparse.Namespace) -> Self:
         """Build from parsed args, taking every attribute that names a field."""
         names = [f.name for f in dataclasses.fields(cls)]
         return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
@@ -496,7 +497,7 @@ class EngineArgs:
         if cc is None:
             return CompilationConfig()
         if isinstance(cc, int):
-            return CompilationConfig(mode=cc)
+            return CompilationConfig(mode=CompilationMode(cc))
         known = {f.name for f in dataclasses.fields(CompilationConfig) if f.init}
         unknown = sorted(set(cc) - known - {"static_forward_context"})
         if unknown:

@@ -62,6 +62,12 @@ class _TrackedRequest:
     is_prefilling: bool = True
 
 
+def _max_tokens(request: EngineCoreRequest) -> int | None:
+    params = request.sampling_params
+    assert params is not None  # AsyncLLM serves generate requests only
+    return params.max_tokens
+
+
 class _StatsTracker:
     """Front-end per-request timing, turned into `IterationStats` per batch."""
 
@@ -73,7 +79,7 @@ class _StatsTracker:
         self.requests[request.request_id] = _TrackedRequest(
             RequestStateStats(arrival_time=time.time()),
             prompt_len=len(request.prompt_token_ids or ()),
-            max_tokens=request.sampling_params.max_tokens,
+            max_tokens=_max_tokens(request),
         )
 
     def forget(self, request_ids: Iterable[str]) -> None:
@@ -132,7 +138,9 @@ class AsyncLLM(EngineClient):
         max_num_queued_reqs: int | None = None,
     ) -> None:
         self.vllm_config = vllm_config
-        self.model_config = vllm_config.model_config
+        model_config = vllm_config.model_config
+        assert model_config is not None, "an engine needs a model"
+        self.model_config = model_config
         self.log_requests = log_requests
         self.log_stats = log_stats or bool(stat_loggers)
         # At most this many unfinished requests (n > 1 counts n); None: no limit.
@@ -157,7 +165,7 @@ class AsyncLLM(EngineClient):
             self.logger_manager = StatLoggerManager(vllm_config, custom_stat_loggers=stat_loggers)
             self.logger_manager.log_engine_initialized()
             self._stats = _StatsTracker(self.logger_manager)
-        self.output_handler: asyncio.Task | None = None
+        self.output_handler: asyncio.Task[None] | None = None
         if start_engine_loop:
             try:
                 asyncio.get_running_loop()
@@ -502,13 +510,13 @@ async def _output_handler(
             chunk_size = envs.VLLM_V1_OUTPUT_PROC_CHUNK_SIZE
             for start in range(0, num_outputs, chunk_size):
                 chunk = outputs.outputs[start : start + chunk_size]
-                if iteration_stats is not None:
+                if stats is not None and iteration_stats is not None:
                     stats.observe(chunk, outputs.timestamp, iteration_stats)
                 processed = output_processor.process_outputs(chunk, outputs.timestamp)
                 if processed.reqs_to_abort:
                     # Finished by a stop string here: stop them in the core.
                     await engine_core.abort_requests_async(processed.reqs_to_abort)
-                    if iteration_stats is not None:
+                    if stats is not None and iteration_stats is not None:
                         for rid in processed.reqs_to_abort:
                             stats.finish(rid, FinishReason.STOP, iteration_stats)
                 if start + chunk_size < num_outputs:

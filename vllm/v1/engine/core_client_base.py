@@ -27,6 +27,7 @@ from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
 from vllm.v1.engine.engine_core import EngineCore
 
 if TYPE_CHECKING:
+    from vllm.v1.engine.core_client_mp import AsyncMPClient
     from vllm.v1.executor.abstract import Executor
 
 logger = init_logger(__name__)
@@ -60,7 +61,7 @@ class EngineCoreClient(ABC):
     @staticmethod
     def make_async_mp_client(
         vllm_config: VllmConfig, executor_class: type[Executor], log_stats: bool
-    ) -> EngineCoreClient:
+    ) -> AsyncMPClient:
         from vllm.v1.engine.core_client_mp import AsyncMPClient
 
         return AsyncMPClient(vllm_config, executor_class, log_stats)

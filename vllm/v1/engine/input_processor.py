@@ -17,7 +17,7 @@ request priority other than 0 is refused unless the scheduling policy is
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from vllm.config import VllmConfig
@@ -41,7 +41,9 @@ class InputProcessor:
 
     def __init__(self, vllm_config: VllmConfig, tokenizer: TokenizerLike | None) -> None:
         self.vllm_config = vllm_config
-        self.model_config = vllm_config.model_config
+        model_config = vllm_config.model_config
+        assert model_config is not None, "an engine needs a model"
+        self.model_config = model_config
         self.tokenizer = tokenizer
         # generation_config.json: its extra EOS ids become stop ids.
         self.generation_config_fields = self.model_config.try_get_generation_config()
@@ -260,10 +262,11 @@ class InputProcessor:
             raise VLLMValidationError("Prompt embeddings are not supported yet.")
         cache_salt = prompt.get("cache_salt")
         if "prompt_token_ids" in prompt:
-            ids = prompt["prompt_token_ids"]
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raw = prompt.get("prompt_token_ids")  # `in` does not narrow the TypedDicts
+            ids = list(raw) if isinstance(raw, Iterable) and not isinstance(raw, str) else None
+            if ids is None or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
                 raise VLLMValidationError("prompt_token_ids must be a list of ints.")
-            return list(ids), cache_salt
+            return ids, cache_salt
         if "prompt" in prompt:
             return self._encode(prompt["prompt"], tokenization_kwargs), cache_salt
         raise VLLMValidationError("A prompt dict needs 'prompt' or 'prompt_token_ids'.")

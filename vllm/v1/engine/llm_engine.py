@@ -50,7 +50,9 @@ class LLMEngine:
         if stat_loggers:
             raise NotImplementedError("Custom stat loggers are not supported yet.")
         self.vllm_config = vllm_config
-        self.model_config = vllm_config.model_config
+        model_config = vllm_config.model_config
+        assert model_config is not None, "an engine needs a model"
+        self.model_config = model_config
         self.cache_config = vllm_config.cache_config
         self.log_stats = log_stats
         self.usage_context = usage_context
@@ -161,17 +163,18 @@ class LLMEngine:
         self.input_processor.assign_request_id(request)
         prompt_text = prompt if isinstance(prompt, str) else prompt.get("prompt")
         # The processed copy of the params (max_tokens and stop ids filled in).
-        params = request.sampling_params
-        if params.n == 1:
+        processed_params = request.sampling_params
+        assert processed_params is not None  # process_inputs made it from `params`
+        if processed_params.n == 1:
             self.output_processor.add_request(request, prompt_text, None, 0)
             self.engine_core.add_request(request)
             return request.request_id
         # n > 1: n child requests with n=1 each; the output processor gathers
         # their outputs back under the parent's id.
         parent_req = ParentRequest(request)
-        for idx in range(params.n):
+        for idx in range(processed_params.n):
             child_id, child_params = parent_req.get_child_info(idx)
-            child = request if idx == params.n - 1 else copy(request)
+            child = request if idx == processed_params.n - 1 else copy(request)
             child.request_id = child_id
             child.sampling_params = child_params
             self.output_processor.add_request(child, prompt_text, parent_req, idx)
@@ -204,9 +207,9 @@ class LLMEngine:
 
     def collective_rpc(
         self,
-        method: str | Callable,
+        method: str | Callable[..., Any],
         timeout: float | None = None,
-        args: tuple = (),
+        args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
         return self.engine_core.collective_rpc(method, timeout, args, kwargs)

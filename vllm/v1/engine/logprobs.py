@@ -95,5 +95,7 @@ class LogprobsProcessor:
         """Prompt logprobs so far, then forget them (DELTA outputs send them once)."""
         plp = self.prompt_logprobs
         if plp:
-            self.prompt_logprobs = create_sample_logprobs(isinstance(plp, FlatLogprobs))
+            # An empty container of the same kind; later chunks start past
+            # position 0, so without its leading None.
+            self.prompt_logprobs = FlatLogprobs() if isinstance(plp, FlatLogprobs) else []
         return plp

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from vllm.v1.core.kv_cache_utils import ExternalBlockHash
+from vllm.v1.core.block_hash import ExternalBlockHash
 
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"

@@ -4,8 +4,9 @@ vllm/v1/kv_cache_interface.py, where every name below is imported from).
 Each layer has a spec (`kv_cache_spec.py`: bytes per block, the most one
 request needs, how layers merge; the MLA family in `kv_cache_spec_mla.py`).
 Layers of one type that share a block table group as
-`UniformTypeKVCacheSpecs`, and `KVCacheSpecRegistry` maps each spec type to
-its manager and grouping base (`kv_cache_spec_registry.py`). Defined here: a
+`UniformTypeKVCacheSpecs` (`kv_cache_spec_grouping.py`), and
+`KVCacheSpecRegistry` maps each spec type to its manager and grouping base
+(`kv_cache_spec_registry.py`). Defined here: a
 worker's KV cache layout, `KVCacheConfig` (blocks, tensors, groups), which the
 engine core plans and the workers allocate. The spec family and its fields
 are upstream's, so specs built by upstream code and tests mean the same here;
@@ -38,13 +39,13 @@ from vllm.v1.kv_cache_spec import (
     get_max_model_len,
     is_quantized_kv_cache,
 )
-from vllm.v1.kv_cache_spec_mla import HiddenStateCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
-from vllm.v1.kv_cache_spec_registry import (
-    KVCacheSpecRegistry,
+from vllm.v1.kv_cache_spec_grouping import (
     UniformTypeKVCacheSpecs,
     get_kv_cache_spec_kind,
     get_kv_cache_spec_sliding_window,
 )
+from vllm.v1.kv_cache_spec_mla import HiddenStateCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
+from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
 
 @dataclass

@@ -16,11 +16,12 @@ import copy
 import math
 from dataclasses import dataclass, fields, replace
 from enum import Enum, IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from vllm.utils import cdiv, get_dtype_size
+from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -124,13 +125,26 @@ class KVCacheSpec:
         )
         return copy.deepcopy(specs[0])
 
+    @classmethod
+    def default_uniform_type_base(cls) -> type[KVCacheSpec] | None:
+        """The spec type whose layers this type's layers share a KV cache
+        group with, unless registered otherwise (None: layers of this type do
+        not group; KVCacheSpecRegistry.get_uniform_type_base_spec)."""
+        return None
+
     def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
         """Whether every spec in `kv_cache_specs` is of this spec's type."""
-        from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
-
-        base = KVCacheSpecRegistry.get_uniform_type_base_spec(self)
+        base = uniform_type_base(self)
         assert base is not None, f"Unsupported KV cache spec type: {type(self)}."
         return all(isinstance(spec, base) for spec in kv_cache_specs.values())
+
+
+def uniform_type_base(spec: KVCacheSpec) -> type | None:
+    """The spec type `spec`'s layers share KV cache groups with: the one
+    registered for its type (KVCacheSpecRegistry), else the type's own
+    default; None if its layers do not group."""
+    registered = KVCacheSpecRegistry.get_uniform_type_base_spec(spec)
+    return registered if registered is not None else spec.default_uniform_type_base()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,6 +213,13 @@ class FullAttentionSpec(AttentionSpec):
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     non_causal: bool = False
+    # Whether merge() below merges a group of this type; the MLA family
+    # (one latent row per token) has its own rule and says False.
+    merges_as_full_attention: ClassVar[bool] = True
+
+    @classmethod
+    def default_uniform_type_base(cls) -> type[KVCacheSpec] | None:
+        return FullAttentionSpec
 
     def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
         max_model_len = get_max_model_len(vllm_config)
@@ -216,9 +237,7 @@ class FullAttentionSpec(AttentionSpec):
         assert len(full) == len(specs), (
             "All attention layers in the same KV cache group must be FullAttentionSpec."
         )
-        from vllm.v1.kv_cache_spec_mla import MLAAttentionSpec
-
-        assert not any(isinstance(s, MLAAttentionSpec) for s in specs), (
+        assert all(s.merges_as_full_attention for s in full), (
             "MLAAttentionSpec should be merged in MLAAttentionSpec.merge"
         )
         windows = {s.sliding_window for s in full if s.sliding_window is not None}
@@ -297,6 +316,10 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     attention_chunk_size: int
 
+    @classmethod
+    def default_uniform_type_base(cls) -> type[KVCacheSpec] | None:
+        return ChunkedLocalAttentionSpec
+
     def max_admission_blocks_per_request(
         self, max_in_flight_tokens: int, max_model_len: int
     ) -> int:
@@ -327,6 +350,10 @@ class SlidingWindowSpec(AttentionSpec):
 
     sliding_window: int
     extra_retained_tokens: int = 0
+
+    @classmethod
+    def default_uniform_type_base(cls) -> type[KVCacheSpec] | None:
+        return SlidingWindowSpec
 
     def max_admission_blocks_per_request(
         self, max_in_flight_tokens: int, max_model_len: int
@@ -369,6 +396,10 @@ class MambaSpec(KVCacheSpec):
     mamba_type: str = "mamba1"
     mamba_cache_mode: str = "none"
     num_speculative_blocks: int = 0
+
+    @classmethod
+    def default_uniform_type_base(cls) -> type[KVCacheSpec] | None:
+        return MambaSpec
 
     @property
     def page_size_bytes(self) -> int:
@@ -414,6 +445,10 @@ class EncoderOnlyAttentionSpec(AttentionSpec):
 @dataclass(frozen=True, kw_only=True)
 class CrossAttentionSpec(AttentionSpec):
     """Cross-attention of encoder-decoder models: caches the encoder states."""
+
+    @classmethod
+    def default_uniform_type_base(cls) -> type[KVCacheSpec] | None:
+        return CrossAttentionSpec
 
     def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
         max_encoder_len = getattr(vllm_config.scheduler_config, "max_num_encoder_input_tokens", 0)

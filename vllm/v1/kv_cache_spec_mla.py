@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from vllm.utils import cdiv
 from vllm.v1.kv_cache_spec import (
@@ -65,6 +65,7 @@ class MLAAttentionSpec(FullAttentionSpec):
     model_version: str | None = None
     non_causal_multi_token_decode: bool = False
     head_size_v: int = 0
+    merges_as_full_attention: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -93,6 +94,10 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
     compress_ratio: int = 1
     model_version: str | None = None
     head_size_v: int = 0
+
+    @classmethod
+    def default_uniform_type_base(cls) -> type[KVCacheSpec] | None:
+        return SlidingWindowMLASpec
 
     def __post_init__(self) -> None:
         assert self.model_version in (None, "deepseek_v4"), (

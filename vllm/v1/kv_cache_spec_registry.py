@@ -4,63 +4,41 @@
 Each spec class is registered with the `SingleTypeKVCacheManager` that
 allocates its blocks and a "uniform type base": layers whose specs share a base
 need the same number of token slots and can share one KV cache group
-(`UniformTypeKVCacheSpecs`). The built-in registrations are made by
-`register_all_kvcache_specs` in `vllm.v1.core.single_type_kv_cache_manager`,
-on first use. Also here: naming a spec's kind for KV cache events.
+(`UniformTypeKVCacheSpecs`). A built-in spec type names its own base
+(`KVCacheSpec.default_uniform_type_base`, which `kv_cache_spec.uniform_type_base`
+falls back to), so grouping works before any registration;
+`register_all_kvcache_specs` in `vllm.v1.core.single_type_kv_cache_manager`
+registers the built-in managers when the first manager is built.
+
+This module is a leaf: the specs import it, and it imports nothing from them or
+from vllm.v1.core. So its records hold plain classes (`type`): a KVCacheSpec
+subclass, a SingleTypeKVCacheManager subclass and the spec's grouping base.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from vllm.utils import cdiv
-from vllm.v1.kv_cache_spec import (
-    ChunkedLocalAttentionSpec,
-    CrossAttentionSpec,
-    EncoderOnlyAttentionSpec,
-    FullAttentionSpec,
-    KVCacheSpec,
-    KVCacheSpecKind,
-    MambaSpec,
-    SinkFullAttentionSpec,
-    SlidingWindowSpec,
-)
-from vllm.v1.kv_cache_spec_mla import MLAAttentionSpec, SlidingWindowMLASpec
-
-if TYPE_CHECKING:
-    from vllm.config import VllmConfig
-    from vllm.v1.core.single_type_kv_cache_manager_base import SingleTypeKVCacheManager
 
 
 @dataclass(frozen=True)
 class KVCacheSpecMetadata:
-    kvcache_spec_cls: type[KVCacheSpec]
-    manager_class: type[SingleTypeKVCacheManager]
-    uniform_type_base_spec: type[KVCacheSpec]
+    kvcache_spec_cls: type
+    manager_class: type
+    uniform_type_base_spec: type
 
 
-_REGISTRY: dict[type[KVCacheSpec], KVCacheSpecMetadata] = {}
+_REGISTRY: dict[type, KVCacheSpecMetadata] = {}
 
 
 class KVCacheSpecRegistry:
     """Global registry: spec class -> manager class and grouping base."""
 
     @classmethod
-    def _ensure_registered(cls) -> None:
-        if _REGISTRY:
-            return
-        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-
-        register_all_kvcache_specs()
-
-    @classmethod
     def register(
         cls,
-        kvcache_spec_cls: type[KVCacheSpec],
-        manager_class: type[SingleTypeKVCacheManager] | None = None,
-        uniform_type_base_spec: type[KVCacheSpec] | None = None,
+        kvcache_spec_cls: type,
+        manager_class: type | None = None,
+        uniform_type_base_spec: type | None = None,
     ) -> None:
         """Register a spec class; re-registering it the same way is a no-op,
         differently an error."""
@@ -81,119 +59,22 @@ class KVCacheSpecRegistry:
         _REGISTRY[kvcache_spec_cls] = entry
 
     @classmethod
-    def _lookup(cls, spec: KVCacheSpec) -> KVCacheSpecMetadata | None:
-        cls._ensure_registered()
+    def _lookup(cls, spec: object) -> KVCacheSpecMetadata | None:
         for klass in type(spec).__mro__:  # nearest registered ancestor
             if klass in _REGISTRY:
                 return _REGISTRY[klass]
         return None
 
     @classmethod
-    def get_manager_class(cls, spec: KVCacheSpec) -> type[SingleTypeKVCacheManager] | None:
+    def get_manager_class(cls, spec: object) -> type | None:
+        """The manager class registered for the spec's type (or nearest
+        registered base); None if there is none (yet)."""
         entry = cls._lookup(spec)
         return entry.manager_class if entry else None
 
     @classmethod
-    def get_uniform_type_base_spec(cls, spec: KVCacheSpec) -> type[KVCacheSpec] | None:
+    def get_uniform_type_base_spec(cls, spec: object) -> type | None:
+        """The grouping base registered for the spec's type (or nearest
+        registered base); None if there is none (yet)."""
         entry = cls._lookup(spec)
         return entry.uniform_type_base_spec if entry else None
-
-
-@dataclass(frozen=True)
-class UniformTypeKVCacheSpecs(KVCacheSpec):
-    """The specs of several layers of one type (same token slots per request,
-    possibly different page sizes), managed as one group: a block of the group
-    is one page of every layer."""
-
-    kv_cache_specs: dict[str, KVCacheSpec]
-
-    @property
-    def page_size_bytes(self) -> int:
-        return sum(spec.page_size_bytes for spec in self.kv_cache_specs.values())
-
-    def max_memory_usage_pages(self, vllm_config: VllmConfig) -> int:
-        return max(
-            cdiv(spec.max_memory_usage_bytes(vllm_config), spec.page_size_bytes)
-            for spec in self.kv_cache_specs.values()
-        )
-
-    def max_memory_usage_bytes(self, vllm_config: VllmConfig) -> int:
-        return self.max_memory_usage_pages(vllm_config) * self.page_size_bytes
-
-    def max_num_blocks_per_req(self, vllm_config: VllmConfig, max_len: int) -> int:
-        widths = {
-            spec.max_num_blocks_per_req(vllm_config, max_len)
-            for spec in self.kv_cache_specs.values()
-        }
-        assert len(widths) == 1, (
-            "All layers in the same KV cache group must need the same number of block "
-            f"table entries, got {sorted(widths)}."
-        )
-        return widths.pop()
-
-    @classmethod
-    def is_uniform_type(cls, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
-        """Same block size and, per the registry, the same type."""
-        if len({spec.block_size for spec in kv_cache_specs.values()}) > 1:
-            return False
-        first = next(iter(kv_cache_specs.values()))
-        return first.is_uniform_with_collection(kv_cache_specs)
-
-    @classmethod
-    def from_specs(cls, kv_cache_specs: dict[str, KVCacheSpec]) -> UniformTypeKVCacheSpecs | None:
-        if not cls.is_uniform_type(kv_cache_specs):
-            return None
-        block_size = next(iter(kv_cache_specs.values())).block_size
-        return cls(block_size=block_size, kv_cache_specs=kv_cache_specs)
-
-    def get_page_sizes(self) -> list[int]:
-        return list({spec.page_size_bytes for spec in self.kv_cache_specs.values()})
-
-    def get_num_layer_tuples(self) -> int:
-        return Counter(spec.page_size_bytes for spec in self.kv_cache_specs.values()).most_common(
-            1
-        )[0][1]
-
-
-# Most specific first: subclasses before the classes they extend.
-_KIND_ORDER: tuple[tuple[type[KVCacheSpec], KVCacheSpecKind], ...] = (
-    (SlidingWindowMLASpec, KVCacheSpecKind.SLIDING_WINDOW_MLA),
-    (MLAAttentionSpec, KVCacheSpecKind.MLA_ATTENTION),
-    (SinkFullAttentionSpec, KVCacheSpecKind.SINK_FULL_ATTENTION),
-    (FullAttentionSpec, KVCacheSpecKind.FULL_ATTENTION),
-    (ChunkedLocalAttentionSpec, KVCacheSpecKind.CHUNKED_LOCAL_ATTENTION),
-    (SlidingWindowSpec, KVCacheSpecKind.SLIDING_WINDOW),
-    (MambaSpec, KVCacheSpecKind.MAMBA),
-    (EncoderOnlyAttentionSpec, KVCacheSpecKind.ENCODER_ONLY_ATTENTION),
-    (CrossAttentionSpec, KVCacheSpecKind.CROSS_ATTENTION),
-)
-
-
-def get_kv_cache_spec_kind(kv_cache_spec: KVCacheSpec) -> KVCacheSpecKind:
-    """The spec's kind; for a uniform group, its members' common kind (or
-    FULL_ATTENTION when they all group under full attention)."""
-    if isinstance(kv_cache_spec, UniformTypeKVCacheSpecs):
-        specs = kv_cache_spec.kv_cache_specs.values()
-        kinds = {get_kv_cache_spec_kind(spec) for spec in specs}
-        if len(kinds) == 1:
-            return kinds.pop()
-        bases = {KVCacheSpecRegistry.get_uniform_type_base_spec(spec) for spec in specs}
-        if bases == {FullAttentionSpec}:
-            return KVCacheSpecKind.FULL_ATTENTION
-        return KVCacheSpecKind.UNKNOWN
-    for klass, kind in _KIND_ORDER:
-        if isinstance(kv_cache_spec, klass):
-            return kind
-    return KVCacheSpecKind.UNKNOWN
-
-
-def get_kv_cache_spec_sliding_window(kv_cache_spec: KVCacheSpec) -> int | None:
-    """The window of a sliding-window spec (or of a group sharing one)."""
-    if isinstance(kv_cache_spec, UniformTypeKVCacheSpecs):
-        windows = {
-            get_kv_cache_spec_sliding_window(spec) for spec in kv_cache_spec.kv_cache_specs.values()
-        }
-        return windows.pop() if len(windows) == 1 else None
-    if isinstance(kv_cache_spec, SlidingWindowSpec):
-        return kv_cache_spec.sliding_window
-    return None

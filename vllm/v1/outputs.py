@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from vllm.v1.core.sched.output import SchedulerOutput
 
 
 class LogprobsLists(NamedTuple):
@@ -137,9 +134,19 @@ class DraftTokenIds:
     draft_token_ids: list[list[int]]
 
 
-def make_empty_encoder_model_runner_output(scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+class ScheduledTokens(Protocol):
+    """What make_empty_encoder_model_runner_output reads of a SchedulerOutput
+    (naming that class here would make the scheduler's output and the runner's
+    output import each other)."""
+
+    num_scheduled_tokens: dict[str, int]
+
+
+def make_empty_encoder_model_runner_output(
+    scheduler_output: ScheduledTokens,
+) -> ModelRunnerOutput:
     """The output of a step that only ran encoders: every scheduled request
-    present, no tokens sampled."""
+    present, no tokens sampled. `scheduler_output` is a `SchedulerOutput`."""
     if not scheduler_output.num_scheduled_tokens:
         return EMPTY_MODEL_RUNNER_OUTPUT
     req_ids = list(scheduler_output.num_scheduled_tokens)

@@ -13,7 +13,7 @@ from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreReque
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
-    from vllm.v1.core.kv_cache_utils import BlockHash
+    from vllm.v1.core.block_hash import BlockHash
     from vllm.v1.structured_output.request import StructuredOutputRequest
 
 

@@ -30,8 +30,10 @@ from vllm.v1.core.single_type_kv_cache_manager import (
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
     FullAttentionSpec,
     KVCacheSpecKind,
+    KVCacheSpecRegistry,
     MLAAttentionSpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
@@ -40,6 +42,7 @@ from vllm.v1.kv_cache_interface import (
     get_max_in_flight_tokens,
     get_max_model_len,
 )
+from vllm.v1.kv_cache_spec import uniform_type_base
 from vllm.v1.metrics.stats import CachingMetrics, PrefixCacheStats
 from vllm.v1.request import Request
 
@@ -315,3 +318,27 @@ def test_windowed_kv_sizing_matches_the_schedulers_admission_cap(async_schedulin
     spec = _attn(SlidingWindowSpec, sliding_window=16)
     blocks = spec.max_admission_blocks_per_request(in_flight, get_max_model_len(config))
     assert spec.max_memory_usage_bytes(config) == blocks * spec.page_size_bytes
+
+
+def test_spec_grouping_needs_no_registration_and_managers_register_on_first_use(monkeypatch):
+    """The registry is a leaf the specs import: a built-in spec type names its
+    own grouping base, and the built-in managers are registered by the first
+    manager built (also after an out-of-tree registration came first)."""
+    from vllm.v1 import kv_cache_spec_registry
+
+    class OutOfTreeSpec(FullAttentionSpec):
+        pass
+
+    monkeypatch.setattr(kv_cache_spec_registry, "_REGISTRY", {})
+    mla, sw = _attn(MLAAttentionSpec), _attn(SlidingWindowSpec, sliding_window=8)
+    assert uniform_type_base(mla) is FullAttentionSpec
+    assert uniform_type_base(sw) is SlidingWindowSpec
+    assert _attn(EncoderOnlyAttentionSpec).default_uniform_type_base() is None
+    KVCacheSpecRegistry.register(OutOfTreeSpec, FullAttentionManager, FullAttentionSpec)
+    assert KVCacheSpecRegistry.get_manager_class(sw) is None
+    pool = BlockPool(num_gpu_blocks=4, enable_caching=False, hash_block_size=4)
+    manager = get_manager_for_kv_cache_spec(
+        sw, block_pool=pool, enable_caching=False, kv_cache_group_id=0
+    )
+    assert type(manager).__name__ == "SlidingWindowManager"
+    assert KVCacheSpecRegistry.get_uniform_type_base_spec(mla) is FullAttentionSpec

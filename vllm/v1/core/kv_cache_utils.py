@@ -9,10 +9,19 @@ import hashlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NewType
+from typing import TYPE_CHECKING, Any
 
 from vllm.logger import init_logger
 from vllm.utils.hashing import xxhash, xxhash_cbor
+from vllm.v1.core.block_hash import (
+    BlockHash,
+    BlockHashWithGroupId,
+    ExternalBlockHash,
+    get_block_hash,
+    get_group_id,
+    make_block_hash_with_group_id,
+    maybe_convert_block_hash,
+)
 
 # Re-exported (listed in __all__): callers import the planning API from this
 # module, upstream's path for it.
@@ -38,44 +47,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = init_logger(__name__)
-
-# The hash of one full block of tokens, chained over every block before it, so
-# equal hashes mean equal prefixes. A distinct type from `bytes` to catch
-# accidental mixing with other byte strings.
-BlockHash = NewType("BlockHash", bytes)
-
-# A `BlockHash` followed by the 4-byte big-endian id of its KV cache group: the
-# key of the prefix cache. Kept as flat bytes (no tuple) to keep the cache dict
-# small and cheap to hash.
-BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
-
-# A block hash as KV cache events publish it: the low 64 bits as an int
-# (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, the default) or the raw bytes.
-ExternalBlockHash = bytes | int
-
-
-def maybe_convert_block_hash(hash_bytes: BlockHash) -> ExternalBlockHash:
-    from vllm import envs
-
-    if not envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES:
-        return hash_bytes
-    return int.from_bytes(hash_bytes, byteorder="big") & ((1 << 64) - 1)
-
-
-def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
-    """Pack a block hash and a KV cache group id into one cache key."""
-    return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big", signed=False))
-
-
-def get_block_hash(key: BlockHashWithGroupId) -> BlockHash:
-    """The `BlockHash` part of a cache key."""
-    return BlockHash(key[:-4])
-
-
-def get_group_id(key: BlockHashWithGroupId) -> int:
-    """The KV cache group id part of a cache key."""
-    return int.from_bytes(key[-4:], "big", signed=False)
-
 
 # The parent hash of the first block of every request. Set by `init_none_hash`
 # (the engine core calls it with the configured hash function at start-up).

@@ -84,29 +84,42 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         return num_common_blocks
 
 
+# The manager of each built-in spec type; its grouping base is the type's own
+# (KVCacheSpec.default_uniform_type_base). Full-attention variants share full
+# attention's groups and manager: MLA keeps every token's latent row, exactly
+# like full attention.
+_BUILTIN_MANAGERS: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
+    FullAttentionSpec: FullAttentionManager,
+    SlidingWindowSpec: SlidingWindowManager,
+    SlidingWindowMLASpec: SlidingWindowManager,
+    MambaSpec: MambaManager,
+    ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
+    CrossAttentionSpec: CrossAttentionManager,
+    MLAAttentionSpec: FullAttentionManager,
+    RSWASpec: RSWAManager,
+    SinkFullAttentionSpec: FullAttentionManager,
+}
+
+
 def register_all_kvcache_specs(vllm_config: "VllmConfig | None" = None) -> None:
     """Register the built-in spec types with their managers and grouping bases
     (upstream's names; upstream's tests pass `vllm_config`, which none of the
-    built-in registrations needs)."""
-    register = KVCacheSpecRegistry.register
-    register(FullAttentionSpec, FullAttentionManager, FullAttentionSpec)
-    register(SlidingWindowSpec, SlidingWindowManager, SlidingWindowSpec)
-    register(SlidingWindowMLASpec, SlidingWindowManager, SlidingWindowMLASpec)
-    register(MambaSpec, MambaManager, MambaSpec)
-    register(ChunkedLocalAttentionSpec, ChunkedLocalAttentionManager, ChunkedLocalAttentionSpec)
-    register(CrossAttentionSpec, CrossAttentionManager, CrossAttentionSpec)
-    # Full-attention variants share full attention's groups. MLA keeps every
-    # token's latent row, exactly like full attention.
-    register(MLAAttentionSpec, FullAttentionManager, FullAttentionSpec)
-    register(RSWASpec, RSWAManager, FullAttentionSpec)
-    register(SinkFullAttentionSpec, FullAttentionManager, FullAttentionSpec)
+    built-in registrations needs). Re-registering is a no-op."""
+    for spec_cls, manager_class in _BUILTIN_MANAGERS.items():
+        KVCacheSpecRegistry.register(spec_cls, manager_class, spec_cls.default_uniform_type_base())
 
 
 def get_manager_for_kv_cache_spec(
     kv_cache_spec: KVCacheSpec, **kwargs: Unpack[ManagerArgs]
 ) -> SingleTypeKVCacheManager:
-    """Build the manager registered for the spec's type (or nearest base)."""
+    """Build the manager registered for the spec's type (or nearest base),
+    registering the built-in ones first if that has not happened yet."""
     manager_class = KVCacheSpecRegistry.get_manager_class(kv_cache_spec)
     if manager_class is None:
+        register_all_kvcache_specs()
+        manager_class = KVCacheSpecRegistry.get_manager_class(kv_cache_spec)
+    if manager_class is None:
         raise NotImplementedError(f"No KV cache manager for {type(kv_cache_spec).__name__}.")
-    return manager_class(kv_cache_spec, **kwargs)
+    manager = manager_class(kv_cache_spec, **kwargs)
+    assert isinstance(manager, SingleTypeKVCacheManager), manager_class
+    return manager

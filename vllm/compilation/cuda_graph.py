@@ -121,8 +121,9 @@ class CUDAGraphWrapper(Generic[_Runnable]):
         entry = self.concrete_cudagraph_entries.get(desc)
         if entry is None:
             entry = self.concrete_cudagraph_entries[desc] = CUDAGraphEntry(desc)
-        if entry.cudagraph is None:
-            self._capture(entry, args, kwargs)
+        graph = entry.cudagraph
+        if graph is None:
+            graph = self._capture(entry, args, kwargs)
         elif self.cudagraph_options.check_input_addresses:
             addresses = _tensor_addresses(args, kwargs)
             if addresses != entry.input_addresses:
@@ -131,12 +132,12 @@ class CUDAGraphWrapper(Generic[_Runnable]):
                     f"({entry.input_addresses} -> {addresses}); inputs must live in "
                     "persistent buffers."
                 )
-        entry.cudagraph.replay()
+        graph.replay()
         return entry.output
 
     def _capture(
         self, entry: CUDAGraphEntry, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
+    ) -> torch.cuda.CUDAGraph:
         """Record one graph. Capture only records the kernels, so the caller
         replays it once afterwards to produce this call's output."""
         if self.cudagraph_options.debug_log_enable:
@@ -151,3 +152,4 @@ class CUDAGraphWrapper(Generic[_Runnable]):
         entry.input_addresses = _tensor_addresses(args, kwargs)
         entry.output = output
         entry.cudagraph = graph
+        return graph

@@ -163,7 +163,9 @@ def min_cudagraph_support(attn_groups: list[list[AttentionGroup]], vllm_config: 
     from vllm.v1.attention.backend import AttentionCGSupport
 
     supports = [
-        g.metadata_builder.get_cudagraph_support(vllm_config, g.kv_cache_spec)
+        # A Mamba group's spec is a MambaSpec: the builder base's (upstream's)
+        # AttentionSpec annotation is narrower than what builders receive.
+        g.metadata_builder.get_cudagraph_support(vllm_config, g.kv_cache_spec)  # type: ignore[arg-type]
         for groups in attn_groups
         for g in groups
     ]

@@ -20,7 +20,7 @@ from vllm.distributed import get_pp_group
 from vllm.forward_context import set_forward_context
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.worker.cudagraph_padding import dummy_layout
-from vllm.v1.worker.utils import pp_dummy_intermediate_tensors
+from vllm.v1.worker.utils import get_model_config, pp_dummy_intermediate_tensors, resolved_dtype
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -75,7 +75,7 @@ def dummy_run(
     else:
         buffers.commit_tokens_only(layout)
     intermediate_tensors = pp_dummy_intermediate_tensors(
-        model, num_tokens, _model_config(vllm_config).dtype, buffers.device
+        model, num_tokens, resolved_dtype(get_model_config(vllm_config)), buffers.device
     )
     with set_forward_context(
         attn_metadata,
@@ -120,8 +120,3 @@ def dummy_sampler_run(
         max_num_logprobs=model_config.max_logprobs,
     )
     sampler(logits, metadata)
-
-
-def _model_config(vllm_config: VllmConfig) -> ModelConfig:
-    assert vllm_config.model_config is not None, "a model runner needs a model"
-    return vllm_config.model_config

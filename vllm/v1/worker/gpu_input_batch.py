@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -43,6 +43,24 @@ logger = init_logger(__name__)
 # Temperature stored for greedy rows: below the sampling epsilon, so the
 # sampler's `temperature < eps` test picks argmax for them.
 _GREEDY_TEMPERATURE = -1.0
+
+
+_V = TypeVar("_V")
+
+
+def _swap_keys(row_dict: dict[int, _V], i1: int, i2: int) -> None:
+    """Swap the entries of rows i1 and i2 in a row-keyed dict (either may be absent)."""
+    v1, v2 = row_dict.pop(i1, None), row_dict.pop(i2, None)
+    if v1 is not None:
+        row_dict[i2] = v1
+    if v2 is not None:
+        row_dict[i1] = v2
+
+
+def _move_key(row_dict: dict[int, _V], src: int, dst: int) -> None:
+    value = row_dict.pop(src, None)
+    if value is not None:
+        row_dict[dst] = value
 
 
 @dataclass
@@ -319,7 +337,9 @@ class InputBatch:
             feature_set.discard(req_id)
         if req_id in self.has_allowed_token_ids:
             self.has_allowed_token_ids.discard(req_id)
-            # The next request in this row must not inherit the mask.
+            # The next request in this row must not inherit the mask (which
+            # exists since a request with allowed token ids was added).
+            assert self.allowed_token_ids_mask_cpu_tensor is not None
             self.allowed_token_ids_mask_cpu_tensor[row] = False
         self.bad_words_token_ids.pop(row, None)
         self.generators.pop(row, None)
@@ -343,12 +363,8 @@ class InputBatch:
             arr[pair] = arr[rev]
         self.block_table.swap_row(i1, i2)
 
-        for row_dict in (self.generators, self.bad_words_token_ids):
-            v1, v2 = row_dict.pop(i1, None), row_dict.pop(i2, None)
-            if v1 is not None:
-                row_dict[i2] = v1
-            if v2 is not None:
-                row_dict[i1] = v2
+        _swap_keys(self.generators, i1, i2)
+        _swap_keys(self.bad_words_token_ids, i1, i2)
         self.batch_update_builder.move(i1, i2, MoveDirectionality.SWAP)
 
     def _move_row(self, src: int, dst: int) -> None:
@@ -367,14 +383,12 @@ class InputBatch:
         self.block_table.move_row(src, dst)
         if self.allowed_token_ids_mask_cpu_tensor is not None:
             self.allowed_token_ids_mask_cpu_tensor[src] = False  # src is a hole now
-        for row_dict in (self.generators, self.bad_words_token_ids):
-            value = row_dict.pop(src, None)
-            if value is not None:
-                row_dict[dst] = value
+        _move_key(self.generators, src, dst)
+        _move_key(self.bad_words_token_ids, src, dst)
         self.batch_update_builder.move(src, dst, MoveDirectionality.UNIDIRECTIONAL)
 
     def _row_arrays(self) -> tuple[np.ndarray, ...]:
-        arrays = (
+        arrays: tuple[np.ndarray, ...] = (
             self.num_tokens,
             self.num_prompt_tokens,
             self.num_computed_tokens_cpu,

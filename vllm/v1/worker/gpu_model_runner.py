@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
+import torch.nn as nn
 
 from vllm.distributed import get_pp_group
 from vllm.forward_context import set_forward_context
@@ -48,9 +49,13 @@ from vllm.v1.worker.gpu_input_buffers import InputBuffers
 from vllm.v1.worker.prompt_logprobs import PromptLogprobsWorker
 from vllm.v1.worker.utils import (
     AttentionGroup,
+    LayerKVCache,
     TextGenerationModel,
     as_text_generation_model,
+    get_model_config,
     reorder_batch_to_split_decodes_and_prefills,
+    resolved_dtype,
+    resolved_max_model_len,
 )
 
 if TYPE_CHECKING:
@@ -88,14 +93,14 @@ class GPUModelRunner:
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.vllm_config = vllm_config
-        self.model_config = vllm_config.model_config
+        self.model_config = get_model_config(vllm_config)
         self.cache_config = vllm_config.cache_config
         self.scheduler_config = vllm_config.scheduler_config
         self.device = device
         self.pin_memory = is_pin_memory_available()
-        self.dtype = self.model_config.dtype
+        self.dtype = resolved_dtype(self.model_config)
 
-        self.max_model_len = self.model_config.max_model_len
+        self.max_model_len = resolved_max_model_len(self.model_config)
         self.max_num_tokens = self.scheduler_config.max_num_batched_tokens
         self.max_num_reqs = self.scheduler_config.max_num_seqs
         self.vocab_size = self.model_config.get_vocab_size()
@@ -109,7 +114,7 @@ class GPUModelRunner:
         self.input_batch = self._make_input_batch([self.cache_config.block_size])
 
         self.kv_cache_config: KVCacheConfig | None = None
-        self.kv_caches: list[torch.Tensor] = []
+        self.kv_caches: list[LayerKVCache] = []
         # Per KV cache group: its attention groups (one per backend).
         self.attn_groups: list[list[AttentionGroup]] = []
         self.reorder_batch_threshold: int | None = None
@@ -157,8 +162,12 @@ class GPUModelRunner:
         model = maybe_compile_model(model, self.vllm_config.compilation_config, self.device)
         self.model = as_text_generation_model(model)
 
-    def get_model(self) -> TextGenerationModel:
-        return unwrap_model(self.model)
+    def get_model(self) -> nn.Module:
+        """The loaded model, without the CUDAGraphWrapper (upstream's accessor:
+        the worker's sleep and pipeline checks need the module)."""
+        model = unwrap_model(self.model)
+        assert isinstance(model, nn.Module), f"the model is a {type(model).__name__}"
+        return model
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """KV cache spec of every attention layer the model registered."""
@@ -177,11 +186,11 @@ class GPUModelRunner:
             kv_cache_config, self.vllm_config, self.device
         )
         thresholds = [
-            g.metadata_builder.reorder_batch_threshold
+            threshold
             for groups in self.attn_groups
             for g in groups
+            if (threshold := g.metadata_builder.reorder_batch_threshold) is not None
         ]
-        thresholds = [t for t in thresholds if t is not None]
         self.reorder_batch_threshold = min(thresholds) if thresholds else None
         self.kv_caches = kv_cache_setup.allocate_and_bind_kv_caches(
             kv_cache_config, self.attn_groups, self.vllm_config, self.device
@@ -216,7 +225,7 @@ class GPUModelRunner:
 
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
         dummy_sampler_run(
-            self.model_config, self.get_model(), self.sampler, hidden_states, self.device
+            self.model_config, unwrap_model(self.model), self.sampler, hidden_states, self.device
         )
 
     def profile_run(self) -> None:
@@ -275,7 +284,7 @@ class GPUModelRunner:
         if not get_pp_group().is_last_rank:
             self.execute_model_state = ExecuteModelState(scheduler_output, None, None, discard_mask)
             return hidden_states  # IntermediateTensors for the next stage
-        logits = self.get_model().compute_logits(hidden_states[logits_indices])
+        logits = unwrap_model(self.model).compute_logits(hidden_states[logits_indices])
         self.execute_model_state = ExecuteModelState(
             scheduler_output, hidden_states, logits, discard_mask
         )
@@ -321,7 +330,7 @@ class GPUModelRunner:
             )
         assert state.hidden_states is not None  # the last stage has both
         prompt_logprobs_dict = self.prompt_logprobs_worker.compute_prompt_logprobs(
-            self.get_model().compute_logits,
+            unwrap_model(self.model).compute_logits,
             state.hidden_states,
             batch,
             self.input_buffers.query_start_loc.np,
@@ -413,6 +422,7 @@ class GPUModelRunner:
         generator = None
         if params.sampling_type == SamplingType.RANDOM_SEED:
             generator = torch.Generator(device=self.device)
+            assert params.seed is not None  # what makes it RANDOM_SEED
             generator.manual_seed(params.seed)
         req_state = CachedRequestState(
             req_id=new_req.req_id,

@@ -28,14 +28,15 @@ from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 from vllm.utils import GiB_bytes
 from vllm.v1.worker import worker_sleep
+from vllm.v1.worker.utils import get_model_config
 from vllm.v1.worker.worker_base import WorkerBase
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-    from vllm.v1.outputs import ModelRunnerOutput
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+    from vllm.v1.worker.runner_interface import ModelRunner
 
 logger = init_logger(__name__)
 
@@ -57,7 +58,7 @@ class Worker(WorkerBase):
     ) -> None:
         super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
         self.device: torch.device | None = None
-        self.model_runner: GPUModelRunner | None = None
+        self.model_runner: ModelRunner | None = None
         # CUDA: (free, total) bytes right after device init, before the model.
         self._init_mem_snapshot: tuple[int, int] | None = None
         self._weights_memory = 0
@@ -84,7 +85,7 @@ class Worker(WorkerBase):
             self.local_rank,
             "nccl" if self.device.type == "cuda" else "gloo",
         )
-        current_platform.seed_everything(self.model_config.seed)
+        current_platform.seed_everything(get_model_config(self.vllm_config).seed)
         # Capture sizes clipped to what one step can hold (upstream does this
         # when it builds VllmConfig).
         sched = self.vllm_config.scheduler_config
@@ -111,13 +112,13 @@ class Worker(WorkerBase):
             "CPU worker: %d torch threads for %d usable cores", torch.get_num_threads(), cores
         )
 
-    def _make_model_runner(self) -> GPUModelRunner:
+    def _make_model_runner(self) -> ModelRunner:
         """Model Runner V2 when the config picks it, else the V1 runner."""
         assert self.device is not None
         if self.vllm_config.use_v2_model_runner:
             from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2ModelRunner
 
-            return V2ModelRunner(self.vllm_config, self.device)  # type: ignore[return-value]
+            return V2ModelRunner(self.vllm_config, self.device)
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
         if self.vllm_config._is_default_v2_model_runner_model():
@@ -237,9 +238,9 @@ class Worker(WorkerBase):
         runner._dummy_sampler_run(runner._dummy_run(decode_tokens))
         runner._dummy_run(min(256, max_tokens, runner.max_model_len), num_reqs=1)
         self._capture_cudagraphs(runner)
-        current_platform.seed_everything(self.model_config.seed)
+        current_platform.seed_everything(get_model_config(self.vllm_config).seed)
 
-    def _capture_cudagraphs(self, runner: GPUModelRunner) -> None:
+    def _capture_cudagraphs(self, runner: ModelRunner) -> None:
         if self.device is None or self.device.type != "cuda":
             return
         free_before = torch.cuda.mem_get_info()[0]
@@ -261,6 +262,7 @@ class Worker(WorkerBase):
         pp_group = get_pp_group()
         intermediate_tensors = None
         if not pp_group.is_first_rank and scheduler_output.total_num_scheduled_tokens > 0:
+            assert self.device is not None  # init_device has run
             intermediate_tensors = IntermediateTensors(
                 pp_group.recv_tensor_dict(device=self.device)
             )
@@ -270,7 +272,9 @@ class Worker(WorkerBase):
             return None
         return output
 
-    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | None:
+    def sample_tokens(
+        self, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
         return self._runner().sample_tokens(grammar_output)
 
     def check_health(self) -> None:
@@ -328,7 +332,7 @@ class Worker(WorkerBase):
             worker_sleep.reallocate_kv_cache(runner, self.vllm_config)
             self._sleeping_tags.discard("kv_cache")
 
-    def _runner(self) -> GPUModelRunner:
+    def _runner(self) -> ModelRunner:
         if self.model_runner is None:
             raise RuntimeError("init_device() must run before this worker call.")
         return self.model_runner

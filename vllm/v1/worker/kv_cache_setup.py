@@ -19,10 +19,16 @@ import torch
 from vllm.logger import init_logger
 from vllm.v1.attention.backends.mamba1_attn import view_mamba_states
 from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
-from vllm.v1.worker.utils import AttentionGroup, bind_kv_cache, get_layers_from_vllm_config
+from vllm.v1.worker.utils import (
+    AttentionGroup,
+    LayerKVCache,
+    bind_kv_cache,
+    get_layers_from_vllm_config,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.attention.backend import AttentionBackend
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
 logger = init_logger(__name__)
@@ -46,13 +52,18 @@ def make_attn_groups(
     attn_groups: list[list[AttentionGroup]] = []
     for group_spec in kv_cache_config.kv_cache_groups:
         layers = get_layers_from_vllm_config(vllm_config, group_spec.layer_names)
-        by_backend: dict[type, list[str]] = defaultdict(list)
+        by_backend: dict[type[AttentionBackend], list[str]] = defaultdict(list)
         for layer_name, layer in layers.items():
             by_backend[layer.get_attn_backend()].append(layer_name)
         groups = []
         for backend, layer_names in by_backend.items():
+            # A Mamba group's spec is a MambaSpec: the builder base's (upstream's)
+            # AttentionSpec annotation is narrower than what builders receive.
             builder = backend.get_builder_cls()(
-                group_spec.kv_cache_spec, layer_names, vllm_config, device
+                group_spec.kv_cache_spec,  # type: ignore[arg-type]
+                layer_names,
+                vllm_config,
+                device,
             )
             groups.append(AttentionGroup(backend, builder, layer_names, group_spec.kv_cache_spec))
         attn_groups.append(groups)
@@ -64,12 +75,12 @@ def allocate_and_bind_kv_caches(
     attn_groups: list[list[AttentionGroup]],
     vllm_config: VllmConfig,
     device: torch.device,
-) -> list[torch.Tensor]:
+) -> list[LayerKVCache]:
     """Allocate every `KVCacheTensor`, view it per layer in the backend's
     shape, and set `layer.kv_cache = [tensor]`. Returns the per-layer tensors
     in layer order."""
     raw = _allocate_raw_tensors(kv_cache_config, device)
-    kv_caches: dict[str, torch.Tensor] = {}
+    kv_caches: dict[str, LayerKVCache] = {}
     for groups in attn_groups:
         for group in groups:
             spec = group.kv_cache_spec
@@ -92,7 +103,7 @@ def allocate_and_bind_kv_caches(
                     kv_cache_config.num_blocks,
                     vllm_config.cache_config.cache_dtype,
                 )
-    runner_kv_caches: list[torch.Tensor] = []
+    runner_kv_caches: list[LayerKVCache] = []
     bind_kv_cache(
         kv_caches, vllm_config.compilation_config.static_forward_context, runner_kv_caches
     )
@@ -124,7 +135,11 @@ def _allocate_raw_tensors(
 
 
 def _view_as_kv_cache(
-    raw: torch.Tensor, spec: AttentionSpec, backend: type, num_blocks: int, cache_dtype: str
+    raw: torch.Tensor,
+    spec: AttentionSpec,
+    backend: type[AttentionBackend],
+    num_blocks: int,
+    cache_dtype: str,
 ) -> torch.Tensor:
     if raw.numel() % spec.page_size_bytes != 0:
         raise ValueError(

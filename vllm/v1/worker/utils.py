@@ -5,7 +5,7 @@ and the `CpuGpuBuffer` of vllm/v1/utils.py). This module imports neither runner
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast, runtime_checkable
 
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ from vllm.distributed import get_pp_group
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.config.model import ModelConfig
     from vllm.sequence import IntermediateTensors
     from vllm.v1.attention.backend import (
         AttentionBackend,
@@ -92,10 +93,14 @@ def get_layers_from_vllm_config(
     return {name: ctx[name] for name in layer_names}
 
 
+# One layer's KV cache: a tensor for attention, the state tensors for Mamba.
+LayerKVCache: TypeAlias = "torch.Tensor | tuple[torch.Tensor, ...]"
+
+
 def bind_kv_cache(
-    kv_caches: dict[str, torch.Tensor],
+    kv_caches: dict[str, LayerKVCache],
     forward_context: dict[str, Any],
-    runner_kv_caches: list[torch.Tensor],
+    runner_kv_caches: list[LayerKVCache],
 ) -> None:
     """Give every attention layer its KV cache tensor.
 
@@ -165,6 +170,29 @@ def reorder_batch_to_split_decodes_and_prefills(
     for prefill_row, decode_row in zip(prefills_in_front.tolist(), decodes_in_back.tolist()):
         input_batch.swap_states(prefill_row, decode_row)
     return len(prefills_in_front) > 0
+
+
+def get_model_config(vllm_config: VllmConfig) -> ModelConfig:
+    """The model config a runner runs (a VllmConfig may have none)."""
+    if vllm_config.model_config is None:
+        raise ValueError("A model runner needs a model_config.")
+    return vllm_config.model_config
+
+
+def resolved_max_model_len(model_config: ModelConfig) -> int:
+    """`max_model_len` is typed for what users pass ("32k", None); the
+    config's __post_init__ resolves it to the model's int limit."""
+    value = model_config.max_model_len
+    assert isinstance(value, int), f"unresolved max_model_len {value!r}"
+    return value
+
+
+def resolved_dtype(model_config: ModelConfig) -> torch.dtype:
+    """`dtype` is typed for what users pass ("auto", "bfloat16"); the config's
+    __post_init__ resolves it to a torch dtype."""
+    value = model_config.dtype
+    assert isinstance(value, torch.dtype), f"unresolved dtype {value!r}"
+    return value
 
 
 class TextGenerationModel(Protocol):

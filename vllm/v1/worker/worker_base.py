@@ -2,6 +2,7 @@
 
 A worker owns one device and its model runner. Executors call its methods by
 name through `collective_rpc`, so every method here is part of the RPC surface.
+What a worker needs of its model runner: vllm/v1/worker/runner_interface.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 
 _R = TypeVar("_R")
 
@@ -77,7 +78,10 @@ class WorkerBase:
         """Run one step's forward pass. None means: call `sample_tokens` next."""
         raise NotImplementedError
 
-    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput | None:
+    def sample_tokens(
+        self, grammar_output: GrammarOutput | None
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
+        """The step's output; with async scheduling one whose host copy lands later."""
         raise NotImplementedError
 
     def check_health(self) -> None:

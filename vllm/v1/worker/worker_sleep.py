@@ -34,7 +34,7 @@ running under CUDA graphs (the graphs hold the tensors' addresses), and level
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -45,6 +45,7 @@ from vllm.v1.worker import kv_cache_setup
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.worker.runner_interface import ModelRunner
 
 logger = init_logger(__name__)
 
@@ -76,7 +77,7 @@ def check_sleep_supported(vllm_config: VllmConfig, level: int) -> None:
 
 
 # ---- KV cache ----------------------------------------------------------------------
-def discard_kv_cache(runner: Any, vllm_config: VllmConfig) -> None:
+def discard_kv_cache(runner: ModelRunner, vllm_config: VllmConfig) -> None:
     """Drop every reference to the KV cache tensors."""
     num_engines = vllm_config.parallel_config.pipeline_parallel_size
     for layer in vllm_config.compilation_config.static_forward_context.values():
@@ -85,7 +86,7 @@ def discard_kv_cache(runner: Any, vllm_config: VllmConfig) -> None:
     runner.kv_caches = []
 
 
-def reallocate_kv_cache(runner: Any, vllm_config: VllmConfig) -> None:
+def reallocate_kv_cache(runner: ModelRunner, vllm_config: VllmConfig) -> None:
     """Allocate the KV cache again (zero-filled) and bind it to the layers."""
     if runner.kv_cache_config is None:
         raise RuntimeError("The KV cache was never initialised: nothing to wake up.")

@@ -244,7 +244,7 @@ def _prepare_pos_seq_lens_torch(
     torch.add(computed, query_lens, out=seq_lens[:num_reqs])
     seq_lens[num_reqs:] = 0
     batch, _, offsets = _token_rows_and_offsets(idx_mapping, query_start_loc, num_tokens)
-    if batch is None:
+    if batch is None or offsets is None:  # both or neither
         pos[:num_tokens] = computed
     else:
         torch.add(computed[batch], offsets, out=pos[:num_tokens])

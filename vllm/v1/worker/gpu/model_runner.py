@@ -62,7 +62,16 @@ from vllm.v1.worker.gpu.pp_utils import pp_broadcast, pp_receive
 from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
 from vllm.v1.worker.gpu.sample.sampler import Sampler, dummy_sample
 from vllm.v1.worker.gpu.states import RequestState
-from vllm.v1.worker.utils import AttentionGroup, pp_dummy_intermediate_tensors
+from vllm.v1.worker.utils import (
+    AttentionGroup,
+    LayerKVCache,
+    TextGenerationModel,
+    as_text_generation_model,
+    get_model_config,
+    pp_dummy_intermediate_tensors,
+    resolved_dtype,
+    resolved_max_model_len,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -87,13 +96,13 @@ class GPUModelRunner:
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.vllm_config = vllm_config
-        self.model_config = vllm_config.model_config
+        self.model_config = get_model_config(vllm_config)
         self.cache_config = vllm_config.cache_config
         self.scheduler_config = vllm_config.scheduler_config
         self.device = device
-        self.dtype = self.model_config.dtype
+        self.dtype = resolved_dtype(self.model_config)
         self.vocab_size = self.model_config.get_vocab_size()
-        self.max_model_len = self.model_config.max_model_len
+        self.max_model_len = resolved_max_model_len(self.model_config)
         self.max_num_tokens = self.scheduler_config.max_num_batched_tokens
         self.max_num_reqs = self.scheduler_config.max_num_seqs
         self.use_async_scheduling = bool(self.scheduler_config.async_scheduling)
@@ -126,9 +135,9 @@ class GPUModelRunner:
         self.output_copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.cudagraph_manager = CudaGraphManager(vllm_config, device)
 
-        self.model: nn.Module | None = None
+        self.model: TextGenerationModel | None = None
         self.kv_cache_config: KVCacheConfig | None = None
-        self.kv_caches: list[torch.Tensor] = []
+        self.kv_caches: list[LayerKVCache] = []
         self.attn_groups: list[list[AttentionGroup]] = []
         self.block_tables: BlockTables | None = None
         self.reorder_batch_threshold: int | None = None
@@ -142,13 +151,20 @@ class GPUModelRunner:
         logger.info(
             "Loading model %s on %s (Model Runner V2)", self.model_config.model, self.device
         )
-        self.model = get_model(vllm_config=self.vllm_config)
+        model = get_model(vllm_config=self.vllm_config)
         # No-op unless compilation_config.mode asks for torch.compile.
-        self.model = maybe_compile_model(
-            self.model, self.vllm_config.compilation_config, self.device
-        )
+        model = maybe_compile_model(model, self.vllm_config.compilation_config, self.device)
+        self.model = as_text_generation_model(model)
 
     def get_model(self) -> nn.Module:
+        """The loaded model (upstream's accessor: the worker's sleep and
+        pipeline checks need the module)."""
+        model = self._loaded_model()
+        assert isinstance(model, nn.Module), f"the model is a {type(model).__name__}"
+        return model
+
+    def _loaded_model(self) -> TextGenerationModel:
+        """The model as the runner calls it (forward, compute_logits)."""
         assert self.model is not None, "load_model() has not run"
         return self.model
 
@@ -175,7 +191,7 @@ class GPUModelRunner:
 
     def capture_model(self) -> int:
         """Capture the full graphs (worker, after warm-up); returns how many."""
-        return self.cudagraph_manager.capture(self._prepare_capture_batch, self.get_model())
+        return self.cudagraph_manager.capture(self._prepare_capture_batch, self._loaded_model())
 
     def _block_tables(self) -> BlockTables:
         if self.block_tables is None:
@@ -386,7 +402,7 @@ class GPUModelRunner:
         else eager over the same, possibly padded, inputs): (hidden states
         [num_tokens, hidden], logits of the sampled rows [num_logits, vocab]);
         on a pipeline stage before the last, (IntermediateTensors, None)."""
-        model = self.get_model()
+        model = self._loaded_model()
         with set_forward_context(
             attn_metadata, self.vllm_config, num_tokens=input_batch.num_tokens_after_padding
         ):
@@ -418,6 +434,7 @@ class GPUModelRunner:
         if logits is None:
             self._receive_pp_sampled_tokens(input_batch)
             return None
+        assert hidden_states is not None  # the last stage has both
         if grammar_output is not None:
             # The batch order may differ from the scheduler's (decodes first):
             # the bitmask rows are matched to input_batch.req_ids by request id.
@@ -439,7 +456,7 @@ class GPUModelRunner:
             req_id_to_index={req_id: i for i, req_id in enumerate(input_batch.req_ids)},
             sampled_token_ids=[],
             prompt_logprobs_dict=self.prompt_logprobs_worker.compute_prompt_logprobs(
-                self.get_model().compute_logits, hidden_states, input_batch
+                self._loaded_model().compute_logits, hidden_states, input_batch
             ),
         )
         async_output = AsyncOutput(output, sampler_output, num_sampled, self.output_copy_stream)
@@ -503,9 +520,9 @@ class GPUModelRunner:
             if use_kv_cache and self.attn_groups
             else None
         )
-        model = self.get_model()
+        model = self._loaded_model()
         intermediate_tensors = pp_dummy_intermediate_tensors(
-            model, num_tokens, self.model_config.dtype, self.device
+            model, num_tokens, self.dtype, self.device
         )
         with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens):
             hidden_states = model(
@@ -536,7 +553,7 @@ class GPUModelRunner:
         """`dummy_sample` over the rows' logits (only the last PP stage has any)."""
         if get_pp_group().is_last_rank:
             dummy_sample(
-                self.get_model().compute_logits(hidden_states),
+                self._loaded_model().compute_logits(hidden_states),
                 self.vocab_size,
                 self.model_config.max_logprobs,
             )

@@ -296,7 +296,7 @@ def _gumbel_sample_kernel(
         # Strictly greater: ties keep the earlier block (torch.argmax's first index).
         best_idx = tl.where(val > best_val, start + idx, best_idx)
         best_val = tl.maximum(val, best_val)
-    tl.store(out_ptr + i, best_idx.to(tl.int64))
+    tl.store(out_ptr + i, best_idx)  # stored as the output's int64
 
 
 def _gumbel_sample_triton(

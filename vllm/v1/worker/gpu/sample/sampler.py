@@ -146,8 +146,8 @@ class Sampler:
         if states.needs_temperature(idx_mapping_np):
             apply_temperature(logits, idx_mapping, states.temperature.gpu)
         if states.do_min_p(idx_mapping_np):
-            rows = np.flatnonzero(states.min_p.np[idx_mapping_np] > 0.0)
-            apply_min_p(logits, idx_mapping, states.min_p.gpu, rows)
+            min_p_rows = np.flatnonzero(states.min_p.np[idx_mapping_np] > 0.0)
+            apply_min_p(logits, idx_mapping, states.min_p.gpu, min_p_rows)
         top_k = top_p = None
         rows = idx_mapping.to(torch.int64)
         if states.do_top_k(idx_mapping_np):

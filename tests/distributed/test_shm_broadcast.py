@@ -115,6 +115,14 @@ def test_rpc_codec_round_trip_and_refusals():
         {"__t": "obj", "c": "vllm.v1.outputs:__class__", "s": {}},
         {"__t": "obj", "c": "vllm.logger:init_logger", "s": {}},
         {"__t": "dtype", "v": "complex128"},
+        # Malformed tagged values are bad messages too, not a TypeError or
+        # ValueError out of the reader (found by mypy: "v" may be missing).
+        {"__t": "tuple"},
+        {"__t": "set", "v": 3},
+        {"__t": "dict", "v": [[1]]},
+        {"__t": "nt", "c": "vllm.v1.outputs:LogprobsLists", "v": [1]},
+        {"__t": "enum", "c": "vllm.v1.request:RequestStatus", "v": 999},
+        {"__t": "obj", "c": "vllm.sampling_params:SamplingParams", "s": {"temperature": "x"}},
     ):
         with pytest.raises(RpcDecodeError):
             RpcDecoder().decode(msgspec.msgpack.encode(forged))

@@ -25,13 +25,15 @@ import importlib
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
 import torch
 
 from vllm.v1.serial_utils import TORCH_DTYPES, MsgpackDecoder, MsgpackEncoder, bytestr
+
+_T = TypeVar("_T")
 
 TAG = "__t"
 # A dotted module path inside the vllm package (identifiers only).
@@ -156,12 +158,12 @@ class RpcDecoder(MsgpackDecoder):
     def _from_tagged(self, kind: Any, t: dict[str, Any]) -> Any:
         v = t.get("v")
         if kind == "tuple":
-            return tuple(self._from_tree(x) for x in v)
+            return tuple(self._from_tree(x) for x in _tagged_list(kind, v))
         if kind in ("set", "fset"):
-            items = (self._from_tree(x) for x in v)
+            items = (self._from_tree(x) for x in _tagged_list(kind, v))
             return set(items) if kind == "set" else frozenset(items)
         if kind == "dict":
-            return {self._from_tree(k): self._from_tree(x) for k, x in v}
+            return {self._from_tree(k): self._from_tree(x) for k, x in _tagged_pairs(v)}
         if kind == "tensor":
             return self._decode_tensor(v)
         if kind == "ndarray":
@@ -173,9 +175,10 @@ class RpcDecoder(MsgpackDecoder):
         if kind == "device":
             return torch.device(str(v))
         if kind == "enum":
-            return _resolve_class(t.get("c"))(v)
+            return _construct(_resolve_class(t.get("c")), v)
         if kind == "nt":
-            return _resolve_class(t.get("c"))(*(self._from_tree(x) for x in v))
+            cls = _resolve_class(t.get("c"))
+            return _construct(cls, *(self._from_tree(x) for x in _tagged_list(kind, v)))
         if kind == "obj":
             return self._build_object(_resolve_class(t.get("c")), t.get("s"))
         raise RpcDecodeError(f"Unknown tag {kind!r}")
@@ -188,16 +191,40 @@ class RpcDecoder(MsgpackDecoder):
             # Structs cannot be created empty: fields through the constructor
             # (its validation runs), extra attributes afterwards.
             fields = set(cls.__struct_fields__)
-            obj = cls(**{k: v for k, v in values.items() if k in fields})
+            struct = _construct(cls, **{k: v for k, v in values.items() if k in fields})
             for key, value in values.items():
                 if key not in fields:
-                    object.__setattr__(obj, key, value)
-            return obj
+                    object.__setattr__(struct, key, value)
+            return struct
         obj = cls.__new__(cls)
         for key, value in values.items():
             # object.__setattr__: frozen dataclasses included; no __init__ runs.
             object.__setattr__(obj, key, value)
         return obj
+
+
+def _construct(cls: type[_T], *args: Any, **kwargs: Any) -> _T:
+    """`cls(*args, **kwargs)`; the constructor's refusal of the values (a
+    bad enum value, a missing field, a Struct's validation) is a bad message."""
+    try:
+        return cls(*args, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise RpcDecodeError(f"Cannot build {cls.__name__}: {e}") from e
+
+
+def _tagged_list(kind: Any, v: Any) -> list[Any]:
+    """The items of a tagged sequence ("tuple", "set", "fset", "nt")."""
+    if not isinstance(v, list):
+        raise RpcDecodeError(f"Tag {kind!r} needs a list of items, not {type(v).__name__}")
+    return v
+
+
+def _tagged_pairs(v: Any) -> list[Any]:
+    """The [key, value] pairs of a tagged "dict" (an escaped map)."""
+    pairs = _tagged_list("dict", v)
+    if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise RpcDecodeError("Tag 'dict' needs [key, value] pairs")
+    return pairs
 
 
 class RpcEncoder:

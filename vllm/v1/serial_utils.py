@@ -71,7 +71,8 @@ class MsgpackEncoder:
     def encode(self, obj: Any) -> Sequence[bytestr]:
         """Frames of `obj`: `[body, *out_of_band_buffers]`."""
         try:
-            self.aux_buffers = bufs = [b""]
+            bufs: list[bytestr] = [b""]
+            self.aux_buffers = bufs
             bufs[0] = self.encoder.encode(obj)
             return bufs
         finally:

@@ -93,14 +93,19 @@ class Sampler(nn.Module):
     def apply_penalties(logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> torch.Tensor:
         if sampling_metadata.no_penalties:
             return logits
-        assert sampling_metadata.prompt_token_ids is not None
+        md = sampling_metadata
+        # All set when a row has a penalty (no_penalties is False).
+        assert md.prompt_token_ids is not None
+        assert md.presence_penalties is not None
+        assert md.frequency_penalties is not None
+        assert md.repetition_penalties is not None
         return apply_all_penalties(
             logits,
-            sampling_metadata.prompt_token_ids,
-            sampling_metadata.presence_penalties,
-            sampling_metadata.frequency_penalties,
-            sampling_metadata.repetition_penalties,
-            sampling_metadata.output_token_ids,
+            md.prompt_token_ids,
+            md.presence_penalties,
+            md.frequency_penalties,
+            md.repetition_penalties,
+            md.output_token_ids,
         )
 
     def sample(

@@ -73,20 +73,24 @@ class _SparseCellsProcessor(LogitsProcessor):
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         self.device = device
         self.pin_memory = is_pin_memory
+        assert vllm_config.model_config is not None, "logits processors are built for a model"
         self.vocab_size = vllm_config.model_config.get_vocab_size()
-        self.rows = self.cols = self.values = None
+        # (rows, cols, values) of the cells to change; None when there are none.
+        self.cells: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def is_argmax_invariant(self) -> bool:
         return False
 
     def _build_cells(self, cells: list[tuple[int, int, float]]) -> None:
         if not cells:
-            self.rows = self.cols = self.values = None
+            self.cells = None
             return
         rows, cols, values = zip(*cells)
-        self.rows = self._to_device(rows, torch.int64)
-        self.cols = self._to_device(cols, torch.int64)
-        self.values = self._to_device(values, torch.float32)
+        self.cells = (
+            self._to_device(rows, torch.int64),
+            self._to_device(cols, torch.int64),
+            self._to_device(values, torch.float32),
+        )
 
     def _to_device(self, data: tuple, dtype: torch.dtype) -> torch.Tensor:
         t = torch.tensor(data, dtype=dtype, device="cpu", pin_memory=self.pin_memory)
@@ -115,11 +119,10 @@ class LogitBiasLogitsProcessor(_SparseCellsProcessor):
         )
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.rows is None:
+        if self.cells is None:
             return logits
-        return logits.index_put_(
-            (self.rows, self.cols), self.values.to(logits.dtype), accumulate=True
-        )
+        rows, cols, values = self.cells
+        return logits.index_put_((rows, cols), values.to(logits.dtype), accumulate=True)
 
 
 class MinTokensLogitsProcessor(_SparseCellsProcessor):
@@ -160,9 +163,10 @@ class MinTokensLogitsProcessor(_SparseCellsProcessor):
             )
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.rows is None:
+        if self.cells is None:
             return logits
-        return logits.index_put_((self.rows, self.cols), self.values.to(logits.dtype))
+        rows, cols, values = self.cells
+        return logits.index_put_((rows, cols), values.to(logits.dtype))
 
 
 BUILTIN_LOGITS_PROCESSORS: tuple[type[LogitsProcessor], ...] = (

@@ -4,13 +4,17 @@ vllm does not initialise CUDA."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vllm.platforms.interface import Platform, PlatformEnum, UnspecifiedPlatform
 
 _current_platform: Platform | None = None
+
+if TYPE_CHECKING:
+    # What the module __getattr__ below returns, for the type checker.
+    current_platform: Platform
 
 
 def _resolve_current_platform() -> Platform:

@@ -145,11 +145,6 @@ class Request:
             self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         self.events: list[EngineCoreEvent] = []
         self.stop_reason: int | str | None = None
-        # KV / EC connector parameters (upstream reads them from
-        # sampling_params.extra_args); connectors are not built, so these stay
-        # None unless a caller sets them, and nothing here reads them.
-        self.kv_transfer_params: dict[str, Any] | None = None
-        self.ec_transfer_params: dict[str, Any] | None = None
         # "full": KV cache events also cover the prefix-cache blocks this
         # request reuses; "incremental" (default): only blocks it stores.
         extra_args = sampling_params.extra_args if sampling_params is not None else None

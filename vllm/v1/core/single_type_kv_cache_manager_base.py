@@ -69,7 +69,6 @@ class SingleTypeKVCacheManager(ABC):
                 f"scheduler_block_size={scheduler_block_size} differs from the group's "
                 f"block size {self.block_size}: mixed block sizes are not built."
             )
-        self.scheduler_block_size = self.block_size
         # Per-request block cap of the admission check (windowed specs recycle
         # blocks, so a request never holds more than this); None = no cap.
         self._max_admission_blocks_per_request = max_admission_blocks_per_request

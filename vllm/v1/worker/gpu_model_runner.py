@@ -35,7 +35,12 @@ from vllm.logger import init_logger
 from vllm.sampling_params import SamplingType
 from vllm.sequence import IntermediateTensors
 from vllm.utils import is_pin_memory_available
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsTensors, ModelRunnerOutput
+from vllm.v1.outputs import (
+    EMPTY_MODEL_RUNNER_OUTPUT,
+    LogprobsTensors,
+    ModelRunnerOutput,
+    SamplerOutput,
+)
 from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
@@ -316,18 +321,7 @@ class GPUModelRunner:
             )
             return None
         batch = self.input_batch
-        sampling_metadata = batch.sampling_metadata_for_step(state.discard_mask)
-        async_tokens = self.async_sampled_tokens
-        if async_tokens is not None and (
-            not sampling_metadata.no_penalties or sampling_metadata.bad_words_token_ids
-        ):
-            # Penalties and bad words read the output tokens.
-            async_tokens.resolve_placeholders(batch.req_ids, batch.req_output_token_ids)
-        sampler_output = self.sampler(state.logits, sampling_metadata)
-        if pp_group.world_size > 1:
-            pp_group.broadcast(
-                sampler_output.sampled_token_ids.to(torch.int64).cpu(), src=pp_group.world_size - 1
-            )
+        sampler_output = self._sample(state.logits, state.discard_mask)
         assert state.hidden_states is not None  # the last stage has both
         prompt_logprobs_dict = self.prompt_logprobs_worker.compute_prompt_logprobs(
             unwrap_model(self.model).compute_logits,
@@ -336,8 +330,8 @@ class GPUModelRunner:
             self.input_buffers.query_start_loc.np,
             state.scheduler_output.num_scheduled_tokens,
         )
-        if async_tokens is not None:
-            return async_tokens.record(
+        if self.async_sampled_tokens is not None:
+            return self.async_sampled_tokens.record(
                 batch,
                 sampler_output.sampled_token_ids,
                 sampler_output.logprobs_tensors,
@@ -349,6 +343,25 @@ class GPUModelRunner:
         )
         output.prompt_logprobs_dict = prompt_logprobs_dict
         return output
+
+    def _sample(self, logits: torch.Tensor, discard_mask: np.ndarray) -> SamplerOutput:
+        """The sampler over the step's logits; the last pipeline stage sends
+        the tokens to the earlier ones."""
+        batch = self.input_batch
+        sampling_metadata = batch.sampling_metadata_for_step(discard_mask)
+        async_tokens = self.async_sampled_tokens
+        if async_tokens is not None and (
+            not sampling_metadata.no_penalties or sampling_metadata.bad_words_token_ids
+        ):
+            # Penalties and bad words read the output tokens.
+            async_tokens.resolve_placeholders(batch.req_ids, batch.req_output_token_ids)
+        sampler_output = self.sampler(logits, sampling_metadata)
+        pp_group = get_pp_group()
+        if pp_group.world_size > 1:
+            pp_group.broadcast(
+                sampler_output.sampled_token_ids.to(torch.int64).cpu(), src=pp_group.world_size - 1
+            )
+        return sampler_output
 
     def _bookkeeping_sync(
         self,

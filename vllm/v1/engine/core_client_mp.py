@@ -43,13 +43,12 @@ from vllm.v1.engine import (
 from vllm.v1.engine.core_client_base import EngineCoreClient
 from vllm.v1.engine.core_proc import EngineCoreProc
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm.v1.engine.utils import (
-    CoreEngineProcManager,
+from vllm.v1.engine.ipc import (
     block_shutdown_signals,
     get_open_zmq_inproc_path,
-    launch_core_engines,
     make_zmq_socket,
 )
+from vllm.v1.engine.utils import CoreEngineProcManager, launch_core_engines
 from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 

@@ -45,7 +45,7 @@ from vllm.v1.engine import (
     UtilityResult,
 )
 from vllm.v1.engine.engine_core import EngineCore
-from vllm.v1.engine.utils import (
+from vllm.v1.engine.ipc import (
     EngineZmqAddresses,
     block_shutdown_signals,
     decode_handshake,

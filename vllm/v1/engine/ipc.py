@@ -1,0 +1,186 @@
+"""How the front end and the engine-core processes reach each other: ZMQ
+sockets (on `ipc://` paths or loopback only), the start-up handshake's
+messages and addresses, and the signal helpers of their threads
+(upstream: vllm/v1/engine/utils.py and vllm/utils/network_utils.py).
+
+A leaf of the engine package: both sides use it (EngineCoreProc in the core
+process, the MP clients and the launcher in utils.py in the front end), so
+it imports neither, and the launcher can import EngineCoreProc plainly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, overload
+from uuid import uuid4
+
+import msgspec
+import zmq
+
+from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    import zmq.asyncio
+
+logger = init_logger(__name__)
+
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+# ----------------------------------------------------------------------
+# Sockets
+# ----------------------------------------------------------------------
+
+
+def get_open_zmq_ipc_path() -> str:
+    """A fresh `ipc://` path in the temp dir (one per socket)."""
+    return f"ipc://{tempfile.gettempdir()}/vllm-{uuid4()}"
+
+
+def get_open_zmq_inproc_path() -> str:
+    return f"inproc://{uuid4()}"
+
+
+def check_zmq_address(path: str) -> None:
+    """Refuse any address that is not ipc, inproc or loopback TCP."""
+    if path.startswith(("ipc://", "inproc://")):
+        return
+    if path.startswith("tcp://"):
+        host = path[len("tcp://") :].rsplit(":", 1)[0]
+        if host in _LOOPBACK_HOSTS:
+            return
+    raise ValueError(
+        f"Refusing ZMQ address {path!r}: only ipc://, inproc:// and loopback "
+        "tcp:// addresses are allowed"
+    )
+
+
+@overload
+def make_zmq_socket(
+    ctx: zmq.asyncio.Context,
+    path: str,
+    socket_type: int,
+    bind: bool | None = None,
+    identity: bytes | None = None,
+    linger: int | None = None,
+) -> zmq.asyncio.Socket: ...
+
+
+@overload
+def make_zmq_socket(
+    ctx: zmq.SyncContext,
+    path: str,
+    socket_type: int,
+    bind: bool | None = None,
+    identity: bytes | None = None,
+    linger: int | None = None,
+) -> zmq.SyncSocket: ...
+
+
+@overload
+def make_zmq_socket(
+    ctx: zmq.SyncContext | zmq.asyncio.Context,
+    path: str,
+    socket_type: int,
+    bind: bool | None = None,
+    identity: bytes | None = None,
+    linger: int | None = None,
+) -> zmq.Socket[Any]: ...
+
+
+def make_zmq_socket(
+    ctx: zmq.SyncContext | zmq.asyncio.Context,
+    path: str,
+    socket_type: int,
+    bind: bool | None = None,
+    identity: bytes | None = None,
+    linger: int | None = None,
+) -> zmq.Socket[Any]:
+    """Make a socket, bind or connect it to `path`.
+
+    bind defaults to True for ROUTER and PULL (the client's ends), False otherwise.
+    """
+    check_zmq_address(path)
+    socket = ctx.socket(socket_type)
+    # No high-water mark: the engine must never drop a message.
+    if socket_type in (zmq.PULL, zmq.DEALER, zmq.ROUTER):
+        socket.setsockopt(zmq.RCVHWM, 0)
+    if socket_type in (zmq.PUSH, zmq.DEALER, zmq.ROUTER):
+        socket.setsockopt(zmq.SNDHWM, 0)
+    if identity is not None:
+        socket.setsockopt(zmq.IDENTITY, identity)
+    if linger is not None:
+        socket.setsockopt(zmq.LINGER, linger)
+    if bind is None:
+        bind = socket_type in (zmq.ROUTER, zmq.PULL)
+    if bind:
+        socket.bind(path)
+    else:
+        socket.connect(path)
+    return socket
+
+
+@contextlib.contextmanager
+def zmq_socket_ctx(
+    path: str,
+    socket_type: int,
+    bind: bool | None = None,
+    linger: int = 0,
+    identity: bytes | None = None,
+) -> Iterator[zmq.SyncSocket]:
+    """A socket on its own context, closed (and the context terminated) on exit."""
+    ctx = zmq.Context()
+    try:
+        yield make_zmq_socket(ctx, path, socket_type, bind=bind, identity=identity)
+    finally:
+        ctx.destroy(linger=linger)
+
+
+def encode_handshake(msg: dict[str, Any]) -> bytes:
+    return msgspec.msgpack.encode(msg)
+
+
+def decode_handshake(data: bytes) -> dict[str, Any]:
+    """Handshake messages are plain msgpack maps (never pickles)."""
+    msg = msgspec.msgpack.decode(data, type=dict[str, Any])
+    return msg
+
+
+@dataclass
+class EngineZmqAddresses:
+    # ZMQ input socket addresses, one per API-server client (we have one).
+    inputs: list[str]
+    # ZMQ output socket addresses, one per API-server client.
+    outputs: list[str]
+
+
+# ----------------------------------------------------------------------
+# Processes
+# ----------------------------------------------------------------------
+
+
+def block_shutdown_signals() -> None:
+    """Call at the start of a helper thread: SIGTERM / SIGINT then go to the
+    main thread, whose handler turns them into a clean shutdown."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+
+def watch_parent(death_pipe: Connection) -> None:
+    """In a child: SIGTERM ourselves when the parent dies (its pipe end closes),
+    so that a killed front end leaves no orphan engine behind."""
+
+    def wait() -> None:
+        block_shutdown_signals()
+        with contextlib.suppress(EOFError, OSError):
+            death_pipe.recv()
+        logger.info("Parent process exited; shutting down.")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait, daemon=True, name="ParentDeathWatcher").start()

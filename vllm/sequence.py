@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import ItemsView
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 
@@ -14,6 +16,12 @@ class IntermediateTensors:
 
     tensors: dict[str, torch.Tensor]
 
+    @overload
+    def __getitem__(self, key: str) -> torch.Tensor: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> IntermediateTensors: ...
+
     def __getitem__(self, key: str | slice) -> torch.Tensor | IntermediateTensors:
         """A tensor by name, or every tensor sliced along the token dim."""
         if isinstance(key, str):
@@ -23,7 +31,7 @@ class IntermediateTensors:
     def __setitem__(self, key: str, value: torch.Tensor) -> None:
         self.tensors[key] = value
 
-    def items(self):
+    def items(self) -> ItemsView[str, torch.Tensor]:
         return self.tensors.items()
 
     def __len__(self) -> int:

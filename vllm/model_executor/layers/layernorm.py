@@ -8,6 +8,7 @@ from torch import nn
 
 from vllm import _custom_ops as ops
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.utils import set_weight_attrs
 
 
 class RMSNorm(nn.Module):
@@ -37,7 +38,7 @@ class RMSNorm(nn.Module):
                 torch.ones(hidden_size, dtype=dtype or torch.get_default_dtype()),
                 requires_grad=False,
             )
-            self.weight.weight_loader = default_weight_loader
+            set_weight_attrs(self.weight, {"weight_loader": default_weight_loader})
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

@@ -28,19 +28,12 @@ from vllm.distributed import (
 )
 from vllm.model_executor.layers.utils import pack_weight_for_cpu, unquantized_gemm
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.utils import set_weight_attrs
 
 
 def tp_size_and_rank() -> tuple[int, int]:
     """Tensor-parallel world size and rank of this process."""
     return get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
-
-
-def set_weight_attrs(weight: torch.Tensor, weight_attrs: dict[str, Any] | None) -> None:
-    """Attach loader metadata (e.g. `weight_loader`, `output_dim`) to a parameter."""
-    for key, value in (weight_attrs or {}).items():
-        if hasattr(weight, key):
-            raise AttributeError(f"Overwriting existing tensor attribute: {key}")
-        setattr(weight, key, value)
 
 
 class LinearBase(nn.Module):
@@ -67,8 +60,15 @@ class LinearBase(nn.Module):
         self._packed_weight: torch.Tensor | None = None  # set after loading on CPU
 
     def _create_weights(
-        self, out_features: int, in_features: int, bias: bool, extra_attrs: dict[str, Any]
+        self,
+        out_features: int,
+        in_features: int,
+        bias: bool,
+        extra_attrs: dict[str, Any],
+        bias_output_dim: int | None = 0,
     ) -> None:
+        """The weight and bias parameters; `bias_output_dim` is None for a
+        bias that is replicated rather than split over the ranks."""
         self.weight = Parameter(
             torch.empty(out_features, in_features, dtype=self.params_dtype), requires_grad=False
         )
@@ -77,7 +77,9 @@ class LinearBase(nn.Module):
             self.bias = Parameter(
                 torch.empty(out_features, dtype=self.params_dtype), requires_grad=False
             )
-            set_weight_attrs(self.bias, {"weight_loader": self.weight_loader, "output_dim": 0})
+            set_weight_attrs(
+                self.bias, {"weight_loader": self.weight_loader, "output_dim": bias_output_dim}
+            )
         else:
             self.register_parameter("bias", None)
 
@@ -308,10 +310,12 @@ class RowParallelLinear(LinearBase):
         self.reduce_results = reduce_results
         self.input_size_per_partition = divide(input_size, self.tp_size)
         self._create_weights(
-            output_size, self.input_size_per_partition, bias, {"output_dim": 0, "input_dim": 1}
+            output_size,
+            self.input_size_per_partition,
+            bias,
+            {"output_dim": 0, "input_dim": 1},
+            bias_output_dim=None,  # the bias is replicated, not split
         )
-        if self.bias is not None:
-            self.bias.output_dim = None  # the bias is replicated, not split
 
     def weight_loader(
         self, param: Parameter, loaded_weight: torch.Tensor, loaded_shard_id: Any = None

@@ -46,6 +46,8 @@ class RotaryEmbedding(nn.Module):
     GPT-J style rotates interleaved pairs (x0, x1), (x2, x3), ...
     """
 
+    cos_sin_cache: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(
         self,
         head_size: int,
@@ -74,7 +76,8 @@ class RotaryEmbedding(nn.Module):
 
     def _inv_freq_and_len(self, scaling: dict[str, Any] | None) -> tuple[torch.Tensor, int]:
         inv_freq = _default_inv_freq(self.base, self.rotary_dim)
-        rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+        scaling = scaling or {}
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         if rope_type == "default":
             return inv_freq, self.max_position_embeddings
         if rope_type == "llama3":

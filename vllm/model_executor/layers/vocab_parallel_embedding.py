@@ -21,6 +21,7 @@ from torch.nn.parameter import Parameter
 from vllm.distributed import divide, tensor_model_parallel_all_reduce
 from vllm.model_executor.layers.linear import tp_size_and_rank
 from vllm.model_executor.layers.utils import pack_weight_for_cpu
+from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils import round_up
 
 DEFAULT_VOCAB_PADDING_SIZE = 64
@@ -61,8 +62,7 @@ class VocabParallelEmbedding(nn.Module):
             ),
             requires_grad=False,
         )
-        self.weight.weight_loader = self.weight_loader
-        self.weight.output_dim = 0
+        set_weight_attrs(self.weight, {"weight_loader": self.weight_loader, "output_dim": 0})
 
     def weight_loader(self, param: Parameter, loaded_weight: torch.Tensor) -> None:
         """Copy this rank's rows of the checkpoint's [vocab, dim] table; zero
@@ -129,7 +129,7 @@ class ParallelLMHead(VocabParallelEmbedding):
                 torch.zeros(self.num_embeddings_per_partition, dtype=self.weight.dtype),
                 requires_grad=False,
             )
-            self.bias.weight_loader = self._bias_loader
+            set_weight_attrs(self.bias, {"weight_loader": self._bias_loader})
         else:
             self.register_parameter("bias", None)
 

@@ -41,6 +41,7 @@ class BaseModelLoader(ABC):
         """Construct the model on the target device in the model dtype, load its
         weights and return it in eval mode."""
         target_device = torch.device(vllm_config.device_config.device)
+        assert isinstance(model_config.dtype, torch.dtype), "ModelConfig resolves dtype"
         with set_default_torch_dtype(model_config.dtype):
             with target_device:
                 model = initialize_model(vllm_config=vllm_config, model_config=model_config)

@@ -13,6 +13,7 @@ from torch import nn
 
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+from vllm.model_executor.model_loader.utils import load_model_weights
 from vllm.model_executor.model_loader.weight_utils import (
     find_weight_files,
     pt_weights_iterator,
@@ -54,8 +55,8 @@ class DefaultModelLoader(BaseModelLoader):
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         start = time.perf_counter()
         weights_to_load = {name for name, _ in model.named_parameters()}
-        loaded = model.load_weights(self.get_all_weights(model_config, model))
-        missing = weights_to_load - set(loaded)
+        loaded = load_model_weights(model, self.get_all_weights(model_config, model))
+        missing = weights_to_load - loaded
         if missing:
             raise ValueError(
                 f"Following weights were not initialized from checkpoint: {sorted(missing)}"

@@ -22,6 +22,7 @@ from torch import nn
 
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+from vllm.model_executor.model_loader.utils import load_model_weights
 
 if TYPE_CHECKING:
     from vllm.config import ModelConfig
@@ -100,8 +101,8 @@ class GGUFModelLoader(BaseModelLoader):
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         path = self._gguf_path(model_config)
         weights_to_load = {name for name, _ in model.named_parameters()}
-        loaded = model.load_weights(self._weights_iterator(path, model, model_config))
-        missing = weights_to_load - set(loaded)
+        loaded = load_model_weights(model, self._weights_iterator(path, model, model_config))
+        missing = weights_to_load - loaded
         if missing:
             raise ValueError(
                 f"Following weights were not initialized from {path}: {sorted(missing)}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -47,11 +47,22 @@ def initialize_model(
 ) -> nn.Module:
     """Construct the model (uninitialised weights) with `vllm_config` current,
     so that layers (attention) can register themselves in it."""
-    model_config = model_config or vllm_config.model_config
     if model_class is None:
+        model_config = model_config or vllm_config.model_config
+        if model_config is None:
+            raise ValueError("initialize_model needs a model config or a model class.")
         model_class, _ = get_model_architecture(model_config)
     with set_current_vllm_config(vllm_config):
         return model_class(vllm_config=vllm_config, prefix=prefix)
+
+
+def load_model_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    """`model.load_weights(weights)`: each model class maps its checkpoint's
+    tensors onto its parameters; the names of the parameters it loaded."""
+    load_weights = getattr(model, "load_weights", None)
+    if load_weights is None:
+        raise TypeError(f"{type(model).__name__} does not define load_weights.")
+    return set(load_weights(weights))
 
 
 def process_weights_after_loading(

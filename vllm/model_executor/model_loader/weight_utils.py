@@ -6,7 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 import torch
 from torch import nn
@@ -31,6 +31,14 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> N
             f"parameter {tuple(param.size())}."
         )
     param.data.copy_(loaded_weight)
+
+
+def get_weight_loader(param: torch.Tensor) -> Callable[..., None]:
+    """The `weight_loader` a layer attached to `param` (set_weight_attrs):
+    it copies this rank's part of a checkpoint tensor, given the shard id of a
+    fused parameter's part. `default_weight_loader` for a parameter without one."""
+    loader: Callable[..., None] = getattr(param, "weight_loader", default_weight_loader)
+    return loader
 
 
 def find_weight_files(model_dir: str) -> tuple[list[str], bool]:

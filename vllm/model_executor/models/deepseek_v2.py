@@ -167,6 +167,7 @@ class DeepseekV2MLAAttention(nn.Module):
 class DeepseekV2DecoderLayer(nn.Module):
     def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.self_attn = DeepseekV2MLAAttention(
             config, vllm_config.cache_config, prefix=f"{prefix}.self_attn"

@@ -167,8 +167,11 @@ class Gemma2DecoderLayer(nn.Module):
 
 
 class Gemma2Model(nn.Module):
+    normalizer: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
@@ -212,6 +215,7 @@ class Gemma2ForCausalLM(CausalLMBase):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.model = Gemma2Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))

@@ -25,7 +25,7 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.model_loader.weight_utils import get_weight_loader
 from vllm.model_executor.models.utils import (
     CausalLMBase,
     make_layers,
@@ -116,6 +116,7 @@ class GPT2Block(nn.Module):
 class GPT2Model(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
@@ -153,6 +154,7 @@ class GPT2LMHeadModel(CausalLMBase):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.transformer = GPT2Model(
@@ -176,8 +178,8 @@ class GPT2LMHeadModel(CausalLMBase):
             param = params[name]
             if ".c_attn." in name:  # [q; k; v] rows: load each as its shard
                 for shard_id, part in zip("qkv", weight.chunk(3, dim=0)):
-                    param.weight_loader(param, part, shard_id)
+                    get_weight_loader(param)(param, part, shard_id)
             else:
-                getattr(param, "weight_loader", default_weight_loader)(param, weight)
+                get_weight_loader(param)(param, weight)
             loaded.add(name)
         return loaded

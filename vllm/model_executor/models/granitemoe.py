@@ -25,7 +25,7 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader, get_weight_loader
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.utils import (
     CausalLMBase,
@@ -129,6 +129,7 @@ class GraniteMoeDecoderLayer(nn.Module):
 class GraniteMoeModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
@@ -168,11 +169,12 @@ class GraniteMoeModel(nn.Module):
             if ".block_sparse_moe.input_linear." in name:
                 target = name.replace("input_linear.weight", "experts.w13_weight")
                 gate, up = weight.chunk(2, dim=1)
-                params[target].weight_loader(params[target], gate, name, shard_id="w1")
-                params[target].weight_loader(params[target], up, name, shard_id="w3")
+                experts_loader = get_weight_loader(params[target])
+                experts_loader(params[target], gate, name, shard_id="w1")
+                experts_loader(params[target], up, name, shard_id="w3")
             elif ".block_sparse_moe.output_linear." in name:
                 target = name.replace("output_linear.weight", "experts.w2_weight")
-                params[target].weight_loader(params[target], weight, name, shard_id="w2")
+                get_weight_loader(params[target])(params[target], weight, name, shard_id="w2")
             elif ".block_sparse_moe.router.layer." in name:
                 target = name.replace("router.layer.", "router.")
                 default_weight_loader(params[target], weight)
@@ -192,6 +194,7 @@ class GraniteMoeForCausalLM(CausalLMBase):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.model = GraniteMoeModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))

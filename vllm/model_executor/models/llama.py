@@ -177,6 +177,7 @@ class LlamaDecoderLayer(nn.Module):
         self, vllm_config: VllmConfig, prefix: str = "", config: PretrainedConfig | None = None
     ) -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = config or vllm_config.model_config.hf_text_config
         self.hidden_size = config.hidden_size
         qkv_bias, o_bias = self._attention_biases(config)
@@ -234,12 +235,14 @@ class LlamaModel(nn.Module):
         layer_type: type[nn.Module] = LlamaDecoderLayer,
     ) -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.vocab_size = config.vocab_size
         pp_group = get_pp_group()
         # A tied LM head reads the embedding table, so the last stage keeps it too.
         tied = getattr(config, "tie_word_embeddings", False)
+        self.embed_tokens: VocabParallelEmbedding | PPMissingLayer
         if pp_group.is_first_rank or (tied and pp_group.is_last_rank):
             self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         else:
@@ -284,6 +287,7 @@ class LlamaModel(nn.Module):
         for layer in self.layers[self.start_layer : self.end_layer]:
             hidden_states, residual = layer(positions, hidden_states, residual)
         if not pp_group.is_last_rank:
+            assert residual is not None  # every stage runs a layer (get_pp_indices)
             return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
         if residual is None:  # no layers
             return self.norm(hidden_states)
@@ -320,6 +324,7 @@ class LlamaForCausalLM(CausalLMBase, SupportsPP):
         layer_type: type[nn.Module] = LlamaDecoderLayer,
     ) -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.model = LlamaModel(

@@ -53,6 +53,7 @@ class MambaDecoderLayer(nn.Module):
 class MambaModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.start_layer, self.end_layer, self.layers = make_layers(
@@ -88,6 +89,7 @@ class MambaForCausalLM(CausalLMBase, HasInnerState, IsAttentionFree):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.backbone = MambaModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "backbone"))

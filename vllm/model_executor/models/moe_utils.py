@@ -10,6 +10,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from vllm.model_executor.model_loader.weight_utils import get_weight_loader
 from vllm.model_executor.models.utils import (
     AutoWeightsLoader,
     is_pp_missing_parameter,
@@ -68,6 +69,6 @@ def _load_one(
             if is_pp_missing_parameter(target, model):
                 return None
             param = lookup_param(params, target, name)
-            param.weight_loader(param, weight, name, shard_id=shard_id, expert_id=expert_id)
+            get_weight_loader(param)(param, weight, name, shard_id=shard_id, expert_id=expert_id)
             return target
     return load_stacked_weight(model, params, name, weight, stacked)

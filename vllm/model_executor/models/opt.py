@@ -189,6 +189,7 @@ class OPTDecoder(nn.Module):
 class OPTModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.decoder = OPTDecoder(
             config, vllm_config.cache_config, prefix=maybe_prefix(prefix, "decoder")
@@ -224,6 +225,7 @@ class OPTForCausalLM(CausalLMBase):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.model = OPTModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))

@@ -102,6 +102,7 @@ class Qwen3_5Attention(nn.Module):
 class Qwen3_5DecoderLayer(nn.Module):
     def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.layer_type = config.layer_types[extract_layer_index(prefix)]
         if self.layer_type == "linear_attention":
@@ -142,6 +143,7 @@ class Qwen3_5DecoderLayer(nn.Module):
 class Qwen3_5Model(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.start_layer, self.end_layer, self.layers = make_layers(
@@ -181,6 +183,7 @@ class Qwen3_5ForCausalLM(CausalLMBase, HasInnerState, IsHybrid):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
+        assert vllm_config.model_config is not None
         config = vllm_config.model_config.hf_text_config
         self.config = config
         self.model = Qwen3_5Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))

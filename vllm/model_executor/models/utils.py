@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
-from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
+from vllm.model_executor.model_loader.weight_utils import get_weight_loader
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -42,7 +45,7 @@ class PPMissingLayer(torch.nn.Identity):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__()
 
-    def forward(self, *args: object, **kwargs: object) -> object:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The first argument, unchanged (as nn.Identity)."""
         return args[0] if args else next(iter(kwargs.values()))
 
@@ -172,15 +175,16 @@ class AutoWeightsLoader:
         for rest, weight in weights:
             if rest:  # e.g. "weight.extra": no such parameter
                 raise ValueError(f"Unexpected weight name {base_prefix}.{rest}")
-            loader = getattr(param, "weight_loader", default_weight_loader)
+            loader = get_weight_loader(param)
             loader(param, weight)
             yield base_prefix
 
     def _load_module(
         self, base_prefix: str, module: nn.Module, weights: WeightsIter
     ) -> Iterator[str]:
-        if module is not self.module and hasattr(module, "load_weights"):
-            loaded = module.load_weights(weights)
+        load_weights = getattr(module, "load_weights", None) if module is not self.module else None
+        if load_weights is not None:
+            loaded = load_weights(weights)
             yield from (maybe_prefix(base_prefix, name) for name in loaded)
             return
         children = dict(module.named_children())
@@ -252,9 +256,9 @@ def load_stacked_weight(
         return None
     param = lookup_param(params, target, name)
     if shard_id is None:
-        getattr(param, "weight_loader", default_weight_loader)(param, weight)
+        get_weight_loader(param)(param, weight)
     else:
-        param.weight_loader(param, weight, shard_id)
+        get_weight_loader(param)(param, weight, shard_id)
     return target
 
 
@@ -281,13 +285,15 @@ class CausalLMBase(nn.Module):
         embed_tokens: nn.Module,
         tie: bool,
         hidden_size: int | None = None,
-        **logits_kwargs: float | None,
+        scale: float = 1.0,
+        soft_cap: float | None = None,
     ) -> None:
         """`lm_head` [vocab_size, hidden_size (default config.hidden_size)] on
         the last pipeline stage, sharing `embed_tokens`' table when `tie`; and
-        the `logits_processor` (`logits_kwargs`: its scale / soft_cap)."""
+        the `logits_processor` (with its `scale` and `soft_cap`)."""
         from vllm.distributed import get_pp_group
 
+        self.lm_head: ParallelLMHead | PPMissingLayer
         if get_pp_group().is_last_rank:
             self.lm_head = ParallelLMHead(
                 config.vocab_size,
@@ -295,10 +301,12 @@ class CausalLMBase(nn.Module):
                 prefix=maybe_prefix(prefix, "lm_head"),
             )
             if tie:
+                # The last stage keeps the embedding when the head is tied to it.
+                assert isinstance(embed_tokens, VocabParallelEmbedding), type(embed_tokens)
                 self.lm_head = self.lm_head.tie_weights(embed_tokens)
         else:
             self.lm_head = PPMissingLayer()
-        self.logits_processor = LogitsProcessor(config.vocab_size, **logits_kwargs)
+        self.logits_processor = LogitsProcessor(config.vocab_size, scale=scale, soft_cap=soft_cap)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return getattr(self, self.body_name).embed_input_ids(input_ids)

@@ -10,6 +10,8 @@ tensor-parallel rank), K experts per token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -69,7 +71,7 @@ def _score(router_logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
     raise ValueError(f"Unsupported MoE scoring function {scoring_func!r}.")
 
 
-_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu}
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu, "gelu": F.gelu}
 
 
 def fused_experts(

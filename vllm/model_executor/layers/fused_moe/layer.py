@@ -25,6 +25,7 @@ from vllm.distributed import (
     tensor_model_parallel_all_reduce,
 )
 from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts, fused_topk, grouped_topk
+from vllm.model_executor.utils import set_weight_attrs
 
 
 class FusedMoE(nn.Module):
@@ -97,7 +98,7 @@ class FusedMoE(nn.Module):
             torch.empty(num_experts, hidden_size, i_tp, dtype=dtype), requires_grad=False
         )
         for param in (self.w13_weight, self.w2_weight):
-            param.weight_loader = self.weight_loader
+            set_weight_attrs(param, {"weight_loader": self.weight_loader})
 
     @staticmethod
     def make_expert_params_mapping(
@@ -160,6 +161,8 @@ class FusedMoE(nn.Module):
     def select_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """router_logits [T, E] -> (topk_weights [T, K] float32, topk_ids [T, K])."""
         if self.use_grouped_topk:
+            # Both set when grouped (checked in __init__).
+            assert self.num_expert_group is not None and self.topk_group is not None
             weights, ids = grouped_topk(
                 router_logits,
                 self.top_k,

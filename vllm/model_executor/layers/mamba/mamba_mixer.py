@@ -36,7 +36,7 @@ from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
 from vllm.model_executor.layers.mamba.ops.mamba_ssm import selective_scan_fn, selective_state_update
 from vllm.model_executor.layers.mamba.ops.varlen import StateGroup, build_state_groups
 from vllm.v1.attention.backends.mamba1_attn import Mamba1AttentionBackend
-from vllm.v1.kv_cache_interface import MambaSpec
+from vllm.v1.kv_cache_interface import MambaSpec, get_max_model_len
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -101,7 +101,7 @@ class MambaMixer(nn.Module):
 
     def get_kv_cache_spec(self, vllm_config: VllmConfig) -> MambaSpec:
         return MambaSpec(
-            block_size=vllm_config.model_config.max_model_len,
+            block_size=get_max_model_len(vllm_config),
             shapes=((self.d_inner, self.conv_kernel_size - 1), (self.d_inner, self.d_state)),
             dtypes=(self.dtype, self.dtype),
         )

@@ -94,17 +94,19 @@ def build_state_groups(
         def pick(values: list, members: list[int] = members) -> list:
             return [values[i] for i in members]
 
-        to = dict(device=device, dtype=torch.long)
+        def longs(values: list[int], members: list[int] = members) -> torch.Tensor:
+            return torch.tensor(pick(values, members), device=device, dtype=torch.long)
+
         slots = init = None
         if state_indices is not None:
-            slots = torch.tensor(pick(state_indices), **to)
+            slots = longs(state_indices)
             init = torch.tensor(
                 pick(has_initial_states or [False] * num_reqs), dtype=torch.bool, device=device
             )
         groups.append(
             _group(
-                torch.tensor(pick(query_start_loc[:-1]), **to),
-                torch.tensor(pick(lens), **to),
+                longs(query_start_loc[:-1]),
+                longs(lens),
                 slots,
                 init,
                 max(pick(lens)),

@@ -27,7 +27,7 @@ class CpuPlatform(Platform):
         head_size: int,
         dtype: torch.dtype,
         kv_cache_dtype: str | None,
-        block_size: int,
+        block_size: int | None,
         use_mla: bool = False,
         has_sink: bool = False,
         use_sparse: bool = False,

@@ -54,7 +54,7 @@ class CudaPlatform(Platform):
         head_size: int,
         dtype: torch.dtype,
         kv_cache_dtype: str | None,
-        block_size: int,
+        block_size: int | None,
         use_mla: bool = False,
         has_sink: bool = False,
         use_sparse: bool = False,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import prometheus_client
@@ -200,6 +201,7 @@ class PrometheusStatLogger(StatLoggerBase):
     def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
         unregister_vllm_metrics()
         model_config = vllm_config.model_config
+        assert model_config is not None, "metrics are labelled with the served model"
         served = model_config.served_model_name
         model_name = (served[0] if isinstance(served, list) else served) or model_config.model
         labels = {"model_name": model_name, "engine": str(engine_index)}
@@ -257,7 +259,7 @@ class PrometheusStatLogger(StatLoggerBase):
     def _make_histograms(
         self, names: list[str], labels: dict[str, str], max_model_len: int
     ) -> None:
-        def histogram(name: str, doc: str, buckets: list[float]) -> prometheus_client.Histogram:
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> prometheus_client.Histogram:
             return prometheus_client.Histogram(name, doc, names, buckets=buckets).labels(**labels)
 
         tokens = build_1_2_5_buckets(max_model_len)

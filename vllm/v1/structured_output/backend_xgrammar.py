@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import xgrammar as xgr
+from transformers import PreTrainedTokenizerBase
 
 from vllm.logger import init_logger
 from vllm.utils.json_schema import check_json_schema_depth
@@ -67,6 +68,11 @@ class XgrammarBackend(StructuredOutputBackend):
         self.disable_any_whitespace = so_config.disable_any_whitespace
         # vocab_size is the logits width; ids past the tokenizer's vocabulary
         # (padding of the embedding table) are never allowed by xgrammar.
+        if not isinstance(self.tokenizer, PreTrainedTokenizerBase):
+            raise TypeError(
+                "The xgrammar backend reads a Hugging Face tokenizer's vocabulary; "
+                f"got {type(self.tokenizer).__name__}."
+            )
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
             self.tokenizer, vocab_size=self.vocab_size
         )

@@ -222,7 +222,7 @@ def _make_prefill_plan(
 
 
 class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]):
-    reorder_batch_threshold: ClassVar[int | None] = 1
+    reorder_batch_threshold: ClassVar[int] = 1
 
     def __init__(
         self,

@@ -200,7 +200,7 @@ class FlashInferMetadata:
 
 
 class FlashInferMetadataBuilder(AttentionMetadataBuilder[FlashInferMetadata]):
-    reorder_batch_threshold: ClassVar[int | None] = 1
+    reorder_batch_threshold: ClassVar[int] = 1
 
     def __init__(
         self,

@@ -110,6 +110,7 @@ class CPUMLAImpl(AttentionImpl[CPUAttentionMetadata]):
         """(W_UK [H, N, L], W_UV [H, V, L]) as views of kv_b_proj's weight,
         whose rows are per head [k_nope (N rows); v (V rows)]."""
         weight = self._kv_b_proj[0].weight
+        assert isinstance(weight, torch.Tensor)  # a linear layer's weight
         w = weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
         return w[:, : self.qk_nope_head_dim], w[:, self.qk_nope_head_dim :]
 

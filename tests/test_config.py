@@ -127,3 +127,17 @@ def test_register_stateful_layer_needs_a_unique_prefix():
         cc.register_stateful_layer("model.layers.0.mixer", object(), "Mamba")
     with pytest.raises(ValueError, match="GDN layers need a unique, non-empty prefix"):
         cc.register_stateful_layer("", object(), "GDN")
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [(-1, 512), (None, 512), (256, 256), ("0.25K", 256)]
+)
+def test_model_config_max_model_len_is_an_int(tiny_model_dir, given, expected):
+    """-1 (the default) and None derive the length from the checkpoint
+    (max_position_embeddings=512 here); "1k"-style strings are parsed, as by
+    upstream's validator. Whatever was given, the field holds an int."""
+    from vllm.config import ModelConfig
+
+    mc = ModelConfig(model=tiny_model_dir("llama"), max_model_len=given)
+    assert mc.max_model_len == expected and type(mc.max_model_len) is int
+    assert ModelConfig(model=tiny_model_dir("llama")).max_model_len == 512

@@ -69,10 +69,11 @@ def make_stateful_layers_opaque(static_forward_context: dict[str, Any]) -> int:
     for name, layer in static_forward_context.items():
         if not isinstance(layer, nn.Module) or getattr(layer, _OPAQUE_ATTR, False):
             continue
-        if type(layer) is Attention:
-            layer.forward = _opaque_attention_forward(name)
-        else:
-            layer.forward = torch.compiler.disable(layer.forward, recursive=True)
+        layer.forward = (
+            _opaque_attention_forward(name)
+            if type(layer) is Attention
+            else torch.compiler.disable(layer.forward, recursive=True)
+        )
         setattr(layer, _OPAQUE_ATTR, True)
         changed += 1
     return changed
@@ -94,7 +95,9 @@ def unpack_cpu_linear_weights(model: nn.Module) -> int:
         if name.split(".")[-1] == "lm_head":
             continue
         packed = getattr(module, "_packed_weight", None)
-        if not isinstance(packed, torch.Tensor) or packed.layout != torch._mkldnn:
+        # torch._mkldnn (the packed layout) is missing from torch's stubs.
+        mkldnn_layout = torch._mkldnn  # type: ignore[attr-defined]
+        if not isinstance(packed, torch.Tensor) or packed.layout != mkldnn_layout:
             continue
         module.weight = nn.Parameter(packed.to_dense(), requires_grad=False)
         module._packed_weight = None

@@ -23,6 +23,7 @@ The model object is returned (its forward replaced), so `compute_logits`,
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -69,7 +70,9 @@ class _CompiledForward:
         start = time.perf_counter()
         # Sizes 0 / 1 are treated like any other size: a batch of one token
         # must not specialise (and later recompile) the graph.
-        with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        # patch() is added at run time by torch's config-module machinery (no stub).
+        fx_config = torch.fx.experimental._config
+        with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
             out = self.compiled(input_ids, positions, *args, **kwargs)
         if self.num_calls == 0:
             self.first_call_s = time.perf_counter() - start
@@ -100,7 +103,7 @@ def maybe_compile_model(
     num_opaque = make_stateful_layers_opaque(compilation_config.static_forward_context)
     compiler = resolve_backend(compilation_config, backend)
     eager_forward = model.forward
-    options = None
+    options: dict[str, str | int | bool | Callable[..., Any]] | None = None
     if compiler == "inductor" and device.type == "cpu":
         # Inductor packs the (inference-only, hence frozen) linear weights for
         # oneDNN itself; ours are handed back dense (see the function).

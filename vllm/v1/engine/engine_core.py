@@ -49,7 +49,9 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 if TYPE_CHECKING:
+    from vllm.config.cache import CacheConfig
     from vllm.config.scheduler import SchedulerConfig
+    from vllm.v1.core.kv_cache_utils import BlockHash
     from vllm.v1.executor.abstract import Executor
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.outputs import ModelRunnerOutput
@@ -65,6 +67,18 @@ def get_scheduler_cls(scheduler_config: SchedulerConfig) -> type[Scheduler]:
     scheduling, else `Scheduler`. Resolved here, not in `SchedulerConfig`, so
     that vllm/config stays below vllm/v1 (see .importlinter)."""
     return AsyncScheduler if scheduler_config.async_scheduling else Scheduler
+
+
+def _make_request_block_hasher(
+    cache_config: CacheConfig,
+) -> Callable[[Request], list[BlockHash]] | None:
+    """The hasher of a request's full blocks, which prefix caching keys on
+    (None without prefix caching)."""
+    if not cache_config.enable_prefix_caching:
+        return None
+    hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    return get_request_block_hasher(cache_config.block_size, hash_fn)
 
 
 class EngineCore:
@@ -117,12 +131,7 @@ class EngineCore:
             include_finished_set=vllm_config.parallel_config.data_parallel_size > 1,
             log_stats=self.log_stats,
         )
-        self.request_block_hasher: Callable[[Request], list[Any]] | None = None
-        cache_config = vllm_config.cache_config
-        if cache_config.enable_prefix_caching:
-            hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
-            init_none_hash(hash_fn)
-            self.request_block_hasher = get_request_block_hasher(cache_config.block_size, hash_fn)
+        self.request_block_hasher = _make_request_block_hasher(vllm_config.cache_config)
 
         # 4. Steps in flight: more than one only with async scheduling.
         self.batch_queue_size = self.model_executor.max_concurrent_batches

@@ -153,6 +153,17 @@ def test_config_disable_any_whitespace(so_tokenizer):
     assert so_tokenizer.convert_tokens_to_ids("Ġ") not in allowed_ids(grammar)
 
 
+def test_tokenizer_must_be_hugging_face():
+    """xgrammar reads a Hugging Face tokenizer's vocabulary: another
+    TokenizerLike is refused by name, not passed on to fail inside xgrammar."""
+
+    class NotHF:
+        eos_token_id = 0
+
+    with pytest.raises(TypeError, match="NotHF"):
+        XgrammarBackend(VllmConfig(), tokenizer=NotHF(), vocab_size=PADDED_VOCAB)
+
+
 def test_structural_tag_compiles(xgr_backend, so_tokenizer):
     spec = json.dumps(
         {"structures": [{"begin": "<f>", "schema": SCHEMA, "end": "</f>"}], "triggers": ["<f>"]}

@@ -29,7 +29,7 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 from vllm.v1.worker.cudagraph_padding import PaddedBatch, plan_padding
 from vllm.v1.worker.gpu_dummy_run import dummy_run
-from vllm.v1.worker.utils import get_model_config, resolved_max_model_len
+from vllm.v1.worker.utils import get_model_config
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -53,7 +53,7 @@ class CudaGraphManager:
         self.dispatcher = CudagraphDispatcher(vllm_config)
         self.cudagraph_mode = CUDAGraphMode.NONE
         self.max_num_reqs = vllm_config.scheduler_config.max_num_seqs
-        self.max_model_len = resolved_max_model_len(get_model_config(vllm_config))
+        self.max_model_len = get_model_config(vllm_config).max_model_len
 
     def initialize(self, cudagraph_mode: CUDAGraphMode) -> None:
         """Keys for `cudagraph_mode`, already narrowed to what the attention

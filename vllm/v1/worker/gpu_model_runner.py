@@ -60,7 +60,6 @@ from vllm.v1.worker.utils import (
     get_model_config,
     reorder_batch_to_split_decodes_and_prefills,
     resolved_dtype,
-    resolved_max_model_len,
 )
 
 if TYPE_CHECKING:
@@ -105,7 +104,7 @@ class GPUModelRunner:
         self.pin_memory = is_pin_memory_available()
         self.dtype = resolved_dtype(self.model_config)
 
-        self.max_model_len = resolved_max_model_len(self.model_config)
+        self.max_model_len = self.model_config.max_model_len
         self.max_num_tokens = self.scheduler_config.max_num_batched_tokens
         self.max_num_reqs = self.scheduler_config.max_num_seqs
         self.vocab_size = self.model_config.get_vocab_size()

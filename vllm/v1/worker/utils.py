@@ -179,14 +179,6 @@ def get_model_config(vllm_config: VllmConfig) -> ModelConfig:
     return vllm_config.model_config
 
 
-def resolved_max_model_len(model_config: ModelConfig) -> int:
-    """`max_model_len` is typed for what users pass ("32k", None); the
-    config's __post_init__ resolves it to the model's int limit."""
-    value = model_config.max_model_len
-    assert isinstance(value, int), f"unresolved max_model_len {value!r}"
-    return value
-
-
 def resolved_dtype(model_config: ModelConfig) -> torch.dtype:
     """`dtype` is typed for what users pass ("auto", "bfloat16"); the config's
     __post_init__ resolves it to a torch dtype."""

@@ -70,7 +70,6 @@ from vllm.v1.worker.utils import (
     get_model_config,
     pp_dummy_intermediate_tensors,
     resolved_dtype,
-    resolved_max_model_len,
 )
 
 if TYPE_CHECKING:
@@ -102,7 +101,7 @@ class GPUModelRunner:
         self.device = device
         self.dtype = resolved_dtype(self.model_config)
         self.vocab_size = self.model_config.get_vocab_size()
-        self.max_model_len = resolved_max_model_len(self.model_config)
+        self.max_model_len = self.model_config.max_model_len
         self.max_num_tokens = self.scheduler_config.max_num_batched_tokens
         self.max_num_reqs = self.scheduler_config.max_num_seqs
         self.use_async_scheduling = bool(self.scheduler_config.async_scheduling)

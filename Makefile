@@ -32,11 +32,13 @@ test: venv
 	$(PY) -m pytest -q tests --durations=15
 
 # The static checks (also .pre-commit-config.yaml): ruff's lint rules and
-# formatting from pyproject.toml, and the import layer contracts of .importlinter.
+# formatting, mypy over vllm/ (all three configured in pyproject.toml), and the
+# import layer contracts of .importlinter. One command for a contributor.
 LINT_PATHS := vllm tests tools benchmarks examples
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 clean-venv:

@@ -82,8 +82,13 @@ def _refuses_connections(port: int) -> bool:
 async def _new_request_is_turned_away(server: RemoteOpenAIServer) -> None:
     """A request sent after SIGTERM: a connection error, or 503/500. One that
     got in before the listening socket closed is served; then try again."""
-    deadline = time.monotonic() + 5
-    async with httpx.AsyncClient(timeout=30) as fresh:
+    # A new connection per attempt (no keep-alive): once the listening socket is
+    # closed, the next attempt cannot get in. The bound is generous: on a loaded
+    # 2-core machine a 1-token request waits behind the in-flight streams, and
+    # uvicorn notices the signal on its next tick.
+    deadline = time.monotonic() + 30
+    no_reuse = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=30, limits=no_reuse) as fresh:
         while True:
             try:
                 r = await fresh.post(

@@ -1,5 +1,7 @@
-"""The worker side of the multiprocess executor (upstream: `WorkerProc` in
-vllm/v1/executor/multiproc_executor.py, split out here to keep files short).
+"""The worker side of the multiprocess executor: what runs in each worker
+process (upstream keeps `WorkerProc` in vllm/v1/executor/multiproc_executor.py,
+next to the executor; here that module holds only what runs in the engine core
+process, and this one what runs in the workers).
 
 Start-up handshake, over a one-way pipe per worker carrying msgpack bytes:
 the worker builds its `Worker`, attaches to the broadcast queue, creates its

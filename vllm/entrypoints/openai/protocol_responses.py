@@ -141,9 +141,22 @@ class ChatCompletionResponse(OpenAIBaseModel):
     prompt_token_ids: list[int] | None = None
 
 
+class ExtractedToolCallInformation(OpenAIBaseModel):
+    """What a tool parser found in a whole model output (upstream's name).
+
+    tools_called: whether any call was found; tool_calls: the calls, in order;
+    content: the text outside the calls (None when there is none).
+    """
+
+    tools_called: bool
+    tool_calls: list[ToolCall]
+    content: str | None = None
+
+
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] = Field(default_factory=list)
 
     @model_serializer(mode="wrap")
@@ -156,6 +169,8 @@ class DeltaMessage(OpenAIBaseModel):
             data.pop("tool_calls", None)
         if data.get("role") is None:
             data.pop("role", None)
+        if data.get("reasoning") is None:
+            data.pop("reasoning", None)
         return data
 
 

@@ -1,0 +1,78 @@
+"""Streaming equals non-streaming, for every built-in tool parser.
+
+Each registered parser's fixture outputs are encoded with a real tokenizer of
+its family and streamed one token per step, all at once, and in seeded random
+multi-token steps (tests/tool_parsers/utils.py: run_streaming, which also
+flushes at the finish as the server does). The streamed deltas must
+reassemble to exactly extract_tool_calls' result: the same calls (name and
+arguments text per index; ids aside), arguments that parse as JSON, and the
+same content (None counted as ""), so no call text leaks into content.
+
+Adding a parser: put one entry in STREAMING_CASES below,
+    "name": [StreamingCase(tokenizer_factory, outputs), ...],
+where `name` is the parser's registered name, `tokenizer_factory()` returns
+a tokenizer of the family (e.g. tests.tool_parsers.utils.make_tokenizer(
+special_tokens, outputs)), `outputs` are model outputs covering the parser's
+cases (plain text, one call, several, after prose, malformed, unicode, ...),
+and optionally `request=lambda: make_request(tools=[...])` when parsing
+depends on the request's tools. Several cases per name are allowed (e.g. one
+tokenizer with the markers as special tokens, one without).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.tool_parsers import test_hermes_tool_parser as hermes
+from tests.tool_parsers.utils import (
+    chunkings,
+    embedded_tokenizer,
+    make_request,
+    run_nonstreaming,
+    run_streaming,
+)
+from vllm.tool_parsers import ToolParserManager
+
+
+@dataclass(frozen=True)
+class StreamingCase:
+    tokenizer: Callable[[], object]
+    outputs: Sequence[str]
+    request: Callable[[], object] = field(default=make_request)
+
+
+STREAMING_CASES: dict[str, list[StreamingCase]] = {
+    "hermes": [
+        StreamingCase(hermes.hermes_tokenizer, hermes.HERMES_OUTPUTS),
+        StreamingCase(embedded_tokenizer, hermes.HERMES_OUTPUTS),
+    ],
+}
+
+
+def _parser_class(name: str):
+    try:
+        return ToolParserManager.get_tool_parser(name)
+    except ImportError:
+        pytest.skip(f"tool parser {name!r} is registered but not implemented yet")
+
+
+@pytest.mark.parametrize("name", ToolParserManager.list_registered())
+def test_streaming_equals_nonstreaming(name: str):
+    parser_cls = _parser_class(name)
+    cases = STREAMING_CASES.get(name)
+    assert cases, f"built-in tool parser {name!r} has no streaming fixtures here"
+    for case in cases:
+        tokenizer = case.tokenizer()
+        for text in case.outputs:
+            content, calls, _ = run_nonstreaming(parser_cls(tokenizer), text, case.request())
+            for args in (a for _, a in calls):
+                json.loads(args)
+            for chunks in chunkings():
+                got = run_streaming(parser_cls(tokenizer), tokenizer, text, chunks, case.request())
+                where = f"{name} {type(tokenizer).__name__} chunks={chunks[:8]} text={text!r}"
+                assert got.call_tuples() == calls, where
+                assert got.content == (content or ""), where

@@ -39,6 +39,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import vllm.envs as envs
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.anthropic.api_router import attach_router as attach_anthropic_router
+from vllm.entrypoints.anthropic.serving_messages import AnthropicServingMessages
 from vllm.entrypoints.chat_utils import load_chat_template
 from vllm.entrypoints.launcher import serve_http, terminate_if_errored
 from vllm.entrypoints.openai.openapi import (
@@ -309,6 +311,7 @@ def build_app(args: Namespace) -> FastAPI:
         app = FastAPI(lifespan=_lifespan, root_path=root_path)
     register_vllm_serve_api_routers(app)
     app.include_router(router)
+    attach_anthropic_router(app)
     app.root_path = root_path
     # Innermost of the three: the API key is checked before any body is read,
     # and a 413 still carries the CORS headers.
@@ -384,6 +387,9 @@ async def init_app_state(engine_client: EngineClient, state: Any, args: Namespac
         models,
         chat_template=chat_template,
         trust_request_chat_template=args.trust_request_chat_template,
+    )
+    state.anthropic_serving_messages = AnthropicServingMessages(
+        state.openai_serving_chat, state.openai_serving_tokenization
     )
 
 

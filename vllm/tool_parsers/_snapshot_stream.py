@@ -1,0 +1,201 @@
+"""Streaming by snapshots, shared by the mistral, qwen3 and deepseek_v3 parsers.
+
+Each of those parsers describes a model output with one function,
+`snapshot(text, final)`: the content and the tool calls it holds. With
+`final=True` that is the non-streamed answer. With `final=False` (the text
+may still grow) the snapshot keeps only what no later text can change: the
+content up to any marker that might be forming, the calls whose name is
+complete, and for each call the *stable prefix* of its arguments JSON. The
+stream is then just the difference between successive snapshots, so the
+deltas reassemble to exactly what the last snapshot says, and never send
+text a later chunk could contradict.
+
+Arguments are re-serialized with `json.dumps(..., ensure_ascii=False)` (as
+upstream does for parsed arguments); while they are incomplete
+`partial_json_parser` reads them without partial numbers or literals (those
+can still change: `1` -> `1.5`), and the closing quotes and brackets are held
+back.
+
+The end of the stream is the one thing a parser cannot see: text held back
+at the very end (a trailing partial marker, a call that never parsed, the
+closing `"}` of arguments cut off by max_tokens) is sent by
+`finish_streaming`, which the serving layer calls once the output is complete
+(vllm/tool_parsers/utils.py: flush_tool_call_stream): the difference between
+the final snapshot and what was sent.
+
+This differs from utils.BufferedToolParser (T1's design for the JSON-in-tags
+parsers) in one way: arguments stream piece by piece, as they are written,
+instead of in one delta once the call is complete. The price: a call whose
+arguments stop being a JSON prefix after they started streaming (a syntax
+error in the middle, not a cut-off) cannot be taken back; the non-streamed
+answer for such an output is content, the streamed one keeps the call's
+name and the arguments streamed so far (logged).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import partial_json_parser
+from partial_json_parser.core.options import Allow
+
+from vllm.entrypoints.openai.protocol_responses import (
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    ExtractedToolCallInformation,
+    FunctionCall,
+    ToolCall,
+    make_tool_call_id,
+)
+from vllm.logger import init_logger
+from vllm.tool_parsers.utils import dump_arguments as dumps
+
+if TYPE_CHECKING:
+    from vllm.tool_parsers.abstract_tool_parser import ToolParser
+
+logger = init_logger(__name__)
+
+# What an unfinished JSON text may contribute: whole numbers / true / false /
+# null only once something follows them; strings may be partial.
+_STABLE_ALLOW = Allow.STR | Allow.OBJ | Allow.ARR
+_CLOSERS = '"]}'
+
+
+@dataclass
+class CallSnapshot:
+    """One tool call as far as it is known: its name is always complete;
+    `arguments` is the final JSON text or, while streaming, a prefix of it;
+    `value` is the arguments as parsed so far (what the final flush dumps)."""
+
+    name: str
+    arguments: str
+    value: Any = None
+    call_id: str | None = None
+
+
+@dataclass
+class Snapshot:
+    """What a (possibly unfinished) model output says: `content` is the text
+    that is content; `calls` the tool calls, in order."""
+
+    content: str
+    calls: list[CallSnapshot] = field(default_factory=list)
+
+
+def decode_first_json(raw: str) -> tuple[Any, int] | None:
+    """The first JSON value at the start of `raw` (after whitespace) and the
+    index just past it, or None when there is no complete one."""
+    start = len(raw) - len(raw.lstrip())
+    try:
+        value, end = json.JSONDecoder().raw_decode(raw, start)
+    except json.JSONDecodeError:
+        return None
+    return value, end
+
+
+def json_arguments(raw: str, closed: bool) -> tuple[str, Any] | None:
+    """Arguments JSON text for `raw`, the arguments as written so far.
+
+    closed: no more argument text will come (the call's end was seen, or the
+    output is whole). Then the text is final: the first JSON object in `raw`,
+    or, if `raw` is a cut-off object, the object completed (a call truncated
+    by max_tokens keeps valid arguments). Returns None if `raw` is not an
+    object at all (a malformed call).
+    Not closed: the stable prefix of the final text (None: nothing yet)."""
+    body = raw.strip()
+    if not body:
+        return None
+    if not body.startswith("{"):
+        return None
+    whole = decode_first_json(body)
+    if whole is not None and isinstance(whole[0], dict):
+        return dumps(whole[0]), whole[0]
+    try:
+        value = partial_json_parser.loads(body, Allow.ALL if closed else _STABLE_ALLOW)
+    except Exception:  # partial_json_parser raises its own error types
+        return None
+    if not isinstance(value, dict):
+        return None
+    text = dumps(value)
+    return (text if closed else text.rstrip(_CLOSERS)), value
+
+
+def to_extracted(
+    snapshot: Snapshot, model_output: str, make_id: Callable[[], str] = make_tool_call_id
+) -> ExtractedToolCallInformation:
+    """The non-streamed answer for a final snapshot: no calls -> all content."""
+    if not snapshot.calls:
+        return ExtractedToolCallInformation(tools_called=False, tool_calls=[], content=model_output)
+    calls = []
+    for call in snapshot.calls:
+        function = FunctionCall(name=call.name, arguments=call.arguments)
+        calls.append(ToolCall(id=call.call_id or make_id(), function=function))
+    return ExtractedToolCallInformation(
+        tools_called=True, tool_calls=calls, content=snapshot.content or None
+    )
+
+
+class SnapshotStreamer:
+    """Sends the difference between successive snapshots; the calls' state
+    lives on the parser, in upstream's attributes (prev_tool_call_arr,
+    streamed_args_for_tool, current_tool_id, current_tool_name_sent)."""
+
+    def __init__(self, make_id: Callable[[], str] = make_tool_call_id) -> None:
+        self.sent_content = ""
+        self.make_id = make_id
+
+    def finish(self, parser: ToolParser, snapshot: Snapshot, text: str) -> DeltaMessage | None:
+        """The rest of the stream once the output is whole: `snapshot` is the
+        final one (no call means all of `text` is content, as non-streamed)."""
+        if not snapshot.calls:
+            snapshot = Snapshot(text)
+        if len(snapshot.calls) < len(parser.streamed_args_for_tool):
+            logger.warning("%s: a streamed tool call turned out malformed", type(parser).__name__)
+        return self.step(parser, snapshot)
+
+    def step(self, parser: ToolParser, snapshot: Snapshot) -> DeltaMessage | None:
+        content = None
+        if snapshot.content.startswith(self.sent_content):
+            new = snapshot.content[len(self.sent_content) :]
+            if new:
+                content = new
+                self.sent_content = snapshot.content
+        deltas = [
+            delta
+            for index, call in enumerate(snapshot.calls)
+            if (delta := self._call_delta(parser, index, call)) is not None
+        ]
+        if content is None and not deltas:
+            return None
+        return DeltaMessage(content=content, tool_calls=deltas)
+
+    def _call_delta(
+        self, parser: ToolParser, index: int, call: CallSnapshot
+    ) -> DeltaToolCall | None:
+        if index >= len(parser.streamed_args_for_tool):
+            if index != len(parser.streamed_args_for_tool):
+                return None  # calls are sent in order
+            parser.streamed_args_for_tool.append(call.arguments)
+            parser.prev_tool_call_arr.append({"name": call.name, "arguments": call.value})
+            parser.current_tool_id = index
+            parser.current_tool_name_sent = True
+            return DeltaToolCall(
+                index=index,
+                id=call.call_id or self.make_id(),
+                type="function",
+                function=DeltaFunctionCall(name=call.name, arguments=call.arguments or None),
+            )
+        if parser.prev_tool_call_arr[index].get("name") != call.name:
+            return None  # a different call now holds this place: never contradict
+        parser.prev_tool_call_arr[index]["arguments"] = call.value
+        sent = parser.streamed_args_for_tool[index]
+        if len(call.arguments) <= len(sent) or not call.arguments.startswith(sent):
+            return None  # nothing new (or not an extension: never contradict)
+        parser.streamed_args_for_tool[index] = call.arguments
+        return DeltaToolCall(
+            index=index, function=DeltaFunctionCall(arguments=call.arguments[len(sent) :])
+        )

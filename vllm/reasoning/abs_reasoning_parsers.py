@@ -77,6 +77,19 @@ class ReasoningParser(ABC):
     ) -> DeltaMessage | None:
         """The DeltaMessage (reasoning and/or content) for this step, or None."""
 
+    def extract_reasoning_streaming_final(self, model_output: str) -> DeltaMessage | None:
+        """The text a stream still holds back once the output is complete
+        (`model_output`: all of it), or None.
+
+        A parser that matches its markers in text holds back, while
+        streaming, a tail that may be the start of a marker ("</thi" at the
+        end of a delta); when the stream ends there, that tail is released
+        here. The serving layer calls it once, after the last
+        `extract_reasoning_streaming` of a choice. Not in upstream, whose
+        parsers detect markers by token id only.
+        """
+        return None
+
 
 class ReasoningParserManager:
     """Name -> ReasoningParser class; built-ins register lazily, plugins with

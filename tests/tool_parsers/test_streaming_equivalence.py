@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from tests.tool_parsers import test_hermes_tool_parser as hermes
+from tests.tool_parsers import test_llama3_json_tool_parser as llama
 from tests.tool_parsers.utils import (
     chunkings,
     embedded_tokenizer,
@@ -50,6 +51,11 @@ STREAMING_CASES: dict[str, list[StreamingCase]] = {
         StreamingCase(hermes.hermes_tokenizer, hermes.HERMES_OUTPUTS),
         StreamingCase(embedded_tokenizer, hermes.HERMES_OUTPUTS),
     ],
+    "llama3_json": [
+        StreamingCase(llama.llama_tokenizer, llama.LLAMA_OUTPUTS),
+        StreamingCase(embedded_tokenizer, llama.LLAMA_OUTPUTS),  # tag split over tokens
+    ],
+    "llama4_json": [StreamingCase(llama.llama_tokenizer, llama.LLAMA_OUTPUTS)],
 }
 
 

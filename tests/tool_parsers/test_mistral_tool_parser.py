@@ -84,6 +84,8 @@ PRE_V11_CASES = [
         [("add", {"a": 1, "b": 2})],
         None,
     ),
+    # broken after the call began streaming: kept as far as it was JSON
+    ('[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1, "b": oops}}]', [("f", {"a": 1})], None),
     (
         '[TOOL_CALLS] [{"name": "translate", "arguments": {"text": "東京 ☃ é"}}]',
         [("translate", {"text": "東京 ☃ é"})],
@@ -118,6 +120,7 @@ V11_CASES = [
         [("bash", {"command": "print(\"hello world!\")\nre.compile(r'{}')"})],
         "hi{hi",
     ),
+    ('[TOOL_CALLS]f[ARGS]{"a": 1, "b": oops}', [("f", {"a": 1})], None),
     # as the HF tokenizer writes it: [ARGS] between name and arguments
     ('[TOOL_CALLS]get_weather[ARGS]{"city": "東京"}', [("get_weather", {"city": "東京"})], None),
     # cut off by max_tokens: upstream keeps the call; its arguments are completed here

@@ -23,13 +23,13 @@ closing `"}` of arguments cut off by max_tokens) is sent by
 (vllm/tool_parsers/utils.py: flush_tool_call_stream): the difference between
 the final snapshot and what was sent.
 
-This differs from utils.BufferedToolParser (T1's design for the JSON-in-tags
+This differs from utils.BufferedToolParser (the design of the JSON-in-tags
 parsers) in one way: arguments stream piece by piece, as they are written,
-instead of in one delta once the call is complete. The price: a call whose
-arguments stop being a JSON prefix after they started streaming (a syntax
-error in the middle, not a cut-off) cannot be taken back; the non-streamed
-answer for such an output is content, the streamed one keeps the call's
-name and the arguments streamed so far (logged).
+instead of in one delta once the call is complete. A call already streamed
+cannot be taken back, so a call whose arguments break (a syntax error after
+they began, or a cut-off) keeps, in both modes, its arguments as far as they
+were JSON, completed (`json_arguments`); call text that never got that far
+(no name, arguments that do not open an object) is content.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from vllm.entrypoints.openai.protocol_responses import (
 )
 from vllm.logger import init_logger
 from vllm.tool_parsers.utils import dump_arguments as dumps
+from vllm.tool_parsers.utils import is_json_prefix
 
 if TYPE_CHECKING:
     from vllm.tool_parsers.abstract_tool_parser import ToolParser
@@ -97,25 +98,48 @@ def decode_first_json(raw: str) -> tuple[Any, int] | None:
     return value, end
 
 
+def json_prefix_len(text: str) -> int:
+    """Length of the longest prefix of `text` that can still grow into JSON
+    (all of it, unless a syntax error breaks it; found by bisection, as a
+    prefix of a broken text is broken too)."""
+    if is_json_prefix(text):
+        return len(text)
+    good, bad = 0, len(text)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if is_json_prefix(text[:mid]):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def parse_partial_json(text: str, closed: bool) -> Any:
+    """`text` read as JSON as far as it is JSON: unfinished (or broken) at the
+    end, it is completed (closed) or cut to what no more text can change."""
+    return partial_json_parser.loads(
+        text[: json_prefix_len(text)], Allow.ALL if closed else _STABLE_ALLOW
+    )
+
+
 def json_arguments(raw: str, closed: bool) -> tuple[str, Any] | None:
     """Arguments JSON text for `raw`, the arguments as written so far.
 
     closed: no more argument text will come (the call's end was seen, or the
-    output is whole). Then the text is final: the first JSON object in `raw`,
-    or, if `raw` is a cut-off object, the object completed (a call truncated
-    by max_tokens keeps valid arguments). Returns None if `raw` is not an
-    object at all (a malformed call).
-    Not closed: the stable prefix of the final text (None: nothing yet)."""
+    output is whole); then the text is final: the first JSON object in `raw`,
+    or, when the object is cut off (max_tokens) or broken by a syntax error,
+    the object as far as it was JSON, completed -- the same arguments the
+    stream has been sending, so the two never disagree. Not closed: the
+    stable prefix of that final text. None: `raw` is not an object (the call
+    is malformed), or nothing is written yet."""
     body = raw.strip()
-    if not body:
-        return None
     if not body.startswith("{"):
         return None
     whole = decode_first_json(body)
     if whole is not None and isinstance(whole[0], dict):
         return dumps(whole[0]), whole[0]
     try:
-        value = partial_json_parser.loads(body, Allow.ALL if closed else _STABLE_ALLOW)
+        value = parse_partial_json(body, closed)
     except Exception:  # partial_json_parser raises its own error types
         return None
     if not isinstance(value, dict):

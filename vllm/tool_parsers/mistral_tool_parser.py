@@ -34,6 +34,7 @@ from vllm.tool_parsers._snapshot_stream import (
     SnapshotStreamer,
     decode_first_json,
     json_arguments,
+    json_prefix_len,
     to_extracted,
 )
 from vllm.tool_parsers.abstract_tool_parser import ToolParser
@@ -192,6 +193,7 @@ def _items_to_calls(items: Any, complete: bool) -> list[CallSnapshot]:
 
 def _partial_items(body: str, closed: bool) -> list[CallSnapshot]:
     """Calls of a cut-off array: a name counts once its string is closed."""
+    body = body[: json_prefix_len(body)]  # as far as it is JSON
     try:
         loose = partial_json_parser.loads(
             body, Allow.ALL if closed else Allow.STR | Allow.OBJ | Allow.ARR

@@ -29,6 +29,7 @@ import pytest
 
 from tests.tool_parsers import test_hermes_tool_parser as hermes
 from tests.tool_parsers import test_llama3_json_tool_parser as llama
+from tests.tool_parsers import test_pythonic_tool_parser as pythonic
 from tests.tool_parsers.utils import (
     chunkings,
     embedded_tokenizer,
@@ -56,6 +57,10 @@ STREAMING_CASES: dict[str, list[StreamingCase]] = {
         StreamingCase(embedded_tokenizer, llama.LLAMA_OUTPUTS),  # tag split over tokens
     ],
     "llama4_json": [StreamingCase(llama.llama_tokenizer, llama.LLAMA_OUTPUTS)],
+    "pythonic": [
+        StreamingCase(pythonic.pythonic_tokenizer, pythonic.PYTHONIC_OUTPUTS),
+        StreamingCase(embedded_tokenizer, pythonic.PYTHONIC_OUTPUTS),
+    ],
 }
 
 

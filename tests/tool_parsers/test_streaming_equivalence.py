@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tests.tool_parsers import test_granite_tool_parser as granite
 from tests.tool_parsers import test_hermes_tool_parser as hermes
 from tests.tool_parsers import test_llama3_json_tool_parser as llama
 from tests.tool_parsers import test_pythonic_tool_parser as pythonic
@@ -57,6 +58,10 @@ STREAMING_CASES: dict[str, list[StreamingCase]] = {
         StreamingCase(embedded_tokenizer, llama.LLAMA_OUTPUTS),  # tag split over tokens
     ],
     "llama4_json": [StreamingCase(llama.llama_tokenizer, llama.LLAMA_OUTPUTS)],
+    "granite": [
+        StreamingCase(granite.granite_tokenizer, granite.GRANITE_OUTPUTS),
+        StreamingCase(embedded_tokenizer, granite.GRANITE_OUTPUTS),
+    ],
     "pythonic": [
         StreamingCase(pythonic.pythonic_tokenizer, pythonic.PYTHONIC_OUTPUTS),
         StreamingCase(embedded_tokenizer, pythonic.PYTHONIC_OUTPUTS),

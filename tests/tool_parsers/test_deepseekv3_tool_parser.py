@@ -151,3 +151,19 @@ def test_streaming_equals_non_streaming(markers):
         for chunks in chunkings(seed=len(output)):
             got = run_streaming(DeepSeekV3ToolParser(tok), tok, output, chunks)
             assert (got.content, got.call_tuples()) == (content or "", calls), (output, chunks)
+
+
+@pytest.mark.parametrize("markers", [MARKERS, ()], ids=["special-tokens", "text"])
+def test_cut_off_anywhere(markers):
+    """max_tokens may stop the output at any token: for every such prefix of a
+    two-call output, the stream (and its finish) gives the non-streamed answer."""
+    tok = tokenizer(markers)
+    output = "Sure." + block(call("get_weather", '{"city": "東京"}'), call("f", '{"a": [1, 2.5]}'))
+    ids = tok.encode(output, add_special_tokens=False)
+    for n in range(1, len(ids)):
+        text = tok.decode(ids[:n], skip_special_tokens=False)
+        if text.endswith("\ufffd"):
+            continue
+        content, calls, _ = run_nonstreaming(DeepSeekV3ToolParser(tok), text)
+        got = run_streaming(DeepSeekV3ToolParser(tok), tok, text, [1])
+        assert (got.content, got.call_tuples()) == (content or "", calls), text

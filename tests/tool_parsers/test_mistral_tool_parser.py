@@ -272,3 +272,31 @@ def test_arguments_stream_as_written():
     ]
     assert len(pieces) > 5
     assert "".join(pieces) == got.calls[0][1]
+
+
+@pytest.mark.parametrize(
+    ("markers", "output"),
+    [
+        (
+            PRE_V11,
+            (
+                'Hi[TOOL_CALLS] [{"name": "add", "arguments": {"a": 3.5}}, '
+                '{"arguments": {"q": "東京"}, "name": "s"}]'
+            ),
+        ),
+        (V11, 'Hi[TOOL_CALLS]add[ARGS]{"a": 3.5, "b": [true]}[TOOL_CALLS]s[ARGS]{"q": "東京"}'),
+    ],
+    ids=["pre_v11", "v11"],
+)
+def test_cut_off_anywhere(markers, output):
+    """max_tokens may stop the output at any token: for every such prefix of a
+    two-call output, the stream (and its finish) gives the non-streamed answer."""
+    tok = family_tokenizer(markers)
+    ids = tok.encode(output, add_special_tokens=False)
+    for n in range(1, len(ids)):
+        text = tok.decode(ids[:n], skip_special_tokens=False)
+        if text.endswith("\ufffd"):
+            continue
+        content, calls, _ = run_nonstreaming(MistralToolParser(tok), text, make_request())
+        got = run_streaming(MistralToolParser(tok), tok, text, [1])
+        assert (got.content, got.call_tuples()) == (content or "", calls), text

@@ -306,3 +306,22 @@ def test_string_values_stream_as_written():
         if tc.function and tc.function.arguments
     ]
     assert len(pieces) > 5 and "".join(pieces) == got.calls[0][1]
+
+
+def _cuts(tok, output: str):
+    ids = tok.encode(output, add_special_tokens=False)
+    texts = (tok.decode(ids[:n], skip_special_tokens=False) for n in range(1, len(ids)))
+    return [t for t in texts if not t.endswith("\ufffd")]
+
+
+@pytest.mark.parametrize("markers", [MARKERS, ()], ids=["special-tokens", "text"])
+def test_cut_off_anywhere(markers):
+    """max_tokens may stop the output at any token: for every such prefix of a
+    two-call output, the stream (and its finish) gives the non-streamed answer."""
+    tok = tokenizer(markers)
+    request = make_request(TOOLS)
+    output = "Checking." + weather("Dallas", "TX") + area("circle", '{"radius": 1.5}', "3")
+    for text in _cuts(tok, output):
+        content, calls, _ = run_nonstreaming(Qwen3CoderToolParser(tok), text, request)
+        got = run_streaming(Qwen3CoderToolParser(tok), tok, text, [1], request)
+        assert (got.content, got.call_tuples()) == (content or "", calls), text

@@ -35,6 +35,7 @@ were JSON, completed (`json_arguments`); call text that never got that far
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -85,6 +86,21 @@ class Snapshot:
 
     content: str
     calls: list[CallSnapshot] = field(default_factory=list)
+
+
+_VOCABS: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+
+
+def cached_vocab(tokenizer: Any) -> dict[str, int]:
+    """`tokenizer.get_vocab()`, computed once per tokenizer: a parser is built
+    per request, and a large vocabulary takes tens of milliseconds to copy."""
+    try:
+        vocab = _VOCABS.get(tokenizer)
+    except TypeError:  # not weakly referenceable: no cache
+        return tokenizer.get_vocab()
+    if vocab is None:
+        vocab = _VOCABS[tokenizer] = tokenizer.get_vocab()
+    return vocab
 
 
 def decode_first_json(raw: str) -> tuple[Any, int] | None:

@@ -23,6 +23,7 @@ from vllm.tool_parsers._snapshot_stream import (
     CallSnapshot,
     Snapshot,
     SnapshotStreamer,
+    cached_vocab,
     json_arguments,
     to_extracted,
 )
@@ -52,10 +53,10 @@ class DeepSeekV3ToolParser(ToolParser):
 
     def __init__(self, tokenizer: TokenizerLike) -> None:
         super().__init__(tokenizer)
-        self.tool_calls_start_token_id = self.vocab.get(self.tool_calls_start_token)
-        self.tool_calls_end_token_id = self.vocab.get(self.tool_calls_end_token)
-        self.tool_call_start_token_id = self.vocab.get(self.tool_call_start_token)
-        self.tool_call_end_token_id = self.vocab.get(self.tool_call_end_token)
+        self.tool_calls_start_token_id = cached_vocab(tokenizer).get(self.tool_calls_start_token)
+        self.tool_calls_end_token_id = cached_vocab(tokenizer).get(self.tool_calls_end_token)
+        self.tool_call_start_token_id = cached_vocab(tokenizer).get(self.tool_call_start_token)
+        self.tool_call_end_token_id = cached_vocab(tokenizer).get(self.tool_call_end_token)
         self._streamer = SnapshotStreamer()
 
     def adjust_request(self, request: ChatCompletionRequest) -> ChatCompletionRequest:

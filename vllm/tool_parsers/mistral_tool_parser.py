@@ -32,6 +32,7 @@ from vllm.tool_parsers._snapshot_stream import (
     CallSnapshot,
     Snapshot,
     SnapshotStreamer,
+    cached_vocab,
     decode_first_json,
     json_arguments,
     json_prefix_len,
@@ -69,7 +70,7 @@ class MistralToolCall(ToolCall):
 
 
 def _is_pre_v11_tokeniser(tokenizer: TokenizerLike) -> bool:
-    return _ARGS not in tokenizer.get_vocab()
+    return _ARGS not in cached_vocab(tokenizer)
 
 
 class MistralToolParser(ToolParser):
@@ -78,7 +79,7 @@ class MistralToolParser(ToolParser):
     def __init__(self, tokenizer: TokenizerLike) -> None:
         super().__init__(tokenizer)
         self.bot_token = "[TOOL_CALLS]"
-        self.bot_token_id = self.vocab.get(self.bot_token)
+        self.bot_token_id = cached_vocab(tokenizer).get(self.bot_token)
         self._is_pre_v11 = _is_pre_v11_tokeniser(tokenizer)
         self._streamer = SnapshotStreamer(MistralToolCall.generate_random_id)
 

@@ -34,6 +34,7 @@ from vllm.tool_parsers._snapshot_stream import (
     CallSnapshot,
     Snapshot,
     SnapshotStreamer,
+    cached_vocab,
     to_extracted,
 )
 from vllm.tool_parsers.abstract_tool_parser import ToolParser
@@ -111,8 +112,8 @@ class Qwen3CoderToolParser(ToolParser):
 
     def __init__(self, tokenizer: TokenizerLike) -> None:
         super().__init__(tokenizer)
-        self.tool_call_start_token_id = self.vocab.get(self.tool_call_start_token)
-        self.tool_call_end_token_id = self.vocab.get(self.tool_call_end_token)
+        self.tool_call_start_token_id = cached_vocab(tokenizer).get(self.tool_call_start_token)
+        self.tool_call_end_token_id = cached_vocab(tokenizer).get(self.tool_call_end_token)
         self._streamer = SnapshotStreamer()
 
     # -- parsing ---------------------------------------------------------

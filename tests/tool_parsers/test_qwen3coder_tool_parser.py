@@ -220,6 +220,10 @@ MALFORMED = [
 ]
 
 
+def qwen3_request():
+    return make_request(TOOLS)
+
+
 def tokenizer(markers=MARKERS):
     corpus = [out for out, _, _ in CASES] + MALFORMED
     return make_tokenizer(markers, corpus, vocab_size=600)

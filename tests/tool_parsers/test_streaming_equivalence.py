@@ -21,16 +21,20 @@ tokenizer with the markers as special tokens, one without).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pytest
 
+from tests.tool_parsers import test_deepseekv3_tool_parser as deepseek
 from tests.tool_parsers import test_granite_tool_parser as granite
 from tests.tool_parsers import test_hermes_tool_parser as hermes
 from tests.tool_parsers import test_llama3_json_tool_parser as llama
+from tests.tool_parsers import test_mistral_tool_parser as mistral
 from tests.tool_parsers import test_pythonic_tool_parser as pythonic
+from tests.tool_parsers import test_qwen3coder_tool_parser as qwen3
 from tests.tool_parsers.utils import (
     chunkings,
     embedded_tokenizer,
@@ -66,6 +70,25 @@ STREAMING_CASES: dict[str, list[StreamingCase]] = {
         StreamingCase(pythonic.pythonic_tokenizer, pythonic.PYTHONIC_OUTPUTS),
         StreamingCase(embedded_tokenizer, pythonic.PYTHONIC_OUTPUTS),
     ],
+    # mistral: the tokenizer decides the format ([ARGS] in the vocabulary: v11+)
+    "mistral": [
+        *(
+            StreamingCase(functools.partial(mistral.family_tokenizer, markers), outputs)
+            for markers, outputs in mistral.MISTRAL_STREAMING
+        ),
+        StreamingCase(embedded_tokenizer, mistral.MISTRAL_STREAMING[0][1]),  # pre-v11, as text
+    ],
+    "deepseek_v3": [
+        StreamingCase(deepseek.tokenizer, deepseek.DEEPSEEK_OUTPUTS),
+        StreamingCase(embedded_tokenizer, deepseek.DEEPSEEK_OUTPUTS),
+    ],
+    **{
+        name: [
+            StreamingCase(qwen3.tokenizer, qwen3.QWEN3_OUTPUTS, qwen3.qwen3_request),
+            StreamingCase(embedded_tokenizer, qwen3.QWEN3_OUTPUTS, qwen3.qwen3_request),
+        ]
+        for name in ("qwen3_coder", "qwen3_xml")
+    },
 }
 
 

@@ -51,6 +51,7 @@ MALFORMED = [
     '<tool_call>[{"name": "a", "arguments": {}}, {"arguments": {}}]',  # one bad element
     "[Note] just prose in brackets",
     "Ends with <|tool_",
+    '<|tool_call|>[{"name": "f", "arguments": {"x": Infinity}}]',  # not JSON
 ]
 BARE_ARRAY = '\n[{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}]\n'
 

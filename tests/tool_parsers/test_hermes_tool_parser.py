@@ -53,6 +53,7 @@ PROSE_AROUND = (
     'Checking.<tool_call>{"name": "get_weather", "arguments": '
     '{"city": "Paris", "unit": "c"}}</tool_call> Done!'
 )
+NON_FINITE = '<tool_call>{"name": "f", "arguments": {"x": NaN, "y": 1e999}}</tool_call>'
 ESCAPES = (
     '<tool_call>{"name": "write", "arguments": {"path": "C:\\\\tmp\\\\a.txt", '
     '"text": "He said \\"hi\\" {not json} </tool_call>"}}</tool_call>'
@@ -73,6 +74,7 @@ HERMES_OUTPUTS = [
     ANGLE_BRACKETS,
     GOOD_THEN_BAD,
     PROSE_AROUND,
+    NON_FINITE,
     "",
 ]
 
@@ -104,7 +106,9 @@ def test_markers_are_single_tokens_only_in_the_family_tokenizer():
     assert len(embedded_tokenizer().encode("<tool_call>", add_special_tokens=False)) > 1
 
 
-@pytest.mark.parametrize("text", [PLAIN, ANGLE_BRACKETS, MALFORMED_CLOSED, INVALID_JSON])
+@pytest.mark.parametrize(
+    "text", [PLAIN, ANGLE_BRACKETS, MALFORMED_CLOSED, INVALID_JSON, NON_FINITE]
+)
 def test_no_call_is_the_whole_output_as_content(text):
     assert parse(text) == (text, [], False)
 

@@ -47,6 +47,7 @@ QUOTES = (
     '{"name": "parserTool", "parameters": {"text": "He said \\"Hello {world}\\"", '
     '"q": "test {value} [complex]"}}'
 )
+NON_FINITE = '{"name": "f", "parameters": {"x": 1e999}}; {"name": "g", "parameters": {"y": NaN}}'
 UNICODE = '{"name": "translate", "parameters": {"text": "naïve café ☕ 日本", "e": "\\u00e9"}}'
 TRUNCATED = '{"name": "searchTool", "parameters": {"query": "te'
 CODE = 'Use `if (x) { return y; }` in C, or {} and {"a": 1} in JSON.'
@@ -72,6 +73,7 @@ LLAMA_OUTPUTS = [
     UNICODE,
     TRUNCATED,
     CODE,
+    NON_FINITE,
     "  " + WITH_ARGS + " ;\n",
     "<|python_tag|>print('no json here')",
     "Ends with <|python",
@@ -92,7 +94,9 @@ def test_registered_under_both_upstream_names():
     assert ToolParserManager.get_tool_parser("llama4_json") is Llama3JsonToolParser
 
 
-@pytest.mark.parametrize("text", [PLAIN, INVALID, MISSING_NAME, MISSING_PARAMS, TRUNCATED, CODE])
+@pytest.mark.parametrize(
+    "text", [PLAIN, INVALID, MISSING_NAME, MISSING_PARAMS, TRUNCATED, CODE, NON_FINITE]
+)
 def test_no_call_is_the_whole_output_as_content(text):
     assert parse(text) == (text, [], False)
 

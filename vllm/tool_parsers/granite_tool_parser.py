@@ -15,10 +15,10 @@ the first marker counts. Streaming sends the calls when the array closes.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from vllm.tool_parsers.utils import (
+    STRICT_JSON,
     BufferedToolParser,
     ParsedToolText,
     consume_space,
@@ -53,7 +53,7 @@ class GraniteToolParser(BufferedToolParser):
         if p == len(text) or text[p] != "[":
             return ParsedToolText(content=text)
         try:
-            array, end = json.JSONDecoder().raw_decode(text, p)
+            array, end = STRICT_JSON.raw_decode(text, p)
         except ValueError:
             if not final and is_json_prefix(text[p:]):
                 return ParsedToolText(content=before)
@@ -88,7 +88,7 @@ def _as_calls(array: Any) -> list[tuple[str, str]]:
         args = obj.get("arguments")
         if isinstance(args, str):
             try:
-                args = json.loads(args)
+                args = STRICT_JSON.decode(args)
             except ValueError:
                 return []
         if not isinstance(args, dict):

@@ -19,10 +19,10 @@ back calls already sent (see utils.BufferedToolParser).
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from vllm.tool_parsers.utils import (
+    STRICT_JSON,
     BufferedToolParser,
     ParsedToolText,
     dump_arguments,
@@ -82,7 +82,7 @@ class Hermes2ProToolParser(BufferedToolParser):
 def _parse_call(inner: str) -> tuple[str, str] | None:
     """(name, arguments JSON) of one call's JSON text, or None if malformed."""
     try:
-        obj = json.loads(inner)
+        obj = STRICT_JSON.decode(inner)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
@@ -94,7 +94,7 @@ def _parse_call(inner: str) -> tuple[str, str] | None:
         # Some models (Granite 4) write the arguments already serialized:
         # pass an object through once, not encoded twice.
         try:
-            decoded = json.loads(args)
+            decoded = STRICT_JSON.decode(args)
         except ValueError:
             decoded = None
         if isinstance(decoded, dict):

@@ -17,11 +17,11 @@ so an output that is only calls has content None, as upstream.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import TYPE_CHECKING, Any
 
 from vllm.tool_parsers.utils import (
+    STRICT_JSON,
     BufferedToolParser,
     ParsedToolText,
     dump_arguments,
@@ -91,7 +91,7 @@ class Llama3JsonToolParser(BufferedToolParser):
         """The `{` at `start`: a call (the run before it is dropped), other
         JSON or a lone brace (content, run included), or undecided (hold)."""
         try:
-            obj, end = json.JSONDecoder().raw_decode(text, start)
+            obj, end = STRICT_JSON.raw_decode(text, start)
         except ValueError:
             if not final and is_json_prefix(text[start:]):
                 return None, True  # may still become a call

@@ -38,6 +38,7 @@ what was streamed (`streamed_args_for_tool[i]`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from json import JSONDecodeError
@@ -127,6 +128,22 @@ def partial_marker_len(text: str, markers: Sequence[str]) -> int:
                 best = n
                 break
     return best
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} does not fit a float")
+    return value
+
+
+# Reads a model's JSON strictly: no NaN / Infinity (Python's json accepts
+# them, and would write them back out as arguments no JSON parser reads).
+STRICT_JSON = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def dump_arguments(arguments: Any) -> str:

@@ -92,6 +92,14 @@ STREAMING_CASES: dict[str, list[StreamingCase]] = {
 }
 
 
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json_loads(text: str):
+    return json.loads(text, parse_constant=_not_json)
+
+
 def _parser_class(name: str):
     try:
         return ToolParserManager.get_tool_parser(name)
@@ -109,7 +117,7 @@ def test_streaming_equals_nonstreaming(name: str):
         for text in case.outputs:
             content, calls, _ = run_nonstreaming(parser_cls(tokenizer), text, case.request())
             for args in (a for _, a in calls):
-                json.loads(args)
+                strict_json_loads(args)  # valid JSON (no NaN / Infinity)
             for chunks in chunkings():
                 got = run_streaming(parser_cls(tokenizer), tokenizer, text, chunks, case.request())
                 where = f"{name} {type(tokenizer).__name__} chunks={chunks[:8]} text={text!r}"

@@ -42,21 +42,35 @@ class StructuredOutputsConfig:
     # JSON objects without properties beyond the schema's (guidance in upstream;
     # honoured by xgrammar here through its strict mode).
     disable_additional_properties: bool = False
-    # The reasoning parser whose reasoning section is left unconstrained ("" = none).
+    # The reasoning parser (`--reasoning-parser`, a name in
+    # vllm.reasoning.ReasoningParserManager) whose reasoning section is left
+    # unconstrained: a request's grammar applies from the first token after
+    # the reasoning ends ("" = no parser, the grammar applies from the start).
     reasoning_parser: str = ""
-    # Constrain the reasoning section too.
+    # A Python file that registers more reasoning parsers
+    # (`--reasoning-parser-plugin`); imported where the config is built and
+    # again in the engine-core process, which has its own registry.
+    reasoning_parser_plugin: str = ""
+    # Constrain the reasoning section too (the grammar applies from the start
+    # even with a reasoning parser).
     enable_in_reasoning: bool = False
 
     def __post_init__(self) -> None:
         verify_backend_name(self.backend)
         if self.reasoning_parser:
-            raise ValueError(
-                f"structured_outputs_config.reasoning_parser={self.reasoning_parser!r} is not "
-                "built yet: this build has no reasoning parsers, so the reasoning section "
-                "could not be told apart from the constrained output."
-            )
-        if self.enable_in_reasoning:
-            raise ValueError(
-                "structured_outputs_config.enable_in_reasoning=True needs a reasoning "
-                "parser, and reasoning parsers are not built yet."
-            )
+            verify_reasoning_parser(self.reasoning_parser, self.reasoning_parser_plugin)
+
+
+def verify_reasoning_parser(name: str, plugin: str = "") -> None:
+    """ValueError naming the known parsers when `name` is not one of them
+    (after importing `plugin`, which may register it)."""
+    from vllm.reasoning import ReasoningParserManager
+
+    if plugin:
+        ReasoningParserManager.import_reasoning_parser(plugin)
+    if name not in ReasoningParserManager.list_registered():
+        raise ValueError(
+            f"Unknown reasoning parser {name!r} (structured_outputs_config.reasoning_parser / "
+            f"--reasoning-parser); choose one of "
+            f"{', '.join(ReasoningParserManager.list_registered())}."
+        )

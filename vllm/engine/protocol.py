@@ -57,8 +57,14 @@ class EngineClient(ABC):
         trace_headers: Mapping[str, str] | None = None,
         priority: int = 0,
         data_parallel_rank: int | None = None,
+        reasoning_ended: bool | None = None,
+        reasoning_parser_kwargs: dict[str, Any] | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Generate outputs for one request; cancelling the generator aborts it."""
+        """Generate outputs for one request; cancelling the generator aborts it.
+
+        `reasoning_ended` / `reasoning_parser_kwargs`: see
+        `vllm.v1.structured_output.StructuredOutputManager` (where a grammar
+        starts with a reasoning parser)."""
 
     @abstractmethod
     async def abort(self, request_id: str | Iterable[str]) -> None:

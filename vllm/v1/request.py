@@ -61,8 +61,6 @@ _UNBUILT_FIELDS: dict[str, tuple[Any, str]] = {
     "prompt_is_token_ids": (None, "prompts mixing embeddings and token ids"),
     "resumable": (False, "resumable streaming-input requests"),
     "session_id": (None, "streaming-input sessions"),
-    "reasoning_ended": (None, "reasoning parsers"),
-    "reasoning_parser_kwargs": (None, "reasoning parsers"),
     "abort_immediately": (False, "abort-on-arrival requests"),
 }
 
@@ -114,8 +112,6 @@ class Request:
             prompt_is_token_ids=prompt_is_token_ids,
             resumable=resumable,
             session_id=session_id,
-            reasoning_ended=reasoning_ended,
-            reasoning_parser_kwargs=reasoning_parser_kwargs,
             abort_immediately=abort_immediately,
         )
         self.request_id = request_id
@@ -140,7 +136,9 @@ class Request:
             from vllm.v1.structured_output.request import StructuredOutputRequest
 
             self.structured_output_request = StructuredOutputRequest(
-                sampling_params.structured_outputs
+                sampling_params.structured_outputs,
+                reasoning_ended=reasoning_ended,
+                reasoning_parser_kwargs=reasoning_parser_kwargs,
             )
             self.status = RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
         self.events: list[EngineCoreEvent] = []

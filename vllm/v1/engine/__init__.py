@@ -63,11 +63,16 @@ class EngineCoreRequest(
     # The user-facing id; request_id is the engine's unique internal id.
     external_req_id: str | None = None
     # Upstream v0.28's fields for features not built here (prompts mixing
-    # embeddings and token ids, resumable streaming-input sessions, reasoning
-    # parsers, abort-on-arrival). They travel with their defaults; a request
-    # that sets one is refused by `Request` with an error naming the field.
+    # embeddings and token ids, resumable streaming-input sessions,
+    # abort-on-arrival). They travel with their defaults; a request that sets
+    # one is refused by `Request` with an error naming the field.
     prompt_is_token_ids: list[bool] | None = None
     resumable: bool = False
+    # With a reasoning parser (structured_outputs_config.reasoning_parser):
+    # whether the prompt already ended the reasoning (None: the parser
+    # decides from the prompt), and the kwargs the engine core builds this
+    # request's parser with ({"chat_template_kwargs": {...}}). Where the
+    # grammar starts depends on both (vllm/v1/structured_output).
     reasoning_ended: bool | None = None
     reasoning_parser_kwargs: dict[str, Any] | None = None
     abort_immediately: bool = False

@@ -245,6 +245,8 @@ class AsyncLLM(EngineClient):
         priority: int = 0,
         data_parallel_rank: int | None = None,
         prompt_text: str | None = None,
+        reasoning_ended: bool | None = None,
+        reasoning_parser_kwargs: dict[str, Any] | None = None,
     ) -> RequestOutputCollector:
         """Add a new request; its outputs arrive in the returned collector."""
         _, queue = await self._add_request_internal(
@@ -258,6 +260,8 @@ class AsyncLLM(EngineClient):
             priority,
             data_parallel_rank,
             prompt_text,
+            reasoning_ended=reasoning_ended,
+            reasoning_parser_kwargs=reasoning_parser_kwargs,
         )
         return queue
 
@@ -273,6 +277,8 @@ class AsyncLLM(EngineClient):
         priority: int,
         data_parallel_rank: int | None,
         prompt_text: str | None,
+        reasoning_ended: bool | None = None,
+        reasoning_parser_kwargs: dict[str, Any] | None = None,
     ) -> tuple[str, RequestOutputCollector]:
         """Returns (internal id to abort with, collector)."""
         if self.errored:
@@ -288,6 +294,8 @@ class AsyncLLM(EngineClient):
             trace_headers=trace_headers,
             priority=priority,
             data_parallel_rank=data_parallel_rank,
+            reasoning_ended=reasoning_ended,
+            reasoning_parser_kwargs=reasoning_parser_kwargs,
         )
         self.input_processor.assign_request_id(request)
         if prompt_text is None:
@@ -361,6 +369,8 @@ class AsyncLLM(EngineClient):
         trace_headers: Mapping[str, str] | None = None,
         priority: int = 0,
         data_parallel_rank: int | None = None,
+        reasoning_ended: bool | None = None,
+        reasoning_parser_kwargs: dict[str, Any] | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Submit one request and yield its outputs as they come.
 
@@ -381,6 +391,8 @@ class AsyncLLM(EngineClient):
                 priority,
                 data_parallel_rank,
                 prompt_text,
+                reasoning_ended=reasoning_ended,
+                reasoning_parser_kwargs=reasoning_parser_kwargs,
             )
             finished = False
             while not finished:

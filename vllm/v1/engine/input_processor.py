@@ -76,8 +76,14 @@ class InputProcessor:
         trace_headers: Mapping[str, str] | None = None,
         priority: int = 0,
         data_parallel_rank: int | None = None,
+        reasoning_ended: bool | None = None,
+        reasoning_parser_kwargs: dict[str, Any] | None = None,
     ) -> EngineCoreRequest:
-        """Validate `params` and `prompt`, tokenize, and build the engine request."""
+        """Validate `params` and `prompt`, tokenize, and build the engine request.
+
+        `reasoning_ended` / `reasoning_parser_kwargs` travel to the engine
+        core's structured-output manager (where a grammar starts when the
+        engine has a reasoning parser; see vllm/v1/structured_output)."""
         self._validate_params(params)
         if lora_request is not None:
             raise VLLMValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!")
@@ -122,6 +128,8 @@ class InputProcessor:
             data_parallel_rank=data_parallel_rank,
             priority=priority,
             trace_headers=dict(trace_headers) if trace_headers is not None else None,
+            reasoning_ended=reasoning_ended,
+            reasoning_parser_kwargs=reasoning_parser_kwargs,
         )
 
     # ------------------------------------------------------------------

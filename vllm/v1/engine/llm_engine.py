@@ -139,6 +139,8 @@ class LLMEngine:
         tokenization_kwargs: dict[str, Any] | None = None,
         trace_headers: Mapping[str, str] | None = None,
         priority: int = 0,
+        reasoning_ended: bool | None = None,
+        reasoning_parser_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """Validate and submit one request; returns its internal request id.
 
@@ -159,6 +161,8 @@ class LLMEngine:
             tokenization_kwargs=tokenization_kwargs,
             trace_headers=trace_headers,
             priority=priority,
+            reasoning_ended=reasoning_ended,
+            reasoning_parser_kwargs=reasoning_parser_kwargs,
         )
         self.input_processor.assign_request_id(request)
         prompt_text = prompt if isinstance(prompt, str) else prompt.get("prompt")

@@ -5,6 +5,32 @@ The manager lives in the engine core process next to the scheduler. Grammars
 compile in a small thread pool, so a slow compilation never blocks the
 engine loop; the scheduler leaves a request waiting until its grammar is
 ready (or failed: `compile_error`).
+
+With a reasoning parser (`structured_outputs_config.reasoning_parser`, set by
+`--reasoning-parser`) the grammar constrains only what follows the reasoning
+(upstream's contract):
+
+    should_fill_bitmask   the first time: reasoning_ended = the parser's
+                          is_reasoning_end(prompt ids) unless the request came
+                          with EngineCoreRequest.reasoning_ended; then the
+                          bitmask applies iff the reasoning has ended
+    should_advance        while not ended, asks is_reasoning_end_streaming on
+                          each step's new tokens; the step that ends it (the
+                          end marker) is not fed to the grammar, every later
+                          token is
+
+`enable_in_reasoning=True` applies the grammar from the first token anyway.
+
+What the front end sets per request (`AsyncLLM.generate` / `LLMEngine.add_request`
+keyword arguments, carried by `EngineCoreRequest`):
+
+- `reasoning_parser_kwargs={"chat_template_kwargs": request.chat_template_kwargs}`:
+  the engine core builds this request's parser with them, so
+  `{"enable_thinking": False}` makes qwen3's `is_reasoning_end` true from the
+  start and the grammar applies from the first generated token.
+- `reasoning_ended=True` when the front end knows the prompt leaves no reasoning
+  to do (e.g. its own parser's `is_reasoning_end(prompt_token_ids)`, or
+  reasoning switched off); None lets the engine's parser decide from the prompt.
 """
 
 from __future__ import annotations
@@ -20,7 +46,10 @@ from vllm.logger import init_logger
 from vllm.v1.structured_output.backend_types import StructuredOutputBackend, StructuredOutputGrammar
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from vllm.config import VllmConfig
+    from vllm.reasoning import ReasoningParser
     from vllm.tokenizers import TokenizerLike
     from vllm.v1.request import Request
 
@@ -41,6 +70,16 @@ class StructuredOutputManager:
         self._tokenizer: TokenizerLike | None = None
         self._grammar_bitmask: torch.Tensor | None = None
         self._executor: ThreadPoolExecutor | None = None
+        so_config = vllm_config.structured_outputs_config
+        self.enable_in_reasoning = so_config.enable_in_reasoning
+        # The reasoning parser's class (None: grammars apply from the first
+        # token); its shared instance is built with the tokenizer on first use.
+        self.reasoner_cls: type[ReasoningParser] | None = None
+        self._reasoner: ReasoningParser | None = None
+        if so_config.reasoning_parser:
+            self.reasoner_cls = _reasoning_parser_class(
+                so_config.reasoning_parser, so_config.reasoning_parser_plugin
+            )
 
     # ---- lazily built parts ------------------------------------------------------------
     @property
@@ -100,14 +139,61 @@ class StructuredOutputManager:
         request_type, grammar_spec = so_request.structured_output_key
         return self.backend.compile_grammar(request_type, grammar_spec, params=so_request.params)
 
-    def should_advance(self, request: Request) -> bool:
-        """Whether the request's new tokens must be fed to its grammar."""
+    def should_advance(self, request: Request, new_token_ids: Sequence[int] = ()) -> bool:
+        """Whether the request's new tokens (`new_token_ids`, the last of its
+        tokens) must be fed to its grammar: not while it reasons, nor the
+        tokens that end the reasoning."""
         so_request = request.structured_output_request
-        return so_request is not None and so_request.grammar is not None
+        if so_request is None or so_request.grammar is None:
+            return False
+        if self.reasoner_cls is None or self.enable_in_reasoning:
+            return True
+        if so_request.reasoning_ended is None:
+            self.should_fill_bitmask(request)
+        if so_request.reasoning_ended:
+            return True
+        reasoner = self._reasoner_for(request)
+        if reasoner.is_reasoning_end_streaming(request.all_token_ids, list(new_token_ids)):
+            # The grammar starts with the next token.
+            so_request.reasoning_ended = True
+        return False
 
     def should_fill_bitmask(self, request: Request) -> bool:
         """Whether the request's logits are constrained this step."""
-        return request.structured_output_request is not None
+        so_request = request.structured_output_request
+        if so_request is None:
+            return False
+        if self.reasoner_cls is None or self.enable_in_reasoning:
+            return True
+        if so_request.reasoning_ended is None:
+            reasoner = self._reasoner_for(request)
+            so_request.reasoning_ended = reasoner.is_reasoning_end(request.prompt_token_ids)
+        return so_request.reasoning_ended
+
+    def _reasoner_for(self, request: Request) -> ReasoningParser:
+        """The request's reasoning parser: its own when it came with
+        reasoning_parser_kwargs (built once), else the shared one."""
+        assert self.reasoner_cls is not None
+        so_request = request.structured_output_request
+        assert so_request is not None
+        if so_request.reasoner is None and so_request.reasoning_parser_kwargs:
+            try:
+                so_request.reasoner = self.reasoner_cls(
+                    self.tokenizer, **so_request.reasoning_parser_kwargs
+                )
+            except Exception as e:  # noqa: BLE001 - a request's kwargs never stop the engine
+                logger.warning(
+                    "Request %s: reasoning parser kwargs %r refused (%s); using the defaults.",
+                    request.request_id,
+                    so_request.reasoning_parser_kwargs,
+                    e,
+                )
+                so_request.reasoning_parser_kwargs = None
+        if so_request.reasoner is not None:
+            return so_request.reasoner
+        if self._reasoner is None:
+            self._reasoner = self.reasoner_cls(self.tokenizer)
+        return self._reasoner
 
     # ---- per step -----------------------------------------------------------------------
     def grammar_bitmask(
@@ -166,3 +252,15 @@ class StructuredOutputManager:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+
+
+def _reasoning_parser_class(name: str, plugin: str) -> type[ReasoningParser]:
+    """The parser class registered as `name`, importing `plugin` first when
+    `name` is not known in this process (the engine core has its own
+    registry)."""
+    from vllm.config.structured_outputs import verify_reasoning_parser
+    from vllm.reasoning import ReasoningParserManager
+
+    if name not in ReasoningParserManager.list_registered():
+        verify_reasoning_parser(name, plugin)
+    return ReasoningParserManager.get_reasoning_parser(name)

@@ -7,6 +7,7 @@ import json
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm.v1.structured_output.backend_types import (
@@ -14,6 +15,9 @@ from vllm.v1.structured_output.backend_types import (
     StructuredOutputKey,
     StructuredOutputOptions,
 )
+
+if TYPE_CHECKING:
+    from vllm.reasoning import ReasoningParser
 
 
 @dataclass
@@ -29,9 +33,15 @@ class StructuredOutputRequest:
     params: StructuredOutputsParams
     _grammar: Future[StructuredOutputGrammar] | StructuredOutputGrammar | None = None
     compile_error: str | None = None
-    # Reasoning models: whether the reasoning section has ended (the grammar
-    # only applies after it).
+    # With a reasoning parser: whether the reasoning has ended (the grammar
+    # applies only after it). None until the manager asks the parser about
+    # the prompt; the front end may set it (EngineCoreRequest.reasoning_ended).
     reasoning_ended: bool | None = field(default=None)
+    # The kwargs this request's own parser is built with (e.g.
+    # {"chat_template_kwargs": {"enable_thinking": False}}), and that parser
+    # once built; without kwargs the manager's shared parser serves.
+    reasoning_parser_kwargs: dict[str, Any] | None = None
+    reasoner: ReasoningParser | None = None
 
     @property
     def is_grammar_ready(self) -> bool:

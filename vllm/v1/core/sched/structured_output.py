@@ -90,7 +90,7 @@ class StructuredOutputScheduling:
     def advance(self, request: Request, new_token_ids: list[int]) -> None:
         """Feed the request's accepted tokens to its grammar (when it has one
         that advances)."""
-        if not new_token_ids or not self.manager.should_advance(request):
+        if not new_token_ids or not self.manager.should_advance(request, new_token_ids):
             return
         so_request = request.structured_output_request
         assert so_request is not None and so_request.grammar is not None

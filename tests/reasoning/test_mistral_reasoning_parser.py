@@ -79,3 +79,19 @@ def test_content_ids_with_marker_tokens():
     )
     plain = encode(tokenizer, "no markers")
     assert parser.extract_content_ids(plain) == plain
+
+
+def test_end_after_long_reasoning_is_seen_while_streaming(tokenizer):
+    """The start marker far behind the newest tokens still counts."""
+    parser = make_parser("mistral", tokenizer)
+    ids = encode(tokenizer, "[THINK]" + "long thought " * 40)
+    assert not parser.is_reasoning_end_streaming(ids, ids[-1:])
+    end = encode(tokenizer, "[/THINK]")
+    seen = [
+        parser.is_reasoning_end_streaming(ids + end[: i + 1], end[i : i + 1])
+        for i in range(len(end))
+    ]
+    assert seen[-1] and not any(seen[:-1])
+    # An end marker without a start marker does not end any reasoning.
+    stray = encode(tokenizer, "no thinking here") + end
+    assert not parser.is_reasoning_end_streaming(stray, end[-1:])

@@ -131,3 +131,14 @@ def test_tool_call_ends_reasoning_for_the_grammar(tokenizer):
     assert parser.is_reasoning_end(after)
     assert parser.is_reasoning_end_streaming(after, after[-1:])
     assert not parser.is_reasoning_end(encode(tokenizer, "use <tool_call> tags"))
+
+
+def test_tool_calls_in_the_chat_history_do_not_end_reasoning(tokenizer):
+    """A prompt whose history holds a complete tool call, and whose generation
+    prompt has no `<think>` (the model writes it): not ended."""
+    parser = make_parser("qwen3", tokenizer)
+    prompt = (
+        "<|im_start|>assistant\n" + TOOL_CALL_BODY + "<|im_end|>\n"
+        "<|im_start|>user\nthanks<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert not parser.is_reasoning_end(encode(tokenizer, prompt))

@@ -97,10 +97,19 @@ class TextSplitReasoningParser(ReasoningParser):
         current_token_ids: Sequence[int],
         delta_token_ids: Sequence[int],
     ) -> DeltaMessage | None:
-        # Stateless: the same parser may serve a stream from any point.
-        return delta_between(
-            self._split(previous_text, final=False), self._split(current_text, final=False)
+        # A function of the two texts only (the cache just saves re-splitting
+        # the previous text, which was the current one a step ago).
+        return delta_between(self._stream_split(previous_text), self._stream_split(current_text))
+
+    def _stream_split(self, text: str) -> tuple[str | None, str | None]:
+        cached: tuple[str, tuple[str | None, str | None]] | None = getattr(
+            self, "_last_stream_split", None
         )
+        if cached is not None and cached[0] == text:
+            return cached[1]
+        split = self._split(text, final=False)
+        self._last_stream_split = (text, split)
+        return split
 
     def extract_reasoning_streaming_final(self, model_output: str) -> DeltaMessage | None:
         return delta_between(

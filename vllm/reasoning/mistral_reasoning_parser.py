@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vllm.reasoning.basic_parsers import BaseThinkingReasoningParser, hold_back
+from vllm.reasoning.basic_parsers import (
+    MARKER_WINDOW_TOKENS,
+    BaseThinkingReasoningParser,
+    hold_back,
+)
 
 
 class MistralReasoningParser(BaseThinkingReasoningParser):
@@ -40,6 +44,16 @@ class MistralReasoningParser(BaseThinkingReasoningParser):
         text = self._decode(input_ids)
         start = text.rfind(self.start_token)
         return start >= 0 and self.end_token in text[start:]
+
+    def is_reasoning_end_streaming(
+        self, input_ids: Sequence[int], delta_ids: Sequence[int]
+    ) -> bool:
+        """Whether the newest tokens `delta_ids` end the reasoning: an end
+        marker among them, after a start marker anywhere before."""
+        if self.end_token_id is not None:
+            return self.end_token_id in delta_ids and self.is_reasoning_end(input_ids)
+        window = input_ids[-(len(delta_ids) + MARKER_WINDOW_TOKENS) :]
+        return self.end_token in self._decode(window) and self.is_reasoning_end(input_ids)
 
     def extract_content_ids(self, input_ids: list[int]) -> list[int]:
         """The ids of the content: before the first start marker and after the

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from vllm.tokenizers.protocol import TokenizerLike
 
 TOOL_CALL_TAG = "<tool_call>"
+TOOL_CALL_END_TAG = "</tool_call>"
 FUNCTION_TAG = "<function"
 # What must follow `<tool_call>` (after whitespace) for it to end the reasoning.
 _FUNCTION_OPEN = re.compile(r"<function[\s=]")
@@ -63,11 +64,13 @@ class Qwen3ReasoningParser(BaseThinkingReasoningParser):
         return self._tool_call_ends(window)
 
     def _tool_call_ends(self, text: str) -> bool:
-        """Whether `text` (the newest output) has a `<tool_call>` that opens a
-        function after the last think marker."""
+        """Whether `text` (the newest tokens) has a `<tool_call>` that opens a
+        function after the last think marker and is not closed yet (a closed
+        one is a call from the chat history, as upstream skips it)."""
         tail = text[max(text.rfind(self.start_token), text.rfind(self.end_token), 0) :]
         return any(
             _FUNCTION_OPEN.match(tail[m.end() :].lstrip())
+            and TOOL_CALL_END_TAG not in tail[m.end() :]
             for m in re.finditer(re.escape(TOOL_CALL_TAG), tail)
         )
 

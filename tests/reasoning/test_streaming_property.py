@@ -35,6 +35,8 @@ THINK_OUTPUTS = [
     "I mention <tool_call> and go on</think>done",
     "<tool_call>\n<functio",
     "<tool_call>\n  ",
+    "x<tool_call>\n</think>",
+    "<think>a<tool_call>\n<function=f>\n</function>\n</tool_call></think>after",
 ]
 MISTRAL_OUTPUTS = [
     "",

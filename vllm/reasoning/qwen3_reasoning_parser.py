@@ -85,6 +85,7 @@ class Qwen3ReasoningParser(BaseThinkingReasoningParser):
             return None, text
         reasoning, content = super()._split(text, final)
         assert reasoning is not None
+        still_open = content is None and self.end_token not in text
         # The first <tool_call> that opens a function ends the reasoning, even
         # before a `</think>` (which is then part of the content).
         search_from = 0
@@ -92,12 +93,12 @@ class Qwen3ReasoningParser(BaseThinkingReasoningParser):
             after = reasoning[index + len(TOOL_CALL_TAG) :]
             if _FUNCTION_OPEN.match(after.lstrip()):
                 rest = reasoning[index:]
-                if content is not None or self.end_token in text:
+                if not still_open:
                     rest += self.end_token + (content or "")
                 return reasoning[:index] or None, rest
-            if not final and content is None and FUNCTION_TAG.startswith(after.lstrip()):
+            if not final and still_open and FUNCTION_TAG.startswith(after.lstrip()):
                 return reasoning[:index], None  # "<function" may still follow
             search_from = index + 1
-        if not final and content is None:
+        if not final and still_open:
             reasoning = hold_back(reasoning, [TOOL_CALL_TAG])
         return reasoning, content

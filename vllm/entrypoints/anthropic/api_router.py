@@ -14,6 +14,7 @@ its request-size limit apply as to every /v1 route.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Coroutine
 from http import HTTPStatus
 from typing import Any
@@ -61,20 +62,33 @@ def translate_error_response(response: ErrorResponse) -> JSONResponse:
     return anthropic_error(response.error.code, response.error.message)
 
 
+# Components of a pydantic error location that name a union branch or a
+# validator ("str", "list[...]", "function-after[...]"), not a field.
+_BRANCH_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[(]")
+
+
+def _error_line(err: Any) -> tuple[str, bool]:
+    """`loc: msg` of one error, and whether it is a union branch's type mismatch."""
+    if not isinstance(err, dict):
+        return str(err), False
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    path = ".".join(x for x in loc if not _BRANCH_TAG.search(x))
+    msg = str(err.get("msg", "")).removeprefix("Value error, ")
+    branch = len(path.split(".")) < len(loc) and str(err.get("type", "")).endswith("_type")
+    return (f"{path}: {msg}" if path else msg), branch
+
+
 def validation_message(errors: list[Any]) -> str:
-    """`loc: msg` per error (without the inputs: a body may be huge), bounded."""
-    lines = []
-    for err in errors[:_MAX_ERRORS]:
-        if isinstance(err, dict):
-            loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-            msg = str(err.get("msg", "")).removeprefix("Value error, ")
-            line = f"{loc}: {msg}" if loc else msg
-        else:
-            line = str(err)
-        lines.append(line[:_MAX_ERROR_CHARS])
-    if len(errors) > _MAX_ERRORS:
-        lines.append(f"... and {len(errors) - _MAX_ERRORS} more")
-    return "; ".join(lines)
+    """`loc: msg` per error (without the inputs: a body may be huge), bounded.
+
+    Of a union (`content`: a string or blocks), the branches the value is not
+    of are left out when another error says what is wrong."""
+    lines = [_error_line(err) for err in errors]
+    kept = [line for line, branch in lines if not branch] or [line for line, _ in lines]
+    shown = [line[:_MAX_ERROR_CHARS] for line in kept[:_MAX_ERRORS]]
+    if len(kept) > _MAX_ERRORS:
+        shown.append(f"... and {len(kept) - _MAX_ERRORS} more")
+    return "; ".join(shown)
 
 
 class AnthropicRoute(APIRoute):

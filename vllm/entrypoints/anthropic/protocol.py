@@ -117,6 +117,8 @@ class AnthropicContentBlock(AnthropicBaseModel):
     # Any string: an unsupported type gets a 400 that names it (check_fields_of_type).
     type: str
     text: str | None = None
+    # image / document (refused by check_fields_of_type, with their type's name)
+    source: dict[str, Any] | None = None
     # tool_use
     id: str | None = None
     name: str | None = None

@@ -30,12 +30,22 @@ from vllm.tool_parsers.utils import (
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.protocol import ChatCompletionRequest
+    from vllm.tokenizers.protocol import TokenizerLike
 
 _SEPARATORS = re.compile(r"[\s;]*")
+# How every JSON object starts (a cheap first check before partial_json_parser).
+_OBJECT_START = re.compile(r"\{\s*(?:\"|\}|\Z)")
 
 
 class Llama3JsonToolParser(BufferedToolParser):
     bot_token = "<|python_tag|>"
+
+    def __init__(self, tokenizer: TokenizerLike) -> None:
+        super().__init__(tokenizer)
+        # Where the last streaming parse got to with decisions no longer
+        # text can change: (its text, position, in a run, content, calls).
+        # The next step resumes there, so a long output is not re-read.
+        self._resume: tuple[str, int, bool, str, list[tuple[str, str]]] = ("", 0, True, "", [])
 
     def parse_text(
         self, text: str, final: bool, request: ChatCompletionRequest | None
@@ -43,7 +53,12 @@ class Llama3JsonToolParser(BufferedToolParser):
         out = ParsedToolText()
         pos: int | None = 0
         in_run = True  # at the start, and after a call: separators may be dropped
+        seen, r_pos, r_run, r_content, r_calls = self._resume
+        if text.startswith(seen):
+            pos, in_run, out.content, out.calls = r_pos, r_run, r_content, list(r_calls)
         while pos is not None and pos < len(text):
+            if not final:
+                self._resume = (text, pos, in_run, out.content, list(out.calls))
             if in_run:
                 pos, in_run = self._run_then_object(text, pos, final, out)
                 continue
@@ -90,19 +105,28 @@ class Llama3JsonToolParser(BufferedToolParser):
     ) -> tuple[int | None, bool]:
         """The `{` at `start`: a call (the run before it is dropped), other
         JSON or a lone brace (content, run included), or undecided (hold)."""
-        try:
-            obj, end = STRICT_JSON.raw_decode(text, start)
-        except ValueError:
-            if not final and is_json_prefix(text[start:]):
-                return None, True  # may still become a call
-            out.content += text[run_start : start + 1]
-            return start + 1, False
-        call = _as_call(obj)
+        decided = self._decide_brace(text, start, final)
+        if decided is None:
+            return None, True  # may still become a call
+        end, call = decided
         if call is None:
             out.content += text[run_start:end]
             return end, False
         out.calls.append(call)
         return end, True
+
+    def _decide_brace(
+        self, text: str, start: int, final: bool
+    ) -> tuple[int, tuple[str, str] | None] | None:
+        """(where the object or lone brace ends, its call if it is one), or
+        None while undecided."""
+        try:
+            obj, end = STRICT_JSON.raw_decode(text, start)
+            return end, _as_call(obj)
+        except ValueError:
+            if not final and _OBJECT_START.match(text, start) and is_json_prefix(text[start:]):
+                return None
+            return start + 1, None  # a lone brace
 
 
 def _partial_prefix_len(text: str, marker: str) -> int:

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from tests.tool_parsers.test_mistral_tool_parser import mutated_outputs
 from tests.tool_parsers.utils import (
     chunkings,
     make_request,
@@ -167,3 +168,16 @@ def test_cut_off_anywhere(markers):
         content, calls, _ = run_nonstreaming(DeepSeekV3ToolParser(tok), text)
         got = run_streaming(DeepSeekV3ToolParser(tok), tok, text, [1])
         assert (got.content, got.call_tuples()) == (content or "", calls), text
+
+
+@pytest.mark.parametrize("markers", [MARKERS, ()], ids=["special-tokens", "text"])
+def test_mutated_outputs_stream_as_non_streamed(markers):
+    """Near-miss outputs (a property test: it found each hold-back rule the
+    parser has): never an error, valid JSON arguments, streamed == non-streamed."""
+    tok = tokenizer(markers)
+    for output in mutated_outputs(DEEPSEEK_OUTPUTS, seed=len(markers), n=60):
+        content, calls, _ = run_nonstreaming(DeepSeekV3ToolParser(tok), output)
+        for _, arguments in calls:
+            json.loads(arguments)
+        got = run_streaming(DeepSeekV3ToolParser(tok), tok, output, [1, 2, 3])
+        assert (got.content, got.call_tuples()) == (content or "", calls), output

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from tests.tool_parsers.test_mistral_tool_parser import mutated_outputs
 from tests.tool_parsers.utils import (
     chunkings,
     make_request,
@@ -329,3 +330,15 @@ def test_cut_off_anywhere(markers):
         content, calls, _ = run_nonstreaming(Qwen3CoderToolParser(tok), text, request)
         got = run_streaming(Qwen3CoderToolParser(tok), tok, text, [1], request)
         assert (got.content, got.call_tuples()) == (content or "", calls), text
+
+
+@pytest.mark.parametrize("markers", [MARKERS, ()], ids=["special-tokens", "text"])
+def test_mutated_outputs_stream_as_non_streamed(markers):
+    """Near-miss outputs (a property test: it found the first-value-wins rule
+    for repeated parameters): never an error, streamed == non-streamed."""
+    tok = tokenizer(markers)
+    request = make_request(TOOLS)
+    for output in mutated_outputs(QWEN3_OUTPUTS, seed=len(markers), n=60):
+        content, calls, _ = run_nonstreaming(Qwen3CoderToolParser(tok), output, request)
+        got = run_streaming(Qwen3CoderToolParser(tok), tok, output, [1, 2, 3], request)
+        assert (got.content, got.call_tuples()) == (content or "", calls), output

@@ -54,7 +54,6 @@ from vllm.entrypoints.openai.protocol_responses import (
 )
 from vllm.logger import init_logger
 from vllm.tool_parsers.utils import dump_arguments as dumps
-from vllm.tool_parsers.utils import is_json_prefix
 
 if TYPE_CHECKING:
     from vllm.tool_parsers.abstract_tool_parser import ToolParser
@@ -63,7 +62,7 @@ logger = init_logger(__name__)
 
 # What an unfinished JSON text may contribute: whole numbers / true / false /
 # null only once something follows them; strings may be partial.
-_STABLE_ALLOW = Allow.STR | Allow.OBJ | Allow.ARR
+STABLE_ALLOW = Allow.STR | Allow.OBJ | Allow.ARR
 _CLOSERS = '"]}'
 
 
@@ -103,39 +102,73 @@ def cached_vocab(tokenizer: Any) -> dict[str, int]:
     return vocab
 
 
+def _first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose repeated keys keep their first value (json's
+    default is the last), so a value already streamed is never replaced."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        obj.setdefault(key, value)
+    return obj
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_first_wins)
+
+
 def decode_first_json(raw: str) -> tuple[Any, int] | None:
     """The first JSON value at the start of `raw` (after whitespace) and the
     index just past it, or None when there is no complete one."""
     start = len(raw) - len(raw.lstrip())
     try:
-        value, end = json.JSONDecoder().raw_decode(raw, start)
+        value, end = _DECODER.raw_decode(raw, start)
     except json.JSONDecodeError:
         return None
     return value, end
 
 
-def json_prefix_len(text: str) -> int:
+def complete_json(text: str, allow: Allow) -> Any:
+    """`text`, a JSON prefix, completed (partial_json_parser) and decoded
+    strictly; raises ValueError when it is not a JSON prefix."""
+    try:
+        completed = partial_json_parser.ensure_json(text, allow)
+    except Exception as e:  # partial_json_parser raises its own error types
+        raise ValueError(str(e)) from e
+    return _DECODER.decode(completed)
+
+
+def is_json_prefix(text: str, allow: Allow = Allow.ALL) -> bool:
+    """Whether `text` can still grow into JSON, checked by decoding its
+    completion (stricter than partial_json_parser alone, which accepts e.g.
+    `{"a": "b" "c`)."""
+    try:
+        complete_json(text, allow)
+    except ValueError:
+        return False
+    return True
+
+
+def json_prefix_len(text: str, allow: Allow = Allow.ALL) -> int:
     """Length of the longest prefix of `text` that can still grow into JSON
     (all of it, unless a syntax error breaks it; found by bisection, as a
     prefix of a broken text is broken too)."""
-    if is_json_prefix(text):
+    if is_json_prefix(text, allow):
         return len(text)
     good, bad = 0, len(text)
     while bad - good > 1:
         mid = (good + bad) // 2
-        if is_json_prefix(text[:mid]):
+        if is_json_prefix(text[:mid], allow):
             good = mid
         else:
             bad = mid
     return good
 
 
-def parse_partial_json(text: str, closed: bool) -> Any:
+def parse_partial_json(text: str, closed: bool, allow: Allow | None = None) -> Any:
     """`text` read as JSON as far as it is JSON: unfinished (or broken) at the
-    end, it is completed (closed) or cut to what no more text can change."""
-    return partial_json_parser.loads(
-        text[: json_prefix_len(text)], Allow.ALL if closed else _STABLE_ALLOW
-    )
+    end, it is completed (closed) or cut to what no more text can change
+    (`allow` overrides what an unfinished end may contribute)."""
+    if allow is None:
+        allow = Allow.ALL if closed else STABLE_ALLOW
+    return complete_json(text[: json_prefix_len(text, allow)], allow)
 
 
 def json_arguments(raw: str, closed: bool) -> tuple[str, Any] | None:
@@ -156,7 +189,7 @@ def json_arguments(raw: str, closed: bool) -> tuple[str, Any] | None:
         return dumps(whole[0]), whole[0]
     try:
         value = parse_partial_json(body, closed)
-    except Exception:  # partial_json_parser raises its own error types
+    except ValueError:
         return None
     if not isinstance(value, dict):
         return None

@@ -58,6 +58,12 @@ class DeepSeekV3ToolParser(ToolParser):
         self.tool_call_start_token_id = cached_vocab(tokenizer).get(self.tool_call_start_token)
         self.tool_call_end_token_id = cached_vocab(tokenizer).get(self.tool_call_end_token)
         self._streamer = SnapshotStreamer()
+        self._markers = (
+            _FENCE_CLOSE,
+            self.tool_call_start_token,
+            self.tool_call_end_token,
+            self.tool_calls_end_token,
+        )
 
     def adjust_request(self, request: ChatCompletionRequest) -> ChatCompletionRequest:
         # The call markers are special tokens: keep them in the text.
@@ -116,6 +122,8 @@ class DeepSeekV3ToolParser(ToolParser):
         close = raw.find(_FENCE_CLOSE)
         if close >= 0:
             raw, closed = raw[:close], True
+        elif not closed:  # hold back what may be the start of a marker
+            raw = raw[: len(raw) - partial_marker_len(raw, self._markers)]
         args = json_arguments(raw, closed)
         if args is None:
             return None

@@ -23,16 +23,17 @@ from random import choices
 from string import ascii_letters, digits
 from typing import TYPE_CHECKING, Any
 
-import partial_json_parser
 from partial_json_parser.core.options import Allow
 from pydantic import Field
 
 from vllm.entrypoints.openai.protocol_responses import ToolCall
 from vllm.tool_parsers._snapshot_stream import (
+    STABLE_ALLOW,
     CallSnapshot,
     Snapshot,
     SnapshotStreamer,
     cached_vocab,
+    complete_json,
     decode_first_json,
     json_arguments,
     json_prefix_len,
@@ -101,6 +102,8 @@ class MistralToolParser(ToolParser):
         calls: list[CallSnapshot] = []
         for i, segment in enumerate(segments):
             closed = final or i < len(segments) - 1
+            if not closed:  # hold back what may be the start of the next call
+                segment = segment[: len(segment) - partial_marker_len(segment, [self.bot_token])]
             if self._is_pre_v11:
                 calls.extend(self._pre_v11_calls(segment, closed))
             else:
@@ -177,7 +180,8 @@ def _items_to_calls(items: Any, complete: bool) -> list[CallSnapshot]:
         return []
     calls = []
     for i, item in enumerate(items):
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             break
         value = item.get("arguments", {})
         if isinstance(value, str):  # arguments given as a JSON string
@@ -193,23 +197,39 @@ def _items_to_calls(items: Any, complete: bool) -> list[CallSnapshot]:
 
 
 def _partial_items(body: str, closed: bool) -> list[CallSnapshot]:
-    """Calls of a cut-off array: a name counts once its string is closed."""
-    body = body[: json_prefix_len(body)]  # as far as it is JSON
+    """Calls of a cut-off array, read as far as it is JSON: while the array
+    may grow, its last item counts once its name string is closed and its
+    arguments object has begun."""
+    allow = Allow.ALL if closed else STABLE_ALLOW
+    body = body[: json_prefix_len(body, allow)]
     try:
-        loose = partial_json_parser.loads(
-            body, Allow.ALL if closed else Allow.STR | Allow.OBJ | Allow.ARR
-        )
-        strict = partial_json_parser.loads(body, Allow.OBJ | Allow.ARR)
-    except Exception:  # not a JSON prefix: a malformed call
+        items = complete_json(body, allow)
+    except ValueError:  # not an array at all: a malformed call
         return []
-    if not isinstance(loose, list) or not isinstance(strict, list):
+    if not isinstance(items, list):
         return []
-    named = sum(1 for item in strict if isinstance(item, dict) and "name" in item)
-    items = []
-    for i, item in enumerate(loose[:named]):
-        if not isinstance(item, dict):
+    ready = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             break
-        if i == named - 1 and not closed and not isinstance(item.get("arguments"), dict):
-            item = {**item, "arguments": {}}
-        items.append(item)
-    return _items_to_calls(items, complete=closed)
+        # The last item of a growing array waits while its name may grow or
+        # its arguments may yet turn out not to be an object.
+        if (
+            i == len(items) - 1
+            and not closed
+            and (not isinstance(item.get("arguments"), dict) or _name_open(body, allow, item))
+        ):
+            break
+        ready.append(item)
+    return _items_to_calls(ready, complete=closed)
+
+
+def _name_open(body: str, allow: Allow, item: dict[str, Any]) -> bool:
+    """Whether the last item's name string is still open: one more character
+    would change it (after a closed string it breaks the JSON instead)."""
+    try:
+        grown = complete_json(body + "x", allow)
+    except ValueError:
+        return False
+    last = grown[-1] if isinstance(grown, list) and grown else None
+    return not isinstance(last, dict) or last.get("name") != item["name"]

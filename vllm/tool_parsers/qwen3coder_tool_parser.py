@@ -190,10 +190,14 @@ class Qwen3CoderToolParser(ToolParser):
                 markers = (self.parameter_end_token, self.parameter_prefix, self.function_end_token)
                 raw = _trim_value(raw[: len(raw) - partial_marker_len(raw, markers)])
                 if kind in _STRING_TYPES:
-                    values[name] = raw
+                    values.setdefault(name, raw)
                 break
             stop = min(ends) if ends else len(body)
-            values[name] = convert_param_value(_trim_value(body[name_end + 1 : stop]), kind)
+            # A repeated parameter keeps its first value (upstream: the last),
+            # which may already be streamed.
+            values.setdefault(
+                name, convert_param_value(_trim_value(body[name_end + 1 : stop]), kind)
+            )
             pos = stop + (
                 len(self.parameter_end_token)
                 if body.startswith(self.parameter_end_token, stop)

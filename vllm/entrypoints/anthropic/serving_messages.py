@@ -122,9 +122,8 @@ class AnthropicServingMessages:
             return AnthropicCountTokensResponse(input_tokens=result.count)
         return result
 
-    def messages_full_converter(
-        self, response: ChatCompletionResponse
-    ) -> AnthropicMessagesResponse:
+    @staticmethod
+    def messages_full_converter(response: ChatCompletionResponse) -> AnthropicMessagesResponse:
         """The Message of a (one-choice) chat response."""
         choice = response.choices[0]
         message = choice.message

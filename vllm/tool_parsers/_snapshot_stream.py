@@ -11,10 +11,12 @@ deltas reassemble to exactly what the last snapshot says, and never send
 text a later chunk could contradict.
 
 Arguments are re-serialized with `json.dumps(..., ensure_ascii=False)` (as
-upstream does for parsed arguments); while they are incomplete
-`partial_json_parser` reads them without partial numbers or literals (those
-can still change: `1` -> `1.5`), and the closing quotes and brackets are held
-back.
+upstream does for parsed arguments). While they are incomplete,
+`partial_json_parser` completes them without partial numbers or literals
+(those can still change: `1` -> `1.5`), the completion is decoded strictly
+(`complete_json`), and the closing quotes and brackets are held back. A
+repeated key keeps its first value (json's default, the last, could replace
+a value already streamed).
 
 The end of the stream is the one thing a parser cannot see: text held back
 at the very end (a trailing partial marker, a call that never parsed, the
@@ -237,6 +239,8 @@ class SnapshotStreamer:
             if new:
                 content = new
                 self.sent_content = snapshot.content
+        else:  # a parser bug: streamed content cannot be taken back
+            logger.error("%s: content no longer extends what was streamed", type(parser).__name__)
         deltas = [
             delta
             for index, call in enumerate(snapshot.calls)
@@ -266,8 +270,11 @@ class SnapshotStreamer:
             return None  # a different call now holds this place: never contradict
         parser.prev_tool_call_arr[index]["arguments"] = call.value
         sent = parser.streamed_args_for_tool[index]
-        if len(call.arguments) <= len(sent) or not call.arguments.startswith(sent):
-            return None  # nothing new (or not an extension: never contradict)
+        if len(call.arguments) <= len(sent):
+            return None  # nothing new
+        if not call.arguments.startswith(sent):  # a parser bug: never contradict
+            logger.error("%s: arguments no longer extend what was streamed", type(parser).__name__)
+            return None
         parser.streamed_args_for_tool[index] = call.arguments
         return DeltaToolCall(
             index=index, function=DeltaFunctionCall(arguments=call.arguments[len(sent) :])

@@ -22,6 +22,7 @@ from vllm.tool_parsers import ToolParserManager
 from vllm.tool_parsers.qwen3coder_tool_parser import (
     Qwen3CoderToolParser,
     convert_param_value,
+    is_nullable,
     schema_type,
 )
 from vllm.tool_parsers.qwen3xml_tool_parser import Qwen3XMLToolParser
@@ -71,6 +72,7 @@ TOOLS = [
                     "str_param": {"type": "string"},
                     "obj_param": {"type": "object"},
                     "maybe": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                    "note": {"type": ["string", "null"]},
                 },
             },
         },
@@ -210,6 +212,15 @@ CASES = [
         [("get_current_weather", {"city": "Dallas", "state": "TX"})],
         None,
     ),
+    # a nullable string: "null" is null (and is not streamed as a string first)
+    (
+        (
+            "<tool_call>\n<function=test_types>\n<parameter=note>\nnull\n</parameter>\n"
+            "<parameter=str_param>\nnull\n</parameter>\n</function>\n</tool_call>"
+        ),
+        [("test_types", {"note": None, "str_param": "null"})],
+        None,
+    ),
     # cut off by max_tokens inside a call: upstream keeps what was written
     ("<tool_call><function=func>", [("func", {})], None),
 ]
@@ -271,10 +282,13 @@ def test_without_a_schema_values_stay_strings():
         ("7", {"anyOf": [{"type": "null"}, {"type": "integer"}]}, 7),
         ("7", {"type": ["integer", "null"]}, 7),
         ("7", {}, "7"),
+        ("null", {"anyOf": [{"type": "string"}, {"type": "null"}]}, None),
+        ("None", {"type": ["string", "null"]}, None),
+        ("nullish", {"type": ["string", "null"]}, "nullish"),
     ],
 )
 def test_param_conversion(value, schema, expected):
-    assert convert_param_value(value, schema_type(schema)) == expected
+    assert convert_param_value(value, schema_type(schema), is_nullable(schema)) == expected
 
 
 def test_token_ids_and_registry():

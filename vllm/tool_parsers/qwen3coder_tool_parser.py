@@ -69,13 +69,27 @@ def schema_type(schema: Any) -> str:
     return str(kind or "string").strip().lower()
 
 
-def convert_param_value(value: str, kind: str) -> Any:
+def is_nullable(schema: Any) -> bool:
+    """Whether a property schema admits null (`"type": [..., "null"]` or an
+    `anyOf` branch of type null)."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "null" or (isinstance(kind, list) and "null" in kind):
+        return True
+    branches = schema.get("anyOf")
+    return isinstance(branches, list) and any(
+        isinstance(b, dict) and b.get("type") == "null" for b in branches
+    )
+
+
+def convert_param_value(value: str, kind: str, nullable: bool = False) -> Any:
     """A parameter's text as the schema type `kind` reads it (upstream's
     conversion: what does not parse stays the string)."""
+    if value.lower() in ("null", "none") and (nullable or kind not in _STRING_TYPES):
+        return None  # as upstream: null for non-string and nullable types
     if kind in _STRING_TYPES:
         return value
-    if value.lower() in ("null", "none"):
-        return None
     if kind.startswith(_INT_PREFIXES):
         try:
             return int(value)
@@ -185,18 +199,19 @@ class Qwen3CoderToolParser(ToolParser):
                 if i >= 0
             ]
             kind = schema_type(props.get(name)) if name in props else "string"
+            nullable = is_nullable(props.get(name))
             if not ends and not closed:
                 raw = body[name_end + 1 :]
                 markers = (self.parameter_end_token, self.parameter_prefix, self.function_end_token)
                 raw = _trim_value(raw[: len(raw) - partial_marker_len(raw, markers)])
-                if kind in _STRING_TYPES:
+                if kind in _STRING_TYPES and not nullable:  # (null is not streamed as "nul)
                     values.setdefault(name, raw)
                 break
             stop = min(ends) if ends else len(body)
             # A repeated parameter keeps its first value (upstream: the last),
             # which may already be streamed.
             values.setdefault(
-                name, convert_param_value(_trim_value(body[name_end + 1 : stop]), kind)
+                name, convert_param_value(_trim_value(body[name_end + 1 : stop]), kind, nullable)
             )
             pos = stop + (
                 len(self.parameter_end_token)

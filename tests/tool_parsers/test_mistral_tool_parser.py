@@ -208,6 +208,8 @@ def test_v13_call_id_becomes_the_id():
     got = run_streaming(_parser(V11), family_tokenizer(V11), out, [1])
     assert got.calls == [["get", '{"city": "x"}']]
     assert got.deltas[0].tool_calls[0].id == "abc123XYZ"
+    bad_id = _parser(V11).extract_tool_calls(out.replace("abc123XYZ", "not-an-id"), REQUEST)
+    assert MistralToolCall.is_valid_id(bad_id.tool_calls[0].id)
 
 
 def test_format_follows_the_tokenizer():

@@ -122,7 +122,9 @@ class MistralToolParser(ToolParser):
         head, call_id = segment[:brace].replace(_ARGS, ""), None
         if _CALL_ID in head:
             head, call_id = head.split(_CALL_ID, 1)
-            call_id = call_id.strip() or None
+            call_id = call_id.strip()
+            if not MistralToolCall.is_valid_id(call_id):
+                call_id = None  # Mistral's templates refuse it: a fresh id instead
         name = head.strip()
         if not _NAME.fullmatch(name):
             return None

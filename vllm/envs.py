@@ -74,6 +74,14 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Register the operator routes of `vllm serve` (/sleep, /wake_up,
     # /is_sleeping, /reset_prefix_cache, /collective_rpc): never on a public server.
     "VLLM_SERVER_DEV_MODE": _bool("VLLM_SERVER_DEV_MODE", "0"),
+    # /v1/responses keeps responses (for GET, previous_response_id and
+    # background mode) only with this set; off, `store` is ignored (upstream).
+    "VLLM_ENABLE_RESPONSES_API_STORE": _bool("VLLM_ENABLE_RESPONSES_API_STORE", "0"),
+    # Most responses that store keeps; beyond it the oldest finished one is
+    # evicted (ours: upstream's store grows without bound).
+    "VLLM_RESPONSES_API_STORE_MAX_ENTRIES": lambda: int(
+        os.environ.get("VLLM_RESPONSES_API_STORE_MAX_ENTRIES", "1024")
+    ),
 }
 
 

@@ -64,6 +64,8 @@ from vllm.entrypoints.openai.request_limits import (
     default_max_request_body_bytes,
     prompt_length_bound,
 )
+from vllm.entrypoints.openai.responses.api_router import attach_router as attach_responses
+from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_models import BaseModelPath, OpenAIServingModels
@@ -312,6 +314,7 @@ def build_app(args: Namespace) -> FastAPI:
     register_vllm_serve_api_routers(app)
     app.include_router(router)
     attach_anthropic_router(app)
+    attach_responses(app)
     app.root_path = root_path
     # Innermost of the three: the API key is checked before any body is read,
     # and a 413 still carries the CORS headers.
@@ -382,6 +385,9 @@ async def init_app_state(engine_client: EngineClient, state: Any, args: Namespac
         **common,
     )
     state.openai_serving_completion = OpenAIServingCompletion(engine_client, models, **common)
+    state.openai_serving_responses = OpenAIServingResponses(
+        engine_client, models, state.openai_serving_chat, **common
+    )
     state.openai_serving_tokenization = OpenAIServingTokenization(
         engine_client,
         models,

@@ -45,7 +45,11 @@ CUDAGRAPH = "tests/v1/cudagraph/test_config_and_dispatch.py"
 COMPILE = "tests/compile/test_compile_cpu.py"
 MULTIPROC = "tests/distributed/test_multiproc_executor.py"
 SO_VALIDATION = "tests/entrypoints/test_structured_outputs_validation.py"
+CHAT_TOOLS = "tests/entrypoints/openai/test_chat_tools_server.py"
+CHAT_PARSING = "tests/entrypoints/openai/test_chat_tools_parsing.py"
 XGRAMMAR = "tests/v1/structured_output/test_backend_xgrammar.py"
+SO_REASONING = "tests/v1/structured_output/test_reasoning_structured_output.py"
+SO_ENGINE_REASONING = "tests/v1/structured_output/test_engine_reasoning_structured_output.py"
 
 AUDIT: dict[str, tuple[str, Any]] = {
     # ---- front end (cli_args.py) ----
@@ -68,6 +72,15 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "chat_template": ("tested", f"{FRONTEND}::test_chat_template_flags"),
     "trust_request_chat_template": ("tested", f"{FRONTEND}::test_chat_template_flags"),
     "response_role": ("tested", f"{FRONTEND}::test_response_role"),
+    "enable_auto_tool_choice": ("tested", f"{CHAT_TOOLS}::test_auto_tool_call_streamed_and_not"),
+    "tool_call_parser": ("tested", f"{CHAT_TOOLS}::test_bad_parser_flags_refuse_to_start"),
+    "tool_parser_plugin": ("tested", f"{CHAT_PARSING}::test_tool_parser_plugin"),
+    "exclude_tools_when_tool_choice_none": (
+        "tested",
+        f"{CHAT_TOOLS}::test_tool_history_and_exclude_tools_when_tool_choice_none",
+    ),
+    "reasoning_parser": ("tested", f"{CHAT_TOOLS}::test_reasoning_then_json_schema_content"),
+    "reasoning_parser_plugin": ("tested", f"{CHAT_PARSING}::test_reasoning_parser_plugin"),
     "root_path": ("tested", f"{FRONTEND}::test_root_path"),
     "enable_force_include_usage": ("tested", f"{FRONTEND}::test_force_include_usage"),
     "enable_prompt_tokens_details": ("tested", f"{FRONTEND}::test_prompt_tokens_details"),
@@ -217,8 +230,18 @@ AUDIT: dict[str, tuple[str, Any]] = {
         "tested",
         f"{EFFECTS}::test_disable_additional_properties",
     ),
-    "structured_outputs_config.reasoning_parser": ("refused", "deepseek_r1"),
-    "structured_outputs_config.enable_in_reasoning": ("refused", True),
+    "structured_outputs_config.reasoning_parser": (
+        "tested",
+        f"{SO_ENGINE_REASONING}::test_content_after_the_reasoning_is_constrained",
+    ),
+    "structured_outputs_config.enable_in_reasoning": (
+        "tested",
+        f"{SO_REASONING}::test_enable_in_reasoning_constrains_the_reasoning_too",
+    ),
+    "structured_outputs_config.reasoning_parser_plugin": (
+        "tested",
+        f"{SO_REASONING}::test_parser_plugin_is_imported",
+    ),
     "performance_mode": ("tested", f"{DEFAULTS}::test_throughput_mode_doubles_only_the_defaults"),
     # ---- observability / AsyncEngineArgs ----
     "disable_log_stats": ("tested", f"{EFFECTS}::test_log_stats_report_request_metrics"),

@@ -285,6 +285,22 @@ class EngineArgs:
         "StructuredOutputsConfig",
         type=json_dict,
     )
+    reasoning_parser: str = _arg(
+        "",
+        "Split a thinking model's output into `reasoning` and `content` with "
+        "this parser (deepseek_r1, qwen3, granite, mistral, or a plugin's); "
+        "structured outputs then constrain only the content. Sets "
+        "structured_outputs_config.reasoning_parser.",
+        "StructuredOutputsConfig",
+        type=str,
+    )
+    reasoning_parser_plugin: str = _arg(
+        "",
+        "A Python file that registers more reasoning parsers "
+        "(@ReasoningParserManager.register_module(name)).",
+        "StructuredOutputsConfig",
+        type=str,
+    )
     performance_mode: str = _arg(
         "balanced",
         '"throughput" doubles the defaulted --max-num-batched-tokens and '
@@ -509,6 +525,10 @@ class EngineArgs:
 
     def _create_structured_outputs_config(self) -> StructuredOutputsConfig:
         so = self.structured_outputs_config
+        # As upstream: the flags win over the JSON config.
+        for name in ("reasoning_parser", "reasoning_parser_plugin"):
+            if getattr(self, name):
+                so = {**_structured_outputs_dict(so), name: getattr(self, name)}
         if so is None:
             return StructuredOutputsConfig()
         if isinstance(so, StructuredOutputsConfig):
@@ -525,6 +545,13 @@ class EngineArgs:
                 f"Unknown structured_outputs_config key(s) {unknown}; known: {sorted(known)}."
             )
         return StructuredOutputsConfig(**so)
+
+
+def _structured_outputs_dict(so: dict[str, Any] | StructuredOutputsConfig | None) -> Any:
+    """The JSON-config form of `so` (to add a flag's value to it)."""
+    if isinstance(so, StructuredOutputsConfig):
+        return dataclasses.asdict(so)
+    return so or {}
 
 
 def get_batch_defaults(

@@ -14,6 +14,7 @@ template source to decide. Only text parts are supported (no multimodal).
 
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
@@ -101,6 +102,10 @@ def parse_chat_messages(
             raise ValueError(f"Each chat message must be a dict with a 'role', got {message!r}")
         parsed = dict(message)
         content = message.get("content")
+        if content is None:  # e.g. an assistant turn that only called tools: ""
+            content = []
+        if message["role"] == "assistant":
+            _parse_assistant_extras(parsed)
         if isinstance(content, list):
             texts = [_text_of_part(part) for part in content]
             parsed["content"] = (
@@ -112,6 +117,35 @@ def parse_chat_messages(
             parsed["content"] = [{"type": "text", "text": content}]
         conversation.append(parsed)
     return conversation
+
+
+def _parse_assistant_extras(message: ChatCompletionMessageParam) -> None:
+    """As upstream: a call's `arguments` (OpenAI sends JSON text) reach the
+    template as a dict, as tool-use templates expect; the earlier turn's
+    reasoning is given under both of upstream's names."""
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        message["tool_calls"] = [_template_tool_call(call) for call in calls]
+    reasoning = message.get("reasoning") or message.get("reasoning_content")
+    if reasoning is not None:
+        message["reasoning"] = message["reasoning_content"] = reasoning
+
+
+def _template_tool_call(call: Any) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ValueError(f"Each assistant tool call needs a `function` with a `name`, got {call!r}")
+    arguments = function.get("arguments")
+    if isinstance(arguments, str) and arguments:
+        try:
+            arguments = json.loads(arguments)
+        except ValueError as e:
+            raise ValueError(
+                f"The arguments of tool call {function['name']!r} are not valid JSON: {e}"
+            ) from e
+    elif not arguments:
+        arguments = {}
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def _text_of_part(part: Any) -> str:

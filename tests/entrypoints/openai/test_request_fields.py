@@ -164,6 +164,9 @@ CHAT_ONLY: dict[str, Row] = {
     # Refused unless the server runs with --trust-request-chat-template.
     "chat_template": Refused("{{ messages }}"),
     "chat_template_kwargs": Probe(_chat_template_kwargs),
+    "include_reasoning": Cited(
+        "tests/entrypoints/openai/test_chat_tools_parsing.py::test_reasoning_parser_plugin"
+    ),
 }
 
 

@@ -382,6 +382,10 @@ async def init_app_state(engine_client: EngineClient, state: Any, args: Namespac
         args.response_role,
         chat_template=chat_template,
         trust_request_chat_template=args.trust_request_chat_template,
+        enable_auto_tools=args.enable_auto_tool_choice,
+        tool_parser=args.tool_call_parser,
+        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
+        reasoning_parser=args.reasoning_parser,
         **common,
     )
     state.openai_serving_completion = OpenAIServingCompletion(engine_client, models, **common)

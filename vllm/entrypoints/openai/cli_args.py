@@ -66,6 +66,7 @@ def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
         help="Honour a `chat_template` sent in a request (untrusted "
         "templates are refused by default).",
     )
+    _add_tool_and_reasoning_args(group)
     group.add_argument(
         "--response-role",
         type=str,
@@ -118,6 +119,36 @@ def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_tool_and_reasoning_args(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='Let the model choose its tool calls (`tool_choice: "auto"`, the '
+        "default when a request has tools); needs --tool-call-parser.",
+    )
+    group.add_argument(
+        "--tool-call-parser",
+        type=str,
+        default=None,
+        help="The parser that turns the model's text into tool calls for "
+        '`tool_choice: "auto"` (hermes, llama3_json, mistral, pythonic, '
+        "qwen3_xml, qwen3_coder, deepseek_v3, granite, or one a "
+        "--tool-parser-plugin registers).",
+    )
+    group.add_argument(
+        "--tool-parser-plugin",
+        type=str,
+        default="",
+        help="A Python file that registers more tool parsers "
+        "(@ToolParserManager.register_module(name)); its names work with --tool-call-parser.",
+    )
+    group.add_argument(
+        "--exclude-tools-when-tool-choice-none",
+        action="store_true",
+        help='Do not render the tools into the prompt when `tool_choice` is "none".',
+    )
+
+
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the server's flags and every engine flag to `parser`."""
     parser.add_argument(
@@ -147,3 +178,37 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
         raise ValueError("--max-request-body-bytes must be at least 1")
     if args.shutdown_timeout < 0:
         raise ValueError("--shutdown-timeout must be >= 0")
+    validate_parser_args(args)
+
+
+def validate_parser_args(args: argparse.Namespace) -> None:
+    """Load the parser plugins, then check the parser names (upstream's
+    start-up errors: auto tool choice without a parser; an unknown name, with
+    the registered ones)."""
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+    for plugin, load in (
+        (args.tool_parser_plugin, ToolParserManager.import_tool_parser),
+        (args.reasoning_parser_plugin, ReasoningParserManager.import_reasoning_parser),
+    ):
+        if not plugin:
+            continue
+        try:
+            load(plugin)
+        except Exception as e:
+            raise ValueError(f"cannot load the parser plugin {plugin!r}: {e}") from e
+    tool_parsers = ToolParserManager.list_registered()
+    if args.tool_call_parser and args.tool_call_parser not in tool_parsers:
+        raise ValueError(
+            f"invalid tool call parser: {args.tool_call_parser} "
+            f"(chose from {{ {','.join(tool_parsers)} }})"
+        )
+    reasoning_parsers = ReasoningParserManager.list_registered()
+    if args.reasoning_parser and args.reasoning_parser not in reasoning_parsers:
+        raise ValueError(
+            f"invalid reasoning parser: {args.reasoning_parser} "
+            f"(chose from {{ {','.join(reasoning_parsers)} }})"
+        )

@@ -57,6 +57,7 @@ from vllm.entrypoints.openai.protocol_responses import (  # noqa: F401 (re-expor
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,
+    ExtractedToolCallInformation,
     FunctionCall,
     ToolCall,
     make_tool_call_id,
@@ -371,6 +372,19 @@ class ChatMessageParam(OpenAIBaseModel):
     role: str
     content: str | Annotated[list[dict[str, Any]], Field(fail_fast=True)] | None = None
     name: str | None = None
+    # An assistant message's calls, as OpenAI returns them; a tool message
+    # answers the call `tool_call_id`.
+    tool_calls: Annotated[list[dict[str, Any]], Field(fail_fast=True)] | None = None
+    tool_call_id: str | None = None
+    # The reasoning of an earlier assistant turn (upstream accepts both names).
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def check_tool_message(self) -> ChatMessageParam:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("A message with role 'tool' must have a `tool_call_id`.")
+        return self
 
 
 class ChatCompletionRequest(SamplingRequestMixin):
@@ -395,6 +409,8 @@ class ChatCompletionRequest(SamplingRequestMixin):
     add_special_tokens: StrictBool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # With --reasoning-parser: False leaves `reasoning` out of the response.
+    include_reasoning: StrictBool = True
 
     @model_validator(mode="after")
     def check_chat_options(self) -> ChatCompletionRequest:

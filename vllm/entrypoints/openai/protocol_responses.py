@@ -118,6 +118,8 @@ class ChatMessage(OpenAIBaseModel):
     content: str | None = None
     refusal: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    # The reasoning parser's part of the output (upstream v0.28's field name).
+    reasoning: str | None = None
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):

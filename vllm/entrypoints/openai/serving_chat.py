@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from vllm.entrypoints.chat_utils import apply_hf_chat_template
 from vllm.entrypoints.openai import tool_choice
+from vllm.entrypoints.openai.chat_parsing import ChatParsers, merge_deltas
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
@@ -66,6 +67,9 @@ class OpenAIServingChat(OpenAIServing):
         chat_template: str | None = None,
         trust_request_chat_template: bool = False,
         enable_auto_tools: bool = False,
+        tool_parser: str | None = None,
+        exclude_tools_when_tool_choice_none: bool = False,
+        reasoning_parser: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(engine_client, models, **kwargs)
@@ -73,6 +77,9 @@ class OpenAIServingChat(OpenAIServing):
         self.chat_template = chat_template
         self.trust_request_chat_template = trust_request_chat_template
         self.enable_auto_tools = enable_auto_tools
+        self.exclude_tools_when_tool_choice_none = exclude_tools_when_tool_choice_none
+        # Unknown names were refused at start-up (cli_args.validate_parser_args).
+        self.parsers = ChatParsers(tool_parser, reasoning_parser, enable_auto_tools)
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request | None = None
@@ -88,6 +95,8 @@ class OpenAIServingChat(OpenAIServing):
         try:
             self._check_capacity(request.n)
             tokenizer = await self.engine_client.get_tokenizer()
+            tool_choice.check_tool_choice(request, self.enable_auto_tools)
+            request = self.parsers.adjust_request(request, tokenizer)
             prompt_text, prompt_ids = self._render(request, tokenizer)
             requested = (
                 request.max_completion_tokens
@@ -116,7 +125,12 @@ class OpenAIServingChat(OpenAIServing):
                 self.beam_search(prompt, request_id, params, priority=request.priority)
                 if request.use_beam_search
                 else self.engine_client.generate(
-                    prompt, params, request_id, prompt_text=prompt_text, priority=request.priority
+                    prompt,
+                    params,
+                    request_id,
+                    prompt_text=prompt_text,
+                    priority=request.priority,
+                    **self._reasoning_kwargs(request),
                 )
             )
         except Exception as e:
@@ -143,16 +157,17 @@ class OpenAIServingChat(OpenAIServing):
     def _render(
         self, request: ChatCompletionRequest, tokenizer: TokenizerLike
     ) -> tuple[str, list[int]]:
-        tool_choice.check_tool_choice(request, self.enable_auto_tools)
         if request.chat_template is not None and not self.trust_request_chat_template:
             raise VLLMValidationError(
                 "Chat template is passed with request, but --trust-request-chat-template is "
                 "not set. Refused request with untrusted chat template.",
                 parameter="chat_template",
             )
-        # As upstream (without --exclude-tools-when-tool-choice-none), the
-        # template sees the tools also under tool_choice "none".
+        # As upstream, the template sees the tools also under tool_choice
+        # "none", unless --exclude-tools-when-tool-choice-none.
         tools = [t.model_dump() for t in request.tools] if request.tools else None
+        if request.tool_choice == "none" and self.exclude_tools_when_tool_choice_none:
+            tools = None
         conversation = [m.model_dump(exclude_none=True) for m in request.messages]
         text = apply_hf_chat_template(
             tokenizer,
@@ -178,6 +193,14 @@ class OpenAIServingChat(OpenAIServing):
         if not ids:
             raise VLLMValidationError("The rendered prompt is empty.", parameter="messages")
         return text, ids
+
+    def _reasoning_kwargs(self, request: ChatCompletionRequest) -> dict[str, Any]:
+        """With a reasoning parser: the request's chat_template_kwargs for the
+        engine's copy of it (`enable_thinking: false` lets a grammar start at
+        the first token; see vllm/v1/structured_output/__init__.py)."""
+        if self.parsers.reasoning_parser_cls is None or not request.chat_template_kwargs:
+            return {}
+        return {"reasoning_parser_kwargs": {"chat_template_kwargs": request.chat_template_kwargs}}
 
     @staticmethod
     def _structured_outputs(request: Any) -> StructuredOutputsParams | None:
@@ -241,7 +264,7 @@ class OpenAIServingChat(OpenAIServing):
         num_choices = request.n
         role = self.get_chat_request_role(request)
         sent_role = [False] * num_choices
-        tool_streams = [tool_choice.tool_call_stream(request) for _ in range(num_choices)]
+        parsers = [self.parsers.for_choice(request, tokenizer) for _ in range(num_choices)]
         num_tokens = [0] * num_choices
         num_prompt_tokens = 0
         num_cached_tokens: int | None = None
@@ -293,19 +316,13 @@ class OpenAIServingChat(OpenAIServing):
                             tokenizer,
                             bool(request.return_tokens_as_token_ids),
                         )
-                    stream = tool_streams[i]
                     finish_reason = output.finish_reason
-                    if stream is None:
-                        delta: DeltaMessage | None = DeltaMessage(content=output.text)
-                    else:
-                        delta = stream.delta(output.text)
-                        finish_reason = tool_choice.finish_reason(
-                            request, finish_reason, stream.called
-                        )
-                        if delta is None and not (
-                            finish_reason or logprobs or request.return_token_ids
-                        ):
-                            continue  # text still inside the JSON around the calls
+                    delta = parsers[i].stream_delta(output.text, output.token_ids)
+                    if finish_reason is not None:
+                        last, finish_reason = parsers[i].finish(role, finish_reason)
+                        delta = merge_deltas(delta or DeltaMessage(), last)
+                    elif delta is None and not (logprobs or request.return_token_ids):
+                        continue  # text a parser holds back (a marker may be forming)
                     yield chunk(
                         ChatCompletionResponseStreamChoice(
                             index=i,
@@ -374,8 +391,8 @@ class OpenAIServingChat(OpenAIServing):
                     tokenizer,
                     bool(request.return_tokens_as_token_ids),
                 )
-            message, finish_reason = tool_choice.response_message(
-                request, role, output.text, echo, output.finish_reason
+            message, finish_reason = self.parsers.for_choice(request, tokenizer).message(
+                role, output.text, echo, output.finish_reason
             )
             choices.append(
                 ChatCompletionResponseChoice(

@@ -15,7 +15,9 @@ import httpx
 import pytest
 
 from tests.entrypoints.openai.conftest import RemoteOpenAIServer, default_server_args
-from vllm.entrypoints.openai.tool_choice import RequiredToolStream
+from vllm.entrypoints.openai.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.tool_choice import RequiredToolParser
+from vllm.tool_parsers.utils import flush_tool_call_stream
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 # No JSON whitespace: a random model could otherwise pad the JSON until max_tokens.
@@ -227,26 +229,12 @@ def test_required_streamed_matches_non_streamed(server):
     assert len(set(ids)) == 2
 
 
-def _complete_items(text: str) -> list[dict]:
-    """The complete items at the start of a cut-off JSON array."""
-    decoder, items, pos = json.JSONDecoder(), [], 1
-    assert text.startswith("[")
-    while True:
-        try:
-            item, pos = decoder.raw_decode(text, pos)
-        except ValueError:
-            return items
-        items.append(item)
-        while pos < len(text) and text[pos] in ", ":
-            pos += 1
-
-
 def test_required_several_calls_streamed_matches_non_streamed(server):
     """Sampled with a seed (greedy ends this array after one call), the choices
     hold one or several calls, and max_tokens may cut an array short (seed 3:
-    1, 2, 2 calls and one cut after 4). A cut array's non-streamed answer is
-    its text as content with no tool calls (upstream: an error); its stream
-    has sent each complete call and the start of the last."""
+    1, 2, 2 calls and one cut after 4). Streamed and not, each choice has the
+    same calls with the same arguments text and finish_reason; a cut array
+    keeps its complete calls, with finish_reason "length"."""
     body = {
         "tools": [WEATHER, TIME],
         "tool_choice": "required",
@@ -258,19 +246,20 @@ def test_required_several_calls_streamed_matches_non_streamed(server):
     full = _chat(server, **body)
     assert full.status_code == 200, full.text
     streamed = _stream(server, **body)
-    most = 0
+    most, cut = 0, 0
     for choice in full.json()["choices"]:
         calls, ids, finish = _streamed_calls(streamed, choice["index"])
         assert len(set(ids)) == len(ids) and finish == choice["finish_reason"]
+        whole = [
+            (c["function"]["name"], c["function"]["arguments"])
+            for c in choice["message"]["tool_calls"]
+        ]
+        assert calls == whole
+        _checked(calls)
         most = max(most, len(calls))
-        if finish == "tool_calls":
-            assert _checked(calls) == _calls(choice)
-            continue
-        assert finish == "length" and choice["message"]["tool_calls"] == []
-        items = _complete_items(choice["message"]["content"])
-        assert len(calls) in (len(items), len(items) + 1)
-        assert _checked(calls[: len(items)]) == [(i["name"], i["parameters"]) for i in items]
-    assert most >= 2
+        cut += finish == "length"
+        assert finish in ("tool_calls", "length")
+    assert most >= 2 and cut >= 1
 
 
 # Strings holding JSON's structural characters and escapes, scalar and nested
@@ -283,24 +272,42 @@ SCANNED = (
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_required_stream_scanner_any_split(seed):
+def test_required_parser_any_split(seed):
     """However the text is cut into deltas, the streamed calls reassemble
-    into the array's items (no server)."""
+    into the non-streamed ones, arguments text included (no server)."""
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(SCANNED)), rng.randint(1, len(SCANNED) - 1)))
-    stream, calls = RequiredToolStream(), {}
+    request = ChatCompletionRequest(messages=MESSAGES, tools=TOOLS, tool_choice="required")
+    parser, calls, text = RequiredToolParser(None), {}, ""
+    deltas = []
     for a, b in zip([0, *cuts], [*cuts, len(SCANNED)]):
-        delta = stream.delta(SCANNED[a:b])
-        for call in delta.tool_calls if delta else []:
-            if call.id is not None:
-                assert call.index not in calls and call.index == len(calls)
-                calls[call.index] = [call.function.name, call.function.arguments]
-            else:
-                calls[call.index][1] += call.function.arguments
-    assert stream.called
+        deltas.append(
+            parser.extract_tool_calls_streaming(
+                text, text + SCANNED[a:b], SCANNED[a:b], [], [], [], request
+            )
+        )
+        text += SCANNED[a:b]
+    deltas.append(flush_tool_call_stream(parser, text, request))
+    for delta in filter(None, deltas):
+        assert not delta.content
+        for call in delta.tool_calls:
+            assert call.id is not None and call.index == len(calls)  # each call whole
+            calls[call.index] = (call.function.name, call.function.arguments)
+    whole = RequiredToolParser(None).extract_tool_calls(SCANNED, request)
+    assert list(calls.values()) == [
+        (c.function.name, c.function.arguments) for c in whole.tool_calls
+    ]
     assert [{"name": n, "parameters": json.loads(a)} for n, a in calls.values()] == json.loads(
         SCANNED
     )
+
+
+def test_required_parser_cut_array_and_not_an_array():
+    request = ChatCompletionRequest(messages=MESSAGES, tools=TOOLS, tool_choice="required")
+    cut = RequiredToolParser(None).extract_tool_calls(SCANNED[:90], request)
+    assert [c.function.name for c in cut.tool_calls] == ["a"]
+    other = RequiredToolParser(None).extract_tool_calls("no JSON here", request)
+    assert not other.tools_called and other.content == "no JSON here"
 
 
 def test_tool_choice_none_keeps_plain_content(server):

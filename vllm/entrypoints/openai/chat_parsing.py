@@ -5,7 +5,7 @@ Order, as upstream: the reasoning parser (`--reasoning-parser`) splits the
 text into reasoning and content; tool calls are parsed from the content part
 only, by the tool parser (`tool_choice: "auto"` with
 `--enable-auto-tool-choice --tool-call-parser NAME`) or, for "required" and
-named tools, by tool_choice.py.
+named tools, by tool_choice.py ("required" is one more tool parser there).
 
 Streaming (`ChoiceParser.stream_delta`, one instance per choice) feeds the
 parsers' streaming entry points. When the choice finishes,
@@ -87,8 +87,10 @@ class ChatParsers:
             reasoning = self.reasoning_parser_cls(
                 tokenizer, chat_template_kwargs=request.chat_template_kwargs or {}
             )
-        tools = None
-        if self.auto_tools(request):
+        tools: ToolParser | None = None
+        if request.tool_choice == "required" and request.tools:
+            tools = tool_choice.RequiredToolParser(tokenizer)
+        elif self.auto_tools(request):
             assert self.tool_parser_cls is not None
             tools = self.tool_parser_cls(tokenizer)
         return ChoiceParser(request, reasoning, tools)
@@ -124,7 +126,8 @@ class ChoiceParser:
         self.request = request
         self.reasoning_parser = reasoning_parser
         self.tool_parser = tool_parser
-        self.forced = tool_choice.tool_call_stream(request)
+        self.forced = tool_choice.tool_call_stream(request)  # a named tool
+        self.required = request.tool_choice == "required"
         # Streaming state: all text / ids so far, the content part of them.
         self._text = ""
         self._ids: list[int] = []
@@ -174,9 +177,11 @@ class ChoiceParser:
         calls: list[ToolCall] = []
         if self.tool_parser is not None:
             calls, content = self._extract_calls(content or "")
-        if echo:
+        if echo or self.required:  # "required" calls come with content "" (upstream)
             content = echo + (content or "")
         message = ChatMessage(role=role, content=content, tool_calls=calls, reasoning=reasoning)
+        if self.required:
+            return message, tool_choice.finish_reason(self.request, engine_reason, bool(calls))
         return message, "tool_calls" if calls else engine_reason
 
     # ------------------------------------------------------------------
@@ -245,8 +250,7 @@ class ChoiceParser:
         """The last delta of the choice (what the streamed ones still lack)
         and its finish_reason."""
         if self.forced is not None:
-            # tool_choice.py streams the calls itself (its "required"
-            # arguments are the generated text, not re-serialized JSON).
+            # A named tool: the generated text is streamed as its arguments.
             called = self.forced.called
             return DeltaMessage(), tool_choice.finish_reason(self.request, engine_reason, called)
         flushed = self._flush()
@@ -257,7 +261,7 @@ class ChoiceParser:
             tool_calls=self._rest_calls(message.tool_calls),
         )
         self._sent.record(rest)
-        if self._sent.calls:
+        if self._sent.calls and not self.required:
             reason = "tool_calls"
         return merge_deltas(flushed, rest), reason
 

@@ -12,20 +12,21 @@ in protocol.py, the tool-choice branches of serving_chat.py).
 The message's `content` is "" (upstream). finish_reason (upstream, as OpenAI):
 "tool_calls" for "required" when the engine stopped at the end of the JSON,
 the engine's own reason ("stop", "length") for a named tool. As upstream, a
-"required" call's non-streamed `arguments` are its parameters re-serialized
-(json.dumps), the streamed ones the generated text; `tools: []` is a 400.
+"required" call's `arguments` are its parameters re-serialized (json.dumps);
+`tools: []` is a 400.
 
 Differences from upstream, on purpose:
 - A named tool without `parameters` is constrained to an empty-parameter
   object, as "required" does (upstream leaves that output unconstrained).
-- "required" output that is not the array (only when generation was cut
-  short: max_tokens, a stop string) is returned as `content` with no tool
-  calls and the engine's finish_reason, not an error after generating.
+- "required" output cut short (max_tokens, a stop string) keeps its complete
+  calls, with the engine's finish_reason; output that is not the array is
+  `content` with no tool calls (upstream: an error after generating).
 - `parallel_tool_calls: false` adds `maxItems: 1` to the "required" schema
   (upstream generates every call and drops all but the first).
-- Streaming "required" parses the JSON incrementally with a scanner (upstream:
-  partial_json_parser): a call's first delta (id, type, name) is sent once its
-  `parameters` value starts, then argument text as it arrives; index = the
+- Streaming "required" is `RequiredToolParser`, a tool parser on the same
+  re-parsing machinery as the "auto" parsers (upstream: partial_json_parser
+  in serving_chat.py): each call is sent whole once its object is complete,
+  with the same arguments text as the non-streamed answer; index = the
   call's position in the array, as upstream. A named tool's deltas have
   index 0 (its position in tool_calls; older upstream used the choice index).
 """
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.entrypoints.openai.protocol import (
@@ -50,6 +50,7 @@ from vllm.entrypoints.openai.protocol import (
     make_tool_call_id,
 )
 from vllm.exceptions import VLLMValidationError
+from vllm.tool_parsers.utils import BufferedToolParser, ParsedToolText, dump_arguments
 
 # Upstream's schema for a tool without `parameters`: no arguments, i.e. "{}".
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -167,44 +168,13 @@ def finish_reason(
 def response_message(
     request: ChatCompletionRequest, role: str, text: str, echo: str, engine_reason: str | None
 ) -> tuple[ChatMessage, str | None]:
-    """A non-streamed choice's message and finish_reason. `echo` (the echoed
-    last message, or "") starts the content."""
+    """A named tool's non-streamed message and finish_reason: the generated
+    text is the arguments. `echo` (the echoed last message, or "") is the
+    content."""
     name = named_tool(request)
-    if name is not None:
-        call = ToolCall(function=FunctionCall(name=name, arguments=text))
-        return ChatMessage(role=role, content=echo, tool_calls=[call]), engine_reason
-    calls = _parse_required(text) if request.tool_choice == "required" else None
-    if calls is None:
-        return ChatMessage(role=role, content=echo + text), engine_reason
-    return (
-        ChatMessage(role=role, content=echo, tool_calls=calls),
-        finish_reason(request, engine_reason, called=True),
-    )
-
-
-def _parse_required(text: str) -> list[ToolCall] | None:
-    """The tool calls of a "required" output; None if it is not the array."""
-    try:
-        items = json.loads(text)
-    except ValueError:
-        return None
-    if (
-        not isinstance(items, list)
-        or not items
-        or not all(
-            isinstance(i, dict) and isinstance(i.get("name"), str) and "parameters" in i
-            for i in items
-        )
-    ):
-        return None
-    return [
-        ToolCall(
-            function=FunctionCall(
-                name=i["name"], arguments=json.dumps(i["parameters"], ensure_ascii=False)
-            )
-        )
-        for i in items
-    ]
+    assert name is not None
+    call = ToolCall(function=FunctionCall(name=name, arguments=text))
+    return ChatMessage(role=role, content=echo, tool_calls=[call]), engine_reason
 
 
 class NamedToolStream:
@@ -230,147 +200,53 @@ class NamedToolStream:
         return DeltaMessage(tool_calls=[call])
 
 
-@dataclass
-class _Call:
-    """One item of the "required" array while it streams."""
-
-    index: int
-    key: str | None = None  # the key whose value is being read
-    name_raw: str | None = None  # the JSON text inside the name's quotes
-    args_start_depth: int | None = None  # set while inside the parameters value
-    args: str = ""  # parameters text not yet sent
-    args_started: bool = False
-    sent_header: bool = False
-    args_done: bool = False
-
-
-@dataclass
-class RequiredToolStream:
-    """Streaming deltas of tool_choice "required": scans the constrained
-    `[{"name": ..., "parameters": ...}, ...]` text character by character.
-
-    Depth 1 is inside the array, 2 inside a call object; the parameters value
-    starts after `"parameters":` at depth 2 and ends when its text closes
-    (a scalar at the `,` or `}` that follows it at depth 2)."""
-
-    called: bool = False
-    _depth: int = 0
-    _in_string: bool = False
-    _escape: bool = False
-    _token: str = ""  # a key or name string being read at depth 2
-    _expect_key: bool = False
-    _call: _Call | None = None
-    _num_calls: int = 0
-    _out: list[DeltaToolCall] = field(default_factory=list)
-
-    def delta(self, text: str) -> DeltaMessage | None:
-        for ch in text:
-            self._feed(ch)
-        self._flush()
-        out, self._out = self._out, []
-        return DeltaMessage(tool_calls=out) if out else None
-
-    def _feed(self, ch: str) -> None:
-        call = self._call
-        in_args = call is not None and call.args_start_depth is not None
-        if in_args and not self._args_char(ch):
-            return
-        if self._in_string:
-            self._string_char(ch, collect=not in_args and self._depth == 2)
-            return
-        if ch == '"':
-            self._in_string, self._token = True, ""
-        elif ch in "[{":
-            self._depth += 1
-            if ch == "{" and self._depth == 2:
-                self._flush()  # what is left of the previous call
-                self._call = _Call(index=self._num_calls)
-                self._num_calls += 1
-                self._expect_key = True
-        elif ch in "]}":
-            self._depth -= 1
-        elif ch == "," and self._depth == 2:
-            self._expect_key = True
-        elif ch == ":" and self._depth == 2 and call is not None:
-            call.args_start_depth = self._depth if call.key == "parameters" else None
-
-    def _args_char(self, ch: str) -> bool:
-        """Add `ch` to the parameters text; False once it is consumed there."""
-        call = self._call
-        assert call is not None and call.args_start_depth is not None
-        if not call.args_started and ch in " \t\r\n":
-            return False  # whitespace before the value
-        at_value_level = self._depth == call.args_start_depth and not self._in_string
-        if at_value_level and call.args_started and ch in ",}":
-            call.args_start_depth, call.args_done = None, True  # a scalar ended
-            return True
-        call.args += ch
-        call.args_started = True
-        if self._in_string:
-            self._string_char(ch, collect=False)
-        elif ch == '"':
-            self._in_string = True
-        elif ch in "[{":
-            self._depth += 1
-        elif ch in "]}":
-            self._depth -= 1
-        closed = not self._in_string and self._depth == call.args_start_depth and ch in '"]}'
-        if closed:
-            call.args_start_depth, call.args_done = None, True
-        return False
-
-    def _string_char(self, ch: str, collect: bool) -> None:
-        if self._escape:
-            self._escape = False
-        elif ch == "\\":
-            self._escape = True
-        elif ch == '"':
-            self._in_string = False
-            if collect:
-                self._end_token()
-            return
-        if collect:
-            self._token += ch
-
-    def _end_token(self) -> None:
-        call = self._call
-        if call is None:
-            return
-        if self._expect_key:
-            call.key, self._expect_key = self._token, False
-        elif call.key == "name":
-            call.name_raw = self._token
-
-    def _flush(self) -> None:
-        call = self._call
-        if call is None or call.name_raw is None:
-            return
-        if not call.sent_header:
-            if call.args_start_depth is None and not call.args_done:
-                return  # wait for the parameters to start (upstream does too)
-            call.sent_header = self.called = True
-            self._out.append(
-                DeltaToolCall(
-                    id=make_tool_call_id(),
-                    type="function",
-                    index=call.index,
-                    function=DeltaFunctionCall(
-                        name=json.loads(f'"{call.name_raw}"'), arguments=call.args
-                    ),
-                )
-            )
-        elif call.args:
-            self._out.append(
-                DeltaToolCall(index=call.index, function=DeltaFunctionCall(arguments=call.args))
-            )
-        call.args = ""
-
-
-def tool_call_stream(request: ChatCompletionRequest) -> NamedToolStream | RequiredToolStream | None:
-    """A fresh per-choice delta maker for a forced tool choice, else None."""
+def tool_call_stream(request: ChatCompletionRequest) -> NamedToolStream | None:
+    """A fresh per-choice delta maker for a named tool, else None."""
     name = named_tool(request)
-    if name is not None:
-        return NamedToolStream(name)
-    if request.tool_choice == "required":
-        return RequiredToolStream()
-    return None
+    return NamedToolStream(name) if name is not None else None
+
+
+class RequiredToolParser(BufferedToolParser):
+    """tool_choice "required": reads the constrained output
+    `[{"name": ..., "parameters": ...}, ...]` with the tool parsers' streaming
+    machinery (vllm/tool_parsers/utils.py), as one more tool parser. A call is
+    streamed (id, name and arguments in one delta) once its object is
+    complete; its arguments are the parameters re-serialized
+    (`dump_arguments`, upstream's json.dumps) streamed and not, so the two
+    agree exactly. An array cut short (max_tokens, a stop string) keeps its
+    complete calls; output that is not the array is content."""
+
+    def parse_text(
+        self, text: str, final: bool, request: ChatCompletionRequest | None
+    ) -> ParsedToolText:
+        items = _complete_items(text)
+        if items is None:  # not the array: content (sent when the output ends)
+            return ParsedToolText(content=text if final else "")
+        return ParsedToolText(
+            calls=[(item["name"], dump_arguments(item["parameters"])) for item in items]
+        )
+
+
+def _complete_items(text: str) -> list[dict[str, Any]] | None:
+    """The complete call objects at the start of the (maybe unfinished) JSON
+    array `text`; None when `text` cannot be that array."""
+    decoder = json.JSONDecoder()
+    pos = len(text) - len(text.lstrip())
+    if pos == len(text):
+        return []  # nothing yet
+    if text[pos] != "[":
+        return None
+    items: list[dict[str, Any]] = []
+    pos += 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            return items  # the end, or an item still being written
+        if not (isinstance(item, dict) and isinstance(item.get("name"), str)):
+            return items
+        if "parameters" not in item:
+            return items
+        items.append(item)

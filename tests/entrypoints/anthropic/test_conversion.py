@@ -373,3 +373,21 @@ def test_full_message_without_output_or_with_broken_arguments():
     response.choices[0].message = ChatMessage(role="assistant", content="")
     message = AnthropicServingMessages.messages_full_converter(response)
     assert [b.model_dump() for b in message.content] == [{"type": "text", "text": ""}]
+
+
+@pytest.mark.parametrize(
+    ("thinking", "kwargs", "expected"),
+    [
+        ({"type": "disabled"}, None, {"enable_thinking": False}),
+        ({"type": "enabled", "budget_tokens": 3}, None, {"enable_thinking": True}),
+        ({"type": "adaptive"}, {"x": 1}, {"x": 1, "enable_thinking": True}),
+        # The client's own chat_template_kwargs win.
+        ({"type": "disabled"}, {"enable_thinking": True}, {"enable_thinking": True}),
+        (None, None, None),
+    ],
+)
+def test_thinking_sets_enable_thinking(thinking, kwargs, expected):
+    body: dict[str, Any] = {"chat_template_kwargs": kwargs}
+    if thinking is not None:
+        body["thinking"] = thinking
+    assert to_chat_completion_request(_request(**body)).chat_template_kwargs == expected

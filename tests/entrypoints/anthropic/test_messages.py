@@ -50,6 +50,9 @@ TOOL_INPUTS = {
 TIMEOUT_S = 120
 # This client version has no `temperature` argument; the API field is sent as is.
 GREEDY = {"temperature": 0.0}
+# The server runs the qwen3 reasoning parser: `thinking` disabled (the
+# template's enable_thinking false) makes the whole answer content.
+NO_THINKING = {"type": "disabled"}
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +70,11 @@ def server(embedded_model_path):
             SO_CONFIG,
             "--api-key",
             API_KEY,
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            "--reasoning-parser",
+            "qwen3",
         ],
         api_key=API_KEY,
     )
@@ -88,13 +96,23 @@ def _post(server: RemoteOpenAIServer, path: str, body: Any, **kwargs: Any) -> ht
     )
 
 
-def _chat_reference(server: RemoteOpenAIServer, messages: list[dict], **body: Any) -> Any:
+def _chat_reference(
+    server: RemoteOpenAIServer, messages: list[dict], thinking: bool = False, **body: Any
+) -> Any:
     chat = server.get_client()
-    return chat.chat.completions.create(model=MODEL, messages=messages, temperature=0.0, **body)
+    extra = {"chat_template_kwargs": {"enable_thinking": thinking}, **body.pop("extra_body", {})}
+    return chat.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0.0, extra_body=extra, **body
+    )
 
 
 GREEDY_KWARGS: dict[str, Any] = dict(
-    model=MODEL, max_tokens=10, extra_body=GREEDY, system=SYSTEM, messages=QUESTION
+    model=MODEL,
+    max_tokens=10,
+    extra_body=GREEDY,
+    thinking=NO_THINKING,
+    system=SYSTEM,
+    messages=QUESTION,
 )
 
 
@@ -174,6 +192,7 @@ def test_forced_tool(client, stream):
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],
         tools=[WEATHER, TIME],
         tool_choice={"type": "tool", "name": "get_weather"},
+        thinking=NO_THINKING,
     )
     if not stream:
         message = client.messages.create(**kwargs)
@@ -196,6 +215,7 @@ def test_any_tool(client):
         messages=[{"role": "user", "content": "What time is it in Oslo?"}],
         tools=[WEATHER, TIME],
         tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        thinking=NO_THINKING,
     )
     message = client.messages.create(**kwargs)
     assert message.stop_reason == "tool_use"
@@ -261,12 +281,23 @@ def test_tool_history_renders_as_openai_messages(server, client):
         for t in (WEATHER, TIME)
     ]
     tokenized = _post(
-        server, "tokenize", {"model": MODEL, "messages": OPENAI_HISTORY, "tools": openai_tools}
+        server,
+        "tokenize",
+        {
+            "model": MODEL,
+            "messages": OPENAI_HISTORY,
+            "tools": openai_tools,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
     )
     assert tokenized.status_code == 200, tokenized.text
     expected = tokenized.json()["count"]
     kwargs: dict[str, Any] = dict(
-        model=MODEL, system=SYSTEM, messages=TOOL_HISTORY, tools=[WEATHER, TIME]
+        model=MODEL,
+        system=SYSTEM,
+        messages=TOOL_HISTORY,
+        tools=[WEATHER, TIME],
+        thinking=NO_THINKING,
     )
     assert client.messages.count_tokens(**kwargs).input_tokens == expected
     message = client.messages.create(**kwargs, max_tokens=3, tool_choice={"type": "none"})
@@ -281,6 +312,7 @@ def test_assistant_prefill_is_continued(server, client):
         model=MODEL,
         max_tokens=6,
         extra_body=GREEDY,
+        thinking=NO_THINKING,
         messages=[*QUESTION, {"role": "assistant", "content": prefill}],
     )
     reference = _chat_reference(
@@ -311,8 +343,12 @@ GOOD = {"model": MODEL, "max_tokens": 2, "messages": QUESTION}
         ({**GOOD, "max_tokens": 0}, ["max_tokens"]),
         ({**GOOD, "messages": []}, ["messages"]),
         (
-            {**GOOD, "thinking": {"type": "enabled", "budget_tokens": 1024}},
-            ["thinking", "not supported"],
+            {**GOOD, "container": "c1", "context_management": {}},
+            ["container", "context_management", "not supported"],
+        ),
+        (
+            {**GOOD, "thinking": {"type": "enabled", "budget_tokens": 2}},
+            ["budget_tokens", "max_tokens"],
         ),
         ({**GOOD, "frobnicate": 1}, ["frobnicate"]),
         ({**GOOD, "stream": "yes"}, ["stream"]),
@@ -380,11 +416,79 @@ def test_unknown_model_and_client_errors(server, client):
         client.messages.create(model=MODEL, max_tokens=0, messages=QUESTION)
 
 
-def test_auto_tool_choice_needs_the_server_flags(server):
-    """tools with tool_choice auto (the default) on a server without
-    --enable-auto-tool-choice: the chat path's 400, in Anthropic's envelope."""
-    r = _post(server, "v1/messages", {**GOOD, "tools": [WEATHER]})
-    _error(r, 400, "invalid_request_error", "--enable-auto-tool-choice")
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_tool_choice_plain_answer(server, client, stream):
+    """tools with tool_choice auto (the default): the hermes parser finds no
+    call in SmolLM2's answer, which comes back as text, as on the chat route."""
+    kwargs: dict[str, Any] = {**GREEDY_KWARGS, "tools": [WEATHER, TIME]}
+    if stream:
+        with client.messages.stream(**kwargs) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(**kwargs)
+    openai_tools = [
+        {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
+        for t in (WEATHER, TIME)
+    ]
+    reference = _chat_reference(
+        server,
+        [{"role": "system", "content": SYSTEM}, *QUESTION],
+        max_completion_tokens=10,
+        tools=openai_tools,
+        tool_choice="auto",
+    ).choices[0]
+    assert not reference.message.tool_calls
+    assert [b.type for b in message.content] == ["text"]
+    assert message.content[0].text == reference.message.content
+    assert (
+        message.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[reference.finish_reason]
+    )
+
+
+# Few-shot history that makes SmolLM2 close its reasoning; the prefill opens
+# `<think>`, so the answer starts inside the reasoning (as the chat tests do).
+THINK_SYSTEM = "Think inside <think> </think>, then answer in JSON."
+THINK_SHOTS: list[dict[str, Any]] = [
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": '<think>Two plus two is four.</think>{"answer": 4}'},
+    {"role": "user", "content": "What is 3+3?"},
+    {"role": "assistant", "content": "<think>"},
+]
+
+
+def test_reasoning_becomes_thinking_blocks(server, client):
+    """--reasoning-parser qwen3: the reasoning is a thinking block (streamed
+    as thinking_delta), the rest a text block: the chat route's split."""
+    kwargs: dict[str, Any] = dict(
+        model=MODEL,
+        max_tokens=24,
+        extra_body=GREEDY,
+        thinking={"type": "enabled", "budget_tokens": 16},
+        system=THINK_SYSTEM,
+        messages=THINK_SHOTS,
+    )
+    message = client.messages.create(**kwargs)
+    reference = _chat_reference(
+        server,
+        [{"role": "system", "content": THINK_SYSTEM}, *THINK_SHOTS],
+        thinking=True,
+        max_completion_tokens=24,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True},
+    ).choices[0]
+    reasoning = reference.message.model_extra["reasoning"]
+    assert reasoning and reference.message.content  # the model closed its reasoning
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[0].thinking == reasoning
+    assert message.content[1].text == reference.message.content
+    with client.messages.stream(**kwargs) as stream:
+        kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert kinds[0] == "thinking_delta" and "text_delta" in kinds
+
+    def blocks(m: Any) -> list[tuple[str, str]]:
+        return [(b.type, b.thinking if b.type == "thinking" else b.text) for b in m.content]
+
+    assert blocks(final) == blocks(message)
 
 
 def test_api_key_guards_the_routes(server):

@@ -2,8 +2,8 @@
 
 Requests are validated strictly, as Anthropic's own API does: an unknown
 field is a 400 naming it ("Extra inputs are not permitted"), and so is a
-field of Anthropic's API that this server does not implement (`thinking`,
-`container`, `mcp_servers`, server tools, image and document blocks...),
+field of Anthropic's API that this server does not implement (`container`,
+`mcp_servers`, `output_config`, server tools, image and document blocks...),
 rather than being accepted and silently ignored. `cache_control` (a
 prompt-caching hint) is accepted wherever Anthropic allows it: vLLM's
 automatic prefix caching needs no hint. `metadata.user_id` becomes the chat
@@ -41,7 +41,6 @@ UNSUPPORTED_REQUEST_FIELDS = frozenset(
         "output_format",
         "service_tier",
         "speed",
-        "thinking",
         "user_profile_id",
         "workspace_id",
     }
@@ -204,6 +203,16 @@ class AnthropicSystemBlock(AnthropicBaseModel):
     cache_control: dict[str, Any] | None = None
 
 
+class AnthropicThinkingConfig(AnthropicBaseModel):
+    """`thinking`: whether the model reasons first. It becomes the chat
+    template's `enable_thinking` (Qwen3-style templates and reasoning parsers
+    read it); `budget_tokens` is checked (below max_tokens, as Anthropic) but
+    not enforced: logged as ignored."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: StrictInt | None = Field(default=None, ge=1)
+
+
 class AnthropicPromptRequest(AnthropicBaseModel):
     """What a Messages request and a count_tokens request share: the prompt."""
 
@@ -216,6 +225,7 @@ class AnthropicPromptRequest(AnthropicBaseModel):
     tools: Annotated[list[AnthropicTool], Field(fail_fast=True)] | None = None
     tool_choice: AnthropicToolChoice | None = None
     cache_control: dict[str, Any] | None = None
+    thinking: AnthropicThinkingConfig | None = None
     # vLLM's extra (upstream's): keyword arguments of the chat template.
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -239,6 +249,13 @@ class AnthropicMessagesRequest(AnthropicPromptRequest):
     temperature: StrictFloat | None = Field(default=None, ge=0.0)
     top_k: StrictInt | None = Field(default=None, ge=1)
     top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def check_thinking_budget(self) -> AnthropicMessagesRequest:
+        budget = self.thinking.budget_tokens if self.thinking is not None else None
+        if budget is not None and budget >= self.max_tokens:
+            raise ValueError("thinking.budget_tokens must be less than max_tokens")
+        return self
 
 
 class AnthropicCountTokensRequest(AnthropicPromptRequest):

@@ -15,6 +15,9 @@ A Messages request becomes a `ChatCompletionRequest`:
 - tools -> function tools (input_schema = parameters); tool_choice auto ->
   "auto", any -> "required", tool -> the named function, none -> "none";
   disable_parallel_tool_use -> parallel_tool_calls false;
+- `thinking` -> the template's `enable_thinking` (disabled: false; enabled,
+  adaptive: true), which Qwen3-style templates and reasoning parsers read
+  (budget_tokens is not enforced: logged as ignored);
 - max_tokens, stop_sequences, temperature, top_p, top_k, metadata.user_id
   (-> user), chat_template_kwargs carry over.
 
@@ -63,6 +66,7 @@ from vllm.entrypoints.openai.protocol import (
     TokenizeChatRequest,
     TokenizeResponse,
 )
+from vllm.entrypoints.openai.protocol_base import log_ignored_fields
 from vllm.exceptions import VLLMValidationError
 
 if TYPE_CHECKING:
@@ -112,7 +116,7 @@ class AnthropicServingMessages:
                     "tools": convert_tools(request),
                     "add_generation_prompt": not continue_final,
                     "continue_final_message": continue_final,
-                    "chat_template_kwargs": request.chat_template_kwargs,
+                    "chat_template_kwargs": chat_template_kwargs(request),
                 }
             )
         except (ValueError, pydantic.ValidationError) as e:
@@ -198,7 +202,7 @@ def to_chat_completion_request(request: AnthropicMessagesRequest) -> ChatComplet
         "temperature": request.temperature,
         "top_p": request.top_p,
         "top_k": request.top_k,
-        "chat_template_kwargs": request.chat_template_kwargs,
+        "chat_template_kwargs": chat_template_kwargs(request),
     }
     if request.metadata is not None and request.metadata.user_id is not None:
         body["user"] = request.metadata.user_id
@@ -214,6 +218,17 @@ def to_chat_completion_request(request: AnthropicMessagesRequest) -> ChatComplet
         # Usage on every chunk: message_start carries the input tokens.
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     return ChatCompletionRequest.model_validate(body)
+
+
+def chat_template_kwargs(request: AnthropicPromptRequest) -> dict[str, Any] | None:
+    """The request's chat_template_kwargs; `thinking` sets `enable_thinking`
+    (unless the client set it there itself)."""
+    kwargs = dict(request.chat_template_kwargs or {})
+    if request.thinking is not None:
+        kwargs.setdefault("enable_thinking", request.thinking.type != "disabled")
+        if request.thinking.budget_tokens is not None:
+            log_ignored_fields(["thinking.budget_tokens"])
+    return kwargs or None
 
 
 def convert_tools(request: AnthropicPromptRequest) -> list[dict[str, Any]] | None:

@@ -246,6 +246,18 @@ def test_one_delta_or_many_give_the_same_items():
         assert text == WHOLE["content"]
 
 
+def test_whitespace_before_a_call_is_no_message():
+    call = {"index": 0, "id": "c", "function": {"name": "f", "arguments": "{}"}}
+    _, items = _stream([{"content": " "}, {"content": "\n"}, {"tool_calls": [call]}])
+    assert [i["type"] for i in items] == ["function_call"]
+    _, items = _stream([{"content": " \n", "tool_calls": [call]}])
+    assert [i["type"] for i in items] == ["function_call"]
+    _, items = _stream([{"content": " "}, {"content": "Hi"}])
+    assert items[0]["content"][0]["text"] == " Hi"
+    _, items = _stream([{"content": "\n"}])
+    assert items[0]["type"] == "message" and items[0]["content"][0]["text"] == "\n"
+
+
 def test_sse_framing():
     frame = sse({"type": "response.created", "sequence_number": 0})
     assert (

@@ -1,7 +1,11 @@
 """/v1/responses through a real `vllm serve` (one server for the module, the
 embedded SmolLM2 model) and the official `openai` client's `responses` API
 (upstream: tests/entrypoints/openai/responses/test_basic.py, test_stateful.py,
-test_function_call.py, test_structured_output.py).
+test_function_call.py, test_structured_output.py). The server has the hermes
+tool parser (SmolLM2 copies its `<tool_call>` format from a few-shot
+history). No reasoning parser: with one, structured outputs wait for the end
+of a reasoning SmolLM2 never writes (reasoning items are tested in
+test_conversion.py).
 
 References are independent of the code under test: the same conversation
 sent to /v1/chat/completions (greedy, so the same text), written out by hand
@@ -70,6 +74,9 @@ def server(embedded_model_path):
             SO_CONFIG,
             "--api-key",
             API_KEY,
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
         ],
         env={
             "VLLM_ENABLE_RESPONSES_API_STORE": "1",
@@ -305,6 +312,69 @@ def test_function_call_output_round_trip(client):
     )
     assert response.output_text == reference.choices[0].message.content
     assert response.usage.input_tokens == reference.usage.prompt_tokens
+
+
+def _shot(city: str) -> str:
+    """An answer that calls get_weather in hermes' format."""
+    call = json.dumps({"name": "get_weather", "arguments": {"city": city}})
+    return f"<tool_call>\n{call}\n</tool_call>"
+
+
+FEW_SHOT = [
+    {"role": "user", "content": "What is the weather in Rome?"},
+    {"role": "assistant", "content": _shot("Rome")},
+    {"role": "user", "content": "What is the weather in Oslo?"},
+    {"role": "assistant", "content": _shot("Oslo")},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
+
+
+def test_auto_tool_call(client):
+    """tool_choice "auto": the server's tool parser (hermes) finds the call,
+    as chat finds it for `tool_calls`; streamed, the same item."""
+    kwargs: dict[str, Any] = dict(input=FEW_SHOT, tools=[WEATHER], max_output_tokens=40)
+    response = _create(client, **kwargs)
+    reference = _chat(
+        client,
+        FEW_SHOT,
+        tools=[{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}],
+        max_completion_tokens=40,
+    )
+    assert reference.choices[0].finish_reason == "tool_calls"
+    call = reference.choices[0].message.tool_calls[0].function
+    assert [item.type for item in response.output] == ["function_call"]
+    assert (response.output[0].name, response.output[0].arguments) == (call.name, call.arguments)
+    assert json.loads(call.arguments) == {"city": "Paris"} and response.status == "completed"
+
+    events = list(_create(client, stream=True, **kwargs))
+    final = events[-1].response
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    arguments = "".join(
+        e.delta for e in events if e.type == "response.function_call_arguments.delta"
+    )
+    assert arguments == call.arguments
+    strip = [{**i.model_dump(), "id": None, "call_id": None} for i in final.output]
+    assert strip == [{**i.model_dump(), "id": None, "call_id": None} for i in response.output]
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == ["function_call"]
+
+
+def test_logprobs(client):
+    """include message.output_text.logprobs: one entry per output token with
+    top_logprobs alternatives; streamed on the text deltas."""
+    kwargs: dict[str, Any] = dict(
+        input="Hi", max_output_tokens=4, include=["message.output_text.logprobs"], top_logprobs=2
+    )
+    response = _create(client, **kwargs)
+    logprobs = response.output[0].content[0].logprobs
+    assert len(logprobs) == response.usage.output_tokens
+    assert all(len(lp.top_logprobs) == 2 for lp in logprobs)
+    assert "".join(lp.token for lp in logprobs) == response.output_text
+    events = list(_create(client, stream=True, **kwargs))
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [(lp.token, lp.logprob) for lp in streamed] == [
+        (lp.token, lp.logprob) for lp in logprobs
+    ]
 
 
 def test_text_format_json_schema(client):

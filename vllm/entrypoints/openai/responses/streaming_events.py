@@ -16,6 +16,11 @@ announce them, each with the next `sequence_number`:
 
 A non-streamed response feeds the whole chat message as one delta and keeps
 only the items, so both paths build the same output (ids aside).
+
+Whitespace-only text that no message has started yet is held: it joins the
+text that follows, is dropped when a function call comes next (the "\n"
+before hermes' `<tool_call>` is no message), and is the message when the
+output has nothing else.
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ class OutputBuilder:
         self.items: list[dict[str, Any]] = []
         self.sequence_number = 0
         self._open: _OpenItem | None = None
+        # Whitespace-only text not yet part of a message (see on_delta).
+        self._pending_text = ""
+        self._pending_logprobs: list[dict[str, Any]] = []
 
     def event(self, kind: str, **fields: Any) -> Event:
         event = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -69,13 +77,25 @@ class OutputBuilder:
         content = delta.get("content")
         if content:
             entries = ((logprobs or {}).get("content") or []) if self.include_logprobs else []
-            events += self._text_delta("message", content, entries)
+            if content.isspace() and (self._open is None or self._open.kind != "message"):
+                # Held: whitespace before a call (hermes' "\n<tool_call>") is no message.
+                self._pending_text += content
+                self._pending_logprobs += entries
+            else:
+                content, self._pending_text = self._pending_text + content, ""
+                entries, self._pending_logprobs = self._pending_logprobs + entries, []
+                events += self._text_delta("message", content, entries)
         for call in delta.get("tool_calls") or []:
+            self._pending_text, self._pending_logprobs = "", []
             events += self._tool_delta(call)
         return events
 
     def finish(self) -> list[Event]:
-        """Close the open item: its done events."""
+        """Close the open item: its done events. Held whitespace is the
+        message only when the output has nothing else."""
+        if self._pending_text and self._open is None and not self.items:
+            events = self._text_delta("message", self._pending_text, self._pending_logprobs)
+            return events + self._close()
         return self._close()
 
     # ------------------------------------------------------------------

@@ -47,6 +47,18 @@ TOOL_INPUTS = {
     "get_weather": {"city": {"Paris", "Rome", "Oslo"}},
     "get_time": {"zone": {"UTC", "CET"}},
 }
+# WEATHER and TIME as OpenAI function tools, written out by hand.
+OPENAI_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The forecast of a city.",
+            "parameters": WEATHER["input_schema"],
+        },
+    },
+    {"type": "function", "function": {"name": "get_time", "parameters": TIME["input_schema"]}},
+]
 TIMEOUT_S = 120
 # This client version has no `temperature` argument; the API field is sent as is.
 GREEDY = {"temperature": 0.0}
@@ -269,24 +281,13 @@ def test_tool_history_renders_as_openai_messages(server, client):
     """tool_use / tool_result blocks become assistant tool_calls and a tool
     message: count_tokens and the Message's input tokens equal /tokenize of
     the hand-written OpenAI conversation (tools rendered too)."""
-    openai_tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": t["name"],
-                "description": t.get("description"),
-                "parameters": t["input_schema"],
-            },
-        }
-        for t in (WEATHER, TIME)
-    ]
     tokenized = _post(
         server,
         "tokenize",
         {
             "model": MODEL,
             "messages": OPENAI_HISTORY,
-            "tools": openai_tools,
+            "tools": OPENAI_TOOLS,
             "chat_template_kwargs": {"enable_thinking": False},
         },
     )
@@ -416,25 +417,16 @@ def test_unknown_model_and_client_errors(server, client):
         client.messages.create(model=MODEL, max_tokens=0, messages=QUESTION)
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_auto_tool_choice_plain_answer(server, client, stream):
+def test_auto_tool_choice_plain_answer(server, client):
     """tools with tool_choice auto (the default): the hermes parser finds no
-    call in SmolLM2's answer, which comes back as text, as on the chat route."""
-    kwargs: dict[str, Any] = {**GREEDY_KWARGS, "tools": [WEATHER, TIME]}
-    if stream:
-        with client.messages.stream(**kwargs) as events:
-            message = events.get_final_message()
-    else:
-        message = client.messages.create(**kwargs)
-    openai_tools = [
-        {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
-        for t in (WEATHER, TIME)
-    ]
+    call in SmolLM2's answer, which comes back as text, as on the chat route
+    (the streamed events of the same conversion: test_conversion.py)."""
+    message = client.messages.create(**GREEDY_KWARGS, tools=[WEATHER, TIME])
     reference = _chat_reference(
         server,
         [{"role": "system", "content": SYSTEM}, *QUESTION],
         max_completion_tokens=10,
-        tools=openai_tools,
+        tools=OPENAI_TOOLS,
         tool_choice="auto",
     ).choices[0]
     assert not reference.message.tool_calls
@@ -527,3 +519,24 @@ def test_stream_error_event(server):
         name, data = frame.split("\n", 1)
         assert json.loads(data.removeprefix("data: "))["type"] == name.removeprefix("event: ")
     assert "[DONE]" not in r.text
+
+
+def test_type_confusion_is_never_a_server_error(server):
+    """A value of the wrong type (or out of range) in any documented field of
+    either request: a 4xx in Anthropic's envelope, never a 5xx."""
+    spec = httpx.get(server.url_for("openapi.json"), timeout=TIMEOUT_S).json()
+    schemas = spec["components"]["schemas"]
+    bases = {
+        "/v1/messages": GOOD,
+        "/v1/messages/count_tokens": {"model": MODEL, "messages": QUESTION},
+    }
+    for path, base in bases.items():
+        body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        fields = schemas[body["schema"]["$ref"].rsplit("/", 1)[-1]]["properties"]
+        assert {"model", "messages", "system", "tools", "tool_choice"} <= set(fields)
+        for field in fields:
+            for value in ("x", 2**70, [{}]):
+                r = _post(server, path.lstrip("/"), {**base, field: value})
+                assert r.status_code < 500, (path, field, value, r.text)
+                if r.status_code != 200:
+                    assert r.json()["type"] == "error", (path, field, value, r.text)

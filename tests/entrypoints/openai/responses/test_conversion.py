@@ -5,6 +5,7 @@ from OpenAI's Responses API reference."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -291,3 +292,25 @@ def test_store_evicts_the_oldest_finished():
     assert len(store) == 3
     with pytest.raises(ValueError, match="at least 1"):
         ResponseStore(max_entries=0)
+
+
+def test_replay_follows_a_live_stream_and_ends_with_its_task():
+    async def run() -> tuple[list[str], list[str]]:
+        entry = _entry(0, "in_progress")
+        entry.events, entry.new_event = [], asyncio.Event()
+
+        async def produce() -> None:
+            for i in range(5):
+                await asyncio.sleep(0)
+                entry.events.append(f"e{i}")
+                entry.new_event.set()
+            entry.task = None
+            entry.new_event.set()
+
+        entry.task = asyncio.create_task(produce())
+        live = [frame async for frame in entry.replay()]
+        later = [frame async for frame in entry.replay(starting_after=2)]
+        return live, later
+
+    live, later = asyncio.run(run())
+    assert live == ["e0", "e1", "e2", "e3", "e4"] and later == ["e3", "e4"]

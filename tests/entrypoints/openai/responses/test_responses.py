@@ -413,6 +413,27 @@ def test_background_poll_and_cancel(client):
     assert client.responses.retrieve(long.id).status == "cancelled"
 
 
+def test_background_stream_and_replay(client, server):
+    """background + stream: the events as they come, kept; GET with
+    stream=true&starting_after=N sends the same events after N again."""
+    events = list(_create(client, input="Hi", background=True, stream=True, max_output_tokens=4))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    assert final.background and final.status in ("completed", "incomplete")
+    stored = client.responses.retrieve(final.id)
+    assert stored.status == final.status and stored.output_text == final.output_text
+    replay = list(client.responses.retrieve(final.id, stream=True, starting_after=2))
+    assert [e.model_dump() for e in replay] == [e.model_dump() for e in events[3:]]
+    not_streamed = _create(client, input="Hi", max_output_tokens=1)
+    r = httpx.get(
+        server.url_for(f"v1/responses/{not_streamed.id}"),
+        params={"stream": "true"},
+        headers=server.headers(),
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [
@@ -428,7 +449,6 @@ def test_background_poll_and_cancel(client):
         ({"input": QUESTION, "truncation": "auto"}, 400, "truncation"),
         ({"input": QUESTION, "max_tool_calls": 2}, 400, "max_tool_calls"),
         ({"input": QUESTION, "background": True, "store": False}, 400, None),
-        ({"input": QUESTION, "background": True, "stream": True}, 400, "stream"),
         ({"input": QUESTION, "text": {"format": {"type": "json_schema", "name": "x"}}}, 400, None),
         ({"input": QUESTION, "tool_choice": "required"}, 400, "tool_choice"),
         ({"input": QUESTION, "max_output_tokens": 10**6}, 400, "max_output_tokens"),

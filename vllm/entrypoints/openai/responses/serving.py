@@ -13,12 +13,13 @@ chat result comes back as output items (streaming_events.py): `reasoning`,
 - `finish_reason: "length"` -> status "incomplete" (max_output_tokens).
 - Store (store.py): with VLLM_ENABLE_RESPONSES_API_STORE=1, `store: true`
   keeps the response for GET /v1/responses/{id} and `previous_response_id`;
-  `background: true` answers "queued" at once and runs in a task that
-  POST /v1/responses/{id}/cancel cancels. Without it `store` is ignored
-  (upstream) and `background` is a 400.
+  `background: true` answers "queued" at once (with `stream`, the events as
+  they come; GET with `stream=true&starting_after=N` replays them) and runs in
+  a task that POST /v1/responses/{id}/cancel cancels. Without it `store` is
+  ignored (upstream) and `background` is a 400.
 - Refused (400, naming the field): `prompt`, `max_tool_calls`,
   `truncation: "auto"`, `previous_input_messages`, `enable_response_messages`,
-  `mm_processor_kwargs`, `conversation`, background streaming. Logged as
+  `mm_processor_kwargs`, `conversation`. Logged as
   ignored (upstream ignores them too): `reasoning` settings, `include` values
   other than message.output_text.logprobs.
 """
@@ -26,9 +27,8 @@ chat result comes back as output items (streaming_events.py): `reasoning`,
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +44,6 @@ from vllm.entrypoints.openai.protocol import (
 )
 from vllm.entrypoints.openai.responses.protocol import (
     LOGPROBS_INCLUDE,
-    InputTokensDetails,
     ResponseError,
     ResponsesRequest,
     ResponsesResponse,
@@ -55,7 +54,12 @@ from vllm.entrypoints.openai.responses.store import (
     ResponseStore,
     StoredResponse,
 )
-from vllm.entrypoints.openai.responses.streaming_events import OutputBuilder, sse
+from vllm.entrypoints.openai.responses.streaming_events import (
+    OutputBuilder,
+    chat_chunks,
+    sse,
+    usage_from_chat,
+)
 from vllm.entrypoints.openai.responses.utils import (
     construct_input_messages,
     output_to_messages,
@@ -127,9 +131,7 @@ class OpenAIServingResponses(OpenAIServing):
             history = previous.conversation
         try:
             messages, conversation = construct_input_messages(request, history)
-            chat_request = to_chat_request(
-                request, messages, stream=bool(request.stream) and not request.background
-            )
+            chat_request = to_chat_request(request, messages, stream=bool(request.stream))
         except (VLLMValidationError, pydantic.ValidationError) as e:
             return self._error(e)
         created_at = int(time.time())
@@ -141,7 +143,7 @@ class OpenAIServingResponses(OpenAIServing):
         if isinstance(result, ChatCompletionResponse):
             response = self.response_from_chat(request, result, created_at)
             if request.store:
-                self._store(response, conversation)
+                self._finish(None, response, conversation)
             return response
         return self._stream(request, result, conversation, created_at)
 
@@ -170,10 +172,6 @@ class OpenAIServingResponses(OpenAIServing):
                 "environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when "
                 "launching the vLLM server.",
                 param="background",
-            )
-        if request.background and request.stream:
-            return self.create_error_response(
-                "Streaming a background response is not supported.", param="stream"
             )
         if request.reasoning is not None:
             ignored = request.reasoning.model_dump(exclude_none=True)
@@ -258,12 +256,25 @@ class OpenAIServingResponses(OpenAIServing):
         builder.on_delta(message, logprobs)
         builder.finish()
         status = "incomplete" if choice.finish_reason == "length" else "completed"
-        usage = _usage(chat.usage.model_dump())
+        usage = usage_from_chat(chat.usage.model_dump())
         return self._response(request, created_at, status, builder.items, usage, chat.model)
 
-    def _store(self, response: ResponsesResponse, conversation: list[dict[str, Any]]) -> None:
+    def _finish(
+        self,
+        entry: StoredResponse | None,
+        response: ResponsesResponse,
+        conversation: list[dict[str, Any]],
+    ) -> None:
+        """Store a finished response (in its background entry, unless that
+        was cancelled meanwhile)."""
         history = [*conversation, *output_to_messages(response.output)]
-        self.store.put(StoredResponse(response=response, conversation=history))
+        if entry is None:
+            self.store.put(StoredResponse(response=response, conversation=history))
+            return
+        if entry.response.status == "cancelled":
+            return
+        entry.response, entry.conversation = response, history
+        self.store.put(entry)
 
     async def _stream(
         self,
@@ -271,6 +282,7 @@ class OpenAIServingResponses(OpenAIServing):
         chat_stream: AsyncGenerator[str, None],
         conversation: list[dict[str, Any]],
         created_at: int,
+        entry: StoredResponse | None = None,
     ) -> AsyncGenerator[str, None]:
         """The SSE events of a streamed response (see the module docstring)."""
         builder = OutputBuilder(request.is_include_output_logprobs())
@@ -280,7 +292,7 @@ class OpenAIServingResponses(OpenAIServing):
         usage: dict[str, Any] | None = None
         finish_reason = None
         try:
-            async for chunk in _chunks(chat_stream):
+            async for chunk in chat_chunks(chat_stream):
                 if "error" in chunk:
                     error = chunk["error"] or {}
                     yield sse(
@@ -305,10 +317,10 @@ class OpenAIServingResponses(OpenAIServing):
             yield sse(event)
         status = "incomplete" if finish_reason == "length" else "completed"
         response = self._response(
-            request, created_at, status, builder.items, _usage(usage) if usage else None
+            request, created_at, status, builder.items, usage_from_chat(usage) if usage else None
         )
         if request.store:
-            self._store(response, conversation)
+            self._finish(entry, response, conversation)
         yield sse(builder.event("response.completed", response=response.model_dump()))
 
     # ------------------------------------------------------------------
@@ -321,55 +333,85 @@ class OpenAIServingResponses(OpenAIServing):
         chat_request: Any,
         conversation: list[dict[str, Any]],
         created_at: int,
-    ) -> ResponsesResponse:
+    ) -> ResponsesResponse | AsyncGenerator[str, None]:
+        """Store the queued response and run it in a task: answer it at once,
+        or (with `stream`) the task's events as they come."""
         response = self._response(request, created_at, "queued")
         entry = StoredResponse(response=response.model_copy(), conversation=conversation)
+        if request.stream:
+            entry.events, entry.new_event = [], asyncio.Event()
         self.store.put(entry)
         entry.task = asyncio.create_task(
             self._run_background(request, chat_request, entry, created_at),
             name=f"responses-background-{response.id}",
         )
-        return response
+        return entry.replay() if request.stream else response
 
     async def _run_background(
         self, request: ResponsesRequest, chat_request: Any, entry: StoredResponse, created_at: int
     ) -> None:
         entry.response.status = "in_progress"
+        conversation = entry.conversation
         try:
             result = await self.serving_chat.create_chat_completion(chat_request, None)
             if isinstance(result, ChatCompletionResponse):
-                response = self.response_from_chat(request, result, created_at)
+                self._finish(
+                    entry, self.response_from_chat(request, result, created_at), conversation
+                )
+            elif isinstance(result, ErrorResponse):
+                self._fail(request, entry, created_at, result.error)
             else:
-                error = result.error if isinstance(result, ErrorResponse) else _internal()
-                response = self._failed(request, created_at, error)
+                stream = self._stream(request, result, conversation, created_at, entry)
+                async for frame in stream:
+                    assert entry.events is not None and entry.new_event is not None
+                    entry.events.append(frame)
+                    entry.new_event.set()
+                if entry.response.status in ACTIVE_STATUSES:  # it ended on an error event
+                    failed = self._response(request, created_at, "failed")
+                    self._finish(entry, failed, conversation)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             logger.exception("Background response %s failed", request.request_id)
-            response = self._failed(request, created_at, self.error_from_exception(e).error)
-        if entry.response.status == "cancelled":
-            return
-        entry.response = response
-        entry.conversation = [*entry.conversation, *output_to_messages(response.output)]
-        entry.task = None
-        self.store.put(entry)
+            self._fail(request, entry, created_at, self.error_from_exception(e).error)
+        finally:
+            entry.task = None
+            if entry.new_event is not None:
+                entry.new_event.set()
 
-    def _failed(self, request: ResponsesRequest, created_at: int, error: ErrorInfo) -> Any:
+    def _fail(
+        self, request: ResponsesRequest, entry: StoredResponse, created_at: int, error: ErrorInfo
+    ) -> None:
+        """A background response failed: its status, and an `error` event
+        for whoever streams it."""
         response = self._response(request, created_at, "failed")
         response.error = ResponseError(code=error.type, message=error.message)
-        return response
+        self._finish(entry, response, entry.conversation)
+        if entry.events is not None:
+            builder = OutputBuilder()
+            builder.sequence_number = len(entry.events)
+            event = builder.event(
+                "error", code=error.type, message=error.message, param=error.param
+            )
+            entry.events.append(sse(event))
 
     async def retrieve_responses(
         self, response_id: str, starting_after: int | None = None, stream: bool | None = False
-    ) -> ResponsesResponse | ErrorResponse:
-        if stream or starting_after is not None:
-            return self.create_error_response(
-                "Streaming a stored response is not supported.", param="stream"
-            )
+    ) -> ResponsesResponse | ErrorResponse | AsyncGenerator[str, None]:
+        """A stored response; with `stream`, the events of a streamed
+        background response after `starting_after` (then live ones)."""
         entry = self.store.get(response_id) if self.enable_store else None
         if entry is None:
             return self._not_found(response_id)
-        return entry.response
+        if not stream:
+            return entry.response
+        if entry.events is None:
+            return self.create_error_response(
+                f"Response with id '{response_id}' was not streamed in the background: "
+                "only those can be streamed again.",
+                param="stream",
+            )
+        return entry.replay(starting_after)
 
     async def cancel_responses(self, response_id: str) -> ResponsesResponse | ErrorResponse:
         entry = self.store.get(response_id) if self.enable_store else None
@@ -381,36 +423,8 @@ class OpenAIServingResponses(OpenAIServing):
                 "Cannot cancel a synchronous response.", param="response_id"
             )
         entry.response.status = "cancelled"
-        task, entry.task = entry.task, None
+        task = entry.task
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         return entry.response
-
-
-async def _chunks(stream: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of chat's SSE frames ("data: {...}\\n\\n"), to [DONE]."""
-    async for frame in stream:
-        for line in frame.splitlines():
-            if not line.startswith("data: "):
-                continue
-            data = line[len("data: ") :]
-            if data.strip() == "[DONE]":
-                return
-            yield json.loads(data)
-
-
-def _usage(chat_usage: dict[str, Any]) -> ResponseUsage:
-    prompt = chat_usage.get("prompt_tokens") or 0
-    completion = chat_usage.get("completion_tokens") or 0
-    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return ResponseUsage(
-        input_tokens=prompt,
-        input_tokens_details=InputTokensDetails(cached_tokens=cached),
-        output_tokens=completion,
-        total_tokens=prompt + completion,
-    )
-
-
-def _internal() -> ErrorInfo:
-    return ErrorInfo(message="Internal server error", type="InternalServerError", code=500)

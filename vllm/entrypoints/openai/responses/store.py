@@ -6,13 +6,16 @@ request's `store` is ignored and nothing is kept). Bounded, unlike upstream's:
 at most VLLM_RESPONSES_API_STORE_MAX_ENTRIES responses (default 1024); adding
 one more evicts the oldest finished one. A queued or running background
 response is never evicted (its task would write it back): the store may hold
-more than the limit only while that many are still running.
+more than the limit only while that many are still running. A streamed
+background response keeps its events (GET with `stream=true` replays them
+after `starting_after`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +34,24 @@ class StoredResponse:
     # the instructions): the history of a request that continues it.
     conversation: list[dict[str, Any]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
+    # A streamed background response: its SSE frames so far (frame i has
+    # sequence_number i) and a signal for each new one.
+    events: list[str] | None = None
+    new_event: asyncio.Event | None = None
+
+    async def replay(self, starting_after: int | None = None) -> AsyncGenerator[str, None]:
+        """The stream's frames after `starting_after`, then live ones until
+        its task ends (finished or cancelled)."""
+        assert self.events is not None and self.new_event is not None
+        index = 0 if starting_after is None else max(starting_after + 1, 0)
+        while True:
+            while index < len(self.events):
+                yield self.events[index]
+                index += 1
+            if self.task is None:
+                return
+            self.new_event.clear()
+            await self.new_event.wait()
 
 
 class ResponseStore:

@@ -26,9 +26,11 @@ output has nothing else.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm.entrypoints.openai.responses.protocol import InputTokensDetails, ResponseUsage
 from vllm.utils import random_uuid
 
 Event = dict[str, Any]
@@ -235,3 +237,28 @@ class OutputBuilder:
         self.items.append(item)
         events.append(self.event("response.output_item.done", **where, item=item))
         return events
+
+
+async def chat_chunks(stream: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of chat's SSE frames ("data: {...}\\n\\n"), to [DONE]."""
+    async for frame in stream:
+        for line in frame.splitlines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: ") :]
+            if data.strip() == "[DONE]":
+                return
+            yield json.loads(data)
+
+
+def usage_from_chat(chat_usage: dict[str, Any]) -> ResponseUsage:
+    """A chat `usage` as the response's."""
+    prompt = chat_usage.get("prompt_tokens") or 0
+    completion = chat_usage.get("completion_tokens") or 0
+    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return ResponseUsage(
+        input_tokens=prompt,
+        input_tokens_details=InputTokensDetails(cached_tokens=cached),
+        output_tokens=completion,
+        total_tokens=prompt + completion,
+    )

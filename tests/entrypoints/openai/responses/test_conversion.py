@@ -314,3 +314,69 @@ def test_replay_follows_a_live_stream_and_ends_with_its_task():
 
     live, later = asyncio.run(run())
     assert live == ["e0", "e1", "e2", "e3", "e4"] and later == ["e3", "e4"]
+
+
+# What becomes of each request field: "chat" (reaches the chat request),
+# "store" / "echo" (the response and the store), "refused" (a 400 naming it
+# when set), "logged" (upstream's ignored-fields warning). A new field must
+# be placed here, so that none is accepted and silently dropped.
+REQUEST_FIELDS = {
+    "background": "store",
+    "include": "chat",  # message.output_text.logprobs; the other values: logged
+    "input": "chat",
+    "instructions": "chat",
+    "max_output_tokens": "chat",
+    "max_tool_calls": "refused",
+    "metadata": "echo",
+    "model": "chat",
+    "logit_bias": "chat",
+    "parallel_tool_calls": "chat",
+    "previous_response_id": "store",
+    "prompt": "refused",
+    "reasoning": "logged",
+    "service_tier": "echo",  # other than auto / default: logged
+    "store": "store",
+    "stream": "chat",
+    "temperature": "chat",
+    "text": "chat",  # format; verbosity: logged
+    "tool_choice": "chat",
+    "tools": "chat",
+    "top_logprobs": "chat",
+    "top_p": "chat",
+    "top_k": "chat",
+    "truncation": "refused",  # "auto"
+    "user": "chat",
+    "skip_special_tokens": "chat",
+    "request_id": "chat",
+    "mm_processor_kwargs": "refused",
+    "priority": "chat",
+    "cache_salt": "chat",
+    "enable_response_messages": "refused",
+    "previous_input_messages": "refused",
+}
+
+
+def test_every_request_field_has_a_fate():
+    assert set(REQUEST_FIELDS) == set(ResponsesRequest.model_fields)
+    request = ResponsesRequest(
+        input="Hi",
+        model="m",
+        max_output_tokens=5,
+        logit_bias={"1": 1.0},
+        parallel_tool_calls=False,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=3,
+        user="u",
+        skip_special_tokens=False,
+        priority=2,
+        cache_salt="salt",
+        tools=[{"type": "function", "name": "f"}],
+        tool_choice="required",
+    )
+    chat = to_chat_request(request, [{"role": "user", "content": "Hi"}], stream=False)
+    assert (chat.model, chat.max_completion_tokens, chat.logit_bias) == ("m", 5, {"1": 1.0})
+    assert (chat.temperature, chat.top_p, chat.top_k, chat.user) == (0.5, 0.9, 3, "u")
+    assert (chat.skip_special_tokens, chat.priority, chat.cache_salt) == (False, 2, "salt")
+    assert chat.parallel_tool_calls is False and chat.tool_choice == "required"
+    assert chat.request_id == request.request_id and not chat.stream

@@ -21,7 +21,8 @@ chat result comes back as output items (streaming_events.py): `reasoning`,
   `truncation: "auto"`, `previous_input_messages`, `enable_response_messages`,
   `mm_processor_kwargs`, `conversation`. Logged as
   ignored (upstream ignores them too): `reasoning` settings, `include` values
-  other than message.output_text.logprobs.
+  other than message.output_text.logprobs, `text.verbosity`, a `service_tier`
+  other than auto / default, `top_logprobs` without that include.
 """
 
 from __future__ import annotations
@@ -173,11 +174,22 @@ class OpenAIServingResponses(OpenAIServing):
                 "launching the vLLM server.",
                 param="background",
             )
-        if request.reasoning is not None:
-            ignored = request.reasoning.model_dump(exclude_none=True)
-            log_ignored_fields([f"reasoning.{k}" for k in ignored])
-        log_ignored_fields([f"include.{v}" for v in request.include or [] if v != LOGPROBS_INCLUDE])
+        self._log_ignored(request)
         return None
+
+    @staticmethod
+    def _log_ignored(request: ResponsesRequest) -> None:
+        """Upstream's warning for settings that change nothing here."""
+        ignored = [f"include.{v}" for v in request.include or [] if v != LOGPROBS_INCLUDE]
+        if request.reasoning is not None:
+            ignored += [f"reasoning.{k}" for k in request.reasoning.model_dump(exclude_none=True)]
+        if request.text is not None and request.text.verbosity is not None:
+            ignored.append("text.verbosity")
+        if request.service_tier not in ("auto", "default"):
+            ignored.append("service_tier")
+        if request.top_logprobs and not request.is_include_output_logprobs():
+            ignored.append("top_logprobs")
+        log_ignored_fields(ignored)
 
     def _previous(self, response_id: str) -> StoredResponse | ErrorResponse:
         entry = self.store.get(response_id) if self.enable_store else None

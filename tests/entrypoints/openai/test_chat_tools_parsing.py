@@ -317,3 +317,22 @@ def test_hermes_after_qwen3_splits_as_expected(tokenizer):
     assert whole["content"].strip() == "Two:" and whole["finish_reason"] == "tool_calls"
     broken = _whole(parsers.for_choice(_request(), tokenizer), BUILTIN_TEXTS[2])
     assert broken["calls"] == {} and "<tool_call>" in broken["content"]
+
+
+def test_prompt_that_ended_the_reasoning_makes_the_output_content(tokenizer):
+    """As upstream and the engine's grammar gate: when the prompt already
+    closed the reasoning, the output is all content (a grammar applied from
+    the first token, so JSON never lands in `reasoning`)."""
+    parsers = ChatParsers(None, "deepseek_r1")
+    request = _request(tools=None)
+    output = '{"answer": 6}'
+    closed = tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
+    message, _ = parsers.for_choice(request, tokenizer, closed).message(
+        "assistant", output, "", "stop"
+    )
+    assert (message.reasoning, message.content) == (None, output)
+    open_ = tokenizer.encode("Answer.<think>", add_special_tokens=False)
+    message, _ = parsers.for_choice(request, tokenizer, open_).message(
+        "assistant", output, "", "stop"
+    )
+    assert (message.reasoning, message.content) == (output, None)  # cut off while thinking

@@ -81,12 +81,23 @@ class ChatParsers:
         assert self.tool_parser_cls is not None
         return self.tool_parser_cls(tokenizer).adjust_request(request)
 
-    def for_choice(self, request: ChatCompletionRequest, tokenizer: TokenizerLike) -> ChoiceParser:
+    def for_choice(
+        self,
+        request: ChatCompletionRequest,
+        tokenizer: TokenizerLike,
+        prompt_token_ids: Sequence[int] | None = None,
+    ) -> ChoiceParser:
+        """A fresh parser for one choice. As upstream (and as the engine, which
+        then applies a grammar from the first token): when the prompt has
+        already ended the reasoning (e.g. a template that closes an empty
+        think block), the whole output is content."""
         reasoning = None
         if self.reasoning_parser_cls is not None:
             reasoning = self.reasoning_parser_cls(
                 tokenizer, chat_template_kwargs=request.chat_template_kwargs or {}
             )
+            if prompt_token_ids and _prompt_ends_reasoning(reasoning, prompt_token_ids):
+                reasoning = None
         tools: ToolParser | None = None
         if request.tool_choice == "required" and request.tools:
             tools = tool_choice.RequiredToolParser(tokenizer)
@@ -94,6 +105,14 @@ class ChatParsers:
             assert self.tool_parser_cls is not None
             tools = self.tool_parser_cls(tokenizer)
         return ChoiceParser(request, reasoning, tools)
+
+
+def _prompt_ends_reasoning(parser: ReasoningParser, prompt_token_ids: Sequence[int]) -> bool:
+    try:
+        return parser.is_reasoning_end(prompt_token_ids)
+    except Exception:
+        logger.exception("Reasoning parser failed on the prompt")
+        return False
 
 
 @dataclass

@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from vllm.entrypoints.chat_utils import apply_hf_chat_template
 from vllm.entrypoints.openai import tool_choice
-from vllm.entrypoints.openai.chat_parsing import ChatParsers, merge_deltas
+from vllm.entrypoints.openai.chat_parsing import ChatParsers, ChoiceParser, merge_deltas
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
@@ -264,7 +264,7 @@ class OpenAIServingChat(OpenAIServing):
         num_choices = request.n
         role = self.get_chat_request_role(request)
         sent_role = [False] * num_choices
-        parsers = [self.parsers.for_choice(request, tokenizer) for _ in range(num_choices)]
+        parsers: list[ChoiceParser | None] = [None] * num_choices
         num_tokens = [0] * num_choices
         num_prompt_tokens = 0
         num_cached_tokens: int | None = None
@@ -317,9 +317,14 @@ class OpenAIServingChat(OpenAIServing):
                             bool(request.return_tokens_as_token_ids),
                         )
                     finish_reason = output.finish_reason
-                    delta = parsers[i].stream_delta(output.text, output.token_ids)
+                    parser = parsers[i]
+                    if parser is None:
+                        parser = parsers[i] = self.parsers.for_choice(
+                            request, tokenizer, res.prompt_token_ids
+                        )
+                    delta = parser.stream_delta(output.text, output.token_ids)
                     if finish_reason is not None:
-                        last, finish_reason = parsers[i].finish(role, finish_reason)
+                        last, finish_reason = parser.finish(role, finish_reason)
                         delta = merge_deltas(delta or DeltaMessage(), last)
                     elif delta is None and not (logprobs or request.return_token_ids):
                         continue  # text a parser holds back (a marker may be forming)
@@ -391,9 +396,8 @@ class OpenAIServingChat(OpenAIServing):
                     tokenizer,
                     bool(request.return_tokens_as_token_ids),
                 )
-            message, finish_reason = self.parsers.for_choice(request, tokenizer).message(
-                role, output.text, echo, output.finish_reason
-            )
+            parser = self.parsers.for_choice(request, tokenizer, final_res.prompt_token_ids)
+            message, finish_reason = parser.message(role, output.text, echo, output.finish_reason)
             choices.append(
                 ChatCompletionResponseChoice(
                     index=output.index,

@@ -401,6 +401,15 @@ def test_bad_bodies(server):
         _error(r, 400, "invalid_request_error")
     r = httpx.post(url, data={"model": MODEL}, headers=headers)  # form-encoded
     _error(r, 400, "invalid_request_error", "application/json")
+    count = {"model": MODEL, "messages": QUESTION}
+    _error(
+        _post(server, "v1/messages/count_tokens", {**count, "tool_choice": {"type": "any"}}),
+        400,
+        "invalid_request_error",
+        "tools",
+    )
+    body = {**count, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}
+    _error(_post(server, "v1/messages/count_tokens", body), 400, "invalid_request_error", "nope")
     _error(
         _post(server, "v1/messages/count_tokens", {"model": MODEL}),
         400,

@@ -106,8 +106,10 @@ class AnthropicServingMessages:
     async def count_tokens(
         self, request: AnthropicCountTokensRequest, raw_request: Request | None = None
     ) -> AnthropicCountTokensResponse | ErrorResponse:
-        """The number of input tokens a Messages request with this prompt has."""
+        """The number of input tokens a Messages request with this prompt has
+        (its tool_choice checked as the Messages route checks it)."""
         try:
+            check_tool_choice(request)
             conversation, continue_final = convert_conversation(request)
             tokenize_request = TokenizeChatRequest.model_validate(
                 {
@@ -245,6 +247,23 @@ def convert_tools(request: AnthropicPromptRequest) -> list[dict[str, Any]] | Non
         }
         for tool in request.tools
     ]
+
+
+def check_tool_choice(request: AnthropicPromptRequest) -> None:
+    """What the chat path refuses for a Messages request: a tool_choice
+    without tools, a named tool that is not among them."""
+    choice = request.tool_choice
+    if choice is None or choice.type == "none":
+        return
+    names = [tool.name for tool in request.tools or []]
+    if not names:
+        raise VLLMValidationError(
+            "When using `tool_choice`, `tools` must be set.", parameter="tool_choice"
+        )
+    if choice.type == "tool" and choice.name not in names:
+        raise VLLMValidationError(
+            f"tool_choice.name '{choice.name}' is not one of the tools", parameter="tool_choice"
+        )
 
 
 def convert_tool_choice(choice: AnthropicToolChoice) -> str | dict[str, Any]:

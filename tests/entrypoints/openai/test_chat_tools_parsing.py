@@ -336,3 +336,16 @@ def test_prompt_that_ended_the_reasoning_makes_the_output_content(tokenizer):
         "assistant", output, "", "stop"
     )
     assert (message.reasoning, message.content) == (output, None)  # cut off while thinking
+
+
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_parallel_tool_calls_false_keeps_the_first_call(tokenizer, chunk):
+    """As upstream (vllm#26233): the calls after the first are dropped,
+    streamed and not."""
+    parsers = ChatParsers("hermes", None, enable_auto_tools=True)
+    request = _request(parallel_tool_calls=False)
+    text = BUILTIN_TEXTS[1].split("</think>", 1)[1]  # two calls after "Two: "
+    whole = _whole(parsers.for_choice(request, tokenizer), text)
+    assert [json.loads(a)["city"] for _, a in whole["calls"].values()] == ["Zürich"]
+    assert whole["finish_reason"] == "tool_calls"
+    assert _streamed(parsers.for_choice(request, tokenizer), tokenizer, text, chunk) == whole

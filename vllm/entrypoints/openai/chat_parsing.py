@@ -196,6 +196,8 @@ class ChoiceParser:
         calls: list[ToolCall] = []
         if self.tool_parser is not None:
             calls, content = self._extract_calls(content or "")
+        if self.request.parallel_tool_calls is False:
+            calls = calls[:1]  # as upstream: the calls after the first are dropped
         if echo or self.required:  # "required" calls come with content "" (upstream)
             content = echo + (content or "")
         message = ChatMessage(role=role, content=content, tool_calls=calls, reasoning=reasoning)
@@ -222,8 +224,14 @@ class ChoiceParser:
         out = DeltaMessage(reasoning=reasoning or None)
         if content:
             out = merge_deltas(out, self._stream_content(content, content_ids))
+        self._first_call_only(out)
         self._sent.record(out)
         return out if _carries(out) else None
+
+    def _first_call_only(self, delta: DeltaMessage) -> None:
+        """`parallel_tool_calls: false`: pieces of later calls are not sent."""
+        if self.request.parallel_tool_calls is False:
+            delta.tool_calls = [call for call in delta.tool_calls if call.index == 0]
 
     def _stream_reasoning(
         self, prev_text: str, prev_ids: list[int], delta_text: str, delta_ids: Sequence[int]
@@ -303,6 +311,7 @@ class ChoiceParser:
             logger.exception("A parser failed at the end of the stream")
         if self.request.include_reasoning is False:
             out.reasoning = None
+        self._first_call_only(out)
         self._sent.record(out)
         return out
 

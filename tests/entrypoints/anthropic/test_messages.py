@@ -96,9 +96,9 @@ def server(embedded_model_path):
 
 @pytest.fixture(scope="module")
 def client(server) -> anthropic.Anthropic:
-    # auth_token: `Authorization: Bearer`, the server's API-key check.
+    # api_key: the client sends it as `x-api-key`, which the server accepts.
     return anthropic.Anthropic(
-        base_url=server.url_root, auth_token=API_KEY, max_retries=0, timeout=TIMEOUT_S
+        base_url=server.url_root, api_key=API_KEY, max_retries=0, timeout=TIMEOUT_S
     )
 
 
@@ -498,6 +498,11 @@ def test_api_key_guards_the_routes(server):
         assert r.status_code == 401, r.text
         r = httpx.post(server.url_for(path), json=GOOD, headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401, r.text
+        r = httpx.post(server.url_for(path), json=GOOD, headers={"x-api-key": "wrong"})
+        assert r.status_code == 401, r.text
+    # The official client's api_key= (sent as x-api-key) and auth_token= (Bearer) both work.
+    bearer = anthropic.Anthropic(base_url=server.url_root, auth_token=API_KEY, max_retries=0)
+    assert bearer.messages.count_tokens(model=MODEL, messages=QUESTION).input_tokens > 0
 
 
 def test_openapi_declares_the_routes(server):

@@ -95,6 +95,12 @@ def test_keys_are_checked(server):
     )
     for bad in ("Bearer sk-firs", "Bearer sk-first2", "Basic sk-first", "sk-first", ""):
         assert httpx.post(url, json=BODY, headers={"Authorization": bad}).status_code == 401
+    # x-api-key (Anthropic clients): checked the same way, only without Authorization.
+    assert httpx.post(url, json=BODY, headers={"x-api-key": KEYS[0]}).status_code == 200
+    for bad in ("sk-firs", "sk-first2", "", f"Bearer {KEYS[0]}"):
+        assert httpx.post(url, json=BODY, headers={"x-api-key": bad}).status_code == 401
+    both = {"Authorization": "Bearer wrong", "x-api-key": KEYS[0]}
+    assert httpx.post(url, json=BODY, headers=both).status_code == 401
     assert httpx.get(server.url_for("metrics"), headers=server.headers()).status_code == 200
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url_for("v1"), api_key="wrong", max_retries=0).models.list()

@@ -249,9 +249,12 @@ def _install_exception_handlers(app: FastAPI) -> None:
 
 
 class AuthenticationMiddleware:
-    """Bearer-key check on every path but UNGUARDED_PATHS (pure ASGI).
+    """API-key check on every path but UNGUARDED_PATHS (pure ASGI).
 
-    Keys are compared as SHA-256 digests with `secrets.compare_digest`, against
+    The key comes from `Authorization: Bearer <key>` (OpenAI clients) or, when
+    that header is absent, from `x-api-key: <key>` (Anthropic clients and
+    proxies such as LiteLLM send it there; upstream accepts only Bearer, its
+    issue #51572). Keys are compared as SHA-256 digests with `secrets.compare_digest`, against
     every key, so the time taken does not depend on where a guess differs.
     """
 
@@ -260,9 +263,13 @@ class AuthenticationMiddleware:
         self.api_tokens = [hashlib.sha256(t.encode("utf-8")).digest() for t in tokens]
 
     def verify_token(self, headers: Headers) -> bool:
-        scheme, _, param = headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
+        authorization = headers.get("Authorization")
+        if authorization is None and "x-api-key" in headers:
+            param = headers["x-api-key"]
+        else:
+            scheme, _, param = (authorization or "").partition(" ")
+            if scheme.lower() != "bearer":
+                return False
         param_hash = hashlib.sha256(param.encode("utf-8")).digest()
         match = False
         for token_hash in self.api_tokens:

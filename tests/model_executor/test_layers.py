@@ -158,8 +158,10 @@ def test_rope_parameters_and_unknown_scaling():
     theta, scaling = get_rope_parameters(cfg)
     assert theta == 5e5 and scaling["rope_type"] == "llama3" and "rope_theta" not in scaling
     assert get_rope_parameters(LlamaConfig()) == (10000.0, None)
-    with pytest.raises(ValueError, match="yarn"):
+    with pytest.raises(ValueError, match="yarn.*original_max_position_embeddings"):
         get_rope(16, 16, 64, 10000.0, rope_scaling={"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="'mrope'.*built: default"):
+        get_rope(16, 16, 64, 10000.0, rope_scaling={"rope_type": "mrope", "factor": 2.0})
 
 
 def test_vocab_padding_and_logits_processor(vllm_config):

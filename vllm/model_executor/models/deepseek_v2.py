@@ -16,7 +16,7 @@ On the Model Runner V2 whitelist.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -31,10 +31,27 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.layers.mla import LatentUpProjection, MLAAttention
-from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
+from vllm.model_executor.layers.rotary_embedding import (
+    get_rope,
+    get_rope_parameters,
+    rope_scaling_type,
+)
+from vllm.model_executor.layers.rotary_embedding.common import yarn_get_mscale
 from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaMLP
 from vllm.model_executor.models.moe_utils import load_moe_weights
 from vllm.model_executor.models.utils import extract_layer_index, norm_with_residual
+
+
+def deepseek_softmax_scale(qk_head_dim: int, rope_scaling: dict[str, Any] | None) -> float:
+    """qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 under YaRN scaling
+    (DeepSeek-V2's reference code; transformers' `yarn_apply_mscale` and upstream
+    compute the same): the part of YaRN's temperature the rotary cos/sin ratio
+    (DeepseekScalingRotaryEmbedding.mscale) leaves out."""
+    scale = qk_head_dim**-0.5
+    if rope_scaling and rope_scaling.get("mscale_all_dim"):
+        mscale = yarn_get_mscale(rope_scaling["factor"], float(rope_scaling["mscale_all_dim"]))
+        scale *= mscale * mscale
+    return scale
 
 
 class DeepseekV2MoE(nn.Module):
@@ -117,6 +134,9 @@ class DeepseekV2MLAAttention(nn.Module):
             heads * self.v_head_dim, hidden, bias=bias, prefix=f"{prefix}.o_proj"
         )
         base, rope_scaling = get_rope_parameters(config)
+        if rope_scaling is not None and rope_scaling_type(rope_scaling) == "yarn":
+            # As upstream: DeepSeek's yarn keeps mscale / mscale_all_dim.
+            rope_scaling = {**rope_scaling, "rope_type": "deepseek_yarn"}
         self.rotary_emb = get_rope(
             self.qk_rope_head_dim,
             rotary_dim=self.qk_rope_head_dim,
@@ -130,7 +150,7 @@ class DeepseekV2MLAAttention(nn.Module):
         )
         self.mla_attn = MLAAttention(
             self.local_num_heads,
-            self.qk_head_dim**-0.5,
+            deepseek_softmax_scale(self.qk_head_dim, rope_scaling),
             self.qk_nope_head_dim,
             self.qk_rope_head_dim,
             self.v_head_dim,

@@ -152,27 +152,65 @@ class ModelConfig:
         self._verify_quantization()
 
     def _verify_quantization(self) -> None:
-        """GGUF is the only quantized format this build loads (dequantized at
-        load time). Other methods, asked for or named by the checkpoint's
-        quantization_config, are refused before any weight is read."""
-        method = self.quantization
-        if method is not None and not (method == "gguf" and self.gguf_file is not None):
+        """Resolve `quantization` as upstream does: the checkpoint's
+        `quantization_config.quant_method` when none is given; an explicit
+        value that contradicts the checkpoint, one without a quantized
+        checkpoint, and an unbuilt method are refused before any weight is read.
+        A .gguf file resolves to "gguf"."""
+        from vllm.model_executor.layers.quantization import (
+            BUILT_QUANTIZATION_METHODS,
+            QUANTIZATION_METHODS,
+            built_methods_summary,
+            get_quantization_config,
+        )
+
+        asked = self.quantization.lower() if self.quantization is not None else None
+        if asked is not None and asked not in QUANTIZATION_METHODS:
             raise ValueError(
-                f"quantization={method!r} (-q/--quantization) is not supported yet: the "
-                "only quantized checkpoints this build loads are GGUF files (pass the "
-                ".gguf file as the model; --quantization gguf is then accepted)."
+                f"quantization={self.quantization!r} (-q/--quantization) is not a known "
+                f"method; choose one of {QUANTIZATION_METHODS}."
             )
+        if asked is not None and asked != "gguf":
+            get_quantization_config(asked)  # refuses an unbuilt method by name
+        ckpt = "gguf" if self.gguf_file is not None else self._checkpoint_quant_method()
+        if asked is not None and ckpt is not None and asked != ckpt:
+            raise ValueError(
+                f"Quantization method specified in the model config ({ckpt}) does not match "
+                f"the quantization method specified in the `quantization` argument "
+                f"(-q/--quantization {asked})."
+            )
+        if asked is not None and ckpt is None:
+            raise ValueError(
+                f"quantization={asked!r} (-q/--quantization) needs a checkpoint quantized "
+                f"with it, but {self.model!r} has no quantization_config (weights are not "
+                "quantized at load here)."
+            )
+        if ckpt is not None and ckpt != "gguf" and ckpt not in BUILT_QUANTIZATION_METHODS:
+            raise ValueError(
+                f"The checkpoint is quantized (quantization_config.quant_method={ckpt!r}) "
+                f"with a method not built here (built: {built_methods_summary()})."
+            )
+        self.quantization = ckpt
+
+    def _checkpoint_quant_method(self) -> str | None:
+        """The checkpoint's `quantization_config.quant_method`, normalised
+        (compressed_tensors -> compressed-tensors), or None."""
+        quant_cfg = self.hf_quant_config()
+        if quant_cfg is None:
+            return None
+        name = str(quant_cfg.get("quant_method", "")).lower().replace("_", "-")
+        if name == "compressed-tensors":
+            return name
+        # Other names keep upstream's spelling (gptq_marlin, experts_int8, ...).
+        return str(quant_cfg.get("quant_method", "")).lower() or "<missing quant_method>"
+
+    def hf_quant_config(self) -> dict[str, Any] | None:
+        """The checkpoint's `quantization_config` as a dict, or None."""
         quant_cfg = getattr(self.hf_config, "quantization_config", None)
-        if quant_cfg is not None and self.gguf_file is None:
-            name = (
-                quant_cfg.get("quant_method")
-                if isinstance(quant_cfg, dict)
-                else getattr(quant_cfg, "quant_method", None)
-            )
-            raise ValueError(
-                f"The checkpoint is quantized (quantization_config.quant_method={name!r}); "
-                "quantized checkpoints other than GGUF files are not supported yet."
-            )
+        if quant_cfg is None or isinstance(quant_cfg, dict):
+            return quant_cfg
+        to_dict = getattr(quant_cfg, "to_dict", None)
+        return dict(to_dict()) if callable(to_dict) else dict(vars(quant_cfg))
 
     # ---- derivation helpers -------------------------------------------------
     def _inspect(self) -> tuple[_ModelInfo, str]:

@@ -16,6 +16,7 @@ import importlib.util
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from vllm import envs
 from vllm.config.attention import AttentionConfig
@@ -32,6 +33,9 @@ from vllm.config.scheduler import SchedulerConfig
 from vllm.config.speculative import SpeculativeConfig
 from vllm.config.structured_outputs import StructuredOutputsConfig
 from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 logger = init_logger(__name__)
 
@@ -75,12 +79,16 @@ class VllmConfig:
     kv_events_config: KVEventsConfig | None = None
     ec_transfer_config: ECTransferConfig | None = None
     speculative_config: SpeculativeConfig | None = None
+    # The checkpoint's quantization, parsed (None: unquantized, or a .gguf
+    # file, which its loader dequantizes); set from model_config.
+    quant_config: QuantizationConfig | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._refuse_unbuilt_features()
         mc = self.model_config
         if mc is not None:
             self.scheduler_config.verify_with_model_len(mc.max_model_len)
+            self.quant_config = self._get_quantization_config(mc)
             if mc.runner_type == "pooling":
                 raise ValueError(
                     f"Pooling models (runner={mc.runner!r}, --runner) are not "
@@ -90,6 +98,27 @@ class VllmConfig:
             self.device_config.device_type, mc.enforce_eager if mc else False
         )
         self._resolve_async_scheduling()
+
+    @staticmethod
+    def _get_quantization_config(model_config: ModelConfig) -> QuantizationConfig | None:
+        """Parse the checkpoint's quantization_config with the resolved
+        method's class (upstream: VllmConfig._get_quantization_config): an
+        unbuilt scheme, or a model dtype the method's kernels do not take, is
+        refused here, at start-up."""
+        from vllm.model_executor.layers.quantization import get_quantization_config
+
+        method = model_config.quantization
+        hf_quant = model_config.hf_quant_config()
+        if method is None or method == "gguf" or hf_quant is None:
+            return None
+        quant_config = get_quantization_config(method).from_config(hf_quant)
+        supported = quant_config.get_supported_act_dtypes()
+        if model_config.dtype not in supported:
+            raise ValueError(
+                f"dtype={model_config.dtype} (--dtype) is not supported for quantization "
+                f"method {method!r}; supported: {[str(d) for d in supported]}."
+            )
+        return quant_config
 
     # ---- model runner choice ---------------------------------------------------
     def _is_default_v2_model_runner_model(self) -> bool:

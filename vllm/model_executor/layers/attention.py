@@ -48,8 +48,11 @@ class Attention(nn.Module):
         kv_sharing_target_layer_name: str | None = None,
     ) -> None:
         super().__init__()
-        if quant_config is not None:
-            raise NotImplementedError("Quantized attention is not built.")
+        # quant_config carries a checkpoint's KV-cache scheme upstream; every
+        # method built here refuses one when its config is parsed
+        # (compressed-tensors: kv_cache_scheme), so the cache stays unquantized.
+        if quant_config is not None and getattr(quant_config, "kv_cache_scheme", None):
+            raise NotImplementedError("Quantized KV caches from the checkpoint are not built.")
         if not prefix:
             raise ValueError("Attention layers need a unique, non-empty prefix.")
         vllm_config = get_current_vllm_config()

@@ -9,6 +9,12 @@ features and sum the partial products with an all-reduce.
 
 `forward` returns `(output, output_bias)`, as upstream: `output_bias` is the bias
 when `skip_bias_add=True` (the caller fuses it later), else None.
+
+The weight itself belongs to the layer's `quant_method` (a `LinearMethodBase`):
+`UnquantizedLinearMethod` (a dense `weight`), or the method the model's
+`QuantizationConfig` picks for the layer, which registers the checkpoint's
+quantized tensors (e.g. `weight_packed`, `weight_scale`) with the same
+`output_dim` / `input_dim` attributes, so the loaders below shard them too.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ from vllm.distributed import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
+from vllm.model_executor.layers.quantization.base_config import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+)
 from vllm.model_executor.layers.utils import pack_weight_for_cpu, unquantized_gemm
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.utils import set_weight_attrs
@@ -36,8 +46,71 @@ def tp_size_and_rank() -> tuple[int, int]:
     return get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
 
 
+class LinearMethodBase(QuantizeMethodBase):
+    """How a linear layer stores and multiplies its weight."""
+
+    def create_weights(  # type: ignore[override]
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        """Register this rank's weight parameters on `layer`; every one gets
+        `extra_weight_attrs` (its `weight_loader`) and its `output_dim` /
+        `input_dim` (None: not split over the ranks)."""
+        raise NotImplementedError
+
+    def apply(  # type: ignore[override]
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x [..., in_per_partition] -> [..., out_per_partition] (+ bias)."""
+        raise NotImplementedError
+
+
+class UnquantizedLinearMethod(LinearMethodBase):
+    """A dense [out, in] `weight` in the model dtype; on CPU it is repacked
+    once loaded into oneDNN's blocked layout (layers/utils.py). `layer` is
+    typed Any: the attributes read here are the ones `create_weights` set."""
+
+    def create_weights(  # type: ignore[override]
+        self,
+        layer: Any,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        weight = Parameter(
+            torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
+            requires_grad=False,
+        )
+        set_weight_attrs(weight, {"output_dim": 0, "input_dim": 1, **extra_weight_attrs})
+        layer.register_parameter("weight", weight)
+        layer._packed_weight = None  # set after loading on CPU
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        """Repack the weight for the CPU GEMM and drop the dense copy (its
+        loaders are no longer needed); other devices keep it."""
+        packed = pack_weight_for_cpu(layer.weight)
+        if packed is not None:
+            layer._packed_weight = packed
+            layer.weight = Parameter(torch.empty(0, dtype=layer.weight.dtype), requires_grad=False)
+
+    def apply(  # type: ignore[override]
+        self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return unquantized_gemm(x, layer.weight, bias, layer._packed_weight)
+
+
 class LinearBase(nn.Module):
-    """Holds the shared state: sizes, dtype, the weight and an optional bias."""
+    """Holds the shared state: sizes, dtype, the quant method (which owns
+    the weight) and an optional bias."""
 
     def __init__(
         self,
@@ -45,37 +118,45 @@ class LinearBase(nn.Module):
         output_size: int,
         skip_bias_add: bool = False,
         params_dtype: torch.dtype | None = None,
-        quant_config: Any = None,
+        quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ) -> None:
         super().__init__()
-        if quant_config is not None:
-            raise NotImplementedError("Quantized linear layers are not built.")
         self.input_size = input_size
         self.output_size = output_size
         self.skip_bias_add = skip_bias_add
         self.params_dtype = params_dtype or torch.get_default_dtype()
         self.prefix = prefix
+        self.quant_config = quant_config
         self.tp_size, self.tp_rank = tp_size_and_rank()
-        self._packed_weight: torch.Tensor | None = None  # set after loading on CPU
+        method = quant_config.get_quant_method(self, prefix) if quant_config else None
+        if method is not None and not isinstance(method, LinearMethodBase):
+            raise TypeError(f"{type(method).__name__} is not a linear method ({prefix}).")
+        self.quant_method: LinearMethodBase = method or UnquantizedLinearMethod()
 
     def _create_weights(
         self,
-        out_features: int,
+        output_partition_sizes: list[int],
         in_features: int,
         bias: bool,
-        extra_attrs: dict[str, Any],
         bias_output_dim: int | None = 0,
     ) -> None:
-        """The weight and bias parameters; `bias_output_dim` is None for a
-        bias that is replicated rather than split over the ranks."""
-        self.weight = Parameter(
-            torch.empty(out_features, in_features, dtype=self.params_dtype), requires_grad=False
+        """The weight parameters (by the quant method) and the bias;
+        `bias_output_dim` is None for a bias that is replicated rather than
+        split over the ranks."""
+        self.quant_method.create_weights(
+            self,
+            in_features,
+            output_partition_sizes,
+            self.input_size,
+            self.output_size,
+            self.params_dtype,
+            weight_loader=self.weight_loader,
         )
-        set_weight_attrs(self.weight, {"weight_loader": self.weight_loader, **extra_attrs})
         if bias:
             self.bias = Parameter(
-                torch.empty(out_features, dtype=self.params_dtype), requires_grad=False
+                torch.empty(sum(output_partition_sizes), dtype=self.params_dtype),
+                requires_grad=False,
             )
             set_weight_attrs(
                 self.bias, {"weight_loader": self.weight_loader, "output_dim": bias_output_dim}
@@ -90,18 +171,14 @@ class LinearBase(nn.Module):
         raise NotImplementedError
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
-        """Once loaded, repack the weight for the CPU GEMM and drop the dense
-        copy (its loaders are no longer needed); other devices keep it."""
-        packed = pack_weight_for_cpu(self.weight)
-        if packed is not None:
-            self._packed_weight = packed
-            self.weight = Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
+        """Once loaded, let the quant method repack the weights for its kernel."""
+        self.quant_method.process_weights_after_loading(self)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Parameter | None]:
         """x [..., input_size] -> ([..., output_size_per_partition], bias or None)."""
         if self.skip_bias_add:
-            return unquantized_gemm(x, self.weight, None, self._packed_weight), self.bias
-        return unquantized_gemm(x, self.weight, self.bias, self._packed_weight), None
+            return self.quant_method.apply(self, x, None), self.bias
+        return self.quant_method.apply(self, x, self.bias), None
 
     def extra_repr(self) -> str:
         return (
@@ -120,11 +197,11 @@ class ReplicatedLinear(LinearBase):
         bias: bool = True,
         skip_bias_add: bool = False,
         params_dtype: torch.dtype | None = None,
-        quant_config: Any = None,
+        quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ) -> None:
         super().__init__(input_size, output_size, skip_bias_add, params_dtype, quant_config, prefix)
-        self._create_weights(output_size, input_size, bias, {})
+        self._create_weights([output_size], input_size, bias)
 
     def weight_loader(
         self, param: Parameter, loaded_weight: torch.Tensor, loaded_shard_id: Any = None
@@ -144,7 +221,7 @@ class ColumnParallelLinear(LinearBase):
         gather_output: bool = False,
         skip_bias_add: bool = False,
         params_dtype: torch.dtype | None = None,
-        quant_config: Any = None,
+        quant_config: QuantizationConfig | None = None,
         output_sizes: list[int] | None = None,
         prefix: str = "",
     ) -> None:
@@ -152,9 +229,11 @@ class ColumnParallelLinear(LinearBase):
         self.gather_output = gather_output
         self.output_sizes = output_sizes or [output_size]
         self.output_size_per_partition = divide(output_size, self.tp_size)
-        self._create_weights(
-            self.output_size_per_partition, input_size, bias, {"output_dim": 0, "input_dim": 1}
-        )
+        self._create_weights(self._output_partition_sizes(), input_size, bias)
+
+    def _output_partition_sizes(self) -> list[int]:
+        """This rank's rows of each fused output (one for a plain layer)."""
+        return [divide(size, self.tp_size) for size in self.output_sizes]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Parameter | None]:
         """x [..., input_size] -> ([..., output_size_per_partition], bias or None);
@@ -198,7 +277,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         gather_output: bool = False,
         skip_bias_add: bool = False,
         params_dtype: torch.dtype | None = None,
-        quant_config: Any = None,
+        quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ) -> None:
         super().__init__(
@@ -242,7 +321,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         bias: bool = True,
         skip_bias_add: bool = False,
         params_dtype: torch.dtype | None = None,
-        quant_config: Any = None,
+        quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ) -> None:
         tp_size, _ = tp_size_and_rank()
@@ -302,7 +381,7 @@ class RowParallelLinear(LinearBase):
         skip_bias_add: bool = False,
         params_dtype: torch.dtype | None = None,
         reduce_results: bool = True,
-        quant_config: Any = None,
+        quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ) -> None:
         super().__init__(input_size, output_size, skip_bias_add, params_dtype, quant_config, prefix)
@@ -310,10 +389,9 @@ class RowParallelLinear(LinearBase):
         self.reduce_results = reduce_results
         self.input_size_per_partition = divide(input_size, self.tp_size)
         self._create_weights(
-            output_size,
+            [output_size],
             self.input_size_per_partition,
             bias,
-            {"output_dim": 0, "input_dim": 1},
             bias_output_dim=None,  # the bias is replicated, not split
         )
 
@@ -334,7 +412,7 @@ class RowParallelLinear(LinearBase):
             x = x.narrow(
                 -1, self.tp_rank * self.input_size_per_partition, self.input_size_per_partition
             )
-        output = unquantized_gemm(x, self.weight, None, self._packed_weight)
+        output = self.quant_method.apply(self, x, None)
         if self.reduce_results:
             output = tensor_model_parallel_all_reduce(output)
         if self.skip_bias_add:

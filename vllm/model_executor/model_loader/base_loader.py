@@ -11,6 +11,7 @@ from torch import nn
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.utils import (
     initialize_model,
+    model_weight_bytes,
     process_weights_after_loading,
     set_default_torch_dtype,
 )
@@ -48,4 +49,13 @@ class BaseModelLoader(ABC):
             logger.debug("Loading weights on %s ...", target_device)
             self.load_weights(model, model_config)
         process_weights_after_loading(model, model_config, target_device)
+        weight_bytes = model_weight_bytes(model)
+        # Read by the model runners (upstream logs "Model loading took X GiB").
+        model.model_weight_bytes = weight_bytes  # type: ignore[assignment]
+        logger.info(
+            "Model weights take %.4f GiB (%d bytes)%s",
+            weight_bytes / (1 << 30),
+            weight_bytes,
+            f", quantization={model_config.quantization}" if model_config.quantization else "",
+        )
         return model.eval()

@@ -52,8 +52,37 @@ def initialize_model(
         if model_config is None:
             raise ValueError("initialize_model needs a model config or a model class.")
         model_class, _ = get_model_architecture(model_config)
+    configure_quant_config(vllm_config, model_class)
     with set_current_vllm_config(vllm_config):
-        return model_class(vllm_config=vllm_config, prefix=prefix)
+        model = model_class(vllm_config=vllm_config, prefix=prefix)
+    verify_quantized_layers(vllm_config, model)
+    return model
+
+
+def configure_quant_config(vllm_config: VllmConfig, model_class: type[nn.Module]) -> None:
+    """Give the quant config the model's fused-module map (upstream's
+    `configure_quant_config`), so per-module rules apply to fused layers."""
+    quant_config = vllm_config.quant_config
+    if quant_config is not None:
+        mapping = getattr(model_class, "packed_modules_mapping", None) or {}
+        quant_config.packed_modules_mapping = dict(mapping)
+
+
+def verify_quantized_layers(vllm_config: VllmConfig, model: nn.Module) -> None:
+    """A quantized checkpoint needs a model class that hands its linears the
+    quant config; one that does not would meet tensors it has no parameter
+    for, so it is refused here, naming the method and the architecture."""
+    quant_config = vllm_config.quant_config
+    if quant_config is None:
+        return
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None and type(method).__name__ != "UnquantizedLinearMethod":
+            return
+    raise ValueError(
+        f"{type(model).__name__} does not support quantization method "
+        f"{quant_config.get_name()!r} here (no layer took a quantized method)."
+    )
 
 
 def load_model_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -73,3 +102,27 @@ def process_weights_after_loading(
         hook = getattr(module, "process_weights_after_loading", None)
         if callable(hook):
             hook(model_config.dtype)
+
+
+def model_weight_bytes(model: nn.Module) -> int:
+    """Bytes held by the model's parameters and buffers, as stored (quantized
+    weights at their packed size); storage shared by tied weights counts once.
+    oneDNN-packed CPU weights (`_packed_weight`, not a parameter) count too."""
+    seen: set[int] = set()
+    total = 0
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [
+        packed
+        for module in model.modules()
+        if isinstance(packed := getattr(module, "_packed_weight", None), torch.Tensor)
+    ]
+    for tensor in tensors:
+        if tensor.layout != torch.strided:  # oneDNN's opaque layout: count its elements
+            total += tensor.numel() * tensor.element_size()
+            continue
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        total += storage.nbytes()
+    return total

@@ -9,7 +9,7 @@ Tensor shapes: T = number of tokens in the step (all requests flattened).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -25,6 +25,7 @@ from vllm.model_executor.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.interfaces import SupportsPP
@@ -61,7 +62,7 @@ class LlamaMLP(nn.Module):
         hidden_size: int,
         intermediate_size: int,
         hidden_act: str,
-        quant_config: Any = None,
+        quant_config: QuantizationConfig | None = None,
         bias: bool = False,
         prefix: str = "",
     ) -> None:
@@ -98,7 +99,7 @@ class LlamaAttention(nn.Module):
         num_heads: int,
         num_kv_heads: int,
         max_position_embeddings: int = 8192,
-        quant_config: Any = None,
+        quant_config: QuantizationConfig | None = None,
         bias: bool = False,
         bias_o_proj: bool = False,
         cache_config: CacheConfig | None = None,
@@ -190,9 +191,10 @@ class LlamaDecoderLayer(nn.Module):
             bias=qkv_bias,
             bias_o_proj=o_bias,
             cache_config=vllm_config.cache_config,
+            quant_config=vllm_config.quant_config,
             prefix=f"{prefix}.self_attn",
         )
-        self.mlp = self._make_mlp(config, f"{prefix}.mlp")
+        self.mlp = self._make_mlp(config, f"{prefix}.mlp", vllm_config.quant_config)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -203,12 +205,15 @@ class LlamaDecoderLayer(nn.Module):
         return bias, bias
 
     @classmethod
-    def _make_mlp(cls, config: PretrainedConfig, prefix: str) -> nn.Module:
+    def _make_mlp(
+        cls, config: PretrainedConfig, prefix: str, quant_config: QuantizationConfig | None = None
+    ) -> nn.Module:
         """The block's MLP: dense SwiGLU here; MoE models build their expert block."""
         return LlamaMLP(
             config.hidden_size,
             config.intermediate_size,
             config.hidden_act,
+            quant_config=quant_config,
             bias=bool(getattr(config, "mlp_bias", False)),
             prefix=prefix,
         )

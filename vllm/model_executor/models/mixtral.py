@@ -18,6 +18,7 @@ from transformers import PretrainedConfig
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.fused_moe import FusedMoE
 from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from vllm.model_executor.models.moe_utils import load_moe_weights
 
@@ -47,7 +48,11 @@ class MixtralMoE(nn.Module):
 
 class MixtralDecoderLayer(LlamaDecoderLayer):
     @classmethod
-    def _make_mlp(cls, config: PretrainedConfig, prefix: str) -> nn.Module:
+    def _make_mlp(
+        cls, config: PretrainedConfig, prefix: str, quant_config: QuantizationConfig | None = None
+    ) -> nn.Module:
+        if quant_config is not None:
+            raise NotImplementedError(f"Quantized MoE blocks are not built ({prefix}).")
         # The checkpoint calls the MoE block "block_sparse_moe"; here it is `mlp`.
         return MixtralMoE(config, prefix)
 

@@ -20,6 +20,7 @@ from transformers import PretrainedConfig
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.fused_moe import FusedMoE
 from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.models.llama import LlamaForCausalLM, LlamaMLP
 from vllm.model_executor.models.moe_utils import load_moe_weights
 from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer
@@ -65,7 +66,11 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
 
 class Qwen2MoeDecoderLayer(Qwen2DecoderLayer):
     @classmethod
-    def _make_mlp(cls, config: PretrainedConfig, prefix: str) -> nn.Module:
+    def _make_mlp(
+        cls, config: PretrainedConfig, prefix: str, quant_config: QuantizationConfig | None = None
+    ) -> nn.Module:
+        if quant_config is not None:
+            raise NotImplementedError(f"Quantized MoE blocks are not built ({prefix}).")
         layer_idx = extract_layer_index(prefix)
         is_sparse = (
             layer_idx not in config.mlp_only_layers

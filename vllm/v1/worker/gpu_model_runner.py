@@ -161,6 +161,8 @@ class GPUModelRunner:
 
         logger.info("Loading model %s on %s", self.model_config.model, self.device)
         model = get_model(vllm_config=self.vllm_config)
+        # The weights' bytes as loaded (quantized ones at their packed size).
+        self.model_memory_usage: int = getattr(model, "model_weight_bytes", 0)
         # No-op unless compilation_config.mode asks for torch.compile (on
         # CPU it measured slower than eager: see vllm/compilation/decorators.py).
         model = maybe_compile_model(model, self.vllm_config.compilation_config, self.device)

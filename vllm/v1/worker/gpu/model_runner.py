@@ -151,6 +151,8 @@ class GPUModelRunner:
             "Loading model %s on %s (Model Runner V2)", self.model_config.model, self.device
         )
         model = get_model(vllm_config=self.vllm_config)
+        # The weights' bytes as loaded (quantized ones at their packed size).
+        self.model_memory_usage: int = getattr(model, "model_weight_bytes", 0)
         # No-op unless compilation_config.mode asks for torch.compile.
         model = maybe_compile_model(model, self.vllm_config.compilation_config, self.device)
         self.model = as_text_generation_model(model)

@@ -1,0 +1,139 @@
+"""compressed-tensors W8A16 (int8 per channel) and W4A16 (int4, groups of 32
+and 128) checkpoints, written here as llm-compressor writes them, run with
+their weights kept int8 / int4 (torch's CPU weight-only kernels) and produce
+transformers' greedy tokens on the dequantized weights (q * scale), under
+both model runners and at TP=2; their weights take ~0.5x / <= 0.35x of the
+same model's bf16 bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.models.test_greedy_parity import MAX_TOKENS, _prompts
+from tests.quantization.ct_utils import pack, write_compressed
+from tests.utils import hf_greedy, make_tiny_model
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16 import (  # noqa: E501
+    unpack_from_int32,
+)
+
+# name -> (bits, group size; None: per channel)
+SCHEMES = {"w8a16": (8, None), "w4a16-g32": (4, 32), "w4a16-g128": (4, 128)}
+# hidden 128 so that a group of 128 fits the attention projections.
+SHAPES = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_unpack_inverts_the_checkpoint_packing(bits):
+    torch.manual_seed(0)
+    q = torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), (6, 64), dtype=torch.int8)
+    values = unpack_from_int32(pack(q, bits), bits, 64)
+    assert torch.equal(values, q.to(torch.int32) + 2 ** (bits - 1))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """scheme -> (quantized dir, dequantized reference dir), one tiny Llama."""
+    src = make_tiny_model("llama", str(tmp_path_factory.mktemp("ct-src")), **SHAPES)
+    out = {}
+    for name, (bits, group) in SCHEMES.items():
+        dst, ref = tmp_path_factory.mktemp(name), tmp_path_factory.mktemp(f"{name}-ref")
+        write_compressed(src, str(dst), str(ref), bits, group)
+        out[name] = (str(dst), str(ref))
+    return out
+
+
+_HF: dict[str, list[list[int]]] = {}
+
+
+def _expected(ref_dir: str) -> list[list[int]]:
+    if ref_dir not in _HF:
+        _HF[ref_dir] = hf_greedy(ref_dir, _prompts(), MAX_TOKENS)
+    return _HF[ref_dir]
+
+
+def _generate(llm: LLM) -> list[list[int]]:
+    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _runner_attr(llm: LLM, fn):
+    return llm.llm_engine.engine_core.engine_core.model_executor.collective_rpc(
+        lambda worker: fn(worker.model_runner)
+    )
+
+
+@pytest.mark.parametrize("runner", ["0", "1"])
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_greedy_matches_transformers_on_dequantized_weights(
+    checkpoints, monkeypatch, scheme, runner
+):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", runner)
+    model_dir, ref_dir = checkpoints[scheme]
+    llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0)
+    assert llm.llm_engine.vllm_config.model_config.quantization == "compressed-tensors"
+    assert llm.llm_engine.vllm_config.use_v2_model_runner is (runner == "1")
+    # The weights stay low-bit in memory: int8 [out, in], or int4 packed two per byte.
+    bits = SCHEMES[scheme][0]
+    dtypes = _runner_attr(
+        llm, lambda r: r.get_model().model.layers[0].mlp.down_proj.weight_packed.dtype
+    )
+    assert dtypes == [torch.int8 if bits == 8 else torch.uint8]
+    assert _generate(llm) == _expected(ref_dir)
+
+
+@pytest.mark.parametrize("scheme", ["w8a16", "w4a16-g32"])
+def test_tp2_greedy_matches_transformers(checkpoints, scheme):
+    """Row-parallel layers split the packed input dim (and the group scales;
+    a per-channel scale stays whole), column-parallel ones the output rows."""
+    model_dir, ref_dir = checkpoints[scheme]
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        max_model_len=128,
+        seed=0,
+        tensor_parallel_size=2,
+        max_num_seqs=8,
+    )
+    assert llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2
+    assert _generate(llm) == _expected(ref_dir)
+
+
+def _weight_bytes(model_dir: str, monkeypatch) -> int:
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=64, seed=0)
+    (nbytes,) = _runner_attr(llm, lambda r: r.model_memory_usage)
+    return nbytes
+
+
+def test_weight_bytes_at_load(tmp_path, monkeypatch):
+    """Linears dominate this model (4 layers, 1024 intermediate), so the
+    whole model's bytes show the ratio; the linear part is checked exactly."""
+    shapes = dict(SHAPES, hidden_size=256, intermediate_size=1024, num_hidden_layers=4)
+    src = make_tiny_model("llama", str(tmp_path / "src"), **shapes)
+    bf16 = _weight_bytes(src, monkeypatch)
+    h, i, layers = 256, 1024, 4
+    kv = h // 4 * 2  # 2 KV heads of 64
+    linear_params = layers * (h * (h + 2 * kv) + h * h + 2 * h * i + i * h)
+    assert bf16 > 2 * linear_params
+    ratios = {}
+    for name, bits, group in (("w8a16", 8, None), ("w4a16", 4, 128)):
+        dst = str(tmp_path / name)
+        write_compressed(src, dst, None, bits, group, scale_dtype=torch.bfloat16)
+        ratios[name] = _weight_bytes(dst, monkeypatch) / bf16
+    # Exactly: the linears' bf16 bytes (2 per weight) become 1 per weight plus
+    # a bf16 scale per output row (W8A16), or half a byte per weight plus a
+    # bf16 (scale, zero) pair per group of 128 and row (W4A16: torch's int4
+    # kernel layout); everything else (embeddings, LM head, norms) is unchanged.
+    rows = layers * ((h + 2 * kv) + h + 2 * i + h)
+    other = bf16 - 2 * linear_params
+    w8 = other + linear_params + 2 * rows
+    w4 = other + linear_params // 2 + 4 * linear_params // 128
+    assert ratios["w8a16"] == pytest.approx(w8 / bf16, rel=1e-3)
+    assert ratios["w4a16"] == pytest.approx(w4 / bf16, rel=1e-3)
+    assert 0.45 < ratios["w8a16"] <= 0.56, ratios
+    assert ratios["w4a16"] <= 0.35, ratios

@@ -1,0 +1,83 @@
+"""Quantization methods by name (upstream: vllm/model_executor/layers/quantization/__init__.py).
+
+`QUANTIZATION_METHODS` lists the names upstream accepts for `-q/--quantization`
+(and finds in a checkpoint's `quantization_config.quant_method`);
+`BUILT_QUANTIZATION_METHODS` the ones this build runs. `gguf` is built as a
+loader, not as a `QuantizationConfig`: a .gguf file is dequantized at load
+(vllm/model_executor/model_loader/gguf_loader.py), so it has no config class.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from vllm.model_executor.layers.quantization.base_config import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+)
+
+QuantizationMethods = Literal[
+    "awq",
+    "awq_marlin",
+    "bitsandbytes",
+    "compressed-tensors",
+    "experts_int8",
+    "fbgemm_fp8",
+    "fp8",
+    "gguf",
+    "gptq",
+    "gptq_marlin",
+    "gptq_marlin_24",
+    "hqq",
+    "inc",
+    "ipex",
+    "modelopt",
+    "modelopt_fp4",
+    "moe_wna16",
+    "mxfp4",
+    "ptpc_fp8",
+    "quark",
+    "torchao",
+]
+QUANTIZATION_METHODS: list[str] = list(get_args(QuantizationMethods))
+
+# What runs here; each entry says what of the method is built.
+BUILT_QUANTIZATION_METHODS: dict[str, str] = {
+    "compressed-tensors": "W8A16 (int8 per-channel) and W4A16 (int4 group) pack-quantized",
+    "gguf": "a .gguf file given as the model (dequantized at load)",
+}
+
+
+def built_methods_summary() -> str:
+    """One line naming what is built, for refusals."""
+    return "; ".join(f"{name}: {what}" for name, what in BUILT_QUANTIZATION_METHODS.items())
+
+
+def get_quantization_config(quantization: str) -> type[QuantizationConfig]:
+    """The config class of a method; a ValueError naming the method (and
+    what is built) for an unknown or unbuilt one."""
+    if quantization not in QUANTIZATION_METHODS:
+        raise ValueError(
+            f"Invalid quantization method: {quantization!r}. Known methods: {QUANTIZATION_METHODS}."
+        )
+    if quantization == "compressed-tensors":
+        from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+            CompressedTensorsConfig,
+        )
+
+        return CompressedTensorsConfig
+    raise ValueError(
+        f"Quantization method {quantization!r} is not built here "
+        f"(built: {built_methods_summary()})."
+    )
+
+
+__all__ = [
+    "BUILT_QUANTIZATION_METHODS",
+    "QUANTIZATION_METHODS",
+    "QuantizationConfig",
+    "QuantizationMethods",
+    "QuantizeMethodBase",
+    "built_methods_summary",
+    "get_quantization_config",
+]

@@ -1,0 +1,198 @@
+"""compressed-tensors checkpoints: the config and the linear method
+(upstream: .../compressed_tensors/compressed_tensors.py).
+
+config.json's `quantization_config` (llm-compressor's output) looks like
+  {"quant_method": "compressed-tensors", "format": "pack-quantized",
+   "config_groups": {"group_0": {"targets": ["Linear"],
+       "weights": {"num_bits": 4, "type": "int", "symmetric": true,
+                   "strategy": "group", "group_size": 128, ...},
+       "input_activations": null, ...}},
+   "ignore": ["lm_head"], ...}
+Each linear takes the scheme of the first group whose targets match it
+("Linear", an exact module name, or "re:<regex>"), unless `ignore` names it.
+Only the schemes with a CPU kernel here are accepted (`_scheme_from_group`);
+any other is refused at start-up by name, never dequantized.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm.model_executor.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    UnquantizedLinearMethod,
+)
+from vllm.model_executor.layers.quantization.base_config import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+)
+from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
+    CompressedTensorsScheme,
+    CompressedTensorsWNA16,
+)
+
+_BUILT_FORMATS = ("pack-quantized",)
+
+
+def _matches(name: str, target: str) -> bool:
+    """compressed-tensors' target rule: "re:<regex>" (re.match) or equality."""
+    if target.startswith("re:"):
+        return re.match(target[3:], name) is not None
+    return name == target
+
+
+def _refuse(group: str, what: str) -> ValueError:
+    return ValueError(
+        f"compressed-tensors config group {group!r}: {what} is not built here "
+        "(built: W8A16 int8 per-channel and W4A16 int4 per-group, symmetric, "
+        "pack-quantized, weight-only)."
+    )
+
+
+def _scheme_from_group(name: str, group: dict[str, Any], fmt: str | None) -> CompressedTensorsWNA16:
+    """The scheme of one config group, or a ValueError naming what is not built."""
+    fmt = group.get("format") or fmt
+    weights = group.get("weights")
+    if group.get("input_activations") is not None:
+        raise _refuse(name, "activation quantization (W8A8 / FP8 dynamic)")
+    if group.get("output_activations") is not None:
+        raise _refuse(name, "output activation quantization")
+    if not weights:
+        raise _refuse(name, "a group without weight quantization")
+    if weights.get("type", "int") != "int":
+        raise _refuse(name, f"weights of type {weights.get('type')!r} (FP8 weights)")
+    if fmt not in _BUILT_FORMATS:
+        raise _refuse(name, f"format {fmt!r}")
+    if not weights.get("symmetric", True):
+        raise _refuse(name, "asymmetric weights (weight_zero_point)")
+    if weights.get("dynamic"):
+        raise _refuse(name, "dynamic weight quantization")
+    if weights.get("actorder") not in (None, False):
+        raise _refuse(name, f"actorder={weights.get('actorder')!r}")
+    bits, strategy = weights.get("num_bits"), weights.get("strategy")
+    try:
+        return CompressedTensorsWNA16(str(strategy), int(bits or 0), weights.get("group_size"))
+    except ValueError as e:
+        raise _refuse(name, str(e)) from None
+
+
+class CompressedTensorsConfig(QuantizationConfig):
+    """The parsed `quantization_config` of a compressed-tensors checkpoint."""
+
+    def __init__(
+        self,
+        target_scheme_map: dict[str, CompressedTensorsWNA16],
+        targets_by_group: dict[str, list[str]],
+        ignore: list[str],
+    ) -> None:
+        super().__init__()
+        self.target_scheme_map = target_scheme_map
+        self.targets_by_group = targets_by_group
+        self.ignore = ignore
+
+    def get_name(self) -> str:
+        return "compressed-tensors"
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.float32, torch.float16, torch.bfloat16]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return -1  # CPU kernels only
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> CompressedTensorsConfig:
+        if config.get("kv_cache_scheme") is not None:
+            raise ValueError(
+                "compressed-tensors kv_cache_scheme (a quantized KV cache) is not built."
+            )
+        sparsity = config.get("sparsity_config") or {}
+        if sparsity.get("format") not in (None, "dense"):
+            raise ValueError(
+                f"compressed-tensors sparsity format {sparsity.get('format')!r} is not built."
+            )
+        if config.get("transform_config"):
+            raise ValueError("compressed-tensors transform_config (rotations) is not built.")
+        groups = config.get("config_groups") or {}
+        if not groups:
+            raise ValueError("compressed-tensors quantization_config has no config_groups.")
+        fmt = config.get("format")
+        schemes, targets = {}, {}
+        for name, group in groups.items():
+            schemes[name] = _scheme_from_group(name, group, fmt)
+            targets[name] = list(group.get("targets") or [])
+        return cls(schemes, targets, list(config.get("ignore") or []))
+
+    def _shard_names(self, prefix: str) -> list[str]:
+        """The checkpoint modules a (possibly fused) layer stands for."""
+        head, _, last = prefix.rpartition(".")
+        parts = self.packed_modules_mapping.get(last)
+        if not parts:
+            return [prefix]
+        return [f"{head}.{part}" if head else part for part in parts]
+
+    def _scheme_for(self, name: str) -> str | None:
+        """The config group of one checkpoint module (None: not quantized)."""
+        if any(_matches(name, target) for target in self.ignore):
+            return None
+        for group, targets in self.targets_by_group.items():
+            if any(t == "Linear" or _matches(name, t) for t in targets):
+                return group
+        return None
+
+    def get_scheme(self, layer: nn.Module, prefix: str) -> CompressedTensorsScheme | None:
+        """The layer's scheme; the shards of a fused layer must agree."""
+        groups = {self._scheme_for(name) for name in self._shard_names(prefix)}
+        if len(groups) > 1:
+            raise ValueError(
+                f"compressed-tensors: the parts of fused layer {prefix!r} are quantized "
+                f"differently ({sorted(map(str, groups))}); this is not supported."
+            )
+        group = groups.pop()
+        return None if group is None else self.target_scheme_map[group]
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        if not isinstance(layer, LinearBase):
+            return None
+        scheme = self.get_scheme(layer, prefix)
+        if scheme is None:
+            return UnquantizedLinearMethod()
+        return CompressedTensorsLinearMethod(scheme)
+
+
+class CompressedTensorsLinearMethod(LinearMethodBase):
+    """Delegates a linear layer's weights to its scheme."""
+
+    def __init__(self, scheme: CompressedTensorsScheme) -> None:
+        self.scheme = scheme
+
+    def create_weights(  # type: ignore[override]
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        self.scheme.create_weights(
+            layer,
+            output_partition_sizes,
+            input_size_per_partition,
+            params_dtype,
+            extra_weight_attrs["weight_loader"],
+        )
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        self.scheme.process_weights_after_loading(layer)
+
+    def apply(  # type: ignore[override]
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.scheme.apply_weights(layer, x, bias)

@@ -1,0 +1,12 @@
+"""The per-layer schemes of compressed-tensors checkpoints
+(upstream: .../compressed_tensors/schemes/__init__.py)."""
+
+from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_scheme import (  # noqa: E501
+    CompressedTensorsScheme,
+)
+from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16 import (  # noqa: E501
+    WNA16_SUPPORTED_BITS,
+    CompressedTensorsWNA16,
+)
+
+__all__ = ["WNA16_SUPPORTED_BITS", "CompressedTensorsScheme", "CompressedTensorsWNA16"]

@@ -1,0 +1,160 @@
+"""Weight-only int8 / int4 (W8A16, W4A16) in compressed-tensors' pack-quantized
+format (upstream: .../compressed_tensors/schemes/compressed_tensors_wNa16.py).
+
+The checkpoint holds, per linear (llm-compressor's names):
+  weight_packed  int32 [out, in * bits / 32]: each int32 holds 32/bits values,
+                 value j of a word in bits [j*bits, (j+1)*bits), offset-coded
+                 (stored = q + 2**(bits-1), q the signed quantized value);
+  weight_scale   [out, in / group_size] (strategy "group") or [out, 1] ("channel");
+  weight_shape   int [2]: the dense [out, in] (read, not needed: the layer knows it).
+The dense weight is w = q * scale (symmetric; compressed-tensors' dequantize).
+
+Once loaded the weights are repacked for torch's CPU weight-only kernels and
+stay low-bit in memory:
+  8 bits, per channel: int8 [out, in] and scales [out] for
+    `aten._weight_int8pack_mm(x, w_int8, scales)` = x @ (w_int8 * scales[:, None]).T;
+  4 bits, per group: `aten._convert_weight_to_int4pack_for_cpu` of the unsigned
+    values (0..15) and scale/zero pairs [in / group, out, 2] for
+    `aten._weight_int4pack_mm_for_cpu`, which computes w = (u - 8) * scale + zero;
+    with u = q + 8 (the same offset code as the checkpoint) and zero = 0 this
+    is q * scale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn.parameter import Parameter
+
+from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_scheme import (  # noqa: E501
+    CompressedTensorsScheme,
+)
+from vllm.model_executor.utils import set_weight_attrs
+
+# bits -> the strategies whose CPU kernel is built.
+WNA16_SUPPORTED_BITS: dict[int, tuple[str, ...]] = {8: ("channel",), 4: ("group",)}
+# _weight_int4pack_mm_for_cpu's group sizes.
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+
+
+def unpack_from_int32(packed: torch.Tensor, num_bits: int, cols: int) -> torch.Tensor:
+    """The unsigned (offset-coded) values of a pack-quantized int32 tensor:
+    [rows, ceil(cols * bits / 32)] -> int32 [rows, cols] in [0, 2**bits)."""
+    pack_factor = 32 // num_bits
+    shifts = torch.arange(pack_factor, dtype=torch.int32, device=packed.device) * num_bits
+    values = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << num_bits) - 1)
+    return values.reshape(packed.shape[0], -1)[:, :cols].contiguous()
+
+
+def _ignore_loader(param: Parameter, loaded_weight: torch.Tensor, *args: Any) -> None:
+    """weight_shape: checked for size only (fused layers receive one per shard)."""
+    if loaded_weight.numel() != param.numel():
+        raise ValueError(f"weight_shape has {loaded_weight.numel()} entries, expected 2.")
+
+
+class CompressedTensorsWNA16(CompressedTensorsScheme):
+    """W{4,8}A16: symmetric int weights, activations in the model dtype.
+    `layer` is typed Any: the attributes read are those `create_weights` set."""
+
+    def __init__(self, strategy: str, num_bits: int, group_size: int | None = None) -> None:
+        if strategy not in WNA16_SUPPORTED_BITS.get(num_bits, ()):
+            raise ValueError(
+                f"compressed-tensors W{num_bits}A16 with strategy {strategy!r} is not built "
+                f"(built: W8A16 per channel, W4A16 per group of {INT4_GROUP_SIZES})."
+            )
+        if strategy == "group" and group_size not in INT4_GROUP_SIZES:
+            raise ValueError(
+                f"compressed-tensors W4A16 group_size={group_size} is not built "
+                f"(built: {INT4_GROUP_SIZES})."
+            )
+        self.strategy = strategy
+        self.num_bits = num_bits
+        self.pack_factor = 32 // num_bits
+        self.group_size = group_size
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return -1  # CPU kernels only
+
+    def create_weights(
+        self,
+        layer: Any,
+        output_partition_sizes: list[int],
+        input_size_per_partition: int,
+        params_dtype: torch.dtype,
+        weight_loader: Any,
+        **kwargs: Any,
+    ) -> None:
+        out = sum(output_partition_sizes)
+        k = input_size_per_partition
+        if k % self.pack_factor or (self.group_size and k % self.group_size):
+            raise ValueError(
+                f"{getattr(layer, 'prefix', 'layer')}: input size {k} per rank does not divide "
+                f"into whole int32 words / groups (bits={self.num_bits}, "
+                f"group_size={self.group_size}); choose another tensor-parallel size."
+            )
+        # Row-parallel layers split the input dim; the per-channel scale is then whole.
+        split_input = input_size_per_partition != getattr(layer, "input_size", k)
+        packed = Parameter(
+            torch.empty(out, k // self.pack_factor, dtype=torch.int32), requires_grad=False
+        )
+        set_weight_attrs(
+            packed,
+            {
+                "weight_loader": weight_loader,
+                "output_dim": 0,
+                "input_dim": 1,
+                "packed_dim": 1,
+                "pack_factor": self.pack_factor,
+            },
+        )
+        scale_cols = k // self.group_size if self.group_size else 1
+        scale = Parameter(torch.empty(out, scale_cols, dtype=params_dtype), requires_grad=False)
+        grouped_and_split = self.group_size is not None and split_input
+        set_weight_attrs(
+            scale,
+            {
+                "weight_loader": weight_loader,
+                "output_dim": 0,
+                "input_dim": 1 if grouped_and_split else None,
+            },
+        )
+        shape = Parameter(torch.empty(2, dtype=torch.int64), requires_grad=False)
+        set_weight_attrs(shape, {"weight_loader": _ignore_loader})
+        layer.register_parameter("weight_packed", packed)
+        layer.register_parameter("weight_scale", scale)
+        layer.register_parameter("weight_shape", shape)
+        layer.input_size_per_partition = k
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        """Repack for the CPU kernel (see the module docstring)."""
+        k = layer.input_size_per_partition
+        values = unpack_from_int32(layer.weight_packed.data, self.num_bits, k)
+        scale = layer.weight_scale.data
+        del layer.weight_shape
+        if self.num_bits == 8:
+            w_int8 = (values - 128).to(torch.int8).contiguous()
+            layer.weight_packed = Parameter(w_int8, requires_grad=False)
+            layer.weight_scale = Parameter(scale[:, 0].contiguous(), requires_grad=False)
+            return
+        w_int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 1)
+        # [out, groups] -> [groups, out, (scale, zero)].
+        scale_and_zero = torch.stack([scale.t(), torch.zeros_like(scale.t())], dim=-1)
+        layer.weight_packed = Parameter(w_int4, requires_grad=False)
+        layer.weight_scale = Parameter(scale_and_zero.contiguous(), requires_grad=False)
+
+    def apply_weights(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., in] -> [..., out] (+ bias), in x's dtype."""
+        x2d = x.reshape(-1, x.shape[-1])
+        scale = layer.weight_scale.to(x.dtype)
+        if self.num_bits == 8:
+            out = torch.ops.aten._weight_int8pack_mm(x2d, layer.weight_packed, scale)
+        else:
+            assert self.group_size is not None
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2d, layer.weight_packed, self.group_size, scale
+            )
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import torch
@@ -27,19 +28,39 @@ QUANTIZED = (
 
 def quantize(w: torch.Tensor, bits: int, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(q int8 [N, K], scale [N, K // group] or [N, 1]) with w ~ q * scale."""
-    qmax = 2 ** (bits - 1) - 1
+    q, scale, _ = quantize_asym(w, bits, group, symmetric=True)
+    return q, scale
+
+
+def quantize_asym(
+    w: torch.Tensor, bits: int, group: int | None, symmetric: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, scale, zp) with w ~ (q - zp) * scale, q and zp signed int8 in
+    [-2**(bits-1), 2**(bits-1)); zp = 0 when symmetric (min/max observer)."""
+    qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
     n, k = w.shape
     g = group or k
     blocks = w.float().reshape(n, k // g, g)
-    scale = (blocks.abs().amax(dim=-1) / qmax).clamp(min=1e-8)
-    q = torch.clamp(torch.round(blocks / scale.unsqueeze(-1)), -qmax - 1, qmax)
-    return q.reshape(n, k).to(torch.int8), scale
+    if symmetric:
+        scale = (blocks.abs().amax(dim=-1) / qmax).clamp(min=1e-8)
+        zp = torch.zeros_like(scale)
+    else:
+        lo = blocks.amin(dim=-1).clamp(max=0)
+        hi = blocks.amax(dim=-1).clamp(min=0)
+        scale = ((hi - lo) / (qmax - qmin)).clamp(min=1e-8)
+        zp = torch.clamp(torch.round(-lo / scale) + qmin, qmin, qmax)
+    q = torch.clamp(torch.round(blocks / scale.unsqueeze(-1)) + zp.unsqueeze(-1), qmin, qmax)
+    return q.reshape(n, k).to(torch.int8), scale, zp.to(torch.int8)
 
 
-def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def dequantize(
+    q: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None = None
+) -> torch.Tensor:
     n, k = q.shape
     g = k // scale.shape[1]
-    return (q.float().reshape(n, -1, g) * scale.float().unsqueeze(-1)).reshape(n, k)
+    zp = torch.zeros_like(scale) if zp is None else zp.float()
+    blocks = q.float().reshape(n, -1, g) - zp.unsqueeze(-1)
+    return (blocks * scale.float().unsqueeze(-1)).reshape(n, k)
 
 
 def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
@@ -53,11 +74,13 @@ def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
     return words.to(torch.int32)
 
 
-def quantization_config(bits: int, group: int | None, **weights_extra) -> dict:
+def quantization_config(
+    bits: int, group: int | None, symmetric: bool = True, **weights_extra
+) -> dict:
     weights = {
         "num_bits": bits,
         "type": "int",
-        "symmetric": True,
+        "symmetric": symmetric,
         "strategy": "group" if group else "channel",
         "group_size": group,
         "dynamic": False,
@@ -98,27 +121,35 @@ def write_compressed(
     bits: int,
     group: int | None,
     scale_dtype: torch.dtype = torch.float32,
+    ignore: tuple[str, ...] = (),
+    symmetric: bool = True,
 ) -> None:
-    """Quantize `src` (an HF checkpoint dir) into `dst`; the dequantized twin into `ref`."""
+    """Quantize `src` (an HF checkpoint dir) into `dst`; the dequantized twin
+    into `ref`. Modules matching an `ignore` regex stay dense (and are listed
+    as "re:<regex>" in the config's ignore list, as llm-compressor does)."""
     weights = load_file(os.path.join(src, "model.safetensors"))
     out, deq = {}, {}
     for name, w in weights.items():
         module = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
-        if module not in QUANTIZED:
+        stem = name[: -len(".weight")]
+        if module not in QUANTIZED or any(re.match(p, stem) for p in ignore):
             out[name] = deq[name] = w
             continue
-        q, scale = quantize(w, bits, group)
-        stem = name[: -len(".weight")]
+        q, scale, zp = quantize_asym(w, bits, group, symmetric)
+        scale = scale.to(scale_dtype)
         out[f"{stem}.weight_packed"] = pack(q, bits)
-        out[f"{stem}.weight_scale"] = scale.to(scale_dtype)
+        out[f"{stem}.weight_scale"] = scale
         out[f"{stem}.weight_shape"] = torch.tensor(list(w.shape), dtype=torch.int64)
-        deq[name] = dequantize(q, scale.to(scale_dtype)).to(w.dtype)
+        if not symmetric:  # packed along the output dim: [N * bits / 32, groups]
+            out[f"{stem}.weight_zero_point"] = pack(zp.t().contiguous(), bits).t().contiguous()
+        deq[name] = dequantize(q, scale, None if symmetric else zp).to(w.dtype)
     _copy_dir(src, dst)
     save_file(out, os.path.join(dst, "model.safetensors"))
     cfg_path = os.path.join(dst, "config.json")
     with open(cfg_path) as f:
         cfg = json.load(f)
-    cfg["quantization_config"] = quantization_config(bits, group)
+    cfg["quantization_config"] = quantization_config(bits, group, symmetric)
+    cfg["quantization_config"]["ignore"] += [f"re:{p}" for p in ignore]
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
     if ref is not None:

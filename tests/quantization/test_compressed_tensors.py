@@ -1,9 +1,9 @@
 """compressed-tensors W8A16 (int8 per channel) and W4A16 (int4, groups of 32
-and 128) checkpoints, written here as llm-compressor writes them, run with
-their weights kept int8 / int4 (torch's CPU weight-only kernels) and produce
-transformers' greedy tokens on the dequantized weights (q * scale), under
-both model runners and at TP=2; their weights take ~0.5x / <= 0.35x of the
-same model's bf16 bytes."""
+and 128, and asymmetric groups of 64) checkpoints, written here as
+llm-compressor writes them, run with their weights kept int8 / int4 (torch's
+CPU weight-only kernels) and produce transformers' greedy tokens on the
+dequantized weights ((q - zp) * scale), under both model runners and at TP=2;
+their weights take ~0.5x / <= 0.35x of the same model's bf16 bytes."""
 
 from __future__ import annotations
 
@@ -20,7 +20,12 @@ from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compress
 )
 
 # name -> (bits, group size; None: per channel)
-SCHEMES = {"w8a16": (8, None), "w4a16-g32": (4, 32), "w4a16-g128": (4, 128)}
+SCHEMES = {
+    "w8a16": (8, None, True),
+    "w4a16-g32": (4, 32, True),
+    "w4a16-g128": (4, 128, True),
+    "w4a16-g64-asym": (4, 64, False),
+}
 # hidden 128 so that a group of 128 fits the attention projections.
 SHAPES = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 
@@ -38,9 +43,9 @@ def checkpoints(tmp_path_factory):
     """scheme -> (quantized dir, dequantized reference dir), one tiny Llama."""
     src = make_tiny_model("llama", str(tmp_path_factory.mktemp("ct-src")), **SHAPES)
     out = {}
-    for name, (bits, group) in SCHEMES.items():
+    for name, (bits, group, symmetric) in SCHEMES.items():
         dst, ref = tmp_path_factory.mktemp(name), tmp_path_factory.mktemp(f"{name}-ref")
-        write_compressed(src, str(dst), str(ref), bits, group)
+        write_compressed(src, str(dst), str(ref), bits, group, symmetric=symmetric)
         out[name] = (str(dst), str(ref))
     return out
 
@@ -86,7 +91,7 @@ def test_greedy_matches_transformers_on_dequantized_weights(
     assert _generate(llm) == _expected(ref_dir)
 
 
-@pytest.mark.parametrize("scheme", ["w8a16", "w4a16-g32"])
+@pytest.mark.parametrize("scheme", ["w8a16", "w4a16-g32", "w4a16-g64-asym"])
 def test_tp2_greedy_matches_transformers(checkpoints, scheme):
     """Row-parallel layers split the packed input dim (and the group scales;
     a per-channel scale stays whole), column-parallel ones the output rows."""
@@ -137,3 +142,49 @@ def test_weight_bytes_at_load(tmp_path, monkeypatch):
     assert ratios["w4a16"] == pytest.approx(w4 / bf16, rel=1e-3)
     assert 0.45 < ratios["w8a16"] <= 0.56, ratios
     assert ratios["w4a16"] <= 0.35, ratios
+
+
+def test_ignored_modules_stay_dense(tmp_path, monkeypatch):
+    """`ignore` (here every down_proj, by regex) keeps those linears dense
+    while the rest are int4; tokens still match transformers."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    src = make_tiny_model("llama", str(tmp_path / "src"), **SHAPES)
+    dst, ref = str(tmp_path / "dst"), str(tmp_path / "ref")
+    write_compressed(src, dst, ref, 4, 32, ignore=(r".*down_proj$",))
+    llm = LLM(model=dst, dtype="float32", max_model_len=128, seed=0)
+    (kinds,) = _runner_attr(
+        llm,
+        lambda r: [
+            type(layer.quant_method).__name__
+            for layer in (
+                r.get_model().model.layers[0].mlp.down_proj,
+                r.get_model().model.layers[0].mlp.gate_up_proj,
+            )
+        ],
+    )
+    assert kinds == ["UnquantizedLinearMethod", "CompressedTensorsLinearMethod"]
+    assert _generate(llm) == hf_greedy(ref, _prompts(), MAX_TOKENS)
+
+
+def test_fused_layer_quantized_differently_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    src = make_tiny_model("llama", str(tmp_path / "src"), **SHAPES)
+    dst = str(tmp_path / "dst")
+    write_compressed(src, dst, None, 8, None, ignore=(r".*q_proj$",))
+    with pytest.raises(ValueError, match="fused layer 'model.layers.0.self_attn.qkv_proj'"):
+        LLM(model=dst, dtype="float32", max_model_len=128)
+
+
+def test_architecture_without_quantized_layers_is_refused(tmp_path, monkeypatch):
+    """A model class that does not pass the quant config to its linears
+    (OPT here) is refused at load, naming it, rather than failing on the
+    checkpoint's tensor names."""
+    from tests.models.zoo_utils import build_zoo_model
+    from tests.quantization.ct_utils import quantization_config
+    from tests.quantization.test_quantization_config import _with_quant_config
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    src = build_zoo_model("opt", str(tmp_path / "src"))
+    model = _with_quant_config(src, str(tmp_path / "opt-ct"), quantization_config(8, None))
+    with pytest.raises(ValueError, match="OPTForCausalLM does not support quantization method"):
+        LLM(model=model, dtype="float32", max_model_len=128)

@@ -139,7 +139,7 @@ UNBUILT = {
     "w8a8": (_w8a8, "activation quantization"),
     "fp8": (_fp8, "weights of type 'float'"),
     "int-quantized": (_int_quantized, "format 'int-quantized'"),
-    "asymmetric": (_asym, "asymmetric weights"),
+    "asymmetric-w8": (_asym, "W8A16 with asymmetric weights is not built"),
     "w4-channel": (_w4_channel, "W4A16 with strategy 'channel'"),
     "w8-group": (_w8_group, "W8A16 with strategy 'group'"),
     "w4-group16": (_w4_g16, "group_size=16"),

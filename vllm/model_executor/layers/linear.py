@@ -254,7 +254,17 @@ class ColumnParallelLinear(LinearBase):
         self, param: Parameter, loaded_weight: torch.Tensor, offset: int, size: int, rank_index: int
     ) -> None:
         """Copy rows [rank_index * size, +size) of a checkpoint tensor into
-        rows [offset, offset + size) of the fused parameter."""
+        rows [offset, offset + size) of the fused parameter. A parameter packed
+        along the output dim (an int4 zero point: 8 rows per int32) holds one
+        row per `pack_factor` output rows, so both are divided by it."""
+        if getattr(param, "packed_dim", None) == 0:
+            factor = int(getattr(param, "pack_factor", 1))
+            if offset % factor or size % factor:
+                raise ValueError(
+                    f"{self.prefix}: shard rows [{offset}, +{size}) do not split into whole "
+                    f"packed rows of {factor}; choose another tensor-parallel size."
+                )
+            offset, size = offset // factor, size // factor
         dst = param.data.narrow(0, offset, size)
         src = loaded_weight.narrow(0, rank_index * size, size)
         if dst.shape != src.shape:

@@ -43,7 +43,10 @@ QUANTIZATION_METHODS: list[str] = list(get_args(QuantizationMethods))
 
 # What runs here; each entry says what of the method is built.
 BUILT_QUANTIZATION_METHODS: dict[str, str] = {
-    "compressed-tensors": "W8A16 (int8 per-channel) and W4A16 (int4 group) pack-quantized",
+    "compressed-tensors": (
+        "W8A16 (int8 per channel, symmetric) and W4A16 (int4 per group of 32-256, "
+        "symmetric or asymmetric), pack-quantized"
+    ),
     "gguf": "a .gguf file given as the model (dequantized at load)",
 }
 

@@ -49,8 +49,8 @@ def _matches(name: str, target: str) -> bool:
 def _refuse(group: str, what: str) -> ValueError:
     return ValueError(
         f"compressed-tensors config group {group!r}: {what} is not built here "
-        "(built: W8A16 int8 per-channel and W4A16 int4 per-group, symmetric, "
-        "pack-quantized, weight-only)."
+        "(built: W8A16 int8 per-channel symmetric and W4A16 int4 per-group, "
+        "symmetric or asymmetric, pack-quantized, weight-only)."
     )
 
 
@@ -68,15 +68,18 @@ def _scheme_from_group(name: str, group: dict[str, Any], fmt: str | None) -> Com
         raise _refuse(name, f"weights of type {weights.get('type')!r} (FP8 weights)")
     if fmt not in _BUILT_FORMATS:
         raise _refuse(name, f"format {fmt!r}")
-    if not weights.get("symmetric", True):
-        raise _refuse(name, "asymmetric weights (weight_zero_point)")
     if weights.get("dynamic"):
         raise _refuse(name, "dynamic weight quantization")
     if weights.get("actorder") not in (None, False):
         raise _refuse(name, f"actorder={weights.get('actorder')!r}")
     bits, strategy = weights.get("num_bits"), weights.get("strategy")
     try:
-        return CompressedTensorsWNA16(str(strategy), int(bits or 0), weights.get("group_size"))
+        return CompressedTensorsWNA16(
+            str(strategy),
+            int(bits or 0),
+            weights.get("group_size"),
+            symmetric=bool(weights.get("symmetric", True)),
+        )
     except ValueError as e:
         raise _refuse(name, str(e)) from None
 

@@ -7,7 +7,10 @@ The checkpoint holds, per linear (llm-compressor's names):
                  (stored = q + 2**(bits-1), q the signed quantized value);
   weight_scale   [out, in / group_size] (strategy "group") or [out, 1] ("channel");
   weight_shape   int [2]: the dense [out, in] (read, not needed: the layer knows it).
-The dense weight is w = q * scale (symmetric; compressed-tensors' dequantize).
+  weight_zero_point (asymmetric only) int32 [out * bits / 32, in / group_size]:
+                 the signed zero points, offset-coded and packed along the OUTPUT dim.
+The dense weight is w = (q - zp) * scale (compressed-tensors' dequantize; zp = 0
+when symmetric).
 
 Once loaded the weights are repacked for torch's CPU weight-only kernels and
 stay low-bit in memory:
@@ -16,8 +19,8 @@ stay low-bit in memory:
   4 bits, per group: `aten._convert_weight_to_int4pack_for_cpu` of the unsigned
     values (0..15) and scale/zero pairs [in / group, out, 2] for
     `aten._weight_int4pack_mm_for_cpu`, which computes w = (u - 8) * scale + zero;
-    with u = q + 8 (the same offset code as the checkpoint) and zero = 0 this
-    is q * scale.
+    with u = q + 8 (the same offset code as the checkpoint) and zero = -zp * scale
+    this is (q - zp) * scale.
 """
 
 from __future__ import annotations
@@ -57,7 +60,13 @@ class CompressedTensorsWNA16(CompressedTensorsScheme):
     """W{4,8}A16: symmetric int weights, activations in the model dtype.
     `layer` is typed Any: the attributes read are those `create_weights` set."""
 
-    def __init__(self, strategy: str, num_bits: int, group_size: int | None = None) -> None:
+    def __init__(
+        self,
+        strategy: str,
+        num_bits: int,
+        group_size: int | None = None,
+        symmetric: bool = True,
+    ) -> None:
         if strategy not in WNA16_SUPPORTED_BITS.get(num_bits, ()):
             raise ValueError(
                 f"compressed-tensors W{num_bits}A16 with strategy {strategy!r} is not built "
@@ -68,6 +77,12 @@ class CompressedTensorsWNA16(CompressedTensorsScheme):
                 f"compressed-tensors W4A16 group_size={group_size} is not built "
                 f"(built: {INT4_GROUP_SIZES})."
             )
+        if not symmetric and num_bits != 4:
+            raise ValueError(
+                f"compressed-tensors W{num_bits}A16 with asymmetric weights is not built "
+                "(built: asymmetric W4A16 per group)."
+            )
+        self.symmetric = symmetric
         self.strategy = strategy
         self.num_bits = num_bits
         self.pack_factor = 32 // num_bits
@@ -125,6 +140,23 @@ class CompressedTensorsWNA16(CompressedTensorsScheme):
         layer.register_parameter("weight_packed", packed)
         layer.register_parameter("weight_scale", scale)
         layer.register_parameter("weight_shape", shape)
+        if not self.symmetric:
+            # Zero points: pack_factor output rows per int32, packed along dim 0.
+            zero = Parameter(
+                torch.empty(out // self.pack_factor, scale_cols, dtype=torch.int32),
+                requires_grad=False,
+            )
+            set_weight_attrs(
+                zero,
+                {
+                    "weight_loader": weight_loader,
+                    "output_dim": 0,
+                    "input_dim": 1 if grouped_and_split else None,
+                    "packed_dim": 0,
+                    "pack_factor": self.pack_factor,
+                },
+            )
+            layer.register_parameter("weight_zero_point", zero)
         layer.input_size_per_partition = k
 
     def process_weights_after_loading(self, layer: Any) -> None:
@@ -139,8 +171,15 @@ class CompressedTensorsWNA16(CompressedTensorsScheme):
             layer.weight_scale = Parameter(scale[:, 0].contiguous(), requires_grad=False)
             return
         w_int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 1)
+        zero = torch.zeros_like(scale)
+        if not self.symmetric:
+            # w = (q - zp) * scale = q * scale + zero with zero = -zp * scale.
+            packed_zp = layer.weight_zero_point.data
+            zp = unpack_from_int32(packed_zp.t().contiguous(), self.num_bits, scale.shape[0]).t()
+            zero = -(zp - (1 << (self.num_bits - 1))).to(scale.dtype) * scale
+            del layer.weight_zero_point
         # [out, groups] -> [groups, out, (scale, zero)].
-        scale_and_zero = torch.stack([scale.t(), torch.zeros_like(scale.t())], dim=-1)
+        scale_and_zero = torch.stack([scale.t(), zero.t()], dim=-1)
         layer.weight_packed = Parameter(w_int4, requires_grad=False)
         layer.weight_scale = Parameter(scale_and_zero.contiguous(), requires_grad=False)
 

@@ -163,3 +163,14 @@ def test_get_quantization_config():
     assert get_quantization_config("compressed-tensors") is CompressedTensorsConfig
     with pytest.raises(ValueError, match="'awq' is not built"):
         get_quantization_config("awq")
+
+
+def test_device_without_kernels_is_refused(ct_dir):
+    """The compressed-tensors kernels here are torch's CPU ones: another
+    device is refused when the config is parsed, not served dequantized."""
+    from vllm.config import VllmConfig
+
+    model_config = _config(ct_dir).model_config
+    assert VllmConfig._get_quantization_config(model_config, "cpu") is not None
+    with pytest.raises(ValueError, match="CPU kernels only here; the cuda kernels are not built"):
+        VllmConfig._get_quantization_config(model_config, "cuda")

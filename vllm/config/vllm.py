@@ -88,7 +88,7 @@ class VllmConfig:
         mc = self.model_config
         if mc is not None:
             self.scheduler_config.verify_with_model_len(mc.max_model_len)
-            self.quant_config = self._get_quantization_config(mc)
+            self.quant_config = self._get_quantization_config(mc, self.device_config.device_type)
             if mc.runner_type == "pooling":
                 raise ValueError(
                     f"Pooling models (runner={mc.runner!r}, --runner) are not "
@@ -100,10 +100,13 @@ class VllmConfig:
         self._resolve_async_scheduling()
 
     @staticmethod
-    def _get_quantization_config(model_config: ModelConfig) -> QuantizationConfig | None:
+    def _get_quantization_config(
+        model_config: ModelConfig, device_type: str = "cpu"
+    ) -> QuantizationConfig | None:
         """Parse the checkpoint's quantization_config with the resolved
         method's class (upstream: VllmConfig._get_quantization_config): an
-        unbuilt scheme, or a model dtype the method's kernels do not take, is
+        unbuilt scheme, a model dtype the method's kernels do not take, or a
+        device without its kernels (min capability -1: CPU kernels only) is
         refused here, at start-up."""
         from vllm.model_executor.layers.quantization import get_quantization_config
 
@@ -117,6 +120,11 @@ class VllmConfig:
             raise ValueError(
                 f"dtype={model_config.dtype} (--dtype) is not supported for quantization "
                 f"method {method!r}; supported: {[str(d) for d in supported]}."
+            )
+        if device_type != "cpu" and quant_config.get_min_capability() < 0:
+            raise ValueError(
+                f"Quantization method {method!r} has CPU kernels only here; the {device_type} "
+                "kernels are not built (the weights are never dequantized instead)."
             )
         return quant_config
 

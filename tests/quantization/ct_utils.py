@@ -155,3 +155,76 @@ def write_compressed(
     if ref is not None:
         _copy_dir(src, ref)
         save_file(deq, os.path.join(ref, "model.safetensors"))
+
+
+def w8a8_quantization_config() -> dict:
+    """llm-compressor's W8A8 int8 preset: int8 per-channel weights stored
+    unpacked ("int-quantized"), dynamic per-token int8 activations."""
+    cfg = quantization_config(8, None)
+    group = cfg["config_groups"]["group_0"]
+    group["input_activations"] = {
+        "num_bits": 8,
+        "type": "int",
+        "symmetric": True,
+        "strategy": "token",
+        "dynamic": True,
+        "observer": None,
+    }
+    cfg["format"] = group["format"] = "int-quantized"
+    return cfg
+
+
+def write_w8a8(src: str, dst: str, ref: str) -> None:
+    """`src` as a W8A8 int8 checkpoint in `dst` (int8 `weight`, `weight_scale`
+    [N, 1]); its dequantized weights in `ref`."""
+    weights = load_file(os.path.join(src, "model.safetensors"))
+    out, deq = {}, {}
+    for name, w in weights.items():
+        module = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
+        if module not in QUANTIZED:
+            out[name] = deq[name] = w
+            continue
+        q, scale = quantize(w, 8, None)
+        out[name] = q
+        out[name.replace(".weight", ".weight_scale")] = scale
+        deq[name] = dequantize(q, scale).to(w.dtype)
+    for d, tensors in ((dst, out), (ref, deq)):
+        _copy_dir(src, d)
+        save_file(tensors, os.path.join(d, "model.safetensors"))
+    cfg_path = os.path.join(dst, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = w8a8_quantization_config()
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+
+
+def hf_greedy_act_quant(model_dir: str, prompts: list[list[int]], max_new_tokens: int):
+    """transformers' greedy `generate` with every quantized linear's input
+    fake-quantized per token to int8 (symmetric: round(x / s) * s with
+    s = max|x_row| / 127), i.e. W8A8 run in float."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def fake_quant(module, args):
+        x = args[0].float()
+        s = (x.abs().amax(dim=-1, keepdim=True) / 127.0).clamp(min=1e-10)
+        return (torch.round(x / s).clamp(-128, 127) * s,)
+
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in QUANTIZED:
+            module.register_forward_pre_hook(fake_quant)
+    outs = []
+    with torch.no_grad():
+        for ids in prompts:
+            y = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            outs.append(y[0, len(ids) :].tolist())
+    return outs

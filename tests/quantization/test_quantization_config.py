@@ -95,8 +95,17 @@ def _group(cfg: dict) -> dict:
     return cfg["config_groups"]["group_0"]
 
 
-def _w8a8(cfg: dict) -> None:
+def _w8a8_static(cfg: dict) -> None:
+    _int_quantized(cfg)
+    _group(cfg)["input_activations"] = {"num_bits": 8, "type": "int", "dynamic": False}
+
+
+def _w8a8_packed(cfg: dict) -> None:
     _group(cfg)["input_activations"] = {"num_bits": 8, "type": "int", "dynamic": True}
+
+
+def _w8a8_fp8(cfg: dict) -> None:
+    _group(cfg)["input_activations"] = {"num_bits": 8, "type": "float", "dynamic": True}
 
 
 def _fp8(cfg: dict) -> None:
@@ -136,9 +145,11 @@ def _sparse(cfg: dict) -> None:
 
 
 UNBUILT = {
-    "w8a8": (_w8a8, "activation quantization"),
+    "w8a8-static": (_w8a8_static, "static activation quantization"),
+    "w8a8-pack-quantized": (_w8a8_packed, "W8A8 in format 'pack-quantized'"),
+    "fp8-dynamic": (_w8a8_fp8, "activations of type 'float'"),
     "fp8": (_fp8, "weights of type 'float'"),
-    "int-quantized": (_int_quantized, "format 'int-quantized'"),
+    "int-quantized": (_int_quantized, "format 'int-quantized' for weight-only"),
     "asymmetric-w8": (_asym, "W8A16 with asymmetric weights is not built"),
     "w4-channel": (_w4_channel, "W4A16 with strategy 'channel'"),
     "w8-group": (_w8_group, "W8A16 with strategy 'group'"),

@@ -37,7 +37,10 @@ from vllm.model_executor.layers.quantization.base_config import (
     QuantizeMethodBase,
 )
 from vllm.model_executor.layers.utils import pack_weight_for_cpu, unquantized_gemm
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.model_loader.weight_utils import (
+    check_weight_dtype,
+    default_weight_loader,
+)
 from vllm.model_executor.utils import set_weight_attrs
 
 
@@ -170,6 +173,16 @@ class LinearBase(nn.Module):
         """Copy this rank's part of `loaded_weight` into `param` (per subclass)."""
         raise NotImplementedError
 
+    def _rank_slice(self, loaded_weight: torch.Tensor, dim: int, shard: int) -> torch.Tensor:
+        """This rank's `shard` entries along `dim` of a checkpoint tensor that
+        must hold `shard` per rank (a ValueError naming both shapes if not)."""
+        if loaded_weight.dim() <= dim or loaded_weight.shape[dim] != shard * self.tp_size:
+            raise ValueError(
+                f"{self.prefix}: checkpoint tensor of shape {tuple(loaded_weight.shape)} does "
+                f"not hold {shard} x {self.tp_size} ranks along dim {dim}."
+            )
+        return loaded_weight.narrow(dim, self.tp_rank * shard, shard)
+
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         """Once loaded, let the quant method repack the weights for its kernel."""
         self.quant_method.process_weights_after_loading(self)
@@ -247,7 +260,7 @@ class ColumnParallelLinear(LinearBase):
         self, param: Parameter, loaded_weight: torch.Tensor, loaded_shard_id: Any = None
     ) -> None:
         shard = param.data.shape[0]
-        loaded_weight = loaded_weight.narrow(0, self.tp_rank * shard, shard)
+        loaded_weight = self._rank_slice(loaded_weight, 0, shard)
         default_weight_loader(param, loaded_weight)
 
     def _copy_shard(
@@ -265,6 +278,7 @@ class ColumnParallelLinear(LinearBase):
                     f"packed rows of {factor}; choose another tensor-parallel size."
                 )
             offset, size = offset // factor, size // factor
+        check_weight_dtype(param, loaded_weight)
         dst = param.data.narrow(0, offset, size)
         src = loaded_weight.narrow(0, rank_index * size, size)
         if dst.shape != src.shape:
@@ -410,7 +424,7 @@ class RowParallelLinear(LinearBase):
     ) -> None:
         if getattr(param, "input_dim", None) is not None:
             shard = param.data.shape[1]
-            loaded_weight = loaded_weight.narrow(1, self.tp_rank * shard, shard)
+            loaded_weight = self._rank_slice(loaded_weight, 1, shard)
         default_weight_loader(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Parameter | None]:

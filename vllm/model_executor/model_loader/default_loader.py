@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -55,7 +55,30 @@ class DefaultModelLoader(BaseModelLoader):
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         start = time.perf_counter()
         weights_to_load = {name for name, _ in model.named_parameters()}
-        loaded = load_model_weights(model, self.get_all_weights(model_config, model))
+        current: list[str] = []  # the tensor being loaded, for errors
+
+        def named(
+            weights: Iterator[tuple[str, torch.Tensor]],
+        ) -> Iterator[tuple[str, torch.Tensor]]:
+            it = iter(weights)
+            while True:
+                current.clear()  # an error reading the files names the file itself
+                try:
+                    name, tensor = next(it)
+                except StopIteration:
+                    return
+                current.append(name)
+                yield name, tensor
+
+        try:
+            loaded = load_model_weights(model, named(self.get_all_weights(model_config, model)))
+        except (ValueError, RuntimeError) as e:
+            if not current or type(e) not in (ValueError, RuntimeError):
+                raise
+            # Same exception type, with the tensor and checkpoint named.
+            raise type(e)(
+                f"Loading checkpoint tensor {current[0]!r} of {model_config.model!r} failed: {e}"
+            ) from e
         missing = weights_to_load - loaded
         if missing:
             raise ValueError(

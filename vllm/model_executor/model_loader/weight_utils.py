@@ -25,12 +25,23 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> N
         # Scalars may be stored as [] or [1].
         param.data.fill_(loaded_weight.item())
         return
+    check_weight_dtype(param, loaded_weight)
     if param.size() != loaded_weight.size():
         raise ValueError(
             f"Attempted to load weight {tuple(loaded_weight.size())} into "
             f"parameter {tuple(param.size())}."
         )
     param.data.copy_(loaded_weight)
+
+
+def check_weight_dtype(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    """Refuse a float tensor for an integer parameter (packed quantized
+    weights) or the reverse: a cast would load garbage silently."""
+    if param.dtype.is_floating_point != loaded_weight.dtype.is_floating_point:
+        raise ValueError(
+            f"Attempted to load a {loaded_weight.dtype} tensor into a {param.dtype} "
+            "parameter (a quantized checkpoint with a tensor of the wrong kind?)."
+        )
 
 
 def get_weight_loader(param: torch.Tensor) -> Callable[..., None]:
@@ -80,7 +91,13 @@ def safetensors_weights_iterator(
     from safetensors import safe_open
 
     for st_file in hf_weights_files:
-        with safe_open(st_file, framework="pt") as f:
+        try:
+            handle = safe_open(st_file, framework="pt")
+        except Exception as e:  # safetensors raises its own error types
+            raise ValueError(
+                f"Cannot read checkpoint file {st_file!r} (corrupt or truncated?): {e}"
+            ) from e
+        with handle as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
                 yield name, f.get_tensor(name)
 

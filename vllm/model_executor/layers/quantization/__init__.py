@@ -45,7 +45,8 @@ QUANTIZATION_METHODS: list[str] = list(get_args(QuantizationMethods))
 BUILT_QUANTIZATION_METHODS: dict[str, str] = {
     "compressed-tensors": (
         "W8A16 (int8 per channel, symmetric) and W4A16 (int4 per group of 32-256, "
-        "symmetric or asymmetric), pack-quantized"
+        "symmetric or asymmetric), pack-quantized; W8A8 int8 (dynamic per-token "
+        "activations), int-quantized"
     ),
     "gguf": "a .gguf file given as the model (dequantized at load)",
 }

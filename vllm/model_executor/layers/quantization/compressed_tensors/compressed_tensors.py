@@ -10,7 +10,8 @@ config.json's `quantization_config` (llm-compressor's output) looks like
    "ignore": ["lm_head"], ...}
 Each linear takes the scheme of the first group whose targets match it
 ("Linear", an exact module name, or "re:<regex>"), unless `ignore` names it.
-Only the schemes with a CPU kernel here are accepted (`_scheme_from_group`);
+Only the schemes with a CPU kernel here are accepted (`_scheme_from_group`:
+W8A16 / W4A16 weight-only, and W8A8 int8 with dynamic per-token activations);
 any other is refused at start-up by name, never dequantized.
 """
 
@@ -33,10 +34,11 @@ from vllm.model_executor.layers.quantization.base_config import (
 )
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
     CompressedTensorsScheme,
+    CompressedTensorsW8A8Int8,
     CompressedTensorsWNA16,
 )
 
-_BUILT_FORMATS = ("pack-quantized",)
+_WNA16_FORMATS = ("pack-quantized",)
 
 
 def _matches(name: str, target: str) -> bool:
@@ -49,29 +51,32 @@ def _matches(name: str, target: str) -> bool:
 def _refuse(group: str, what: str) -> ValueError:
     return ValueError(
         f"compressed-tensors config group {group!r}: {what} is not built here "
-        "(built: W8A16 int8 per-channel symmetric and W4A16 int4 per-group, "
-        "symmetric or asymmetric, pack-quantized, weight-only)."
+        "(built: pack-quantized W8A16 int8 per channel and W4A16 int4 per group, "
+        "symmetric or asymmetric; int-quantized W8A8 int8 per channel with dynamic "
+        "per-token activations)."
     )
 
 
-def _scheme_from_group(name: str, group: dict[str, Any], fmt: str | None) -> CompressedTensorsWNA16:
+def _scheme_from_group(
+    name: str, group: dict[str, Any], fmt: str | None
+) -> CompressedTensorsScheme:
     """The scheme of one config group, or a ValueError naming what is not built."""
     fmt = group.get("format") or fmt
     weights = group.get("weights")
-    if group.get("input_activations") is not None:
-        raise _refuse(name, "activation quantization (W8A8 / FP8 dynamic)")
     if group.get("output_activations") is not None:
         raise _refuse(name, "output activation quantization")
     if not weights:
         raise _refuse(name, "a group without weight quantization")
     if weights.get("type", "int") != "int":
         raise _refuse(name, f"weights of type {weights.get('type')!r} (FP8 weights)")
-    if fmt not in _BUILT_FORMATS:
-        raise _refuse(name, f"format {fmt!r}")
     if weights.get("dynamic"):
         raise _refuse(name, "dynamic weight quantization")
     if weights.get("actorder") not in (None, False):
         raise _refuse(name, f"actorder={weights.get('actorder')!r}")
+    if group.get("input_activations") is not None:
+        return _w8a8_scheme(name, weights, group["input_activations"], fmt)
+    if fmt not in _WNA16_FORMATS:
+        raise _refuse(name, f"format {fmt!r} for weight-only quantization")
     bits, strategy = weights.get("num_bits"), weights.get("strategy")
     try:
         return CompressedTensorsWNA16(
@@ -84,12 +89,38 @@ def _scheme_from_group(name: str, group: dict[str, Any], fmt: str | None) -> Com
         raise _refuse(name, str(e)) from None
 
 
+def _w8a8_scheme(
+    name: str, weights: dict[str, Any], acts: dict[str, Any], fmt: str | None
+) -> CompressedTensorsW8A8Int8:
+    """W8A8 int8: int8 per-channel symmetric weights ("int-quantized") and
+    dynamic symmetric per-token int8 activations; anything else is refused."""
+    if acts.get("type", "int") != "int":
+        raise _refuse(name, f"activations of type {acts.get('type')!r} (FP8 W8A8)")
+    if acts.get("num_bits") != 8 or weights.get("num_bits") != 8:
+        raise _refuse(
+            name, f"W{weights.get('num_bits')}A{acts.get('num_bits')} activation quantization"
+        )
+    if not acts.get("dynamic"):
+        raise _refuse(name, "static activation quantization (input_scale)")
+    if not acts.get("symmetric", True) or not weights.get("symmetric", True):
+        raise _refuse(name, "asymmetric W8A8")
+    if acts.get("strategy", "token") != "token" or weights.get("strategy") != "channel":
+        raise _refuse(
+            name,
+            f"W8A8 with weight strategy {weights.get('strategy')!r} and activation strategy "
+            f"{acts.get('strategy')!r} (built: channel / token)",
+        )
+    if fmt != "int-quantized":
+        raise _refuse(name, f"W8A8 in format {fmt!r}")
+    return CompressedTensorsW8A8Int8()
+
+
 class CompressedTensorsConfig(QuantizationConfig):
     """The parsed `quantization_config` of a compressed-tensors checkpoint."""
 
     def __init__(
         self,
-        target_scheme_map: dict[str, CompressedTensorsWNA16],
+        target_scheme_map: dict[str, CompressedTensorsScheme],
         targets_by_group: dict[str, list[str]],
         ignore: list[str],
     ) -> None:

@@ -4,9 +4,17 @@
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_scheme import (  # noqa: E501
     CompressedTensorsScheme,
 )
+from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_w8a8_int8 import (  # noqa: E501
+    CompressedTensorsW8A8Int8,
+)
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16 import (  # noqa: E501
     WNA16_SUPPORTED_BITS,
     CompressedTensorsWNA16,
 )
 
-__all__ = ["WNA16_SUPPORTED_BITS", "CompressedTensorsScheme", "CompressedTensorsWNA16"]
+__all__ = [
+    "WNA16_SUPPORTED_BITS",
+    "CompressedTensorsScheme",
+    "CompressedTensorsW8A8Int8",
+    "CompressedTensorsWNA16",
+]

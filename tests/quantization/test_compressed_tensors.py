@@ -295,3 +295,19 @@ def test_w8a8_int8_gemm_is_exact():
     torch.testing.assert_close(
         y, xq.double().matmul(wd.double().t()).float() + layer.bias, rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_llama_family_variants(tmp_path, monkeypatch, kind):
+    """Qwen2 (q/k/v biases added after the int4 GEMM) and Qwen3 (q/k norms)
+    take the quantized linears too."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    src = make_tiny_model(kind, str(tmp_path / "src"), **SHAPES)
+    dst, ref = str(tmp_path / "dst"), str(tmp_path / "ref")
+    write_compressed(src, dst, ref, 4, 32)
+    llm = LLM(model=dst, dtype="float32", max_model_len=128, seed=0)
+    (has_bias,) = _runner_attr(
+        llm, lambda r: r.get_model().model.layers[0].self_attn.qkv_proj.bias is not None
+    )
+    assert has_bias is (kind == "qwen2")
+    assert _generate(llm) == hf_greedy(ref, _prompts(), MAX_TOKENS)

@@ -128,8 +128,10 @@ class EngineArgs:
     )
     quantization: str | None = _arg(
         None,
-        'Quantization method of the weights. Only "gguf" '
-        "(with a .gguf model) is built; others are refused.",
+        "Quantization method of the weights; by default the checkpoint's "
+        "quantization_config.quant_method. Built: compressed-tensors (W8A16, W4A16, "
+        'W8A8 int8 on CPU) and "gguf" (a .gguf model); a value that contradicts the '
+        "checkpoint, or another method, is refused.",
         "ModelConfig",
         type=_opt_str,
         aliases=("-q",),

@@ -199,10 +199,12 @@ def write_w8a8(src: str, dst: str, ref: str) -> None:
         json.dump(cfg, f)
 
 
-def hf_greedy_act_quant(model_dir: str, prompts: list[list[int]], max_new_tokens: int):
-    """transformers' greedy `generate` with every quantized linear's input
-    fake-quantized per token to int8 (symmetric: round(x / s) * s with
-    s = max|x_row| / 127), i.e. W8A8 run in float."""
+def hf_act_quant_model(model_dir: str):
+    """transformers' model with every quantized linear's input fake-quantized
+    per token to int8 (symmetric: round(x / s) * s with s = max|x_row| / 127),
+    i.e. W8A8 run in float on one device. (At TP=2 each rank quantizes its
+    own slice of a row-parallel layer's input, with its own scale, as
+    upstream does: not this emulation.)"""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -215,6 +217,10 @@ def hf_greedy_act_quant(model_dir: str, prompts: list[list[int]], max_new_tokens
     for name, module in model.named_modules():
         if name.rsplit(".", 1)[-1] in QUANTIZED:
             module.register_forward_pre_hook(fake_quant)
+    return model
+
+
+def greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     outs = []
     with torch.no_grad():
         for ids in prompts:
@@ -228,3 +234,18 @@ def hf_greedy_act_quant(model_dir: str, prompts: list[list[int]], max_new_tokens
             )
             outs.append(y[0, len(ids) :].tolist())
     return outs
+
+
+def tie_margins(model, prompts, got, want) -> list[float]:
+    """For each sequence where `got` parts from `want`: the reference's logit
+    of its own token minus that of `got`'s, at the first differing position
+    (teacher-forced on the common prefix); small means a near-tie."""
+    margins = []
+    with torch.no_grad():
+        for ids, g, w in zip(prompts, got, want):
+            if g == w:
+                continue
+            j = next(i for i, (a, b) in enumerate(zip(g, w)) if a != b)
+            logits = model(torch.tensor([ids + w[:j]])).logits[0, -1]
+            margins.append(float(logits[w[j]] - logits[g[j]]))
+    return margins

@@ -27,6 +27,8 @@ SCHEMES = {
     "w4a16-g64-asym": (4, 64, False),
 }
 # hidden 128 so that a group of 128 fits the attention projections.
+# Largest reference logit gap allowed where W8A8 and its float emulation part.
+MARGIN = 0.02
 SHAPES = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 
 
@@ -190,6 +192,10 @@ def test_architecture_without_quantized_layers_is_refused(tmp_path, monkeypatch)
         LLM(model=model, dtype="float32", max_model_len=128)
 
 
+def _sharpen_logits(tensors: dict) -> None:
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] * 30
+
+
 def _break_checkpoint(model_dir: str, edit) -> None:
     from safetensors.torch import load_file, save_file
 
@@ -241,24 +247,30 @@ def test_w8a8_int8_matches_transformers_with_fake_quantized_activations(
     at run time) gives the tokens of transformers running the dequantized
     weights with each linear's input fake-quantized the same way; the
     weights stay int8."""
-    from tests.quantization.ct_utils import hf_greedy_act_quant, write_w8a8
+    from tests.quantization.ct_utils import greedy, hf_act_quant_model, tie_margins, write_w8a8
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", runner)
     src = make_tiny_model("llama", str(tmp_path / "src"), **SHAPES)
+    _break_checkpoint(src, _sharpen_logits)
     dst, ref = str(tmp_path / "w8a8"), str(tmp_path / "ref")
     write_w8a8(src, dst, ref)
     llm = LLM(model=dst, dtype="float32", max_model_len=128, seed=0)
     (dtype,) = _runner_attr(llm, lambda r: r.get_model().model.layers[0].mlp.down_proj.weight.dtype)
     assert dtype == torch.int8
-    got, want = _generate(llm), hf_greedy_act_quant(ref, _prompts(), MAX_TOKENS)
+    model = hf_act_quant_model(ref)
+    got = _generate(llm)
+    want = greedy(model, _prompts(), MAX_TOKENS)
     # Activation rounding amplifies float noise: an activation a hair from a
-    # rounding boundary in one implementation (attention sums in another
-    # order) lands on the other side in the other, so late tokens of a
-    # near-tie may part. The first 16 tokens of every prompt, and most whole
-    # sequences, must agree; the GEMM itself is checked exactly below.
-    assert [g[:16] for g in got] == [w[:16] for w in want]
-    assert sum(g == w for g, w in zip(got, want)) >= len(want) - 2
+    # rounding boundary in one implementation (attention or the TP all-reduce
+    # summing in another order) lands on the other side in the other, so a
+    # near-tie may part the sequences. Where they part, the reference must
+    # rate both tokens within MARGIN logits. The LM head is scaled up 30x so
+    # that ties are rare and an error shows: measured, the correct kernel
+    # parts once at a gap of 0.009; one scale per batch instead of per token
+    # parts 4 of 8 at gaps of 0.036-0.149. The GEMM is checked exactly below.
+    margins = tie_margins(model, _prompts(), got, want)
+    assert all(0 <= m < MARGIN for m in margins), margins
 
 
 def test_w8a8_int8_gemm_is_exact():

@@ -20,19 +20,16 @@ gives exactly `extract_reasoning`'s pair.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from vllm.utils.parser_registry import LazyParserRegistry
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.protocol_responses import DeltaMessage
     from vllm.tokenizers.protocol import TokenizerLike
-
-_P = TypeVar("_P", bound=type["ReasoningParser"])
 
 
 class ReasoningParser(ABC):
@@ -91,71 +88,24 @@ class ReasoningParser(ABC):
         return None
 
 
-class ReasoningParserManager:
-    """Name -> ReasoningParser class; built-ins register lazily, plugins with
-    `@ReasoningParserManager.register_module("name")` in a
-    `--reasoning-parser-plugin` file."""
+class ReasoningParserManager(LazyParserRegistry):
+    """Name -> ReasoningParser class (vllm/utils/parser_registry.py). Built-ins
+    register lazily; plugins with `@ReasoningParserManager.register_module("name")`
+    in a `--reasoning-parser-plugin` file."""
 
-    reasoning_parsers: dict[str, type[ReasoningParser]] = {}
-    lazy_parsers: dict[str, tuple[str, str]] = {}
+    reasoning_parsers: ClassVar[dict[str, type[ReasoningParser]]] = {}
+    lazy_parsers: ClassVar[dict[str, tuple[str, str]]] = {}
+    _classes = reasoning_parsers
+    _kind = "Reasoning parser"
+    _base = ReasoningParser
+    _plugin_flag = "--reasoning-parser-plugin"
 
     @classmethod
     def get_reasoning_parser(cls, name: str) -> type[ReasoningParser]:
-        if name in cls.reasoning_parsers:
-            return cls.reasoning_parsers[name]
-        if name in cls.lazy_parsers:
-            module_path, class_name = cls.lazy_parsers[name]
-            parser = getattr(importlib.import_module(module_path), class_name)
-            cls.reasoning_parsers[name] = parser
-            return parser
-        raise KeyError(
-            f"Reasoning parser {name!r} not found; available: {', '.join(cls.list_registered())}"
-        )
-
-    @classmethod
-    def list_registered(cls) -> list[str]:
-        return sorted(set(cls.reasoning_parsers) | set(cls.lazy_parsers))
-
-    @classmethod
-    def register_lazy_module(cls, name: str, module_path: str, class_name: str) -> None:
-        cls.lazy_parsers[name] = (module_path, class_name)
-
-    @classmethod
-    def _register_module(
-        cls, module: type[ReasoningParser], module_name: str | list[str] | None, force: bool
-    ) -> None:
-        if not (isinstance(module, type) and issubclass(module, ReasoningParser)):
-            raise TypeError(f"reasoning parser must subclass ReasoningParser, got {module!r}")
-        names = [module.__name__] if module_name is None else module_name
-        for name in [names] if isinstance(names, str) else names:
-            if not force and name in cls.reasoning_parsers:
-                raise KeyError(f"{name!r} is already registered as {cls.reasoning_parsers[name]}")
-            cls.reasoning_parsers[name] = module
-
-    @classmethod
-    def register_module(
-        cls,
-        name: str | list[str] | None = None,
-        force: bool = True,
-        module: type[ReasoningParser] | None = None,
-    ) -> Callable[[_P], _P] | type[ReasoningParser]:
-        """Register `module` under `name` (a decorator when `module` is None)."""
-        if module is not None:
-            cls._register_module(module, name, force)
-            return module
-
-        def decorator(parser: _P) -> _P:
-            cls._register_module(parser, name, force)
-            return parser
-
-        return decorator
+        parser: type[ReasoningParser] = cls._get(name)
+        return parser
 
     @classmethod
     def import_reasoning_parser(cls, plugin_path: str) -> None:
         """Run a plugin file (`--reasoning-parser-plugin`), which registers its parsers."""
-        module_name = os.path.splitext(os.path.basename(plugin_path))[0]
-        spec = importlib.util.spec_from_file_location(module_name, plugin_path)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"--reasoning-parser-plugin: cannot load {plugin_path!r}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        cls._import_plugin(plugin_path)

@@ -25,14 +25,12 @@ Text that looks like a call but does not parse is content, never an error.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllm.logger import init_logger
+from vllm.utils.parser_registry import LazyParserRegistry
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.protocol import ChatCompletionRequest
@@ -43,8 +41,6 @@ if TYPE_CHECKING:
     from vllm.tokenizers.protocol import TokenizerLike
 
 logger = init_logger(__name__)
-
-_P = TypeVar("_P", bound=type["ToolParser"])
 
 
 class ToolParser:
@@ -91,72 +87,24 @@ class ToolParser:
         )
 
 
-class ToolParserManager:
-    """Name -> ToolParser class. Built-in parsers register lazily (module path
-    and class name, imported on first use); plugins register eagerly with
-    `@ToolParserManager.register_module("name")` in a file given to
-    `--tool-parser-plugin`."""
+class ToolParserManager(LazyParserRegistry):
+    """Name -> ToolParser class (vllm/utils/parser_registry.py). Built-ins
+    register lazily; plugins with `@ToolParserManager.register_module("name")`
+    in a file given to `--tool-parser-plugin`."""
 
-    tool_parsers: dict[str, type[ToolParser]] = {}
-    lazy_parsers: dict[str, tuple[str, str]] = {}
+    tool_parsers: ClassVar[dict[str, type[ToolParser]]] = {}
+    lazy_parsers: ClassVar[dict[str, tuple[str, str]]] = {}
+    _classes = tool_parsers
+    _kind = "Tool parser"
+    _base = ToolParser
+    _plugin_flag = "--tool-parser-plugin"
 
     @classmethod
     def get_tool_parser(cls, name: str) -> type[ToolParser]:
-        if name in cls.tool_parsers:
-            return cls.tool_parsers[name]
-        if name in cls.lazy_parsers:
-            module_path, class_name = cls.lazy_parsers[name]
-            parser = getattr(importlib.import_module(module_path), class_name)
-            cls.tool_parsers[name] = parser
-            return parser
-        raise KeyError(
-            f"Tool parser {name!r} not found; available: {', '.join(cls.list_registered())}"
-        )
-
-    @classmethod
-    def list_registered(cls) -> list[str]:
-        return sorted(set(cls.tool_parsers) | set(cls.lazy_parsers))
-
-    @classmethod
-    def register_lazy_module(cls, name: str, module_path: str, class_name: str) -> None:
-        cls.lazy_parsers[name] = (module_path, class_name)
-
-    @classmethod
-    def _register_module(
-        cls, module: type[ToolParser], module_name: str | list[str] | None, force: bool
-    ) -> None:
-        if not (isinstance(module, type) and issubclass(module, ToolParser)):
-            raise TypeError(f"tool parser must subclass ToolParser, got {module!r}")
-        names = [module.__name__] if module_name is None else module_name
-        for name in [names] if isinstance(names, str) else names:
-            if not force and name in cls.tool_parsers:
-                raise KeyError(f"{name!r} is already registered as {cls.tool_parsers[name]}")
-            cls.tool_parsers[name] = module
-
-    @classmethod
-    def register_module(
-        cls,
-        name: str | list[str] | None = None,
-        force: bool = True,
-        module: type[ToolParser] | None = None,
-    ) -> Callable[[_P], _P] | type[ToolParser]:
-        """Register `module` under `name` (a decorator when `module` is None)."""
-        if module is not None:
-            cls._register_module(module, name, force)
-            return module
-
-        def decorator(parser: _P) -> _P:
-            cls._register_module(parser, name, force)
-            return parser
-
-        return decorator
+        parser: type[ToolParser] = cls._get(name)
+        return parser
 
     @classmethod
     def import_tool_parser(cls, plugin_path: str) -> None:
         """Run a plugin file (`--tool-parser-plugin`), which registers its parsers."""
-        module_name = os.path.splitext(os.path.basename(plugin_path))[0]
-        spec = importlib.util.spec_from_file_location(module_name, plugin_path)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"--tool-parser-plugin: cannot load {plugin_path!r}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        cls._import_plugin(plugin_path)

@@ -16,9 +16,9 @@ Once loaded the weights are repacked for torch's CPU weight-only kernels and
 stay low-bit in memory:
   8 bits, per channel: int8 [out, in] and scales [out] for
     `aten._weight_int8pack_mm(x, w_int8, scales)` = x @ (w_int8 * scales[:, None]).T;
-  4 bits, per group: `aten._convert_weight_to_int4pack_for_cpu` of the unsigned
-    values (0..15) and scale/zero pairs [in / group, out, 2] for
-    `aten._weight_int4pack_mm_for_cpu`, which computes w = (u - 8) * scale + zero;
+  4 bits, per group: utils/int4_cpu.py's `pack_int4_cpu` of the unsigned
+    values (0..15) and scale/zero pairs for `int4_cpu_linear`
+    (`aten._weight_int4pack_mm_for_cpu`), which computes w = (u - 8) * scale + zero;
     with u = q + 8 (the same offset code as the checkpoint) and zero = -zp * scale
     this is (q - zp) * scale.
 """
@@ -33,21 +33,18 @@ from torch.nn.parameter import Parameter
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_scheme import (  # noqa: E501
     CompressedTensorsScheme,
 )
+from vllm.model_executor.layers.quantization.utils.int4_cpu import (
+    INT4_GROUP_SIZES,
+    int4_cpu_linear,
+    pack_int4_cpu,
+)
+from vllm.model_executor.layers.quantization.utils.quant_utils import unpack_from_int32
 from vllm.model_executor.utils import set_weight_attrs
+
+__all__ = ["INT4_GROUP_SIZES", "CompressedTensorsWNA16", "unpack_from_int32"]
 
 # bits -> the strategies whose CPU kernel is built.
 WNA16_SUPPORTED_BITS: dict[int, tuple[str, ...]] = {8: ("channel",), 4: ("group",)}
-# _weight_int4pack_mm_for_cpu's group sizes.
-INT4_GROUP_SIZES = (32, 64, 128, 256)
-
-
-def unpack_from_int32(packed: torch.Tensor, num_bits: int, cols: int) -> torch.Tensor:
-    """The unsigned (offset-coded) values of a pack-quantized int32 tensor:
-    [rows, ceil(cols * bits / 32)] -> int32 [rows, cols] in [0, 2**bits)."""
-    pack_factor = 32 // num_bits
-    shifts = torch.arange(pack_factor, dtype=torch.int32, device=packed.device) * num_bits
-    values = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << num_bits) - 1)
-    return values.reshape(packed.shape[0], -1)[:, :cols].contiguous()
 
 
 def _ignore_loader(param: Parameter, loaded_weight: torch.Tensor, *args: Any) -> None:
@@ -170,7 +167,6 @@ class CompressedTensorsWNA16(CompressedTensorsScheme):
             layer.weight_packed = Parameter(w_int8, requires_grad=False)
             layer.weight_scale = Parameter(scale[:, 0].contiguous(), requires_grad=False)
             return
-        w_int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 1)
         zero = torch.zeros_like(scale)
         if not self.symmetric:
             # w = (q - zp) * scale = q * scale + zero with zero = -zp * scale.
@@ -178,22 +174,20 @@ class CompressedTensorsWNA16(CompressedTensorsScheme):
             zp = unpack_from_int32(packed_zp.t().contiguous(), self.num_bits, scale.shape[0]).t()
             zero = -(zp - (1 << (self.num_bits - 1))).to(scale.dtype) * scale
             del layer.weight_zero_point
-        # [out, groups] -> [groups, out, (scale, zero)].
-        scale_and_zero = torch.stack([scale.t(), zero.t()], dim=-1)
+        w_int4, scale_and_zero = pack_int4_cpu(values, scale, zero)
         layer.weight_packed = Parameter(w_int4, requires_grad=False)
-        layer.weight_scale = Parameter(scale_and_zero.contiguous(), requires_grad=False)
+        layer.weight_scale = Parameter(scale_and_zero, requires_grad=False)
 
     def apply_weights(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in] -> [..., out] (+ bias), in x's dtype."""
+        if self.num_bits == 4:
+            assert self.group_size is not None
+            return int4_cpu_linear(
+                x, layer.weight_packed, layer.weight_scale, self.group_size, bias
+            )
         x2d = x.reshape(-1, x.shape[-1])
         scale = layer.weight_scale.to(x.dtype)
-        if self.num_bits == 8:
-            out = torch.ops.aten._weight_int8pack_mm(x2d, layer.weight_packed, scale)
-        else:
-            assert self.group_size is not None
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x2d, layer.weight_packed, self.group_size, scale
-            )
+        out = torch.ops.aten._weight_int8pack_mm(x2d, layer.weight_packed, scale)
         if bias is not None:
             out = out + bias
         return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -550,3 +550,114 @@ def ref_paged_attention_decode(
         p = torch.softmax(s, dim=-1)
         out[b] = torch.einsum("hgt,thd->hgd", p, v).reshape(-1, d).to(query.dtype)
     return out
+
+
+# ------------------------------------------------ weight-only quantized GEMM
+# Weights stay low-bit in memory: W[n, k] = scales[n, k // g] * decode(w[n, k])
+# (+ offsets[n, k // g]), decode = int8 value or float8_e4m3fn value. The
+# compiled ops (csrc/cpu/quant_gemm.cpp) are looked up per call, so a library
+# built before they existed still serves every other op.
+_QUANT_GEMM_BLOCK_ROWS = 256  # rows of W dequantized at a time by the torch path
+
+
+def _has_cpu_op(name: str) -> bool:
+    return _LOAD_ERROR is None and hasattr(torch.ops._C_cpu, name)
+
+
+def _check_quant_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    offsets: torch.Tensor | None,
+    w_dtype: torch.dtype,
+) -> None:
+    """ValueError naming the shapes / dtypes when the operands do not fit."""
+    if w.dim() != 2 or w.dtype != w_dtype:
+        raise ValueError(f"weight must be a 2-D {w_dtype} tensor, got {w.dtype} {tuple(w.shape)}")
+    n, k = w.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x {tuple(x.shape)} does not match weight {tuple(w.shape)} (K = {k})")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    if group_size <= 0 or k % group_size != 0:
+        raise ValueError(
+            f"group_size {group_size} does not divide K = {k} (weight {tuple(w.shape)})"
+        )
+    want = (n, k // group_size)
+    for name, t in (("scales", scales), ("offsets", offsets)):
+        if t is not None and (tuple(t.shape) != want or t.dtype != torch.float32):
+            raise ValueError(
+                f"{name} must be float32 {want} for weight {tuple(w.shape)} and "
+                f"group_size {group_size}, got {t.dtype} {tuple(t.shape)}"
+            )
+    if any(t is not None and t.device != x.device for t in (w, scales, offsets)):
+        raise ValueError("x, weight, scales and offsets must be on one device")
+
+
+def _quant_gemm_torch(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    offsets: torch.Tensor | None,
+) -> torch.Tensor:
+    """Dequantize _QUANT_GEMM_BLOCK_ROWS rows of W at a time to fp32 and
+    multiply in fp32 (the dense weight is never held whole)."""
+    x2 = x.reshape(-1, x.shape[-1]).float()
+    n = w.shape[0]
+    out = torch.empty(x2.shape[0], n, dtype=torch.float32, device=x.device)
+    for n0 in range(0, n, _QUANT_GEMM_BLOCK_ROWS):
+        n1 = min(n, n0 + _QUANT_GEMM_BLOCK_ROWS)
+        blk = w[n0:n1].float().unflatten(1, (-1, group_size))  # [rows, groups, g]
+        blk = blk * scales[n0:n1].unsqueeze(-1)
+        if offsets is not None:
+            blk = blk + offsets[n0:n1].unsqueeze(-1)
+        torch.mm(x2, blk.flatten(1).t(), out=out[:, n0:n1])
+    return out.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def _quant_gemm(
+    op: str,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    offsets: torch.Tensor | None,
+) -> torch.Tensor:
+    if x.device.type == "cpu" and _has_cpu_op(op):
+        x2 = x.reshape(-1, x.shape[-1])
+        args = (x2, w.contiguous(), scales.contiguous(), group_size)
+        if op == "int8_group_gemm":
+            out = torch.ops._C_cpu.int8_group_gemm(
+                *args, None if offsets is None else offsets.contiguous()
+            )
+        else:
+            out = torch.ops._C_cpu.fp8_weight_gemm(*args)
+        return out.reshape(*x.shape[:-1], w.shape[0])
+    return _quant_gemm_torch(x, w, scales, group_size, offsets)
+
+
+def int8_group_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    offsets: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., K] (fp32 / bf16 / fp16) @ W.T -> [..., N] in x.dtype, fp32
+    accumulation. w int8 [N, K], scales float32 [N, K // group_size], offsets
+    float32 [N, K // group_size] or None: W[n, k] = scales[n, k // g] * w[n, k]
+    (+ offsets[n, k // g]). group_size == K is per-channel; K % group_size
+    must be 0 (ValueError naming the shapes otherwise)."""
+    _check_quant_gemm(x, w, scales, group_size, offsets, torch.int8)
+    return _quant_gemm("int8_group_gemm", x, w, scales, group_size, offsets)
+
+
+def fp8_weight_gemm(
+    x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """As int8_group_gemm with w torch.float8_e4m3fn [N, K]:
+    W[n, k] = scales[n, k // g] * float(w[n, k])."""
+    _check_quant_gemm(x, w, scales, group_size, None, torch.float8_e4m3fn)
+    return _quant_gemm("fp8_weight_gemm", x, w, scales, group_size, None)

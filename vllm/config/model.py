@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from transformers import PretrainedConfig
 
+from vllm.config.pooler import PoolerConfig
 from vllm.logger import init_logger
 from vllm.transformers_utils.config import (
     embedded_model_path,
     get_config,
+    get_pooling_config,
+    get_sentence_transformer_tokenizer_config,
     is_gguf,
     try_get_generation_config,
 )
@@ -27,6 +30,34 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 RunnerType = Literal["generate", "pooling"]
+ConvertType = Literal["none", "embed", "classify", "reward"]
+_CONVERT_OPTIONS = ("auto", "none", "embed", "classify", "reward")
+
+# Architecture-name suffix -> (runner, convert) defaults, as upstream; earlier
+# entries win ("Model" last so that other *Model suffixes take priority).
+_SUFFIX_TO_DEFAULTS: list[tuple[str, tuple[RunnerType, ConvertType]]] = [
+    ("ForCausalLM", ("generate", "none")),
+    ("ForConditionalGeneration", ("generate", "none")),
+    ("ChatModel", ("generate", "none")),
+    ("LMHeadModel", ("generate", "none")),
+    ("ForTextEncoding", ("pooling", "embed")),
+    ("EmbeddingModel", ("pooling", "embed")),
+    ("ForSequenceClassification", ("pooling", "classify")),
+    ("ClassificationModel", ("pooling", "classify")),
+    ("ForRewardModeling", ("pooling", "reward")),
+    ("RewardModel", ("pooling", "reward")),
+    ("Model", ("pooling", "embed")),
+]
+
+
+def try_match_architecture_defaults(
+    architecture: str, *, runner_type: str | None = None
+) -> tuple[str, tuple[RunnerType, ConvertType]] | None:
+    for suffix, (default_runner, default_convert) in _SUFFIX_TO_DEFAULTS:
+        if (runner_type is None or runner_type == default_runner) and architecture.endswith(suffix):
+            return suffix, (default_runner, default_convert)
+    return None
+
 
 # Keys of HF configs that bound the context length, in upstream's order.
 _MAX_LEN_KEYS = (
@@ -96,6 +127,12 @@ class ModelConfig:
     skip_tokenizer_init: bool = False
     generation_config: str = "auto"
     runner: str = "auto"
+    # Pooling models: how a model class without a pooler becomes one
+    # (--convert; "auto": from the architecture name, as upstream).
+    convert: str = "auto"
+    # Pooling models: --pooler-config (a PoolerConfig, a dict or a JSON string);
+    # fields left None come from a sentence-transformers dir, then the model.
+    pooler_config: PoolerConfig | dict[str, Any] | str | None = None
     hf_overrides: dict[str, Any] | None = None
     # Allow sleep / wake_up (the KV cache's and the weights' memory given back).
     enable_sleep_mode: bool = False
@@ -122,6 +159,7 @@ class ModelConfig:
             self.served_model_name = self.served_model_name[0] if self.served_model_name else None
         self.served_model_name = self.served_model_name or self.model
         self.dtype = self._resolve_dtype(self.dtype)
+        self.encoder_config = get_sentence_transformer_tokenizer_config(self.model)
         self.max_model_len = self._resolve_max_model_len(_parse_max_model_len(self.max_model_len))
         self._verify_unbuilt_options()
         if self.logprobs_mode not in (
@@ -133,6 +171,8 @@ class ModelConfig:
             raise ValueError(f"Invalid logprobs_mode: {self.logprobs_mode!r}")
         self._model_info, self._architecture = self._inspect()
         self.runner_type: RunnerType = self._resolve_runner_type()
+        self.convert_type: ConvertType = self._resolve_convert_type()
+        self._resolve_pooler_config()
 
     # ---- refusals -----------------------------------------------------------
     def _verify_unbuilt_options(self) -> None:
@@ -262,6 +302,11 @@ class ModelConfig:
             if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
                 derived = rope["original_max_position_embeddings"]
             derived = derived * rope.get("factor", 1.0)
+        # A sentence-transformers dir's max_seq_length (sentence_bert_config.json)
+        # is the model's length, as upstream.
+        encoder_config = getattr(self, "encoder_config", None)
+        if encoder_config and encoder_config.get("max_seq_length"):
+            derived = int(encoder_config["max_seq_length"])
         return int(derived)
 
     def _resolve_max_model_len(self, max_model_len: int | None) -> int:
@@ -279,19 +324,125 @@ class ModelConfig:
         return max_model_len
 
     def _resolve_runner_type(self) -> RunnerType:
+        """--runner auto, as upstream: a sentence-transformers dir is pooling
+        (some use *ForCausalLM archs); then what the registered class is;
+        then the architecture-name suffix."""
         if self.runner in ("generate", "pooling"):
             return self.runner  # type: ignore[return-value]
         if self.runner != "auto":
-            raise ValueError(f"Unknown runner: {self.runner!r}")
+            raise ValueError(f"Unknown runner: {self.runner!r} (--runner: auto, generate, pooling)")
+        if get_pooling_config(self.model) is not None:
+            runner: RunnerType = "pooling"
+        elif self._model_info.is_pooling_model:
+            runner = "pooling"
+        elif self._model_info.is_text_generation_model:
+            runner = "generate"
+        else:
+            match = try_match_architecture_defaults(self._architecture)
+            runner = match[1][0] if match else "generate"
+        if runner != "generate":
+            logger.info(
+                "Resolved `--runner auto` to `--runner %s`. Pass the value explicitly to "
+                "silence this message.",
+                runner,
+            )
+        return runner
+
+    def _resolve_convert_type(self) -> ConvertType:
+        if self.convert not in _CONVERT_OPTIONS:
+            raise ValueError(f"Unknown convert: {self.convert!r} (--convert: {_CONVERT_OPTIONS})")
         info = self._model_info
-        if info.is_pooling_model and not info.is_text_generation_model:
-            return "pooling"
-        if info.is_text_generation_model:
-            return "generate"
-        arch = self._architecture
-        if arch.endswith(("ForSequenceClassification", "Model", "ForRewardModeling")):
-            return "pooling"
-        return "generate"
+        if self.convert != "auto":
+            convert: ConvertType = self.convert  # type: ignore[assignment]
+        elif self.runner_type == "generate" or info.is_pooling_model:
+            convert = "none"
+        else:
+            match = try_match_architecture_defaults(self._architecture, runner_type="pooling")
+            convert = match[1][1] if match else "embed"
+        if self.runner_type == "generate" and convert != "none":
+            raise ValueError(f"--convert {convert} needs --runner pooling.")
+        if self.runner_type == "generate" and not info.is_text_generation_model:
+            raise ValueError(
+                f"Model {self.model!r} ({self._architecture}) does not support "
+                "`--runner generate`: it is a pooling model."
+            )
+        if self.runner_type == "pooling" and not info.is_pooling_model and convert == "none":
+            raise ValueError(
+                f"Model {self.model!r} ({self._architecture}) does not support `--runner "
+                "pooling`. You can pass `--convert <embed|classify>` to adapt it into a "
+                "pooling model."
+            )
+        if convert == "reward":
+            raise ValueError("--convert reward is not built here.")
+        return convert
+
+    def _resolve_pooler_config(self) -> None:
+        """--pooler-config, then the sentence-transformers files' values for
+        the fields left None, then the model's default pooling type."""
+        if self.runner_type != "pooling":
+            if self.pooler_config is not None:
+                raise ValueError("pooler_config (--pooler-config) needs --runner pooling.")
+            return
+        config = PoolerConfig.from_cli(self.pooler_config or {})
+        for key, value in (get_pooling_config(self.model) or {}).items():
+            if getattr(config, key) is None:
+                setattr(config, key, value)
+        if config.pooling_type is None:
+            config.pooling_type = self.default_pooling_type
+        self.pooler_config = config
+
+    @property
+    def default_pooling_type(self) -> str:
+        """The model class's (converted decoders: LAST)."""
+        if self._model_info.is_pooling_model:
+            return self._model_info.default_pooling_type
+        return "LAST"
+
+    @property
+    def head_dtype(self) -> torch.dtype:
+        """Pooler heads run in float32 (config `head_dtype` overrides; "model":
+        the model dtype), as upstream's _get_head_dtype."""
+        head_dtype = getattr(self.hf_config, "head_dtype", None)
+        if head_dtype == "model":
+            return self.dtype  # type: ignore[return-value]
+        if isinstance(head_dtype, str):
+            if head_dtype.lower() not in STR_DTYPE_TO_TORCH_DTYPE:
+                raise ValueError(f"Unknown head_dtype: {head_dtype!r}")
+            return STR_DTYPE_TO_TORCH_DTYPE[head_dtype.lower()]
+        if isinstance(head_dtype, torch.dtype):
+            return head_dtype
+        return torch.float32 if self.runner_type == "pooling" else self.dtype  # type: ignore[return-value]
+
+    @property
+    def is_matryoshka(self) -> bool:
+        return bool(getattr(self.hf_config, "matryoshka_dimensions", None)) or bool(
+            getattr(self.hf_config, "is_matryoshka", False)
+        )
+
+    @property
+    def matryoshka_dimensions(self) -> list[int] | None:
+        return getattr(self.hf_config, "matryoshka_dimensions", None)
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        """A classifier scoring text pairs (LLM.score)."""
+        return self.runner_type == "pooling" and (
+            self._model_info.supports_cross_encoding or self.convert_type == "classify"
+        )
+
+    @property
+    def attn_type(self) -> str:
+        """ "encoder_only" for bidirectional pooling models (CLS pooling or
+        config.is_causal False), else "decoder"."""
+        if self.runner_type == "pooling":
+            pooling = (
+                self._model_info.default_pooling_type
+                if self._model_info.is_pooling_model
+                else "LAST"
+            )
+            if pooling == "CLS" or not getattr(self.hf_config, "is_causal", True):
+                return "encoder_only"
+        return "decoder"
 
     # ---- derived flags --------------------------------------------------------
     @property
@@ -334,17 +485,29 @@ class ModelConfig:
         counts = [getattr(getattr(b, "ffn", None), "num_experts", 0) or 0 for b in block_configs]
         return max(counts, default=0)
 
+    def _pooling_supports_chunks(self) -> bool:
+        """Pooling models, as upstream: bidirectional ones never; causal ones
+        with LAST / ALL pooling do (MEAN / CLS need the whole prompt)."""
+        if self.attn_type == "encoder_only":
+            return False
+        assert isinstance(self.pooler_config, PoolerConfig)
+        return self.pooler_config.get_pooling_type() in ("LAST", "ALL")
+
     @property
     def is_chunked_prefill_supported(self) -> bool:
         # Upstream: every generative decoder model (encoder-decoder ones are
-        # not built here).
-        return self.runner_type == "generate"
+        # not built here); pooling models per _pooling_supports_chunks.
+        if self.runner_type == "pooling":
+            return self._pooling_supports_chunks()
+        return True
 
     @property
     def is_prefix_caching_supported(self) -> bool:
         # Upstream: decoder-only generative models; off by default for hybrid
         # and attention-free ones ("still experimental" there).
-        return self.runner_type == "generate" and not self.is_hybrid and not self.is_attention_free
+        if self.runner_type == "pooling":
+            return self._pooling_supports_chunks()
+        return not self.is_hybrid and not self.is_attention_free
 
     @property
     def is_moe(self) -> bool:

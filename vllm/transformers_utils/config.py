@@ -75,3 +75,84 @@ def try_get_generation_config(model: str) -> dict[str, Any]:
         return {}
     with open(path) as f:
         return json.load(f)
+
+
+# ---- sentence-transformers model directories ---------------------------------
+# modules.json lists the pipeline: e.g. [0_Transformer (path ""), 1_Pooling,
+# 2_Normalize]; each module's "type" is its sentence_transformers class.
+_ST_POOLING_MODES = {
+    "pooling_mode_cls_token": "CLS",
+    "pooling_mode_mean_tokens": "MEAN",
+    "pooling_mode_lasttoken": "LAST",
+}
+_ST_UNBUILT_MODES = (
+    "pooling_mode_max_tokens",
+    "pooling_mode_mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens",
+)
+
+
+def _read_json(model: str, *parts: str) -> Any:
+    path = os.path.join(model, *parts)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def get_st_modules(model: str) -> list[dict[str, Any]] | None:
+    """The sentence-transformers modules.json of a local model dir, or None."""
+    if not os.path.isdir(model):
+        return None
+    modules = _read_json(model, "modules.json")
+    return modules if isinstance(modules, list) else None
+
+
+def get_pooling_config(model: str, revision: str | None = None) -> dict[str, Any] | None:
+    """PoolerConfig fields from a sentence-transformers dir (upstream's name):
+    {"pooling_type": CLS | MEAN | LAST from 1_Pooling/config.json's
+    pooling_mode_* flag, "normalize": whether a Normalize module follows}, or
+    None when the dir is not a sentence-transformers one. A pooling mode not
+    built here (max, mean_sqrt_len, weightedmean) is refused by name."""
+    modules = get_st_modules(model)
+    if not modules:
+        return None
+    pooling = next((m for m in modules if m.get("type", "").endswith(".Pooling")), None)
+    normalize = any(m.get("type", "").endswith(".Normalize") for m in modules)
+    if pooling is None:
+        return None
+    cfg = _read_json(model, pooling.get("path", ""), "config.json") or {}
+    mode = cfg.get("pooling_mode")  # newer sentence-transformers: one name
+    if isinstance(mode, str):
+        mode_key = {
+            "cls": "pooling_mode_cls_token",
+            "mean": "pooling_mode_mean_tokens",
+            "lasttoken": "pooling_mode_lasttoken",
+        }.get(mode, f"pooling_mode_{mode}")
+        cfg = {mode_key: True}
+    on = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True]
+    unbuilt = [k for k in on if k not in _ST_POOLING_MODES]
+    if unbuilt or len(on) != 1:
+        raise ValueError(
+            f"{model}: the sentence-transformers pooling {on} is not built here "
+            f"(built: exactly one of {sorted(_ST_POOLING_MODES)})."
+        )
+    return {"pooling_type": _ST_POOLING_MODES[on[0]], "normalize": normalize}
+
+
+def get_sentence_transformer_tokenizer_config(
+    model: str, revision: str | None = None
+) -> dict[str, Any] | None:
+    """sentence_bert_config.json (max_seq_length, do_lower_case) of a
+    sentence-transformers dir, or None (upstream's name)."""
+    if get_st_modules(model) is None:
+        return None
+    for name in (
+        "sentence_bert_config.json",
+        "sentence_roberta_config.json",
+        "sentence_xlm-roberta_config.json",
+    ):
+        cfg = _read_json(model, name)
+        if isinstance(cfg, dict) and cfg.get("max_seq_length"):
+            return cfg
+    return None

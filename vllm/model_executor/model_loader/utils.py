@@ -29,9 +29,19 @@ def set_default_torch_dtype(dtype: torch.dtype) -> Iterator[None]:
 def get_model_architecture(model_config: ModelConfig) -> tuple[type[nn.Module], str]:
     """(model class, architecture name) from the registry; unknown ones raise
     a ValueError that lists the supported architectures."""
+    from vllm.model_executor.models.adapters import as_embedding_model, as_seq_cls_model
     from vllm.model_executor.models.registry import ModelRegistry
 
-    return ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
+    model_cls, arch = ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
+    # --convert (runner="pooling" over a generative class), as upstream.
+    convert_type = getattr(model_config, "convert_type", "none")
+    if getattr(model_cls, "is_pooling_model", False):
+        pass  # already a pooling model
+    elif convert_type == "embed":
+        model_cls = as_embedding_model(model_cls)
+    elif convert_type == "classify":
+        model_cls = as_seq_cls_model(model_cls)
+    return model_cls, arch
 
 
 def get_architecture_class_name(model_config: ModelConfig) -> str:

@@ -28,6 +28,7 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from vllm.model_executor.models.adapters import as_seq_cls_model
 from vllm.model_executor.models.interfaces import SupportsPP
 from vllm.model_executor.models.utils import (
     CausalLMBase,
@@ -347,3 +348,8 @@ class LlamaForCausalLM(CausalLMBase, SupportsPP):
     def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Older upstream name of `embed_input_ids`."""
         return self.embed_input_ids(input_ids)
+
+
+# HF's LlamaForSequenceClassification: the body plus a bias-free `score` head
+# over the last token (runner="pooling"; see models/adapters.py).
+LlamaForSequenceClassification = as_seq_cls_model(LlamaForCausalLM)

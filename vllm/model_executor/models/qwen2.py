@@ -9,6 +9,7 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 from vllm.config import VllmConfig
+from vllm.model_executor.models.adapters import as_seq_cls_model
 from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 
@@ -27,3 +28,8 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
         layer_type: type[LlamaDecoderLayer] = Qwen2DecoderLayer,
     ) -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
+
+
+# HF's Qwen2ForSequenceClassification: the body plus a bias-free `score` head
+# over the last token (runner="pooling"; see models/adapters.py).
+Qwen2ForSequenceClassification = as_seq_cls_model(Qwen2ForCausalLM)

@@ -13,6 +13,7 @@ from transformers import PretrainedConfig
 
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.models.adapters import as_seq_cls_model
 from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
 
@@ -47,3 +48,8 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
         layer_type: type[LlamaDecoderLayer] = Qwen3DecoderLayer,
     ) -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
+
+
+# HF's Qwen3ForSequenceClassification: the body plus a bias-free `score` head
+# over the last token (runner="pooling"; see models/adapters.py).
+Qwen3ForSequenceClassification = as_seq_cls_model(Qwen3ForCausalLM)

@@ -33,7 +33,13 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "Qwen3_5ForCausalLM": ("qwen3_5", "Qwen3_5ForCausalLM"),
 }
 
-_POOLING_MODELS: dict[str, tuple[str, str]] = {}
+# Pooling models. The decoder families' *ForSequenceClassification classes are
+# `as_seq_cls_model` of their causal LM (models/adapters.py).
+_POOLING_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForSequenceClassification": ("llama", "LlamaForSequenceClassification"),
+    "Qwen2ForSequenceClassification": ("qwen2", "Qwen2ForSequenceClassification"),
+    "Qwen3ForSequenceClassification": ("qwen3", "Qwen3ForSequenceClassification"),
+}
 
 _VLLM_MODELS = {**_TEXT_GENERATION_MODELS, **_POOLING_MODELS}
 
@@ -51,6 +57,10 @@ class _ModelInfo:
     is_attention_free: bool
     is_hybrid: bool
     has_noops: bool = False
+    # Pooling models: the pooling type without a --pooler-config / ST config,
+    # and whether it scores text pairs (a cross-encoder: LLM.score).
+    default_pooling_type: str = "LAST"
+    supports_cross_encoding: bool = False
 
     @staticmethod
     def from_model_cls(arch: str, model_cls: type[nn.Module]) -> _ModelInfo:
@@ -65,6 +75,8 @@ class _ModelInfo:
             has_inner_state=flag("has_inner_state"),
             is_attention_free=flag("is_attention_free"),
             is_hybrid=flag("is_hybrid"),
+            default_pooling_type=str(getattr(model_cls, "default_pooling_type", "LAST")),
+            supports_cross_encoding=flag("supports_cross_encoding"),
         )
 
 

@@ -1,0 +1,122 @@
+"""Generative model classes turned into pooling ones (upstream:
+vllm/model_executor/models/adapters.py).
+
+`as_embedding_model(LlamaForCausalLM)` keeps the decoder body, drops the LM
+head and adds `pooler = DispatchPooler.for_embedding(pooler_config)` (LAST
+pooling by default: Qwen3-Embedding style). `as_seq_cls_model` adds a
+`score` layer [num_labels, hidden] (no bias, in the head dtype, as HF's
+*ForSequenceClassification) and `DispatchPooler.for_seq_cls` over it. The
+model loader applies them for `--convert embed / classify`, and the
+registry's *ForSequenceClassification entries are `as_seq_cls_model` of the
+family's causal LM.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
+
+import torch.nn as nn
+
+from vllm.logger import init_logger
+from vllm.model_executor.layers.pooler.projector import _load_st_projector
+
+__all__ = ["_load_st_projector", "as_embedding_model", "as_reward_model", "as_seq_cls_model"]
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = init_logger(__name__)
+
+_T = TypeVar("_T", bound=type[nn.Module])
+
+
+def _drop_lm_head(model: nn.Module) -> None:
+    for attr in ("lm_head", "logits_processor"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+
+
+def _pooling_load_weights(model: nn.Module, weights: Any) -> set[str]:
+    from vllm.model_executor.models.utils import AutoWeightsLoader
+
+    return AutoWeightsLoader(model, skip_prefixes=["lm_head."]).load_weights(weights)
+
+
+def _pooler_config(vllm_config: VllmConfig):  # noqa: ANN202 - PoolerConfig
+    model_config = vllm_config.model_config
+    assert model_config is not None and model_config.pooler_config is not None, (
+        "a pooling model needs model_config.pooler_config (runner='pooling')"
+    )
+    return model_config.pooler_config
+
+
+def as_embedding_model(cls: _T) -> _T:
+    """A pooling model for embeddings from a generative model class."""
+    from vllm.model_executor.layers.pooler import DispatchPooler
+
+    base = cast(type[Any], cls)
+
+    class ModelForEmbedding(base):  # type: ignore[misc, valid-type]
+        is_pooling_model: ClassVar[bool] = True
+
+        def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs: Any) -> None:
+            super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+            _drop_lm_head(self)
+            self.pooler = DispatchPooler.for_embedding(_pooler_config(vllm_config))
+
+        def load_weights(self, weights: Any) -> set[str]:
+            return _pooling_load_weights(self, weights)
+
+    ModelForEmbedding.__name__ = ModelForEmbedding.__qualname__ = (
+        cls.__name__.removesuffix("ForCausalLM") + "EmbeddingModel"
+    )
+    return cast(_T, ModelForEmbedding)
+
+
+def as_seq_cls_model(cls: _T) -> _T:
+    """A sequence classifier (HF *ForSequenceClassification: a bias-free
+    `score` Linear over the last token's hidden state) from a generative
+    model class."""
+    from vllm.model_executor.layers.pooler import DispatchPooler
+
+    base = cast(type[Any], cls)
+
+    class ModelForSequenceClassification(base):  # type: ignore[misc, valid-type]
+        is_pooling_model: ClassVar[bool] = True
+
+        def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs: Any) -> None:
+            super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+            _drop_lm_head(self)
+            model_config = vllm_config.model_config
+            assert model_config is not None
+            config = model_config.hf_config
+            num_labels = int(getattr(config, "num_labels", 0) or 0)
+            if num_labels < 1:
+                raise ValueError(
+                    f"{model_config.model}: a classifier needs config.num_labels >= 1."
+                )
+            self.score = nn.Linear(
+                model_config.get_hidden_size(),
+                num_labels,
+                bias=False,
+                dtype=model_config.head_dtype,
+            )
+            self.pooler = DispatchPooler.for_seq_cls(
+                _pooler_config(vllm_config), classifier=self.score
+            )
+
+        def load_weights(self, weights: Any) -> set[str]:
+            return _pooling_load_weights(self, weights)
+
+    ModelForSequenceClassification.__name__ = ModelForSequenceClassification.__qualname__ = (
+        cls.__name__.removesuffix("ForCausalLM") + "ForSequenceClassification"
+    )
+    return cast(_T, ModelForSequenceClassification)
+
+
+def as_reward_model(cls: _T) -> _T:
+    """Upstream's reward adapter (ALL pooling over a reward head) is not built."""
+    raise ValueError(
+        f"--convert reward is not built here (model class {cls.__name__}); "
+        "reward scores come from *ForSequenceClassification models (LLM.reward)."
+    )

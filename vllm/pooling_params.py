@@ -1,0 +1,154 @@
+"""API parameters of pooling requests (upstream: vllm/pooling_params.py).
+
+`verify(task, model_config)` is called by the input processor for every
+request: it fixes the task, merges the model's PoolerConfig defaults into the
+fields left None, sets the task's defaults (normalize / use_activation True),
+checks `dimensions` against the model's Matryoshka support, and refuses a
+field that does not belong to the task.
+"""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
+
+from vllm.config.pooler import get_use_activation
+from vllm.sampling_params import RequestOutputKind
+from vllm.tasks import POOLING_TASKS, PoolingTask
+
+if TYPE_CHECKING:
+    from vllm.config.model import ModelConfig
+
+
+class PoolingParams(
+    msgspec.Struct,
+    omit_defaults=True,  # type: ignore[call-arg]
+    array_like=True,  # type: ignore[call-arg]
+):
+    """API parameters for pooling models.
+
+    truncate_prompt_tokens: -1 keeps the model's max_model_len last tokens, k
+        keeps the last k (left truncation), None does not truncate.
+    dimensions: keep the first `dimensions` values of each embedding (models
+        with Matryoshka representations only).
+    normalize: L2-normalise embeddings (default True).
+    use_activation: apply the classifier's activation (softmax / sigmoid;
+        default True); `softmax` / `activation` are deprecated spellings.
+    """
+
+    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    # embeddings
+    dimensions: int | None = None
+    normalize: bool | None = None
+    # classification, scoring
+    softmax: bool | None = None
+    activation: bool | None = None
+    use_activation: bool | None = None
+    # STEP pooling (not built: refused by verify when set)
+    step_tag_id: int | None = None
+    returned_token_ids: list[int] | None = None
+    # internal
+    task: PoolingTask | None = None
+    requires_token_ids: bool = False
+    skip_reading_prefix_cache: bool | None = None
+    extra_kwargs: dict[str, Any] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+
+    def __post_init__(self) -> None:
+        if self.output_kind != RequestOutputKind.FINAL_ONLY:
+            raise ValueError("For pooling output_kind has to be FINAL_ONLY")
+
+    @property
+    def all_parameters(self) -> list[str]:
+        return ["dimensions", "normalize", "use_activation"]
+
+    @property
+    def valid_parameters(self) -> dict[str, list[str]]:
+        return {
+            "embed": ["dimensions", "normalize"],
+            "classify": ["use_activation"],
+            "score": ["use_activation"],
+            "token_embed": ["dimensions", "normalize"],
+            "token_classify": ["use_activation"],
+        }
+
+    def clone(self) -> PoolingParams:
+        return deepcopy(self)
+
+    def verify(self, task: PoolingTask, model_config: ModelConfig | None = None) -> None:
+        if task not in POOLING_TASKS:
+            raise ValueError(f"Unknown pooling task: {task!r}; choose one of {POOLING_TASKS}.")
+        if self.task is None:
+            self.task = task
+        elif self.task != task:
+            raise ValueError(f"You cannot overwrite {self.task=!r} with {task=!r}!")
+        self.use_activation = get_use_activation(self)
+        self.softmax = self.activation = None
+        for name in ("step_tag_id", "returned_token_ids"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"PoolingParams.{name} belongs to STEP pooling, which is not built here."
+                )
+        self._merge_default_parameters(model_config)
+        self._set_default_parameters(model_config)
+        self._verify_valid_parameters()
+
+    def _merge_default_parameters(self, model_config: ModelConfig | None) -> None:
+        assert self.task is not None
+        pooler_config = getattr(model_config, "pooler_config", None)
+        if pooler_config is not None:
+            for k in self.valid_parameters[self.task]:
+                default = getattr(pooler_config, k, None)
+                if default is not None and getattr(self, k) is None:
+                    setattr(self, k, default)
+        if self.skip_reading_prefix_cache is None:
+            # Token-level outputs need every prompt token's hidden state, which
+            # a prefix-cache hit would not compute.
+            self.skip_reading_prefix_cache = self.task in ("token_embed", "token_classify")
+
+    def _set_default_parameters(self, model_config: ModelConfig | None) -> None:
+        if self.task in ("embed", "token_embed"):
+            if self.normalize is None:
+                self.normalize = True
+            if self.dimensions is not None and model_config is not None:
+                self._verify_dimensions(model_config, self.dimensions)
+        elif self.use_activation is None:
+            self.use_activation = True
+
+    @staticmethod
+    def _verify_dimensions(model_config: ModelConfig, dimensions: int) -> None:
+        name = model_config.served_model_name
+        if not model_config.is_matryoshka:
+            raise ValueError(
+                f'Model "{name}" does not support matryoshka representation, '
+                "changing output dimensions will lead to poor results."
+            )
+        mds = model_config.matryoshka_dimensions
+        if mds is not None and dimensions not in mds:
+            raise ValueError(
+                f'Model "{name}" only supports {mds} matryoshka dimensions, '
+                "use other output dimensions will lead to poor results."
+            )
+        if dimensions < 1:
+            raise ValueError("Dimensions must be greater than 0")
+
+    def _verify_valid_parameters(self) -> None:
+        assert self.task is not None
+        valid = self.valid_parameters[self.task]
+        invalid = [
+            k for k in self.all_parameters if k not in valid and getattr(self, k) is not None
+        ]
+        if invalid:
+            raise ValueError(
+                f"Task {self.task} only supports {valid} parameters, does not support "
+                f"{invalid} parameters"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"PoolingParams(task={self.task}, normalize={self.normalize}, "
+            f"dimensions={self.dimensions}, use_activation={self.use_activation}, "
+            f"truncate_prompt_tokens={self.truncate_prompt_tokens})"
+        )

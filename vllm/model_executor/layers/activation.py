@@ -51,3 +51,30 @@ def get_act_and_mul_fn(act_fn_name: str) -> nn.Module:
     if name in ("gelu", "gelu_pytorch_tanh", "gelu_new"):
         return GeluAndMul("none" if name == "gelu" else "tanh")
     raise ValueError(f"Activation function {act_fn_name!r} is not supported.")
+
+
+def _gelu_tanh() -> nn.Module:
+    return nn.GELU(approximate="tanh")
+
+
+# HF `hidden_act` name -> a plain (ungated) activation. "gelu" is the exact erf
+# GELU; "gelu_new" / "gelu_pytorch_tanh" / "gelu_fast" are its tanh
+# approximation (the same function, written three ways in transformers).
+_ACTIVATIONS = {
+    "gelu": nn.GELU,
+    "gelu_new": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu_fast": _gelu_tanh,
+    "relu": nn.ReLU,
+    "silu": nn.SiLU,
+    "swish": nn.SiLU,
+    "tanh": nn.Tanh,
+}
+
+
+def get_act_fn(act_fn_name: str) -> nn.Module:
+    """The activation module for an HF `hidden_act` name (upstream's get_act_fn)."""
+    factory = _ACTIVATIONS.get(act_fn_name.lower())
+    if factory is None:
+        raise ValueError(f"Activation function {act_fn_name!r} is not supported.")
+    return factory()

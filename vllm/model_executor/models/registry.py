@@ -39,6 +39,12 @@ _POOLING_MODELS: dict[str, tuple[str, str]] = {
     "LlamaForSequenceClassification": ("llama", "LlamaForSequenceClassification"),
     "Qwen2ForSequenceClassification": ("qwen2", "Qwen2ForSequenceClassification"),
     "Qwen3ForSequenceClassification": ("qwen3", "Qwen3ForSequenceClassification"),
+    "BertModel": ("bert", "BertEmbeddingModel"),
+    "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),
+    "RobertaModel": ("roberta", "RobertaEmbeddingModel"),
+    "RobertaForSequenceClassification": ("roberta", "RobertaForSequenceClassification"),
+    "XLMRobertaModel": ("roberta", "RobertaEmbeddingModel"),
+    "XLMRobertaForSequenceClassification": ("roberta", "RobertaForSequenceClassification"),
 }
 
 _VLLM_MODELS = {**_TEXT_GENERATION_MODELS, **_POOLING_MODELS}

@@ -18,6 +18,7 @@ import torch
 
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.worker.cudagraph_padding import write_padding
+from vllm.v1.worker.kv_cache_setup import is_cacheless_group
 from vllm.v1.worker.utils import CpuGpuBuffer, build_group_attn_metadata
 
 if TYPE_CHECKING:
@@ -109,7 +110,14 @@ class InputBuffers:
         max_seq_len = int(self.seq_lens.np[:num_reqs].max())
         attn_metadata: dict[str, object] = {}
         for gid, groups in enumerate(attn_groups):
-            group_table = input_batch.block_table[gid]
+            if groups and is_cacheless_group(groups[0].kv_cache_spec):
+                # Encoder-only layers: no blocks, so an all-zero table and no slots.
+                block_table = torch.zeros((num_reqs, 1), dtype=torch.int32, device=self.device)
+                slot_mapping = torch.full((num_tokens,), -1, dtype=torch.int64, device=self.device)
+            else:
+                group_table = input_batch.block_table[gid]
+                block_table = group_table.get_device_tensor(num_reqs)
+                slot_mapping = group_table.slot_mapping.gpu[:num_tokens]
             common = CommonAttentionMetadata(
                 query_start_loc=self.query_start_loc.gpu[: num_reqs + 1],
                 query_start_loc_cpu=self.query_start_loc.cpu[: num_reqs + 1],
@@ -120,8 +128,8 @@ class InputBuffers:
                 num_actual_tokens=num_tokens,
                 max_query_len=max_query_len,
                 max_seq_len=max_seq_len,
-                block_table_tensor=group_table.get_device_tensor(num_reqs),
-                slot_mapping=group_table.slot_mapping.gpu[:num_tokens],
+                block_table_tensor=block_table,
+                slot_mapping=slot_mapping,
             )
             build_group_attn_metadata(groups, common, for_cudagraph_capture, attn_metadata)
         return attn_metadata

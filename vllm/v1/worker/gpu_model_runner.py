@@ -182,8 +182,16 @@ class GPUModelRunner:
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate the KV cache tensors, bind them to the layers and build the
         attention metadata builders."""
+        # Encoder-only layers get a cache-less group of their own (runner side only).
+        kv_cache_config = kv_cache_setup.add_encoder_only_layers_to_kv_cache_config(
+            kv_cache_config, self.vllm_config
+        )
         self.kv_cache_config = kv_cache_config
-        block_sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+        block_sizes = [
+            g.kv_cache_spec.block_size
+            for g in kv_cache_config.kv_cache_groups
+            if not kv_cache_setup.is_cacheless_group(g.kv_cache_spec)
+        ]
         if block_sizes != [self.cache_config.block_size]:
             # One block table per group; rebuild the (still empty) batch.
             assert not self.requests, "KV cache re-initialised with live requests"

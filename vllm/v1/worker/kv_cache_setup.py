@@ -7,18 +7,30 @@ one raw byte allocation shared by the layers in its `shared_by`. Each layer
 views its allocation as `backend.get_kv_cache_shape(num_blocks, ...)`, e.g.
 `(2, num_blocks, block_size, num_kv_heads, head_size)` for the CPU backend,
 so block id b of every layer of a group addresses the same tokens.
+
+Encoder-only layers (`EncoderOnlyAttention`) have no spec in the scheduler's
+config; the runner appends one cache-less `EncoderOnlyAttentionSpec` group for
+them (`add_encoder_only_layers_to_kv_cache_config`) so that their metadata
+builder exists. Such a group gets no tensor and no block table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
 import torch
 
 from vllm.logger import init_logger
+from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.mamba1_attn import view_mamba_states
-from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    EncoderOnlyAttentionSpec,
+    KVCacheGroupSpec,
+    MambaSpec,
+)
 from vllm.v1.worker.utils import (
     AttentionGroup,
     LayerKVCache,
@@ -42,6 +54,42 @@ def get_kv_cache_spec(vllm_config: VllmConfig) -> dict[str, KVCacheSpec]:
         if spec is not None:
             specs[layer_name] = spec
     return specs
+
+
+def add_encoder_only_layers_to_kv_cache_config(
+    kv_cache_config: KVCacheConfig, vllm_config: VllmConfig
+) -> KVCacheConfig:
+    """The runner's copy of `kv_cache_config` with one more group, an
+    `EncoderOnlyAttentionSpec` over every encoder-only attention layer (none
+    added when there is no such layer). The scheduler's config is left as it
+    is: it never allocates blocks for these layers."""
+    block_size = vllm_config.cache_config.block_size
+    specs: dict[EncoderOnlyAttentionSpec, list[str]] = defaultdict(list)
+    for layer_name, layer in get_layers_from_vllm_config(vllm_config).items():
+        if getattr(layer, "attn_type", None) != AttentionType.ENCODER_ONLY:
+            continue
+        spec = EncoderOnlyAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=layer.num_kv_heads,
+            head_size=layer.head_size,
+            dtype=layer.kv_cache_torch_dtype,
+        )
+        specs[spec].append(layer_name)
+    if not specs:
+        return kv_cache_config
+    if len(specs) > 1:
+        raise NotImplementedError(
+            "Encoder-only attention layers of different shapes in one model are not "
+            f"supported (found {len(specs)} distinct head layouts)."
+        )
+    spec, layer_names = specs.popitem()
+    groups = [*kv_cache_config.kv_cache_groups, KVCacheGroupSpec(layer_names, spec)]
+    return dataclasses.replace(kv_cache_config, kv_cache_groups=groups)
+
+
+def is_cacheless_group(spec: KVCacheSpec) -> bool:
+    """A group that owns no KV cache tensor and no block table."""
+    return isinstance(spec, EncoderOnlyAttentionSpec)
 
 
 def make_attn_groups(
@@ -84,6 +132,8 @@ def allocate_and_bind_kv_caches(
     for groups in attn_groups:
         for group in groups:
             spec = group.kv_cache_spec
+            if is_cacheless_group(spec):  # encoder-only: nothing to bind
+                continue
             if isinstance(spec, MambaSpec):  # state slots, shaped by the spec
                 for layer_name in group.layer_names:
                     kv_caches[layer_name] = view_mamba_states(
@@ -127,7 +177,12 @@ def _allocate_raw_tensors(
         tensor = torch.zeros(kv_tensor.size, dtype=torch.int8, device=device)
         for layer_name in kv_tensor.shared_by:
             raw[layer_name] = tensor
-    layer_names = {name for g in kv_cache_config.kv_cache_groups for name in g.layer_names}
+    layer_names = {
+        name
+        for g in kv_cache_config.kv_cache_groups
+        if not is_cacheless_group(g.kv_cache_spec)
+        for name in g.layer_names
+    }
     missing = layer_names - raw.keys()
     if missing:
         raise ValueError(f"Layers {sorted(missing)} have no KV cache tensor.")

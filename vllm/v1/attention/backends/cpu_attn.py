@@ -26,6 +26,12 @@ The batch arrives decodes first (`reorder_batch_threshold = 1`):
 Everything the layers of one step share (gather indices, masks) is built once
 per step and sliding window, not once per layer.
 
+Encoder-only layers (`AttentionType.ENCODER_ONLY`, BERT-style models; their
+builder gets `causal=False`, see vllm/attention/layers/encoder_only_attention.py)
+have no KV cache: every request of the step is its whole sequence, each query
+sees all keys of its own request, and nothing is written or read through the
+block table.
+
 When the compiled ops (vllm._C, csrc/cpu) are loaded, decodes skip the gather
 entirely: `paged_attention_decode` reads K/V in place through the block
 table (one task per sequence x kv head, online softmax in fp32; 4-9x faster
@@ -137,6 +143,8 @@ class CPUAttentionMetadata:
     all_slots: torch.Tensor  # [num_actual_tokens] int64
     block_table: torch.Tensor  # [num_reqs, max_blocks] int64
     prefills: list[PrefillRequest]
+    # False: encoder-only step (bidirectional within each request, no cache).
+    causal: bool = True
     # Per-step caches keyed by sliding window, shared by all layers.
     _decode_plans: dict[int | None, DecodePlan] = field(default_factory=dict)
     _prefill_plans: dict[int | None, list[PrefillPlan]] = field(default_factory=dict)
@@ -242,7 +250,7 @@ class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]
     ) -> CPUAttentionMetadata:
         cm = common_attn_metadata
         if not cm.causal:
-            raise NotImplementedError("CPU attention supports causal attention only.")
+            return self._build_non_causal(cm)
         num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
             cm, decode_threshold=self.reorder_batch_threshold
         )
@@ -267,6 +275,38 @@ class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]
             decode_seq_lens_cpu=seq_lens_cpu[:num_decodes],
             block_table=cm.block_table_tensor[: cm.num_reqs].to(torch.int64),
             prefills=prefills,
+        )
+
+    def _build_non_causal(self, cm: CommonAttentionMetadata) -> CPUAttentionMetadata:
+        """Encoder-only step: every request is a prefill of its whole sequence
+        (a one-token request too), attended bidirectionally; no cache writes."""
+        qsl = cm.query_start_loc_cpu.tolist()
+        seq_list = cm.seq_lens_cpu[: cm.num_reqs].tolist()
+        prefills = []
+        for i in range(cm.num_reqs):
+            q_len = qsl[i + 1] - qsl[i]
+            if seq_list[i] != q_len:
+                raise ValueError(
+                    f"Encoder-only attention needs each request's whole sequence in one "
+                    f"step; request {i} has {seq_list[i] - q_len} tokens from earlier steps "
+                    "(chunked prefill and prefix caching must be off for this model)."
+                )
+            prefills.append(PrefillRequest(qsl[i], qsl[i + 1], 0, q_len, i))
+        empty = torch.zeros(0, dtype=torch.int64, device=cm.query_start_loc.device)
+        return CPUAttentionMetadata(
+            num_actual_tokens=cm.num_actual_tokens,
+            num_decodes=0,
+            num_decode_tokens=0,
+            num_prefills=cm.num_reqs,
+            block_size=self.block_size,
+            slot_mapping=empty,
+            write_token_ids=None,
+            all_slots=empty,
+            decode_seq_lens=empty,
+            decode_seq_lens_cpu=empty.cpu(),
+            block_table=cm.block_table_tensor[: cm.num_reqs].to(torch.int64),
+            prefills=prefills,
+            causal=False,
         )
 
     @staticmethod
@@ -294,8 +334,10 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         attn_type: str = AttentionType.DECODER,
         kv_sharing_target_layer_name: str | None = None,
     ) -> None:
-        if attn_type != AttentionType.DECODER:
+        if attn_type not in (AttentionType.DECODER, AttentionType.ENCODER_ONLY):
             raise NotImplementedError(f"CPU attention: attn_type {attn_type!r} is not built.")
+        if attn_type == AttentionType.ENCODER_ONLY and sliding_window is not None:
+            raise NotImplementedError("CPU attention: encoder-only sliding windows are not built.")
         if alibi_slopes is not None:
             raise NotImplementedError("CPU attention: ALiBi is not built.")
         if kv_cache_dtype != "auto":
@@ -314,6 +356,7 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
             )
         self.num_queries_per_kv = self.num_heads // self.num_kv_heads
         self.sliding_window = sliding_window
+        self.attn_type = attn_type
         self.logits_soft_cap = logits_soft_cap if logits_soft_cap else None
         # fp32/bf16 on CPU have compiled kernels when vllm._C is built.
         self.use_compiled = ops.cpu_ops_available()
@@ -336,6 +379,9 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         n = md.num_actual_tokens
         if n < query.shape[0]:
             output[n:].zero_()
+        if self.attn_type == AttentionType.ENCODER_ONLY or not md.causal:
+            self._encoder_only(query, key, value, md, output)
+            return output
         key_cache, value_cache = kv_cache.unbind(0)  # each [NB, BS, Hkv, D]
         compiled = (
             self.use_compiled
@@ -454,6 +500,40 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
                 # [H, Lq, D] -> [1, Hkv, G * Lq, D]: rows of a KV head's query heads.
                 qg = q.reshape(1, self.num_kv_heads, -1, self.head_size)
                 out = self._grouped_attention(qg, k, v, e - s, masked_out=masked_out)
+                out = out.view(self.num_heads, e - s, self.head_size)
+            output[s:e] = out.transpose(0, 1)
+
+    def _encoder_only(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        md: CPUAttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        """Bidirectional attention of each request over its own tokens of
+        this step; the KV cache (empty for these layers) is never touched."""
+        if md.causal or self.attn_type != AttentionType.ENCODER_ONLY:
+            raise ValueError(
+                "CPU attention: an encoder-only layer got causal metadata, or a decoder "
+                "layer non-causal metadata (the layer and its builder disagree)."
+            )
+        for req in md.prefills:
+            s, e = req.query_start, req.query_end
+            q = query[s:e].transpose(0, 1)  # [H, L, D]
+            k = key[s:e].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+            v = value[s:e].transpose(0, 1).unsqueeze(0)
+            if (e - s) * (e - s) > _SDPA_MIN_SCORES and self.logits_soft_cap is None:
+                out = F.scaled_dot_product_attention(
+                    q.unsqueeze(0),
+                    k,
+                    v,
+                    scale=self.scale,
+                    enable_gqa=self.num_queries_per_kv > 1,
+                )[0]  # [H, L, D]
+            else:
+                qg = q.reshape(1, self.num_kv_heads, -1, self.head_size)
+                out = self._grouped_attention(qg, k, v, e - s)
                 out = out.view(self.num_heads, e - s, self.head_size)
             output[s:e] = out.transpose(0, 1)
 

@@ -1,0 +1,1 @@
+"""Attention layer variants (upstream: vllm/attention/layers/)."""

@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 
 namespace vllm_cpu {
 void paged_attention_decode(torch::Tensor& out, const torch::Tensor& query,
@@ -30,6 +31,12 @@ void rotary_embedding_out(const torch::Tensor& positions, const torch::Tensor& q
 void silu_and_mul(torch::Tensor& out, const torch::Tensor& input);
 void apply_token_bitmask(torch::Tensor& logits, const torch::Tensor& bitmask,
                          const torch::Tensor& indices);
+torch::Tensor int8_group_gemm(const torch::Tensor& x, const torch::Tensor& w,
+                              const torch::Tensor& scales, int64_t group_size,
+                              const std::optional<torch::Tensor>& offsets);
+torch::Tensor fp8_weight_gemm(const torch::Tensor& x, const torch::Tensor& w,
+                              const torch::Tensor& scales, int64_t group_size);
+std::string quant_gemm_isa();
 }  // namespace vllm_cpu
 
 TORCH_LIBRARY(_C_cpu, m) {
@@ -57,6 +64,13 @@ TORCH_LIBRARY(_C_cpu, m) {
   // Structured outputs (this project's own: upstream masks with xgrammar's kernels).
   m.def("apply_token_bitmask(Tensor! logits, Tensor bitmask, Tensor indices) -> ()");
   m.impl("apply_token_bitmask", torch::kCPU, &vllm_cpu::apply_token_bitmask);
+  // Weight-only quantized GEMMs (this project's own schemas; quant_gemm.cpp).
+  m.def("int8_group_gemm(Tensor x, Tensor w, Tensor scales, int group_size, Tensor? offsets) "
+        "-> Tensor");
+  m.impl("int8_group_gemm", torch::kCPU, &vllm_cpu::int8_group_gemm);
+  m.def("fp8_weight_gemm(Tensor x, Tensor w, Tensor scales, int group_size) -> Tensor");
+  m.impl("fp8_weight_gemm", torch::kCPU, &vllm_cpu::fp8_weight_gemm);
+  m.def("quant_gemm_isa() -> str", &vllm_cpu::quant_gemm_isa);
 }
 
 // `import vllm._C` loads this library (and so runs the registration above);

@@ -1,4 +1,7 @@
-"""The embedded SmolLM2 GGUF (Q4_1) loads, dequantized, and answers sensibly."""
+"""The embedded SmolLM2 GGUF (Q4_1 linears, Q8_0 tied table) loads kept
+quantized and answers sensibly; GGUF names and llama.cpp's q / k permutation
+map back onto the model (tests/quantization/test_gguf_quantized.py tests the
+quantized types)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,13 @@ def test_embedded_gguf_greedy_next_token_is_paris(embedded_model_path):
     ).create_engine_config()
     assert isinstance(get_model_loader(config.load_config, config.model_config), GGUFModelLoader)
     model = get_model(vllm_config=config)
+    # Kept quantized: Q4_1 linears as int4 packed two per byte, the Q8_0 table
+    # (also the tied head) as int8; the whole model under 0.9x the file's size
+    # plus float32 group scales (dense float32 would be ~540 MB).
+    assert model.model.layers[0].self_attn.qkv_proj.qweight.dtype == torch.uint8
+    assert model.lm_head is model.model.embed_tokens
+    assert model.model.embed_tokens.qweight.dtype == torch.int8
+    assert model.model_weight_bytes < 120e6
     tokenizer = AutoTokenizer.from_pretrained(
         os.path.dirname(embedded_model_path), gguf_file=os.path.basename(embedded_model_path)
     )

@@ -57,7 +57,8 @@ def test_unquantized_checkpoint_has_no_quant_config(tiny_model_dir):
 
 def test_gguf_file_resolves_to_gguf(embedded_model_path):
     assert _config(embedded_model_path).model_config.quantization == "gguf"
-    assert _config(embedded_model_path, quantization="gguf").quant_config is None
+    quant_config = _config(embedded_model_path, quantization="gguf").quant_config
+    assert type(quant_config).__name__ == "GGUFConfig" and quant_config.get_name() == "gguf"
 
 
 def test_contradicting_value_is_refused(ct_dir, embedded_model_path):

@@ -79,8 +79,8 @@ class VllmConfig:
     kv_events_config: KVEventsConfig | None = None
     ec_transfer_config: ECTransferConfig | None = None
     speculative_config: SpeculativeConfig | None = None
-    # The checkpoint's quantization, parsed (None: unquantized, or a .gguf
-    # file, which its loader dequantizes); set from model_config.
+    # The checkpoint's quantization, parsed (None: unquantized); set from
+    # model_config.
     quant_config: QuantizationConfig | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -112,9 +112,10 @@ class VllmConfig:
 
         # getattr: stand-in model configs (tests) carry only what they use.
         method = getattr(model_config, "quantization", None)
-        if method is None or method == "gguf":
+        if method is None:
             return None
-        hf_quant = model_config.hf_quant_config()
+        # A .gguf file has no quantization_config: its loader fills GGUFConfig.
+        hf_quant = {} if method == "gguf" else model_config.hf_quant_config()
         if hf_quant is None:
             return None
         quant_config = get_quantization_config(method).from_config(hf_quant)

@@ -19,6 +19,7 @@ elements. GGML dims are innermost-first: HF shape = reversed(dims).
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
@@ -119,7 +120,35 @@ class _Cursor:
 
 @lru_cache(maxsize=4)
 def read_gguf(path: str) -> GGUFFile:
-    """Parse the header, metadata and tensor index of a GGUF file."""
+    """Parse the header, metadata and tensor index of a GGUF file; a file cut
+    short (in its header, or before the end of a tensor's data) is refused
+    with a ValueError naming it."""
+    try:
+        gguf_file = _parse_gguf(path)
+    except (struct.error, KeyError, IndexError) as e:
+        raise ValueError(f"{path} is truncated or corrupt (unreadable GGUF header: {e}).") from e
+    size = os.path.getsize(path)
+    for info in gguf_file.tensors:
+        end = info.offset + _tensor_nbytes(info)
+        if end > size:
+            raise ValueError(
+                f"{path} is truncated or corrupt: tensor {info.name} ends at byte {end}, "
+                f"past the end of the file ({size} bytes)."
+            )
+    return gguf_file
+
+
+def _tensor_nbytes(info: GGUFTensorInfo) -> int:
+    import gguf
+
+    try:
+        qtype = gguf.GGMLQuantizationType(info.ggml_type)
+    except ValueError:
+        return 0  # an unknown type: refused by name where it is used
+    return int(np.prod(gguf.quant_shape_to_byte_shape(info.shape, qtype)))
+
+
+def _parse_gguf(path: str) -> GGUFFile:
     with open(path, "rb") as f:
         # Metadata + tensor index sit at the front; 64 MiB covers large vocabularies.
         head = f.read(64 << 20)

@@ -39,6 +39,8 @@ class LogitsProcessor(nn.Module):
         logits [T, org_vocab_size] in the model dtype."""
         if self.logits_as_input:
             logits = hidden_states
+        elif getattr(lm_head, "quant_method", None) is not None:
+            logits = self._get_logits_quantized(lm_head, hidden_states, embedding_bias)
         elif get_tensor_model_parallel_world_size() > 1:
             logits = self._get_logits_tp(lm_head, hidden_states, embedding_bias)
         else:
@@ -55,6 +57,20 @@ class LogitsProcessor(nn.Module):
         if self.scale != 1.0:
             logits = logits * self.scale
         return logits
+
+    def _get_logits_quantized(
+        self,
+        lm_head: VocabParallelEmbedding,
+        hidden_states: torch.Tensor,
+        embedding_bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """A quantized head (GGUF): its method multiplies by the table; each
+        rank's slice gathered, then the padding columns dropped."""
+        bias = embedding_bias if embedding_bias is not None else getattr(lm_head, "bias", None)
+        logits = lm_head.quant_method.apply(lm_head, hidden_states, bias)
+        if get_tensor_model_parallel_world_size() > 1:
+            logits = tensor_model_parallel_all_gather(logits, dim=-1)
+        return logits[..., : self.org_vocab_size]
 
     def _get_logits_tp(
         self,

@@ -42,8 +42,6 @@ class VocabParallelEmbedding(nn.Module):
         prefix: str = "",
     ) -> None:
         super().__init__()
-        if quant_config is not None:
-            raise NotImplementedError("Quantized embeddings are not built.")
         self.tp_size, self.tp_rank = tp_size_and_rank()
         self.num_embeddings = num_embeddings
         self.org_vocab_size = org_num_embeddings or num_embeddings
@@ -54,12 +52,24 @@ class VocabParallelEmbedding(nn.Module):
         # [vocab_start_index, vocab_end_index): this rank's rows of the padded vocabulary.
         self.vocab_start_index = self.tp_rank * self.num_embeddings_per_partition
         self.vocab_end_index = self.vocab_start_index + self.num_embeddings_per_partition
-        self.weight = Parameter(
-            torch.empty(
-                self.num_embeddings_per_partition,
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        # A quantized table (GGUF) belongs to its method, which registers it;
+        # a method without `embedding` (a linear-only config) leaves it dense.
+        method = quant_config.get_quant_method(self, prefix) if quant_config else None
+        self.quant_method: Any = method if hasattr(method, "embedding") else None
+        if self.quant_method is not None:
+            self.quant_method.create_weights(
+                self,
                 embedding_dim,
-                dtype=params_dtype or torch.get_default_dtype(),
-            ),
+                [self.num_embeddings_per_partition],
+                embedding_dim,
+                self.num_embeddings_padded,
+                self.params_dtype,
+                weight_loader=self.weight_loader,
+            )
+            return
+        self.weight = Parameter(
+            torch.empty(self.num_embeddings_per_partition, embedding_dim, dtype=self.params_dtype),
             requires_grad=False,
         )
         set_weight_attrs(self.weight, {"weight_loader": self.weight_loader, "output_dim": 0})
@@ -82,14 +92,24 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [T] -> embeddings [T, embedding_dim]."""
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._lookup(input_ids)
         # Ids outside this rank's rows look up row 0 and are zeroed; the sum
         # over ranks then holds each token's one real row.
         outside = (input_ids < self.vocab_start_index) | (input_ids >= self.vocab_end_index)
         local_ids = (input_ids - self.vocab_start_index).masked_fill_(outside, 0)
-        embeddings = F.embedding(local_ids, self.weight)
+        embeddings = self._lookup(local_ids)
         embeddings.masked_fill_(outside.unsqueeze(-1), 0)
         return tensor_model_parallel_all_reduce(embeddings)
+
+    def _lookup(self, local_ids: torch.Tensor) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.embedding(self, local_ids)
+        return F.embedding(local_ids, self.weight)
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        """A quantized table is decoded into its kernel's form once loaded."""
+        if self.quant_method is not None:
+            self.quant_method.process_weights_after_loading(self)
 
     def extra_repr(self) -> str:
         return (
@@ -126,7 +146,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self._packed_weight: torch.Tensor | None = None  # set after loading on CPU
         if bias:
             self.bias = Parameter(
-                torch.zeros(self.num_embeddings_per_partition, dtype=self.weight.dtype),
+                torch.zeros(self.num_embeddings_per_partition, dtype=self.params_dtype),
                 requires_grad=False,
             )
             set_weight_attrs(self.bias, {"weight_loader": self._bias_loader})
@@ -136,15 +156,22 @@ class ParallelLMHead(VocabParallelEmbedding):
     def _bias_loader(self, param: Parameter, loaded_weight: torch.Tensor) -> None:
         _copy_rows(param, loaded_weight, self.vocab_start_index)
 
-    def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> ParallelLMHead:
-        """Share the input embedding table (tie_word_embeddings=True)."""
+    def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> VocabParallelEmbedding:
+        """Share the input embedding table (tie_word_embeddings=True). A
+        quantized table (GGUF) is shared by becoming the embedding module: its
+        method computes the logits from it (upstream does the same)."""
+        if embed_tokens.quant_method is not None:
+            return embed_tokens
         self.weight = embed_tokens.weight
         self.tied = True
         return self
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         """On CPU, pack the real-vocabulary rows for the logits GEMM. A tied
-        head keeps the dense table (the embedding reads it) and packs a copy."""
+        head keeps the dense table (the embedding reads it) and packs a copy.
+        A quantized head is decoded by its method."""
+        if self.quant_method is not None:
+            return super().process_weights_after_loading(act_dtype)
         # With TP every rank packs its whole shard: the gathered logits are
         # trimmed to the real vocabulary afterwards.
         rows = self.org_vocab_size if self.tp_size == 1 else self.num_embeddings_per_partition

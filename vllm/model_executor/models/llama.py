@@ -250,7 +250,12 @@ class LlamaModel(nn.Module):
         tied = getattr(config, "tie_word_embeddings", False)
         self.embed_tokens: VocabParallelEmbedding | PPMissingLayer
         if pp_group.is_first_rank or (tied and pp_group.is_last_rank):
-            self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+            self.embed_tokens = VocabParallelEmbedding(
+                config.vocab_size,
+                config.hidden_size,
+                quant_config=vllm_config.quant_config,
+                prefix=f"{prefix}.embed_tokens",
+            )
         else:
             self.embed_tokens = PPMissingLayer()
         self.start_layer, self.end_layer, self.layers = make_layers(
@@ -342,6 +347,7 @@ class LlamaForCausalLM(CausalLMBase, SupportsPP):
             self.model.embed_tokens,
             tie=getattr(config, "tie_word_embeddings", False),
             scale=getattr(config, "logit_scale", 1.0),
+            quant_config=vllm_config.quant_config,
         )
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
 

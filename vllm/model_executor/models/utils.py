@@ -287,17 +287,21 @@ class CausalLMBase(nn.Module):
         hidden_size: int | None = None,
         scale: float = 1.0,
         soft_cap: float | None = None,
+        quant_config: Any = None,
     ) -> None:
         """`lm_head` [vocab_size, hidden_size (default config.hidden_size)] on
         the last pipeline stage, sharing `embed_tokens`' table when `tie`; and
-        the `logits_processor` (with its `scale` and `soft_cap`)."""
+        the `logits_processor` (with its `scale` and `soft_cap`). `quant_config`
+        may quantize the head (GGUF's output table)."""
         from vllm.distributed import get_pp_group
 
-        self.lm_head: ParallelLMHead | PPMissingLayer
+        # A tied quantized (GGUF) head is the embedding module itself.
+        self.lm_head: ParallelLMHead | VocabParallelEmbedding | PPMissingLayer
         if get_pp_group().is_last_rank:
             self.lm_head = ParallelLMHead(
                 config.vocab_size,
                 hidden_size or config.hidden_size,
+                quant_config=quant_config,
                 prefix=maybe_prefix(prefix, "lm_head"),
             )
             if tie:

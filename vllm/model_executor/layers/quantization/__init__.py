@@ -2,9 +2,9 @@
 
 `QUANTIZATION_METHODS` lists the names upstream accepts for `-q/--quantization`
 (and finds in a checkpoint's `quantization_config.quant_method`);
-`BUILT_QUANTIZATION_METHODS` the ones this build runs. `gguf` is built as a
-loader, not as a `QuantizationConfig`: a .gguf file is dequantized at load
-(vllm/model_executor/model_loader/gguf_loader.py), so it has no config class.
+`BUILT_QUANTIZATION_METHODS` the ones this build runs. `gguf` is resolved from
+a .gguf model file (it has no `quantization_config`); its `GGUFConfig` learns
+the file's tensor types from the GGUF loader.
 """
 
 from __future__ import annotations
@@ -48,7 +48,10 @@ BUILT_QUANTIZATION_METHODS: dict[str, str] = {
         "symmetric or asymmetric), pack-quantized; W8A8 int8 (dynamic per-token "
         "activations), int-quantized"
     ),
-    "gguf": "a .gguf file given as the model (dequantized at load)",
+    "gguf": (
+        "a .gguf file given as the model, kept quantized: Q4_0, Q4_1, Q4_K (int4 kernel), "
+        "Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q5_K, Q6_K (int8 group kernel); F32 / F16 / BF16 dense"
+    ),
 }
 
 
@@ -70,6 +73,10 @@ def get_quantization_config(quantization: str) -> type[QuantizationConfig]:
         )
 
         return CompressedTensorsConfig
+    if quantization == "gguf":
+        from vllm.model_executor.layers.quantization.gguf import GGUFConfig
+
+        return GGUFConfig
     raise ValueError(
         f"Quantization method {quantization!r} is not built here "
         f"(built: {built_methods_summary()})."

@@ -188,3 +188,64 @@ def test_decoder_groups_keep_their_tensors():
     ctx = vllm_config.compilation_config.static_forward_context
     assert ctx["dec.attn"].kv_cache[0].shape == (2, 4, 16, NUM_KV_HEADS, HEAD_SIZE)
     assert ctx["enc"].kv_cache[0].numel() == 0
+
+
+_TRITON_SCRIPT = r"""
+import torch
+from vllm.attention.layers.encoder_only_attention import create_encoder_only_attention_backend
+from vllm.config import VllmConfig
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
+from vllm.v1.kv_cache_interface import EncoderOnlyAttentionSpec
+
+torch.manual_seed(0)
+lengths, h, hkv, d, bs = [5, 1, 40, 17], 4, 2, 32, 16
+n, pad = sum(lengths), 3
+qsl = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+seq = torch.tensor(lengths, dtype=torch.int32)
+cm = CommonAttentionMetadata(
+    query_start_loc=qsl.to(DEVICE), query_start_loc_cpu=qsl, seq_lens=seq.to(DEVICE),
+    seq_lens_cpu=seq, num_computed_tokens_cpu=torch.zeros_like(seq), num_reqs=4,
+    num_actual_tokens=n, max_query_len=40, max_seq_len=40,
+    block_table_tensor=torch.zeros(4, 1, dtype=torch.int32, device=DEVICE),
+    slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=DEVICE),
+)
+spec = EncoderOnlyAttentionSpec(block_size=bs, num_kv_heads=hkv, head_size=d, dtype=torch.float32)
+backend = create_encoder_only_attention_backend(TritonAttentionBackend)
+md = backend.get_builder_cls()(spec, ["l"], VllmConfig(), torch.device(DEVICE)).build(0, cm)
+impl = TritonAttentionImpl(h, d, 0.2, hkv, attn_type="encoder_only")
+q, k, v = (torch.randn(n + pad, x, d) for x in (h, hkv, hkv))
+out = impl.forward(None, *(t.to(DEVICE) for t in (q, k, v)), torch.tensor([]), md,
+                   output=torch.full((n + pad, h, d), 7.0, device=DEVICE)).cpu()
+start = 0
+for length in lengths:
+    s, e = start, start + length
+    kk = k[s:e].double().repeat_interleave(h // hkv, 1)
+    vv = v[s:e].double().repeat_interleave(h // hkv, 1)
+    p = (torch.einsum("qhd,khd->hqk", q[s:e].double(), kk) * 0.2).softmax(-1)
+    ref = torch.einsum("hqk,khd->qhd", p, vv)
+    torch.testing.assert_close(out[s:e].double(), ref, atol=1e-5, rtol=1e-5)
+    start = e
+assert bool((out[n:] == 0).all())
+print("OK")
+"""
+
+
+def test_triton_backend_encoder_only_interpreter():
+    """The Triton backend's encoder-only path (the unified kernel, non-causal,
+    over the step's own K/V) under TRITON_INTERPRET=1, in a subprocess (the
+    interpreter is chosen when triton is imported)."""
+    import os
+    import subprocess
+    import sys
+
+    triton = pytest.importorskip("triton")
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7):
+        pytest.skip(f"triton {triton.__version__}'s interpreter cannot take runtime loop bounds")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    script = "DEVICE = 'cpu'\n" + _TRITON_SCRIPT
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OK" in proc.stdout

@@ -8,6 +8,8 @@ one KV block at a time, and keeps an online softmax in fp32. Query token t of
 a sequence with q_len new tokens and seq_len total sits at position
 seq_len - (q_end - t) and sees keys 0..position (causal), restricted to the
 last `window` of them with a sliding window; scores may be soft-capped.
+Non-causal (`causal=False`, encoder-only layers): every query token of a
+sequence sees all of its seq_len keys.
 
 Caches: [num_blocks, block_size, num_kv_heads, head_size] (strided views of
 the (2, ...) per-layer tensor are fine). One program per query token re-reads
@@ -53,6 +55,7 @@ def kernel_unified_attention(
     BLOCK_SIZE: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     t = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -60,6 +63,8 @@ def kernel_unified_attention(
     q_end = tl.load(query_start_loc_ptr + seq + 1)
     seq_len = tl.load(seq_lens_ptr + seq)
     pos = seq_len - (q_end - t)  # absolute position of this query token
+    if not CAUSAL:
+        pos = seq_len - 1  # the last key bounds every query
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, HEAD_PAD)
@@ -127,10 +132,13 @@ def unified_attention(
     scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    causal: bool = True,
 ) -> None:
     """query/out [T, H, D]; caches [NB, BS, Hkv, D]; block_table [num_seqs,
     max_blocks]; seq_lens [num_seqs] (cached + new tokens); query_start_loc
     [num_seqs + 1]; token_to_seq [T] (the sequence of each query row)."""
+    if not causal and sliding_window:
+        raise ValueError("unified_attention: a sliding window needs causal attention.")
     num_tokens, num_heads, head_size = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     if num_tokens == 0:
@@ -166,4 +174,5 @@ def unified_attention(
         BLOCK_SIZE=block_size,
         USE_SOFTCAP=bool(soft_cap),
         USE_WINDOW=bool(sliding_window),
+        CAUSAL=causal,
     )

@@ -149,7 +149,7 @@ UNBUILT = {
     "w8a8-static": (_w8a8_static, "static activation quantization"),
     "w8a8-pack-quantized": (_w8a8_packed, "W8A8 in format 'pack-quantized'"),
     "fp8-dynamic": (_w8a8_fp8, "activations of type 'float'"),
-    "fp8": (_fp8, "weights of type 'float'"),
+    "fp8-pack-quantized": (_fp8, "FP8 weights in format 'pack-quantized'"),
     "int-quantized": (_int_quantized, "format 'int-quantized' for weight-only"),
     "asymmetric-w8": (_asym, "W8A16 with asymmetric weights is not built"),
     "w4-channel": (_w4_channel, "W4A16 with strategy 'channel'"),

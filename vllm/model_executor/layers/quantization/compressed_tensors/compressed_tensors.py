@@ -11,7 +11,8 @@ config.json's `quantization_config` (llm-compressor's output) looks like
 Each linear takes the scheme of the first group whose targets match it
 ("Linear", an exact module name, or "re:<regex>"), unless `ignore` names it.
 Only the schemes with a CPU kernel here are accepted (`_scheme_from_group`:
-W8A16 / W4A16 weight-only, and W8A8 int8 with dynamic per-token activations);
+W8A16 / W4A16 weight-only, W8A8 int8 with dynamic per-token activations, and
+FP8 weights, weight-only or with FP8 activations: `_fp8_scheme`);
 any other is refused at start-up by name, never dequantized.
 """
 
@@ -34,11 +35,15 @@ from vllm.model_executor.layers.quantization.base_config import (
 )
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
     CompressedTensorsScheme,
+    CompressedTensorsW8A8Fp8,
     CompressedTensorsW8A8Int8,
+    CompressedTensorsW8A16Fp8,
     CompressedTensorsWNA16,
 )
 
 _WNA16_FORMATS = ("pack-quantized",)
+# Formats holding fp8 weights unpacked, one float8_e4m3fn byte each.
+_FP8_FORMATS = ("float-quantized", "naive-quantized")
 
 
 def _matches(name: str, target: str) -> bool:
@@ -53,7 +58,9 @@ def _refuse(group: str, what: str) -> ValueError:
         f"compressed-tensors config group {group!r}: {what} is not built here "
         "(built: pack-quantized W8A16 int8 per channel and W4A16 int4 per group, "
         "symmetric or asymmetric; int-quantized W8A8 int8 per channel with dynamic "
-        "per-token activations)."
+        "per-token activations; float-quantized FP8 weights per tensor, channel or "
+        "block, weight-only or with dynamic per-token / static per-tensor FP8 "
+        "activations)."
     )
 
 
@@ -67,6 +74,8 @@ def _scheme_from_group(
         raise _refuse(name, "output activation quantization")
     if not weights:
         raise _refuse(name, "a group without weight quantization")
+    if weights.get("type", "int") == "float":
+        return _fp8_scheme(name, weights, group.get("input_activations"), fmt)
     if weights.get("type", "int") != "int":
         raise _refuse(name, f"weights of type {weights.get('type')!r} (FP8 weights)")
     if weights.get("dynamic"):
@@ -113,6 +122,43 @@ def _w8a8_scheme(
     if fmt != "int-quantized":
         raise _refuse(name, f"W8A8 in format {fmt!r}")
     return CompressedTensorsW8A8Int8()
+
+
+def _fp8_scheme(
+    name: str, weights: dict[str, Any], acts: dict[str, Any] | None, fmt: str | None
+) -> CompressedTensorsScheme:
+    """FP8 weights (upstream's _is_fp8_w8a16 / _is_fp8_w8a8): 8-bit float,
+    symmetric, static, per tensor / channel / block; activations none
+    (W8A16-FP8), or 8-bit float symmetric, dynamic (per token; per token
+    group for block weights, as upstream) or static per tensor (W8A8-FP8)."""
+    strategy = weights.get("strategy")
+    if weights.get("num_bits") != 8:
+        raise _refuse(name, f"float weights of {weights.get('num_bits')} bits (FP4 / MXFP)")
+    if strategy not in ("tensor", "channel", "block"):
+        raise _refuse(name, f"FP8 weights with strategy {strategy!r}")
+    if weights.get("dynamic") or not weights.get("symmetric", True):
+        raise _refuse(name, "dynamic or asymmetric FP8 weights")
+    block = weights.get("block_structure") if strategy == "block" else None
+    if strategy == "block" and (not isinstance(block, list) or len(block) != 2):
+        raise _refuse(name, f"FP8 block weights with block_structure {block!r}")
+    if fmt not in _FP8_FORMATS:
+        raise _refuse(name, f"FP8 weights in format {fmt!r}")
+    if acts is None:
+        return CompressedTensorsW8A16Fp8(strategy, block)
+    if acts.get("type") != "float" or acts.get("num_bits") != 8:
+        raise _refuse(
+            name, f"FP8 weights with {acts.get('type')} {acts.get('num_bits')}-bit activations"
+        )
+    if not acts.get("symmetric", True):
+        raise _refuse(name, "asymmetric FP8 activations")
+    static = not acts.get("dynamic")
+    if static and (acts.get("strategy") != "tensor" or block is not None):
+        raise _refuse(
+            name,
+            f"static FP8 activations with strategy {acts.get('strategy')!r} and weight "
+            f"strategy {strategy!r} (built: static per tensor, non-block weights)",
+        )
+    return CompressedTensorsW8A8Fp8(strategy, static, block)
 
 
 class CompressedTensorsConfig(QuantizationConfig):

@@ -16,6 +16,14 @@ _LAZY = {
     "RequestOutput": "vllm.outputs",
     "CompletionOutput": "vllm.outputs",
     "PoolingRequestOutput": "vllm.outputs",
+    "PoolingOutput": "vllm.outputs",
+    "EmbeddingOutput": "vllm.outputs",
+    "EmbeddingRequestOutput": "vllm.outputs",
+    "ClassificationOutput": "vllm.outputs",
+    "ClassificationRequestOutput": "vllm.outputs",
+    "ScoringOutput": "vllm.outputs",
+    "ScoringRequestOutput": "vllm.outputs",
+    "PoolingParams": "vllm.pooling_params",
     "EngineArgs": "vllm.engine.arg_utils",
     "AsyncEngineArgs": "vllm.engine.arg_utils",
     "TextPrompt": "vllm.inputs",
@@ -28,7 +36,19 @@ if TYPE_CHECKING:
     from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
     from vllm.entrypoints.llm import LLM
     from vllm.inputs import PromptType, TextPrompt, TokensPrompt
-    from vllm.outputs import CompletionOutput, RequestOutput
+    from vllm.outputs import (
+        ClassificationOutput,
+        ClassificationRequestOutput,
+        CompletionOutput,
+        EmbeddingOutput,
+        EmbeddingRequestOutput,
+        PoolingOutput,
+        PoolingRequestOutput,
+        RequestOutput,
+        ScoringOutput,
+        ScoringRequestOutput,
+    )
+    from vllm.pooling_params import PoolingParams
     from vllm.sampling_params import SamplingParams
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import torch
 
 from vllm.logprobs import FlatLogprobs, PromptLogprobs, SampleLogprobs
 
@@ -109,10 +111,136 @@ def _extend_logprobs(cur: SampleLogprobs, nxt: SampleLogprobs) -> None:
 
 
 @dataclass
-class PoolingRequestOutput:
-    """Output of a pooling request (pooling models are not built yet)."""
+class PoolingOutput:
+    """The output of one pooling request: `data` is the pooler's tensor
+    (an embedding [D], class scores [num_labels], or per-token rows [T, D])."""
 
-    request_id: str
-    outputs: Any
-    prompt_token_ids: list[int]
-    finished: bool
+    data: torch.Tensor
+
+    def __repr__(self) -> str:
+        return f"PoolingOutput(data={self.data})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, self.__class__) and bool(torch.equal(self.data, other.data))
+
+
+_O = TypeVar("_O")
+
+
+class PoolingRequestOutput(Generic[_O]):
+    """A finished pooling request: its id, output and prompt token ids."""
+
+    def __init__(
+        self,
+        request_id: str,
+        outputs: _O,
+        prompt_token_ids: list[int],
+        num_cached_tokens: int = 0,
+        finished: bool = True,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.num_cached_tokens = num_cached_tokens
+        self.finished = finished
+        self.outputs = outputs
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(request_id={self.request_id!r}, outputs={self.outputs!r}, "
+            f"prompt_token_ids={self.prompt_token_ids}, "
+            f"num_cached_tokens={self.num_cached_tokens}, finished={self.finished})"
+        )
+
+
+def _data(pooling_output: PoolingOutput) -> torch.Tensor:
+    return pooling_output.data
+
+
+@dataclass
+class EmbeddingOutput:
+    """One embedding vector."""
+
+    embedding: list[float]
+
+    @staticmethod
+    def from_base(pooling_output: PoolingOutput) -> EmbeddingOutput:
+        pooled_data = _data(pooling_output)
+        if pooled_data.ndim != 1:
+            raise ValueError("pooled_data should be a 1-D embedding vector")
+        return EmbeddingOutput(pooled_data.tolist())
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
+    @staticmethod
+    def from_base(request_output: PoolingRequestOutput[PoolingOutput]) -> EmbeddingRequestOutput:
+        return EmbeddingRequestOutput(
+            request_id=request_output.request_id,
+            outputs=EmbeddingOutput.from_base(request_output.outputs),
+            prompt_token_ids=request_output.prompt_token_ids,
+            num_cached_tokens=request_output.num_cached_tokens,
+            finished=request_output.finished,
+        )
+
+
+@dataclass
+class ClassificationOutput:
+    """The class probabilities (or logits, with use_activation=False) of one input."""
+
+    probs: list[float]
+
+    @staticmethod
+    def from_base(pooling_output: PoolingOutput) -> ClassificationOutput:
+        pooled_data = _data(pooling_output)
+        if pooled_data.ndim != 1:
+            raise ValueError("pooled_data should be a 1-D probability vector")
+        return ClassificationOutput(pooled_data.tolist())
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
+    @staticmethod
+    def from_base(
+        request_output: PoolingRequestOutput[PoolingOutput],
+    ) -> ClassificationRequestOutput:
+        return ClassificationRequestOutput(
+            request_id=request_output.request_id,
+            outputs=ClassificationOutput.from_base(request_output.outputs),
+            prompt_token_ids=request_output.prompt_token_ids,
+            num_cached_tokens=request_output.num_cached_tokens,
+            finished=request_output.finished,
+        )
+
+
+@dataclass
+class ScoringOutput:
+    """The similarity score of one (query, document) pair."""
+
+    score: float
+
+    @staticmethod
+    def from_base(pooling_output: PoolingOutput) -> ScoringOutput:
+        pooled_data = _data(pooling_output)
+        if pooled_data.numel() != 1:
+            raise ValueError(
+                "pooled_data should be a scalar score (a cross-encoder has num_labels == 1)"
+            )
+        return ScoringOutput(float(pooled_data.reshape(()).item()))
+
+
+class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
+    @staticmethod
+    def from_base(request_output: PoolingRequestOutput[PoolingOutput]) -> ScoringRequestOutput:
+        return ScoringRequestOutput(
+            request_id=request_output.request_id,
+            outputs=ScoringOutput.from_base(request_output.outputs),
+            prompt_token_ids=request_output.prompt_token_ids,
+            num_cached_tokens=request_output.num_cached_tokens,
+            finished=request_output.finished,
+        )

@@ -39,6 +39,7 @@ FRONTEND = "tests/entrypoints/openai/test_frontend_flags.py"
 EFFECTS = "tests/engine/test_engine_flag_effects.py"
 DEFAULTS = "tests/engine/test_arg_utils_defaults.py"
 ARGS = "tests/engine/test_arg_utils.py"
+POOLING = "tests/models/language/pooling/test_embedding.py"
 
 SCHED = "tests/v1/core/test_scheduler.py"
 CUDAGRAPH = "tests/v1/cudagraph/test_config_and_dispatch.py"
@@ -103,7 +104,9 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "tokenizer": ("tested", f"{EFFECTS}::test_tokenizer_flag_picks_the_tokenizer"),
     "tokenizer_mode": ("refused", "mistral"),
     "trust_remote_code": ("tested", f"{EFFECTS}::test_trust_remote_code"),
-    "runner": ("refused", "pooling"),
+    "runner": ("tested", f"{POOLING}::test_qwen3_last_token_matches_sentence_transformers"),
+    "convert": ("tested", f"{POOLING}::test_convert_embed_on_a_causal_lm"),
+    "pooler_config": ("tested", f"{POOLING}::test_pooler_config_overrides_and_matryoshka"),
     "skip_tokenizer_init": ("tested", f"{EFFECTS}::test_skip_tokenizer_init"),
     "dtype": ("tested", f"{ARGS}::test_round_trip_to_engine_config"),
     "seed": ("tested", f"{EFFECTS}::test_engine_seed_drives_unseeded_sampling"),

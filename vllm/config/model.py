@@ -130,9 +130,11 @@ class ModelConfig:
     # Pooling models: how a model class without a pooler becomes one
     # (--convert; "auto": from the architecture name, as upstream).
     convert: str = "auto"
-    # Pooling models: --pooler-config (a PoolerConfig, a dict or a JSON string);
-    # fields left None come from a sentence-transformers dir, then the model.
-    pooler_config: PoolerConfig | dict[str, Any] | str | None = None
+    # Pooling models: --pooler-config (a PoolerConfig; a dict or a JSON string
+    # is converted in __post_init__); fields left None come from a
+    # sentence-transformers dir, then the model. Resolved: a PoolerConfig
+    # whenever runner_type == "pooling", else None.
+    pooler_config: PoolerConfig | None = None
     hf_overrides: dict[str, Any] | None = None
     # Allow sleep / wake_up (the KV cache's and the weights' memory given back).
     enable_sleep_mode: bool = False
@@ -195,10 +197,12 @@ class ModelConfig:
         """Resolve `quantization` as upstream does: the checkpoint's
         `quantization_config.quant_method` when none is given; an explicit
         value that contradicts the checkpoint, one without a quantized
-        checkpoint, and an unbuilt method are refused before any weight is read.
+        checkpoint (unless the method quantizes at load: `-q fp8`), and an
+        unbuilt method are refused before any weight is read.
         A .gguf file resolves to "gguf"."""
         from vllm.model_executor.layers.quantization import (
             BUILT_QUANTIZATION_METHODS,
+            ONLINE_QUANTIZATION_METHODS,
             QUANTIZATION_METHODS,
             built_methods_summary,
             get_quantization_config,
@@ -219,18 +223,19 @@ class ModelConfig:
                 f"the quantization method specified in the `quantization` argument "
                 f"(-q/--quantization {asked})."
             )
-        if asked is not None and ckpt is None:
+        if asked is not None and ckpt is None and asked not in ONLINE_QUANTIZATION_METHODS:
             raise ValueError(
                 f"quantization={asked!r} (-q/--quantization) needs a checkpoint quantized "
                 f"with it, but {self.model!r} has no quantization_config (weights are not "
-                "quantized at load here)."
+                f"quantized at load here, except with {list(ONLINE_QUANTIZATION_METHODS)})."
             )
         if ckpt is not None and ckpt != "gguf" and ckpt not in BUILT_QUANTIZATION_METHODS:
             raise ValueError(
                 f"The checkpoint is quantized (quantization_config.quant_method={ckpt!r}) "
                 f"with a method not built here (built: {built_methods_summary()})."
             )
-        self.quantization = ckpt
+        # `-q fp8` on an unquantized checkpoint quantizes it at load (online).
+        self.quantization = ckpt if ckpt is not None else asked
 
     def _checkpoint_quant_method(self) -> str | None:
         """The checkpoint's `quantization_config.quant_method`, normalised
@@ -383,7 +388,8 @@ class ModelConfig:
             if self.pooler_config is not None:
                 raise ValueError("pooler_config (--pooler-config) needs --runner pooling.")
             return
-        config = PoolerConfig.from_cli(self.pooler_config or {})
+        raw: Any = self.pooler_config
+        config = PoolerConfig.from_cli(raw or {})
         for key, value in (get_pooling_config(self.model) or {}).items():
             if getattr(config, key) is None:
                 setattr(config, key, value)
@@ -490,7 +496,7 @@ class ModelConfig:
         with LAST / ALL pooling do (MEAN / CLS need the whole prompt)."""
         if self.attn_type == "encoder_only":
             return False
-        assert isinstance(self.pooler_config, PoolerConfig)
+        assert self.pooler_config is not None
         return self.pooler_config.get_pooling_type() in ("LAST", "ALL")
 
     @property

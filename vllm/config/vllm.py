@@ -89,11 +89,6 @@ class VllmConfig:
         if mc is not None:
             self.scheduler_config.verify_with_model_len(mc.max_model_len)
             self.quant_config = self._get_quantization_config(mc, self.device_config.device_type)
-            if mc.runner_type == "pooling":
-                raise ValueError(
-                    f"Pooling models (runner={mc.runner!r}, --runner) are not "
-                    "supported yet; only the 'generate' runner is built."
-                )
         self.compilation_config.resolve(
             self.device_config.device_type, mc.enforce_eager if mc else False
         )
@@ -177,6 +172,12 @@ class VllmConfig:
                 raise ValueError(
                     "VLLM_USE_V2_MODEL_RUNNER=1 but Model Runner V2 is not built in this version."
                 )
+            if forced and getattr(self.model_config, "runner_type", None) == "pooling":
+                # The seed's rule: pooling models run on the V1 runner.
+                raise ValueError(
+                    "VLLM_USE_V2_MODEL_RUNNER=1 but pooling models (runner='pooling') run on "
+                    "the V1 model runner only."
+                )
             return bool(forced)
         if not self._is_default_v2_model_runner_model():
             return False
@@ -196,6 +197,10 @@ class VllmConfig:
         """Why async scheduling cannot run here, or None when it can."""
         if self.model_config is None:
             return "no model"
+        if getattr(self.model_config, "runner_type", None) == "pooling":
+            # As upstream: a pooling request ends after its prefill; there is
+            # no next token to schedule ahead.
+            return "pooling models do not support it"
         backend = self.parallel_config.distributed_executor_backend
         if isinstance(backend, type):
             if not backend.supports_async_scheduling():

@@ -93,6 +93,21 @@ class EngineArgs:
     skip_tokenizer_init: bool = _arg(
         False, "Skip tokenizer initialization; prompts must then be token ids.", "ModelConfig"
     )
+    convert: str = _arg(
+        "auto",
+        "Convert the model with an adapter (pooling runner): embed, classify; "
+        '"auto" picks one from the architecture name.',
+        "ModelConfig",
+        choices=["auto", "none", "embed", "classify", "reward"],
+    )
+    pooler_config: dict[str, Any] | None = _arg(
+        None,
+        "Pooling models: a JSON PoolerConfig, e.g. "
+        '\'{"pooling_type": "MEAN", "normalize": true}\' (fields: pooling_type, '
+        "normalize, dimensions, use_activation, logit_bias).",
+        "ModelConfig",
+        type=json_dict,
+    )
     dtype: str = _arg(
         "auto",
         'Data type of weights and activations. "auto": the checkpoint\'s '
@@ -350,6 +365,8 @@ class EngineArgs:
             skip_tokenizer_init=self.skip_tokenizer_init,
             generation_config=self.generation_config,
             runner=self.runner,
+            convert=self.convert,
+            pooler_config=self.pooler_config,  # type: ignore[arg-type]  # dict -> PoolerConfig
             hf_overrides=self.hf_overrides,
             enable_sleep_mode=self.enable_sleep_mode,
         )

@@ -23,15 +23,18 @@ from vllm.beam_search import (
     BeamSearchSequence,
     create_sort_beams_key_function,
 )
+from vllm.config.pooler import PoolerConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.entrypoints.chat_utils import (
     ChatCompletionMessageParam,
     ChatTemplateContentFormatOption,
     apply_hf_chat_template,
 )
+from vllm.entrypoints.llm_pooling import PoolingMixin
 from vllm.inputs import PromptType, TextPrompt, TokensPrompt
 from vllm.logger import init_logger
-from vllm.outputs import RequestOutput
+from vllm.outputs import PoolingRequestOutput, RequestOutput
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.llm_engine import LLMEngine
@@ -43,7 +46,7 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-class LLM:
+class LLM(PoolingMixin):
     """An LLM for offline inference: a tokenizer, a model and a paged KV cache.
 
     `model` is a local Hugging Face model folder or a `.gguf` file; empty means
@@ -68,6 +71,7 @@ class LLM:
         gpu_memory_utilization: float = 0.92,
         enforce_eager: bool = False,
         hf_overrides: dict[str, Any] | None = None,
+        pooler_config: PoolerConfig | dict[str, Any] | None = None,
         kv_cache_memory_bytes: int | None = None,
         compilation_config: int | dict[str, Any] | None = None,
         **kwargs: Any,
@@ -89,6 +93,7 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
             hf_overrides=hf_overrides,
+            pooler_config=pooler_config,  # type: ignore[arg-type]  # also a PoolerConfig
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             compilation_config=compilation_config,
             **kwargs,
@@ -131,7 +136,10 @@ class LLM:
         scheduling policy; lower runs first).
         """
         if self.model_config.runner_type != "generate":
-            raise ValueError("LLM.generate() is only supported for generative models.")
+            raise ValueError(
+                f"LLM.generate() is only supported for generative models; model "
+                f"{self.model_config.served_model_name!r} runs with runner='pooling'."
+            )
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         self._validate_and_add_requests(
@@ -316,7 +324,7 @@ class LLM:
     def _validate_and_add_requests(
         self,
         prompts: PromptType | Sequence[PromptType],
-        params: SamplingParams | Sequence[SamplingParams],
+        params: SamplingParams | PoolingParams | Sequence[SamplingParams | PoolingParams],
         *,
         use_tqdm: bool | Callable[..., tqdm],
         lora_request: Sequence[LoRARequest | None] | LoRARequest | None,
@@ -363,7 +371,7 @@ class LLM:
     def _add_request(
         self,
         prompt: PromptType,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         lora_request: LoRARequest | None,
         priority: int,
         tokenization_kwargs: dict[str, Any] | None,
@@ -389,7 +397,7 @@ class LLM:
                 dynamic_ncols=True,
                 postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s",
             )
-        outputs: list[RequestOutput] = []
+        outputs: list[Any] = []
         total_in = total_out = 0
         while self.llm_engine.has_unfinished_requests():
             for output in self.llm_engine.step():
@@ -397,6 +405,10 @@ class LLM:
                     continue
                 outputs.append(output)
                 if pbar is not None:
+                    if isinstance(output, PoolingRequestOutput):  # one row, no tokens out
+                        total_in += len(output.prompt_token_ids)
+                        _update_speed(pbar, total_in, total_out, 1)
+                        continue
                     n = len(output.outputs)
                     total_in += len(output.prompt_token_ids or []) * n
                     total_out += sum(len(o.token_ids) for o in output.outputs)

@@ -268,7 +268,10 @@ class Request:
         return len(self._output_token_ids)
 
     def get_skip_reading_prefix_cache(self) -> bool:
-        """Prompt logprobs need every prompt position computed: no cache hits."""
+        """Prompt logprobs need every prompt position computed: no cache hits;
+        token-level pooling likewise (PoolingParams.skip_reading_prefix_cache)."""
+        if self.pooling_params is not None:
+            return bool(self.pooling_params.skip_reading_prefix_cache)
         sp = self.sampling_params
         return sp is not None and sp.prompt_logprobs is not None
 

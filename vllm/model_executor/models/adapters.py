@@ -37,9 +37,23 @@ def _drop_lm_head(model: nn.Module) -> None:
 
 
 def _pooling_load_weights(model: nn.Module, weights: Any) -> set[str]:
+    """The LM head's weights are skipped. A base-model checkpoint
+    (`Qwen3Model`, as sentence-transformers saves it) names the body's weights
+    without the body prefix ("layers.0..." for "model.layers.0..."): they get it."""
     from vllm.model_executor.models.utils import AutoWeightsLoader
 
-    return AutoWeightsLoader(model, skip_prefixes=["lm_head."]).load_weights(weights)
+    body = getattr(model, "body_name", "model")
+    own = {name for name, _ in model.named_children()}
+
+    def mapped() -> Any:
+        for name, tensor in weights:
+            if name.startswith("lm_head."):
+                continue  # dropped with the LM head
+            if name.split(".", 1)[0] not in own:
+                name = f"{body}.{name}"
+            yield name, tensor
+
+    return AutoWeightsLoader(model, skip_prefixes=["lm_head."]).load_weights(mapped())
 
 
 def _pooler_config(vllm_config: VllmConfig):  # noqa: ANN202 - PoolerConfig
@@ -58,6 +72,7 @@ def as_embedding_model(cls: _T) -> _T:
 
     class ModelForEmbedding(base):  # type: ignore[misc, valid-type]
         is_pooling_model: ClassVar[bool] = True
+        default_pooling_type: ClassVar[str] = "LAST"
 
         def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs: Any) -> None:
             super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
@@ -83,6 +98,9 @@ def as_seq_cls_model(cls: _T) -> _T:
 
     class ModelForSequenceClassification(base):  # type: ignore[misc, valid-type]
         is_pooling_model: ClassVar[bool] = True
+        # Scores text pairs (LLM.score), as upstream's SupportsCrossEncoding.
+        supports_cross_encoding: ClassVar[bool] = True
+        default_pooling_type: ClassVar[str] = "LAST"
 
         def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs: Any) -> None:
             super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)

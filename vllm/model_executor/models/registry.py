@@ -39,6 +39,11 @@ _POOLING_MODELS: dict[str, tuple[str, str]] = {
     "LlamaForSequenceClassification": ("llama", "LlamaForSequenceClassification"),
     "Qwen2ForSequenceClassification": ("qwen2", "Qwen2ForSequenceClassification"),
     "Qwen3ForSequenceClassification": ("qwen3", "Qwen3ForSequenceClassification"),
+    # Base-model checkpoints (what sentence-transformers saves): the causal LM
+    # class, converted by `--convert embed` (the "Model" suffix's default).
+    "LlamaModel": ("llama", "LlamaForCausalLM"),
+    "Qwen2Model": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3Model": ("qwen3", "Qwen3ForCausalLM"),
     "BertModel": ("bert", "BertEmbeddingModel"),
     "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),
     "RobertaModel": ("roberta", "RobertaEmbeddingModel"),

@@ -9,8 +9,10 @@ import time
 from typing import Any
 
 import msgspec
+import torch
 
 from vllm.lora.request import LoRARequest
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
 from vllm.v1.outputs import LogprobsLists, LogprobsTensors
 
@@ -48,7 +50,7 @@ class EngineCoreRequest(
     prompt_token_ids: list[int] | None
     mm_features: list[Any] | None
     sampling_params: SamplingParams | None
-    pooling_params: Any | None
+    pooling_params: PoolingParams | None
     eos_token_id: int | None
     arrival_time: float
     lora_request: LoRARequest | None
@@ -116,7 +118,8 @@ class EngineCoreOutput(
     new_token_ids: list[int]
     new_logprobs: LogprobsLists | None = None
     new_prompt_logprobs_tensors: LogprobsTensors | None = None
-    pooling_output: Any | None = None
+    # A pooling request's result (embedding / scores), when it finishes.
+    pooling_output: torch.Tensor | None = None
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     events: list[EngineCoreEvent] | None = None

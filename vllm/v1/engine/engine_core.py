@@ -178,9 +178,19 @@ class EngineCore:
         if not isinstance(request.request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request.request_id)}")
         if request.pooling_params is not None:
-            raise ValueError("Pooling requests are not supported yet.")
+            task = request.pooling_params.task
+            supported = self.get_supported_tasks()
+            if task not in supported:
+                raise ValueError(f"Unsupported task: {task!r} Supported tasks: {supported}")
         if not self.sleep_manager.hold_request(request):  # held while a "wait" sleep is pending
             self._admit_request(request)
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        """The tasks the loaded model serves (asked of the workers once)."""
+        tasks = getattr(self, "_supported_tasks", None)
+        if tasks is None:
+            tasks = self._supported_tasks = tuple(self.model_executor.supported_tasks)
+        return tasks
 
     def _admit_request(self, request: Request) -> None:
         if request.use_structured_output:

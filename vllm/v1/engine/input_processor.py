@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from vllm.config import VllmConfig
 from vllm.config.structured_outputs import verify_backend_name
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import PromptType
 from vllm.logger import init_logger
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
 from vllm.utils import random_uuid
 from vllm.v1.engine import EngineCoreRequest
@@ -69,7 +70,7 @@ class InputProcessor:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
         lora_request: LoRARequest | None = None,
         tokenization_kwargs: dict[str, Any] | None = None,
@@ -84,6 +85,18 @@ class InputProcessor:
         `reasoning_ended` / `reasoning_parser_kwargs` travel to the engine
         core's structured-output manager (where a grammar starts when the
         engine has a reasoning parser; see vllm/v1/structured_output)."""
+        if isinstance(params, PoolingParams):
+            return self._process_pooling_inputs(
+                request_id,
+                prompt,
+                params,
+                arrival_time,
+                lora_request,
+                tokenization_kwargs,
+                trace_headers,
+                priority,
+                data_parallel_rank,
+            )
         self._validate_params(params)
         if lora_request is not None:
             raise VLLMValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!")
@@ -132,6 +145,68 @@ class InputProcessor:
             reasoning_parser_kwargs=reasoning_parser_kwargs,
         )
 
+    def _process_pooling_inputs(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: PoolingParams,
+        arrival_time: float | None,
+        lora_request: LoRARequest | None,
+        tokenization_kwargs: dict[str, Any] | None,
+        trace_headers: Mapping[str, str] | None,
+        priority: int,
+        data_parallel_rank: int | None,
+    ) -> EngineCoreRequest:
+        """A pooling request: the prompt tokenized (lower-cased first when the
+        sentence-transformers config says do_lower_case), truncated to its
+        last `truncate_prompt_tokens` tokens (-1: max_model_len) and checked;
+        `params` must have been verified for its task (`PoolingParams.verify`)."""
+        if self.model_config.runner_type != "pooling":
+            raise VLLMValidationError(
+                f"Model {self.model_config.served_model_name!r} is not a pooling model "
+                "(runner_type='generate'); pooling requests need `--runner pooling`."
+            )
+        if params.task is None:
+            raise VLLMValidationError("PoolingParams.verify(task, model_config) has not run.")
+        if lora_request is not None:
+            raise VLLMValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!")
+        if priority != 0 and self.vllm_config.scheduler_config.policy != "priority":
+            raise VLLMValidationError(
+                f"Got priority {priority} but Priority scheduling is not enabled.",
+                parameter="priority",
+            )
+        encoder_config = self.model_config.encoder_config or {}
+        if encoder_config.get("do_lower_case"):
+            prompt = _lower_case(prompt)
+        prompt_token_ids, cache_salt = self._tokenize(prompt, tokenization_kwargs)
+        truncate = params.truncate_prompt_tokens
+        if truncate is not None:
+            keep = self.model_config.max_model_len if truncate == -1 else truncate
+            if keep > self.model_config.max_model_len:
+                raise VLLMValidationError(
+                    f"truncate_prompt_tokens value ({keep}) is greater than max_model_len "
+                    f"({self.model_config.max_model_len}). Please, select a smaller truncation "
+                    "size.",
+                    parameter="truncate_prompt_tokens",
+                )
+            if keep > 0:
+                prompt_token_ids = prompt_token_ids[-keep:]
+        self._validate_prompt(prompt_token_ids)
+        return EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            mm_features=None,
+            sampling_params=None,
+            pooling_params=params.clone(),
+            eos_token_id=self._eos_token_id(),
+            arrival_time=time.time() if arrival_time is None else arrival_time,
+            lora_request=None,
+            cache_salt=cache_salt,
+            data_parallel_rank=data_parallel_rank,
+            priority=priority,
+            trace_headers=dict(trace_headers) if trace_headers is not None else None,
+        )
+
     # ------------------------------------------------------------------
     # Parameters
     # ------------------------------------------------------------------
@@ -139,11 +214,13 @@ class InputProcessor:
     def _validate_params(self, params: Any) -> None:
         if not isinstance(params, SamplingParams):
             raise TypeError(
-                "params must be SamplingParams (pooling is not supported yet), "
-                f"got {type(params).__name__}"
+                f"params must be SamplingParams or PoolingParams, got {type(params).__name__}"
             )
         if self.model_config.runner_type != "generate":
-            raise VLLMValidationError("This model does not support generation")
+            raise VLLMValidationError(
+                f"Model {self.model_config.served_model_name!r} is a pooling model "
+                "(runner_type='pooling'); it does not support generation."
+            )
         self._validate_logprobs(params)
         self._validate_token_id_params(params)
         self._validate_structured_output(params)
@@ -320,3 +397,14 @@ class InputProcessor:
         if isinstance(eos, list):
             return eos[0] if eos else None
         return eos
+
+
+def _lower_case(prompt: PromptType) -> PromptType:
+    """A text prompt lower-cased (sentence-transformers do_lower_case)."""
+    if isinstance(prompt, str):
+        return prompt.lower()
+    if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+        lowered = dict(prompt)
+        lowered["prompt"] = prompt["prompt"].lower()
+        return cast("PromptType", lowered)
+    return prompt

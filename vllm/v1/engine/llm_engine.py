@@ -17,7 +17,8 @@ from vllm.config import VllmConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.inputs import PromptType
 from vllm.logger import init_logger
-from vllm.outputs import RequestOutput
+from vllm.outputs import PoolingRequestOutput, RequestOutput
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import cached_tokenizer_from_config
 from vllm.usage.usage_lib import UsageContext
@@ -133,7 +134,7 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         arrival_time: float | None = None,
         lora_request: LoRARequest | None = None,
         tokenization_kwargs: dict[str, Any] | None = None,
@@ -168,8 +169,7 @@ class LLMEngine:
         prompt_text = prompt if isinstance(prompt, str) else prompt.get("prompt")
         # The processed copy of the params (max_tokens and stop ids filled in).
         processed_params = request.sampling_params
-        assert processed_params is not None  # process_inputs made it from `params`
-        if processed_params.n == 1:
+        if processed_params is None or processed_params.n == 1:  # pooling, or n == 1
             self.output_processor.add_request(request, prompt_text, None, 0)
             self.engine_core.add_request(request)
             return request.request_id
@@ -190,7 +190,7 @@ class LLMEngine:
         to_abort = self.output_processor.abort_requests(request_ids, internal)
         self.engine_core.abort_requests(to_abort)
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | PoolingRequestOutput[Any]]:
         """Run one engine step and return the outputs it produced."""
         if self._sleeping:
             # Nothing is scheduled: waiting for outputs would never end.

@@ -17,7 +17,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from vllm.outputs import (
+    CompletionOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestMetrics,
+    RequestOutput,
+)
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
@@ -69,7 +75,7 @@ class RequestOutputCollector:
 
 @dataclass
 class OutputProcessorOutput:
-    request_outputs: list[RequestOutput]
+    request_outputs: list[RequestOutput | PoolingRequestOutput[Any]]
     reqs_to_abort: list[str]
 
 
@@ -112,6 +118,7 @@ class RequestState:
         self.stats = RequestMetrics(arrival_time=arrival_time) if log_stats else None
         self.stream_interval = stream_interval
         self.sent_tokens_offset = 0  # output tokens already sent (stream_interval > 1)
+        self.is_pooling = False  # set by _for_pooling
 
     @classmethod
     def from_new_request(
@@ -127,7 +134,7 @@ class RequestState:
     ) -> RequestState:
         params = request.sampling_params
         if params is None:
-            raise ValueError("Pooling requests are not supported yet.")
+            return cls._for_pooling(request, prompt, queue, log_stats)
         if not params.detokenize:
             tokenizer = None
         return cls(
@@ -146,6 +153,54 @@ class RequestState:
             queue=queue,
             log_stats=log_stats,
             stream_interval=stream_interval,
+        )
+
+    @classmethod
+    def _for_pooling(
+        cls,
+        request: EngineCoreRequest,
+        prompt: str | None,
+        queue: RequestOutputCollector | None,
+        log_stats: bool,
+    ) -> RequestState:
+        """A pooling request: no detokenizer or logprobs; one final output."""
+        state = cls(
+            request_id=request.request_id,
+            external_req_id=request.external_req_id or request.request_id,
+            parent_req=None,
+            request_index=0,
+            lora_request=request.lora_request,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            prompt=prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            logprobs_processor=LogprobsProcessor(
+                tokenizer=None,
+                logprobs=None,
+                prompt_logprobs=None,
+                cumulative_logprob=None,
+                num_logprobs=None,
+                num_prompt_logprobs=None,
+            ),
+            detokenizer=IncrementalDetokenizer(),
+            max_tokens_param=None,
+            arrival_time=request.arrival_time,
+            queue=queue,
+            log_stats=log_stats,
+            stream_interval=1,
+        )
+        state.is_pooling = True
+        return state
+
+    def make_pooling_output(self, eco: EngineCoreOutput) -> PoolingRequestOutput[Any] | None:
+        """The pooling request's output once the engine sent its tensor."""
+        if eco.pooling_output is None:
+            return None
+        return PoolingRequestOutput(
+            request_id=self.external_req_id,
+            outputs=PoolingOutput(data=eco.pooling_output),
+            prompt_token_ids=list(self.prompt_token_ids or []),
+            num_cached_tokens=self.num_cached_tokens,
+            finished=True,
         )
 
     def make_request_output(
@@ -322,13 +377,16 @@ class OutputProcessor:
         Outputs of requests that were already aborted are ignored. Outputs go
         to each request's queue when it has one (async), else are returned.
         """
-        request_outputs: list[RequestOutput] = []
+        request_outputs: list[RequestOutput | PoolingRequestOutput[Any]] = []
         reqs_to_abort: list[str] = []
         for eco in engine_core_outputs:
             state = self.request_states.get(eco.request_id)
             if state is None:
                 continue
             self._update_stats(state, eco, engine_core_timestamp)
+            if state.is_pooling:
+                self._process_pooling_output(state, eco, request_outputs)
+                continue
             finish_reason, stop_reason = eco.finish_reason, eco.stop_reason
             num_prev = state.detokenizer.num_output_tokens()
             stop_string = state.detokenizer.update(
@@ -357,6 +415,20 @@ class OutputProcessor:
                     # Finished here (stop string) while the core still runs it.
                     reqs_to_abort.append(eco.request_id)
         return OutputProcessorOutput(request_outputs=request_outputs, reqs_to_abort=reqs_to_abort)
+
+    def _process_pooling_output(
+        self, state: RequestState, eco: EngineCoreOutput, request_outputs: list[Any]
+    ) -> None:
+        output = state.make_pooling_output(eco)
+        if output is not None:
+            if state.queue is not None:
+                state.queue.put(output)  # type: ignore[arg-type]
+            else:
+                request_outputs.append(output)
+        if eco.finish_reason is not None:
+            self._finish_request(state)
+            if state.stats is not None:
+                state.stats.finished_time = time.time()
 
     def _update_stats(
         self, state: RequestState, eco: EngineCoreOutput, engine_core_timestamp: float | None

@@ -37,6 +37,7 @@ from vllm.v1.worker.utils import CpuGpuBuffer
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
+    from vllm.pooling_params import PoolingParams
 
 logger = init_logger(__name__)
 
@@ -79,6 +80,8 @@ class CachedRequestState:
     # Shared with `InputBatch.req_output_token_ids`: appending here is seen there.
     output_token_ids: list[int]
     lora_request: LoRARequest | None = None
+    # Pooling requests (runner="pooling") carry these instead of sampling params.
+    pooling_params: PoolingParams | None = None
     num_prompt_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:

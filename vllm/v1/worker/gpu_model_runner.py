@@ -23,7 +23,7 @@ One step is two calls, as upstream:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -41,6 +41,7 @@ from vllm.v1.outputs import (
     ModelRunnerOutput,
     SamplerOutput,
 )
+from vllm.v1.pool.metadata import PoolingStates
 from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
@@ -51,6 +52,12 @@ from vllm.v1.worker.cudagraph_padding import PaddedBatch, resolve_cudagraph_mode
 from vllm.v1.worker.gpu_dummy_run import dummy_run, dummy_sampler_run
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 from vllm.v1.worker.gpu_input_buffers import InputBuffers
+from vllm.v1.worker.gpu_pooling import (
+    dummy_pooler_run,
+    pool_step,
+    supported_pooling_tasks,
+    token_type_ids_for_step,
+)
 from vllm.v1.worker.prompt_logprobs import PromptLogprobsWorker
 from vllm.v1.worker.utils import (
     AttentionGroup,
@@ -108,6 +115,10 @@ class GPUModelRunner:
         self.max_num_tokens = self.scheduler_config.max_num_batched_tokens
         self.max_num_reqs = self.scheduler_config.max_num_seqs
         self.vocab_size = self.model_config.get_vocab_size()
+        # Pooling models (runner="pooling", always this runner): no sampler;
+        # `execute_model` returns the pooler's outputs (gpu_pooling.py).
+        self.is_pooling_model = self.model_config.runner_type == "pooling"
+        self.pooling_states: dict[str, PoolingStates] = {}
 
         # The model, wrapped in a CUDAGraphWrapper when full graphs are on.
         self.model: TextGenerationModel | None = None
@@ -151,7 +162,9 @@ class GPUModelRunner:
             pin_memory=self.pin_memory,
             vocab_size=self.vocab_size,
             block_sizes=block_sizes,
-            logitsprocs=build_logitsprocs(self.vllm_config, self.device, self.pin_memory),
+            logitsprocs=build_logitsprocs(
+                self.vllm_config, self.device, self.pin_memory, self.is_pooling_model
+            ),
         )
 
     # ---- model and KV cache --------------------------------------------------
@@ -166,7 +179,11 @@ class GPUModelRunner:
         # No-op unless compilation_config.mode asks for torch.compile (on
         # CPU it measured slower than eager: see vllm/compilation/decorators.py).
         model = maybe_compile_model(model, self.vllm_config.compilation_config, self.device)
-        self.model = as_text_generation_model(model)
+        if self.is_pooling_model:
+            supported_pooling_tasks(model)  # raises when the model has no pooler
+            self.model = cast(TextGenerationModel, model)
+        else:
+            self.model = as_text_generation_model(model)
 
     def get_model(self) -> nn.Module:
         """The loaded model, without the CUDAGraphWrapper (upstream's accessor:
@@ -237,7 +254,15 @@ class GPUModelRunner:
             uniform_decode,
         )
 
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        if self.is_pooling_model:
+            return supported_pooling_tasks(unwrap_model(self.model))
+        return ("generate",)
+
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
+        if self.is_pooling_model:
+            dummy_pooler_run(unwrap_model(self.model), self.model_config, hidden_states)
+            return
         dummy_sampler_run(
             self.model_config, unwrap_model(self.model), self.sampler, hidden_states, self.device
         )
@@ -280,6 +305,17 @@ class GPUModelRunner:
         if self.prepare_inputs_event is not None:
             self.prepare_inputs_event.record()
         num_tokens = padded.num_tokens_padded
+        extra_inputs: dict[str, torch.Tensor] = {}
+        if self.is_pooling_model:
+            token_type_ids = token_type_ids_for_step(
+                list(self.input_batch.req_ids),
+                self.requests,
+                scheduler_output.num_scheduled_tokens,
+                self.input_buffers.positions.np,
+                self.device,
+            )
+            if token_type_ids is not None:  # a cross-encoder scoring pairs
+                extra_inputs["token_type_ids"] = token_type_ids
         with set_forward_context(
             attn_metadata,
             self.vllm_config,
@@ -292,12 +328,23 @@ class GPUModelRunner:
                 input_ids=self.input_buffers.input_ids.gpu[:num_tokens],
                 positions=self.input_buffers.positions.gpu[:num_tokens],
                 intermediate_tensors=intermediate_tensors,
+                **extra_inputs,
             )
         if padded.num_tokens != num_tokens and isinstance(hidden_states, torch.Tensor):
             hidden_states = hidden_states[: padded.num_tokens]  # drop the padding
         if not get_pp_group().is_last_rank:
             self.execute_model_state = ExecuteModelState(scheduler_output, None, None, discard_mask)
             return hidden_states  # IntermediateTensors for the next stage
+        if self.is_pooling_model:
+            return pool_step(
+                unwrap_model(self.model),
+                hidden_states,
+                list(self.input_batch.req_ids),
+                self.requests,
+                self.pooling_states,
+                scheduler_output.num_scheduled_tokens,
+                self.input_buffers.seq_lens.np,
+            )
         logits = unwrap_model(self.model).compute_logits(hidden_states[logits_indices])
         self.execute_model_state = ExecuteModelState(
             scheduler_output, hidden_states, logits, discard_mask
@@ -402,6 +449,7 @@ class GPUModelRunner:
         batch = self.input_batch
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
+            self.pooling_states.pop(req_id, None)
             self.prompt_logprobs_worker.remove_request(req_id)
             batch.remove_request(req_id)
 
@@ -430,12 +478,11 @@ class GPUModelRunner:
         batch.refresh_metadata()
 
     def _add_new_request(self, new_req: NewRequestData) -> CachedRequestState:
+        if new_req.pooling_params is not None:
+            return self._add_new_pooling_request(new_req)
         params = new_req.sampling_params
         if params is None:
-            raise ValueError(
-                f"Request {new_req.req_id} has no sampling params; pooling "
-                "requests are not supported."
-            )
+            raise ValueError(f"Request {new_req.req_id} has neither sampling nor pooling params.")
         if new_req.prompt_token_ids is None:
             raise ValueError(
                 f"Request {new_req.req_id} has no prompt token ids; prompt "
@@ -459,6 +506,27 @@ class GPUModelRunner:
         )
         self.requests[new_req.req_id] = req_state
         self.prompt_logprobs_worker.add_request(new_req.req_id, new_req.prompt_token_ids, params)
+        return req_state
+
+    def _add_new_pooling_request(self, new_req: NewRequestData) -> CachedRequestState:
+        if not self.is_pooling_model:
+            raise ValueError(f"Request {new_req.req_id}: pooling params for a generative model.")
+        if new_req.prompt_token_ids is None:
+            raise ValueError(f"Request {new_req.req_id} has no prompt token ids.")
+        req_state = CachedRequestState(
+            req_id=new_req.req_id,
+            prompt_token_ids=new_req.prompt_token_ids,
+            mm_features=new_req.mm_features,
+            sampling_params=None,
+            generator=None,
+            block_ids=tuple(list(ids) for ids in new_req.block_ids),
+            num_computed_tokens=new_req.num_computed_tokens,
+            output_token_ids=[],
+            lora_request=new_req.lora_request,
+            pooling_params=new_req.pooling_params,
+        )
+        self.requests[new_req.req_id] = req_state
+        self.pooling_states[new_req.req_id] = PoolingStates()
         return req_state
 
     def _update_cached_requests(

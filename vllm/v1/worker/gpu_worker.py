@@ -148,7 +148,9 @@ class Worker(WorkerBase):
         return self._runner().get_kv_cache_spec()
 
     def get_supported_tasks(self) -> tuple[str, ...]:
-        return ("generate",)
+        """("generate",), or a pooling model's tasks (its pooler's)."""
+        runner_tasks = getattr(self._runner(), "get_supported_tasks", None)
+        return runner_tasks() if runner_tasks is not None else ("generate",)
 
     # ---- memory ---------------------------------------------------------------
     @torch.inference_mode()

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from tests.models.test_greedy_parity import _prompts
 from tests.quantization.ct_utils import (
     E4M3_MAX,
+    QUANTIZED,
     calibrate_input_scales,
     fused_input_scales,
     greedy,
@@ -50,6 +51,8 @@ CHECKPOINTS = {
     "ct-w8a16-tensor": dict(strategy="tensor", fmt="naive-quantized"),
     "ct-fp8-dynamic": dict(strategy="channel", acts="dynamic"),
     "ct-fp8-static": dict(strategy="tensor", acts="static"),
+    "fp8-tensor-static": dict(method="fp8", strategy="tensor", acts="static"),
+    "fp8-block": dict(method="fp8", strategy="block", block=(128, 128)),
 }
 
 
@@ -145,6 +148,8 @@ def _assert_near_ties(got, model) -> None:
     [
         ("ct-fp8-dynamic", "0"),
         ("ct-fp8-static", "1"),
+        ("fp8-tensor-static", "0"),
+        ("fp8-block", "1"),
     ],
 )
 def test_w8a8_fp8_matches_transformers_with_fake_quantized_activations(
@@ -163,6 +168,40 @@ def test_w8a8_fp8_matches_transformers_with_fake_quantized_activations(
     act = "group" if "block" in args else ("token" if act == "dynamic" else act)
     model = hf_fp8_act_quant_model(ref_dir, act, fused_input_scales(input_scales))
     _assert_near_ties(_generate(llm), model)
+
+
+def _online_reference(src: str, ref: str) -> None:
+    """The weights `-q fp8` runs with: each (fused) linear quantized with
+    one scale, max|w| / 448 over the whole fused weight, dequantized."""
+    from tests.quantization.ct_utils import FUSED, _copy_dir
+
+    weights = load_file(f"{src}/model.safetensors")
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name in weights:
+        module = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
+        if module in QUANTIZED:
+            key = (name.rsplit(".", 2)[0], FUSED.get(module, module))
+            groups.setdefault(key, []).append(name)
+    for names in groups.values():
+        scale = max(float(weights[n].abs().max()) for n in names) / E4M3_MAX
+        s = torch.tensor(scale, dtype=torch.float32)
+        for n in names:
+            q = (weights[n] / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+            weights[n] = q.float() * s
+    _copy_dir(src, ref)
+    save_file(weights, f"{ref}/model.safetensors")
+
+
+def test_online_fp8_quantizes_an_unquantized_checkpoint(src, tmp_path, monkeypatch):
+    """`-q fp8` on a float checkpoint: weights quantized per (fused) tensor
+    at load and kept fp8; activations per token (upstream's online mode)."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    llm = LLM(model=src, dtype="float32", max_model_len=128, seed=0, quantization="fp8")
+    assert llm.llm_engine.vllm_config.model_config.quantization == "fp8"
+    assert _weight_dtypes(llm) == [torch.float8_e4m3fn] * 2
+    ref = str(tmp_path / "ref")
+    _online_reference(src, ref)
+    _assert_near_ties(_generate(llm), hf_fp8_act_quant_model(ref, "token"))
 
 
 def test_tp2_weight_only_fp8_matches_transformers(checkpoint):
@@ -253,9 +292,17 @@ def test_unsupported_fp8_configs_are_refused_by_field(src, tmp_path):
     def packed(q):
         q["format"] = q["config_groups"]["group_0"]["format"] = "pack-quantized"
 
+    def static_block(q):
+        q["activation_scheme"] = "static"
+
+    def bad_scheme(q):
+        q["activation_scheme"] = "per-token"
+
     cases = [
         ({}, group_strategy, "FP8 weights with strategy 'group'"),
         ({}, packed, "FP8 weights in format 'pack-quantized'"),
+        (dict(method="fp8", strategy="block", block=(128, 128)), static_block, "dynamic activ"),
+        (dict(method="fp8", strategy="tensor"), bad_scheme, "activation_scheme='per-token'"),
     ]
     for index, (args, edit, message) in enumerate(cases):
         dst = str(tmp_path / f"case{index}")
@@ -268,7 +315,7 @@ def _fake_quant(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (x / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() * s
 
 
-@pytest.mark.parametrize("kind", ["ct-channel-token", "ct-tensor-static"])
+@pytest.mark.parametrize("kind", ["ct-channel-token", "ct-tensor-static", "fp8-block"])
 def test_fp8_gemm_equals_the_fake_quantized_product(kind):
     """One fused layer (two parts): its output equals, to float32 rounding,
     the float64 product of the fake-quantized input and the dequantized
@@ -281,6 +328,7 @@ def test_fp8_gemm_equals_the_fake_quantized_product(kind):
     method, strategy, acts, block = {
         "ct-channel-token": ("compressed-tensors", "channel", "dynamic", None),
         "ct-tensor-static": ("compressed-tensors", "tensor", "static", None),
+        "fp8-block": ("fp8", "block", "dynamic", (128, 128)),
     }[kind]
     config = get_quantization_config(method).from_config(fp8_config(method, strategy, acts, block))
     layer = MergedColumnParallelLinear(
@@ -323,3 +371,40 @@ def test_fp8_gemm_equals_the_fake_quantized_product(kind):
     assert layer.weight.dtype == torch.float8_e4m3fn
     want = xq.double().matmul(wd.double().t()).float() + layer.bias
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-4)
+
+
+def test_q_fp8_resolution(src, tmp_path):
+    """`-q fp8` on an unquantized checkpoint is upstream's online mode (an
+    Fp8Config that is not fp8-serialized); on an fp8 checkpoint it agrees;
+    on a compressed-tensors one it contradicts the checkpoint."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    online = EngineArgs(model=src, quantization="fp8").create_engine_config().quant_config
+    assert isinstance(online, Fp8Config) and not online.is_checkpoint_fp8_serialized
+    fp8_dir, ct_dir = str(tmp_path / "fp8"), str(tmp_path / "ct")
+    write_fp8(src, fp8_dir, None, method="fp8", strategy="tensor")
+    serialized = EngineArgs(model=fp8_dir, quantization="fp8").create_engine_config().quant_config
+    assert isinstance(serialized, Fp8Config) and serialized.is_checkpoint_fp8_serialized
+    write_fp8(src, ct_dir, None)
+    with pytest.raises(
+        ValueError, match=r"\(compressed-tensors\) does not match.*-q/--quantization fp8"
+    ):
+        EngineArgs(model=ct_dir, quantization="fp8").create_engine_config()
+
+
+def test_fp8_ignored_layers_stay_dense_and_fused_parts_must_agree():
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    cfg = {
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "modules_to_not_convert": ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"],
+    }
+    config = Fp8Config.from_config(cfg)
+    config.packed_modules_mapping = {"gate_up_proj": ["gate_proj", "up_proj"]}
+    assert config.is_layer_skipped("model.layers.0.mlp.gate_up_proj")
+    assert not config.is_layer_skipped("model.layers.1.mlp.gate_up_proj")
+    config.ignored_layers = ["model.layers.0.mlp.gate_proj"]
+    with pytest.raises(ValueError, match="some but not all shards of model.layers.0.mlp.gate_up"):
+        config.is_layer_skipped("model.layers.0.mlp.gate_up_proj")

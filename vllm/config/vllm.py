@@ -103,7 +103,10 @@ class VllmConfig:
         unbuilt scheme, a model dtype the method's kernels do not take, or a
         device without its kernels (min capability -1: CPU kernels only) is
         refused here, at start-up."""
-        from vllm.model_executor.layers.quantization import get_quantization_config
+        from vllm.model_executor.layers.quantization import (
+            ONLINE_QUANTIZATION_METHODS,
+            get_quantization_config,
+        )
 
         # getattr: stand-in model configs (tests) carry only what they use.
         method = getattr(model_config, "quantization", None)
@@ -111,9 +114,12 @@ class VllmConfig:
             return None
         # A .gguf file has no quantization_config: its loader fills GGUFConfig.
         hf_quant = {} if method == "gguf" else model_config.hf_quant_config()
-        if hf_quant is None:
+        if hf_quant is None and method not in ONLINE_QUANTIZATION_METHODS:
             return None
-        quant_config = get_quantization_config(method).from_config(hf_quant)
+        quant_cls = get_quantization_config(method)
+        # No quantization_config: `-q fp8` quantizes at load, with the
+        # method's defaults (upstream builds `quant_cls()` the same way).
+        quant_config = quant_cls() if hf_quant is None else quant_cls.from_config(hf_quant)
         supported = quant_config.get_supported_act_dtypes()
         if model_config.dtype not in supported:
             raise ValueError(

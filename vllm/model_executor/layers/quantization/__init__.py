@@ -46,13 +46,25 @@ BUILT_QUANTIZATION_METHODS: dict[str, str] = {
     "compressed-tensors": (
         "W8A16 (int8 per channel, symmetric) and W4A16 (int4 per group of 32-256, "
         "symmetric or asymmetric), pack-quantized; W8A8 int8 (dynamic per-token "
-        "activations), int-quantized"
+        "activations), int-quantized; FP8 weights per tensor / channel / block "
+        "(W8A16-FP8, and W8A8-FP8 with dynamic per-token or static activations), "
+        "float-quantized"
+    ),
+    "fp8": (
+        "fp8 (e4m3) checkpoints, per-tensor weight_scale or weight_block_size blocks "
+        "(weight_scale_inv), dynamic per-token or static activations; or -q fp8 on an "
+        "unquantized checkpoint (weights quantized per tensor at load)"
     ),
     "gguf": (
         "a .gguf file given as the model, kept quantized: Q4_0, Q4_1, Q4_K (int4 kernel), "
         "Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q5_K, Q6_K (int8 group kernel); F32 / F16 / BF16 dense"
     ),
 }
+
+
+# Methods that also quantize an unquantized checkpoint at load (`-q fp8` on a
+# bf16 model), built from their config class's defaults.
+ONLINE_QUANTIZATION_METHODS = ("fp8",)
 
 
 def built_methods_summary() -> str:
@@ -73,6 +85,10 @@ def get_quantization_config(quantization: str) -> type[QuantizationConfig]:
         )
 
         return CompressedTensorsConfig
+    if quantization == "fp8":
+        from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+        return Fp8Config
     if quantization == "gguf":
         from vllm.model_executor.layers.quantization.gguf import GGUFConfig
 
@@ -85,6 +101,7 @@ def get_quantization_config(quantization: str) -> type[QuantizationConfig]:
 
 __all__ = [
     "BUILT_QUANTIZATION_METHODS",
+    "ONLINE_QUANTIZATION_METHODS",
     "QUANTIZATION_METHODS",
     "QuantizationConfig",
     "QuantizationMethods",

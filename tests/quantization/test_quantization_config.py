@@ -73,7 +73,7 @@ def test_value_without_a_quantized_checkpoint_is_refused(tiny_model_dir):
         _config(tiny_model_dir("llama"), quantization="compressed-tensors")
 
 
-@pytest.mark.parametrize("method", ["awq", "gptq", "fp8", "bitsandbytes"])
+@pytest.mark.parametrize("method", ["awq", "gptq", "bitsandbytes"])
 def test_unbuilt_method_is_refused_by_name(tiny_model_dir, method):
     assert method in QUANTIZATION_METHODS
     with pytest.raises(ValueError, match=rf"{method!r} is not built here \(built: compressed"):

@@ -73,7 +73,7 @@ def test_value_without_a_quantized_checkpoint_is_refused(tiny_model_dir):
         _config(tiny_model_dir("llama"), quantization="compressed-tensors")
 
 
-@pytest.mark.parametrize("method", ["awq", "gptq", "bitsandbytes"])
+@pytest.mark.parametrize("method", ["bitsandbytes", "hqq", "modelopt"])
 def test_unbuilt_method_is_refused_by_name(tiny_model_dir, method):
     assert method in QUANTIZATION_METHODS
     with pytest.raises(ValueError, match=rf"{method!r} is not built here \(built: compressed"):
@@ -86,9 +86,9 @@ def test_unknown_method_is_refused(tiny_model_dir):
 
 
 def test_unbuilt_checkpoint_method_is_refused(tiny_model_dir, tmp_path):
-    awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
-    model = _with_quant_config(tiny_model_dir("llama"), str(tmp_path / "awq"), awq)
-    with pytest.raises(ValueError, match="quant_method='awq'.*not built"):
+    hqq = {"quant_method": "hqq", "nbits": 4, "group_size": 64}
+    model = _with_quant_config(tiny_model_dir("llama"), str(tmp_path / "hqq"), hqq)
+    with pytest.raises(ValueError, match="quant_method='hqq'.*not built"):
         _config(model)
 
 
@@ -173,8 +173,8 @@ def test_unbuilt_scheme_is_refused_at_start_up(tiny_model_dir, tmp_path, scheme)
 
 def test_get_quantization_config():
     assert get_quantization_config("compressed-tensors") is CompressedTensorsConfig
-    with pytest.raises(ValueError, match="'awq' is not built"):
-        get_quantization_config("awq")
+    with pytest.raises(ValueError, match="'hqq' is not built"):
+        get_quantization_config("hqq")
 
 
 def test_device_without_kernels_is_refused(ct_dir):

@@ -146,7 +146,8 @@ class EngineArgs:
         "Quantization method of the weights; by default the checkpoint's "
         "quantization_config.quant_method. Built: compressed-tensors (W8A16, W4A16, "
         'W8A8 int8, FP8 on CPU), "fp8" (fp8 checkpoints, or -q fp8 on an unquantized '
-        'one: weights quantized to fp8 at load) and "gguf" (a .gguf model); a value '
+        'one: weights quantized to fp8 at load), "gptq" and "awq" (4-bit, groups of '
+        '32-256, on CPU) and "gguf" (a .gguf model); a value '
         "that contradicts the checkpoint, or another method, is refused.",
         "ModelConfig",
         type=_opt_str,

@@ -1,9 +1,12 @@
 """Linear layers shaped for tensor parallelism (upstream: vllm/model_executor/layers/linear.py).
 
-Every layer stores its weight as [output_size_per_partition, input_size_per_partition]
-and gives each parameter a `weight_loader(param, loaded_weight, loaded_shard_id=None)`
-that copies this rank's slice of a checkpoint tensor. The tensor-parallel size
-and rank come from `vllm.distributed` (one rank when no group is set up):
+A dense weight is [output_size_per_partition, input_size_per_partition]; every
+parameter gets a `weight_loader(param, loaded_weight, loaded_shard_id=None)` that
+copies this rank's slice of a checkpoint tensor, along the dims the parameter's
+attributes name, as upstream: `output_dim` / `input_dim` (None: not split),
+`packed_dim` / `pack_factor` (int4 values packed 8 per int32 along that dim;
+GPTQ / AWQ tensors are [in, out]-major, so their dims differ from a dense one).
+The tensor-parallel size and rank come from `vllm.distributed` (one rank when no group is set up):
 column-parallel layers split the output features, row-parallel ones the input
 features and sum the partial products with an all-reduce.
 
@@ -259,18 +262,33 @@ class ColumnParallelLinear(LinearBase):
     def weight_loader(
         self, param: Parameter, loaded_weight: torch.Tensor, loaded_shard_id: Any = None
     ) -> None:
-        shard = param.data.shape[0]
-        loaded_weight = self._rank_slice(loaded_weight, 0, shard)
+        """This rank's part along the parameter's `output_dim` (0 for a dense
+        [out, in] weight, 1 for GPTQ / AWQ's [in, out]-major tensors); a
+        parameter without one (GPTQ's g_idx) is loaded whole."""
+        output_dim = getattr(param, "output_dim", None)
+        if output_dim is not None:
+            loaded_weight = self._rank_slice(
+                loaded_weight, output_dim, param.data.shape[output_dim]
+            )
         default_weight_loader(param, loaded_weight)
 
     def _copy_shard(
         self, param: Parameter, loaded_weight: torch.Tensor, offset: int, size: int, rank_index: int
     ) -> None:
-        """Copy rows [rank_index * size, +size) of a checkpoint tensor into
-        rows [offset, offset + size) of the fused parameter. A parameter packed
-        along the output dim (an int4 zero point: 8 rows per int32) holds one
-        row per `pack_factor` output rows, so both are divided by it."""
-        if getattr(param, "packed_dim", None) == 0:
+        """Copy entries [rank_index * size, +size) along the output dim of a
+        checkpoint tensor into [offset, offset + size) of the fused parameter.
+        A parameter packed along the output dim (`packed_dim == output_dim`:
+        an int4 zero point, AWQ's qweight: 8 outputs per int32) holds one entry
+        per `pack_factor` outputs, so both are divided by it. A parameter not
+        split over the outputs (`output_dim` None) is the same for every shard:
+        it is copied whole, and a shard that disagrees with the one loaded
+        before it is refused."""
+        output_dim = getattr(param, "output_dim", None)
+        check_weight_dtype(param, loaded_weight)
+        if output_dim is None:
+            self._copy_shared(param, loaded_weight)
+            return
+        if getattr(param, "packed_dim", None) == output_dim:
             factor = int(getattr(param, "pack_factor", 1))
             if offset % factor or size % factor:
                 raise ValueError(
@@ -278,15 +296,36 @@ class ColumnParallelLinear(LinearBase):
                     f"packed rows of {factor}; choose another tensor-parallel size."
                 )
             offset, size = offset // factor, size // factor
-        check_weight_dtype(param, loaded_weight)
-        dst = param.data.narrow(0, offset, size)
-        src = loaded_weight.narrow(0, rank_index * size, size)
+        dst = param.data.narrow(output_dim, offset, size)
+        if loaded_weight.dim() <= output_dim:
+            raise ValueError(
+                f"{self.prefix}: checkpoint tensor of shape {tuple(loaded_weight.shape)} has "
+                f"no dim {output_dim} to split."
+            )
+        src = loaded_weight.narrow(output_dim, rank_index * size, size)
         if dst.shape != src.shape:
             raise ValueError(
                 f"Shard shape mismatch: parameter slice {tuple(dst.shape)} vs "
                 f"checkpoint {tuple(src.shape)}."
             )
         dst.copy_(src)
+
+    def _copy_shared(self, param: Parameter, loaded_weight: torch.Tensor) -> None:
+        """A fused layer's parameter that every shard carries in full (GPTQ's
+        g_idx: q, k and v see the same input): the first shard's copy is kept
+        and the others must equal it."""
+        seen: set[int] = self.__dict__.setdefault("_shared_params_loaded", set())
+        if id(param) not in seen:
+            default_weight_loader(param, loaded_weight)
+            seen.add(id(param))
+            return
+        if param.data.shape != loaded_weight.shape or not torch.equal(
+            param.data, loaded_weight.to(param.dtype)
+        ):
+            raise ValueError(
+                f"{self.prefix}: the fused shards carry different values of a parameter "
+                f"they must share (shape {tuple(loaded_weight.shape)}); this is not supported."
+            )
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -422,9 +461,13 @@ class RowParallelLinear(LinearBase):
     def weight_loader(
         self, param: Parameter, loaded_weight: torch.Tensor, loaded_shard_id: Any = None
     ) -> None:
-        if getattr(param, "input_dim", None) is not None:
-            shard = param.data.shape[1]
-            loaded_weight = self._rank_slice(loaded_weight, 1, shard)
+        """This rank's part along the parameter's `input_dim` (1 for a dense
+        [out, in] weight, 0 for GPTQ / AWQ's [in, out]-major tensors; packed
+        along it, the parameter's own size is already the packed one); a
+        parameter without one (the bias, a per-channel scale) is loaded whole."""
+        input_dim = getattr(param, "input_dim", None)
+        if input_dim is not None:
+            loaded_weight = self._rank_slice(loaded_weight, input_dim, param.data.shape[input_dim])
         default_weight_loader(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, Parameter | None]:

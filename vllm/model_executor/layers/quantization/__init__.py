@@ -59,7 +59,16 @@ BUILT_QUANTIZATION_METHODS: dict[str, str] = {
         "a .gguf file given as the model, kept quantized: Q4_0, Q4_1, Q4_K (int4 kernel), "
         "Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q5_K, Q6_K (int8 group kernel); F32 / F16 / BF16 dense"
     ),
+    "gptq": (
+        "4-bit, group_size 32-256, GPTQ v1 / v2 zeros (checkpoint_format), desc_act "
+        "false or true (act-order inputs regrouped at load)"
+    ),
+    "awq": "4-bit GEMM layout with zero points, group_size 32-256",
 }
+
+# Upstream's CUDA-only kernels for the same checkpoints: refused here by name,
+# as upstream's CPU platform refuses them, pointing at the method that runs.
+_CUDA_ONLY_ALIASES = {"gptq_marlin": "gptq", "awq_marlin": "awq", "gptq_marlin_24": None}
 
 
 # Methods that also quantize an unquantized checkpoint at load (`-q fp8` on a
@@ -93,6 +102,21 @@ def get_quantization_config(quantization: str) -> type[QuantizationConfig]:
         from vllm.model_executor.layers.quantization.gguf import GGUFConfig
 
         return GGUFConfig
+    if quantization == "gptq":
+        from vllm.model_executor.layers.quantization.gptq import GPTQConfig
+
+        return GPTQConfig
+    if quantization == "awq":
+        from vllm.model_executor.layers.quantization.awq import AWQConfig
+
+        return AWQConfig
+    if quantization in _CUDA_ONLY_ALIASES:
+        runs_as = _CUDA_ONLY_ALIASES[quantization]
+        hint = f"; the same checkpoints run here as {runs_as!r} (-q {runs_as}, or no -q)"
+        raise ValueError(
+            f"Quantization method {quantization!r} needs the Marlin CUDA kernels, which are "
+            f"not supported on CPU{hint if runs_as else ''}."
+        )
     raise ValueError(
         f"Quantization method {quantization!r} is not built here "
         f"(built: {built_methods_summary()})."

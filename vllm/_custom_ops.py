@@ -649,7 +649,13 @@ def int8_group_gemm(
     accumulation. w int8 [N, K], scales float32 [N, K // group_size], offsets
     float32 [N, K // group_size] or None: W[n, k] = scales[n, k // g] * w[n, k]
     (+ offsets[n, k // g]). group_size == K is per-channel; K % group_size
-    must be 0 (ValueError naming the shapes otherwise)."""
+    must be 0 (ValueError naming the shapes otherwise).
+
+    Compiled op: W is dequantized exactly in fp32, except for more than 8
+    rows of bf16 / fp16 x (prefill), where blocks of W are rounded to
+    x.dtype and multiplied by torch's GEMM in that dtype (as upstream
+    multiplies dequantized weights for large batches; ~5x the fp32 rate on
+    AVX512-BF16). The torch path dequantizes to fp32 for every M."""
     _check_quant_gemm(x, w, scales, group_size, offsets, torch.int8)
     return _quant_gemm("int8_group_gemm", x, w, scales, group_size, offsets)
 

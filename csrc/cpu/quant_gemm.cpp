@@ -6,11 +6,12 @@
 // once (a vector FMA per group), offsets add offsets[n, g] * sum(x over g).
 //
 // Two schedules:
-//  - small M (decode, memory-bound): each weight row is read once for all M
-//    rows; M is processed in register tiles of kMaxMT rows while the row
-//    (K bytes) stays in L1, so the weight stream dominates.
-//  - large M (prefill, compute-bound): dequantize a block of rows to fp32 in
-//    parallel, then one BLAS sgemm (at::mm) reuses it across all M rows.
+//  - small M (decode, memory-bound): each weight row is read from memory
+//    once for all M rows: register tiles of NR weight rows x MT x rows
+//    (MT <= kMaxMT) walk a block of rows that stays in L1 / L2.
+//  - large M with bf16 / fp16 x (prefill, compute-bound): dequantize a block
+//    of rows, round it to x's dtype and let torch's GEMM (at::mm) reuse it
+//    across all M rows (see gemm_dequant_mm for the numerics).
 // Vector paths: AVX-512 (VLLM_CPU_AVX512), AVX2 + FMA + F16C, else scalar;
 // the build picks one from the compiler flags (CMakeLists.txt).
 // Per-operator ATen headers instead of torch/all.h: the test compiles this
@@ -26,6 +27,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "cpu_types.h"
 
@@ -51,7 +54,8 @@ inline uint16_t e4m3_to_half_bits(uint8_t b) {
 // ------------------------------------------------------------ vector layer
 #if defined(VLLM_CPU_AVX512)
 constexpr const char* kIsa = "avx512";
-constexpr int kMaxMT = 8;  // 8 group + 8 row accumulators of 32 zmm
+constexpr int kMaxMT = 8;
+constexpr int kTileElems = 8;  // NR x MT: 2 x 8 accumulators of 32 zmm
 struct Vec {
   using V = __m512;
   static constexpr int W = 16;
@@ -66,15 +70,17 @@ struct Vec {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
   }
   static V from_e4m3(const uint8_t* p) {
-    __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    __m256i mag = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7);
-    __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
-    return _mm512_cvtph_ps(_mm256_or_si256(mag, sign));
+    // b << 7 puts the sign at bit 14; adding bit 14 to itself moves it to 15.
+    __m256i v = _mm256_slli_epi16(
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 7);
+    v = _mm256_add_epi16(v, _mm256_and_si256(v, _mm256_set1_epi16(0x4000)));
+    return _mm512_cvtph_ps(v);
   }
 };
 #elif defined(VLLM_QG_AVX2)
 constexpr const char* kIsa = "avx2";
-constexpr int kMaxMT = 4;  // 16 ymm registers
+constexpr int kMaxMT = 4;
+constexpr int kTileElems = 4;  // 2 x 4 accumulators of 16 ymm
 struct Vec {
   using V = __m256;
   static constexpr int W = 8;
@@ -93,15 +99,16 @@ struct Vec {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
   }
   static V from_e4m3(const uint8_t* p) {
-    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7);
-    __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
-    return _mm256_cvtph_ps(_mm_or_si128(mag, sign));
+    __m128i v = _mm_slli_epi16(
+        _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 7);
+    v = _mm_add_epi16(v, _mm_and_si128(v, _mm_set1_epi16(0x4000)));  // sign: bit 14 -> 15
+    return _mm256_cvtph_ps(v);
   }
 };
 #else
 constexpr const char* kIsa = "scalar";
 constexpr int kMaxMT = 4;
+constexpr int kTileElems = 4;
 struct Vec {  // one lane: the same kernel as plain loops
   using V = float;
   static constexpr int W = 1;
@@ -143,62 +150,106 @@ struct Problem {
   int64_t M, N, K, g;
 };
 
-// Rows [n0, n1) of out [M, N] for x rows [m0, m0 + MT): register tile MT.
-template <class Dec, int MT>
-void row_tile(const Problem& p, int64_t n, int64_t m0, float* out) {
+// The kernel's compile-time choices: the weight decode, the group size
+// (GS = 0: p.g at run time; else loops of known trip count, no tail) and
+// whether offsets are added.
+template <class Dec_, int GS, bool Off>
+struct Cfg {
+  using Dec = Dec_;
+  static constexpr int kGroup = GS;
+  static constexpr bool kOffsets = Off;
+};
+
+// out[m0 .. m0 + MT, n .. n + NR]: an NR (weight rows) x MT (x rows) register
+// tile. Several weight rows give independent FMA chains when MT is small
+// (decode: M = 1 would otherwise wait on one accumulator's latency). Each
+// group's dot products gd are scaled once into acc.
+template <class C, int MT, int NR>
+void tile(const Problem& p, int64_t n, int64_t m0, float* out) {
   using V = Vec::V;
-  const auto* wr = static_cast<const typename Dec::WT*>(p.w) + n * p.K;
-  const int64_t G = p.K / p.g;
-  const float* sr = p.scales + n * G;
+  using Dec = typename C::Dec;
+  const int64_t g = C::kGroup != 0 ? C::kGroup : p.g;
+  const int64_t G = p.K / g;
+  const int64_t full = g - g % Vec::W;  // vector part of a group
+  const auto* w = static_cast<const typename Dec::WT*>(p.w) + n * p.K;
   const float* x = p.x + m0 * p.K;
-  V acc[MT];
-  float extra[MT];
-  for (int m = 0; m < MT; ++m) acc[m] = Vec::zero(), extra[m] = 0.f;
+  V acc[NR][MT];
+  float extra[NR][MT] = {};
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MT; ++m) acc[r][m] = Vec::zero();
   for (int64_t gi = 0; gi < G; ++gi) {
-    const int64_t k0 = gi * p.g;
-    V gd[MT];
-    for (int m = 0; m < MT; ++m) gd[m] = Vec::zero();
-    int64_t j = k0;
-    for (; j + Vec::W <= k0 + p.g; j += Vec::W) {
-      const V wv = Dec::load(wr + j);
-      for (int m = 0; m < MT; ++m) gd[m] = Vec::fma(Vec::load(x + m * p.K + j), wv, gd[m]);
+    const int64_t k0 = gi * g;
+    V gd[NR][MT];
+    for (int r = 0; r < NR; ++r)
+      for (int m = 0; m < MT; ++m) gd[r][m] = Vec::zero();
+    for (int64_t j = k0; j < k0 + full; j += Vec::W) {
+      for (int r = 0; r < NR; ++r) {
+        const V wv = Dec::load(w + r * p.K + j);
+        for (int m = 0; m < MT; ++m)
+          gd[r][m] = Vec::fma(Vec::load(x + m * p.K + j), wv, gd[r][m]);
+      }
     }
-    const float s = sr[gi] * Dec::kScale;
-    float tail[MT] = {};
-    for (; j < k0 + p.g; ++j) {  // a group that is not a multiple of the width
-      const float wv = Dec::scalar(wr[j]);
-      for (int m = 0; m < MT; ++m) tail[m] += x[m * p.K + j] * wv;
-    }
-    const V sv = Vec::set1(s);
-    for (int m = 0; m < MT; ++m) {
-      acc[m] = Vec::fma(sv, gd[m], acc[m]);
-      extra[m] += s * tail[m];
-      if (p.offsets != nullptr) extra[m] += p.offsets[n * G + gi] * p.xsum[(m0 + m) * G + gi];
+    for (int r = 0; r < NR; ++r) {
+      const float s = p.scales[(n + r) * G + gi] * Dec::kScale;
+      const V sv = Vec::set1(s);
+      for (int m = 0; m < MT; ++m) acc[r][m] = Vec::fma(sv, gd[r][m], acc[r][m]);
+      if constexpr (C::kGroup == 0 || C::kGroup % Vec::W != 0) {
+        for (int m = 0; m < MT; ++m) {  // a group that is not a multiple of the width
+          float tail = 0.f;
+          for (int64_t t = k0 + full; t < k0 + g; ++t)
+            tail += x[m * p.K + t] * Dec::scalar(w[r * p.K + t]);
+          extra[r][m] += s * tail;
+        }
+      }
+      if constexpr (C::kOffsets) {
+        const float off = p.offsets[(n + r) * G + gi];
+        for (int m = 0; m < MT; ++m) extra[r][m] += off * p.xsum[(m0 + m) * G + gi];
+      }
     }
   }
-  for (int m = 0; m < MT; ++m) out[(m0 + m) * p.N + n] = Vec::sum(acc[m]) + extra[m];
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MT; ++m) out[(m0 + m) * p.N + n + r] = Vec::sum(acc[r][m]) + extra[r][m];
 }
 
-template <class Dec, int MT>
-void row_tail(const Problem& p, int64_t n, int64_t m0, int64_t rows, float* out) {
-  if constexpr (MT > 1) {
-    if (rows < MT) return row_tail<Dec, MT - 1>(p, n, m0, rows, out);
-  }
-  row_tile<Dec, MT>(p, n, m0, out);
+// Rows [n0, n1) for x rows [m0, m0 + MT): NR-row tiles, single rows at the end.
+template <class C, int MT>
+void tile_rows(const Problem& p, int64_t n0, int64_t n1, int64_t m0, float* out) {
+  constexpr int NR = kTileElems / MT > 1 ? kTileElems / MT : 1;
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) tile<C, MT, NR>(p, n, m0, out);
+  for (; n < n1; ++n) tile<C, MT, 1>(p, n, m0, out);
 }
 
-// Small M: threads split N; each weight row is streamed once and reused
-// (from L1) by every register tile of x rows.
-template <class Dec>
-void gemm_small_m(const Problem& p, float* out) {
-  const int64_t grain = std::max<int64_t>(4, 32768 / std::max<int64_t>(p.K, 1));
+// Register tiles (any M, decode's small M above all): threads split N. A block of kRowBlock weight rows is read from
+// memory once and reused (from L1/L2) by every tile of x rows; M is cut into
+// tiles of kMaxMT, then 4, 2, 1 rows.
+template <class C>
+void gemm_tiles(const Problem& p, float* out) {
+  constexpr int64_t kRowBlock = 16;
+  const int64_t grain = std::max<int64_t>(kRowBlock, 65536 / std::max<int64_t>(p.K, 1));
   at::parallel_for(0, p.N, grain, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t nb = n0; nb < n1; nb += kRowBlock) {
+      const int64_t ne = std::min(n1, nb + kRowBlock);
       int64_t m = 0;
-      for (; m + kMaxMT <= p.M; m += kMaxMT) row_tile<Dec, kMaxMT>(p, n, m, out);
-      if (m < p.M) row_tail<Dec, kMaxMT>(p, n, m, p.M - m, out);
+      for (; m + kMaxMT <= p.M; m += kMaxMT) tile_rows<C, kMaxMT>(p, nb, ne, m, out);
+      if constexpr (kMaxMT > 4) {
+        if (m + 4 <= p.M) tile_rows<C, 4>(p, nb, ne, m, out), m += 4;
+      }
+      if (m + 2 <= p.M) tile_rows<C, 2>(p, nb, ne, m, out), m += 2;
+      if (m < p.M) tile_rows<C, 1>(p, nb, ne, m, out);
     }
   });
+}
+
+// The group sizes of the formats in use get their own instantiations.
+template <class Dec, bool Off>
+void gemm_tiles_dispatch(const Problem& p, float* out) {
+  switch (p.g) {
+    case 16: return gemm_tiles<Cfg<Dec, 16, Off>>(p, out);    // GGUF Q6_K
+    case 32: return gemm_tiles<Cfg<Dec, 32, Off>>(p, out);    // GGUF Q8_0 / Q5_x
+    case 128: return gemm_tiles<Cfg<Dec, 128, Off>>(p, out);  // block FP8, g128
+    default: return gemm_tiles<Cfg<Dec, 0, Off>>(p, out);
+  }
 }
 
 // One weight row to fp32 (scales and offsets applied) into dst[K].
@@ -217,26 +268,52 @@ void dequant_row(const Problem& p, int64_t n, float* dst) {
   }
 }
 
-// Large M: blocks of rows dequantized to fp32 (in parallel), then
-// outT[block] = Wblock @ x.T by BLAS; the dense weight is never held whole.
-template <class Dec>
-void gemm_large_m(const Problem& p, const at::Tensor& x, at::Tensor& out_t) {
-  const int64_t rows = std::clamp<int64_t>((int64_t{1} << 20) / p.K, 64, 1024);
-  auto wbuf = at::empty({std::min(rows, p.N), p.K}, x.options());
-  float* wb = wbuf.data_ptr<float>();
+// Many rows of bf16 / fp16 x (prefill): torch's GEMM in x's dtype (oneDNN's
+// bf16 dot products run ~5x the fp32 FMA rate here) on blocks of W
+// dequantized to fp32 in parallel and rounded once to x's dtype, as
+// upstream multiplies dequantized weights for large batches. The dense
+// weight is never held whole: blocks of ~2^21 elements (4 MiB in bf16),
+// large enough that the GEMM calls run at full speed.
+// fp32 row -> T (bf16 / fp16, round to nearest even).
+template <typename T>
+void round_row(const float* src, T* dst, int64_t k) {
+  int64_t i = 0;
+#ifdef VLLM_CPU_AVX512
+  for (; i + 16 <= k; i += 16) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      store16(dst + i, load16(src + i));
+    } else {
+      const __m256i h = _mm512_cvtps_ph(load16(src + i), _MM_FROUND_TO_NEAREST_INT);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
+    }
+  }
+#endif
+  for (; i < k; ++i) dst[i] = static_cast<T>(src[i]);
+}
+
+template <class Dec, typename T>
+void gemm_dequant_mm(const Problem& p, const at::Tensor& x, at::Tensor& out) {
+  const int64_t rows = std::clamp<int64_t>((int64_t{1} << 21) / p.K, 128, 2048);
+  auto wx = at::empty({std::min(rows, p.N), p.K}, x.options());
+  T* wb = static_cast<T*>(wx.data_ptr());
   for (int64_t b0 = 0; b0 < p.N; b0 += rows) {
     const int64_t nb = std::min(rows, p.N - b0);
-    at::parallel_for(0, nb, 8, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) dequant_row<Dec>(p, b0 + r, wb + r * p.K);
+    at::parallel_for(0, nb, 4, [&](int64_t r0, int64_t r1) {
+      std::vector<float> row(p.K);  // L1-resident fp32 row
+      for (int64_t r = r0; r < r1; ++r) {
+        dequant_row<Dec>(p, b0 + r, row.data());
+        round_row<T>(row.data(), wb + r * p.K, p.K);
+      }
     });
-    auto dst = out_t.narrow(0, b0, nb);
-    at::mm_out(dst, wbuf.narrow(0, 0, nb), x.t());
+    auto dst = out.narrow(1, b0, nb);  // a column block: BLAS writes it with ldc = N
+    at::mm_out(dst, x, wx.narrow(0, 0, nb).t());
   }
 }
 
-// Above this many x rows the dequantize + sgemm schedule wins (benchmark:
-// benchmarks/benchmark_quant_gemm.py).
-constexpr int64_t kLargeM = 16;
+// Above this many rows of bf16 / fp16 x, gemm_dequant_mm beats the register
+// tiles (benchmarks/benchmark_quant_gemm.py). fp32 x always takes the tiles
+// (exact fp32 dequantization; faster than fp32 sgemm on this machine).
+constexpr int64_t kLargeM = 8;
 
 template <class Dec>
 at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& w,
@@ -251,27 +328,38 @@ at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& w,
   TORCH_CHECK(w.is_contiguous() && scales.is_contiguous() && scales.scalar_type() == at::kFloat &&
                   scales.size(0) == N && scales.size(1) == G,
               name, ": contiguous w and float32 scales [N, K / group_size] expected");
-  auto xf = x.to(at::kFloat).contiguous();
-  at::Tensor xsum;
-  Problem p{xf.data_ptr<float>(), w.data_ptr(), scales.data_ptr<float>(), nullptr, nullptr,
-            M, N, K, group_size};
+  const float* off = nullptr;
   if (offsets.has_value()) {
     const auto& o = *offsets;
     TORCH_CHECK(o.is_contiguous() && o.scalar_type() == at::kFloat && o.size(0) == N &&
                     o.size(1) == G,
                 name, ": offsets must be contiguous float32 [N, K / group_size]");
-    p.offsets = o.data_ptr<float>();
+    off = o.data_ptr<float>();
+  }
+  if (M == 0 || N == 0) return at::zeros({M, N}, x.options());
+  Problem p{nullptr, w.data_ptr(), scales.data_ptr<float>(), off, nullptr, M, N, K, group_size};
+  if (M > kLargeM && x.scalar_type() != at::kFloat) {
+    auto out = at::empty({M, N}, x.options());
+    if (x.scalar_type() == at::kBFloat16) {
+      gemm_dequant_mm<Dec, bf16>(p, x.contiguous(), out);
+    } else {
+      gemm_dequant_mm<Dec, c10::Half>(p, x.contiguous(), out);
+    }
+    return out;
+  }
+  auto xf = x.to(at::kFloat).contiguous();
+  p.x = xf.data_ptr<float>();
+  at::Tensor xsum;  // offsets[n, g] multiply the sum of x over group g
+  if (off != nullptr) {
     xsum = xf.view({M, G, group_size}).sum(-1).contiguous();
     p.xsum = xsum.data_ptr<float>();
   }
-  if (M == 0 || N == 0) return at::zeros({M, N}, x.options());
-  if (M > kLargeM) {
-    auto out_t = at::empty({N, M}, xf.options());
-    gemm_large_m<Dec>(p, xf, out_t);
-    return out_t.t().to(x.scalar_type()).contiguous();
-  }
   auto out = at::empty({M, N}, xf.options());
-  gemm_small_m<Dec>(p, out.data_ptr<float>());
+  if (off != nullptr) {
+    gemm_tiles_dispatch<Dec, true>(p, out.data_ptr<float>());
+  } else {
+    gemm_tiles_dispatch<Dec, false>(p, out.data_ptr<float>());
+  }
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 

@@ -298,11 +298,15 @@ def test_unsupported_fp8_configs_are_refused_by_field(src, tmp_path):
     def bad_scheme(q):
         q["activation_scheme"] = "per-token"
 
+    def e5m2(q):
+        q["fmt"] = "e5m2"
+
     cases = [
         ({}, group_strategy, "FP8 weights with strategy 'group'"),
         ({}, packed, "FP8 weights in format 'pack-quantized'"),
         (dict(method="fp8", strategy="block", block=(128, 128)), static_block, "dynamic activ"),
         (dict(method="fp8", strategy="tensor"), bad_scheme, "activation_scheme='per-token'"),
+        (dict(method="fp8", strategy="tensor"), e5m2, "fmt='e5m2' is not built"),
     ]
     for index, (args, edit, message) in enumerate(cases):
         dst = str(tmp_path / f"case{index}")

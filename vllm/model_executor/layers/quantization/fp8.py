@@ -101,7 +101,7 @@ class Fp8Config(QuantizationConfig):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Fp8Config:
         quant_method = str(cls.get_from_keys(config, ["quant_method"]))
-        fmt = config.get("fmt", "e4m3")
+        fmt = config.get("fmt") or "e4m3"
         if fmt != "e4m3":
             raise ValueError(f"fp8 quantization_config.fmt={fmt!r} is not built (built: e4m3).")
         ignored = cls.get_from_keys_or(config, ["ignored_layers"], None)

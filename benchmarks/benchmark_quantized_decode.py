@@ -1,8 +1,16 @@
 """Decode speed and weight bytes of one model served unquantized (fp32, bf16)
-and as compressed-tensors W8A16 / W4A16 copies written here.
+and as compressed-tensors W8A16 / W4A16 copies written here, or of a .gguf
+file served kept quantized against the same model dequantized.
 
     python benchmarks/benchmark_quantized_decode.py --model HF_DIR
     python benchmarks/benchmark_quantized_decode.py --build-llama /tmp/llama-100m
+    python benchmarks/benchmark_quantized_decode.py --gguf FILE.gguf --variants fp32 bf16 gguf
+
+`--gguf FILE` (a Llama-architecture .gguf, e.g. the embedded SmolLM2 Q4_1): the
+variant "gguf" serves the file itself (weights kept quantized, in
+--quant-dtype); "fp32" / "bf16" serve a HF copy of it written to --work-dir
+with every tensor dequantized by gguf-py (q / k rows un-permuted), i.e. the
+same weights, dense.
 
 `--model` is a HF checkpoint dir with one `model.safetensors` (or `--build-llama
 DIR` writes a ~125M random Llama there). The quantized copies go to
@@ -74,6 +82,50 @@ def write_variants(model: str, work_dir: str) -> dict[str, str]:
             write_compressed(model, dst, None, bits, group)
         out[name] = dst
     return out
+
+
+def dequantized_gguf_copy(gguf_path: str, work_dir: str) -> str:
+    """A HF Llama dir holding the .gguf's tensors dequantized (float32)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from vllm.model_executor.model_loader.gguf_loader import (
+        _reverse_llama_qk_permute,
+        _tensor_name_map,
+    )
+    from vllm.transformers_utils.gguf_utils import gguf_hf_config, read_gguf
+
+    dst = os.path.join(work_dir, "gguf-dequantized")
+    if os.path.exists(os.path.join(dst, "model.safetensors")):
+        return dst
+    cfg = gguf_hf_config(gguf_path)
+    g = read_gguf(gguf_path)
+    if g.architecture != "llama":
+        raise SystemExit(f"--gguf: only llama files are supported here, got {g.architecture}")
+    name_map = _tensor_name_map("llama", cfg.num_hidden_layers)
+    hf_modules = ["model.embed_tokens", "model.norm", "lm_head"]
+    for i in range(cfg.num_hidden_layers):
+        for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
+                  "post_attention_layernorm"):  # fmt: skip
+            hf_modules.append(f"model.layers.{i}.{m}")
+    to_hf = {name_map.get_name(m): m for m in hf_modules}
+    state = {}
+    for info in g.tensors:
+        module, _, suffix = info.name.rpartition(".")
+        if module not in to_hf:
+            continue
+        w = torch.from_numpy(g.tensor_data(info))
+        if ".attn_q." in info.name:
+            w = _reverse_llama_qk_permute(w, cfg.num_attention_heads)
+        elif ".attn_k." in info.name:
+            w = _reverse_llama_qk_permute(w, cfg.num_key_value_heads)
+        state[f"{to_hf[module]}.{suffix}"] = w.contiguous()
+    os.makedirs(dst, exist_ok=True)
+    cfg.torch_dtype = "float32"
+    cfg.save_pretrained(dst)
+    save_file(state, os.path.join(dst, "model.safetensors"))
+    return dst
 
 
 def _runner_weight_bytes(worker) -> int:
@@ -159,6 +211,7 @@ def main() -> None:
     ap.add_argument(
         "--build-llama", metavar="DIR", help="write a ~125M random Llama here and use it"
     )
+    ap.add_argument("--gguf", help="a .gguf file: variants gguf (kept quantized) vs it dense")
     ap.add_argument("--work-dir", default="/tmp/quantized-decode-bench")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
@@ -168,7 +221,7 @@ def main() -> None:
         "--variants",
         nargs="+",
         default=["fp32", "bf16", "w8a16", "w4a16-g128"],
-        help="fp32, bf16 (unquantized), w8a16, w4a16-g128 (served in --quant-dtype)",
+        help="fp32, bf16 (unquantized), w8a16, w4a16-g128, gguf (served in --quant-dtype)",
     )
     ap.add_argument(
         "--quant-dtype", default="bfloat16", help="activation dtype of the quantized variants"
@@ -179,14 +232,17 @@ def main() -> None:
 
     import torch
 
-    model = build_llama(args.build_llama) if args.build_llama else args.model
+    if args.gguf:
+        model = dequantized_gguf_copy(args.gguf, args.work_dir)
+    else:
+        model = build_llama(args.build_llama) if args.build_llama else args.model
     if not model:
-        ap.error("--model or --build-llama")
+        ap.error("--model, --build-llama or --gguf")
     if "bf16" in args.variants and not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         print("note: bf16 on a CPU without AVX-512 is emulated", file=sys.stderr)
     with open(os.path.join(model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
-    quantized = write_variants(model, args.work_dir)
+    quantized = {"gguf": args.gguf} if args.gguf else write_variants(model, args.work_dir)
     plan = {
         "fp32": (model, "float32"),
         "bf16": (model, "bfloat16"),

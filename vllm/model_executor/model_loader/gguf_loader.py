@@ -78,7 +78,9 @@ class GGUFModelLoader(BaseModelLoader):
         if isinstance(quant_config, GGUFConfig):
             path = self._gguf_path(model_config)
             gguf_file = read_gguf(path)
-            name_map = _tensor_name_map(gguf_file.architecture, model_config)
+            name_map = _tensor_name_map(
+                gguf_file.architecture, model_config.hf_text_config.num_hidden_layers
+            )
             types = {info.name: info.ggml_type for info in gguf_file.tensors}
             quant_config.set_gguf_tensors(path, types, name_map)
         return super().load_model(vllm_config, model_config)
@@ -88,7 +90,7 @@ class GGUFModelLoader(BaseModelLoader):
     ) -> tuple[dict[str, str], dict[str, set[str]]]:
         """(GGUF module name -> HF module name, HF module name -> the parameter
         names it has: "weight", "bias", "qweight", "qweight_type")."""
-        name_map = _tensor_name_map(gguf_arch, model_config)
+        name_map = _tensor_name_map(gguf_arch, model_config.hf_text_config.num_hidden_layers)
         packed = getattr(model, "packed_modules_mapping", {})
         gguf_to_hf: dict[str, str] = {}
         suffixes: dict[str, set[str]] = {}
@@ -156,14 +158,14 @@ class GGUFModelLoader(BaseModelLoader):
             )
 
 
-def _tensor_name_map(gguf_arch: str, model_config: ModelConfig) -> Any:
+def _tensor_name_map(gguf_arch: str, num_layers: int) -> Any:
     """The gguf package's TensorNameMap of this architecture (HF -> GGUF names)."""
     import gguf
 
     arch = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == gguf_arch), None)
     if arch is None:
         raise ValueError(f"Unknown GGUF architecture {gguf_arch!r}.")
-    return gguf.get_tensor_name_map(arch, model_config.hf_text_config.num_hidden_layers)
+    return gguf.get_tensor_name_map(arch, num_layers)
 
 
 def _raw_rows(gguf_file: GGUFFile, info: GGUFTensorInfo) -> torch.Tensor:

@@ -297,3 +297,54 @@ def test_bad_checkpoints_are_refused_naming_the_tensor_or_file(checkpoints, tmp_
         f.write(data[: len(data) // 2])
     with pytest.raises(ValueError, match=r"model.safetensors'.*corrupt or truncated"):
         LLM(model=dst, dtype="float32", max_model_len=128)
+
+
+def _move_config_to_side_file(model_dir: str, dst: str, side: str, config: dict) -> str:
+    """A copy of `model_dir` whose config.json has no quantization_config and
+    whose `side` file holds `config` (how AutoGPTQ / AutoAWQ saved them)."""
+    import shutil
+
+    shutil.copytree(model_dir, dst)
+    path = os.path.join(dst, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    del cfg["quantization_config"]
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    with open(os.path.join(dst, side), "w") as f:
+        json.dump(config, f)
+    return dst
+
+
+def test_side_file_configs_with_q(checkpoints, tmp_path, monkeypatch):
+    """A checkpoint whose config lives in AutoGPTQ's quantize_config.json or
+    AutoAWQ's quant_config.json (no quant_method in them) runs with -q naming
+    the method, as upstream reads those files for it."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    gptq_cfg = {k: v for k, v in gptq_config(128, False, True).items() if k != "quant_method"}
+    gptq = _move_config_to_side_file(
+        checkpoints["gptq"][0], str(tmp_path / "gptq"), "quantize_config.json", gptq_cfg
+    )
+    config = _config(gptq, quantization="gptq")
+    assert isinstance(config.quant_config, GPTQConfig) and config.quant_config.group_size == 128
+    assert _config(gptq).model_config.quantization is None  # not read without -q, as upstream
+    autoawq = {"zero_point": True, "q_group_size": 128, "w_bit": 4, "version": "GEMM"}
+    model_dir, ref_dir = checkpoints["awq"]
+    awq = _move_config_to_side_file(model_dir, str(tmp_path / "awq"), "quant_config.json", autoawq)
+    llm = LLM(model=awq, quantization="awq", dtype="float32", max_model_len=128, seed=0)
+    assert _generate(llm) == _expected(ref_dir)
+
+
+def test_qwen2_biased_qkv(tmp_path, monkeypatch):
+    """Qwen2 (the most common GPTQ / AWQ family): q / k / v biases are added
+    after the int4 GEMM (act-order asymmetric GPTQ; AWQ shares the path)."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    src = make_tiny_model("qwen2", str(tmp_path / "src"), **SHAPES)
+    dst, ref = str(tmp_path / "dst"), str(tmp_path / "ref")
+    write_quantized(src, dst, ref, "gptq", desc_act=True, sym=False)
+    llm = LLM(model=dst, dtype="float32", max_model_len=128, seed=0)
+    (has_bias,) = _runner_attr(
+        llm, lambda r: r.get_model().model.layers[0].self_attn.qkv_proj.bias is not None
+    )
+    assert has_bias
+    assert _generate(llm) == hf_greedy(ref, _prompts(), MAX_TOKENS)

@@ -250,8 +250,16 @@ class ModelConfig:
         return str(quant_cfg.get("quant_method", "")).lower() or "<missing quant_method>"
 
     def hf_quant_config(self) -> dict[str, Any] | None:
-        """The checkpoint's `quantization_config` as a dict, or None."""
+        """The checkpoint's `quantization_config` as a dict, or None. Without
+        one in config.json, a method given with -q may find it in its own side
+        file (quantize_config.json of GPTQ, quant_config.json of AWQ)."""
         quant_cfg = getattr(self.hf_config, "quantization_config", None)
+        if quant_cfg is None and self.quantization is not None:
+            from vllm.model_executor.layers.quantization.utils.quant_utils import (
+                quant_config_from_files,
+            )
+
+            return quant_config_from_files(self.model, self.quantization.lower())
         if quant_cfg is None or isinstance(quant_cfg, dict):
             return quant_cfg
         to_dict = getattr(quant_cfg, "to_dict", None)

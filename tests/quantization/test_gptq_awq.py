@@ -348,3 +348,30 @@ def test_qwen2_biased_qkv(tmp_path, monkeypatch):
     )
     assert has_bias
     assert _generate(llm) == hf_greedy(ref, _prompts(), MAX_TOKENS)
+
+
+def test_module_lists_pick_the_quantized_layers():
+    """GPTQ's modules_in_block_to_quantize (only those) and AWQ's
+    modules_to_not_convert (all but those) match module-name substrings; the
+    parts of a fused layer must agree."""
+    from vllm.model_executor.layers.linear import ReplicatedLinear
+
+    def kind(cfg, prefix, fused=False):
+        cfg.packed_modules_mapping = {"gate_up_proj": ["gate_proj", "up_proj"]}
+        if fused:
+            layer = MergedColumnParallelLinear(256, [128, 128], quant_config=cfg, prefix=prefix)
+        else:
+            layer = ReplicatedLinear(256, 128, quant_config=cfg, prefix=prefix)
+        return type(layer.quant_method).__name__
+
+    gptq = GPTQConfig.from_config(
+        dict(gptq_config(128, False, True), modules_in_block_to_quantize=[["mlp.down_proj"]])
+    )
+    assert kind(gptq, "model.layers.0.mlp.down_proj") == "GPTQLinearMethod"
+    assert kind(gptq, "model.layers.0.self_attn.o_proj") == "UnquantizedLinearMethod"
+    awq = AWQConfig.from_config(dict(awq_config(128), modules_to_not_convert=["o_proj"]))
+    assert kind(awq, "model.layers.0.self_attn.o_proj") == "UnquantizedLinearMethod"
+    assert kind(awq, "model.layers.0.mlp.gate_up_proj", fused=True) == "AWQLinearMethod"
+    mixed = AWQConfig.from_config(dict(awq_config(128), modules_to_not_convert=["up_proj"]))
+    with pytest.raises(ValueError, match="fused layer 'model.layers.0.mlp.gate_up_proj'"):
+        kind(mixed, "model.layers.0.mlp.gate_up_proj", fused=True)

@@ -554,6 +554,9 @@ class GPUModelRunner:
             if req_id in data.resumed_req_ids:
                 assert row is None and new_block_ids is not None
                 req_state.block_ids = tuple(list(ids) for ids in new_block_ids)
+                if req_id in self.pooling_states:
+                    # Preempted: its prompt is recomputed, so are the chunks kept.
+                    self.pooling_states[req_id].clean()
             elif new_block_ids is not None:
                 for block_ids, new_ids in zip(req_state.block_ids, new_block_ids):
                     block_ids.extend(new_ids)

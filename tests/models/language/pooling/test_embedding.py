@@ -95,13 +95,32 @@ def test_llama_mean_matches_sentence_transformers(llama_st):
     del llm
 
 
-def test_mean_pooling_forced_chunks_joins_the_chunks(llama_st):
+def test_mean_pooling_forced_chunks_joins_the_chunks(llama_st, monkeypatch):
     """Chunked prefill forced on with MEAN: the earlier chunks' hidden states
-    wait in the request's PoolingStates and the mean covers the whole prompt."""
+    wait in the request's PoolingStates and the mean covers the whole prompt;
+    with 6 KV blocks (5 usable) for 5 requests some are preempted mid-prompt, and their
+    kept chunks are dropped when they are recomputed."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # reach the scheduler
     llm = LLM(
-        llama_st, enable_chunked_prefill=True, max_num_batched_tokens=16, max_num_seqs=4, **ENGINE
+        llama_st,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=64,
+        long_prefill_token_threshold=16,  # long prompts advance 16 tokens a step, together
+        max_num_seqs=4,
+        num_gpu_blocks_override=6,
+        **ENGINE,
     )
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    preempted: list[str] = []
+    real = scheduler._preempt_request
+
+    def spy(request, *args, **kwargs):
+        preempted.append(request.request_id)
+        return real(request, *args, **kwargs)
+
+    scheduler._preempt_request = spy
     got = _vectors(llm.embed(TEXTS, use_tqdm=False))
+    assert preempted, "no request was preempted: the case is not exercised"
     _assert_cosine(got, _st_encode(llama_st, TEXTS))
     del llm
 

@@ -52,8 +52,8 @@ def split_finished(
         if chunk.shape[0] != prompt_lens[i]:
             raise RuntimeError(
                 f"this pooler needs the hidden states of all {prompt_lens[i]} prompt tokens "
-                f"but {chunk.shape[0]} were computed (a prefix-cache hit skipped the rest); "
-                "run it with prefix caching off"
+                f"but {chunk.shape[0]} were computed for the request (a prefix-cache hit "
+                "skips tokens: run it with prefix caching off)"
             )
         out.append(chunk)
     return out

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from copy import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import vllm.envs as envs
 from vllm.config import VllmConfig
@@ -31,7 +31,8 @@ from vllm.engine.protocol import EngineClient
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import PromptType
 from vllm.logger import init_logger
-from vllm.outputs import RequestOutput
+from vllm.outputs import PoolingRequestOutput, RequestOutput
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
 from vllm.transformers_utils.tokenizer import cached_tokenizer_from_config
 from vllm.usage.usage_lib import UsageContext
@@ -64,8 +65,7 @@ class _TrackedRequest:
 
 def _max_tokens(request: EngineCoreRequest) -> int | None:
     params = request.sampling_params
-    assert params is not None  # AsyncLLM serves generate requests only
-    return params.max_tokens
+    return params.max_tokens if params is not None else None  # None: a pooling request
 
 
 class _StatsTracker:
@@ -156,6 +156,7 @@ class AsyncLLM(EngineClient):
             log_stats=self.log_stats,
             stream_interval=vllm_config.scheduler_config.stream_interval,
         )
+        self._supported_tasks: tuple[str, ...] | None = None
         self.engine_core = EngineCoreClient.make_async_mp_client(
             vllm_config=vllm_config, executor_class=executor_class, log_stats=self.log_stats
         )
@@ -269,7 +270,7 @@ class AsyncLLM(EngineClient):
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         arrival_time: float | None,
         lora_request: LoRARequest | None,
         tokenization_kwargs: dict[str, Any] | None,
@@ -420,6 +421,48 @@ class AsyncLLM(EngineClient):
             logger.info("Request %s failed.", request_id)
             raise EngineGenerateError() from e
 
+    async def encode(
+        self,
+        prompt: PromptType,
+        pooling_params: PoolingParams,
+        request_id: str,
+        lora_request: LoRARequest | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+        tokenization_kwargs: dict[str, Any] | None = None,
+    ) -> AsyncGenerator[PoolingRequestOutput[Any], None]:
+        """Submit one pooling request (`pooling_params` verified for its task)
+        and yield its single, final output. Closing or cancelling the
+        generator aborts the request."""
+        internal_id: str | None = None
+        try:
+            self._run_output_handler()
+            internal_id, q = await self._add_request_internal(
+                request_id,
+                prompt,
+                pooling_params,
+                None,
+                lora_request,
+                tokenization_kwargs,
+                trace_headers,
+                priority,
+                None,
+                None,
+            )
+            out: Any = q.get_nowait() or await q.get()
+            yield cast(PoolingRequestOutput[Any], out)
+        except (asyncio.CancelledError, GeneratorExit):
+            if internal_id is not None:
+                await self.abort(internal_id, internal=True)
+            raise
+        except (EngineDeadError, ValueError, QueueOverflowError):
+            raise
+        except Exception as e:
+            if internal_id is not None:
+                await self.abort(internal_id, internal=True)
+            logger.info("Request %s failed.", request_id)
+            raise EngineGenerateError() from e
+
     async def abort(self, request_id: str | Iterable[str], internal: bool = False) -> None:
         """Abort requests (by user id, or internal id) in the front end and the core."""
         request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
@@ -470,7 +513,13 @@ class AsyncLLM(EngineClient):
         return self.input_processor.get_tokenizer()
 
     async def get_supported_tasks(self) -> tuple[str, ...]:
-        return ("generate",) if self.model_config.runner_type == "generate" else ()
+        """("generate",), or a pooling model's tasks (its pooler's, asked once)."""
+        if self.model_config.runner_type == "generate":
+            return ("generate",)
+        if self._supported_tasks is None:
+            results = await self.engine_core.collective_rpc_async("get_supported_tasks")
+            self._supported_tasks = tuple(results[0])
+        return self._supported_tasks
 
     async def is_tracing_enabled(self) -> bool:
         return False

@@ -44,6 +44,7 @@ class RequestOutputCollector:
 
     def __init__(self, output_kind: RequestOutputKind) -> None:
         self.aggregate = output_kind == RequestOutputKind.DELTA
+        # A pooling request's one PoolingRequestOutput travels here too.
         self.output: RequestOutput | Exception | None = None
         self.ready = asyncio.Event()
 

@@ -595,6 +595,19 @@ def _check_quant_gemm(
         raise ValueError("x, weight, scales and offsets must be on one device")
 
 
+def _decode_rows(w: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Weight bytes -> (fp32 values / unit, unit). e4m3 as the compiled op
+    decodes it (~4x torch's own e4m3 conversion): byte s eeee mmm << 7 is
+    the fp16 pattern of value * 2^-8 with the sign at bit 14; adding bit 14
+    to itself moves it to bit 15 (int16 wraps), subnormals included. The
+    NaN bytes 0x7f / 0xff decode as +-480 (no checkpoint holds NaN)."""
+    if w.dtype != torch.float8_e4m3fn:
+        return w.float(), 1.0
+    h = w.view(torch.uint8).to(torch.int16) << 7
+    h = h + (h & 0x4000)
+    return h.view(torch.float16).float(), 256.0
+
+
 def _quant_gemm_torch(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -609,8 +622,8 @@ def _quant_gemm_torch(
     out = torch.empty(x2.shape[0], n, dtype=torch.float32, device=x.device)
     for n0 in range(0, n, _QUANT_GEMM_BLOCK_ROWS):
         n1 = min(n, n0 + _QUANT_GEMM_BLOCK_ROWS)
-        blk = w[n0:n1].float().unflatten(1, (-1, group_size))  # [rows, groups, g]
-        blk = blk * scales[n0:n1].unsqueeze(-1)
+        blk, unit = _decode_rows(w[n0:n1])
+        blk = blk.unflatten(1, (-1, group_size)) * (scales[n0:n1] * unit).unsqueeze(-1)
         if offsets is not None:
             blk = blk + offsets[n0:n1].unsqueeze(-1)
         torch.mm(x2, blk.flatten(1).t(), out=out[:, n0:n1])

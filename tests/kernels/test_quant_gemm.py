@@ -172,6 +172,18 @@ def test_fp16_many_rows(impl):
     _check(impl.int8(x, w8, s8, 32, o8), x, *_reference(x, w8, s8, 32, o8))
 
 
+def test_many_row_blocks(impl):
+    """K = 16384: the compiled op's many-rows path dequantizes 128 rows at a
+    time, so N = 300 takes three blocks (written as column blocks of out)."""
+    x = torch.randn(12, 16384).to(torch.bfloat16)
+    w = torch.randint(-128, 128, (300, 16384), dtype=torch.int8)
+    scales, offsets = torch.rand(300, 512) * 0.01, torch.randn(300, 512) * 0.01
+    _check(impl.int8(x, w, scales, 32, offsets), x, *_reference(x, w, scales, 32, offsets))
+    wf = _all_e4m3(300, 16384)
+    s128 = torch.rand(300, 128) * 0.01
+    _check(impl.fp8(x, wf, s128, 128), x, *_reference(x, wf, s128, 128))
+
+
 def test_non_contiguous_x(impl):
     x = torch.randn(64, 8)[:, :4].t()  # [4, 64], strided rows
     w = torch.randint(-128, 128, (24, 64), dtype=torch.int8)
@@ -245,18 +257,34 @@ def variant_libs(tmp_path_factory) -> dict[str, Path]:
     return {isa: lib for isa, (lib, _) in procs.items()}
 
 
+def _runnable(isa: str) -> bool:
+    return isa != "avx2" or all(f"__{f}__" in _native_macros() for f in ("AVX2", "FMA", "F16C"))
+
+
+@pytest.fixture(scope="module")
+def variant_runs(variant_libs) -> dict[str, subprocess.Popen]:
+    """This file's tests against each variant build, all runs at once."""
+    runs = {}
+    for isa, lib in variant_libs.items():
+        if _runnable(isa):
+            env = dict(os.environ, VLLM_QUANT_GEMM_VARIANT=f"{lib}:_qg_{isa}")
+            cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
+            runs[isa] = subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+    return runs
+
+
 @pytest.mark.skipif(_VARIANT is not None, reason="runs the variants")
 @pytest.mark.parametrize("isa", list(_VARIANT_FLAGS))
-def test_isa_variants(variant_libs, isa):
-    if isa == "avx2" and not all(f"__{f}__" in _native_macros() for f in ("AVX2", "FMA", "F16C")):
+def test_isa_variants(variant_runs, isa):
+    if isa not in variant_runs:
         pytest.skip("host lacks AVX2 / FMA / F16C")
-    env = dict(os.environ, VLLM_QUANT_GEMM_VARIANT=f"{variant_libs[isa]}:_qg_{isa}")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    out, _ = variant_runs[isa].communicate(timeout=600)
+    assert variant_runs[isa].returncode == 0, out[-6000:]
     # Only the runner tests (this one per variant, test_bad_shapes) skip there.
     skipped = f"{len(_VARIANT_FLAGS) + 1} skipped"
-    assert " passed" in proc.stdout and skipped in proc.stdout, proc.stdout[-2000:]
+    assert " passed" in out and skipped in out, out[-2000:]
 
 
 def test_isa_of_build(impl):

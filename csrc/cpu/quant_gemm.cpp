@@ -142,7 +142,7 @@ struct E4m3Dec {
 };
 
 struct Problem {
-  const float* x;        // [M, K] fp32, contiguous
+  const void* x;         // [M, K] contiguous, the lane's XT (fp32 or bf16)
   const void* w;         // [N, K] weight bytes
   const float* scales;   // [N, G]
   const float* offsets;  // [N, G] or nullptr
@@ -150,12 +150,45 @@ struct Problem {
   int64_t M, N, K, g;
 };
 
+// How x meets the decoded weights: W elements per step into fp32 lanes.
+// F32Lane: fp32 x, one FMA per element.
+struct F32Lane {
+  using XT = float;
+  using XV = Vec::V;
+  static constexpr int W = Vec::W;
+  static XV load_x(const XT* p) { return Vec::load(p); }
+  template <class Dec>
+  static XV load_w(const typename Dec::WT* p) { return Dec::load(p); }
+  static Vec::V dot(Vec::V acc, XV x, XV w) { return Vec::fma(x, w, acc); }
+};
+
+#if defined(VLLM_CPU_AVX512) && defined(__AVX512BF16__)
+// Bf16Lane: bf16 x as given, weights decoded to bf16 (int8 and e4m3 values
+// are exact in bf16), VDPBF16PS: 32 products per instruction, each exact in
+// fp32 and summed in fp32 (twice the FMA rate; same numerics as F32Lane).
+struct Bf16Lane {
+  using XT = bf16;
+  using XV = __m512bh;
+  static constexpr int W = 32;
+  static XV load_x(const XT* p) {
+    return reinterpret_cast<XV>(_mm512_loadu_si512(reinterpret_cast<const void*>(p)));
+  }
+  template <class Dec>
+  static XV load_w(const typename Dec::WT* p) {
+    return _mm512_cvtne2ps_pbh(Dec::load(p + 16), Dec::load(p));  // (high, low) halves
+  }
+  static Vec::V dot(Vec::V acc, XV x, XV w) { return _mm512_dpbf16_ps(acc, x, w); }
+};
+#define VLLM_QG_BF16_LANE 1
+#endif
+
 // The kernel's compile-time choices: the weight decode, the group size
-// (GS = 0: p.g at run time; else loops of known trip count, no tail) and
-// whether offsets are added.
-template <class Dec_, int GS, bool Off>
+// (GS = 0: p.g at run time; else loops of known trip count, no tail),
+// whether offsets are added, and the x lane.
+template <class Dec_, int GS, bool Off, class Lane_ = F32Lane>
 struct Cfg {
   using Dec = Dec_;
+  using Lane = Lane_;
   static constexpr int kGroup = GS;
   static constexpr bool kOffsets = Off;
 };
@@ -168,11 +201,12 @@ template <class C, int MT, int NR>
 void tile(const Problem& p, int64_t n, int64_t m0, float* out) {
   using V = Vec::V;
   using Dec = typename C::Dec;
+  using L = typename C::Lane;
   const int64_t g = C::kGroup != 0 ? C::kGroup : p.g;
   const int64_t G = p.K / g;
-  const int64_t full = g - g % Vec::W;  // vector part of a group
+  const int64_t full = g - g % L::W;  // vector part of a group
   const auto* w = static_cast<const typename Dec::WT*>(p.w) + n * p.K;
-  const float* x = p.x + m0 * p.K;
+  const auto* x = static_cast<const typename L::XT*>(p.x) + m0 * p.K;
   V acc[NR][MT];
   float extra[NR][MT] = {};
   for (int r = 0; r < NR; ++r)
@@ -182,22 +216,21 @@ void tile(const Problem& p, int64_t n, int64_t m0, float* out) {
     V gd[NR][MT];
     for (int r = 0; r < NR; ++r)
       for (int m = 0; m < MT; ++m) gd[r][m] = Vec::zero();
-    for (int64_t j = k0; j < k0 + full; j += Vec::W) {
+    for (int64_t j = k0; j < k0 + full; j += L::W) {
       for (int r = 0; r < NR; ++r) {
-        const V wv = Dec::load(w + r * p.K + j);
-        for (int m = 0; m < MT; ++m)
-          gd[r][m] = Vec::fma(Vec::load(x + m * p.K + j), wv, gd[r][m]);
+        const auto wv = L::template load_w<Dec>(w + r * p.K + j);
+        for (int m = 0; m < MT; ++m) gd[r][m] = L::dot(gd[r][m], L::load_x(x + m * p.K + j), wv);
       }
     }
     for (int r = 0; r < NR; ++r) {
       const float s = p.scales[(n + r) * G + gi] * Dec::kScale;
       const V sv = Vec::set1(s);
       for (int m = 0; m < MT; ++m) acc[r][m] = Vec::fma(sv, gd[r][m], acc[r][m]);
-      if constexpr (C::kGroup == 0 || C::kGroup % Vec::W != 0) {
+      if constexpr (C::kGroup == 0 || C::kGroup % L::W != 0) {
         for (int m = 0; m < MT; ++m) {  // a group that is not a multiple of the width
           float tail = 0.f;
           for (int64_t t = k0 + full; t < k0 + g; ++t)
-            tail += x[m * p.K + t] * Dec::scalar(w[r * p.K + t]);
+            tail += static_cast<float>(x[m * p.K + t]) * Dec::scalar(w[r * p.K + t]);
           extra[r][m] += s * tail;
         }
       }
@@ -220,9 +253,9 @@ void tile_rows(const Problem& p, int64_t n0, int64_t n1, int64_t m0, float* out)
   for (; n < n1; ++n) tile<C, MT, 1>(p, n, m0, out);
 }
 
-// Register tiles (any M, decode's small M above all): threads split N. A block of kRowBlock weight rows is read from
-// memory once and reused (from L1/L2) by every tile of x rows; M is cut into
-// tiles of kMaxMT, then 4, 2, 1 rows.
+// Register tiles (any M, decode's small M above all): threads split N. A
+// block of kRowBlock weight rows is read from memory once and reused (from
+// L1/L2) by every tile of x rows; M is cut into tiles of kMaxMT, then 4, 2, 1.
 template <class C>
 void gemm_tiles(const Problem& p, float* out) {
   constexpr int64_t kRowBlock = 16;
@@ -242,14 +275,20 @@ void gemm_tiles(const Problem& p, float* out) {
 }
 
 // The group sizes of the formats in use get their own instantiations.
-template <class Dec, bool Off>
+template <class Dec, bool Off, class Lane>
 void gemm_tiles_dispatch(const Problem& p, float* out) {
   switch (p.g) {
-    case 16: return gemm_tiles<Cfg<Dec, 16, Off>>(p, out);    // GGUF Q6_K
-    case 32: return gemm_tiles<Cfg<Dec, 32, Off>>(p, out);    // GGUF Q8_0 / Q5_x
-    case 128: return gemm_tiles<Cfg<Dec, 128, Off>>(p, out);  // block FP8, g128
-    default: return gemm_tiles<Cfg<Dec, 0, Off>>(p, out);
+    case 16: return gemm_tiles<Cfg<Dec, 16, Off, Lane>>(p, out);    // GGUF Q6_K
+    case 32: return gemm_tiles<Cfg<Dec, 32, Off, Lane>>(p, out);    // GGUF Q8_0 / Q5_x
+    case 128: return gemm_tiles<Cfg<Dec, 128, Off, Lane>>(p, out);  // block FP8, g128
+    default: return gemm_tiles<Cfg<Dec, 0, Off, Lane>>(p, out);
   }
+}
+
+template <class Dec, class Lane>
+void gemm_tiles_for(const Problem& p, float* out) {
+  if (p.offsets != nullptr) return gemm_tiles_dispatch<Dec, true, Lane>(p, out);
+  gemm_tiles_dispatch<Dec, false, Lane>(p, out);
 }
 
 // One weight row to fp32 (scales and offsets applied) into dst[K].
@@ -314,6 +353,11 @@ void gemm_dequant_mm(const Problem& p, const at::Tensor& x, at::Tensor& out) {
 // tiles (benchmarks/benchmark_quant_gemm.py). fp32 x always takes the tiles
 // (exact fp32 dequantization; faster than fp32 sgemm on this machine).
 constexpr int64_t kLargeM = 8;
+#ifdef VLLM_QG_BF16_LANE
+constexpr bool kHasBf16Lane = true;
+#else
+constexpr bool kHasBf16Lane = false;
+#endif
 
 template <class Dec>
 at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& w,
@@ -347,19 +391,24 @@ at::Tensor quant_gemm(const at::Tensor& x, const at::Tensor& w,
     }
     return out;
   }
-  auto xf = x.to(at::kFloat).contiguous();
-  p.x = xf.data_ptr<float>();
+  // bf16 x: the bf16 dot-product lane where the build has it and groups
+  // are whole steps of 32; else x in fp32.
+  const bool bf16_lane = kHasBf16Lane && x.scalar_type() == at::kBFloat16 && group_size % 32 == 0;
+  auto xl = bf16_lane ? x.contiguous() : x.to(at::kFloat).contiguous();
+  p.x = xl.data_ptr();
   at::Tensor xsum;  // offsets[n, g] multiply the sum of x over group g
   if (off != nullptr) {
-    xsum = xf.view({M, G, group_size}).sum(-1).contiguous();
+    xsum = xl.to(at::kFloat).view({M, G, group_size}).sum(-1).contiguous();
     p.xsum = xsum.data_ptr<float>();
   }
-  auto out = at::empty({M, N}, xf.options());
-  if (off != nullptr) {
-    gemm_tiles_dispatch<Dec, true>(p, out.data_ptr<float>());
-  } else {
-    gemm_tiles_dispatch<Dec, false>(p, out.data_ptr<float>());
+  auto out = at::empty({M, N}, x.options().dtype(at::kFloat));
+#ifdef VLLM_QG_BF16_LANE
+  if (bf16_lane) {
+    gemm_tiles_for<Dec, Bf16Lane>(p, out.data_ptr<float>());
+    return out.to(x.scalar_type());
   }
+#endif
+  gemm_tiles_for<Dec, F32Lane>(p, out.data_ptr<float>());
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 

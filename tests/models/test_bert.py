@@ -55,19 +55,23 @@ VARIANTS = {
 LENGTHS = [7, 1, 300, 20]
 
 
-def make_tiny_encoder(variant: str, out_dir: str, seed: int = 0) -> str:
+def make_tiny_encoder(variant: str, out_dir: str, seed: int = 0, **overrides) -> str:
     """A tiny random `variant` checkpoint (float32) in `out_dir`; LayerNorm
-    weights perturbed so a norm bug shows. RoBERTa-style configs pad with id 1."""
+    weights perturbed so a norm bug shows, segment embeddings scaled up so a
+    lost segment id shows. RoBERTa-style configs pad with id 1."""
     config_cls, model_cls, extra = VARIANTS[variant]
     kwargs = {**TINY, **extra}
     if config_cls is not tf.BertConfig:
         kwargs.update(pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    kwargs.update(overrides)
     torch.manual_seed(seed)
     model = model_cls(config_cls(**kwargs)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "LayerNorm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+            if "token_type_embeddings" in name:
+                p.mul_(25.0)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
 

@@ -220,6 +220,27 @@ def test_tp2_weight_only_fp8_matches_transformers(checkpoint):
     assert _generate(llm) == hf_greedy(ref_dir, _prompts(), MAX_TOKENS)
 
 
+def test_tp2_block_fp8_matches_transformers(tmp_path):
+    """128x128 blocks split over two ranks: column-parallel layers take whole
+    block rows of the scales (fused parts placed at offset / 128), row-parallel
+    ones whole block columns; the per-128-column activation groups fall inside
+    one rank's slice, so the numerics are those of one device. (4 KV heads of
+    64: k and v are 128 rows per rank.)"""
+    src = make_tiny_model("llama", str(tmp_path / "src"), **dict(SHAPES, num_key_value_heads=4))
+    _edit(src, _sharpen)
+    dst, ref = str(tmp_path / "fp8"), str(tmp_path / "ref")
+    write_fp8(src, dst, ref, **CHECKPOINTS["fp8-block"])
+    llm = LLM(
+        model=dst,
+        dtype="float32",
+        max_model_len=128,
+        seed=0,
+        tensor_parallel_size=2,
+        max_num_seqs=8,
+    )
+    _assert_near_ties(_generate(llm), hf_fp8_act_quant_model(ref, "group"))
+
+
 def _weight_bytes(model_dir: str, monkeypatch) -> int:
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=64, seed=0)

@@ -433,3 +433,16 @@ def test_fp8_ignored_layers_stay_dense_and_fused_parts_must_agree():
     config.ignored_layers = ["model.layers.0.mlp.gate_proj"]
     with pytest.raises(ValueError, match="some but not all shards of model.layers.0.mlp.gate_up"):
         config.is_layer_skipped("model.layers.0.mlp.gate_up_proj")
+
+
+def test_qwen3_block_fp8(tmp_path, monkeypatch):
+    """A Qwen3 (q / k norms after the fp8 qkv GEMM) in the layout Qwen3-FP8
+    ships: fp8 method, 128x128 blocks, weight_scale_inv."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    src = make_tiny_model("qwen3", str(tmp_path / "src"), **dict(SHAPES, head_dim=64))
+    _edit(src, _sharpen)
+    dst, ref = str(tmp_path / "fp8"), str(tmp_path / "ref")
+    write_fp8(src, dst, ref, **CHECKPOINTS["fp8-block"])
+    llm = LLM(model=dst, dtype="float32", max_model_len=128, seed=0)
+    assert _weight_dtypes(llm) == [torch.float8_e4m3fn] * 2
+    _assert_near_ties(_generate(llm), hf_fp8_act_quant_model(ref, "group"))

@@ -246,3 +246,16 @@ def test_unsupported_position_embedding_refused(tmp_path):
     tf.BertModel(config).save_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match="position_embedding_type='relative_key'"):
         _load(str(tmp_path))
+
+
+@pytest.mark.parametrize("variant", ["roberta", "xlmr-cls"])
+def test_roberta_max_model_len_leaves_room_for_the_position_offset(model_dir, variant):
+    """514 position rows, positions from pad_token_id + 1 = 2: 512 tokens fit
+    (a 514-token prompt would read past the table, into its zero padding rows)."""
+    path = model_dir(variant)
+    args = dict(model=path, dtype="float32", device="cpu", runner="pooling")
+    assert EngineArgs(**args).create_model_config().max_model_len == 512
+    with pytest.raises(ValueError, match="max_model_len"):
+        EngineArgs(**args, max_model_len=514).create_model_config()
+    bert = EngineArgs(**{**args, "model": model_dir("bert")}).create_model_config()
+    assert bert.max_model_len == 512  # BERT's positions start at 0: all 512 rows

@@ -320,6 +320,14 @@ class ModelConfig:
         encoder_config = getattr(self, "encoder_config", None)
         if encoder_config and encoder_config.get("max_seq_length"):
             derived = int(encoder_config["max_seq_length"])
+        # RoBERTa / XLM-R number positions from pad_token_id + 1 (the model
+        # shifts them), so only max_position_embeddings - pad_token_id - 1
+        # tokens fit (512 of 514); a longer prompt would read past the table.
+        if getattr(cfg, "model_type", None) in ("roberta", "xlm-roberta"):
+            positions = getattr(cfg, "max_position_embeddings", None)
+            pad = getattr(cfg, "pad_token_id", None)
+            if positions and pad is not None:
+                derived = min(derived, positions - pad - 1)
         return int(derived)
 
     def _resolve_max_model_len(self, max_model_len: int | None) -> int:

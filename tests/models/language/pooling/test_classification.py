@@ -18,6 +18,17 @@ TEXTS = [
     "def hello(world):",
 ]
 ENGINE = dict(dtype="float32", max_model_len=256, kv_cache_memory_bytes=1 << 26)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _in_process_engine():
+    """The engine core in this process (several times faster to start on 2
+    cores); test_async_encode.py covers the multi-process path."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        yield
+
+
 ATOL = 1e-4
 
 
@@ -49,7 +60,7 @@ def test_classify_matches_transformers(kind, tmp_path):
         llm.score(TEXTS[0], TEXTS[1:])
     with pytest.raises(ValueError, match="Embedding API is not supported"):
         llm.embed(TEXTS[:1], use_tqdm=False)
-    del llm
+    llm.llm_engine.shutdown()
 
 
 def test_cross_encoder_score_and_reward(tmp_path):
@@ -79,7 +90,7 @@ def test_cross_encoder_score_and_reward(tmp_path):
         per_token = hf.score(hidden)
     assert rewards[0].outputs.data.shape == per_token.shape
     assert torch.allclose(rewards[0].outputs.data, per_token, atol=ATOL)
-    del llm
+    llm.llm_engine.shutdown()
 
 
 def test_bi_encoder_score(tmp_path):
@@ -96,7 +107,7 @@ def test_bi_encoder_score(tmp_path):
     assert torch.allclose(got, ref, atol=ATOL), (got, ref)
     pairs = llm.score(TEXTS, TEXTS, use_tqdm=False)  # N:N, each text with itself
     assert all(abs(p.outputs.score - 1.0) < 1e-5 for p in pairs)
-    del llm
+    llm.llm_engine.shutdown()
 
 
 def _bert_tokenizer(out_dir: str) -> None:
@@ -133,4 +144,4 @@ def test_bert_cross_encoder_score_uses_segment_ids(tmp_path):
         enc = [tok(text=query, text_pair=d, return_tensors="pt") for d in TEXTS]
         ref = torch.cat([hf(**e).logits[:, 0] for e in enc]).sigmoid()
     assert torch.allclose(got, ref, atol=ATOL), (got, ref)
-    del llm
+    llm.llm_engine.shutdown()

@@ -24,6 +24,15 @@ COSINE_MIN = 0.9999
 ENGINE = dict(dtype="float32", max_model_len=256, kv_cache_memory_bytes=1 << 26)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _in_process_engine():
+    """The engine core in this process (several times faster to start on 2
+    cores); test_async_encode.py covers the multi-process path."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        yield
+
+
 @pytest.fixture(scope="module")
 def qwen3_st(tmp_path_factory) -> str:
     return make_st_dir("qwen3", str(tmp_path_factory.mktemp("st-qwen3")), "lasttoken")
@@ -57,7 +66,7 @@ def qwen3_llm(qwen3_st):
     # long texts are prefilled in chunks (LAST pooling keeps chunked prefill on).
     llm = LLM(qwen3_st, max_num_batched_tokens=32, max_num_seqs=4, **ENGINE)
     yield llm
-    del llm
+    llm.llm_engine.shutdown()
 
 
 def test_qwen3_last_token_matches_sentence_transformers(qwen3_llm, qwen3_st):
@@ -92,7 +101,7 @@ def test_llama_mean_matches_sentence_transformers(llama_st):
     assert not vconfig.scheduler_config.enable_chunked_prefill
     assert not vconfig.cache_config.enable_prefix_caching
     _assert_cosine(_vectors(llm.embed(TEXTS, use_tqdm=False)), _st_encode(llama_st, TEXTS))
-    del llm
+    llm.llm_engine.shutdown()
 
 
 def test_mean_pooling_forced_chunks_joins_the_chunks(llama_st, monkeypatch):
@@ -122,7 +131,7 @@ def test_mean_pooling_forced_chunks_joins_the_chunks(llama_st, monkeypatch):
     got = _vectors(llm.embed(TEXTS, use_tqdm=False))
     assert preempted, "no request was preempted: the case is not exercised"
     _assert_cosine(got, _st_encode(llama_st, TEXTS))
-    del llm
+    llm.llm_engine.shutdown()
 
 
 def test_pooler_config_overrides_and_matryoshka(qwen3_st):
@@ -144,7 +153,7 @@ def test_pooler_config_overrides_and_matryoshka(qwen3_st):
     assert short.shape == (2, 16) and torch.allclose(short, ref, atol=1e-5)
     with pytest.raises(ValueError, match=r"only supports \[16, 32\] matryoshka"):
         llm.embed(TEXTS[:1], pooling_params=PoolingParams(dimensions=8), use_tqdm=False)
-    del llm
+    llm.llm_engine.shutdown()
 
 
 def test_token_embed_and_encode(qwen3_llm, qwen3_st):
@@ -185,7 +194,7 @@ def test_refusals(qwen3_llm, tiny_model_dir):
     gen = LLM(gen_dir, **ENGINE)  # a plain causal LM: the generate runner
     with pytest.raises(ValueError, match=rf"only supported for pooling models; model '{gen_dir}'"):
         gen.embed(TEXTS[:1], use_tqdm=False)
-    del gen
+    gen.llm_engine.shutdown()
 
 
 def test_truncate_prompt_tokens(qwen3_llm):
@@ -212,4 +221,4 @@ def test_convert_embed_on_a_causal_lm(tiny_model_dir):
         with torch.no_grad():
             ref = hf(torch.tensor([o.prompt_token_ids])).last_hidden_state[0, -1]
         _assert_cosine(torch.tensor([o.outputs.embedding]), ref.unsqueeze(0))
-    del llm
+    llm.llm_engine.shutdown()

@@ -255,9 +255,7 @@ class ModelConfig:
         file (quantize_config.json of GPTQ, quant_config.json of AWQ)."""
         quant_cfg = getattr(self.hf_config, "quantization_config", None)
         if quant_cfg is None and self.quantization is not None:
-            from vllm.model_executor.layers.quantization.utils.quant_utils import (
-                quant_config_from_files,
-            )
+            from vllm.model_executor.layers.quantization import quant_config_from_files
 
             return quant_config_from_files(self.model, self.quantization.lower())
         if quant_cfg is None or isinstance(quant_cfg, dict):

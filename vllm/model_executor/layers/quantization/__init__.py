@@ -9,7 +9,9 @@ the file's tensor types from the GGUF loader.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+import json
+import os
+from typing import Any, Literal, get_args
 
 from vllm.model_executor.layers.quantization.base_config import (
     QuantizationConfig,
@@ -94,14 +96,14 @@ def get_quantization_config(quantization: str) -> type[QuantizationConfig]:
         )
 
         return CompressedTensorsConfig
-    if quantization == "fp8":
-        from vllm.model_executor.layers.quantization.fp8 import Fp8Config
-
-        return Fp8Config
     if quantization == "gguf":
         from vllm.model_executor.layers.quantization.gguf import GGUFConfig
 
         return GGUFConfig
+    if quantization == "fp8":
+        from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+        return Fp8Config
     if quantization == "gptq":
         from vllm.model_executor.layers.quantization.gptq import GPTQConfig
 
@@ -123,6 +125,28 @@ def get_quantization_config(quantization: str) -> type[QuantizationConfig]:
     )
 
 
+def quant_config_from_files(model_dir: str, method: str) -> dict[str, Any] | None:
+    """The quantization config of a checkpoint whose config.json has none,
+    read from the side file the method names (upstream's `get_quant_config`:
+    AutoGPTQ's quantize_config.json, AutoAWQ's quant_config.json), for a
+    method given with -q; `quant_method` is filled in when the file lacks it.
+    None when `model_dir` is not a directory or holds none of those files."""
+    if method not in BUILT_QUANTIZATION_METHODS or method == "gguf" or not os.path.isdir(model_dir):
+        return None
+    for name in get_quantization_config(method).get_config_filenames():
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    config = json.load(f)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"Cannot read the quantization config {path!r}: {e}") from e
+            if not isinstance(config, dict):
+                raise ValueError(f"The quantization config {path!r} is not a JSON object.")
+            return {"quant_method": method, **config}
+    return None
+
+
 __all__ = [
     "BUILT_QUANTIZATION_METHODS",
     "ONLINE_QUANTIZATION_METHODS",
@@ -132,4 +156,5 @@ __all__ = [
     "QuantizeMethodBase",
     "built_methods_summary",
     "get_quantization_config",
+    "quant_config_from_files",
 ]

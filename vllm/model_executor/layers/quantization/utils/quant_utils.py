@@ -8,10 +8,6 @@ permutes the values inside a word on top of this (see awq.py).
 
 from __future__ import annotations
 
-import json
-import os
-from typing import Any
-
 import torch
 
 
@@ -38,30 +34,3 @@ def pack_into_int32(values: torch.Tensor, num_bits: int) -> torch.Tensor:
     # Back to signed 32-bit: values >= 2**31 wrap as int32 arithmetic does.
     words = torch.where(words >= 2**31, words - 2**32, words)
     return words.to(torch.int32)
-
-
-def quant_config_from_files(model_dir: str, method: str) -> dict[str, Any] | None:
-    """The quantization config of a checkpoint whose config.json has none,
-    read from the side file the method names (upstream's `get_quant_config`:
-    AutoGPTQ's quantize_config.json, AutoAWQ's quant_config.json), for a
-    method given with -q; `quant_method` is filled in when the file lacks it.
-    None when `model_dir` is not a directory or holds none of those files."""
-    from vllm.model_executor.layers.quantization import (
-        BUILT_QUANTIZATION_METHODS,
-        get_quantization_config,
-    )
-
-    if method not in BUILT_QUANTIZATION_METHODS or method == "gguf" or not os.path.isdir(model_dir):
-        return None
-    for name in get_quantization_config(method).get_config_filenames():
-        path = os.path.join(model_dir, name)
-        if os.path.isfile(path):
-            try:
-                with open(path) as f:
-                    config = json.load(f)
-            except (OSError, ValueError) as e:
-                raise ValueError(f"Cannot read the quantization config {path!r}: {e}") from e
-            if not isinstance(config, dict):
-                raise ValueError(f"The quantization config {path!r} is not a JSON object.")
-            return {"quant_method": method, **config}
-    return None

@@ -20,8 +20,6 @@ import transformers as tf
 from tests.models.test_bert import TINY, make_tiny_encoder
 from vllm import LLM
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
 _CORPUS = (
     "the quick brown fox jumps over the lazy dog . paged attention stores keys and values "
     "in fixed size blocks . what is the capital of france ? paris is the capital of france . "

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from vllm.config import ModelConfig, VllmConfig
     from vllm.inputs import PromptType
     from vllm.lora.request import LoRARequest
-    from vllm.outputs import RequestOutput
+    from vllm.outputs import PoolingRequestOutput, RequestOutput
+    from vllm.pooling_params import PoolingParams
     from vllm.sampling_params import SamplingParams
     from vllm.tokenizers import TokenizerLike
 
@@ -65,6 +66,19 @@ class EngineClient(ABC):
         `reasoning_ended` / `reasoning_parser_kwargs`: see
         `vllm.v1.structured_output.StructuredOutputManager` (where a grammar
         starts with a reasoning parser)."""
+
+    @abstractmethod
+    def encode(
+        self,
+        prompt: PromptType,
+        pooling_params: PoolingParams,
+        request_id: str,
+        lora_request: LoRARequest | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        priority: int = 0,
+        tokenization_kwargs: dict[str, Any] | None = None,
+    ) -> AsyncGenerator[PoolingRequestOutput[Any], None]:
+        """Run one pooling request; yields its single, final output."""
 
     @abstractmethod
     async def abort(self, request_id: str | Iterable[str]) -> None:

@@ -71,6 +71,7 @@ from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_models import BaseModelPath, OpenAIServingModels
 from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from vllm.entrypoints.openai.utils import respond, validate_json_request
+from vllm.entrypoints.pooling import init_pooling_state, register_pooling_api_routers
 from vllm.entrypoints.serve import register_vllm_serve_api_routers
 from vllm.entrypoints.serve.instrumentator.health import health
 
@@ -305,8 +306,9 @@ class AuthenticationMiddleware:
 # ----------------------------------------------------------------------
 
 
-def build_app(args: Namespace) -> FastAPI:
-    """The FastAPI app: routes, CORS, the API-key check, error handlers."""
+def build_app(args: Namespace, supported_tasks: tuple[str, ...] = ("generate",)) -> FastAPI:
+    """The FastAPI app: routes, CORS, the API-key check, error handlers.
+    The pooling routes are added for the tasks the model supports."""
     root_path = args.root_path or ""
     if args.disable_fastapi_docs:
         app = FastAPI(
@@ -322,6 +324,7 @@ def build_app(args: Namespace) -> FastAPI:
     app.include_router(router)
     attach_anthropic_router(app)
     attach_responses(app)
+    register_pooling_api_routers(app, supported_tasks)
     app.root_path = root_path
     # Innermost of the three: the API key is checked before any body is read,
     # and a 413 still carries the CORS headers.
@@ -408,6 +411,7 @@ async def init_app_state(engine_client: EngineClient, state: Any, args: Namespac
     state.anthropic_serving_messages = AnthropicServingMessages(
         state.openai_serving_chat, state.openai_serving_tokenization
     )
+    init_pooling_state(engine_client, state, models, await engine_client.get_supported_tasks())
 
 
 @asynccontextmanager
@@ -453,7 +457,7 @@ async def run_server(args: Namespace, **uvicorn_kwargs: Any) -> None:
     signal.signal(signal.SIGTERM, interrupt)
     try:
         async with build_async_engine_client(args) as engine:
-            app = build_app(args)
+            app = build_app(args, await engine.get_supported_tasks())
             await init_app_state(engine, app.state, args)
             logger.info(
                 "Starting vLLM API server on http://%s:%d", args.host or "0.0.0.0", args.port

@@ -1,0 +1,166 @@
+"""`/v1/embeddings` of a real `vllm serve --runner pooling` subprocess on a
+tiny BERT sentence-transformers directory (mean pooling + Normalize), through
+the `openai` client: float and base64 vectors equal
+SentenceTransformer.encode (cosine >= 0.9999, the issue's bar; measured
+> 1 - 1e-6), and bad requests get the error envelope while the server keeps
+serving. A generative model serves no /v1/embeddings (404)."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from tests.entrypoints.openai.conftest import RemoteOpenAIServer
+from tests.models.test_encoder_pooling import TEXTS, _st_dir
+
+MAX_LEN = 64
+API_KEY = "embed-key"
+
+
+@pytest.fixture(scope="module")
+def st_dir(tmp_path_factory) -> str:
+    return _st_dir("bert", tmp_path_factory.mktemp("embed"))
+
+
+@pytest.fixture(scope="module")
+def server(st_dir):
+    args = ["--runner", "pooling", "--dtype", "float32", "--max-model-len", str(MAX_LEN)]
+    args += ["--api-key", API_KEY]
+    srv = RemoteOpenAIServer(st_dir, args, api_key=API_KEY)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(st_dir) -> torch.Tensor:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(st_dir, device="cpu")
+    return model.encode(TEXTS, convert_to_tensor=True).float()
+
+
+def _post(server, body: dict, key: str | None = API_KEY) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(server.url_for("v1", "embeddings"), json=body, headers=headers, timeout=60)
+
+
+def _assert_matches(rows: list[list[float]], ref: torch.Tensor) -> None:
+    ours = torch.tensor(rows, dtype=torch.float32)
+    cos = torch.nn.functional.cosine_similarity(ours, ref, dim=-1)
+    assert bool((cos >= 0.9999).all()), cos
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
+
+
+def test_float_and_base64_match_sentence_transformers(server, reference):
+    client = server.get_client()
+    res = client.embeddings.create(model=server_model(server), input=TEXTS)
+    assert [d.index for d in res.data] == list(range(len(TEXTS)))
+    _assert_matches([d.embedding for d in res.data], reference)
+    assert res.usage.prompt_tokens == res.usage.total_tokens > len(TEXTS)
+    # The call above left encoding_format to the client, which then asks for
+    # base64 and decodes it itself; asked for explicitly, it returns the text.
+    b64 = client.embeddings.create(
+        model=server_model(server), input=TEXTS, encoding_format="base64"
+    )
+    _assert_matches([_decode(d.embedding) for d in b64.data], reference)
+    floats = _post(server, {"input": TEXTS, "encoding_format": "float"}).json()["data"]
+    _assert_matches([d["embedding"] for d in floats], reference)
+    raw = _post(server, {"input": TEXTS[0], "encoding_format": "base64"}).json()
+    assert raw["object"] == "list" and raw["data"][0]["object"] == "embedding"
+    _assert_matches([_decode(raw["data"][0]["embedding"])], reference[:1])
+
+
+def _decode(text) -> list[float]:
+    """Little-endian float32 bytes, base64 encoded."""
+    assert isinstance(text, str)
+    return np.frombuffer(base64.b64decode(text), dtype="<f4").tolist()
+
+
+def server_model(server) -> str:
+    return server.get_client().models.list().data[0].id
+
+
+def test_token_id_inputs_equal_text_inputs(server, st_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(st_dir)
+    ids = [tok(t)["input_ids"] for t in TEXTS[:2]]
+    by_text = _post(server, {"input": TEXTS[:2]}).json()["data"]
+    by_ids = _post(server, {"input": ids}).json()["data"]
+    one = _post(server, {"input": ids[0]}).json()["data"]
+    for a, b in zip(by_text, by_ids):
+        np.testing.assert_allclose(a["embedding"], b["embedding"], atol=1e-6)
+    np.testing.assert_allclose(one[0]["embedding"], by_text[0]["embedding"], atol=1e-6)
+
+
+def test_truncate_prompt_tokens(server, st_dir):
+    from transformers import AutoTokenizer
+
+    long_text = "keys and values " * 40  # > MAX_LEN tokens
+    err = _post(server, {"input": long_text})
+    assert err.status_code == 400 and "maximum context length" in err.json()["error"]["message"]
+    ok = _post(server, {"input": long_text, "truncate_prompt_tokens": 16})
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["usage"]["prompt_tokens"] == 16
+    # As the tokenizer truncates (right side, [CLS] ... [SEP] kept).
+    tok = AutoTokenizer.from_pretrained(st_dir)
+    ids = tok(long_text, truncation=True, max_length=16)["input_ids"]
+    same = _post(server, {"input": ids}).json()["data"][0]["embedding"]
+    np.testing.assert_allclose(ok.json()["data"][0]["embedding"], same, atol=1e-6)
+    assert _post(server, {"input": "paris", "truncate_prompt_tokens": -1}).status_code == 200
+    too_big = _post(server, {"input": "paris", "truncate_prompt_tokens": MAX_LEN + 1})
+    assert too_big.status_code == 400
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"input": []}, "input"),
+        ({"input": "paris", "encoding_format": "bytes"}, "encoding_format"),
+        ({"input": "paris", "dimensions": 4}, None),
+        ({"input": [[10**6]]}, "input"),
+        ({"input": "paris", "model": "nope"}, "model"),
+    ],
+)
+def test_bad_requests_get_the_envelope(server, reference, body, param):
+    res = _post(server, body)
+    assert res.status_code == (404 if param == "model" else 400), res.text
+    error = res.json()["error"]
+    assert error["code"] == res.status_code and error["message"]
+    if param == "encoding_format":
+        assert "encoding_format" in error["message"] or error.get("param") == param
+    if body.get("dimensions"):
+        assert "matryoshka" in error["message"]
+    # Still serving.
+    ok = _post(server, {"input": TEXTS[0]})
+    _assert_matches([ok.json()["data"][0]["embedding"]], reference[:1])
+
+
+def test_api_key_guards_the_route(server):
+    assert _post(server, {"input": "paris"}, key=None).status_code == 401
+    assert _post(server, {"input": "paris"}, key="wrong").status_code == 401
+
+
+@pytest.mark.parametrize("tasks, served", [(("generate",), False), (("embed",), True)])
+def test_route_only_for_embedding_models(tasks, served):
+    """Registered per supported task (a generative model: 404, as any
+    unknown path; no engine needed to see the routes)."""
+    import argparse
+
+    from fastapi.testclient import TestClient
+
+    from vllm.entrypoints.openai.api_server import build_app
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+
+    args = make_arg_parser(argparse.ArgumentParser()).parse_args([])
+    client = TestClient(build_app(args, tasks))
+    assert ("/v1/embeddings" in client.get("/openapi.json").json()["paths"]) is served
+    if not served:
+        res = client.post("/v1/embeddings", json={"input": "paris"})
+        assert res.status_code == 404 and res.json()["error"]["code"] == 404

@@ -1,0 +1,33 @@
+"""The pooling routes of `vllm serve` (upstream: vllm/entrypoints/pooling/):
+`/v1/embeddings` (`embed/`). Each route is registered only when the served
+model's pooler supports its task (`EngineClient.get_supported_tasks`); a
+generative model serves none of them (404, as any unknown path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.openai.serving_models import OpenAIServingModels
+
+
+def register_pooling_api_routers(app: FastAPI, supported_tasks: tuple[str, ...]) -> None:
+    if "embed" in supported_tasks:
+        from vllm.entrypoints.pooling.embed.api_router import router as embed_router
+
+        app.include_router(embed_router)
+
+
+def init_pooling_state(
+    engine_client: EngineClient,
+    state: Any,
+    models: OpenAIServingModels,
+    supported_tasks: tuple[str, ...],
+) -> None:
+    from vllm.entrypoints.pooling.embed.serving import OpenAIServingEmbedding
+
+    state.openai_serving_embedding = (
+        OpenAIServingEmbedding(engine_client, models) if "embed" in supported_tasks else None
+    )

@@ -1,0 +1,1 @@
+"""`/v1/embeddings` (upstream: vllm/entrypoints/pooling/embed/)."""

@@ -66,10 +66,13 @@ def _expected(ref_dir: str) -> list[list[int]]:
     return _HF[ref_dir]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
-def test_fused_layer_equals_the_dequantized_product(name):
+def test_fused_layer_equals_the_dequantized_product(name, dtype):
     """A gate_up-style fused layer loaded shard by shard from checkpoint
-    tensors computes x @ dequantized.T to float32 rounding."""
+    tensors computes x @ dequantized.T to float32 rounding (bfloat16: to
+    bfloat16 rounding). float32 layers store int8 values for the int8 group
+    GEMM, bfloat16 ones int4 pairs for torch's int4 kernel (utils/int4_cpu.py)."""
     kw = CHECKPOINTS[name]
     method, desc_act, sym = kw["method"], kw.get("desc_act", False), kw.get("sym", True)
     fmt = kw.get("fmt", "gptq")
@@ -79,7 +82,7 @@ def test_fused_layer_equals_the_dequantized_product(name):
         else AWQConfig.from_config(awq_config(128))
     )
     layer = MergedColumnParallelLinear(
-        256, [64, 128], bias=False, quant_config=cfg, params_dtype=torch.float32, prefix="m.gate_up"
+        256, [64, 128], bias=False, quant_config=cfg, params_dtype=dtype, prefix="m.gate_up"
     )
     gen = torch.Generator().manual_seed(0)
     g_idx = _g_idx(256, 128, desc_act, gen)  # the fused shards share their input's order
@@ -91,18 +94,21 @@ def test_fused_layer_equals_the_dequantized_product(name):
             tensors = {"g_idx": g_idx.to(torch.int32)}
         else:
             qweight, qzeros, tensors = *pack_awq(q, zero), {}
-        tensors.update(qweight=qweight, qzeros=qzeros, scales=scale)
+        tensors.update(qweight=qweight, qzeros=qzeros, scales=scale.to(dtype))
         for param_name, tensor in tensors.items():
             param = getattr(layer, param_name)
             param.weight_loader(param, tensor, shard)
-        dense.append((q - zero.t()[:, g_idx]) * scale.t()[:, g_idx])
-    layer.process_weights_after_loading(torch.float32)
-    assert layer.qweight.dtype == torch.uint8  # two int4 values per byte
+        dense.append((q - zero.t()[:, g_idx]) * scale.to(dtype).t()[:, g_idx].double())
+    layer.process_weights_after_loading(dtype)
+    # float32: int8 [N, K]; bfloat16: two int4 values per byte
+    assert layer.qweight.dtype == (torch.int8 if dtype == torch.float32 else torch.uint8)
     assert hasattr(layer, "g_idx_sort_indices") is desc_act
-    x = torch.randn(5, 256, generator=gen)
+    x = torch.randn(5, 256, generator=gen).to(dtype)
     y, _ = layer(x)
+    assert y.dtype == dtype
     want = x.double() @ torch.cat(dense).double().t()
-    torch.testing.assert_close(y.double(), want, rtol=0, atol=2e-4 * float(want.abs().max()))
+    tol = 2e-4 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(y.double(), want, rtol=0, atol=tol * float(want.abs().max()))
 
 
 def test_actorder_rank_with_partial_groups_pads_them():
@@ -140,7 +146,7 @@ def test_greedy_matches_transformers_on_dequantized_weights(checkpoints, monkeyp
     (dtype,) = _runner_attr(
         llm, lambda r: r.get_model().model.layers[0].mlp.down_proj.qweight.dtype
     )
-    assert dtype == torch.uint8
+    assert dtype == torch.int8  # a float32 model's 4-bit values, one per byte
     assert _generate(llm) == _expected(ref_dir)
 
 

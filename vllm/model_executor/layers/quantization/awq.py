@@ -1,5 +1,6 @@
 """AWQ checkpoints (AutoAWQ / llm-awq "GEMM" layout), 4-bit with zero points,
-kept int4 and run on torch's CPU int4 kernel (upstream:
+kept int4 and run on torch's CPU int4 kernel (a float32 model: as int8 groups
+on the int8 group GEMM, utils/int4_cpu.py) (upstream:
 vllm/model_executor/layers/quantization/awq.py).
 
 Checkpoint tensors per linear (K = in features, N = out features, g = group size):

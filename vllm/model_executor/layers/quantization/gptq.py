@@ -18,7 +18,8 @@ checkpoint_format, modules_in_block_to_quantize ("sym" needs nothing: the zeros
 are read from qzeros either way).
 
 Once loaded each layer is repacked for utils/int4_cpu.py: u = q, zero =
-(8 - z) * s, so the kernel's (u - 8) * s + zero is (q - z) * s. desc_act: the
+(8 - z) * s, so the kernel's (u - 8) * s + zero is (q - z) * s (a float32
+model: int8 groups for the int8 group GEMM, same values). desc_act: the
 inputs are sorted by group (g_idx_sort_indices, applied to x's columns at run
 time); a row-parallel rank whose slice holds only part of some groups pads
 each of them to g inputs with zero activations.

@@ -20,7 +20,8 @@ stay low-bit in memory:
     values (0..15) and scale/zero pairs for `int4_cpu_linear`
     (`aten._weight_int4pack_mm_for_cpu`), which computes w = (u - 8) * scale + zero;
     with u = q + 8 (the same offset code as the checkpoint) and zero = -zp * scale
-    this is (q - zp) * scale.
+    this is (q - zp) * scale. A float32 model stores them as int8 groups for
+    `int8_group_gemm` instead (that kernel is ~100x slower with float32 x).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The pooling routes of `vllm serve` (upstream: vllm/entrypoints/pooling/):
-`/v1/embeddings` (`embed/`). Each route is registered only when the served
-model's pooler supports its task (`EngineClient.get_supported_tasks`); a
-generative model serves none of them (404, as any unknown path)."""
+`/v1/embeddings` (`embed/`) and `/classify` (`classify/`), sharing the input
+handling of `base/`. Each route is registered only when the served model's
+pooler supports its task (`EngineClient.get_supported_tasks`); a generative
+model serves none of them (404, as any unknown path)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from vllm.entrypoints.openai.serving_models import OpenAIServingModels
 
 
 def register_pooling_api_routers(app: FastAPI, supported_tasks: tuple[str, ...]) -> None:
+    if "classify" in supported_tasks:
+        from vllm.entrypoints.pooling.classify.api_router import router as classify_router
+
+        app.include_router(classify_router)
     if "embed" in supported_tasks:
         from vllm.entrypoints.pooling.embed.api_router import router as embed_router
 
@@ -26,8 +31,12 @@ def init_pooling_state(
     models: OpenAIServingModels,
     supported_tasks: tuple[str, ...],
 ) -> None:
+    from vllm.entrypoints.pooling.classify.serving import ServingClassification
     from vllm.entrypoints.pooling.embed.serving import OpenAIServingEmbedding
 
     state.openai_serving_embedding = (
         OpenAIServingEmbedding(engine_client, models) if "embed" in supported_tasks else None
+    )
+    state.openai_serving_classification = (
+        ServingClassification(engine_client, models) if "classify" in supported_tasks else None
     )

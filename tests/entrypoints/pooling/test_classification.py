@@ -1,0 +1,78 @@
+"""`/classify` of a real `vllm serve --runner pooling` subprocess on a tiny
+BERT sequence classifier (3 labels): probabilities equal the softmax of
+transformers' BertForSequenceClassification logits (1e-5 absolute, float32
+both sides), the label is id2label of the most probable class, and
+`use_activation: false` returns the logits. The classifier serves no
+/v1/embeddings (its pooler has no "embed" task)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+
+from tests.entrypoints.openai.conftest import RemoteOpenAIServer
+from tests.models.test_encoder_pooling import TEXTS, _hf_logits, _with_tokenizer
+
+MAX_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return _with_tokenizer("bert-cls", str(tmp_path_factory.mktemp("classify") / "bert-cls"))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    args = ["--runner", "pooling", "--dtype", "float32", "--max-model-len", str(MAX_LEN)]
+    srv = RemoteOpenAIServer(model_dir, args)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def logits(model_dir) -> torch.Tensor:
+    return _hf_logits(model_dir, "bert-cls", TEXTS)
+
+
+def _post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.url_for(path), json=body, timeout=60)
+
+
+def test_probs_and_labels_match_transformers(server, model_dir, logits):
+    from transformers import AutoConfig
+
+    res = _post(server, "classify", {"input": TEXTS})
+    assert res.status_code == 200, res.text
+    body = res.json()
+    assert body["object"] == "list" and body["id"].startswith("classify-")
+    probs = torch.tensor([d["probs"] for d in body["data"]])
+    torch.testing.assert_close(probs, logits.softmax(-1), atol=1e-5, rtol=0)
+    id2label = AutoConfig.from_pretrained(model_dir).id2label
+    expected = [id2label[int(i)] for i in logits.argmax(-1)]
+    assert [d["label"] for d in body["data"]] == expected
+    assert [d["num_classes"] for d in body["data"]] == [3] * len(TEXTS)
+    assert [d["index"] for d in body["data"]] == list(range(len(TEXTS)))
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > len(TEXTS)
+
+
+def test_use_activation_false_returns_logits(server, logits):
+    res = _post(server, "classify", {"input": TEXTS[0], "use_activation": False})
+    torch.testing.assert_close(
+        torch.tensor(res.json()["data"][0]["probs"]), logits[0], atol=1e-5, rtol=0
+    )
+
+
+def test_errors_and_no_embedding_route(server, logits):
+    long_text = "keys and values " * 40
+    res = _post(server, "classify", {"input": long_text})
+    assert res.status_code == 400 and "classification" in res.json()["error"]["message"]
+    assert _post(server, "classify", {"input": []}).status_code == 400
+    assert (
+        _post(server, "classify", {"input": "x", "dimensions": 4}).status_code == 200
+    )  # ignored extra
+    assert _post(server, "v1/embeddings", {"input": "paris"}).status_code == 404
+    ok = _post(server, "classify", {"input": TEXTS[:1]}).json()["data"][0]["probs"]
+    torch.testing.assert_close(torch.tensor(ok), logits[0].softmax(-1), atol=1e-5, rtol=0)

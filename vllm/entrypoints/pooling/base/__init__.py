@@ -1,0 +1,2 @@
+"""What the pooling routes share: input fields and their tokenization
+(upstream: vllm/entrypoints/pooling/base/)."""

@@ -1,0 +1,1 @@
+"""`/classify` (upstream: vllm/entrypoints/pooling/classify/)."""

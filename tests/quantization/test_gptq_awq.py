@@ -102,6 +102,8 @@ def test_fused_layer_equals_the_dequantized_product(name, dtype):
     layer.process_weights_after_loading(dtype)
     # float32: int8 [N, K]; bfloat16: two int4 values per byte
     assert layer.qweight.dtype == (torch.int8 if dtype == torch.float32 else torch.uint8)
+    if dtype == torch.float32:  # symmetric: every zero is 0, no offsets kept
+        assert layer.scales.shape == (1 if sym else 2, 192, 2)
     assert hasattr(layer, "g_idx_sort_indices") is desc_act
     x = torch.randn(5, 256, generator=gen).to(dtype)
     y, _ = layer(x)

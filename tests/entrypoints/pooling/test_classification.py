@@ -76,3 +76,12 @@ def test_errors_and_no_embedding_route(server, logits):
     assert _post(server, "v1/embeddings", {"input": "paris"}).status_code == 404
     ok = _post(server, "classify", {"input": TEXTS[:1]}).json()["data"][0]["probs"]
     torch.testing.assert_close(torch.tensor(ok), logits[0].softmax(-1), atol=1e-5, rtol=0)
+
+
+def test_pooling_route_defaults_to_classify(server, logits):
+    res = _post(server, "pooling", {"input": TEXTS})
+    assert res.status_code == 200, res.text
+    probs = torch.tensor([d["data"] for d in res.json()["data"]])
+    torch.testing.assert_close(probs, logits.softmax(-1), atol=1e-5, rtol=0)
+    # normalize belongs to the embedding tasks: refused for classify.
+    assert _post(server, "pooling", {"input": "x", "normalize": True}).status_code == 400

@@ -160,7 +160,40 @@ def test_route_only_for_embedding_models(tasks, served):
 
     args = make_arg_parser(argparse.ArgumentParser()).parse_args([])
     client = TestClient(build_app(args, tasks))
-    assert ("/v1/embeddings" in client.get("/openapi.json").json()["paths"]) is served
+    paths = client.get("/openapi.json").json()["paths"]
+    assert ("/v1/embeddings" in paths) is served and ("/pooling" in paths) is served
+    assert "/classify" not in paths
     if not served:
         res = client.post("/v1/embeddings", json={"input": "paris"})
         assert res.status_code == 404 and res.json()["error"]["code"] == 404
+
+
+def test_pooling_route(server, reference):
+    """/pooling: the default task of an embedding model is "embed" (the same
+    vectors); token_embed gives one row per prompt token; base64 is the
+    float32 rows one after another; dimensions and unsupported tasks: 400."""
+    url = server.url_for("pooling")
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def post(body: dict) -> httpx.Response:
+        return httpx.post(url, json=body, headers=headers, timeout=60)
+
+    res = post({"input": TEXTS})
+    assert res.status_code == 200, res.text
+    body = res.json()
+    assert body["id"].startswith("pool-") and body["data"][0]["object"] == "pooling"
+    _assert_matches([d["data"] for d in body["data"]], reference)
+    tokens = post({"input": TEXTS[1], "task": "token_embed"})
+    assert tokens.status_code == 200, tokens.text
+    rows = tokens.json()["data"][0]["data"]
+    assert len(rows) == tokens.json()["usage"]["prompt_tokens"]
+    assert len(rows[0]) == reference.shape[1]
+    b64 = post({"input": TEXTS[1], "task": "token_embed", "encoding_format": "base64"}).json()
+    flat = _decode(b64["data"][0]["data"])
+    np.testing.assert_allclose(flat, np.asarray(rows, dtype=np.float32).ravel(), atol=1e-6)
+    for bad, word in [
+        ({"dimensions": 4}, "dimensions"),
+        ({"task": "classify"}, "Unsupported task"),
+    ]:
+        err = post({"input": "paris", **bad})
+        assert err.status_code == 400 and word in err.json()["error"]["message"], err.text

@@ -1,5 +1,6 @@
 """The pooling routes of `vllm serve` (upstream: vllm/entrypoints/pooling/):
-`/v1/embeddings` (`embed/`) and `/classify` (`classify/`), sharing the input
+`/pooling` (`pooling/`, any pooling task), `/v1/embeddings` (`embed/`) and
+`/classify` (`classify/`), sharing the input
 handling of `base/`. Each route is registered only when the served model's
 pooler supports its task (`EngineClient.get_supported_tasks`); a generative
 model serves none of them (404, as any unknown path)."""
@@ -12,9 +13,18 @@ from fastapi import FastAPI
 
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
+from vllm.tasks import POOLING_TASKS
+
+
+def _pools(supported_tasks: tuple[str, ...]) -> bool:
+    return any(task in POOLING_TASKS for task in supported_tasks)
 
 
 def register_pooling_api_routers(app: FastAPI, supported_tasks: tuple[str, ...]) -> None:
+    if _pools(supported_tasks):
+        from vllm.entrypoints.pooling.pooling.api_router import router as pooling_router
+
+        app.include_router(pooling_router)
     if "classify" in supported_tasks:
         from vllm.entrypoints.pooling.classify.api_router import router as classify_router
 
@@ -33,6 +43,13 @@ def init_pooling_state(
 ) -> None:
     from vllm.entrypoints.pooling.classify.serving import ServingClassification
     from vllm.entrypoints.pooling.embed.serving import OpenAIServingEmbedding
+    from vllm.entrypoints.pooling.pooling.serving import ServingPooling
+
+    state.openai_serving_pooling = (
+        ServingPooling(engine_client, models, supported_tasks=supported_tasks)
+        if _pools(supported_tasks)
+        else None
+    )
 
     state.openai_serving_embedding = (
         OpenAIServingEmbedding(engine_client, models) if "embed" in supported_tasks else None

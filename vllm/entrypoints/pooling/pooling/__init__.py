@@ -1,0 +1,1 @@
+"""`/pooling` (upstream: vllm/entrypoints/pooling/pooling/)."""

@@ -19,7 +19,7 @@ token is segment 0, as transformers assumes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -78,17 +78,21 @@ def num_labels_of(config: PretrainedConfig) -> int:
 
 
 class BertEmbedding(nn.Module):
-    """word + absolute position + token type embeddings, then LayerNorm."""
+    """word + absolute position + token type embeddings, then LayerNorm.
 
-    def __init__(self, config: PretrainedConfig) -> None:
+    The position table is read at the runner's 0-based position plus
+    `position_offset`: 0 for BERT; RoBERTa's subclass passes its own."""
+
+    def __init__(self, config: PretrainedConfig, position_offset: int = 0) -> None:
         super().__init__()
         position_type = getattr(config, "position_embedding_type", "absolute")
         if position_type != "absolute":
             raise ValueError(
-                f"BERT position_embedding_type={position_type!r} is not supported "
-                "(only 'absolute' is)."
+                f"{type(self).__name__}: position_embedding_type={position_type!r} is not "
+                "supported (only 'absolute' is)."
             )
         self.size = config.hidden_size
+        self.position_offset = position_offset
         self.word_embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.position_embeddings = VocabParallelEmbedding(
             config.max_position_embeddings, config.hidden_size
@@ -107,6 +111,8 @@ class BertEmbedding(nn.Module):
         token_type_ids = _decode_token_type_ids(input_ids)
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
+        if self.position_offset:
+            position_ids = position_ids + self.position_offset
         embeddings = (
             inputs_embeds
             + self.token_type_embeddings(token_type_ids)
@@ -162,7 +168,9 @@ class BertSelfAttention(nn.Module):
 
 
 class BertSelfOutput(nn.Module):
-    """dense, then LayerNorm over (dense output + the attention's input)."""
+    """dense [in_features -> hidden], then LayerNorm over (its output + the
+    block's input). After attention in_features is hidden_size; `BertOutput`
+    (after the MLP) is the same with in_features = intermediate_size."""
 
     def __init__(
         self,
@@ -170,10 +178,15 @@ class BertSelfOutput(nn.Module):
         layer_norm_eps: float,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        in_features: int | None = None,
     ) -> None:
         super().__init__()
         self.dense = RowParallelLinear(
-            hidden_size, hidden_size, bias=True, quant_config=quant_config, prefix=f"{prefix}.dense"
+            in_features or hidden_size,
+            hidden_size,
+            bias=True,
+            quant_config=quant_config,
+            prefix=f"{prefix}.dense",
         )
         self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
 
@@ -215,12 +228,9 @@ class BertIntermediate(nn.Module):
     ) -> None:
         super().__init__()
         self.dense = ColumnParallelLinear(
-            hidden_size,
-            intermediate_size,
-            bias=True,
-            quant_config=quant_config,
+            hidden_size, intermediate_size, bias=True, quant_config=quant_config,
             prefix=f"{prefix}.dense",
-        )
+        )  # fmt: skip
         self.intermediate_act_fn = get_act_fn(hidden_act)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -228,7 +238,9 @@ class BertIntermediate(nn.Module):
         return self.intermediate_act_fn(hidden_states)
 
 
-class BertOutput(nn.Module):
+class BertOutput(BertSelfOutput):
+    """The MLP's down projection [intermediate -> hidden] + residual LayerNorm."""
+
     def __init__(
         self,
         hidden_size: int,
@@ -237,19 +249,9 @@ class BertOutput(nn.Module):
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ) -> None:
-        super().__init__()
-        self.dense = RowParallelLinear(
-            intermediate_size,
-            hidden_size,
-            bias=True,
-            quant_config=quant_config,
-            prefix=f"{prefix}.dense",
+        super().__init__(
+            hidden_size, layer_norm_eps, quant_config, prefix, in_features=intermediate_size
         )
-        self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
-
-    def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        hidden_states, _ = self.dense(hidden_states)
-        return self.LayerNorm(hidden_states + input_tensor)
 
 
 class BertLayer(nn.Module):
@@ -263,28 +265,15 @@ class BertLayer(nn.Module):
         prefix: str = "",
     ) -> None:
         super().__init__()
+        hidden, inter, eps = config.hidden_size, config.intermediate_size, config.layer_norm_eps
         self.attention = BertAttention(
-            config.hidden_size,
-            config.num_attention_heads,
-            config.layer_norm_eps,
-            cache_config,
-            quant_config,
+            hidden, config.num_attention_heads, eps, cache_config, quant_config,
             prefix=f"{prefix}.attention",
-        )
+        )  # fmt: skip
         self.intermediate = BertIntermediate(
-            config.hidden_size,
-            config.intermediate_size,
-            config.hidden_act,
-            quant_config,
-            prefix=f"{prefix}.intermediate",
+            hidden, inter, config.hidden_act, quant_config, prefix=f"{prefix}.intermediate"
         )
-        self.output = BertOutput(
-            config.hidden_size,
-            config.intermediate_size,
-            config.layer_norm_eps,
-            quant_config,
-            prefix=f"{prefix}.output",
-        )
+        self.output = BertOutput(hidden, inter, eps, quant_config, prefix=f"{prefix}.output")
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         attn_output = self.attention(hidden_states)
@@ -421,15 +410,42 @@ def strip_checkpoint_prefix(
             yield name, weight
 
 
-class BertEmbeddingModel(nn.Module):
-    """BERT as an embedder (the "BertModel" architecture): the body's hidden
-    states pooled per `pooler_config` (CLS by default; a sentence-transformers
-    directory's mean pooling and normalisation are read by the config)."""
+class _EncoderPoolingModel(nn.Module):
+    """What the BERT-family pooling models share: the contract the engine
+    reads, and the body they delegate to (`self.<body_name>`, which is also
+    the checkpoint prefix of its weights)."""
 
     is_pooling_model = True
     default_pooling_type = "CLS"
     attn_type = "encoder_only"
     packed_modules_mapping = BertModel.packed_modules_mapping
+    body_name: ClassVar[str] = "model"
+    # The body's embeddings (RoBERTa's subclasses: RobertaEmbedding).
+    embedding_class: ClassVar[type[nn.Module]] = BertEmbedding
+
+    def _body(self) -> BertModel:
+        body = getattr(self, self.body_name)
+        assert isinstance(body, BertModel)
+        return body
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self._body().embed_input_ids(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self._body()(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+
+class BertEmbeddingModel(_EncoderPoolingModel):
+    """BERT as an embedder (the "BertModel" architecture): the body's hidden
+    states pooled per `pooler_config` (CLS by default; a sentence-transformers
+    directory's mean pooling and normalisation are read by the config)."""
+
     # Checkpoint name prefixes of the body, and heads an embedder does not use.
     _body_prefixes: tuple[str, ...] = ("model.", "bert.")
     _skipped_heads: tuple[str, ...] = ("pooler.", "cls.", "lm_head.")
@@ -443,55 +459,55 @@ class BertEmbeddingModel(nn.Module):
         self.pooler = self._build_pooler(pooler_config)
 
     def _build_model(self, vllm_config: VllmConfig, prefix: str = "") -> BertModel:
-        return BertModel(vllm_config=vllm_config, prefix=prefix, embedding_class=BertEmbedding)
+        return BertModel(
+            vllm_config=vllm_config, prefix=prefix, embedding_class=self.embedding_class
+        )
 
     def _build_pooler(self, pooler_config: PoolerConfig) -> Pooler:
         return DispatchPooler.for_embedding(pooler_config)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_input_ids(input_ids)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        intermediate_tensors: Any = None,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         body = strip_checkpoint_prefix(weights, self._body_prefixes, self._skipped_heads)
         return {f"model.{name}" for name in self.model.load_weights(body)}
 
 
-class BertForSequenceClassification(nn.Module):
+class BertForSequenceClassification(_EncoderPoolingModel):
     """A BERT cross-encoder / classifier: CLS -> tanh(dense) -> classifier
     [num_labels, hidden]. `classify` applies softmax (sigmoid for one label),
-    `score` the cross-encoder activation; both through the pooler package."""
+    `score` the cross-encoder activation; both through the pooler package.
 
-    is_pooling_model = True
-    default_pooling_type = "CLS"
-    attn_type = "encoder_only"
+    RoBERTa's classifier subclasses it with its own body (`roberta`) and
+    head (`_build_head`); forward and weight loading are shared."""
+
     supports_cross_encoding = True
-    packed_modules_mapping = BertModel.packed_modules_mapping
+    body_name = "bert"
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         model_config = vllm_config.model_config
         assert model_config is not None and model_config.pooler_config is not None
-        config = model_config.hf_config
-        self.num_labels = num_labels_of(config)
-        self.bert = BertPoolingModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "bert"))
-        self.classifier = nn.Linear(
-            config.hidden_size, self.num_labels, dtype=model_config.head_dtype
-        )
+        self.num_labels = num_labels_of(model_config.hf_config)
+        body_prefix = maybe_prefix(prefix, self.body_name)
+        self.add_module(self.body_name, self._build_body(vllm_config, body_prefix))
+        self.classifier = self._build_head(model_config.hf_config, model_config.head_dtype)
         self.pooler = DispatchPooler.for_seq_cls(
-            model_config.pooler_config, pooling=self.bert.pooler, classifier=self.classifier
+            model_config.pooler_config, pooling=self._pooling(), classifier=self.classifier
         )
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.bert.embed_input_ids(input_ids)
+    def _build_body(self, vllm_config: VllmConfig, prefix: str) -> BertModel:
+        """With HF's pooler layer (`pooler.dense`), which the head reads."""
+        return BertPoolingModel(
+            vllm_config=vllm_config, prefix=prefix, embedding_class=self.embedding_class
+        )
+
+    def _build_head(self, config: PretrainedConfig, head_dtype: torch.dtype) -> nn.Module:
+        return nn.Linear(config.hidden_size, self.num_labels, dtype=head_dtype)
+
+    def _pooling(self) -> SequencePoolingMethod:
+        """Which row the head reads: the body's BertPooler (CLS, dense, tanh)."""
+        body = self._body()
+        assert isinstance(body, BertPoolingModel)
+        return body.pooler
 
     def forward(
         self,
@@ -503,22 +519,20 @@ class BertForSequenceClassification(nn.Module):
     ) -> torch.Tensor:
         if token_type_ids is not None:
             _encode_token_type_ids(input_ids, token_type_ids)
-        return self.bert(input_ids, positions, intermediate_tensors, inputs_embeds)
+        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """`classifier.*` into the head; the rest, less the body prefix, into
+        the body (an LM head a checkpoint may carry is dropped)."""
         loaded: set[str] = set()
         body: list[tuple[str, torch.Tensor]] = []
-        params = dict(self.classifier.named_parameters())
+        head = dict(self.classifier.named_parameters())
         for name, weight in weights:
             if name.startswith("classifier."):
-                param = lookup_param(params, name.removeprefix("classifier."), name)
+                param = lookup_param(head, name.removeprefix("classifier."), name)
                 default_weight_loader(param, weight)
                 loaded.add(name)
-            elif name.startswith("bert."):
-                body.append((name.removeprefix("bert."), weight))
             else:
-                raise ValueError(
-                    f"Checkpoint weight {name!r} belongs to no part of "
-                    "BertForSequenceClassification (bert.*, classifier.*)."
-                )
-        return loaded | {f"bert.{name}" for name in self.bert.load_weights(body)}
+                body.append((name, weight))
+        stripped = strip_checkpoint_prefix(body, (f"{self.body_name}.",), ("lm_head.", "cls."))
+        return loaded | {f"{self.body_name}.{n}" for n in self._body().load_weights(stripped)}

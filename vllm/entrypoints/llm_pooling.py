@@ -18,9 +18,11 @@ from tqdm.auto import tqdm
 from vllm.entrypoints.score_utils import (
     ScoreData,
     _cosine_similarity,
-    _validate_score_input_lens,
     as_list,
-    get_score_prompt,
+    check_cross_encoder,
+    cross_encoder_request,
+    score_input_lists,
+    score_tokenization_kwargs,
 )
 from vllm.inputs import PromptType
 from vllm.outputs import (
@@ -198,11 +200,11 @@ class PoolingMixin:
         cross-encoder's score of the pair, or the cosine of two embeddings."""
         self._check_pooling_model("LLM.score()")
         if chat_template is not None:
-            raise ValueError("chat_template (score templates) is not built here.")
-        list_1, list_2 = as_list(data_1), as_list(data_2)
-        _validate_score_input_lens(list_1, list_2)
-        if len(list_1) == 1:
-            list_1 = list_1 * len(list_2)
+            raise ValueError(
+                "chat_template is not supported by LLM.score here: score templates "
+                "(templated cross-encoder prompts) are not built; pass chat_template=None."
+            )
+        list_1, list_2 = score_input_lists(data_1, data_2)
         common = dict(
             truncate_prompt_tokens=truncate_prompt_tokens,
             use_tqdm=use_tqdm,
@@ -263,24 +265,23 @@ class PoolingMixin:
     def _cross_encoding_score(
         self, list_1: list[ScoreData], list_2: list[ScoreData], **kwargs: Any
     ) -> list[ScoringRequestOutput]:
-        num_labels = int(getattr(self.model_config.hf_config, "num_labels", 1) or 1)
-        if num_labels != 1:
-            raise ValueError("Scoring API is only enabled for num_labels == 1.")
+        check_cross_encoder(self.model_config)
+        if len(list_1) == 1:
+            list_1 = list_1 * len(list_2)
         tokenizer = self.get_tokenizer()
-        tok_kwargs = dict(kwargs.pop("tokenization_kwargs") or {})
-        truncate = kwargs.pop("truncate_prompt_tokens")
-        prompts = []
-        params_list = []
+        tok_kwargs = score_tokenization_kwargs(
+            kwargs.pop("truncate_prompt_tokens"),
+            self.model_config.max_model_len,
+            kwargs.pop("tokenization_kwargs"),
+        )
         base = kwargs.pop("pooling_params") or PoolingParams()
-        for q, d in zip(list_1, list_2):
-            prompt, second_segment = get_score_prompt(tokenizer, q, d, tok_kwargs)
-            params = base.clone()
-            if second_segment is not None:
-                # Where token_type_ids turn 1 (BERT-style pair encoding).
-                params.extra_kwargs = {"compressed_token_type_ids": second_segment}
-            prompts.append(prompt)
-            params_list.append(params)
+        requests = [
+            cross_encoder_request(tokenizer, q, d, base, tok_kwargs) for q, d in zip(list_1, list_2)
+        ]
         items = self.encode(
-            prompts, params_list, pooling_task="score", truncate_prompt_tokens=truncate, **kwargs
+            [prompt for prompt, _ in requests],
+            [params for _, params in requests],
+            pooling_task="score",
+            **kwargs,
         )
         return [ScoringRequestOutput.from_base(item) for item in items]

@@ -1,10 +1,11 @@
-"""Helpers of `LLM.score` (upstream: vllm/entrypoints/score_utils.py).
+"""Scoring helpers shared by `LLM.score` and the server's `/score` and
+`/rerank` (upstream: vllm/entrypoints/score_utils.py).
 
 Score inputs pair `data_1` with `data_2`: 1:1, 1:N (one query against many
 documents) or N:N. A cross-encoder (a classifier with one label) reads each
-pair as one prompt (the tokenizer's text / text_pair encoding); a bi-encoder
-(an embedding model) embeds every text and scores a pair by the cosine
-similarity of its two embeddings.
+pair as one prompt (the tokenizer's text / text_pair encoding, truncated by
+the tokenizer when asked); a bi-encoder (an embedding model) embeds every
+text and scores a pair by the cosine similarity of its two embeddings.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
 from vllm.outputs import PoolingOutput, PoolingRequestOutput, ScoringRequestOutput
+from vllm.pooling_params import PoolingParams
 
 if TYPE_CHECKING:
+    from vllm.config.model import ModelConfig
     from vllm.tokenizers import TokenizerLike
 
 ScoreData = str | TokensPrompt
@@ -37,6 +41,59 @@ def as_list(data: Any) -> list[Any]:
     if isinstance(data, (str, dict)):
         return [data]
     return list(data)
+
+
+def score_input_lists(data_1: Any, data_2: Any) -> tuple[list[Any], list[Any]]:
+    """Both sides as lists, checked to pair 1:1, 1:N or N:N (not broadcast:
+    a bi-encoder embeds a single data_1 once)."""
+    list_1, list_2 = as_list(data_1), as_list(data_2)
+    _validate_score_input_lens(list_1, list_2)
+    return list_1, list_2
+
+
+def check_cross_encoder(model_config: ModelConfig) -> None:
+    """A cross-encoder scores with its one label's logit."""
+    num_labels = int(getattr(model_config.hf_config, "num_labels", 1) or 1)
+    if num_labels != 1:
+        raise ValueError("Scoring API is only enabled for num_labels == 1.")
+
+
+def score_tokenization_kwargs(
+    truncate_prompt_tokens: int | None,
+    max_model_len: int,
+    tokenization_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Tokenizer kwargs of a pair: `truncate_prompt_tokens` (-1: the context)
+    becomes the tokenizer's own truncation (longest segment first, special
+    tokens kept), not a cut of the encoded pair that would lose [CLS]."""
+    kwargs = dict(tokenization_kwargs or {})
+    if truncate_prompt_tokens is None:
+        return kwargs
+    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    if keep > max_model_len:
+        raise VLLMValidationError(
+            f"truncate_prompt_tokens value ({keep}) is greater than max_model_len "
+            f"({max_model_len}). Please, select a smaller truncation size.",
+            parameter="truncate_prompt_tokens",
+        )
+    kwargs.update(truncation=True, max_length=keep)
+    return kwargs
+
+
+def cross_encoder_request(
+    tokenizer: TokenizerLike,
+    data_1: ScoreData,
+    data_2: ScoreData,
+    params: PoolingParams,
+    tokenization_kwargs: dict[str, Any] | None = None,
+) -> tuple[TokensPrompt, PoolingParams]:
+    """One pair's engine prompt and its params: where token_type_ids turn 1
+    (BERT-style pairs) travels as extra_kwargs["compressed_token_type_ids"]."""
+    prompt, second_segment = get_score_prompt(tokenizer, data_1, data_2, tokenization_kwargs)
+    params = params.clone()
+    if second_segment is not None:
+        params.extra_kwargs = {"compressed_token_type_ids": second_segment}
+    return prompt, params
 
 
 def _cosine_similarity(

@@ -1,9 +1,10 @@
 """The pooling routes of `vllm serve` (upstream: vllm/entrypoints/pooling/):
-`/pooling` (`pooling/`, any pooling task), `/v1/embeddings` (`embed/`) and
-`/classify` (`classify/`), sharing the input
-handling of `base/`. Each route is registered only when the served model's
-pooler supports its task (`EngineClient.get_supported_tasks`); a generative
-model serves none of them (404, as any unknown path)."""
+`/pooling` (`pooling/`, any pooling task), `/v1/embeddings` (`embed/`),
+`/classify` (`classify/`) and `/score` + `/rerank` (`score/`: tasks "score"
+or "embed"), sharing the input handling of `base/`. Each route is registered
+only when the served model's pooler supports its task
+(`EngineClient.get_supported_tasks`); a generative model serves none of them
+(404, as any unknown path)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ def _pools(supported_tasks: tuple[str, ...]) -> bool:
     return any(task in POOLING_TASKS for task in supported_tasks)
 
 
+def _scores(supported_tasks: tuple[str, ...]) -> bool:
+    # A cross-encoder ("score") or the cosine of two embeddings ("embed").
+    return "score" in supported_tasks or "embed" in supported_tasks
+
+
 def register_pooling_api_routers(app: FastAPI, supported_tasks: tuple[str, ...]) -> None:
     if _pools(supported_tasks):
         from vllm.entrypoints.pooling.pooling.api_router import router as pooling_router
@@ -33,6 +39,10 @@ def register_pooling_api_routers(app: FastAPI, supported_tasks: tuple[str, ...])
         from vllm.entrypoints.pooling.embed.api_router import router as embed_router
 
         app.include_router(embed_router)
+    if _scores(supported_tasks):
+        from vllm.entrypoints.pooling.score.api_router import router as score_router
+
+        app.include_router(score_router)
 
 
 def init_pooling_state(
@@ -44,6 +54,7 @@ def init_pooling_state(
     from vllm.entrypoints.pooling.classify.serving import ServingClassification
     from vllm.entrypoints.pooling.embed.serving import OpenAIServingEmbedding
     from vllm.entrypoints.pooling.pooling.serving import ServingPooling
+    from vllm.entrypoints.pooling.score.serving import ServingScores
 
     state.openai_serving_pooling = (
         ServingPooling(engine_client, models, supported_tasks=supported_tasks)
@@ -56,4 +67,7 @@ def init_pooling_state(
     )
     state.openai_serving_classification = (
         ServingClassification(engine_client, models) if "classify" in supported_tasks else None
+    )
+    state.serving_scores = (
+        ServingScores(engine_client, models) if _scores(supported_tasks) else None
     )

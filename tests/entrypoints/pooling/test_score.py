@@ -1,0 +1,185 @@
+"""`/score` and `/rerank` (+ /v1/score, /v1/rerank, /v2/rerank) of a real
+`vllm serve --runner pooling` subprocess on a tiny one-label BERT
+cross-encoder: each pair's score is the sigmoid of transformers'
+BertForSequenceClassification logit on the tokenizer's pair encoding
+(segment ids 0 / 1; 1e-5 absolute, float32 both sides), 1:1, 1:N and N:N,
+under each of upstream's field spellings; rerank orders the documents as the
+reference's scores do and keeps the best top_n. Bad inputs get the error
+envelope and the server keeps serving; --api-key guards the routes."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+import transformers as tf
+
+from tests.entrypoints.openai.conftest import RemoteOpenAIServer
+from tests.models.test_encoder_pooling import DOCS, QUERY, TEXTS, _with_tokenizer
+
+MAX_LEN = 64
+API_KEY = "score-key"
+LONG = "keys and values " * 40  # > MAX_LEN tokens
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("score")
+    return _with_tokenizer("bert-cls", str(root / "bert-ce"), num_labels=1)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    args = ["--runner", "pooling", "--dtype", "float32", "--max-model-len", str(MAX_LEN)]
+    srv = RemoteOpenAIServer(model_dir, [*args, "--api-key", API_KEY], api_key=API_KEY)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """logit(text_1, text_2, **tokenizer kwargs) of transformers' model."""
+    model = tf.BertForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
+    tok = tf.AutoTokenizer.from_pretrained(model_dir)
+
+    def logits(pairs: list[tuple[str, str]], **kwargs) -> torch.Tensor:
+        with torch.no_grad():
+            rows = [
+                model.eval()(**tok(a, b, return_tensors="pt", **kwargs)).logits[0, 0]
+                for a, b in pairs
+            ]
+        return torch.stack(rows)
+
+    return logits
+
+
+def _post(server, path: str, body: dict, key: str | None = API_KEY) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(server.url_for(path), json=body, headers=headers, timeout=60)
+
+
+def _scores(res: httpx.Response) -> torch.Tensor:
+    assert res.status_code == 200, res.text
+    data = res.json()["data"]
+    assert [d["index"] for d in data] == list(range(len(data)))
+    assert all(d["object"] == "score" for d in data)
+    return torch.tensor([d["score"] for d in data])
+
+
+@pytest.mark.parametrize(
+    "side_1, side_2",
+    [("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2")],
+)
+def test_one_to_many_matches_transformers(server, reference, side_1, side_2):
+    res = _post(server, "score", {side_1: QUERY, side_2: DOCS})
+    expected = reference([(QUERY, d) for d in DOCS]).sigmoid()
+    torch.testing.assert_close(_scores(res), expected, atol=1e-5, rtol=0)
+    body = res.json()
+    assert body["object"] == "list" and body["id"].startswith("score-")
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 4 * len(DOCS)
+
+
+def test_pairs_and_raw_logits(server, reference):
+    firsts, seconds = TEXTS[:3], DOCS[:3]
+    expected = reference(list(zip(firsts, seconds)))
+    pairs = _post(server, "v1/score", {"text_1": firsts, "text_2": seconds})
+    torch.testing.assert_close(_scores(pairs), expected.sigmoid(), atol=1e-5, rtol=0)
+    one = _post(server, "score", {"text_1": [QUERY], "text_2": DOCS[0]})
+    torch.testing.assert_close(
+        _scores(one), reference([(QUERY, DOCS[0])]).sigmoid(), atol=1e-5, rtol=0
+    )
+    raw = _post(server, "score", {"text_1": firsts, "text_2": seconds, "use_activation": False})
+    torch.testing.assert_close(_scores(raw), expected, atol=1e-5, rtol=0)
+
+
+def test_truncation_is_the_tokenizers(server, reference):
+    err = _post(server, "score", {"text_1": QUERY, "text_2": LONG})
+    assert err.status_code == 400 and "maximum context length" in err.json()["error"]["message"]
+    ok = _post(server, "score", {"text_1": QUERY, "text_2": LONG, "truncate_prompt_tokens": 16})
+    assert ok.json()["usage"]["prompt_tokens"] == 16
+    expected = reference([(QUERY, LONG)], truncation=True, max_length=16).sigmoid()
+    torch.testing.assert_close(_scores(ok), expected, atol=1e-5, rtol=0)
+    too_big = _post(server, "score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 65})
+    assert too_big.status_code == 400
+
+
+@pytest.mark.parametrize("path", ["rerank", "v1/rerank", "v2/rerank"])
+def test_rerank_orders_by_reference(server, reference, path):
+    expected = reference([(QUERY, d) for d in DOCS]).sigmoid()
+    order = expected.argsort(descending=True).tolist()
+    res = _post(server, path, {"query": QUERY, "documents": DOCS})
+    assert res.status_code == 200, res.text
+    body = res.json()
+    assert body["id"].startswith("rerank-") and body["usage"]["total_tokens"] > 4 * len(DOCS)
+    results = body["results"]
+    assert [r["index"] for r in results] == order
+    assert [r["document"]["text"] for r in results] == [DOCS[i] for i in order]
+    got = torch.tensor([r["relevance_score"] for r in results])
+    torch.testing.assert_close(got, expected[order], atol=1e-5, rtol=0)
+    top = _post(server, path, {"query": QUERY, "documents": DOCS, "top_n": 2}).json()
+    assert [r["index"] for r in top["results"]] == order[:2]
+    # top_n 0 (or past the end): every document.
+    every = _post(server, path, {"query": QUERY, "documents": DOCS, "top_n": 0}).json()
+    assert len(every["results"]) == len(DOCS)
+
+
+@pytest.mark.parametrize(
+    "path, body, word",
+    [
+        ("score", {"text_1": QUERY, "text_2": []}, "text_pair"),
+        ("score", {"text_1": [], "text_2": DOCS}, "text element"),
+        ("score", {"text_1": ["a", "b"], "text_2": DOCS}, "1:N or N:N"),
+        ("score", {"text_1": QUERY}, None),
+        ("score", {"text_1": QUERY, "text_2": 3}, None),
+        ("rerank", {"query": QUERY, "documents": []}, "text_pair"),
+        ("rerank", {"query": QUERY, "documents": [LONG]}, "maximum context length"),
+        ("rerank", {"query": QUERY, "documents": DOCS, "top_n": "2"}, None),
+        ("rerank", {"query": QUERY, "documents": DOCS, "model": "nope"}, "does not exist"),
+    ],
+)
+def test_bad_inputs_get_the_envelope(server, reference, path, body, word):
+    res = _post(server, path, body)
+    assert res.status_code == (404 if "model" in body else 400), res.text
+    error = res.json()["error"]
+    assert error["code"] == res.status_code
+    if word:
+        assert word in error["message"], error
+    # Still serving.
+    ok = _post(server, "score", {"text_1": QUERY, "text_2": DOCS[0]})
+    torch.testing.assert_close(
+        _scores(ok), reference([(QUERY, DOCS[0])]).sigmoid(), atol=1e-5, rtol=0
+    )
+
+
+def test_api_key_guards_the_routes(server):
+    for path, body in [
+        ("score", {"text_1": "a", "text_2": "b"}),
+        ("v2/rerank", {"query": "a", "documents": ["b"]}),
+    ]:
+        assert _post(server, path, body, key=None).status_code == 401
+        assert _post(server, path, body, key="wrong").status_code == 401
+
+
+def test_offline_score_shares_the_pairing(model_dir, reference, monkeypatch):
+    """LLM.score runs the same helpers: N:N pairs, the tokenizer's own pair
+    truncation ([CLS] kept, longest segment cut first), and chat_template
+    (score templates, not built) refused by name."""
+    from vllm import LLM
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in process
+    llm = LLM(model_dir, runner="pooling", dtype="float32", max_model_len=MAX_LEN)
+    try:
+        pairs = llm.score(TEXTS[:3], DOCS[:3], use_tqdm=False)
+        expected = reference(list(zip(TEXTS[:3], DOCS[:3]))).sigmoid()
+        got = torch.tensor([o.outputs.score for o in pairs])
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        cut = llm.score(QUERY, LONG, truncate_prompt_tokens=16, use_tqdm=False)[0]
+        assert len(cut.prompt_token_ids) == 16
+        expected = reference([(QUERY, LONG)], truncation=True, max_length=16).sigmoid()
+        torch.testing.assert_close(torch.tensor([cut.outputs.score]), expected, atol=1e-5, rtol=0)
+        with pytest.raises(ValueError, match="chat_template"):
+            llm.score(QUERY, DOCS, chat_template="{{ query }}")
+    finally:
+        llm.llm_engine.shutdown()

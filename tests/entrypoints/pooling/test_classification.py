@@ -2,8 +2,10 @@
 BERT sequence classifier (3 labels): probabilities equal the softmax of
 transformers' BertForSequenceClassification logits (1e-5 absolute, float32
 both sides), the label is id2label of the most probable class, and
-`use_activation: false` returns the logits. The classifier serves no
-/v1/embeddings (its pooler has no "embed" task)."""
+`use_activation: false` returns the logits. A `messages` body is rendered
+with the server's --chat-template (no special tokens added by default, as
+upstream) and classified as the template's token ids. The classifier serves
+no /v1/embeddings (its pooler has no "embed" task)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,11 @@ from tests.entrypoints.openai.conftest import RemoteOpenAIServer
 from tests.models.test_encoder_pooling import TEXTS, _hf_logits, _with_tokenizer
 
 MAX_LEN = 64
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+MESSAGES = [
+    {"role": "user", "content": "what is the capital of france ?"},
+    {"role": "assistant", "content": "paris"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +32,7 @@ def model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def server(model_dir):
     args = ["--runner", "pooling", "--dtype", "float32", "--max-model-len", str(MAX_LEN)]
+    args += ["--chat-template", CHAT_TEMPLATE]
     srv = RemoteOpenAIServer(model_dir, args)
     try:
         yield srv
@@ -68,7 +76,9 @@ def test_use_activation_false_returns_logits(server, logits):
 def test_errors_and_no_embedding_route(server, logits):
     long_text = "keys and values " * 40
     res = _post(server, "classify", {"input": long_text})
-    assert res.status_code == 400 and "classification" in res.json()["error"]["message"]
+    # Upstream v0.28's message; a text is tokenized to at most MAX_LEN + 1 tokens.
+    message = res.json()["error"]["message"]
+    assert res.status_code == 400 and f"contains at least {MAX_LEN + 1} input tokens" in message
     assert _post(server, "classify", {"input": []}).status_code == 400
     assert (
         _post(server, "classify", {"input": "x", "dimensions": 4}).status_code == 200
@@ -85,3 +95,31 @@ def test_pooling_route_defaults_to_classify(server, logits):
     torch.testing.assert_close(probs, logits.softmax(-1), atol=1e-5, rtol=0)
     # normalize belongs to the embedding tasks: refused for classify.
     assert _post(server, "pooling", {"input": "x", "normalize": True}).status_code == 400
+
+
+def test_chat_messages_are_classified_as_the_template_renders_them(server, model_dir):
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    text = tok.apply_chat_template(MESSAGES, chat_template=CHAT_TEMPLATE, tokenize=False)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    model = BertForSequenceClassification.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([ids])).logits[0].softmax(-1)
+    res = _post(server, "classify", {"messages": MESSAGES})
+    assert res.status_code == 200, res.text
+    assert res.json()["usage"]["prompt_tokens"] == len(ids)
+    got = torch.tensor(res.json()["data"][0]["probs"])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    # With the special tokens added on top: [CLS] ... [SEP].
+    both = _post(server, "classify", {"messages": MESSAGES, "add_special_tokens": True})
+    assert both.json()["usage"]["prompt_tokens"] == len(ids) + 2
+    # Refusals: an untrusted request template, both prompt flags, no messages.
+    for body in (
+        {"messages": MESSAGES, "chat_template": "{{ messages }}"},
+        {"messages": MESSAGES, "add_generation_prompt": True, "continue_final_message": True},
+        {"messages": []},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+    ):
+        err = _post(server, "classify", body)
+        assert err.status_code == 400 and err.json()["error"]["message"], (body, err.text)

@@ -104,25 +104,70 @@ def test_truncate_prompt_tokens(server, st_dir):
 
     long_text = "keys and values " * 40  # > MAX_LEN tokens
     err = _post(server, {"input": long_text})
-    assert err.status_code == 400 and "maximum context length" in err.json()["error"]["message"]
+    assert err.status_code == 400, err.text
+    # Upstream v0.28's message: the text is tokenized to at most MAX_LEN + 1.
+    assert f"contains at least {MAX_LEN + 1} input tokens" in err.json()["error"]["message"]
+    assert err.json()["error"]["param"] == "input_tokens"
     ok = _post(server, {"input": long_text, "truncate_prompt_tokens": 16})
     assert ok.status_code == 200, ok.text
     assert ok.json()["usage"]["prompt_tokens"] == 16
-    # As the tokenizer truncates (right side, [CLS] ... [SEP] kept).
+    # As the tokenizer truncates (its side, right: [CLS] ... [SEP] kept).
     tok = AutoTokenizer.from_pretrained(st_dir)
     ids = tok(long_text, truncation=True, max_length=16)["input_ids"]
     same = _post(server, {"input": ids}).json()["data"][0]["embedding"]
     np.testing.assert_allclose(ok.json()["data"][0]["embedding"], same, atol=1e-6)
-    assert _post(server, {"input": "paris", "truncate_prompt_tokens": -1}).status_code == 200
+    # -1: max_model_len tokens.
+    full = _post(server, {"input": long_text, "truncate_prompt_tokens": -1})
+    assert full.status_code == 200 and full.json()["usage"]["prompt_tokens"] == MAX_LEN
+    ids64 = tok(long_text, truncation=True, max_length=MAX_LEN)["input_ids"]
+    np.testing.assert_allclose(
+        full.json()["data"][0]["embedding"],
+        _post(server, {"input": ids64}).json()["data"][0]["embedding"],
+        atol=1e-6,
+    )
     too_big = _post(server, {"input": "paris", "truncate_prompt_tokens": MAX_LEN + 1})
     assert too_big.status_code == 400
+    assert "cannot be greater than max_model_len" in too_big.json()["error"]["message"]
+
+
+def test_truncation_side(server, st_dir):
+    """Token ids: the tokenizer's side (right) keeps the first k, "left" the
+    last k; a text with a side: all its tokens, then sliced."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(st_dir)
+    long_text = "keys and values " * 40
+    ids = tok(long_text)["input_ids"]
+
+    def emb(body: dict) -> list[float]:
+        res = _post(server, body)
+        assert res.status_code == 200, res.text
+        return res.json()["data"][0]["embedding"]
+
+    np.testing.assert_allclose(
+        emb({"input": ids, "truncate_prompt_tokens": 10}), emb({"input": ids[:10]}), atol=1e-6
+    )
+    np.testing.assert_allclose(
+        emb({"input": ids, "truncate_prompt_tokens": 10, "truncation_side": "left"}),
+        emb({"input": ids[-10:]}),
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        emb({"input": long_text, "truncate_prompt_tokens": 12, "truncation_side": "left"}),
+        emb({"input": ids[-12:]}),
+        atol=1e-6,
+    )
+    assert _post(server, {"input": "x", "truncation_side": "middle"}).status_code == 400
 
 
 @pytest.mark.parametrize(
     "body, param",
     [
         ({"input": []}, "input"),
-        ({"input": "paris", "encoding_format": "bytes"}, "encoding_format"),
+        ({"input": "paris", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "paris", "embed_dtype": "int8"}, "embed_dtype"),
+        ({"input": "paris", "endianness": "middle"}, "endianness"),
+        ({"input": "paris", "normalize": False}, "normalize"),
         ({"input": "paris", "dimensions": 4}, None),
         ({"input": [[10**6]]}, "input"),
         ({"input": "paris", "model": "nope"}, "model"),
@@ -133,8 +178,14 @@ def test_bad_requests_get_the_envelope(server, reference, body, param):
     assert res.status_code == (404 if param == "model" else 400), res.text
     error = res.json()["error"]
     assert error["code"] == res.status_code and error["message"]
-    if param == "encoding_format":
-        assert "encoding_format" in error["message"] or error.get("param") == param
+    if param in ("encoding_format", "embed_dtype", "endianness"):
+        assert param in error["message"]
+    if param == "normalize":  # upstream v0.28 removed it
+        assert (
+            "Parameter `normalize` was removed; use `use_activation` instead." in error["message"]
+        )
+    if body == {"input": []}:
+        assert error["message"] == "You must pass at least one prompt"
     if body.get("dimensions"):
         assert "matryoshka" in error["message"]
     # Still serving.
@@ -196,4 +247,75 @@ def test_pooling_route(server, reference):
         ({"task": "classify"}, "Unsupported task"),
     ]:
         err = post({"input": "paris", **bad})
+        assert err.status_code == 400 and word in err.json()["error"]["message"], err.text
+
+
+def _exact(dtype: str, ref: torch.Tensor) -> torch.Tensor:
+    """The reference rounded to `dtype` as the server writes it."""
+    from vllm.utils.serial_utils import EMBED_DTYPES
+
+    return ref.to(EMBED_DTYPES[dtype].torch_dtype).float()  # type: ignore[index]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("endianness", ["native", "big", "little"])
+def test_base64_and_bytes_encodings(server, dtype, endianness):
+    """base64 / bytes / bytes_only with each embed_dtype and byte order: the
+    float vectors cast to that dtype, byte for byte. The metadata header
+    says where each vector lies in the body."""
+    import json
+
+    from vllm.entrypoints.pooling.utils import MetadataItem, decode_pooling_output
+    from vllm.utils.serial_utils import binary2tensor
+
+    floats = _post(server, {"input": TEXTS[:3]}).json()
+    ref = torch.tensor([d["embedding"] for d in floats["data"]])
+    enc = {"embed_dtype": dtype, "endianness": endianness}
+    b64 = _post(server, {"input": TEXTS[:3], "encoding_format": "base64", **enc}).json()
+    for row, d in zip(ref, b64["data"]):
+        got = binary2tensor(base64.b64decode(d["embedding"]), tuple(row.shape), dtype, endianness)
+        torch.testing.assert_close(got.float(), _exact(dtype, row), atol=0, rtol=0)
+    res = _post(server, {"input": TEXTS[:3], "encoding_format": "bytes", **enc})
+    assert res.status_code == 200 and res.headers["content-type"] == "application/octet-stream"
+    meta = json.loads(res.headers["metadata"])
+    usage = {k: floats["usage"][k] for k in ("prompt_tokens", "total_tokens")}
+    assert meta["usage"] == usage and meta["model"] == floats["model"]
+    items = [MetadataItem(**{**it, "shape": tuple(it["shape"])}) for it in meta["data"]]
+    assert [it.index for it in items] == [0, 1, 2] and items[-1].end == len(res.content)
+    got = torch.stack(decode_pooling_output(items, res.content)).float()
+    torch.testing.assert_close(got, _exact(dtype, ref), atol=0, rtol=0)
+    only = _post(server, {"input": TEXTS[:3], "encoding_format": "bytes_only", **enc})
+    assert only.status_code == 200 and "metadata" not in only.headers
+    assert only.content == res.content
+
+
+def test_use_activation_false_skips_normalization(server, st_dir):
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(st_dir, device="cpu")
+    raw_st = SentenceTransformer(modules=[st[0], st[1]], device="cpu")  # without Normalize
+    ref = raw_st.encode(TEXTS[:2], convert_to_tensor=True).float()
+    res = _post(server, {"input": TEXTS[:2], "use_activation": False})
+    assert res.status_code == 200, res.text
+    got = torch.tensor([d["embedding"] for d in res.json()["data"]])
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got.norm(dim=-1), torch.ones(2))
+
+
+def test_pooling_route_bytes_and_removed_task(server):
+    """/pooling writes token_embed rows as bytes (shape [tokens, hidden]);
+    the removed tasks "score" / "encode" are refused by name."""
+    import json
+
+    url = server.url_for("pooling")
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"input": TEXTS[1], "task": "token_embed"}
+    rows = httpx.post(url, json=body, headers=headers, timeout=60).json()["data"][0]["data"]
+    res = httpx.post(url, json={**body, "encoding_format": "bytes"}, headers=headers, timeout=60)
+    item = json.loads(res.headers["metadata"])["data"][0]
+    assert item["shape"] == [len(rows), len(rows[0])]
+    got = np.frombuffer(res.content, dtype=np.float32).reshape(item["shape"])
+    np.testing.assert_allclose(got, np.asarray(rows, dtype=np.float32), atol=0)
+    for task, word in [("score", "use `classify`"), ("encode", "use `token_embed`")]:
+        err = httpx.post(url, json={"input": "x", "task": task}, headers=headers, timeout=60)
         assert err.status_code == 400 and word in err.json()["error"]["message"], err.text

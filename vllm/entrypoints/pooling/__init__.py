@@ -52,21 +52,30 @@ def init_pooling_state(
     supported_tasks: tuple[str, ...],
 ) -> None:
     from vllm.entrypoints.pooling.classify.serving import ServingClassification
-    from vllm.entrypoints.pooling.embed.serving import OpenAIServingEmbedding
+    from vllm.entrypoints.pooling.embed.serving import ServingEmbedding
     from vllm.entrypoints.pooling.pooling.serving import ServingPooling
     from vllm.entrypoints.pooling.score.serving import ServingScores
 
+    # The chat template of the pooling routes' `messages` inputs: the
+    # server's --chat-template / --trust-request-chat-template.
+    tokenization = getattr(state, "openai_serving_tokenization", None)
+    chat: dict[str, Any] = {
+        "chat_template": getattr(tokenization, "chat_template", None),
+        "trust_request_chat_template": getattr(tokenization, "trust_request_chat_template", False),
+    }
     state.openai_serving_pooling = (
-        ServingPooling(engine_client, models, supported_tasks=supported_tasks)
+        ServingPooling(engine_client, models, supported_tasks=supported_tasks, **chat)
         if _pools(supported_tasks)
         else None
     )
 
     state.openai_serving_embedding = (
-        OpenAIServingEmbedding(engine_client, models) if "embed" in supported_tasks else None
+        ServingEmbedding(engine_client, models, **chat) if "embed" in supported_tasks else None
     )
     state.openai_serving_classification = (
-        ServingClassification(engine_client, models) if "classify" in supported_tasks else None
+        ServingClassification(engine_client, models, **chat)
+        if "classify" in supported_tasks
+        else None
     )
     state.serving_scores = (
         ServingScores(engine_client, models) if _scores(supported_tasks) else None

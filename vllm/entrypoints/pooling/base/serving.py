@@ -1,11 +1,17 @@
 """Shared handling of the pooling routes (upstream:
 vllm/entrypoints/pooling/base/serving.py).
 
-Each input is tokenized (or taken as token ids), checked against the
-context, and sent to the engine as one pooling request; the finished outputs
-come back in input order. Truncation as upstream: a text through the
-tokenizer's own truncation (its side, special tokens kept), token ids keep
-their last `truncate_prompt_tokens`.
+Each input (a text, token ids, or a conversation rendered with the chat
+template) becomes one prompt's token ids, checked against the context and
+sent to the engine as one pooling request; the finished outputs come back in
+input order.
+
+Truncation and length checks as upstream v0.28's TokenizeParams:
+`truncate_prompt_tokens` k keeps k tokens (-1: max_model_len), taken from
+`truncation_side` ("right" keeps the first, "left" the last; unset: the
+tokenizer's own side, through its truncation for a text, special tokens
+kept). Untruncated, a text is tokenized to at most max_model_len + 1 tokens
+(bounded work) and a prompt over max_model_len is a 400 naming its length.
 """
 
 from __future__ import annotations
@@ -15,23 +21,45 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
+from vllm.entrypoints.chat_utils import apply_hf_chat_template
 from vllm.entrypoints.openai.request_limits import check_prompt_text_length
 from vllm.entrypoints.openai.serving_engine import OpenAIServing, merge_async_iterators
-from vllm.entrypoints.pooling.base.protocol import PoolingBasicRequestMixin
+from vllm.entrypoints.pooling.base.protocol import (
+    ChatRequestOptionsMixin,
+    CompletionRequestMixin,
+    PoolingBasicRequestMixin,
+)
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
 from vllm.outputs import PoolingRequestOutput
 from vllm.pooling_params import PoolingParams
 
 if TYPE_CHECKING:
+    from vllm.engine.protocol import EngineClient
+    from vllm.entrypoints.openai.serving_models import OpenAIServingModels
     from vllm.tokenizers import TokenizerLike
 
 
 class PoolingServingBase(OpenAIServing):
-    """Tokenize a pooling request's inputs and run them (one task)."""
+    """Render a pooling request's inputs and run them (one task)."""
 
-    # Named in the over-length message ("... in the input for <what>").
-    what: str = "pooling"
+    # How the route names the room left for output tokens in the
+    # truncate_prompt_tokens message (upstream's wording per route).
+    max_output_tokens_param: str = "max_output_tokens"
+
+    def __init__(
+        self,
+        engine_client: EngineClient,
+        models: OpenAIServingModels,
+        *,
+        chat_template: str | None = None,
+        trust_request_chat_template: bool = False,
+    ) -> None:
+        super().__init__(engine_client, models)
+        self.chat_template = chat_template
+        self.trust_request_chat_template = trust_request_chat_template
+        encoder_config = getattr(self.model_config, "encoder_config", None) or {}
+        self.do_lower_case = bool(encoder_config.get("do_lower_case", False))
 
     async def run_pooling(
         self,
@@ -40,7 +68,7 @@ class PoolingServingBase(OpenAIServing):
         request_id: str,
     ) -> list[PoolingRequestOutput[Any]]:
         tokenizer = await self.engine_client.get_tokenizer()
-        prompts = self._tokenize_inputs(request, tokenizer)
+        prompts = self._prompt_token_ids(request, tokenizer)
         self._check_capacity(len(prompts))
         generators = [
             self.engine_client.encode(
@@ -59,23 +87,72 @@ class PoolingServingBase(OpenAIServing):
     def request_id(self, raw_request: Request | None, prefix: str) -> str:
         from vllm.utils import random_uuid
 
-        return self._base_request_id(raw_request, f"{prefix}-{random_uuid()}")
+        return f"{prefix}-{self._base_request_id(raw_request, random_uuid())}"
 
-    def _tokenize_inputs(
+    # ------------------------------------------------------------------
+    # Inputs -> token ids
+    # ------------------------------------------------------------------
+
+    def _prompt_token_ids(
         self, request: PoolingBasicRequestMixin, tokenizer: TokenizerLike
     ) -> list[list[int]]:
-        raw = request.input
-        items: Sequence[str | list[int]]
-        if isinstance(raw, str):
-            items = [raw]
-        elif raw and isinstance(raw[0], int):
-            items = [raw]  # type: ignore[list-item]
-        else:
-            items = raw  # type: ignore[assignment]
-        if not items:
-            raise VLLMValidationError("Input cannot be empty.", parameter="input")
         keep = self._truncation_length(request.truncate_prompt_tokens)
-        return [self._prompt_ids(item, request, tokenizer, keep) for item in items]
+        items: Sequence[str | list[int]]
+        if isinstance(request, ChatRequestOptionsMixin):
+            items = [self._render_chat(c, request, tokenizer) for c in self._conversations(request)]
+            add_special_tokens = request.add_special_tokens
+        else:
+            assert isinstance(request, CompletionRequestMixin)
+            items = self._completion_items(request.input)
+            add_special_tokens = request.add_special_tokens
+        if not items:
+            raise VLLMValidationError("You must pass at least one prompt", parameter="input")
+        return [
+            self._check_length(self._tokens(item, request, tokenizer, add_special_tokens, keep))
+            for item in items
+        ]
+
+    @staticmethod
+    def _completion_items(raw: Any) -> Sequence[str | list[int]]:
+        if isinstance(raw, str):
+            return [raw]
+        if raw and isinstance(raw[0], int):
+            return [raw]
+        return raw
+
+    @staticmethod
+    def _conversations(request: Any) -> list[list[dict[str, Any]]]:
+        """The request's conversation(s) as plain dicts (a batched chat
+        request holds a list of conversations)."""
+        messages = request.messages
+        batched = bool(messages) and isinstance(messages[0], list)
+        conversations = messages if batched else [messages]
+        return [[m.model_dump(exclude_none=True) for m in conv] for conv in conversations]
+
+    def _render_chat(
+        self,
+        conversation: list[dict[str, Any]],
+        request: ChatRequestOptionsMixin,
+        tokenizer: TokenizerLike,
+    ) -> str:
+        kwargs = request.chat_template_kwargs or {}
+        if not self.trust_request_chat_template and (
+            request.chat_template is not None or kwargs.get("chat_template") is not None
+        ):
+            raise VLLMValidationError(
+                "Chat template is passed with request, but --trust-request-chat-template is "
+                "not set. Refused request with untrusted chat template.",
+                parameter="chat_template",
+            )
+        return apply_hf_chat_template(
+            tokenizer,
+            conversation,
+            request.chat_template or self.chat_template,
+            None,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            chat_template_kwargs=request.chat_template_kwargs,
+        )
 
     def _truncation_length(self, truncate_prompt_tokens: int | None) -> int | None:
         if truncate_prompt_tokens is None:
@@ -84,21 +161,25 @@ class PoolingServingBase(OpenAIServing):
             return self.max_model_len
         if truncate_prompt_tokens > self.max_model_len:
             raise VLLMValidationError(
-                f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is greater than "
-                f"max_model_len ({self.max_model_len}). Please, select a smaller truncation size.",
+                f"truncate_prompt_tokens={truncate_prompt_tokens} cannot be greater than "
+                f"max_model_len - {self.max_output_tokens_param} = {self.max_model_len}. "
+                "Please request a smaller truncation size.",
                 parameter="truncate_prompt_tokens",
+                value=truncate_prompt_tokens,
             )
         return truncate_prompt_tokens
 
-    def _prompt_ids(
+    def _tokens(
         self,
         item: str | list[int],
         request: PoolingBasicRequestMixin,
         tokenizer: TokenizerLike,
+        add_special_tokens: bool,
         keep: int | None,
     ) -> list[int]:
+        side = request.truncation_side
         if isinstance(item, str):
-            ids = self._encode_text(item, request.add_special_tokens, tokenizer, keep)
+            ids = self._encode_text(item, add_special_tokens, tokenizer, keep, side)
         else:
             vocab_size = self.model_config.get_vocab_size()
             bad = [t for t in item if t >= vocab_size]
@@ -107,28 +188,52 @@ class PoolingServingBase(OpenAIServing):
                     f"Token id {bad[0]} is out of vocabulary (vocabulary size {vocab_size})",
                     parameter="input",
                 )
-            ids = list(item) if keep is None else (list(item[-keep:]) if keep else [])
+            ids = list(item)
+        if keep is not None and len(ids) > keep:
+            side = side or getattr(tokenizer, "truncation_side", "right")
+            ids = ids[len(ids) - keep :] if side == "left" else ids[:keep]
         if not ids:
             raise VLLMValidationError("Prompt cannot be empty.", parameter="input")
-        if len(ids) > self.max_model_len:
-            raise VLLMValidationError(
-                f"This model's maximum context length is {self.max_model_len} tokens. "
-                f"However, you requested {len(ids)} tokens in the input for {self.what}. "
-                "Please reduce the length of the input.",
-                parameter="input",
-            )
         return ids
 
     def _encode_text(
-        self, text: str, add_special_tokens: bool, tokenizer: TokenizerLike, keep: int | None
+        self,
+        text: str,
+        add_special_tokens: bool,
+        tokenizer: TokenizerLike,
+        keep: int | None,
+        side: str | None = None,
     ) -> list[int]:
+        if self.do_lower_case:
+            text = text.lower()
         if keep is None:
-            # Refused before tokenizing when provably too long (a pooling
-            # prompt may fill the whole context: max_model_len + 1 here).
-            check_prompt_text_length(tokenizer, text, self.max_model_len + 1, None, "input")
+            # Refused before tokenizing when provably too long; else at most
+            # max_model_len + 1 tokens are made (enough to refuse it).
+            check_prompt_text_length(tokenizer, text, self.max_model_len, 0, "input")
+            limit = self.max_model_len + 1
+        elif side is None:
+            limit = keep  # the tokenizer's truncation, on its own side
+        else:
+            limit = None  # all of it, sliced on the requested side
+        if limit is None:
             return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
         return list(
             tokenizer.encode(
-                text, add_special_tokens=add_special_tokens, truncation=True, max_length=keep
+                text, add_special_tokens=add_special_tokens, truncation=True, max_length=limit
             )
         )
+
+    def _check_length(self, ids: list[int]) -> list[int]:
+        if len(ids) > self.max_model_len:
+            # A text is tokenized to at most max_model_len + 1 tokens.
+            qualifier = "at least " if len(ids) == self.max_model_len + 1 else ""
+            raise VLLMValidationError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, you requested 0 output tokens and your prompt contains "
+                f"{qualifier}{len(ids)} input tokens, for a total of {qualifier}{len(ids)} "
+                "tokens. Please reduce the length of the input prompt or the number of "
+                "requested output tokens.",
+                parameter="input_tokens",
+                value=len(ids),
+            )
+        return ids

@@ -1,5 +1,6 @@
 """`/classify` handler (upstream: vllm/entrypoints/pooling/classify/serving.py
-ServingClassification): task "classify"."""
+ServingClassification): task "classify", one row of class probabilities
+per input or conversation."""
 
 from __future__ import annotations
 
@@ -10,27 +11,24 @@ from fastapi import Request
 from vllm.entrypoints.openai.protocol_base import ErrorResponse, UsageInfo
 from vllm.entrypoints.pooling.base.serving import PoolingServingBase
 from vllm.entrypoints.pooling.classify.protocol import (
+    AnyClassificationRequest,
     ClassificationData,
-    ClassificationRequest,
     ClassificationResponse,
 )
 from vllm.outputs import ClassificationOutput, PoolingRequestOutput
-from vllm.pooling_params import PoolingParams
 
 
 class ServingClassification(PoolingServingBase):
     """Class probabilities of texts or token ids (task "classify")."""
 
-    what = "classification"
-
     async def create_classify(
-        self, request: ClassificationRequest, raw_request: Request | None = None
+        self, request: AnyClassificationRequest, raw_request: Request | None = None
     ) -> ClassificationResponse | ErrorResponse:
         error = await self._check_model(request)
         if error is not None:
             return error
         try:
-            params = PoolingParams(use_activation=request.use_activation)
+            params = request.to_pooling_params()
             params.verify("classify", self.model_config)
             results = await self.run_pooling(
                 request, params, self.request_id(raw_request, "classify")
@@ -45,7 +43,7 @@ class ServingClassification(PoolingServingBase):
         return None if label is None else str(label)
 
     def _response(
-        self, request: ClassificationRequest, results: list[PoolingRequestOutput[Any]]
+        self, request: AnyClassificationRequest, results: list[PoolingRequestOutput[Any]]
     ) -> ClassificationResponse:
         data = []
         num_prompt_tokens = 0

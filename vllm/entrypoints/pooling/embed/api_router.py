@@ -8,13 +8,13 @@ from fastapi.responses import Response
 
 from vllm.entrypoints.openai.utils import respond, validate_json_request
 from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest, EmbeddingResponse
-from vllm.entrypoints.pooling.embed.serving import OpenAIServingEmbedding
+from vllm.entrypoints.pooling.embed.serving import ServingEmbedding
 from vllm.entrypoints.utils import with_cancellation
 
 router = APIRouter()
 
 
-def embedding(request: Request) -> OpenAIServingEmbedding:
+def embedding(request: Request) -> ServingEmbedding:
     return request.app.state.openai_serving_embedding
 
 
@@ -25,4 +25,6 @@ def embedding(request: Request) -> OpenAIServingEmbedding:
 )
 @with_cancellation
 async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> Response:
-    return respond(await embedding(raw_request).create_embedding(request, raw_request))
+    result = await embedding(raw_request).create_embedding(request, raw_request)
+    # encoding_format "bytes" / "bytes_only": the body is the raw bytes.
+    return result if isinstance(result, Response) else respond(result)

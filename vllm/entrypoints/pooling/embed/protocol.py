@@ -1,38 +1,109 @@
 """Request and response bodies of `/v1/embeddings` (upstream:
-vllm/entrypoints/pooling/embed/protocol.py).
+vllm/entrypoints/pooling/embed/protocol.py; the Cohere `/v2/embed` bodies
+are not built).
 
-`input` and the other shared fields: base/protocol.py. `encoding_format` "float" returns each
-vector as a JSON list; "base64" as the base64 text of its little-endian
-float32 bytes (4 bytes a value, in order), what the `openai` client decodes
-with `np.frombuffer(base64.b64decode(s), dtype="float32")`. Any other format
-is a 400 (pydantic's error, as the server's envelope).
+A body is one of (told apart by `_request_kind`):
+- EmbeddingCompletionRequest: `input` texts or token ids;
+- EmbeddingChatRequest: `messages`, one conversation (or `input` holding one
+  conversation, upstream's EmbeddingChatInputRequest);
+- EmbeddingBatchChatRequest: `messages`, a list of conversations (or `input`
+  holding them, upstream's EmbeddingBatchChatInputRequest), one vector each.
+The encodings of the vectors: ../utils.py.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Any, TypeAlias
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag, model_validator
 
-from vllm.entrypoints.openai.protocol_base import OpenAIBaseModel, StrictBool, StrictInt, UsageInfo
-from vllm.entrypoints.pooling.base.protocol import PoolingBasicRequestMixin
+from vllm.entrypoints.openai.protocol import ChatMessageParam
+from vllm.entrypoints.openai.protocol_base import (
+    MAX_PROMPTS_PER_REQUEST,
+    OpenAIBaseModel,
+    UsageInfo,
+)
+from vllm.entrypoints.pooling.base.protocol import (
+    ChatRequestMixin,
+    ChatRequestOptionsMixin,
+    CompletionRequestMixin,
+    EmbedRequestMixin,
+    PoolingBasicRequestMixin,
+)
+from vllm.pooling_params import PoolingParams
 from vllm.utils import random_uuid
 
-EncodingFormat = Literal["float", "base64"]
+
+def _is_chat_messages(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value)
+    )
 
 
-class EmbeddingCompletionRequest(PoolingBasicRequestMixin):
+def _is_batched_chat_messages(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is_chat_messages(c) for c in value)
+
+
+def _request_kind(data: Any) -> str:
+    if not isinstance(data, dict):
+        return "completion"
+    messages = data["messages"] if "messages" in data else data.get("input")
+    if _is_batched_chat_messages(messages):
+        return "batch_chat"
+    if "messages" in data or _is_chat_messages(messages):
+        return "chat"
+    return "completion"
+
+
+def _messages_from_input(data: Any) -> Any:
+    """Upstream's *ChatInputRequest: the conversation(s) sent as `input`."""
+    if isinstance(data, dict) and "messages" not in data and "input" in data:
+        data = {k: v for k, v in data.items() if k != "input"} | {"messages": data["input"]}
+    return data
+
+
+class _EmbedParams(EmbedRequestMixin):
+    def to_pooling_params(self) -> PoolingParams:
+        # An embedding's activation is its L2 normalization.
+        return PoolingParams(dimensions=self.dimensions, normalize=self.use_activation)
+
+
+class EmbeddingCompletionRequest(PoolingBasicRequestMixin, CompletionRequestMixin, _EmbedParams):
     # https://platform.openai.com/docs/api-reference/embeddings/create
-    encoding_format: EncodingFormat = "float"
-    # Matryoshka models only (PoolingParams.verify refuses it otherwise).
-    dimensions: StrictInt | None = None
-    # --- vLLM's extras ---
-    # None: the pooler config's default (normalized for embedding models).
-    normalize: StrictBool | None = None
+    pass
 
 
-EmbeddingRequest = EmbeddingCompletionRequest
+class EmbeddingChatRequest(PoolingBasicRequestMixin, ChatRequestMixin, _EmbedParams):
+    @model_validator(mode="before")
+    @classmethod
+    def _input_as_messages(cls, data: Any) -> Any:
+        return _messages_from_input(data)
+
+
+class EmbeddingBatchChatRequest(PoolingBasicRequestMixin, ChatRequestOptionsMixin, _EmbedParams):
+    messages: Annotated[
+        list[Annotated[list[ChatMessageParam], Field(min_length=1)]],
+        Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST),
+    ]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _input_as_messages(cls, data: Any) -> Any:
+        return _messages_from_input(data)
+
+
+EmbeddingRequest: TypeAlias = Annotated[
+    Annotated[EmbeddingCompletionRequest, Tag("completion")]
+    | Annotated[EmbeddingChatRequest, Tag("chat")]
+    | Annotated[EmbeddingBatchChatRequest, Tag("batch_chat")],
+    Discriminator(_request_kind),
+]
+AnyEmbeddingRequest: TypeAlias = (
+    EmbeddingCompletionRequest | EmbeddingChatRequest | EmbeddingBatchChatRequest
+)
 
 
 class EmbeddingResponseData(OpenAIBaseModel):
@@ -45,6 +116,6 @@ class EmbeddingResponse(OpenAIBaseModel):
     id: str = Field(default_factory=lambda: f"embd-{random_uuid()}")
     object: str = "list"
     created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
+    model: str | None = None
     data: list[EmbeddingResponseData]
     usage: UsageInfo

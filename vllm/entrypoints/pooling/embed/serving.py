@@ -1,63 +1,87 @@
 """`/v1/embeddings` handler (upstream: vllm/entrypoints/pooling/embed/serving.py
-OpenAIServingEmbedding): task "embed", vectors as floats or base64."""
+ServingEmbedding): task "embed", one vector per input or conversation,
+written as `encoding_format` says (../utils.py)."""
 
 from __future__ import annotations
 
-import base64
-import struct
+import time
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import Response
 
-from vllm.entrypoints.openai.protocol_base import ErrorResponse, UsageInfo
+from vllm.entrypoints.openai.protocol_base import ErrorResponse
 from vllm.entrypoints.pooling.base.serving import PoolingServingBase
 from vllm.entrypoints.pooling.embed.protocol import (
-    EmbeddingRequest,
+    AnyEmbeddingRequest,
     EmbeddingResponse,
     EmbeddingResponseData,
 )
-from vllm.outputs import EmbeddingOutput, PoolingRequestOutput
-from vllm.pooling_params import PoolingParams
+from vllm.entrypoints.pooling.utils import (
+    build_pooling_bytes_response,
+    encode_pooling_output,
+    get_pooling_usage,
+)
+from vllm.outputs import PoolingRequestOutput
 
 
-def encode_base64(values: list[float]) -> str:
-    """Little-endian float32 bytes (4 a value, in order), base64 encoded."""
-    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode("ascii")
+class ServingEmbedding(PoolingServingBase):
+    """Embeddings of texts, token ids or conversations (task "embed")."""
 
-
-class OpenAIServingEmbedding(PoolingServingBase):
-    """Embeddings of texts or token ids (task "embed")."""
-
-    what = "embedding generation"
+    max_output_tokens_param = "max_model_len - max_embed_len"
 
     async def create_embedding(
-        self, request: EmbeddingRequest, raw_request: Request | None = None
-    ) -> EmbeddingResponse | ErrorResponse:
+        self, request: AnyEmbeddingRequest, raw_request: Request | None = None
+    ) -> EmbeddingResponse | Response | ErrorResponse:
         error = await self._check_model(request)
         if error is not None:
             return error
+        request_id = self.request_id(raw_request, "embd")
+        created = int(time.time())
         try:
-            params = PoolingParams(dimensions=request.dimensions, normalize=request.normalize)
+            params = request.to_pooling_params()
             params.verify("embed", self.model_config)
-            results = await self.run_pooling(request, params, self.request_id(raw_request, "embd"))
+            results = await self.run_pooling(request, params, request_id)
         except Exception as e:
             return self.error_from_exception(e)
-        return self._response(request, results)
-
-    def _response(
-        self, request: EmbeddingRequest, results: list[PoolingRequestOutput[Any]]
-    ) -> EmbeddingResponse:
-        data = []
-        num_prompt_tokens = 0
-        for index, res in enumerate(results):
-            values = EmbeddingOutput.from_base(res.outputs).embedding
-            embedding: list[float] | str = (
-                encode_base64(values) if request.encoding_format == "base64" else values
+        model_name = self._get_model_name(request.model)
+        if request.encoding_format in ("bytes", "bytes_only"):
+            return build_pooling_bytes_response(
+                results,
+                request_id,
+                created,
+                model_name,
+                request.encoding_format,
+                request.embed_dtype,
+                request.endianness,
             )
-            data.append(EmbeddingResponseData(index=index, embedding=embedding))
-            num_prompt_tokens += len(res.prompt_token_ids)
+        return self._json_response(request, results, request_id, created, model_name)
+
+    @staticmethod
+    def _json_response(
+        request: AnyEmbeddingRequest,
+        results: list[PoolingRequestOutput[Any]],
+        request_id: str,
+        created: int,
+        model_name: str,
+    ) -> EmbeddingResponse:
+        assert request.encoding_format in ("float", "base64")
+        data = [
+            EmbeddingResponseData(
+                index=index,
+                embedding=encode_pooling_output(
+                    res.outputs.data,
+                    request.encoding_format,
+                    request.embed_dtype,
+                    request.endianness,
+                ),  # type: ignore[arg-type]
+            )
+            for index, res in enumerate(results)
+        ]
         return EmbeddingResponse(
-            model=self._get_model_name(request.model),
+            id=request_id,
+            created=created,
+            model=model_name,
             data=data,
-            usage=UsageInfo(prompt_tokens=num_prompt_tokens, total_tokens=num_prompt_tokens),
+            usage=get_pooling_usage(results),
         )

@@ -25,4 +25,6 @@ def pooling(request: Request) -> ServingPooling:
 )
 @with_cancellation
 async def create_pooling(request: PoolingRequest, raw_request: Request) -> Response:
-    return respond(await pooling(raw_request).create_pooling(request, raw_request))
+    result = await pooling(raw_request).create_pooling(request, raw_request)
+    # encoding_format "bytes" / "bytes_only": the body is the raw bytes.
+    return result if isinstance(result, Response) else respond(result)

@@ -1,34 +1,56 @@
 """Request and response bodies of `/pooling` (upstream:
 vllm/entrypoints/pooling/pooling/protocol.py): the pooler's raw output per
-input (a vector, or one row per token for the token_* tasks), as JSON
-floats or base64 (little-endian float32 bytes, rows one after another).
+input or conversation (a vector, or one row per token for the token_*
+tasks), written as `encoding_format` says (../utils.py). IOProcessor plugin
+requests (task "plugin") are not built.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, TypeAlias
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag
 
-from vllm.entrypoints.openai.protocol_base import OpenAIBaseModel, StrictBool, StrictInt, UsageInfo
-from vllm.entrypoints.pooling.base.protocol import PoolingBasicRequestMixin
+from vllm.entrypoints.openai.protocol_base import OpenAIBaseModel, UsageInfo
+from vllm.entrypoints.pooling.base.protocol import (
+    ChatRequestMixin,
+    CompletionRequestMixin,
+    EmbedRequestMixin,
+    PoolingBasicRequestMixin,
+)
+from vllm.entrypoints.pooling.classify.protocol import chat_or_completion
+from vllm.pooling_params import PoolingParams
 from vllm.tasks import PoolingTask
 from vllm.utils import random_uuid
 
 
-class PoolingCompletionRequest(PoolingBasicRequestMixin):
-    # None: the model's default pooling task (see ServingPooling).
+class _PoolingOptions(EmbedRequestMixin):
+    # None: the model's pooling task (see ServingPooling).
     task: PoolingTask | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    # Refused (400) as upstream: "dimensions is currently not supported".
-    dimensions: StrictInt | None = None
-    # embed / token_embed only; classify / token_classify only (PoolingParams.verify).
-    normalize: StrictBool | None = None
-    use_activation: StrictBool | None = None
+
+    def to_pooling_params(self, task: PoolingTask) -> PoolingParams:
+        # use_activation: the embedding tasks' normalization, the
+        # classification tasks' softmax / sigmoid.
+        if task in ("embed", "token_embed"):
+            return PoolingParams(normalize=self.use_activation)
+        return PoolingParams(use_activation=self.use_activation)
 
 
-PoolingRequest = PoolingCompletionRequest
+class PoolingCompletionRequest(PoolingBasicRequestMixin, CompletionRequestMixin, _PoolingOptions):
+    pass
+
+
+class PoolingChatRequest(PoolingBasicRequestMixin, ChatRequestMixin, _PoolingOptions):
+    pass
+
+
+PoolingRequest: TypeAlias = Annotated[
+    Annotated[PoolingCompletionRequest, Tag("completion")]
+    | Annotated[PoolingChatRequest, Tag("chat")],
+    Discriminator(chat_or_completion),
+]
+AnyPoolingRequest: TypeAlias = PoolingCompletionRequest | PoolingChatRequest
 
 
 class PoolingResponseData(OpenAIBaseModel):

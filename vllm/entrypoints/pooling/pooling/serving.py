@@ -2,44 +2,45 @@
 ServingPooling): any pooling task the model supports, the pooler's output
 returned as is.
 
-Without `task` the model's default task is used: the first of its supported
-pooling tasks in POOLING_TASKS order (embed, classify, score, token_embed,
-token_classify). A task the model does not support is a 400 naming the
-supported ones."""
+Without `task` the model's pooling task is used: the first of its supported
+pooling tasks in upstream's priority order (embed, classify, token_embed,
+token_classify; "score" is not a request task). A task the model does not
+support is a 400 naming the supported ones; `dimensions` is refused, as
+upstream."""
 
 from __future__ import annotations
 
-import base64
+import time
 from typing import Any
 
-import torch
 from fastapi import Request
+from fastapi.responses import Response
 
 from vllm.engine.protocol import EngineClient
-from vllm.entrypoints.openai.protocol_base import ErrorResponse, UsageInfo
+from vllm.entrypoints.openai.protocol_base import ErrorResponse
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
 from vllm.entrypoints.pooling.base.serving import PoolingServingBase
 from vllm.entrypoints.pooling.pooling.protocol import (
-    PoolingRequest,
+    AnyPoolingRequest,
     PoolingResponse,
     PoolingResponseData,
+)
+from vllm.entrypoints.pooling.utils import (
+    build_pooling_bytes_response,
+    encode_pooling_output,
+    get_pooling_usage,
 )
 from vllm.exceptions import VLLMValidationError
 from vllm.outputs import PoolingRequestOutput
 from vllm.pooling_params import PoolingParams
-from vllm.tasks import POOLING_TASKS, PoolingTask
+from vllm.tasks import PoolingTask
 
-
-def encode_tensor_base64(data: torch.Tensor) -> str:
-    """Little-endian float32 bytes of the flattened tensor (row after row), base64."""
-    raw = data.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4").tobytes()
-    return base64.b64encode(raw).decode("ascii")
+# Upstream's ModelConfig.get_pooling_task order.
+_TASK_PRIORITY: tuple[PoolingTask, ...] = ("embed", "classify", "token_embed", "token_classify")
 
 
 class ServingPooling(PoolingServingBase):
     """The pooler's output for any supported pooling task."""
-
-    what = "pooling"
 
     def __init__(
         self,
@@ -47,29 +48,49 @@ class ServingPooling(PoolingServingBase):
         models: OpenAIServingModels,
         *,
         supported_tasks: tuple[str, ...],
+        chat_template: str | None = None,
+        trust_request_chat_template: bool = False,
     ) -> None:
-        super().__init__(engine_client, models)
+        super().__init__(
+            engine_client,
+            models,
+            chat_template=chat_template,
+            trust_request_chat_template=trust_request_chat_template,
+        )
         self.supported_tasks: tuple[PoolingTask, ...] = tuple(
-            t for t in POOLING_TASKS if t in supported_tasks
+            t for t in _TASK_PRIORITY if t in supported_tasks
         )
         if not self.supported_tasks:
             raise ValueError("ServingPooling needs a model with a pooling task")
         self.pooling_task: PoolingTask = self.supported_tasks[0]
 
     async def create_pooling(
-        self, request: PoolingRequest, raw_request: Request | None = None
-    ) -> PoolingResponse | ErrorResponse:
+        self, request: AnyPoolingRequest, raw_request: Request | None = None
+    ) -> PoolingResponse | Response | ErrorResponse:
         error = await self._check_model(request)
         if error is not None:
             return error
+        request_id = self.request_id(raw_request, "pool")
+        created = int(time.time())
         try:
             params = self._pooling_params(request)
-            results = await self.run_pooling(request, params, self.request_id(raw_request, "pool"))
+            results = await self.run_pooling(request, params, request_id)
         except Exception as e:
             return self.error_from_exception(e)
-        return self._response(request, results)
+        model_name = self._get_model_name(request.model)
+        if request.encoding_format in ("bytes", "bytes_only"):
+            return build_pooling_bytes_response(
+                results,
+                request_id,
+                created,
+                model_name,
+                request.encoding_format,
+                request.embed_dtype,
+                request.endianness,
+            )
+        return self._json_response(request, results, request_id, created, model_name)
 
-    def _pooling_params(self, request: PoolingRequest) -> PoolingParams:
+    def _pooling_params(self, request: AnyPoolingRequest) -> PoolingParams:
         if request.dimensions is not None:
             raise VLLMValidationError(
                 "dimensions is currently not supported", parameter="dimensions"
@@ -80,26 +101,35 @@ class ServingPooling(PoolingServingBase):
                 f"Unsupported task: {task!r} Supported tasks: {self.supported_tasks}",
                 parameter="task",
             )
-        params = PoolingParams(normalize=request.normalize, use_activation=request.use_activation)
+        params = request.to_pooling_params(task)
         params.verify(task, self.model_config)
         return params
 
-    def _response(
-        self, request: PoolingRequest, results: list[PoolingRequestOutput[Any]]
+    @staticmethod
+    def _json_response(
+        request: AnyPoolingRequest,
+        results: list[PoolingRequestOutput[Any]],
+        request_id: str,
+        created: int,
+        model_name: str,
     ) -> PoolingResponse:
-        data = []
-        num_prompt_tokens = 0
-        for index, res in enumerate(results):
-            tensor = res.outputs.data
-            values: list[list[float]] | list[float] | str = (
-                encode_tensor_base64(tensor)
-                if request.encoding_format == "base64"
-                else tensor.float().tolist()
+        assert request.encoding_format in ("float", "base64")
+        data = [
+            PoolingResponseData(
+                index=index,
+                data=encode_pooling_output(
+                    res.outputs.data,
+                    request.encoding_format,
+                    request.embed_dtype,
+                    request.endianness,
+                ),
             )
-            data.append(PoolingResponseData(index=index, data=values))
-            num_prompt_tokens += len(res.prompt_token_ids)
+            for index, res in enumerate(results)
+        ]
         return PoolingResponse(
-            model=self._get_model_name(request.model),
+            id=request_id,
+            created=created,
+            model=model_name,
             data=data,
-            usage=UsageInfo(prompt_tokens=num_prompt_tokens, total_tokens=num_prompt_tokens),
+            usage=get_pooling_usage(results),
         )

@@ -3,6 +3,10 @@
     run_server(args): bind the socket -> AsyncLLM (engine core in a child
     process) -> build_app(args) -> init_app_state(...) -> uvicorn.
 
+With --embedding-model a second AsyncLLM serves the pooling routes
+(embedding_model.py): `build_embedding_engine_client`, the pooling serving
+objects built on it in `init_app_state`, /health and the watchdog over both.
+
 Routes here: /v1/completions, /v1/chat/completions, /v1/models, /invocations,
 /ping; from vllm/entrypoints/serve/: /health, /version, /metrics, /tokenize,
 /detokenize (response helpers in openai/utils.py). Errors use the
@@ -25,7 +29,7 @@ from argparse import Namespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -42,7 +46,12 @@ from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.anthropic.api_router import attach_router as attach_anthropic_router
 from vllm.entrypoints.anthropic.serving_messages import AnthropicServingMessages
 from vllm.entrypoints.chat_utils import load_chat_template
-from vllm.entrypoints.launcher import serve_http, terminate_if_errored
+from vllm.entrypoints.launcher import WATCHDOG_INTERVAL_S, serve_http, terminate_if_errored
+from vllm.entrypoints.openai.embedding_model import (
+    check_device_budget,
+    embedding_engine_args,
+    embedding_served_names,
+)
 from vllm.entrypoints.openai.openapi import (
     GENERATE_RESPONSES,
     HEALTH_RESPONSES,
@@ -73,7 +82,7 @@ from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenizati
 from vllm.entrypoints.openai.utils import respond, validate_json_request
 from vllm.entrypoints.pooling import init_pooling_state, register_pooling_api_routers
 from vllm.entrypoints.serve import register_vllm_serve_api_routers
-from vllm.entrypoints.serve.instrumentator.health import health
+from vllm.entrypoints.serve.instrumentator.health import engine_clients, health
 
 # Starlette's, except that it never fails on a lone surrogate (see there).
 from vllm.entrypoints.utils import Utf8JSONResponse as JSONResponse
@@ -81,6 +90,10 @@ from vllm.entrypoints.utils import with_cancellation
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError, QueueOverflowError
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = init_logger("vllm.entrypoints.openai.api_server")
 
@@ -235,7 +248,8 @@ def _install_exception_handlers(app: FastAPI) -> None:
     async def engine_error_handler(req: Request, exc: Exception) -> JSONResponse:
         server = getattr(req.app.state, "server", None)
         if server is not None:
-            terminate_if_errored(server, req.app.state.engine_client)
+            for engine in engine_clients(req.app.state):
+                terminate_if_errored(server, engine)
         return JSONResponse(_error_body(str(exc), "InternalServerError", 500), status_code=500)
 
     app.add_exception_handler(EngineDeadError, engine_error_handler)
@@ -348,7 +362,7 @@ def build_app(args: Namespace, supported_tasks: tuple[str, ...] = ("generate",))
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    task = None
+    tasks = []
     if getattr(app.state, "log_stats", False):
 
         async def log_stats() -> None:
@@ -356,30 +370,48 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await asyncio.sleep(LOG_STATS_INTERVAL_S)
                 await app.state.engine_client.do_log_stats()
 
-        task = asyncio.create_task(log_stats())
+        tasks.append(asyncio.create_task(log_stats()))
+    if getattr(app.state, "embedding_engine_client", None) is not None:
+        tasks.append(asyncio.create_task(_embedding_watchdog(app)))
     try:
         yield
     finally:
-        if task is not None:
+        for task in tasks:
             task.cancel()
 
 
-async def init_app_state(engine_client: EngineClient, state: Any, args: Namespace) -> None:
-    """Create the serving objects the routes use."""
+async def _embedding_watchdog(app: FastAPI) -> None:
+    """The launcher's watchdog for the second engine: the server stops once
+    the embedding engine is dead (unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH)."""
+    while True:
+        await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        server = getattr(app.state, "server", None)
+        if server is not None:
+            terminate_if_errored(server, app.state.embedding_engine_client)
+
+
+async def init_app_state(
+    engine_client: EngineClient,
+    state: Any,
+    args: Namespace,
+    embedding_engine: EngineClient | None = None,
+) -> None:
+    """Create the serving objects the routes use. With `embedding_engine`
+    (--embedding-model), the pooling routes' objects are built on it."""
     model_config = engine_client.model_config
     served = args.served_model_name
     names = ([served] if isinstance(served, str) else served) or [model_config.model]
-    models = OpenAIServingModels(
-        engine_client, [BaseModelPath(name=name, model_path=model_config.model) for name in names]
-    )
+    models = await _serving_models(engine_client, names)
     chat_template = load_chat_template(args.chat_template)
     common = dict(
         enable_force_include_usage=args.enable_force_include_usage,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
     )
     state.engine_client = engine_client
+    state.embedding_engine_client = embedding_engine
+    max_len = max(engine.model_config.max_model_len for engine in engine_clients(state))
     state.max_request_body_bytes = args.max_request_body_bytes or default_max_request_body_bytes(
-        model_config.max_model_len
+        max_len
     )
     if not model_config.skip_tokenizer_init:
         prompt_length_bound(await engine_client.get_tokenizer())  # computed once, now
@@ -411,30 +443,78 @@ async def init_app_state(engine_client: EngineClient, state: Any, args: Namespac
     state.anthropic_serving_messages = AnthropicServingMessages(
         state.openai_serving_chat, state.openai_serving_tokenization
     )
-    init_pooling_state(engine_client, state, models, await engine_client.get_supported_tasks())
+    if embedding_engine is None:
+        init_pooling_state(engine_client, state, models, await engine_client.get_supported_tasks())
+        return
+    embed_models = await _serving_models(embedding_engine, embedding_served_names(args))
+    models.link_peer(embed_models)
+    if not embedding_engine.model_config.skip_tokenizer_init:
+        prompt_length_bound(await embedding_engine.get_tokenizer())
+    init_pooling_state(
+        embedding_engine, state, embed_models, await embedding_engine.get_supported_tasks()
+    )
+
+
+async def _serving_models(engine: EngineClient, names: list[str]) -> OpenAIServingModels:
+    paths = [BaseModelPath(name=name, model_path=engine.model_config.model) for name in names]
+    return OpenAIServingModels(engine, paths, await engine.get_supported_tasks())
 
 
 @asynccontextmanager
 async def build_async_engine_client(args: Namespace) -> AsyncIterator[EngineClient]:
     """Start AsyncLLM (its engine core in a child process); shut it down on exit."""
-    from vllm.v1.engine.async_llm import AsyncLLM
-
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
-    max_queued = args.max_num_queued_reqs
-    if max_queued is None:
-        max_queued = 8 * vllm_config.scheduler_config.max_num_seqs
-    engine = AsyncLLM.from_vllm_config(
-        vllm_config,
-        usage_context=UsageContext.OPENAI_API_SERVER,
-        enable_log_requests=engine_args.enable_log_requests,
-        disable_log_stats=engine_args.disable_log_stats,
-        max_num_queued_reqs=max_queued,
-    )
+    engine = _start_async_llm(vllm_config, args, engine_args.disable_log_stats)
     try:
         yield engine
     finally:
         engine.shutdown()
+
+
+@asynccontextmanager
+async def build_embedding_engine_client(
+    args: Namespace, main_engine: EngineClient
+) -> AsyncIterator[EngineClient | None]:
+    """The --embedding-model engine (None without the flag), started after
+    the main one (on a GPU that one has sized its memory by then)."""
+    if getattr(args, "embedding_model", None) is None:
+        yield None
+        return
+    main_tasks = await main_engine.get_supported_tasks()
+    if "generate" not in main_tasks:
+        raise ValueError(
+            f"--embedding-model needs a generative main model; {args.model} serves "
+            f"{', '.join(main_tasks)}"
+        )
+    try:
+        engine_args = embedding_engine_args(args)
+        vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
+        check_device_budget(args, vllm_config.device_config.device_type)
+    except ValueError as e:
+        # The engine's messages name the plain flags: say which engine.
+        raise ValueError(f"--embedding-model {args.embedding_model}: {e}") from e
+    # No stat loggers: its Prometheus logger would replace the main engine's.
+    engine = _start_async_llm(vllm_config, args, disable_log_stats=True)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+def _start_async_llm(vllm_config: VllmConfig, args: Namespace, disable_log_stats: bool) -> AsyncLLM:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    max_queued = args.max_num_queued_reqs
+    if max_queued is None:
+        max_queued = 8 * vllm_config.scheduler_config.max_num_seqs
+    return AsyncLLM.from_vllm_config(
+        vllm_config,
+        usage_context=UsageContext.OPENAI_API_SERVER,
+        enable_log_requests=getattr(args, "enable_log_requests", False),
+        disable_log_stats=disable_log_stats,
+        max_num_queued_reqs=max_queued,
+    )
 
 
 def create_server_socket(host: str | None, port: int) -> socket.socket:
@@ -456,9 +536,13 @@ async def run_server(args: Namespace, **uvicorn_kwargs: Any) -> None:
 
     signal.signal(signal.SIGTERM, interrupt)
     try:
-        async with build_async_engine_client(args) as engine:
-            app = build_app(args, await engine.get_supported_tasks())
-            await init_app_state(engine, app.state, args)
+        async with (
+            build_async_engine_client(args) as engine,
+            build_embedding_engine_client(args, engine) as embedding_engine,
+        ):
+            pooling_engine = embedding_engine or engine
+            app = build_app(args, await pooling_engine.get_supported_tasks())
+            await init_app_state(engine, app.state, args, embedding_engine)
             logger.info(
                 "Starting vLLM API server on http://%s:%d", args.host or "0.0.0.0", args.port
             )

@@ -8,6 +8,10 @@ import argparse
 import json
 
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.openai.embedding_model import (
+    add_embedding_model_args,
+    validate_embedding_model_args,
+)
 
 
 def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
@@ -160,6 +164,7 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     _add_frontend_args(parser)
     AsyncEngineArgs.add_cli_args(parser)
+    add_embedding_model_args(parser)
     return parser
 
 
@@ -179,6 +184,7 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
     if args.shutdown_timeout < 0:
         raise ValueError("--shutdown-timeout must be >= 0")
     validate_parser_args(args)
+    validate_embedding_model_args(args)
 
 
 def validate_parser_args(args: argparse.Namespace) -> None:

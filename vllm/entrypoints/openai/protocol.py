@@ -96,6 +96,10 @@ class ModelCard(OpenAIBaseModel):
     parent: str | None = None
     max_model_len: int | None = None
     permission: list[ModelPermission] = Field(default_factory=list)
+    # Beyond upstream (an extra field, so OpenAI clients ignore it): the
+    # model's tasks ("generate", or its pooler's: "embed", "classify", ...),
+    # which tell a client of a two-model server which routes take the model.
+    supported_tasks: list[str] | None = None
 
 
 class ModelList(OpenAIBaseModel):

@@ -162,6 +162,9 @@ class OpenAIServing:
     async def _check_model(self, request: Any) -> ErrorResponse | None:
         if request.model is None or self.models.is_base_model(request.model):
             return None
+        if (message := self.models.wrong_api_message(request.model)) is not None:
+            # Another engine of this server serves it (`vllm serve --embedding-model`).
+            return self.create_error_response(message, param="model")
         return self.create_error_response(
             f"The model `{request.model}` does not exist.",
             err_type="NotFoundError",

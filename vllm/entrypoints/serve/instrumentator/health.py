@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -16,11 +18,18 @@ def engine_client(request: Request) -> EngineClient:
     return request.app.state.engine_client
 
 
+def engine_clients(state: Any) -> list[EngineClient]:
+    """Every engine of the server: the main one, then the --embedding-model one."""
+    second = getattr(state, "embedding_engine_client", None)
+    return [state.engine_client] + ([second] if second is not None else [])
+
+
 @router.get("/health", response_class=Response, responses=HEALTH_RESPONSES)
 async def health(raw_request: Request) -> Response:
-    """200 while the engine is alive, 503 once it is dead."""
+    """200 while every engine is alive, 503 once one of them is dead."""
     try:
-        await engine_client(raw_request).check_health()
+        for engine in engine_clients(raw_request.app.state):
+            await engine.check_health()
         return Response(status_code=200)
     except EngineDeadError:
         return Response(status_code=503)

@@ -1,0 +1,257 @@
+"""Two models, one server (issue 17 item 5, beyond upstream): `vllm serve GEN
+--embedding-model EMB` on a tiny Llama and a tiny BERT sentence-transformers
+directory, each in its own engine-core process.
+
+Checked: /v1/models lists both with their tasks; 16 concurrent greedy chats
+and 16 concurrent embeddings at once, the chats equal to transformers'
+generate (token ids) and the embeddings to SentenceTransformer (cosine >=
+0.9999); a model named on the other's route is a 400, an unknown one a 404;
+SIGKILL of the embedding engine core turns /health to 503 (keep-alive: chat
+still served) and shutdown leaves no process; without keep-alive the server
+exits on its own. Flag refusals are checked on the parser, in process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import httpx
+import psutil
+import pytest
+import torch
+
+from tests.entrypoints.openai.conftest import RemoteOpenAIServer, default_server_args, wait_exited
+from tests.models.test_encoder_pooling import TEXTS, _st_dir
+
+GEN, EMB = "gen", "emb"
+NUM_CONCURRENT = 16
+MAX_TOKENS = 8
+# The watchdog (5 s period) stops the server this soon after the kill.
+EXIT_DEADLINE_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def st_dir(tmp_path_factory) -> str:
+    return _st_dir("bert", tmp_path_factory.mktemp("two-models"))
+
+
+def _server_args(st_dir: str, chat_template_file: str) -> list[str]:
+    return default_server_args(chat_template_file) + [
+        "--served-model-name",
+        GEN,
+        "--embedding-model",
+        st_dir,
+        "--embedding-served-model-name",
+        EMB,
+        "--embedding-dtype",
+        "float32",
+        "--embedding-max-model-len",
+        "64",
+    ]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, st_dir, chat_template_file):
+    srv = RemoteOpenAIServer(
+        tiny_model_dir("llama"),
+        _server_args(st_dir, chat_template_file),
+        env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
+    )
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _messages(i: int) -> list[dict]:
+    return [{"role": "user", "content": f"question number {i}: where is paris ?"}]
+
+
+def _engine_cores(server: RemoteOpenAIServer) -> list[psutil.Process]:
+    """[main engine core, embedding engine core] (the second starts later)."""
+    procs = sorted(server.engine_processes(), key=lambda p: p.create_time())
+    assert len(procs) == 2, procs
+    return procs
+
+
+def test_models_lists_both_with_tasks(server, tiny_model_dir, st_dir):
+    cards = {c["id"]: c for c in httpx.get(server.url_for("v1/models")).json()["data"]}
+    assert list(cards) == [GEN, EMB]
+    assert cards[GEN]["supported_tasks"] == ["generate"]
+    assert "embed" in cards[EMB]["supported_tasks"]
+    assert "generate" not in cards[EMB]["supported_tasks"]
+    assert cards[GEN]["root"] == tiny_model_dir("llama") and cards[EMB]["root"] == st_dir
+    assert cards[EMB]["max_model_len"] == 64
+    # The openai client reads the listing (the extra field is kept as extra).
+    assert [m.id for m in server.get_client().models.list().data] == [GEN, EMB]
+
+
+def _hf_greedy(model_dir: str, prompt_ids: list[int]) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    out = model.generate(
+        torch.tensor([prompt_ids]),
+        max_new_tokens=MAX_TOKENS,
+        min_new_tokens=MAX_TOKENS,
+        do_sample=False,
+    )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+async def _chat(client, i: int) -> list[int]:
+    out = await client.chat.completions.create(
+        model=GEN,
+        messages=_messages(i),
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        logprobs=True,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+    )
+    # With return_tokens_as_token_ids each token reads "token_id:<id>".
+    return [int(t.token.split(":", 1)[1]) for t in out.choices[0].logprobs.content]
+
+
+async def _embed(client, i: int) -> list[float]:
+    out = await client.embeddings.create(model=EMB, input=TEXTS[i % len(TEXTS)])
+    return out.data[0].embedding
+
+
+def test_concurrent_chat_and_embeddings_match_references(server, tiny_model_dir, st_dir):
+    from sentence_transformers import SentenceTransformer
+
+    async def run() -> tuple[list, list]:
+        client = server.get_async_client(timeout=120)
+        chats = [_chat(client, i) for i in range(NUM_CONCURRENT)]
+        embeds = [_embed(client, i) for i in range(NUM_CONCURRENT)]
+        results = await asyncio.gather(*chats, *embeds)
+        return list(results[:NUM_CONCURRENT]), list(results[NUM_CONCURRENT:])
+
+    chat_ids, vectors = asyncio.run(run())
+    model_dir = tiny_model_dir("llama")
+    for i in (0, 7, 15):
+        body = {"model": GEN, "messages": _messages(i), "add_generation_prompt": True}
+        prompt_ids = httpx.post(server.url_for("tokenize"), json=body).json()["tokens"]
+        assert chat_ids[i] == _hf_greedy(model_dir, prompt_ids), i
+    ref = SentenceTransformer(st_dir, device="cpu").encode(TEXTS, convert_to_tensor=True)
+    expected = torch.stack([ref[i % len(TEXTS)] for i in range(NUM_CONCURRENT)]).float()
+    cos = torch.nn.functional.cosine_similarity(torch.tensor(vectors), expected, dim=-1)
+    assert bool((cos >= 0.9999).all()), cos
+
+
+def _post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.url_for(*path.split("/")), json=body, timeout=60)
+
+
+def test_wrong_model_for_the_route(server):
+    cases = [
+        ("v1/embeddings", {"model": GEN, "input": "paris"}, GEN),
+        ("pooling", {"model": GEN, "input": "paris"}, GEN),
+        ("v1/chat/completions", {"model": EMB, "messages": _messages(0)}, EMB),
+        ("v1/completions", {"model": EMB, "prompt": "paris"}, EMB),
+        ("tokenize", {"model": EMB, "prompt": "paris"}, EMB),
+    ]
+    for path, body, model in cases:
+        r = _post(server, path, body)
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["type"] == "BadRequestError", (path, r.text)
+        assert error["param"] == "model"
+        assert f"`{model}` does not support this API" in error["message"], error
+    for path, body, _ in cases[:3]:
+        r = _post(server, path, {**body, "model": "nope"})
+        assert r.status_code == 404 and "does not exist" in r.json()["error"]["message"]
+    # No model: each route takes its own engine's.
+    r = _post(server, "v1/embeddings", {"input": "paris"})
+    assert r.status_code == 200 and r.json()["model"] == EMB
+    r = _post(server, "v1/completions", {"prompt": "paris", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["model"] == GEN
+
+
+def test_embedding_engine_death_then_shutdown(server):
+    """Last in the module: it kills the embedding engine of the shared server."""
+    main_core, embed_core = _engine_cores(server)
+    assert httpx.get(server.url_for("health")).status_code == 200
+    embed_core.kill()
+    deadline = time.monotonic() + 15
+    while httpx.get(server.url_for("health")).status_code != 503:
+        assert time.monotonic() < deadline, "/health still 200 after the kill"
+        time.sleep(0.2)
+    r = _post(server, "v1/embeddings", {"model": EMB, "input": "paris"})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
+    # Keep-alive: the generative engine still serves.
+    r = _post(server, "v1/completions", {"model": GEN, "prompt": "paris", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert main_core.is_running()
+    tree = server.children()
+    server.stop()
+    wait_exited(tree)
+
+
+def test_server_exits_when_the_embedding_engine_dies(tiny_model_dir, st_dir, chat_template_file):
+    server = RemoteOpenAIServer(tiny_model_dir("llama"), _server_args(st_dir, chat_template_file))
+    try:
+        tree = server.children()
+        _engine_cores(server)[1].kill()
+        server.proc.wait(EXIT_DEADLINE_S)
+        wait_exited(tree)
+    finally:
+        server.stop()
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+
+    args = make_arg_parser(argparse.ArgumentParser()).parse_args(argv)
+    validate_parsed_serve_args(args)
+    return args
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["gen", "--embedding-dtype", "float32"], "--embedding-dtype needs --embedding-model"),
+        (
+            ["gen", "--embedding-model", "e", "--tensor-parallel-size", "2"],
+            "not supported with --tensor-parallel-size 2",
+        ),
+        (
+            ["gen", "--embedding-model", "e", "--data-parallel-size", "2"],
+            "not supported with --data-parallel-size 2",
+        ),
+        (["gen", "--embedding-model", "e", "--runner", "pooling"], "generative main model"),
+        (["m", "--embedding-model", "m"], "both served as ['m']"),
+        (
+            [
+                "g",
+                "--served-model-name",
+                "x",
+                "--embedding-model",
+                "e",
+                "--embedding-served-model-name",
+                "x",
+            ],
+            "both served as ['x']",
+        ),
+    ],
+)
+def test_refused_flag_combinations(argv, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        _parse(argv)
+
+
+def test_embedding_engine_args():
+    from vllm.entrypoints.openai.embedding_model import embedding_engine_args
+
+    args = _parse(
+        ["gen", "--dtype", "bfloat16", "--max-model-len", "512", "--kv-cache-memory-bytes", "1G"]
+        + ["--embedding-model", "e", "--embedding-kv-cache-memory-bytes", "2M"]
+        + ["--embedding-max-num-seqs", "4", "--embedding-pooler-config", '{"normalize": false}']
+    )
+    engine_args = embedding_engine_args(args)
+    assert engine_args.model == "e" and engine_args.runner == "pooling"
+    # Main-model flags stay with the main model; the embedding-* ones apply.
+    assert engine_args.dtype == "auto" and engine_args.max_model_len is None
+    assert engine_args.kv_cache_memory_bytes == 2 * 2**20
+    assert engine_args.max_num_seqs == 4
+    assert engine_args.pooler_config == {"normalize": False}

@@ -6,7 +6,10 @@ Without `task` the model's pooling task is used: the first of its supported
 pooling tasks in upstream's priority order (embed, classify, token_embed,
 token_classify; "score" is not a request task). A task the model does not
 support is a 400 naming the supported ones; `dimensions` is refused, as
-upstream."""
+upstream. Upstream v0.28 also refuses a supported task other than the
+model's pooling task (its `--pooler-config.task` picks that one); PoolerConfig
+has no `task` here, so every supported task is served (e.g. token_embed on an
+embedding model)."""
 
 from __future__ import annotations
 

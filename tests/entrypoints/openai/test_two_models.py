@@ -8,7 +8,8 @@ generate (token ids) and the embeddings to SentenceTransformer (cosine >=
 0.9999); a model named on the other's route is a 400, an unknown one a 404;
 SIGKILL of the embedding engine core turns /health to 503 (keep-alive: chat
 still served) and shutdown leaves no process; without keep-alive the server
-exits on its own. Flag refusals are checked on the parser, in process."""
+exits on its own (a Qwen3 last-token embedder there, with its own KV budget
+and pooler config). Flag refusals are checked on the parser, in process."""
 
 from __future__ import annotations
 
@@ -188,9 +189,36 @@ def test_embedding_engine_death_then_shutdown(server):
     wait_exited(tree)
 
 
-def test_server_exits_when_the_embedding_engine_dies(tiny_model_dir, st_dir, chat_template_file):
-    server = RemoteOpenAIServer(tiny_model_dir("llama"), _server_args(st_dir, chat_template_file))
+def test_decoder_embedder_own_budget_and_exit_on_death(
+    tiny_model_dir, chat_template_file, tmp_path
+):
+    """A decoder embedder (Qwen3, last-token pooling: it keeps a KV cache)
+    with its own KV budget and pooler config; its engine's death stops the
+    server (no keep-alive) and every process exits."""
+    from sentence_transformers import SentenceTransformer
+
+    from tests.models.language.pooling.st_utils import make_st_dir
+
+    qwen3_st = make_st_dir("qwen3", str(tmp_path / "qwen3-st"), "lasttoken")
+    args = _server_args(qwen3_st, chat_template_file)
+    args += ["--embedding-kv-cache-memory-bytes", "16M"]
+    args += ["--embedding-pooler-config", '{"normalize": false}']
+    log = tmp_path / "server.log"
+    server = RemoteOpenAIServer(tiny_model_dir("llama"), args, log_path=str(log))
     try:
+        vec = torch.tensor(
+            _post(server, "v1/embeddings", {"input": TEXTS[1]}).json()["data"][0]["embedding"]
+        )
+        ref = SentenceTransformer(qwen3_st, device="cpu").encode(TEXTS[1], convert_to_tensor=True)
+        assert torch.nn.functional.cosine_similarity(vec, ref.float(), dim=0) >= 0.9999
+        assert abs(float(vec.norm()) - 1.0) > 1e-3  # normalize: false reached its pooler
+        # Each engine sized its own KV cache: 64 MiB (GEN), 16 MiB (EMB).
+        budgets = [
+            line.split("CPU KV cache space: ", 1)[1].split(" GiB", 1)[0]
+            for line in log.read_text().splitlines()
+            if "CPU KV cache space" in line
+        ]
+        assert sorted(budgets) == ["0.02", "0.06"], budgets
         tree = server.children()
         _engine_cores(server)[1].kill()
         server.proc.wait(EXIT_DEADLINE_S)

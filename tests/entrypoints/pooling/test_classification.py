@@ -56,6 +56,7 @@ def test_probs_and_labels_match_transformers(server, model_dir, logits):
     assert res.status_code == 200, res.text
     body = res.json()
     assert body["object"] == "list" and body["id"].startswith("classify-")
+    assert body["id"] != _post(server, "classify", {"input": "x"}).json()["id"]
     probs = torch.tensor([d["probs"] for d in body["data"]])
     torch.testing.assert_close(probs, logits.softmax(-1), atol=1e-5, rtol=0)
     id2label = AutoConfig.from_pretrained(model_dir).id2label

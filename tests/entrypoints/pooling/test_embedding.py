@@ -193,6 +193,18 @@ def test_bad_requests_get_the_envelope(server, reference, body, param):
     _assert_matches([ok.json()["data"][0]["embedding"]], reference[:1])
 
 
+def test_response_id_carries_the_request_id_header(server):
+    """As upstream: "<route prefix>-<X-Request-Id>" (else a random id)."""
+    headers = {"Authorization": f"Bearer {API_KEY}", "X-Request-Id": "abc123"}
+    url = server.url_for("v1", "embeddings")
+    res = httpx.post(url, json={"input": "paris"}, headers=headers, timeout=60)
+    assert res.json()["id"] == "embd-abc123"
+    res = httpx.post(
+        server.url_for("pooling"), json={"input": "paris"}, headers=headers, timeout=60
+    )
+    assert res.json()["id"] == "pooling-abc123"
+
+
 def test_api_key_guards_the_route(server):
     assert _post(server, {"input": "paris"}, key=None).status_code == 401
     assert _post(server, {"input": "paris"}, key="wrong").status_code == 401
@@ -232,7 +244,7 @@ def test_pooling_route(server, reference):
     res = post({"input": TEXTS})
     assert res.status_code == 200, res.text
     body = res.json()
-    assert body["id"].startswith("pool-") and body["data"][0]["object"] == "pooling"
+    assert body["id"].startswith("pooling-") and body["data"][0]["object"] == "pooling"
     _assert_matches([d["data"] for d in body["data"]], reference)
     tokens = post({"input": TEXTS[1], "task": "token_embed"})
     assert tokens.status_code == 200, tokens.text

@@ -30,12 +30,11 @@ class ServingClassification(PoolingServingBase):
         try:
             params = request.to_pooling_params()
             params.verify("classify", self.model_config)
-            results = await self.run_pooling(
-                request, params, self.request_id(raw_request, "classify")
-            )
+            request_id = self.request_id(raw_request, "classify")
+            results = await self.run_pooling(request, params, request_id)
         except Exception as e:
             return self.error_from_exception(e)
-        return self._response(request, results)
+        return self._response(request, results, request_id)
 
     def _label(self, index: int) -> str | None:
         id2label = getattr(self.model_config.hf_config, "id2label", None) or {}
@@ -43,7 +42,10 @@ class ServingClassification(PoolingServingBase):
         return None if label is None else str(label)
 
     def _response(
-        self, request: AnyClassificationRequest, results: list[PoolingRequestOutput[Any]]
+        self,
+        request: AnyClassificationRequest,
+        results: list[PoolingRequestOutput[Any]],
+        request_id: str,
     ) -> ClassificationResponse:
         data = []
         num_prompt_tokens = 0
@@ -57,6 +59,7 @@ class ServingClassification(PoolingServingBase):
             )
             num_prompt_tokens += len(res.prompt_token_ids)
         return ClassificationResponse(
+            id=request_id,
             model=self._get_model_name(request.model),
             data=data,
             usage=UsageInfo(prompt_tokens=num_prompt_tokens, total_tokens=num_prompt_tokens),

@@ -73,7 +73,7 @@ class ServingPooling(PoolingServingBase):
         error = await self._check_model(request)
         if error is not None:
             return error
-        request_id = self.request_id(raw_request, "pool")
+        request_id = self.request_id(raw_request, "pooling")
         created = int(time.time())
         try:
             params = self._pooling_params(request)

@@ -15,6 +15,7 @@ from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
 from vllm.v1.attention.backends import cpu_attn
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
+from vllm.v1.attention.backends.cpu_encoder_attn import _fused_rows, plan_buckets
 from vllm.v1.kv_cache_interface import (
     EncoderOnlyAttentionSpec,
     FullAttentionSpec,
@@ -91,6 +92,54 @@ def test_bidirectional_per_request(prefill_path, padding):
         s, e = start, start + length
         ref = _dense(q[s:e], k[s:e], v[s:e], 0.3)
         torch.testing.assert_close(out[s:e].double(), ref, atol=1e-5, rtol=1e-5)
+        start = e
+    assert bool((out[n:] == 0).all())
+
+
+# Lengths that make padded buckets: sorted 40 | 29 28 25 | 12 | 8 8 | 5 4 | 1 1
+# (a bucket closes below 0.75 x its longest); qkv rows interleaved as a fused
+# projection leaves them (strided views), and padding rows past the step.
+BUCKET_LENGTHS = [8, 29, 1, 28, 5, 40, 8, 25, 4, 12, 1]
+
+
+def test_plan_buckets_groups_by_length():
+    singles, buckets = plan_buckets(
+        [0, *torch.tensor(BUCKET_LENGTHS).cumsum(0).tolist()[:-1]],
+        BUCKET_LENGTHS,
+        torch.device("cpu"),
+    )
+    assert [BUCKET_LENGTHS[i] for i in singles] == [40, 12]
+    assert [(b.num_seqs, b.padded_len) for b in buckets] == [(3, 29), (2, 8), (2, 5), (2, 1)]
+    assert [b.key_mask is None for b in buckets] == [False, True, False, True]
+    assert sum(len(b.token_ids) for b in buckets) == sum(BUCKET_LENGTHS) - 52
+    three = buckets[0]  # lengths 29, 28, 25: the 28-token request's slot 28 is masked
+    assert three.key_mask is not None
+    assert three.key_mask[1, 0, 0].tolist() == [True] * 28 + [False]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bucketed_step_matches_dense(prefill_path, dtype):
+    """A step of many requests (bucketed + attended alone) equals dense
+    attention per request; GQA; padding rows past the step stay zero."""
+    gen = torch.Generator().manual_seed(2)
+    n, pad = sum(BUCKET_LENGTHS), 2
+    hd, kvd = NUM_HEADS * HEAD_SIZE, NUM_KV_HEADS * HEAD_SIZE
+    qkv = torch.randn(n + pad, hd + 2 * kvd, generator=gen).to(dtype)
+    q, k, v = qkv.split([hd, kvd, kvd], dim=1)
+    q, k, v = q.view(-1, NUM_HEADS, HEAD_SIZE), k.view(-1, 2, HEAD_SIZE), v.view(-1, 2, HEAD_SIZE)
+    assert _fused_rows(q, k, v) is not None  # one gather per bucket for all three
+    assert _fused_rows(q, v, k) is None
+    md = _builder(VllmConfig()).build(0, _common(BUCKET_LENGTHS))
+    impl = CPUAttentionBackendImpl(
+        NUM_HEADS, HEAD_SIZE, 0.3, NUM_KV_HEADS, attn_type=AttentionType.ENCODER_ONLY
+    )
+    out = impl.forward(None, q, k, v, torch.tensor([]), md, output=torch.full_like(q, 7.0))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    start = 0
+    for length in BUCKET_LENGTHS:
+        s, e = start, start + length
+        ref = _dense(q[s:e], k[s:e], v[s:e], 0.3)
+        torch.testing.assert_close(out[s:e].double(), ref, atol=tol, rtol=tol)
         start = e
     assert bool((out[n:] == 0).all())
 

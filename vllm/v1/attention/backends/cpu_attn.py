@@ -30,7 +30,9 @@ Encoder-only layers (`AttentionType.ENCODER_ONLY`, BERT-style models; their
 builder gets `causal=False`, see vllm/attention/layers/encoder_only_attention.py)
 have no KV cache: every request of the step is its whole sequence, each query
 sees all keys of its own request, and nothing is written or read through the
-block table.
+block table. Requests of similar length are padded into buckets, one SDPA
+call each (cpu_encoder_attn.py); a request alone in its bucket is attended
+in place.
 
 When the compiled ops (vllm._C, csrc/cpu) are loaded, decodes skip the gather
 entirely: `paged_attention_decode` reads K/V in place through the block
@@ -55,6 +57,11 @@ from vllm.v1.attention.backend import (
     AttentionMetadataBuilder,
     AttentionType,
     CommonAttentionMetadata,
+)
+from vllm.v1.attention.backends.cpu_encoder_attn import (
+    EncoderBucket,
+    bucketed_attention,
+    plan_buckets,
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
@@ -148,6 +155,16 @@ class CPUAttentionMetadata:
     # Per-step caches keyed by sliding window, shared by all layers.
     _decode_plans: dict[int | None, DecodePlan] = field(default_factory=dict)
     _prefill_plans: dict[int | None, list[PrefillPlan]] = field(default_factory=dict)
+    _encoder_plan: tuple[list[int], list[EncoderBucket]] | None = None
+
+    def encoder_plan(self) -> tuple[list[int], list[EncoderBucket]]:
+        """Encoder-only steps: (requests attended alone, padded buckets of the
+        rest), see cpu_encoder_attn.py; built once per step."""
+        if self._encoder_plan is None:
+            starts = [r.query_start for r in self.prefills]
+            lengths = [r.query_end - r.query_start for r in self.prefills]
+            self._encoder_plan = plan_buckets(starts, lengths, self.block_table.device)
+        return self._encoder_plan
 
     def decode_plan(self, sliding_window: int | None) -> DecodePlan:
         plan = self._decode_plans.get(sliding_window)
@@ -518,8 +535,15 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
                 "CPU attention: an encoder-only layer got causal metadata, or a decoder "
                 "layer non-causal metadata (the layer and its builder disagree)."
             )
-        for req in md.prefills:
-            s, e = req.query_start, req.query_end
+        buckets: list[EncoderBucket] = []
+        if self.logits_soft_cap is not None:  # SDPA has no soft cap: one by one
+            singles = list(range(len(md.prefills)))
+        else:
+            singles, buckets = md.encoder_plan()
+        if buckets:
+            bucketed_attention(query, key, value, buckets, self.scale, output)
+        for i in singles:
+            s, e = md.prefills[i].query_start, md.prefills[i].query_end
             q = query[s:e].transpose(0, 1)  # [H, L, D]
             k = key[s:e].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
             v = value[s:e].transpose(0, 1).unsqueeze(0)

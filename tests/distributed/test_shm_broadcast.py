@@ -167,3 +167,58 @@ def test_writer_does_not_wait_for_ever_on_a_reader_that_stopped():
     finally:
         reader.close()
         writer.close()
+
+
+# Run in a fresh interpreter: a writer with a shared-memory and a ZMQ (tcp)
+# reader, in reference cycles (as an engine's objects are), dropped without
+# close(). First set: collected by gc.collect() while messages are pending;
+# second: left for interpreter exit with a 20 MiB zero-copy overflow message
+# still on its sockets. Prints CLOCK_MONOTONIC (shared by all processes) when
+# it starts dropping.
+_DROP_SCRIPT = """
+import gc, threading, time
+from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+
+def pair(big):
+    w = MessageQueue(2, 1, connect_ip="127.0.0.1")
+    readers = [MessageQueue.create_from_handle(w.export_handle(), r) for r in (0, 1)]
+    t = threading.Thread(target=w.wait_until_ready, args=(30,))
+    t.start()
+    for r in readers:
+        r.wait_until_ready(timeout=30)
+    t.join()
+    for obj in ("first", ("big", b"z" * (20 << 20)) if big else "second", "third"):
+        w.enqueue(obj)
+    assert [r.dequeue(timeout=30) for r in readers] == ["first", "first"]
+    for mq in (w, *readers):
+        mq.cycle = mq
+    return w, readers
+
+queues = pair(big=False)
+print("dropping", time.monotonic(), flush=True)
+del queues
+gc.collect()
+print("collected", flush=True)
+queues = pair(big=True)
+"""
+
+
+def test_queues_left_to_gc_and_exit_do_not_hang_or_abort():
+    """pyzmq's Context.__del__ closes the sockets it still tracks, by weak
+    reference, then terminates; in a collected cycle those references are
+    already cleared, so term() used to wait for ever on the open sockets. At
+    exit pyzmq's hook freed zero-copy frames libzmq was still sending (abort,
+    "Bad address"). Both now exit at once, the process with status 0."""
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _DROP_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    ended = time.monotonic()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.split()
+    assert lines[0] == "dropping" and lines[-1] == "collected", proc.stdout
+    # From the first drop to the process's end: one gc, one more pair, exit.
+    assert ended - float(lines[1]) < 30

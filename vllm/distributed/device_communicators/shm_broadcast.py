@@ -18,15 +18,30 @@ follow on the local ZMQ socket); inline data is the frame count (u32), each
 frame's length (u64) and the frames. Readers on other nodes get every message
 over the remote ZMQ socket. Messages are `RpcEncoder` frames (msgpack, never
 pickle): a reader rejects anything else with `RpcDecodeError`.
+
+Each MessageQueue owns its ZMQ context. `close()` (or, for a queue dropped
+without it, a `weakref.finalize` at garbage collection or interpreter exit)
+closes its sockets with linger 0 and then terminates the context: term()
+waits until every socket of the context is closed, so a context collected in
+a reference cycle before its sockets (pyzmq's own __del__ finds its socket
+set already cleared then) would block forever. At interpreter exit the
+queues still open are closed by `_close_queues_at_exit`, which must run before
+pyzmq's own exit hook: that one stops pyzmq's garbage collector, which frees
+the buffers of zero-copy frames libzmq may still be sending (an abort,
+"Bad address"); atexit runs the hook registered last first, so this module
+imports zmq.utils.garbage (registering pyzmq's hook) before registering its own.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
 import struct
 import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -35,6 +50,7 @@ from typing import Any
 
 import msgspec
 import zmq
+import zmq.utils.garbage  # noqa: F401 (registers pyzmq's atexit hook before ours: see below)
 
 from vllm.distributed.device_communicators.rpc_codec import RpcDecoder, RpcEncoder
 from vllm.distributed.utils import get_ip
@@ -46,6 +62,14 @@ _INLINE, _OVERFLOW = 0, 1
 _COUNT = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
 _READY = b"READY"
+# Queues not yet closed (their `_finalizer` still pending).
+_OPEN_QUEUES: weakref.WeakSet[MessageQueue] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_queues_at_exit() -> None:
+    for mq in list(_OPEN_QUEUES):
+        mq._finalizer()
 
 
 class _Backoff:
@@ -176,6 +200,7 @@ class MessageQueue:
             local_addr,
             remote_addr,
         )
+        self._finalizer = self._release_on_collect()
 
     def _socket(self, kind: int) -> zmq.Socket:
         sock = self.context.socket(kind)
@@ -208,7 +233,16 @@ class MessageQueue:
         else:
             self.local_reader_rank = -1
             self.remote_socket = self._subscriber(handle.remote_subscribe_addr)
+        self._finalizer = self._release_on_collect()
         return self
+
+    def _release_on_collect(self) -> weakref.finalize:
+        """Close the sockets and terminate the context when this queue is
+        collected or the interpreter exits (`close()` runs it at once). The
+        callback holds the sockets and the context, never the queue."""
+        sockets = [s for s in (self.local_socket, self.remote_socket) if s is not None]
+        _OPEN_QUEUES.add(self)
+        return weakref.finalize(self, _release_zmq, sockets, self.context, os.getpid())
 
     def _subscriber(self, addr: str | None) -> zmq.Socket:
         assert addr is not None
@@ -336,13 +370,22 @@ class MessageQueue:
     def close(self, unlink: bool | None = None) -> None:
         """Close the sockets and the buffer. A reader passes `unlink=True` to
         remove a segment whose writer died without doing so."""
-        for sock in (self.local_socket, self.remote_socket):
-            if sock is not None:
-                sock.close(linger=0)
-        self.context.term()
+        self._finalizer()
+        _OPEN_QUEUES.discard(self)
         if self.buffer is not None:
             self.buffer.close(unlink)
             self.buffer = None
+
+
+def _release_zmq(sockets: list[zmq.Socket], context: zmq.Context, pid: int) -> None:
+    """Sockets first (linger 0: unsent messages are dropped), then the
+    context, whose term() returns once they are closed. A forked child
+    (another pid) owns none of them: pyzmq ignores its calls there too."""
+    if os.getpid() != pid:
+        return
+    for sock in sockets:
+        sock.close(linger=0)
+    context.term()
 
 
 def _pack_frames(chunk: memoryview, views: list[memoryview]) -> None:

@@ -227,8 +227,17 @@ def test_route_only_for_embedding_models(tasks, served):
     assert ("/v1/embeddings" in paths) is served and ("/pooling" in paths) is served
     assert "/classify" not in paths
     if not served:
-        res = client.post("/v1/embeddings", json={"input": "paris"})
-        assert res.status_code == 404 and res.json()["error"]["code"] == 404
+        # The status as upstream (the route is not served); the message names
+        # the model, its tasks and the API (upstream: a bare "Not Found").
+        from types import SimpleNamespace
+
+        name = SimpleNamespace(name="tiny-gen")
+        client.app.state.openai_serving_models = SimpleNamespace(base_model_paths=[name])
+        for path, api in [("/v1/embeddings", "Embeddings"), ("/pooling", "Pooling")]:
+            res = client.post(path, json={"input": "paris"})
+            assert res.status_code == 404 and res.json()["error"]["code"] == 404
+            message = res.json()["error"]["message"]
+            assert f"`tiny-gen` does not support the {api} API (its tasks: generate)" in message
 
 
 def test_pooling_route(server, reference):

@@ -220,22 +220,6 @@ def hf_act_quant_model(model_dir: str):
     return model
 
 
-def greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    outs = []
-    with torch.no_grad():
-        for ids in prompts:
-            y = model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-            outs.append(y[0, len(ids) :].tolist())
-    return outs
-
-
 def tie_margins(model, prompts, got, want) -> list[float]:
     """For each sequence where `got` parts from `want`: the reference's logit
     of its own token minus that of `got`'s, at the first differing position

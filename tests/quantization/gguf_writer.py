@@ -19,6 +19,8 @@ import os
 import numpy as np
 import torch
 
+from tests.quantization.quant_test_utils import model_greedy
+
 # GGUF short names of the HF Llama matrices -> "kind" used in the type maps below.
 _KIND = {
     "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
@@ -148,16 +150,4 @@ def hf_gguf_greedy(
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     if cfg.tie_word_embeddings:
         model.tie_weights()
-    outs = []
-    with torch.no_grad():
-        for ids in prompts:
-            y = model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-            outs.append(y[0, len(ids) :].tolist())
-    return outs
+    return model_greedy(model, prompts, max_new_tokens)

@@ -12,9 +12,18 @@ import torch
 
 from tests.models.test_greedy_parity import MAX_TOKENS, _prompts
 from tests.quantization.ct_utils import dequantize, pack, quantize, write_compressed
+from tests.quantization.quant_test_utils import (
+    assert_truncated_refused,
+    expected,
+    fused_gate_up,
+    generate,
+    model_greedy,
+    runner_attr,
+    tp2_llm,
+    weight_bytes,
+)
 from tests.utils import hf_greedy, make_tiny_model
-from vllm import LLM, SamplingParams
-from vllm.inputs import TokensPrompt
+from vllm import LLM
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16 import (  # noqa: E501
     unpack_from_int32,
 )
@@ -52,27 +61,6 @@ def checkpoints(tmp_path_factory):
     return out
 
 
-_HF: dict[str, list[list[int]]] = {}
-
-
-def _expected(ref_dir: str) -> list[list[int]]:
-    if ref_dir not in _HF:
-        _HF[ref_dir] = hf_greedy(ref_dir, _prompts(), MAX_TOKENS)
-    return _HF[ref_dir]
-
-
-def _generate(llm: LLM) -> list[list[int]]:
-    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
-
-
-def _runner_attr(llm: LLM, fn):
-    return llm.llm_engine.engine_core.engine_core.model_executor.collective_rpc(
-        lambda worker: fn(worker.model_runner)
-    )
-
-
 @pytest.mark.parametrize("runner", ["0", "1"])
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_greedy_matches_transformers_on_dequantized_weights(
@@ -86,11 +74,11 @@ def test_greedy_matches_transformers_on_dequantized_weights(
     assert llm.llm_engine.vllm_config.use_v2_model_runner is (runner == "1")
     # The weights stay low-bit in memory: int8 [out, in] (a float32 model's
     # 4-bit values too, for the int8 group GEMM: utils/int4_cpu.py).
-    dtypes = _runner_attr(
+    dtypes = runner_attr(
         llm, lambda r: r.get_model().model.layers[0].mlp.down_proj.weight_packed.dtype
     )
     assert dtypes == [torch.int8]
-    assert _generate(llm) == _expected(ref_dir)
+    assert generate(llm) == expected(ref_dir)
 
 
 @pytest.mark.parametrize("scheme", ["w8a16", "w4a16-g32", "w4a16-g64-asym"])
@@ -98,23 +86,8 @@ def test_tp2_greedy_matches_transformers(checkpoints, scheme):
     """Row-parallel layers split the packed input dim (and the group scales;
     a per-channel scale stays whole), column-parallel ones the output rows."""
     model_dir, ref_dir = checkpoints[scheme]
-    llm = LLM(
-        model=model_dir,
-        dtype="float32",
-        max_model_len=128,
-        seed=0,
-        tensor_parallel_size=2,
-        max_num_seqs=8,
-    )
-    assert llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2
-    assert _generate(llm) == _expected(ref_dir)
-
-
-def _weight_bytes(model_dir: str, monkeypatch) -> int:
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=64, seed=0)
-    (nbytes,) = _runner_attr(llm, lambda r: r.model_memory_usage)
-    return nbytes
+    llm = tp2_llm(model_dir)
+    assert generate(llm) == expected(ref_dir)
 
 
 def test_weight_bytes_at_load(tmp_path, monkeypatch):
@@ -122,7 +95,7 @@ def test_weight_bytes_at_load(tmp_path, monkeypatch):
     whole model's bytes show the ratio; the linear part is checked exactly."""
     shapes = dict(SHAPES, hidden_size=256, intermediate_size=1024, num_hidden_layers=4)
     src = make_tiny_model("llama", str(tmp_path / "src"), **shapes)
-    bf16 = _weight_bytes(src, monkeypatch)
+    bf16 = weight_bytes(src, monkeypatch)
     h, i, layers = 256, 1024, 4
     kv = h // 4 * 2  # 2 KV heads of 64
     linear_params = layers * (h * (h + 2 * kv) + h * h + 2 * h * i + i * h)
@@ -131,7 +104,7 @@ def test_weight_bytes_at_load(tmp_path, monkeypatch):
     for name, bits, group in (("w8a16", 8, None), ("w4a16", 4, 128)):
         dst = str(tmp_path / name)
         write_compressed(src, dst, None, bits, group, scale_dtype=torch.bfloat16)
-        ratios[name] = _weight_bytes(dst, monkeypatch) / bf16
+        ratios[name] = weight_bytes(dst, monkeypatch) / bf16
     # Exactly: the linears' bf16 bytes (2 per weight) become 1 per weight plus
     # a bf16 scale per output row (W8A16), or half a byte per weight plus a
     # bf16 (scale, zero) pair per group of 128 and row (W4A16: torch's int4
@@ -154,7 +127,7 @@ def test_ignored_modules_stay_dense(tmp_path, monkeypatch):
     dst, ref = str(tmp_path / "dst"), str(tmp_path / "ref")
     write_compressed(src, dst, ref, 4, 32, ignore=(r".*down_proj$",))
     llm = LLM(model=dst, dtype="float32", max_model_len=128, seed=0)
-    (kinds,) = _runner_attr(
+    (kinds,) = runner_attr(
         llm,
         lambda r: [
             type(layer.quant_method).__name__
@@ -165,7 +138,7 @@ def test_ignored_modules_stay_dense(tmp_path, monkeypatch):
         ],
     )
     assert kinds == ["UnquantizedLinearMethod", "CompressedTensorsLinearMethod"]
-    assert _generate(llm) == hf_greedy(ref, _prompts(), MAX_TOKENS)
+    assert generate(llm) == hf_greedy(ref, _prompts(), MAX_TOKENS)
 
 
 def test_fused_layer_quantized_differently_is_refused(tmp_path, monkeypatch):
@@ -230,13 +203,7 @@ def test_bad_checkpoints_are_refused_naming_the_tensor_or_file(tmp_path, monkeyp
             LLM(model=dst, dtype="float32", max_model_len=128)
     dst = str(tmp_path / "truncated")
     write_compressed(src, dst, None, 4, 32)
-    path = f"{dst}/model.safetensors"
-    with open(path, "rb") as f:
-        data = f.read()
-    with open(path, "wb") as f:
-        f.write(data[: len(data) // 2])
-    with pytest.raises(ValueError, match=r"model.safetensors'.*corrupt or truncated"):
-        LLM(model=dst, dtype="float32", max_model_len=128)
+    assert_truncated_refused(dst)
 
 
 @pytest.mark.parametrize("runner", ["0", "1"])
@@ -247,7 +214,7 @@ def test_w8a8_int8_matches_transformers_with_fake_quantized_activations(
     at run time) gives the tokens of transformers running the dequantized
     weights with each linear's input fake-quantized the same way; the
     weights stay int8."""
-    from tests.quantization.ct_utils import greedy, hf_act_quant_model, tie_margins, write_w8a8
+    from tests.quantization.ct_utils import hf_act_quant_model, tie_margins, write_w8a8
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", runner)
@@ -256,11 +223,11 @@ def test_w8a8_int8_matches_transformers_with_fake_quantized_activations(
     dst, ref = str(tmp_path / "w8a8"), str(tmp_path / "ref")
     write_w8a8(src, dst, ref)
     llm = LLM(model=dst, dtype="float32", max_model_len=128, seed=0)
-    (dtype,) = _runner_attr(llm, lambda r: r.get_model().model.layers[0].mlp.down_proj.weight.dtype)
+    (dtype,) = runner_attr(llm, lambda r: r.get_model().model.layers[0].mlp.down_proj.weight.dtype)
     assert dtype == torch.int8
     model = hf_act_quant_model(ref)
-    got = _generate(llm)
-    want = greedy(model, _prompts(), MAX_TOKENS)
+    got = generate(llm)
+    want = model_greedy(model, _prompts(), MAX_TOKENS)
     # Activation rounding amplifies float noise: an activation a hair from a
     # rounding boundary in one implementation (attention or the TP all-reduce
     # summing in another order) lands on the other side in the other, so a
@@ -277,21 +244,13 @@ def test_w8a8_int8_gemm_is_exact():
     """The int8 x int8 GEMM equals the float product of the per-token
     fake-quantized input and the dequantized weight (to float32 rounding)."""
     from tests.quantization.ct_utils import w8a8_quantization_config
-    from vllm.model_executor.layers.linear import MergedColumnParallelLinear
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
         CompressedTensorsConfig,
     )
 
     torch.manual_seed(0)
     config = CompressedTensorsConfig.from_config(w8a8_quantization_config())
-    layer = MergedColumnParallelLinear(
-        64,
-        [48, 80],
-        bias=True,
-        quant_config=config,
-        params_dtype=torch.float32,
-        prefix="m.gate_up_proj",
-    )
+    layer = fused_gate_up(config, 64, [48, 80])
     ws = [torch.randn(n, 64) for n in (48, 80)]
     for shard, w in enumerate(ws):
         q, scale = quantize(w, 8, None)
@@ -318,8 +277,8 @@ def test_llama_family_variants(tmp_path, monkeypatch, kind):
     dst, ref = str(tmp_path / "dst"), str(tmp_path / "ref")
     write_compressed(src, dst, ref, 4, 32)
     llm = LLM(model=dst, dtype="float32", max_model_len=128, seed=0)
-    (has_bias,) = _runner_attr(
+    (has_bias,) = runner_attr(
         llm, lambda r: r.get_model().model.layers[0].self_attn.qkv_proj.bias is not None
     )
     assert has_bias is (kind == "qwen2")
-    assert _generate(llm) == hf_greedy(ref, _prompts(), MAX_TOKENS)
+    assert generate(llm) == hf_greedy(ref, _prompts(), MAX_TOKENS)

@@ -26,14 +26,20 @@ from tests.quantization.ct_utils import (
     QUANTIZED,
     calibrate_input_scales,
     fused_input_scales,
-    greedy,
     hf_fp8_act_quant_model,
     tie_margins,
     write_fp8,
 )
+from tests.quantization.quant_test_utils import (
+    fused_gate_up,
+    generate,
+    model_greedy,
+    runner_attr,
+    tp2_llm,
+    weight_bytes,
+)
 from tests.utils import hf_greedy, make_tiny_model
-from vllm import LLM, SamplingParams
-from vllm.inputs import TokensPrompt
+from vllm import LLM
 
 # hidden 256 (4 heads of 64, 2 KV heads): q, k and v are whole 128-blocks.
 SHAPES = dict(
@@ -94,20 +100,8 @@ def checkpoint(src, input_scales, tmp_path_factory):
     return get
 
 
-def _generate(llm: LLM) -> list[list[int]]:
-    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
-
-
-def _runner_attr(llm: LLM, fn):
-    return llm.llm_engine.engine_core.engine_core.model_executor.collective_rpc(
-        lambda worker: fn(worker.model_runner)
-    )
-
-
 def _weight_dtypes(llm: LLM) -> list[torch.dtype]:
-    (dtypes,) = _runner_attr(
+    (dtypes,) = runner_attr(
         llm,
         lambda r: [
             layer.weight.dtype
@@ -132,11 +126,11 @@ def test_weight_only_fp8_matches_transformers(checkpoint, monkeypatch, name, run
     assert llm.llm_engine.vllm_config.model_config.quantization == "compressed-tensors"
     assert llm.llm_engine.vllm_config.use_v2_model_runner is (runner == "1")
     assert _weight_dtypes(llm) == [torch.float8_e4m3fn] * 2
-    assert _generate(llm) == hf_greedy(ref_dir, _prompts(), MAX_TOKENS)
+    assert generate(llm, MAX_TOKENS) == hf_greedy(ref_dir, _prompts(), MAX_TOKENS)
 
 
 def _assert_near_ties(got, model) -> None:
-    want = greedy(model, _prompts(), MAX_TOKENS)
+    want = model_greedy(model, _prompts(), MAX_TOKENS)
     margins = tie_margins(model, _prompts(), got, want)
     print("fp8 W8A8 margins", margins)
     assert all(0 <= m < MARGIN for m in margins), margins
@@ -167,7 +161,7 @@ def test_w8a8_fp8_matches_transformers_with_fake_quantized_activations(
     act = args.get("acts") or "dynamic"
     act = "group" if "block" in args else ("token" if act == "dynamic" else act)
     model = hf_fp8_act_quant_model(ref_dir, act, fused_input_scales(input_scales))
-    _assert_near_ties(_generate(llm), model)
+    _assert_near_ties(generate(llm, MAX_TOKENS), model)
 
 
 def _online_reference(src: str, ref: str) -> None:
@@ -201,23 +195,15 @@ def test_online_fp8_quantizes_an_unquantized_checkpoint(src, tmp_path, monkeypat
     assert _weight_dtypes(llm) == [torch.float8_e4m3fn] * 2
     ref = str(tmp_path / "ref")
     _online_reference(src, ref)
-    _assert_near_ties(_generate(llm), hf_fp8_act_quant_model(ref, "token"))
+    _assert_near_ties(generate(llm, MAX_TOKENS), hf_fp8_act_quant_model(ref, "token"))
 
 
 def test_tp2_weight_only_fp8_matches_transformers(checkpoint):
     """Column-parallel layers split the fp8 rows and their channel scales,
     row-parallel ones the fp8 input columns (the scales stay whole)."""
     model_dir, ref_dir = checkpoint("ct-w8a16-channel")
-    llm = LLM(
-        model=model_dir,
-        dtype="float32",
-        max_model_len=128,
-        seed=0,
-        tensor_parallel_size=2,
-        max_num_seqs=8,
-    )
-    assert llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2
-    assert _generate(llm) == hf_greedy(ref_dir, _prompts(), MAX_TOKENS)
+    llm = tp2_llm(model_dir)
+    assert generate(llm, MAX_TOKENS) == hf_greedy(ref_dir, _prompts(), MAX_TOKENS)
 
 
 def test_tp2_block_fp8_matches_transformers(tmp_path):
@@ -230,22 +216,8 @@ def test_tp2_block_fp8_matches_transformers(tmp_path):
     _edit(src, _sharpen)
     dst, ref = str(tmp_path / "fp8"), str(tmp_path / "ref")
     write_fp8(src, dst, ref, **CHECKPOINTS["fp8-block"])
-    llm = LLM(
-        model=dst,
-        dtype="float32",
-        max_model_len=128,
-        seed=0,
-        tensor_parallel_size=2,
-        max_num_seqs=8,
-    )
-    _assert_near_ties(_generate(llm), hf_fp8_act_quant_model(ref, "group"))
-
-
-def _weight_bytes(model_dir: str, monkeypatch) -> int:
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=64, seed=0)
-    (nbytes,) = _runner_attr(llm, lambda r: r.model_memory_usage)
-    return nbytes
+    llm = tp2_llm(dst)
+    _assert_near_ties(generate(llm, MAX_TOKENS), hf_fp8_act_quant_model(ref, "group"))
 
 
 def test_weight_bytes_at_load(tmp_path, monkeypatch):
@@ -254,10 +226,10 @@ def test_weight_bytes_at_load(tmp_path, monkeypatch):
     h, i, layers, kv = 256, 1024, 4, 128
     shapes = dict(SHAPES, intermediate_size=i, num_hidden_layers=layers)
     src = make_tiny_model("llama", str(tmp_path / "src"), **shapes)
-    bf16 = _weight_bytes(src, monkeypatch)
+    bf16 = weight_bytes(src, monkeypatch)
     dst = str(tmp_path / "fp8")
     write_fp8(src, dst, None, strategy="channel")
-    ratio = _weight_bytes(dst, monkeypatch) / bf16
+    ratio = weight_bytes(dst, monkeypatch) / bf16
     linear = layers * (h * (h + 2 * kv) + h * h + 2 * h * i + i * h)
     rows = layers * ((h + 2 * kv) + h + 2 * i + h)
     expected = (bf16 - 2 * linear + linear + 4 * rows) / bf16
@@ -346,7 +318,6 @@ def test_fp8_gemm_equals_the_fake_quantized_product(kind):
     the float64 product of the fake-quantized input and the dequantized
     weights (per-tensor parts requantized to their max scale first)."""
     from tests.quantization.ct_utils import fp8_config, fp8_dequantize, fp8_quantize
-    from vllm.model_executor.layers.linear import MergedColumnParallelLinear
     from vllm.model_executor.layers.quantization import get_quantization_config
 
     torch.manual_seed(0)
@@ -356,14 +327,7 @@ def test_fp8_gemm_equals_the_fake_quantized_product(kind):
         "fp8-block": ("fp8", "block", "dynamic", (128, 128)),
     }[kind]
     config = get_quantization_config(method).from_config(fp8_config(method, strategy, acts, block))
-    layer = MergedColumnParallelLinear(
-        256,
-        [128, 256],
-        bias=True,
-        quant_config=config,
-        params_dtype=torch.float32,
-        prefix="m.gate_up_proj",
-    )
+    layer = fused_gate_up(config, 256, [128, 256])
     ws = [torch.randn(n, 256) * (shard + 1) for shard, n in enumerate((128, 256))]
     scale_name = "weight_scale_inv" if method == "fp8" else "weight_scale"
     parts, in_scales = [], [0.02, 0.03]
@@ -445,4 +409,4 @@ def test_qwen3_block_fp8(tmp_path, monkeypatch):
     write_fp8(src, dst, ref, **CHECKPOINTS["fp8-block"])
     llm = LLM(model=dst, dtype="float32", max_model_len=128, seed=0)
     assert _weight_dtypes(llm) == [torch.float8_e4m3fn] * 2
-    _assert_near_ties(_generate(llm), hf_fp8_act_quant_model(ref, "group"))
+    _assert_near_ties(generate(llm, MAX_TOKENS), hf_fp8_act_quant_model(ref, "group"))

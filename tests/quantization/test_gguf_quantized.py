@@ -14,9 +14,9 @@ import torch
 
 from tests.models.test_greedy_parity import MAX_TOKENS, _prompts
 from tests.quantization.gguf_writer import hf_gguf_greedy, write_tiny_gguf
+from tests.quantization.quant_test_utils import generate, runner_attr
 from tests.utils import make_tiny_model
-from vllm import LLM, SamplingParams
-from vllm.inputs import TokensPrompt
+from vllm import LLM
 from vllm.model_executor.layers.quantization.utils.gguf_quants import (
     GGML_BLOCK_SIZES,
     GGML_QUANT_TYPES,
@@ -61,18 +61,6 @@ def gguf_files(tmp_path_factory):
         )
         out[name] = (path, hf_gguf_greedy(path, src, _prompts(), MAX_TOKENS))
     return out
-
-
-def _generate(llm: LLM) -> list[list[int]]:
-    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in _prompts()], sp, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
-
-
-def _runner_attr(llm: LLM, fn):
-    return llm.llm_engine.engine_core.engine_core.model_executor.collective_rpc(
-        lambda worker: fn(worker.model_runner)
-    )
 
 
 def _random_blocks(qtype: int, rows: int, cols: int, rng) -> np.ndarray:
@@ -143,7 +131,7 @@ def test_greedy_matches_transformers(gguf_files, monkeypatch, name, runner):
     assert llm.llm_engine.vllm_config.use_v2_model_runner is (runner == "1")
     # Kept quantized: a float32 model holds every type as int8 values (the
     # int4 kernel is slow with float32 activations; bf16: see the bytes test).
-    (kinds,) = _runner_attr(
+    (kinds,) = runner_attr(
         llm,
         lambda r: [
             (m.qweight.dtype, type(m.quant_method).__name__)
@@ -151,7 +139,7 @@ def test_greedy_matches_transformers(gguf_files, monkeypatch, name, runner):
         ],
     )
     assert kinds == [(torch.int8, "GGUFLinearMethod"), (torch.int8, "GGUFEmbeddingMethod")]
-    assert _generate(llm) == expected
+    assert generate(llm) == expected
 
 
 @pytest.mark.parametrize("name", ["q4_0", "q8_0-tied"])
@@ -161,7 +149,7 @@ def test_tp2_greedy_matches_transformers(gguf_files, name):
     path, expected = gguf_files[name]
     llm = LLM(model=path, dtype="float32", max_model_len=128, seed=0, tensor_parallel_size=2)
     assert llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2
-    assert _generate(llm) == expected
+    assert generate(llm) == expected
 
 
 def test_q4_weight_bytes_at_most_035_of_bf16(tmp_path, monkeypatch):
@@ -176,9 +164,9 @@ def test_q4_weight_bytes_at_most_035_of_bf16(tmp_path, monkeypatch):
     sizes = {}
     for key, model in (("bf16", src), ("q4_0", path)):
         llm = LLM(model=model, dtype="bfloat16", max_model_len=64, seed=0)
-        (sizes[key],) = _runner_attr(llm, lambda r: r.model_memory_usage)
+        (sizes[key],) = runner_attr(llm, lambda r: r.model_memory_usage)
         if key == "q4_0":  # bf16: the Q4_0 linears are int4, packed two per byte
-            (dtype,) = _runner_attr(
+            (dtype,) = runner_attr(
                 llm, lambda r: r.get_model().model.layers[0].mlp.down_proj.qweight.dtype
             )
             assert dtype == torch.uint8

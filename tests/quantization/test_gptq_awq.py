@@ -23,7 +23,14 @@ from tests.quantization.gptq_awq_utils import (
     rtn_int4,
     write_quantized,
 )
-from tests.quantization.test_compressed_tensors import _generate, _runner_attr
+from tests.quantization.quant_test_utils import (
+    assert_truncated_refused,
+    expected,
+    generate,
+    runner_attr,
+    tp2_llm,
+    weight_bytes,
+)
 from tests.utils import hf_greedy, make_tiny_model
 from vllm import LLM
 from vllm.engine.arg_utils import EngineArgs
@@ -55,15 +62,6 @@ def checkpoints(tmp_path_factory):
         write_quantized(src, str(dst), str(ref), **kwargs)
         out[name] = (str(dst), str(ref))
     return out
-
-
-_HF: dict[str, list[list[int]]] = {}
-
-
-def _expected(ref_dir: str) -> list[list[int]]:
-    if ref_dir not in _HF:
-        _HF[ref_dir] = hf_greedy(ref_dir, _prompts(), MAX_TOKENS)
-    return _HF[ref_dir]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -145,11 +143,9 @@ def test_greedy_matches_transformers_on_dequantized_weights(checkpoints, monkeyp
     method = CHECKPOINTS[name]["method"]
     assert llm.llm_engine.vllm_config.model_config.quantization == method
     assert llm.llm_engine.vllm_config.use_v2_model_runner is (runner == "1")
-    (dtype,) = _runner_attr(
-        llm, lambda r: r.get_model().model.layers[0].mlp.down_proj.qweight.dtype
-    )
+    (dtype,) = runner_attr(llm, lambda r: r.get_model().model.layers[0].mlp.down_proj.qweight.dtype)
     assert dtype == torch.int8  # a float32 model's 4-bit values, one per byte
-    assert _generate(llm) == _expected(ref_dir)
+    assert generate(llm) == expected(ref_dir)
 
 
 def test_gptq_v2_zeros(checkpoints, monkeypatch):
@@ -157,7 +153,7 @@ def test_gptq_v2_zeros(checkpoints, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     model_dir, ref_dir = checkpoints["gptq-v2-asym"]
     llm = LLM(model=model_dir, dtype="float32", max_model_len=128, seed=0)
-    assert _generate(llm) == _expected(ref_dir)
+    assert generate(llm) == expected(ref_dir)
 
 
 @pytest.mark.parametrize("name", ["gptq-actorder-asym", "awq"])
@@ -166,23 +162,8 @@ def test_tp2_greedy_matches_transformers(checkpoints, name):
     (act-order: each rank keeps every group's scales and pads the groups it
     holds part of), column-parallel ones along dim 1 (AWQ's packed outputs)."""
     model_dir, ref_dir = checkpoints[name]
-    llm = LLM(
-        model=model_dir,
-        dtype="float32",
-        max_model_len=128,
-        seed=0,
-        tensor_parallel_size=2,
-        max_num_seqs=8,
-    )
-    assert llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2
-    assert _generate(llm) == _expected(ref_dir)
-
-
-def _weight_bytes(model_dir: str, monkeypatch) -> int:
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=64, seed=0)
-    (nbytes,) = _runner_attr(llm, lambda r: r.model_memory_usage)
-    return nbytes
+    llm = tp2_llm(model_dir)
+    assert generate(llm) == expected(ref_dir)
 
 
 def test_weight_bytes_at_load(tmp_path, monkeypatch):
@@ -191,14 +172,14 @@ def test_weight_bytes_at_load(tmp_path, monkeypatch):
     folded away at load); the rest (embeddings, LM head, norms) unchanged."""
     shapes = dict(SHAPES, intermediate_size=1024, num_hidden_layers=4)
     src = make_tiny_model("llama", str(tmp_path / "src"), **shapes)
-    bf16 = _weight_bytes(src, monkeypatch)
+    bf16 = weight_bytes(src, monkeypatch)
     h, i, layers, kv = 256, 1024, 4, 128
     linear_params = layers * (h * (h + 2 * kv) + h * h + 2 * h * i + i * h)
     w4 = bf16 - 2 * linear_params + linear_params // 2 + 4 * linear_params // 128
     for method in ("gptq", "awq"):
         dst = str(tmp_path / method)
         write_quantized(src, dst, None, method, desc_act=method == "gptq")
-        ratio = _weight_bytes(dst, monkeypatch) / bf16
+        ratio = weight_bytes(dst, monkeypatch) / bf16
         # act-order: an int64 input index per layer (qkv, o, gate_up: h; down: i)
         extra = 8 * layers * (3 * h + i) if method == "gptq" else 0
         assert ratio == pytest.approx((w4 + extra) / bf16, rel=1e-3), method
@@ -298,13 +279,7 @@ def test_bad_checkpoints_are_refused_naming_the_tensor_or_file(checkpoints, tmp_
         LLM(model=wrong, dtype="float32", max_model_len=128)
     dst = str(tmp_path / "truncated")
     shutil.copytree(checkpoints["awq"][0], dst)
-    path = f"{dst}/model.safetensors"
-    with open(path, "rb") as f:
-        data = f.read()
-    with open(path, "wb") as f:
-        f.write(data[: len(data) // 2])
-    with pytest.raises(ValueError, match=r"model.safetensors'.*corrupt or truncated"):
-        LLM(model=dst, dtype="float32", max_model_len=128)
+    assert_truncated_refused(dst)
 
 
 def _move_config_to_side_file(model_dir: str, dst: str, side: str, config: dict) -> str:
@@ -340,7 +315,7 @@ def test_side_file_configs_with_q(checkpoints, tmp_path, monkeypatch):
     model_dir, ref_dir = checkpoints["awq"]
     awq = _move_config_to_side_file(model_dir, str(tmp_path / "awq"), "quant_config.json", autoawq)
     llm = LLM(model=awq, quantization="awq", dtype="float32", max_model_len=128, seed=0)
-    assert _generate(llm) == _expected(ref_dir)
+    assert generate(llm) == expected(ref_dir)
 
 
 def test_qwen2_biased_qkv(tmp_path, monkeypatch):
@@ -351,11 +326,11 @@ def test_qwen2_biased_qkv(tmp_path, monkeypatch):
     dst, ref = str(tmp_path / "dst"), str(tmp_path / "ref")
     write_quantized(src, dst, ref, "gptq", desc_act=True, sym=False)
     llm = LLM(model=dst, dtype="float32", max_model_len=128, seed=0)
-    (has_bias,) = _runner_attr(
+    (has_bias,) = runner_attr(
         llm, lambda r: r.get_model().model.layers[0].self_attn.qkv_proj.bias is not None
     )
     assert has_bias
-    assert _generate(llm) == hf_greedy(ref, _prompts(), MAX_TOKENS)
+    assert generate(llm) == hf_greedy(ref, _prompts(), MAX_TOKENS)
 
 
 def test_module_lists_pick_the_quantized_layers():

@@ -22,6 +22,7 @@ quantized tensors (e.g. `weight_packed`, `weight_scale`) with the same
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,6 +53,28 @@ def tp_size_and_rank() -> tuple[int, int]:
     return get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
 
 
+@dataclass(frozen=True)
+class LinearWeightSpec:
+    """The arguments of `create_weights`: this rank's part of a linear layer
+    (methods implement `create_linear_weights(layer, spec)`, so upstream's
+    signature is written once, in `LinearMethodBase.create_weights`)."""
+
+    input_size_per_partition: int
+    output_partition_sizes: list[int]  # one per fused part (QKV, gate_up)
+    input_size: int  # the whole layer's, over all ranks
+    output_size: int
+    params_dtype: torch.dtype
+    extra_weight_attrs: dict[str, Any]  # set on every parameter (its `weight_loader`)
+
+    @property
+    def output_size_per_partition(self) -> int:
+        return sum(self.output_partition_sizes)
+
+    @property
+    def weight_loader(self) -> Any:
+        return self.extra_weight_attrs["weight_loader"]
+
+
 class LinearMethodBase(QuantizeMethodBase):
     """How a linear layer stores and multiplies its weight."""
 
@@ -68,6 +91,19 @@ class LinearMethodBase(QuantizeMethodBase):
         """Register this rank's weight parameters on `layer`; every one gets
         `extra_weight_attrs` (its `weight_loader`) and its `output_dim` /
         `input_dim` (None: not split over the ranks)."""
+        spec = LinearWeightSpec(
+            input_size_per_partition,
+            output_partition_sizes,
+            input_size,
+            output_size,
+            params_dtype,
+            extra_weight_attrs,
+        )
+        self.create_linear_weights(layer, spec)
+
+    def create_linear_weights(self, layer: Any, spec: LinearWeightSpec) -> None:
+        """`create_weights` with its arguments in one `spec` (what each
+        method implements)."""
         raise NotImplementedError
 
     def apply(  # type: ignore[override]
@@ -82,21 +118,10 @@ class UnquantizedLinearMethod(LinearMethodBase):
     once loaded into oneDNN's blocked layout (layers/utils.py). `layer` is
     typed Any: the attributes read here are the ones `create_weights` set."""
 
-    def create_weights(  # type: ignore[override]
-        self,
-        layer: Any,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        **extra_weight_attrs: Any,
-    ) -> None:
-        weight = Parameter(
-            torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
-            requires_grad=False,
-        )
-        set_weight_attrs(weight, {"output_dim": 0, "input_dim": 1, **extra_weight_attrs})
+    def create_linear_weights(self, layer: Any, spec: LinearWeightSpec) -> None:
+        shape = (spec.output_size_per_partition, spec.input_size_per_partition)
+        weight = Parameter(torch.empty(shape, dtype=spec.params_dtype), requires_grad=False)
+        set_weight_attrs(weight, {"output_dim": 0, "input_dim": 1, **spec.extra_weight_attrs})
         layer.register_parameter("weight", weight)
         layer._packed_weight = None  # set after loading on CPU
 

@@ -24,27 +24,18 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parameter import Parameter
 
-from vllm.model_executor.layers.linear import (
-    LinearBase,
-    LinearMethodBase,
-    UnquantizedLinearMethod,
-)
+from vllm.model_executor.layers.linear import LinearWeightSpec
 from vllm.model_executor.layers.quantization.base_config import (
-    QuantizationConfig,
+    CPUQuantizationConfig,
     QuantizeMethodBase,
 )
 from vllm.model_executor.layers.quantization.utils.gptq_utils import (
-    check_int4_partition,
+    Int4CPULinearMethod,
+    get_linear_quant_method,
     int4_params,
-    is_layer_quantized,
 )
-from vllm.model_executor.layers.quantization.utils.int4_cpu import (
-    INT4_GROUP_SIZES,
-    int4_cpu_linear,
-    pack_int4_cpu,
-)
+from vllm.model_executor.layers.quantization.utils.int4_cpu import INT4_GROUP_SIZES
 from vllm.model_executor.layers.quantization.utils.quant_utils import unpack_from_int32
 
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
@@ -57,7 +48,7 @@ def awq_unpack(packed: torch.Tensor, cols: int) -> torch.Tensor:
     return nibbles.reshape(packed.shape[0], -1, 8)[..., order].reshape(packed.shape[0], cols)
 
 
-class AWQConfig(QuantizationConfig):
+class AWQConfig(CPUQuantizationConfig):
     """An AWQ checkpoint's `quantization_config` (or quant_config.json)."""
 
     def __init__(
@@ -96,14 +87,6 @@ class AWQConfig(QuantizationConfig):
     def get_name(self) -> str:
         return "awq"
 
-    def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        # torch's CPU int4 kernel takes all three (upstream's CUDA kernel: half).
-        return [torch.float32, torch.float16, torch.bfloat16]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return -1  # CPU kernels only
-
     @staticmethod
     def get_config_filenames() -> list[str]:
         return ["quant_config.json", "quantize_config.json"]
@@ -124,43 +107,23 @@ class AWQConfig(QuantizationConfig):
         )
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        if not isinstance(layer, LinearBase):
-            return None
-        if not is_layer_quantized(
-            prefix, self.packed_modules_mapping, self.modules_to_not_convert, skip=True
-        ):
-            return UnquantizedLinearMethod()
-        return AWQLinearMethod(self)
+        skip = self.modules_to_not_convert
+        return get_linear_quant_method(self, layer, prefix, AWQLinearMethod, skip=skip)
 
 
-class AWQLinearMethod(LinearMethodBase):
-    """A linear layer's AWQ tensors, repacked for the CPU int4 kernel.
-    `layer` is typed Any: the attributes read are those `create_weights` set."""
+class AWQLinearMethod(Int4CPULinearMethod):
+    """A linear layer's AWQ tensors ([in, out]-major, zeros packed like the
+    weight), repacked for the CPU int4 kernel."""
 
-    def __init__(self, quant_config: AWQConfig) -> None:
-        self.quant_config = quant_config
-
-    def create_weights(  # type: ignore[override]
-        self,
-        layer: Any,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        **extra_weight_attrs: Any,
-    ) -> None:
-        cfg = self.quant_config
-        g, pf, k = cfg.group_size, cfg.pack_factor, input_size_per_partition
-        n = sum(output_partition_sizes)
-        check_int4_partition(layer, "AWQ", k, n, g, pf)
+    def create_linear_weights(self, layer: Any, spec: LinearWeightSpec) -> None:
+        g, pf, k, n = self.int4_partition(layer, spec)
         packed = dict(input_dim=0, output_dim=1, packed_dim=1)
         int4_params(
             layer,
-            extra_weight_attrs["weight_loader"],
+            spec.weight_loader,
             qweight=((k, n // pf), torch.int32, packed),
             qzeros=((k // g, n // pf), torch.int32, packed),
-            scales=((k // g, n), params_dtype, dict(input_dim=0, output_dim=1)),
+            scales=((k // g, n), spec.params_dtype, dict(input_dim=0, output_dim=1)),
             pack_factor=pf,
         )
         layer.input_size_per_partition = k
@@ -171,13 +134,4 @@ class AWQLinearMethod(LinearMethodBase):
         u = awq_unpack(layer.qweight.data, n).t().contiguous()  # [n, k]
         z = awq_unpack(layer.qzeros.data, n)  # [groups, n]
         s = layer.scales.data
-        zero = (8 - z).to(s.dtype) * s
-        packed, scale_and_zero = pack_int4_cpu(u, s.t(), zero.t())
-        del layer.qzeros
-        layer.qweight = Parameter(packed, requires_grad=False)
-        layer.scales = Parameter(scale_and_zero, requires_grad=False)
-
-    def apply(  # type: ignore[override]
-        self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return int4_cpu_linear(x, layer.qweight, layer.scales, self.quant_config.group_size, bias)
+        self.store_int4(layer, u, s.t(), ((8 - z).to(s.dtype) * s).t())

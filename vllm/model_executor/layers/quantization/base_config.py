@@ -96,3 +96,17 @@ class QuantizationConfig(ABC):
             return QuantizationConfig.get_from_keys(config, keys)
         except ValueError:
             return default
+
+
+class CPUQuantizationConfig(QuantizationConfig):
+    """A method whose kernels here are CPU ones (every method built here):
+    the activation dtypes torch's CPU kernels take (upstream's CUDA kernels
+    take half / bfloat16 only), and no CUDA capability (-1: `VllmConfig`
+    refuses another device rather than dequantizing)."""
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.float32, torch.float16, torch.bfloat16]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return -1

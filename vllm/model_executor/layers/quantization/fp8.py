@@ -34,10 +34,11 @@ from torch.nn.parameter import Parameter
 from vllm.model_executor.layers.linear import (
     LinearBase,
     LinearMethodBase,
+    LinearWeightSpec,
     UnquantizedLinearMethod,
 )
 from vllm.model_executor.layers.quantization.base_config import (
-    QuantizationConfig,
+    CPUQuantizationConfig,
     QuantizeMethodBase,
 )
 from vllm.model_executor.layers.quantization.utils.fp8_utils import (
@@ -45,12 +46,12 @@ from vllm.model_executor.layers.quantization.utils.fp8_utils import (
     apply_fp8_linear,
     scaled_fp8_quant,
 )
-from vllm.model_executor.utils import set_weight_attrs
+from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
 
 ACTIVATION_SCHEMES = ["static", "dynamic"]
 
 
-class Fp8Config(QuantizationConfig):
+class Fp8Config(CPUQuantizationConfig):
     """Config class for FP8 (serialized checkpoints, or `-q fp8` online)."""
 
     def __init__(
@@ -90,14 +91,6 @@ class Fp8Config(QuantizationConfig):
     def get_name(self) -> str:
         return "fp8"
 
-    def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        # Upstream: bf16 / fp16 (its GPU kernels); the CPU kernel here takes fp32 too.
-        return [torch.float32, torch.bfloat16, torch.float16]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return -1  # CPU kernels only
-
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Fp8Config:
         quant_method = str(cls.get_from_keys(config, ["quant_method"]))
@@ -117,18 +110,7 @@ class Fp8Config(QuantizationConfig):
     def is_layer_skipped(self, prefix: str) -> bool:
         """Whether `ignored_layers` names the layer; a fused layer's parts
         must agree (upstream's is_layer_skipped)."""
-        head, _, last = prefix.rpartition(".")
-        parts = self.packed_modules_mapping.get(last)
-        if not parts:
-            return prefix in self.ignored_layers
-        names = [f"{head}.{part}" if head else part for part in parts]
-        skipped = {name in self.ignored_layers for name in names}
-        if len(skipped) > 1:
-            raise ValueError(
-                f"Detected some but not all shards of {prefix} are quantized. All shards "
-                "of fused layers to have the same precision."
-            )
-        return skipped.pop()
+        return is_layer_skipped(prefix, self.ignored_layers, self.packed_modules_mapping)
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
         if not isinstance(layer, LinearBase):
@@ -140,9 +122,10 @@ class Fp8Config(QuantizationConfig):
         return Fp8LinearMethod(self)
 
 
-class Fp8LinearMethod(LinearMethodBase):
+class Fp8LinearMethod(Fp8WeightLayout, LinearMethodBase):
     """A serialized fp8 checkpoint's linear: per-tensor `weight_scale` or
-    block `weight_scale_inv`, fp8 activations (see the module docstring)."""
+    block `weight_scale_inv`, fp8 activations (see the module docstring);
+    the layout's `process_weights_after_loading` and `apply` run it."""
 
     def __init__(self, quant_config: Fp8Config) -> None:
         self.quant_config = quant_config
@@ -150,65 +133,27 @@ class Fp8LinearMethod(LinearMethodBase):
         self.block_quant = self.weight_block_size is not None
         self.act_q_static = quant_config.activation_scheme == "static"
         if self.block_quant:
-            self.layout = Fp8WeightLayout(
-                "block", "group", block=self.weight_block_size, scale_name="weight_scale_inv"
-            )
+            block = self.weight_block_size
+            super().__init__("block", "group", block=block, scale_name="weight_scale_inv")
         else:
             act = "tensor" if self.act_q_static else "token"
-            self.layout = Fp8WeightLayout("tensor", act, requantize=True)
+            super().__init__("tensor", act, requantize=True)
 
-    def create_weights(  # type: ignore[override]
-        self,
-        layer: nn.Module,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        **extra_weight_attrs: Any,
-    ) -> None:
-        self.layout.create(
-            layer,
-            output_partition_sizes,
-            input_size_per_partition,
-            extra_weight_attrs["weight_loader"],
+    def create_linear_weights(self, layer: Any, spec: LinearWeightSpec) -> None:
+        self.create(
+            layer, spec.output_partition_sizes, spec.input_size_per_partition, spec.weight_loader
         )
 
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
-        self.layout.process(layer)
 
-    def apply(  # type: ignore[override]
-        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return self.layout.apply(layer, x, bias)
-
-
-class Fp8OnlineLinearMethod(LinearMethodBase):
-    """`-q fp8` on an unquantized checkpoint: the dense weight is loaded as
-    usual, then quantized per tensor (one scale for the whole, possibly
-    fused, weight, as upstream) and replaced by its fp8 copy; activations are
-    quantized per token at run time. `layer` is typed Any: the attributes
-    read are those `create_weights` / `process_weights_after_loading` set."""
+class Fp8OnlineLinearMethod(UnquantizedLinearMethod):
+    """`-q fp8` on an unquantized checkpoint: the dense weight is created and
+    loaded as `UnquantizedLinearMethod` does, then quantized per tensor (one
+    scale for the whole, possibly fused, weight, as upstream) and replaced by
+    its fp8 copy; activations are quantized per token at run time. `layer` is
+    typed Any: the attributes read are those `process_weights_after_loading` sets."""
 
     def __init__(self, quant_config: Fp8Config) -> None:
         self.quant_config = quant_config
-
-    def create_weights(  # type: ignore[override]
-        self,
-        layer: Any,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        **extra_weight_attrs: Any,
-    ) -> None:
-        weight = Parameter(
-            torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
-            requires_grad=False,
-        )
-        set_weight_attrs(weight, {"output_dim": 0, "input_dim": 1, **extra_weight_attrs})
-        layer.register_parameter("weight", weight)
 
     def process_weights_after_loading(self, layer: Any) -> None:
         qweight, scale = scaled_fp8_quant(layer.weight.data)

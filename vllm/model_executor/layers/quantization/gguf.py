@@ -36,9 +36,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parameter import Parameter
 
-from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
+from vllm.model_executor.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    LinearWeightSpec,
+    UnquantizedLinearMethod,
+)
 from vllm.model_executor.layers.quantization.base_config import (
-    QuantizationConfig,
+    CPUQuantizationConfig,
     QuantizeMethodBase,
 )
 from vllm.model_executor.layers.quantization.utils.gguf_quants import (
@@ -57,7 +62,7 @@ from vllm.model_executor.utils import set_weight_attrs
 BUILT_GGUF_TYPES = ", ".join(ggml_type_name(t) for t in (*GGML_QUANT_TYPES, *GGML_DENSE_TYPES))
 
 
-class GGUFConfig(QuantizationConfig):
+class GGUFConfig(CPUQuantizationConfig):
     """A .gguf model. The loader tells it each tensor's ggml type
     (`set_gguf_tensors`) before the model is built, so each layer gets its
     method and the byte size of its rows."""
@@ -74,13 +79,6 @@ class GGUFConfig(QuantizationConfig):
 
     def get_name(self) -> str:
         return "gguf"
-
-    def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16, torch.float32]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return -1  # CPU kernels only
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> GGUFConfig:
@@ -160,17 +158,8 @@ class GGUFLinearMethod(LinearMethodBase):
     def __init__(self, weight_types: list[int]) -> None:
         self.weight_types = weight_types
 
-    def create_weights(  # type: ignore[override]
-        self,
-        layer: Any,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        **extra_weight_attrs: Any,
-    ) -> None:
-        k = input_size_per_partition
+    def create_linear_weights(self, layer: Any, spec: LinearWeightSpec) -> None:
+        k = spec.input_size_per_partition
         try:
             width = max(gguf_row_bytes(t, k) for t in self.weight_types)
         except ValueError as e:
@@ -178,7 +167,8 @@ class GGUFLinearMethod(LinearMethodBase):
                 f"{getattr(layer, 'prefix', 'layer')}: input size {k} per rank does not split "
                 f"into whole GGUF blocks ({e}); choose another tensor-parallel size."
             ) from e
-        rows = sum(output_partition_sizes)
+        rows = spec.output_size_per_partition
+        extra_weight_attrs = dict(spec.extra_weight_attrs)
         loader = _padding_loader(extra_weight_attrs.pop("weight_loader"), width)
         qweight = Parameter(torch.zeros(rows, width, dtype=torch.uint8), requires_grad=False)
         set_weight_attrs(
@@ -282,32 +272,24 @@ def to_int4(
     return pack_int4_cpu(u, scale.to(dtype), zero.to(dtype))
 
 
-class GGUFEmbeddingMethod(QuantizeMethodBase):
+class GGUFEmbeddingMethod(LinearMethodBase):
     """A GGUF embedding table (and the LM head it may serve): int8 values with
-    float32 group scales (and offsets). `layer` is a VocabParallelEmbedding."""
+    float32 group scales (and offsets). `layer` is a VocabParallelEmbedding,
+    which calls `create_weights` as a linear does (rows = its vocabulary)."""
 
     def __init__(self, weight_type: int) -> None:
         self.weight_type = weight_type
 
-    def create_weights(  # type: ignore[override]
-        self,
-        layer: Any,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        **extra_weight_attrs: Any,
-    ) -> None:
-        k = input_size_per_partition
+    def create_linear_weights(self, layer: Any, spec: LinearWeightSpec) -> None:
+        k = spec.input_size_per_partition
         width = gguf_row_bytes(self.weight_type, k)
-        rows = sum(output_partition_sizes)
+        rows = spec.output_size_per_partition
         qweight = Parameter(torch.zeros(rows, width, dtype=torch.uint8), requires_grad=False)
-        set_weight_attrs(qweight, {"output_dim": 0, "input_dim": 1, **extra_weight_attrs})
+        set_weight_attrs(qweight, {"output_dim": 0, "input_dim": 1, **spec.extra_weight_attrs})
         layer.register_parameter("qweight", qweight)
         layer.gguf_k = k
         layer.gguf_group_size = gguf_group_size(self.weight_type)
-        layer.params_dtype = params_dtype
+        layer.params_dtype = spec.params_dtype
 
     def process_weights_after_loading(self, layer: Any) -> None:
         decoded = decode_gguf_rows(layer.qweight.data, self.weight_type, layer.gguf_k)

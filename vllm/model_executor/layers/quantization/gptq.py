@@ -33,33 +33,25 @@ import torch
 from torch import nn
 from torch.nn.parameter import Parameter
 
-from vllm.model_executor.layers.linear import (
-    LinearBase,
-    LinearMethodBase,
-    UnquantizedLinearMethod,
-)
+from vllm.model_executor.layers.linear import LinearWeightSpec
 from vllm.model_executor.layers.quantization.base_config import (
-    QuantizationConfig,
+    CPUQuantizationConfig,
     QuantizeMethodBase,
 )
 from vllm.model_executor.layers.quantization.utils.gptq_utils import (
-    check_int4_partition,
+    Int4CPULinearMethod,
+    get_linear_quant_method,
     int4_params,
-    is_layer_quantized,
     regroup_by_g_idx,
 )
-from vllm.model_executor.layers.quantization.utils.int4_cpu import (
-    INT4_GROUP_SIZES,
-    int4_cpu_linear,
-    pack_int4_cpu,
-)
+from vllm.model_executor.layers.quantization.utils.int4_cpu import INT4_GROUP_SIZES
 from vllm.model_executor.layers.quantization.utils.quant_utils import unpack_from_int32
 from vllm.model_executor.utils import set_weight_attrs
 
 _FORMATS = ("gptq", "gptq_v2")
 
 
-class GPTQConfig(QuantizationConfig):
+class GPTQConfig(CPUQuantizationConfig):
     """A GPTQ checkpoint's `quantization_config` (or quantize_config.json)."""
 
     def __init__(
@@ -116,14 +108,6 @@ class GPTQConfig(QuantizationConfig):
     def get_name(self) -> str:
         return "gptq"
 
-    def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        # torch's CPU int4 kernel takes all three (upstream's CUDA kernel: half).
-        return [torch.float32, torch.float16, torch.bfloat16]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return -1  # CPU kernels only
-
     @staticmethod
     def get_config_filenames() -> list[str]:
         return ["quantize_config.json"]
@@ -145,42 +129,23 @@ class GPTQConfig(QuantizationConfig):
         )
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        if not isinstance(layer, LinearBase):
-            return None
-        if not is_layer_quantized(
-            prefix, self.packed_modules_mapping, self.modules_in_block_to_quantize, skip=False
-        ):
-            return UnquantizedLinearMethod()
-        return GPTQLinearMethod(self)
+        only = self.modules_in_block_to_quantize
+        return get_linear_quant_method(self, layer, prefix, GPTQLinearMethod, only=only)
 
 
-class GPTQLinearMethod(LinearMethodBase):
-    """A linear layer's GPTQ tensors, repacked for the CPU int4 kernel.
-    `layer` is typed Any: the attributes read are those `create_weights` set."""
+class GPTQLinearMethod(Int4CPULinearMethod):
+    """A linear layer's GPTQ tensors, repacked for the CPU int4 kernel."""
 
-    def __init__(self, quant_config: GPTQConfig) -> None:
-        self.quant_config = quant_config
+    quant_config: GPTQConfig
 
-    def create_weights(  # type: ignore[override]
-        self,
-        layer: Any,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        **extra_weight_attrs: Any,
-    ) -> None:
-        cfg = self.quant_config
-        g, pf, k = cfg.group_size, cfg.pack_factor, input_size_per_partition
-        n = sum(output_partition_sizes)
-        row_parallel = input_size != k
+    def create_linear_weights(self, layer: Any, spec: LinearWeightSpec) -> None:
+        input_size = spec.input_size
         # act-order on a row-parallel rank: a group's inputs are spread over
         # the ranks, so every rank keeps all the groups' scales and zeros.
-        groups_whole = cfg.desc_act and row_parallel
-        check_int4_partition(layer, "GPTQ", k, n, g, pf, groups_whole=groups_whole)
+        groups_whole = self.quant_config.desc_act and input_size != spec.input_size_per_partition
+        g, pf, k, n = self.int4_partition(layer, spec, groups_whole)
         groups = input_size // g if groups_whole else k // g
-        loader = extra_weight_attrs["weight_loader"]
+        loader = spec.weight_loader
         group_dim = None if groups_whole else 0
         int4_params(
             layer,
@@ -191,7 +156,7 @@ class GPTQLinearMethod(LinearMethodBase):
                 torch.int32,
                 dict(input_dim=group_dim, output_dim=1, packed_dim=1),
             ),
-            scales=((groups, n), params_dtype, dict(input_dim=group_dim, output_dim=1)),
+            scales=((groups, n), spec.params_dtype, dict(input_dim=group_dim, output_dim=1)),
             pack_factor=pf,
         )
         g_idx = Parameter(torch.empty(k, dtype=torch.int32), requires_grad=False)
@@ -222,10 +187,8 @@ class GPTQLinearMethod(LinearMethodBase):
                 f"{layer.prefix}: g_idx is not k // group_size although desc_act=false "
                 "(an act-order checkpoint whose config says otherwise?)."
             )
-        packed, scale_and_zero = pack_int4_cpu(u, s.t(), zero.t())
-        del layer.qzeros, layer.g_idx
-        layer.qweight = Parameter(packed, requires_grad=False)
-        layer.scales = Parameter(scale_and_zero, requires_grad=False)
+        del layer.g_idx
+        self.store_int4(layer, u, s.t(), zero.t())
 
     def apply(  # type: ignore[override]
         self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None
@@ -235,4 +198,4 @@ class GPTQLinearMethod(LinearMethodBase):
             if layer.gptq_pad_input:  # index k: a zero input padding a partial group
                 x = torch.cat([x, x.new_zeros(*x.shape[:-1], 1)], dim=-1)
             x = x.index_select(-1, index)
-        return int4_cpu_linear(x, layer.qweight, layer.scales, self.quant_config.group_size, bias)
+        return super().apply(layer, x, bias)

@@ -27,10 +27,11 @@ from torch import nn
 from vllm.model_executor.layers.linear import (
     LinearBase,
     LinearMethodBase,
+    LinearWeightSpec,
     UnquantizedLinearMethod,
 )
 from vllm.model_executor.layers.quantization.base_config import (
-    QuantizationConfig,
+    CPUQuantizationConfig,
     QuantizeMethodBase,
 )
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
@@ -40,6 +41,7 @@ from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
     CompressedTensorsW8A16Fp8,
     CompressedTensorsWNA16,
 )
+from vllm.model_executor.layers.quantization.utils.quant_utils import fused_shard_names
 
 _WNA16_FORMATS = ("pack-quantized",)
 # Formats holding fp8 weights unpacked, one float8_e4m3fn byte each.
@@ -161,7 +163,7 @@ def _fp8_scheme(
     return CompressedTensorsW8A8Fp8(strategy, static, block)
 
 
-class CompressedTensorsConfig(QuantizationConfig):
+class CompressedTensorsConfig(CPUQuantizationConfig):
     """The parsed `quantization_config` of a compressed-tensors checkpoint."""
 
     def __init__(
@@ -177,13 +179,6 @@ class CompressedTensorsConfig(QuantizationConfig):
 
     def get_name(self) -> str:
         return "compressed-tensors"
-
-    def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        return [torch.float32, torch.float16, torch.bfloat16]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return -1  # CPU kernels only
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> CompressedTensorsConfig:
@@ -208,14 +203,6 @@ class CompressedTensorsConfig(QuantizationConfig):
             targets[name] = list(group.get("targets") or [])
         return cls(schemes, targets, list(config.get("ignore") or []))
 
-    def _shard_names(self, prefix: str) -> list[str]:
-        """The checkpoint modules a (possibly fused) layer stands for."""
-        head, _, last = prefix.rpartition(".")
-        parts = self.packed_modules_mapping.get(last)
-        if not parts:
-            return [prefix]
-        return [f"{head}.{part}" if head else part for part in parts]
-
     def _scheme_for(self, name: str) -> str | None:
         """The config group of one checkpoint module (None: not quantized)."""
         if any(_matches(name, target) for target in self.ignore):
@@ -227,7 +214,10 @@ class CompressedTensorsConfig(QuantizationConfig):
 
     def get_scheme(self, layer: nn.Module, prefix: str) -> CompressedTensorsScheme | None:
         """The layer's scheme; the shards of a fused layer must agree."""
-        groups = {self._scheme_for(name) for name in self._shard_names(prefix)}
+        groups = {
+            self._scheme_for(name)
+            for name in fused_shard_names(prefix, self.packed_modules_mapping)
+        }
         if len(groups) > 1:
             raise ValueError(
                 f"compressed-tensors: the parts of fused layer {prefix!r} are quantized "
@@ -251,23 +241,8 @@ class CompressedTensorsLinearMethod(LinearMethodBase):
     def __init__(self, scheme: CompressedTensorsScheme) -> None:
         self.scheme = scheme
 
-    def create_weights(  # type: ignore[override]
-        self,
-        layer: nn.Module,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        **extra_weight_attrs: Any,
-    ) -> None:
-        self.scheme.create_weights(
-            layer,
-            output_partition_sizes,
-            input_size_per_partition,
-            params_dtype,
-            extra_weight_attrs["weight_loader"],
-        )
+    def create_linear_weights(self, layer: nn.Module, spec: LinearWeightSpec) -> None:
+        self.scheme.create_linear_weights(layer, spec)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         self.scheme.process_weights_after_loading(layer)

@@ -280,7 +280,7 @@ class Fp8WeightLayout:
             set_weight_attrs(input_scale, {"weight_loader": per_tensor_scale_loader})
             layer.register_parameter("input_scale", input_scale)
 
-    def process(self, layer: Any) -> None:
+    def process_weights_after_loading(self, layer: Any) -> None:
         """Turn the loaded scales into float32 [N, K // g] groups (see the
         module docstring); refuse scales the checkpoint did not provide."""
         scale = getattr(layer, self.scale_name).data
@@ -306,7 +306,7 @@ class Fp8WeightLayout:
             input_scale = input_scale.max().reshape(1)
         layer.input_scale = input_scale
 
-    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         scale = getattr(layer, self.scale_name)
         return apply_fp8_linear(
             x, layer.weight, scale, layer.fp8_group_size, self.act, layer.input_scale, bias

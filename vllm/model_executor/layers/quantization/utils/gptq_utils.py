@@ -1,28 +1,56 @@
 """Helpers shared by GPTQ and AWQ (upstream:
 vllm/model_executor/layers/quantization/utils/gptq_utils.py): which layers a
-config quantizes, their [in, out]-major int4 parameters, and act-order regrouping."""
+config quantizes, their [in, out]-major int4 parameters, the linear method
+both repack into (`Int4CPULinearMethod`), and act-order regrouping."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 from torch.nn.parameter import Parameter
 
+from vllm.model_executor.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    LinearWeightSpec,
+    UnquantizedLinearMethod,
+)
+from vllm.model_executor.layers.quantization.base_config import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+)
+from vllm.model_executor.layers.quantization.utils.int4_cpu import int4_cpu_linear, pack_int4_cpu
+from vllm.model_executor.layers.quantization.utils.quant_utils import fused_shard_names
 from vllm.model_executor.utils import set_weight_attrs
 
 
-def _shard_names(prefix: str, packed_modules_mapping: dict[str, list[str]]) -> list[str]:
-    """The checkpoint modules a (possibly fused) layer stands for."""
-    head, _, last = prefix.rpartition(".")
-    parts = packed_modules_mapping.get(last)
-    if not parts:
-        return [prefix]
-    return [f"{head}.{part}" if head else part for part in parts]
+def get_linear_quant_method(
+    config: QuantizationConfig,
+    layer: nn.Module,
+    prefix: str,
+    linear_method_cls: Callable[[Any], LinearMethodBase],
+    skip: list[str] | None = None,
+    only: list[str] | None = None,
+) -> QuantizeMethodBase | None:
+    """The method of `layer` for GPTQ / AWQ, which quantize linear layers
+    only: None for any other layer, the dense method for a linear whose name
+    contains one of `skip` (AWQ's modules_to_not_convert) or none of a
+    non-empty `only` (GPTQ's modules_in_block_to_quantize), else
+    `linear_method_cls(config)`."""
+    if not isinstance(layer, LinearBase):
+        return None
+    mapping = config.packed_modules_mapping
+    quantized = is_layer_quantized(prefix, mapping, skip, skip=True) and is_layer_quantized(
+        prefix, mapping, only, skip=False
+    )
+    return linear_method_cls(config) if quantized else UnquantizedLinearMethod()
 
 
 def is_layer_quantized(
-    prefix: str, packed_modules_mapping: dict[str, list[str]], names: list[str], skip: bool
+    prefix: str, packed_modules_mapping: dict[str, list[str]], names: list[str] | None, skip: bool
 ) -> bool:
     """Whether the layer `prefix` is quantized, given a list of module-name
     substrings: the modules to skip (`skip`: AWQ's modules_to_not_convert) or
@@ -32,7 +60,7 @@ def is_layer_quantized(
         return True
     verdicts = {
         any(name in shard for name in names) != skip
-        for shard in _shard_names(prefix, packed_modules_mapping)
+        for shard in fused_shard_names(prefix, packed_modules_mapping)
     }
     if len(verdicts) > 1:
         raise ValueError(
@@ -72,6 +100,42 @@ def int4_params(
         extra = {"pack_factor": pack_factor} if "packed_dim" in attrs else {}
         set_weight_attrs(param, {"weight_loader": weight_loader, **attrs, **extra})
         layer.register_parameter(name, param)
+
+
+class Int4CPULinearMethod(LinearMethodBase):
+    """The int4 linear GPTQ and AWQ repack into: `qweight` / `scales` as
+    `pack_int4_cpu` stores them, run by `int4_cpu_linear` with the config's
+    group size. `layer` is typed Any: the attributes read are those the
+    subclass's `create_linear_weights` sets."""
+
+    def __init__(self, quant_config: Any) -> None:
+        self.quant_config = quant_config
+
+    def int4_partition(
+        self, layer: Any, spec: LinearWeightSpec, groups_whole: bool = False
+    ) -> tuple[int, int, int, int]:
+        """(group size, pack factor, k, n) of this rank's [k, n] slice, which
+        must hold whole int32 words and groups (`check_int4_partition`)."""
+        g, pf = self.quant_config.group_size, self.quant_config.pack_factor
+        k, n = spec.input_size_per_partition, spec.output_size_per_partition
+        method = self.quant_config.get_name().upper()
+        check_int4_partition(layer, method, k, n, g, pf, groups_whole=groups_whole)
+        return g, pf, k, n
+
+    def store_int4(
+        self, layer: Any, u: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
+    ) -> None:
+        """Replace the checkpoint's tensors by the kernel's: u int [n, k] in
+        0..15, scale / zero [n, groups] with w = (u - 8) * scale + zero."""
+        packed, scale_and_zero = pack_int4_cpu(u, scale, zero)
+        del layer.qzeros
+        layer.qweight = Parameter(packed, requires_grad=False)
+        layer.scales = Parameter(scale_and_zero, requires_grad=False)
+
+    def apply(  # type: ignore[override]
+        self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return int4_cpu_linear(x, layer.qweight, layer.scales, self.quant_config.group_size, bias)
 
 
 def regroup_by_g_idx(

@@ -1,4 +1,4 @@
-"""Bit-packing helpers shared by the quantization methods (upstream:
+"""Bit-packing and layer-selection helpers shared by the quantization methods (upstream:
 vllm/model_executor/layers/quantization/utils/quant_utils.py).
 
 Packing convention used throughout: an int32 word holds 32 / bits values, value j
@@ -34,3 +34,28 @@ def pack_into_int32(values: torch.Tensor, num_bits: int) -> torch.Tensor:
     # Back to signed 32-bit: values >= 2**31 wrap as int32 arithmetic does.
     words = torch.where(words >= 2**31, words - 2**32, words)
     return words.to(torch.int32)
+
+
+def fused_shard_names(prefix: str, fused_mapping: dict[str, list[str]]) -> list[str]:
+    """The checkpoint modules a (possibly fused) layer stands for:
+    "m.qkv_proj" with {"qkv_proj": ["q_proj", "k_proj", "v_proj"]} ->
+    ["m.q_proj", "m.k_proj", "m.v_proj"]; an unfused layer -> [prefix]."""
+    head, _, last = prefix.rpartition(".")
+    parts = fused_mapping.get(last)
+    if not parts:
+        return [prefix]
+    return [f"{head}.{part}" if head else part for part in parts]
+
+
+def is_layer_skipped(
+    prefix: str, ignored_layers: list[str], fused_mapping: dict[str, list[str]]
+) -> bool:
+    """Whether `ignored_layers` (exact module names) names the layer `prefix`;
+    the parts of a fused layer must agree (a ValueError if not)."""
+    skipped = {name in ignored_layers for name in fused_shard_names(prefix, fused_mapping)}
+    if len(skipped) > 1:
+        raise ValueError(
+            f"Detected some but not all shards of {prefix} are quantized. All shards "
+            "of fused layers to have the same precision."
+        )
+    return skipped.pop()

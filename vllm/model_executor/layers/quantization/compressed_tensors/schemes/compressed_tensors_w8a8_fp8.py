@@ -16,19 +16,14 @@ maximum), as upstream's per-tensor path does.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_scheme import (  # noqa: E501
-    CompressedTensorsScheme,
+    CompressedTensorsFp8Scheme,
 )
-from vllm.model_executor.layers.quantization.utils.fp8_utils import Fp8WeightLayout
 
 __all__ = ["CompressedTensorsW8A8Fp8"]
 
 
-class CompressedTensorsW8A8Fp8(CompressedTensorsScheme):
+class CompressedTensorsW8A8Fp8(CompressedTensorsFp8Scheme):
     """fp8 weights per tensor / channel / block, fp8 activations."""
 
     def __init__(
@@ -40,27 +35,5 @@ class CompressedTensorsW8A8Fp8(CompressedTensorsScheme):
         if is_static_input_scheme and block_structure is not None:
             raise ValueError("block-quantized fp8 weights take dynamic activations only.")
         act = "tensor" if is_static_input_scheme else ("group" if block_structure else "token")
-        self.strategy = strategy
+        super().__init__(strategy, act, block=block_structure, requantize=True)
         self.is_static_input_scheme = is_static_input_scheme
-        self.layout = Fp8WeightLayout(strategy, act, block=block_structure, requantize=True)
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return -1  # CPU kernels only
-
-    def create_weights(
-        self,
-        layer: Any,
-        output_partition_sizes: list[int],
-        input_size_per_partition: int,
-        params_dtype: torch.dtype,
-        weight_loader: Any,
-        **kwargs: Any,
-    ) -> None:
-        self.layout.create(layer, output_partition_sizes, input_size_per_partition, weight_loader)
-
-    def process_weights_after_loading(self, layer: Any) -> None:
-        self.layout.process(layer)
-
-    def apply_weights(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return self.layout.apply(layer, x, bias)

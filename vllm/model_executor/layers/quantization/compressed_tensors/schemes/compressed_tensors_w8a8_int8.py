@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.nn.parameter import Parameter
 
+from vllm.model_executor.layers.linear import LinearWeightSpec
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_scheme import (  # noqa: E501
     CompressedTensorsScheme,
 )
@@ -34,22 +35,10 @@ class CompressedTensorsW8A8Int8(CompressedTensorsScheme):
     """int8 x int8 GEMM with per-channel weight and per-token activation scales.
     `layer` is typed Any: the attributes read are those `create_weights` set."""
 
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return -1  # CPU kernels only
-
-    def create_weights(
-        self,
-        layer: Any,
-        output_partition_sizes: list[int],
-        input_size_per_partition: int,
-        params_dtype: torch.dtype,
-        weight_loader: Any,
-        **kwargs: Any,
-    ) -> None:
-        out = sum(output_partition_sizes)
+    def create_linear_weights(self, layer: Any, spec: LinearWeightSpec) -> None:
+        out, weight_loader = spec.output_size_per_partition, spec.weight_loader
         weight = Parameter(
-            torch.empty(out, input_size_per_partition, dtype=torch.int8), requires_grad=False
+            torch.empty(out, spec.input_size_per_partition, dtype=torch.int8), requires_grad=False
         )
         set_weight_attrs(weight, {"weight_loader": weight_loader, "output_dim": 0, "input_dim": 1})
         # Scales are kept in float32 whatever the model dtype (they are tiny).

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.nn.parameter import Parameter
 
+from vllm.model_executor.layers.linear import LinearWeightSpec
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_scheme import (  # noqa: E501
     CompressedTensorsScheme,
 )
@@ -86,21 +87,9 @@ class CompressedTensorsWNA16(CompressedTensorsScheme):
         self.pack_factor = 32 // num_bits
         self.group_size = group_size
 
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return -1  # CPU kernels only
-
-    def create_weights(
-        self,
-        layer: Any,
-        output_partition_sizes: list[int],
-        input_size_per_partition: int,
-        params_dtype: torch.dtype,
-        weight_loader: Any,
-        **kwargs: Any,
-    ) -> None:
-        out = sum(output_partition_sizes)
-        k = input_size_per_partition
+    def create_linear_weights(self, layer: Any, spec: LinearWeightSpec) -> None:
+        out, weight_loader = spec.output_size_per_partition, spec.weight_loader
+        k = spec.input_size_per_partition
         if k % self.pack_factor or (self.group_size and k % self.group_size):
             raise ValueError(
                 f"{getattr(layer, 'prefix', 'layer')}: input size {k} per rank does not divide "
@@ -108,7 +97,7 @@ class CompressedTensorsWNA16(CompressedTensorsScheme):
                 f"group_size={self.group_size}); choose another tensor-parallel size."
             )
         # Row-parallel layers split the input dim; the per-channel scale is then whole.
-        split_input = input_size_per_partition != getattr(layer, "input_size", k)
+        split_input = k != spec.input_size
         packed = Parameter(
             torch.empty(out, k // self.pack_factor, dtype=torch.int32), requires_grad=False
         )
@@ -123,7 +112,9 @@ class CompressedTensorsWNA16(CompressedTensorsScheme):
             },
         )
         scale_cols = k // self.group_size if self.group_size else 1
-        scale = Parameter(torch.empty(out, scale_cols, dtype=params_dtype), requires_grad=False)
+        scale = Parameter(
+            torch.empty(out, scale_cols, dtype=spec.params_dtype), requires_grad=False
+        )
         grouped_and_split = self.group_size is not None and split_input
         set_weight_attrs(
             scale,

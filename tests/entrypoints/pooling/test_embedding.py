@@ -127,7 +127,10 @@ def test_truncate_prompt_tokens(server, st_dir):
     )
     too_big = _post(server, {"input": "paris", "truncate_prompt_tokens": MAX_LEN + 1})
     assert too_big.status_code == 400
-    assert "cannot be greater than max_model_len" in too_big.json()["error"]["message"]
+    assert (
+        "truncate_prompt_tokens value is greater than max_model_len"
+        in too_big.json()["error"]["message"]
+    )
 
 
 def test_truncation_side(server, st_dir):

@@ -43,10 +43,6 @@ if TYPE_CHECKING:
 class PoolingServingBase(OpenAIServing):
     """Render a pooling request's inputs and run them (one task)."""
 
-    # How the route names the room left for output tokens in the
-    # truncate_prompt_tokens message (upstream's wording per route).
-    max_output_tokens_param: str = "max_output_tokens"
-
     def __init__(
         self,
         engine_client: EngineClient,
@@ -160,9 +156,9 @@ class PoolingServingBase(OpenAIServing):
         if truncate_prompt_tokens == -1:
             return self.max_model_len
         if truncate_prompt_tokens > self.max_model_len:
+            # Upstream checks this before tokenizing (PoolingServing._validate_request).
             raise VLLMValidationError(
-                f"truncate_prompt_tokens={truncate_prompt_tokens} cannot be greater than "
-                f"max_model_len - {self.max_output_tokens_param} = {self.max_model_len}. "
+                "truncate_prompt_tokens value is greater than max_model_len. "
                 "Please request a smaller truncation size.",
                 parameter="truncate_prompt_tokens",
                 value=truncate_prompt_tokens,

@@ -28,8 +28,6 @@ from vllm.outputs import PoolingRequestOutput
 class ServingEmbedding(PoolingServingBase):
     """Embeddings of texts, token ids or conversations (task "embed")."""
 
-    max_output_tokens_param = "max_model_len - max_embed_len"
-
     async def create_embedding(
         self, request: AnyEmbeddingRequest, raw_request: Request | None = None
     ) -> EmbeddingResponse | Response | ErrorResponse:

@@ -8,7 +8,10 @@ import os
 
 import torch
 
-from tests.utils import TINY_SHAPES, TINY_VOCAB, make_tiny_model, make_tiny_tokenizer
+from tests.utils import make_tiny_model
+
+# LLM(...) keywords of the pooling tests: float32, short contexts, a small KV cache.
+ENGINE = dict(dtype="float32", max_model_len=256, kv_cache_memory_bytes=1 << 26)
 
 
 def make_st_dir(kind: str, out_dir: str, pooling_mode: str, seed: int = 0) -> str:
@@ -27,30 +30,15 @@ def make_st_dir(kind: str, out_dir: str, pooling_mode: str, seed: int = 0) -> st
 
 
 def make_seq_cls_model(kind: str, out_dir: str, num_labels: int, seed: int = 0) -> str:
-    """A tiny random HF `{Llama,Qwen2,Qwen3}ForSequenceClassification` in float32."""
+    """A tiny random HF `{Llama,Qwen2,Qwen3}ForSequenceClassification` in
+    float32: `make_tiny_model`'s causal LM re-saved with a random score head
+    [num_labels, hidden] (its LM head dropped)."""
     import transformers as tf
 
-    config_cls, model_cls = {
-        "llama": (tf.LlamaConfig, tf.LlamaForSequenceClassification),
-        "qwen2": (tf.Qwen2Config, tf.Qwen2ForSequenceClassification),
-        "qwen3": (tf.Qwen3Config, tf.Qwen3ForSequenceClassification),
-    }[kind]
-    kwargs = dict(
-        TINY_SHAPES,
-        vocab_size=TINY_VOCAB,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-        num_labels=num_labels,
-    )
-    if kind == "qwen3":
-        kwargs["head_dim"] = 16
+    make_tiny_model(kind, out_dir, seed=seed, num_labels=num_labels)
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**kwargs)).eval().to(torch.float32)
+    model = tf.AutoModelForSequenceClassification.from_pretrained(out_dir, dtype=torch.float32)
     with torch.no_grad():  # a score head large enough that the logits differ clearly
         model.score.weight.normal_(0.0, 0.5)
-    model.config.dtype = torch.float32
-    os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    make_tiny_tokenizer(out_dir)
     return out_dir

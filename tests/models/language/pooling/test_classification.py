@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.models.language.pooling.st_utils import make_seq_cls_model, make_st_dir
+from tests.models.language.pooling.st_utils import ENGINE, make_seq_cls_model, make_st_dir
 from vllm import LLM, PoolingParams
 
 TEXTS = [
@@ -17,16 +17,9 @@ TEXTS = [
     "Paged attention stores keys and values in fixed-size blocks. " * 5,
     "def hello(world):",
 ]
-ENGINE = dict(dtype="float32", max_model_len=256, kv_cache_memory_bytes=1 << 26)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _in_process_engine():
-    """The engine core in this process (several times faster to start on 2
-    cores); test_async_encode.py covers the multi-process path."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        yield
+pytestmark = pytest.mark.usefixtures("in_process_engine")
 
 
 ATOL = 1e-4

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.models.language.pooling.st_utils import make_st_dir
+from tests.models.language.pooling.st_utils import ENGINE, make_st_dir
+from tests.models.zoo_utils import spy_preemptions
 from vllm import LLM, PoolingParams
 
 TEXTS = [
@@ -21,16 +22,9 @@ TEXTS = [
     "Paged attention stores keys and values in fixed-size blocks. " * 3 + "The end.",
 ]
 COSINE_MIN = 0.9999
-ENGINE = dict(dtype="float32", max_model_len=256, kv_cache_memory_bytes=1 << 26)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _in_process_engine():
-    """The engine core in this process (several times faster to start on 2
-    cores); test_async_encode.py covers the multi-process path."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        yield
+pytestmark = pytest.mark.usefixtures("in_process_engine")
 
 
 @pytest.fixture(scope="module")
@@ -119,15 +113,7 @@ def test_mean_pooling_forced_chunks_joins_the_chunks(llama_st, monkeypatch):
         num_gpu_blocks_override=6,
         **ENGINE,
     )
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    preempted: list[str] = []
-    real = scheduler._preempt_request
-
-    def spy(request, *args, **kwargs):
-        preempted.append(request.request_id)
-        return real(request, *args, **kwargs)
-
-    scheduler._preempt_request = spy
+    preempted = spy_preemptions(llm)
     got = _vectors(llm.embed(TEXTS, use_tqdm=False))
     assert preempted, "no request was preempted: the case is not exercised"
     _assert_cosine(got, _st_encode(llama_st, TEXTS))

@@ -46,7 +46,9 @@ class PoolingParams(
     softmax: bool | None = None
     activation: bool | None = None
     use_activation: bool | None = None
-    # STEP pooling (not built: refused by verify when set)
+    # STEP pooling (reward models whose pooler_config.pooling_type is STEP;
+    # refused by verify otherwise): the step tag's token id and the columns
+    # returned; None takes the pooler_config's.
     step_tag_id: int | None = None
     returned_token_ids: list[int] | None = None
     # internal
@@ -86,12 +88,8 @@ class PoolingParams(
             raise ValueError(f"You cannot overwrite {self.task=!r} with {task=!r}!")
         self.use_activation = get_use_activation(self)
         self.softmax = self.activation = None
-        for name in ("step_tag_id", "returned_token_ids"):
-            if getattr(self, name) is not None:
-                raise ValueError(
-                    f"PoolingParams.{name} belongs to STEP pooling, which is not built here."
-                )
         self._merge_default_parameters(model_config)
+        self._verify_step_pooling(model_config)
         self._set_default_parameters(model_config)
         self._verify_valid_parameters()
 
@@ -107,6 +105,36 @@ class PoolingParams(
             # Token-level outputs need every prompt token's hidden state, which
             # a prefix-cache hit would not compute.
             self.skip_reading_prefix_cache = self.task in ("token_embed", "token_classify")
+
+    def _verify_step_pooling(self, model_config: ModelConfig | None) -> None:
+        """step_tag_id / returned_token_ids: only for a model with STEP
+        pooling, whose pooler_config gives the defaults (as upstream); the
+        returned ids index the hidden state, so each must be below its size."""
+        assert self.task is not None
+        names = ("step_tag_id", "returned_token_ids")
+        pooler_config = getattr(model_config, "pooler_config", None)
+        if pooler_config is None or pooler_config.pooling_type != "STEP":
+            invalid = [k for k in names if getattr(self, k) is not None]
+            if invalid:
+                raise ValueError(
+                    f"Task {self.task} only supports {self.valid_parameters[self.task]} "
+                    f"parameters, does not support {invalid} parameters (they need a model "
+                    "with pooling_type STEP)"
+                )
+            return
+        for k in names:
+            if getattr(self, k) is None:
+                setattr(self, k, getattr(pooler_config, k))
+        if self.step_tag_id is not None and type(self.step_tag_id) is not int:
+            raise ValueError(f"step_tag_id must be a token id (int), got {self.step_tag_id!r}.")
+        hidden = model_config.get_hidden_size()  # type: ignore[union-attr]
+        ids = self.returned_token_ids or []
+        bad = [i for i in ids if type(i) is not int or not 0 <= i < hidden]
+        if bad:
+            raise ValueError(
+                f"returned_token_ids {bad} are out of range: they index the model's "
+                f"hidden state (size {hidden})."
+            )
 
     def _set_default_parameters(self, model_config: ModelConfig | None) -> None:
         if self.task in ("embed", "token_embed"):

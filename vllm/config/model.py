@@ -388,11 +388,9 @@ class ModelConfig:
         if self.runner_type == "pooling" and not info.is_pooling_model and convert == "none":
             raise ValueError(
                 f"Model {self.model!r} ({self._architecture}) does not support `--runner "
-                "pooling`. You can pass `--convert <embed|classify>` to adapt it into a "
-                "pooling model."
+                "pooling`. You can pass `--convert <embed|classify|reward>` to adapt it into "
+                "a pooling model."
             )
-        if convert == "reward":
-            raise ValueError("--convert reward is not built here.")
         return convert
 
     def _resolve_pooler_config(self) -> None:
@@ -409,14 +407,24 @@ class ModelConfig:
                 setattr(config, key, value)
         if config.pooling_type is None:
             config.pooling_type = self.default_pooling_type
+        config.verify_step_fields()
+        token_wise = ("ALL", "STEP")
+        if config.pooling_type in token_wise and self.default_pooling_type not in token_wise:
+            raise ValueError(
+                f"pooler_config.pooling_type={config.pooling_type!r} pools token-wise, which "
+                f"only a model with token-wise tasks alone takes (--convert reward); "
+                f"{self._architecture}'s sequence tasks (embed / classify / score) need "
+                "CLS, LAST or MEAN."
+            )
         self.pooler_config = config
 
     @property
     def default_pooling_type(self) -> str:
-        """The model class's (converted decoders: LAST)."""
+        """The model class's (converted decoders: LAST; --convert reward: ALL,
+        as upstream's as_reward_model)."""
         if self._model_info.is_pooling_model:
             return self._model_info.default_pooling_type
-        return "LAST"
+        return "ALL" if self.convert_type == "reward" else "LAST"
 
     @property
     def head_dtype(self) -> torch.dtype:
@@ -507,11 +515,11 @@ class ModelConfig:
 
     def _pooling_supports_chunks(self) -> bool:
         """Pooling models, as upstream: bidirectional ones never; causal ones
-        with LAST / ALL pooling do (MEAN / CLS need the whole prompt)."""
+        with LAST / ALL / STEP pooling do (MEAN / CLS need the whole prompt)."""
         if self.attn_type == "encoder_only":
             return False
         assert self.pooler_config is not None
-        return self.pooler_config.get_pooling_type() in ("LAST", "ALL")
+        return self.pooler_config.get_pooling_type() in ("LAST", "ALL", "STEP")
 
     @property
     def is_chunked_prefill_supported(self) -> bool:

@@ -17,8 +17,6 @@ logger = init_logger(__name__)
 
 PoolingTypeStr = Literal["LAST", "ALL", "CLS", "STEP", "MEAN"]
 POOLING_TYPES: tuple[str, ...] = ("LAST", "ALL", "CLS", "STEP", "MEAN")
-# Pooling types built here (STEP, the process-reward pooling, is not).
-BUILT_POOLING_TYPES: tuple[str, ...] = ("LAST", "ALL", "CLS", "MEAN")
 
 
 @dataclass
@@ -44,7 +42,10 @@ class PoolerConfig:
     use_activation: bool | None = None
     # Classification models: subtracted from the logits before the activation.
     logit_bias: float | None = None
-    # STEP pooling (reward models). Not built: refused when set.
+    # STEP pooling (process reward models, e.g. math-shepherd): only the rows
+    # of the prompt tokens equal to `step_tag_id`, and of those only the
+    # columns `returned_token_ids` (e.g. the ids of the "good" and "bad"
+    # tokens). Defaults for the requests' PoolingParams; need pooling_type STEP.
     step_tag_id: int | None = None
     returned_token_ids: list[int] | None = None
 
@@ -57,23 +58,18 @@ class PoolerConfig:
                     f"pooler_config.pooling_type={self.pooling_type!r} is not a pooling "
                     f"type; choose one of {POOLING_TYPES}."
                 )
-            if self.pooling_type not in BUILT_POOLING_TYPES:
-                raise ValueError(
-                    f"pooler_config.pooling_type={self.pooling_type!r} is not built here "
-                    f"(built: {BUILT_POOLING_TYPES})."
-                )
         if self.enable_chunked_processing:
             raise ValueError(
                 "pooler_config.enable_chunked_processing=True is not built here: "
                 "inputs longer than max_model_len are refused (or truncated with "
                 "truncate_prompt_tokens)."
             )
-        for name in ("max_embed_len", "step_tag_id", "returned_token_ids"):
-            if getattr(self, name) is not None:
-                raise ValueError(
-                    f"pooler_config.{name} is not built here (it belongs to "
-                    "chunked processing / STEP pooling)."
-                )
+        if self.max_embed_len is not None:
+            raise ValueError(
+                "pooler_config.max_embed_len is not built here (it belongs to chunked processing)."
+            )
+        if self.pooling_type is not None:
+            self.verify_step_fields()
         if self.dimensions is not None and self.dimensions < 1:
             raise ValueError(f"pooler_config.dimensions must be >= 1, got {self.dimensions}.")
 
@@ -92,6 +88,24 @@ class PoolerConfig:
                 f"--pooler-config: unknown field(s) {unknown}; known: {sorted(known)}."
             )
         return cls(**data)
+
+    def verify_step_fields(self) -> None:
+        """step_tag_id / returned_token_ids do something only under STEP
+        pooling: refused by name with another pooling type. (Called again by
+        ModelConfig once pooling_type is resolved.)"""
+        for name in ("step_tag_id", "returned_token_ids"):
+            if getattr(self, name) is not None and self.pooling_type != "STEP":
+                raise ValueError(
+                    f"pooler_config.{name} needs pooling_type='STEP' "
+                    f"(pooling_type is {self.pooling_type!r})."
+                )
+        if self.returned_token_ids is not None and not all(
+            isinstance(i, int) and i >= 0 for i in self.returned_token_ids
+        ):
+            raise ValueError(
+                f"pooler_config.returned_token_ids must be non-negative ints, "
+                f"got {self.returned_token_ids!r}."
+            )
 
     def get_pooling_type(self) -> str:
         assert self.pooling_type is not None, "Should be resolved by ModelConfig"

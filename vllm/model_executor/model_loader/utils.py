@@ -29,7 +29,11 @@ def set_default_torch_dtype(dtype: torch.dtype) -> Iterator[None]:
 def get_model_architecture(model_config: ModelConfig) -> tuple[type[nn.Module], str]:
     """(model class, architecture name) from the registry; unknown ones raise
     a ValueError that lists the supported architectures."""
-    from vllm.model_executor.models.adapters import as_embedding_model, as_seq_cls_model
+    from vllm.model_executor.models.adapters import (
+        as_embedding_model,
+        as_reward_model,
+        as_seq_cls_model,
+    )
     from vllm.model_executor.models.registry import ModelRegistry
 
     model_cls, arch = ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
@@ -41,6 +45,8 @@ def get_model_architecture(model_config: ModelConfig) -> tuple[type[nn.Module], 
         model_cls = as_embedding_model(model_cls)
     elif convert_type == "classify":
         model_cls = as_seq_cls_model(model_cls)
+    elif convert_type == "reward":
+        model_cls = as_reward_model(model_cls)
     return model_cls, arch
 
 

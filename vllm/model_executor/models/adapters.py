@@ -6,9 +6,10 @@ head and adds `pooler = DispatchPooler.for_embedding(pooler_config)` (LAST
 pooling by default: Qwen3-Embedding style). `as_seq_cls_model` adds a
 `score` layer [num_labels, hidden] (no bias, in the head dtype, as HF's
 *ForSequenceClassification) and `DispatchPooler.for_seq_cls` over it. The
-model loader applies them for `--convert embed / classify`, and the
+model loader applies them for `--convert embed / classify / reward`; the
 registry's *ForSequenceClassification entries are `as_seq_cls_model` of the
-family's causal LM.
+family's causal LM. `as_reward_model` (`--convert reward`) keeps the body
+and returns every prompt token's row (task token_classify, `LLM.reward`).
 """
 
 from __future__ import annotations
@@ -133,8 +134,33 @@ def as_seq_cls_model(cls: _T) -> _T:
 
 
 def as_reward_model(cls: _T) -> _T:
-    """Upstream's reward adapter (ALL pooling over a reward head) is not built."""
-    raise ValueError(
-        f"--convert reward is not built here (model class {cls.__name__}); "
-        "reward scores come from *ForSequenceClassification models (LLM.reward)."
+    """A reward model from a generative model class (upstream's
+    as_reward_model): the decoder body without its LM head, and one task,
+    token_classify, over every prompt token's hidden state (ALL pooling; STEP
+    keeps the step-tag rows). No score layer: a row is the hidden state, with
+    the classifier activation (softmax over it) unless use_activation=False."""
+    from vllm.model_executor.layers.pooler import DispatchPooler, PoolerClassify
+    from vllm.model_executor.layers.pooler.tokwise import pooler_for_token_classify
+
+    base = cast(type[Any], cls)
+
+    class ModelForReward(base):  # type: ignore[misc, valid-type]
+        is_pooling_model: ClassVar[bool] = True
+        default_pooling_type: ClassVar[str] = "ALL"
+
+        def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs: Any) -> None:
+            super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+            _drop_lm_head(self)
+            # Softmax over each row's own width (upstream: static_num_labels=False).
+            pooler = pooler_for_token_classify(
+                _pooler_config(vllm_config), act_fn=PoolerClassify(num_labels=None)
+            )
+            self.pooler = DispatchPooler({"token_classify": pooler})
+
+        def load_weights(self, weights: Any) -> set[str]:
+            return _pooling_load_weights(self, weights)
+
+    ModelForReward.__name__ = ModelForReward.__qualname__ = (
+        cls.__name__.removesuffix("ForCausalLM") + "ForReward"
     )
+    return cast(_T, ModelForReward)

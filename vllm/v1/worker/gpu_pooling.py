@@ -45,14 +45,17 @@ def pool_step(
     seq_lens: np.ndarray,
 ) -> ModelRunnerOutput:
     """Run the pooler over one step; the output carries one entry per request."""
+    pooler = get_pooler(model)
     params: list[PoolingParams] = []
     for req_id in req_ids:
         p = requests[req_id].pooling_params
-        assert p is not None, f"request {req_id} has no pooling params"
+        assert p is not None and p.task is not None, f"request {req_id} has no pooling task"
+        # What the task's pooler needs set (STEP pooling: the prompt token ids).
+        pooler.get_pooling_updates(p.task).apply(p)
         params.append(p)
     metadata = PoolingMetadata(
         prompt_lens=torch.tensor([requests[r].num_prompt_tokens for r in req_ids]),
-        prompt_token_ids=None,
+        prompt_token_ids=_prompt_token_ids(req_ids, requests, params),
         pooling_params=params,
         pooling_states=[pooling_states.setdefault(r, PoolingStates()) for r in req_ids],
     )
@@ -60,7 +63,7 @@ def pool_step(
     metadata.build_pooling_cursor(
         num_sched, torch.from_numpy(seq_lens[: len(req_ids)].copy()), hidden_states.device
     )
-    raw = get_pooler(model)(hidden_states[: sum(num_sched)], metadata)
+    raw = pooler(hidden_states[: sum(num_sched)], metadata)
     pooler_output: list[torch.Tensor | None] = [
         None if out is None else out.detach().to("cpu", copy=True) for out in raw
     ]
@@ -72,6 +75,21 @@ def pool_step(
     )
 
 
+def _prompt_token_ids(
+    req_ids: list[str], requests: dict[str, CachedRequestState], params: list[PoolingParams]
+) -> torch.Tensor | None:
+    """[num_reqs, max_prompt_len] int64, each row a prompt's token ids padded
+    with 0 (PoolingMetadata cuts each to its prompt_len), when a request's
+    pooler asked for them (requires_token_ids); else None."""
+    if not any(p.requires_token_ids for p in params):
+        return None
+    prompts = [requests[r].prompt_token_ids for r in req_ids]
+    out = torch.zeros(len(prompts), max(len(t) for t in prompts), dtype=torch.int64)
+    for row, ids in zip(out, prompts):
+        row[: len(ids)] = torch.tensor(ids, dtype=torch.int64)
+    return out
+
+
 @torch.inference_mode()
 def dummy_pooler_run(model: Any, model_config: ModelConfig, hidden_states: torch.Tensor) -> None:
     """Each supported task's pooler once over the dummy batch as one request
@@ -81,9 +99,12 @@ def dummy_pooler_run(model: Any, model_config: ModelConfig, hidden_states: torch
     for task in sorted(pooler.get_supported_tasks()):
         params = PoolingParams()
         params.verify(task, None)
+        pooler.get_pooling_updates(task).apply(params)
         metadata = PoolingMetadata(
             prompt_lens=torch.tensor([n]),
-            prompt_token_ids=None,
+            prompt_token_ids=torch.zeros(1, n, dtype=torch.int64)
+            if params.requires_token_ids
+            else None,
             pooling_params=[params],
             pooling_states=[PoolingStates()],
         )

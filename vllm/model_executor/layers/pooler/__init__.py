@@ -16,7 +16,7 @@ tensor per request (None for a request still mid-prefill).
 Layout: abstract.py (the `Pooler` ABC), common.py (PoolingParamsUpdate, type
 aliases), activations.py (normalize / softmax / sigmoid), seqwise/ (one row
 per sequence: CLS / LAST / MEAN + embedding or classifier head), tokwise/
-(one row per token: ALL), special.py (DispatchPooler).
+(one row per token: ALL, or per step tag: STEP), special.py (DispatchPooler).
 """
 
 from .abstract import Pooler, PoolerOutput

@@ -115,4 +115,10 @@ def get_seq_pooling_method(pooling_type: str) -> SequencePoolingMethod:
         return LastPool()
     if pooling_type == "MEAN":
         return MeanPool()
+    if pooling_type in ("ALL", "STEP"):
+        raise ValueError(
+            f"pooling_type={pooling_type!r} pools token-wise (tasks token_embed / "
+            "token_classify, e.g. a reward model: --convert reward); this model's sequence "
+            "tasks (embed / classify / score) need CLS, LAST or MEAN."
+        )
     raise NotImplementedError(f"Unknown sequence pooling type: {pooling_type!r}")

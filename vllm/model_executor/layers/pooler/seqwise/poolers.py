@@ -3,20 +3,19 @@ vllm/model_executor/layers/pooler/seqwise/poolers.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Set
+from collections.abc import Callable
 from typing import TypeAlias
 
 import torch
 
 from vllm.config.pooler import PoolerConfig
-from vllm.model_executor.layers.pooler.abstract import Pooler, PoolerOutput
+from vllm.model_executor.layers.pooler.abstract import MethodHeadPooler
 from vllm.model_executor.layers.pooler.activations import (
     PoolerActivation,
     PoolerNormalize,
     resolve_classifier_act_fn,
 )
-from vllm.model_executor.layers.pooler.common import ClassifierFn, PoolingParamsUpdate
-from vllm.tasks import POOLING_TASKS, PoolingTask
+from vllm.model_executor.layers.pooler.common import ClassifierFn
 from vllm.v1.pool.metadata import PoolingMetadata
 
 from .heads import ClassifierPoolerHead, EmbeddingPoolerHead, SequencePoolerHead
@@ -25,7 +24,7 @@ from .methods import SeqPoolingOutput, SequencePoolingMethod, get_seq_pooling_me
 SequencePoolingFn: TypeAlias = Callable[[torch.Tensor, PoolingMetadata], SeqPoolingOutput]
 
 
-class SequencePooler(Pooler):
+class SequencePooler(MethodHeadPooler):
     """1. pick each request's row (pooling method), 2. post-process it (head)."""
 
     def __init__(
@@ -33,29 +32,7 @@ class SequencePooler(Pooler):
         pooling: SequencePoolingMethod | SequencePoolingFn,
         head: SequencePoolerHead,
     ) -> None:
-        super().__init__()
-        self.pooling = pooling
-        self.head = head
-
-    def extra_repr(self) -> str:
-        return f"pooling={type(self.pooling).__name__}, head={type(self.head).__name__}"
-
-    def get_supported_tasks(self) -> Set[PoolingTask]:
-        tasks = set(POOLING_TASKS) & self.head.get_supported_tasks()
-        if isinstance(self.pooling, SequencePoolingMethod):
-            tasks &= self.pooling.get_supported_tasks()
-        return tasks
-
-    def get_pooling_updates(self, task: PoolingTask) -> PoolingParamsUpdate:
-        if isinstance(self.pooling, SequencePoolingMethod):
-            return self.pooling.get_pooling_updates(task)
-        return PoolingParamsUpdate()
-
-    def forward(
-        self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata
-    ) -> PoolerOutput:
-        pooled = self.pooling(hidden_states, pooling_metadata)
-        return self.head(pooled, pooling_metadata)
+        super().__init__(pooling, head)
 
 
 def _model_config():  # noqa: ANN202 - ModelConfig, imported lazily

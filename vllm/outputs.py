@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
 import torch
 
@@ -152,8 +152,11 @@ class PoolingRequestOutput(Generic[_O]):
         )
 
 
-def _data(pooling_output: PoolingOutput) -> torch.Tensor:
-    return pooling_output.data
+def _vector(pooling_output: PoolingOutput, what: str) -> list[float]:
+    """The pooler's tensor as a list, when it is the 1-D `what` expected."""
+    if pooling_output.data.ndim != 1:
+        raise ValueError(f"pooled_data should be a 1-D {what}")
+    return pooling_output.data.tolist()
 
 
 @dataclass
@@ -164,26 +167,11 @@ class EmbeddingOutput:
 
     @staticmethod
     def from_base(pooling_output: PoolingOutput) -> EmbeddingOutput:
-        pooled_data = _data(pooling_output)
-        if pooled_data.ndim != 1:
-            raise ValueError("pooled_data should be a 1-D embedding vector")
-        return EmbeddingOutput(pooled_data.tolist())
+        return EmbeddingOutput(_vector(pooling_output, "embedding vector"))
 
     @property
     def hidden_size(self) -> int:
         return len(self.embedding)
-
-
-class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
-    @staticmethod
-    def from_base(request_output: PoolingRequestOutput[PoolingOutput]) -> EmbeddingRequestOutput:
-        return EmbeddingRequestOutput(
-            request_id=request_output.request_id,
-            outputs=EmbeddingOutput.from_base(request_output.outputs),
-            prompt_token_ids=request_output.prompt_token_ids,
-            num_cached_tokens=request_output.num_cached_tokens,
-            finished=request_output.finished,
-        )
 
 
 @dataclass
@@ -194,28 +182,11 @@ class ClassificationOutput:
 
     @staticmethod
     def from_base(pooling_output: PoolingOutput) -> ClassificationOutput:
-        pooled_data = _data(pooling_output)
-        if pooled_data.ndim != 1:
-            raise ValueError("pooled_data should be a 1-D probability vector")
-        return ClassificationOutput(pooled_data.tolist())
+        return ClassificationOutput(_vector(pooling_output, "probability vector"))
 
     @property
     def num_classes(self) -> int:
         return len(self.probs)
-
-
-class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
-    @staticmethod
-    def from_base(
-        request_output: PoolingRequestOutput[PoolingOutput],
-    ) -> ClassificationRequestOutput:
-        return ClassificationRequestOutput(
-            request_id=request_output.request_id,
-            outputs=ClassificationOutput.from_base(request_output.outputs),
-            prompt_token_ids=request_output.prompt_token_ids,
-            num_cached_tokens=request_output.num_cached_tokens,
-            finished=request_output.finished,
-        )
 
 
 @dataclass
@@ -226,7 +197,7 @@ class ScoringOutput:
 
     @staticmethod
     def from_base(pooling_output: PoolingOutput) -> ScoringOutput:
-        pooled_data = _data(pooling_output)
+        pooled_data = pooling_output.data
         if pooled_data.numel() != 1:
             raise ValueError(
                 "pooled_data should be a scalar score (a cross-encoder has num_labels == 1)"
@@ -234,13 +205,30 @@ class ScoringOutput:
         return ScoringOutput(float(pooled_data.reshape(()).item()))
 
 
-class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
-    @staticmethod
-    def from_base(request_output: PoolingRequestOutput[PoolingOutput]) -> ScoringRequestOutput:
-        return ScoringRequestOutput(
+class _TypedPoolingRequestOutput(PoolingRequestOutput[_O]):
+    """A finished pooling request whose output is read as `output_type`
+    (`from_base` converts the raw PoolingOutput; the other fields are kept)."""
+
+    output_type: ClassVar[Any]
+
+    @classmethod
+    def from_base(cls, request_output: PoolingRequestOutput[PoolingOutput]) -> Self:
+        return cls(
             request_id=request_output.request_id,
-            outputs=ScoringOutput.from_base(request_output.outputs),
+            outputs=cls.output_type.from_base(request_output.outputs),
             prompt_token_ids=request_output.prompt_token_ids,
             num_cached_tokens=request_output.num_cached_tokens,
             finished=request_output.finished,
         )
+
+
+class EmbeddingRequestOutput(_TypedPoolingRequestOutput[EmbeddingOutput]):
+    output_type = EmbeddingOutput
+
+
+class ClassificationRequestOutput(_TypedPoolingRequestOutput[ClassificationOutput]):
+    output_type = ClassificationOutput
+
+
+class ScoringRequestOutput(_TypedPoolingRequestOutput[ScoringOutput]):
+    output_type = ScoringOutput

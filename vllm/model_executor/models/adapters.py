@@ -65,28 +65,46 @@ def _pooler_config(vllm_config: VllmConfig):  # noqa: ANN202 - PoolerConfig
     return model_config.pooler_config
 
 
-def as_embedding_model(cls: _T) -> _T:
-    """A pooling model for embeddings from a generative model class."""
-    from vllm.model_executor.layers.pooler import DispatchPooler
-
+def _create_pooling_model_cls(cls: _T) -> type[Any]:
+    """`cls` (a generative model class) without its LM head, loading weights
+    per `_pooling_load_weights`; the subclass builds `self.pooler` (and any
+    head of its own) in `_init_pooler`, as upstream's adapters do."""
     base = cast(type[Any], cls)
 
-    class ModelForEmbedding(base):  # type: ignore[misc, valid-type]
+    class ModelForPooling(base):  # type: ignore[misc, valid-type]
         is_pooling_model: ClassVar[bool] = True
-        default_pooling_type: ClassVar[str] = "LAST"
 
         def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs: Any) -> None:
             super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
             _drop_lm_head(self)
-            self.pooler = DispatchPooler.for_embedding(_pooler_config(vllm_config))
+            self._init_pooler(vllm_config)
+
+        def _init_pooler(self, vllm_config: VllmConfig) -> None:
+            raise NotImplementedError
 
         def load_weights(self, weights: Any) -> set[str]:
             return _pooling_load_weights(self, weights)
 
-    ModelForEmbedding.__name__ = ModelForEmbedding.__qualname__ = (
-        cls.__name__.removesuffix("ForCausalLM") + "EmbeddingModel"
-    )
-    return cast(_T, ModelForEmbedding)
+    return ModelForPooling
+
+
+def _named(model_cls: type[Any], cls: type[nn.Module], suffix: str) -> Any:
+    """`model_cls` named after the generative class: LlamaForCausalLM -> Llama<suffix>."""
+    model_cls.__name__ = model_cls.__qualname__ = cls.__name__.removesuffix("ForCausalLM") + suffix
+    return model_cls
+
+
+def as_embedding_model(cls: _T) -> _T:
+    """A pooling model for embeddings from a generative model class."""
+    from vllm.model_executor.layers.pooler import DispatchPooler
+
+    class ModelForEmbedding(_create_pooling_model_cls(cls)):  # type: ignore[misc]
+        default_pooling_type: ClassVar[str] = "LAST"
+
+        def _init_pooler(self, vllm_config: VllmConfig) -> None:
+            self.pooler = DispatchPooler.for_embedding(_pooler_config(vllm_config))
+
+    return cast(_T, _named(ModelForEmbedding, cls, "EmbeddingModel"))
 
 
 def as_seq_cls_model(cls: _T) -> _T:
@@ -95,21 +113,15 @@ def as_seq_cls_model(cls: _T) -> _T:
     model class."""
     from vllm.model_executor.layers.pooler import DispatchPooler
 
-    base = cast(type[Any], cls)
-
-    class ModelForSequenceClassification(base):  # type: ignore[misc, valid-type]
-        is_pooling_model: ClassVar[bool] = True
+    class ModelForSequenceClassification(_create_pooling_model_cls(cls)):  # type: ignore[misc]
         # Scores text pairs (LLM.score), as upstream's SupportsCrossEncoding.
         supports_cross_encoding: ClassVar[bool] = True
         default_pooling_type: ClassVar[str] = "LAST"
 
-        def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs: Any) -> None:
-            super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
-            _drop_lm_head(self)
+        def _init_pooler(self, vllm_config: VllmConfig) -> None:
             model_config = vllm_config.model_config
             assert model_config is not None
-            config = model_config.hf_config
-            num_labels = int(getattr(config, "num_labels", 0) or 0)
+            num_labels = int(getattr(model_config.hf_config, "num_labels", 0) or 0)
             if num_labels < 1:
                 raise ValueError(
                     f"{model_config.model}: a classifier needs config.num_labels >= 1."
@@ -124,13 +136,7 @@ def as_seq_cls_model(cls: _T) -> _T:
                 _pooler_config(vllm_config), classifier=self.score
             )
 
-        def load_weights(self, weights: Any) -> set[str]:
-            return _pooling_load_weights(self, weights)
-
-    ModelForSequenceClassification.__name__ = ModelForSequenceClassification.__qualname__ = (
-        cls.__name__.removesuffix("ForCausalLM") + "ForSequenceClassification"
-    )
-    return cast(_T, ModelForSequenceClassification)
+    return cast(_T, _named(ModelForSequenceClassification, cls, "ForSequenceClassification"))
 
 
 def as_reward_model(cls: _T) -> _T:
@@ -142,25 +148,14 @@ def as_reward_model(cls: _T) -> _T:
     from vllm.model_executor.layers.pooler import DispatchPooler, PoolerClassify
     from vllm.model_executor.layers.pooler.tokwise import pooler_for_token_classify
 
-    base = cast(type[Any], cls)
-
-    class ModelForReward(base):  # type: ignore[misc, valid-type]
-        is_pooling_model: ClassVar[bool] = True
+    class ModelForReward(_create_pooling_model_cls(cls)):  # type: ignore[misc]
         default_pooling_type: ClassVar[str] = "ALL"
 
-        def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs: Any) -> None:
-            super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
-            _drop_lm_head(self)
+        def _init_pooler(self, vllm_config: VllmConfig) -> None:
             # Softmax over each row's own width (upstream: static_num_labels=False).
             pooler = pooler_for_token_classify(
                 _pooler_config(vllm_config), act_fn=PoolerClassify(num_labels=None)
             )
             self.pooler = DispatchPooler({"token_classify": pooler})
 
-        def load_weights(self, weights: Any) -> set[str]:
-            return _pooling_load_weights(self, weights)
-
-    ModelForReward.__name__ = ModelForReward.__qualname__ = (
-        cls.__name__.removesuffix("ForCausalLM") + "ForReward"
-    )
-    return cast(_T, ModelForReward)
+    return cast(_T, _named(ModelForReward, cls, "ForReward"))

@@ -20,9 +20,11 @@ from vllm.entrypoints.score_utils import (
     _cosine_similarity,
     as_list,
     check_cross_encoder,
+    check_token_limit,
     cross_encoder_request,
     score_input_lists,
     score_tokenization_kwargs,
+    truncate_score_data,
 )
 from vllm.inputs import PromptType
 from vllm.outputs import (
@@ -189,7 +191,6 @@ class PoolingMixin:
         data_2: ScoreData | list[ScoreData],
         /,
         *,
-        truncate_prompt_tokens: int | None = None,
         use_tqdm: bool | Callable[..., tqdm] = True,
         pooling_params: PoolingParams | None = None,
         lora_request: list[LoRARequest] | LoRARequest | None = None,
@@ -197,28 +198,42 @@ class PoolingMixin:
         chat_template: str | None = None,
     ) -> list[ScoringRequestOutput]:
         """Similarity of each (data_1, data_2) pair, 1:1, 1:N or N:N: a
-        cross-encoder's score of the pair, or the cosine of two embeddings."""
+        cross-encoder's score of the pair, or the cosine of two embeddings.
+        Truncation as upstream v0.28: `tokenization_kwargs` (e.g.
+        truncation=True, max_length=k) go to the tokenizer, and
+        `pooling_params.extra_kwargs` may hold max_tokens_per_query /
+        max_tokens_per_doc (each text cut to that many content tokens)."""
         self._check_pooling_model("LLM.score()")
         if chat_template is not None:
             raise ValueError(
                 "chat_template is not supported by LLM.score here: score templates "
                 "(templated cross-encoder prompts) are not built; pass chat_template=None."
             )
+        cross_encoder = self.model_config.is_cross_encoder
+        if cross_encoder:
+            check_cross_encoder(self.model_config)
+        elif "embed" not in self.supported_tasks:
+            raise ValueError("This model does not support the Scoring API.")
         list_1, list_2 = score_input_lists(data_1, data_2)
+        params = pooling_params or PoolingParams()
+        extra = params.extra_kwargs or {}
+        max_len = self.model_config.max_model_len
+        max_query, max_doc = (
+            check_token_limit(int(extra.get(name, 0)), name, max_len) if extra.get(name) else 0
+            for name in ("max_tokens_per_query", "max_tokens_per_doc")
+        )
+        tokenizer = None if self.model_config.skip_tokenizer_init else self.get_tokenizer()
+        if tokenizer is not None:
+            list_1 = truncate_score_data(list_1, tokenizer, max_query)
+            list_2 = truncate_score_data(list_2, tokenizer, max_doc)
         common = dict(
-            truncate_prompt_tokens=truncate_prompt_tokens,
             use_tqdm=use_tqdm,
-            pooling_params=pooling_params,
             lora_request=lora_request,
             tokenization_kwargs=tokenization_kwargs,
         )
-        if self.model_config.is_cross_encoder:
-            return self._cross_encoding_score(list_1, list_2, **common)
-        if "embed" not in self.supported_tasks:
-            raise ValueError(
-                "Score API is not supported by this model. Please set `--runner pooling`."
-            )
-        return self._embedding_score(list_1, list_2, **common)
+        if cross_encoder:
+            return self._cross_encoding_score(list_1, list_2, params, max_doc, **common)
+        return self._embedding_score(list_1, list_2, params, tokenizer, **common)
 
     # ---- internals ------------------------------------------------------------
     def _check_pooling_model(self, api: str) -> None:
@@ -252,31 +267,38 @@ class PoolingMixin:
         return params_list
 
     def _embedding_score(
-        self, list_1: list[ScoreData], list_2: list[ScoreData], **kwargs: Any
+        self,
+        list_1: list[ScoreData],
+        list_2: list[ScoreData],
+        params: PoolingParams,
+        tokenizer: TokenizerLike | None,
+        **kwargs: Any,
     ) -> list[ScoringRequestOutput]:
-        pooling_params = kwargs.pop("pooling_params")
-        embeddings = self.encode(list_1 + list_2, pooling_params, pooling_task="embed", **kwargs)
+        embeddings = self.encode(list_1 + list_2, params, pooling_task="embed", **kwargs)
         embed_1, embed_2 = embeddings[: len(list_1)], embeddings[len(list_1) :]
         if len(embed_1) == 1:
             embed_1 = embed_1 * len(embed_2)
-        tokenizer = None if self.model_config.skip_tokenizer_init else self.get_tokenizer()
         return _cosine_similarity(tokenizer, embed_1, embed_2)
 
     def _cross_encoding_score(
-        self, list_1: list[ScoreData], list_2: list[ScoreData], **kwargs: Any
+        self,
+        list_1: list[ScoreData],
+        list_2: list[ScoreData],
+        params: PoolingParams,
+        max_tokens_per_doc: int,
+        **kwargs: Any,
     ) -> list[ScoringRequestOutput]:
-        check_cross_encoder(self.model_config)
         if len(list_1) == 1:
             list_1 = list_1 * len(list_2)
         tokenizer = self.get_tokenizer()
         tok_kwargs = score_tokenization_kwargs(
-            kwargs.pop("truncate_prompt_tokens"),
-            self.model_config.max_model_len,
-            kwargs.pop("tokenization_kwargs"),
+            None, self.model_config.max_model_len, kwargs.pop("tokenization_kwargs")
         )
-        base = kwargs.pop("pooling_params") or PoolingParams()
         requests = [
-            cross_encoder_request(tokenizer, q, d, base, tok_kwargs) for q, d in zip(list_1, list_2)
+            cross_encoder_request(
+                tokenizer, q, d, params, tok_kwargs, max_tokens_per_doc=max_tokens_per_doc
+            )
+            for q, d in zip(list_1, list_2)
         ]
         items = self.encode(
             [prompt for prompt, _ in requests],

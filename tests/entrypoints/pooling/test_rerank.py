@@ -75,6 +75,18 @@ def test_score_is_cosine_of_sentence_transformers(server, encode, st_dir):
     )
 
 
+def test_max_tokens_per_query(server, encode, st_dir):
+    """The query's first 3 content tokens (cut at a character boundary)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(st_dir)
+    offsets = tok(QUERY, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    query = QUERY[: offsets[2][1]]
+    body = {"queries": QUERY, "documents": DOCS, "max_tokens_per_query": 3}
+    expected = _cosines(encode, [query] * len(DOCS), DOCS)
+    torch.testing.assert_close(_scores(_post(server, "score", body)), expected, atol=1e-5, rtol=0)
+
+
 def test_rerank_orders_by_cosine(server, encode):
     expected = _cosines(encode, [QUERY] * len(DOCS), DOCS)
     order = expected.argsort(descending=True).tolist()

@@ -39,16 +39,20 @@ def server(model_dir):
 
 
 @pytest.fixture(scope="module")
-def reference(model_dir):
-    """logit(text_1, text_2, **tokenizer kwargs) of transformers' model."""
+def hf_model(model_dir):
     model = tf.BertForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
-    tok = tf.AutoTokenizer.from_pretrained(model_dir)
+    return model.eval(), tf.AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(hf_model):
+    """logit(text_1, text_2, **tokenizer kwargs) of transformers' model."""
+    model, tok = hf_model
 
     def logits(pairs: list[tuple[str, str]], **kwargs) -> torch.Tensor:
         with torch.no_grad():
             rows = [
-                model.eval()(**tok(a, b, return_tensors="pt", **kwargs)).logits[0, 0]
-                for a, b in pairs
+                model(**tok(a, b, return_tensors="pt", **kwargs)).logits[0, 0] for a, b in pairs
             ]
         return torch.stack(rows)
 
@@ -105,6 +109,34 @@ def test_truncation_is_the_tokenizers(server, reference):
     assert too_big.status_code == 400
 
 
+def test_truncation_side_left_keeps_the_pairs_end(server, hf_model):
+    """truncation_side "left": the encoded pair's last 16 tokens, with their
+    own segment ids (all of the document's: 1)."""
+    model, tok = hf_model
+    enc = tok(QUERY, LONG, return_tensors="pt")
+    with torch.no_grad():
+        logit = model(
+            input_ids=enc["input_ids"][:, -16:], token_type_ids=enc["token_type_ids"][:, -16:]
+        ).logits[0, 0]
+    body = {"text_1": QUERY, "text_2": LONG, "truncate_prompt_tokens": 16}
+    res = _post(server, "score", {**body, "truncation_side": "left"})
+    torch.testing.assert_close(_scores(res), logit.sigmoid().reshape(1), atol=1e-5, rtol=0)
+    assert res.json()["usage"]["prompt_tokens"] == 16
+
+
+def test_max_tokens_per_doc_cuts_only_the_document(server, reference, model_dir):
+    """The document's first 8 content tokens (cut at a character boundary),
+    the query whole: equal to transformers on those two texts."""
+    tok = tf.AutoTokenizer.from_pretrained(model_dir)
+    offsets = tok(LONG, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    doc = LONG[: offsets[7][1]]
+    res = _post(server, "score", {"text_1": QUERY, "text_2": LONG, "max_tokens_per_doc": 8})
+    expected = reference([(QUERY, doc)]).sigmoid()
+    torch.testing.assert_close(_scores(res), expected, atol=1e-5, rtol=0)
+    n_query = len(tok(QUERY, add_special_tokens=False)["input_ids"])
+    assert res.json()["usage"]["prompt_tokens"] == n_query + 8 + 3  # [CLS] q [SEP] d [SEP]
+
+
 @pytest.mark.parametrize("path", ["rerank", "v1/rerank", "v2/rerank"])
 def test_rerank_orders_by_reference(server, reference, path):
     expected = reference([(QUERY, d) for d in DOCS]).sigmoid()
@@ -112,7 +144,7 @@ def test_rerank_orders_by_reference(server, reference, path):
     res = _post(server, path, {"query": QUERY, "documents": DOCS})
     assert res.status_code == 200, res.text
     body = res.json()
-    assert body["id"].startswith("rerank-") and body["usage"]["total_tokens"] > 4 * len(DOCS)
+    assert body["id"].startswith("score-") and body["usage"]["total_tokens"] > 4 * len(DOCS)
     results = body["results"]
     assert [r["index"] for r in results] == order
     assert [r["document"]["text"] for r in results] == [DOCS[i] for i in order]
@@ -136,6 +168,10 @@ def test_rerank_orders_by_reference(server, reference, path):
         ("rerank", {"query": QUERY, "documents": []}, "text_pair"),
         ("rerank", {"query": QUERY, "documents": [LONG]}, "maximum context length"),
         ("rerank", {"query": QUERY, "documents": DOCS, "top_n": "2"}, None),
+        ("rerank", {"query": QUERY, "documents": DOCS, "top_n": -1}, None),
+        ("score", {"text_1": QUERY, "text_2": DOCS, "max_tokens_per_doc": 64}, "less than"),
+        ("score", {"text_1": QUERY, "text_2": DOCS, "max_tokens_per_query": -1}, "non-negative"),
+        ("score", {"text_1": QUERY, "text_2": DOCS, "instruction": "rank"}, "instruction"),
         ("rerank", {"query": QUERY, "documents": DOCS, "model": "nope"}, "does not exist"),
     ],
 )
@@ -151,6 +187,23 @@ def test_bad_inputs_get_the_envelope(server, reference, path, body, word):
     torch.testing.assert_close(
         _scores(ok), reference([(QUERY, DOCS[0])]).sigmoid(), atol=1e-5, rtol=0
     )
+
+
+def test_classifier_without_one_label_gets_501():
+    """A classifier with more labels registers the routes (its tasks say
+    "score") but has no handler: upstream's 501, no engine needed."""
+    import argparse
+
+    from fastapi.testclient import TestClient
+
+    from vllm.entrypoints.openai.api_server import build_app
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+
+    args = make_arg_parser(argparse.ArgumentParser()).parse_args([])
+    client = TestClient(build_app(args, ("classify", "score")))
+    res = client.post("/rerank", json={"query": "a", "documents": ["b"]})
+    assert res.status_code == 501, res.text
+    assert res.json()["error"]["message"] == "The model does not support Rerank (Score) API"
 
 
 def test_api_key_guards_the_routes(server):
@@ -175,7 +228,8 @@ def test_offline_score_shares_the_pairing(model_dir, reference, monkeypatch):
         expected = reference(list(zip(TEXTS[:3], DOCS[:3]))).sigmoid()
         got = torch.tensor([o.outputs.score for o in pairs])
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
-        cut = llm.score(QUERY, LONG, truncate_prompt_tokens=16, use_tqdm=False)[0]
+        truncation = {"truncation": True, "max_length": 16}
+        cut = llm.score(QUERY, LONG, tokenization_kwargs=truncation, use_tqdm=False)[0]
         assert len(cut.prompt_token_ids) == 16
         expected = reference([(QUERY, LONG)], truncation=True, max_length=16).sigmoid()
         torch.testing.assert_close(torch.tensor([cut.outputs.score]), expected, atol=1e-5, rtol=0)

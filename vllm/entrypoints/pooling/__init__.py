@@ -1,8 +1,8 @@
 """The pooling routes of `vllm serve` (upstream: vllm/entrypoints/pooling/):
 `/pooling` (`pooling/`, any pooling task), `/v1/embeddings` (`embed/`),
-`/classify` (`classify/`) and `/score` + `/rerank` (`score/`: tasks "score"
-or "embed"), sharing the input handling of `base/`. Each route is registered
-only when the served model's pooler supports its task
+`/classify` (`classify/`) and `/score` + `/rerank` (`scoring/`: tasks
+"score" or "embed"), sharing the input handling of `base/`. Each route is
+registered only when the served model's pooler supports its task
 (`EngineClient.get_supported_tasks`); a generative model serves none of them
 (404, as any unknown path)."""
 
@@ -26,12 +26,11 @@ def _scores(supported_tasks: tuple[str, ...]) -> bool:
     return "score" in supported_tasks or "embed" in supported_tasks
 
 
-def register_pooling_api_routers(app: FastAPI, supported_tasks: tuple[str, ...]) -> None:
-    if not _pools(supported_tasks):
-        # 404s that name the model (see base/api_router.py).
-        from vllm.entrypoints.pooling.base.api_router import unsupported_pooling_router
+def _one_label(model_config: Any) -> bool:
+    return getattr(model_config.hf_config, "num_labels", 0) == 1
 
-        app.include_router(unsupported_pooling_router(supported_tasks))
+
+def register_pooling_api_routers(app: FastAPI, supported_tasks: tuple[str, ...]) -> None:
     if _pools(supported_tasks):
         from vllm.entrypoints.pooling.pooling.api_router import router as pooling_router
 
@@ -45,7 +44,7 @@ def register_pooling_api_routers(app: FastAPI, supported_tasks: tuple[str, ...])
 
         app.include_router(embed_router)
     if _scores(supported_tasks):
-        from vllm.entrypoints.pooling.score.api_router import router as score_router
+        from vllm.entrypoints.pooling.scoring.api_router import router as score_router
 
         app.include_router(score_router)
 
@@ -59,7 +58,7 @@ def init_pooling_state(
     from vllm.entrypoints.pooling.classify.serving import ServingClassification
     from vllm.entrypoints.pooling.embed.serving import ServingEmbedding
     from vllm.entrypoints.pooling.pooling.serving import ServingPooling
-    from vllm.entrypoints.pooling.score.serving import ServingScores
+    from vllm.entrypoints.pooling.scoring.serving import ServingScores
 
     # The chat template of the pooling routes' `messages` inputs: the
     # server's --chat-template / --trust-request-chat-template.
@@ -82,6 +81,11 @@ def init_pooling_state(
         if "classify" in supported_tasks
         else None
     )
+    # As upstream v0.28's enable_scoring_api: an embedding model, or a
+    # classifier with one label (another classifier's routes answer 501).
     state.serving_scores = (
-        ServingScores(engine_client, models) if _scores(supported_tasks) else None
+        ServingScores(engine_client, models)
+        if _scores(supported_tasks)
+        and ("embed" in supported_tasks or _one_label(engine_client.model_config))
+        else None
     )

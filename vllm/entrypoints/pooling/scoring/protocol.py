@@ -1,27 +1,35 @@
 """Request and response bodies of `/score` and `/rerank` (upstream:
-vllm/entrypoints/pooling/score/protocol.py).
+vllm/entrypoints/pooling/scoring/protocol.py).
 
 `/score` pairs its two sides 1:1, 1:N or N:N; upstream accepts four spellings
 of them, tried in this order: `queries` + `documents`, `queries` + `items`,
 `data_1` + `data_2`, `text_1` + `text_2`. `/rerank` (Jina / Cohere shape)
 scores one `query` against `documents` and returns them by relevance, the
-best `top_n` (0 or less: all). Texts only: multimodal score inputs are not
-built (a content-part dict is refused by validation).
+best `top_n` (0: all). `max_tokens_per_query` / `max_tokens_per_doc` cut each
+query / document to that many content tokens (0: off) before pairing.
+
+Not built, refused when given: multimodal score inputs (a content-part dict
+fails validation) and score templates (`instruction`,
+`chat_template_kwargs`: upstream applies them only through a chat template
+for scoring, which this server has none of).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, TypeAlias
+from typing import Annotated, Any, TypeAlias
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from vllm.entrypoints.openai.protocol_base import (
     MAX_PROMPTS_PER_REQUEST,
     OpenAIBaseModel,
-    StrictBool,
     StrictInt,
     UsageInfo,
+)
+from vllm.entrypoints.pooling.base.protocol import (
+    ClassifyRequestMixin,
+    PoolingBasicRequestMixin,
 )
 from vllm.pooling_params import PoolingParams
 from vllm.utils import random_uuid
@@ -32,15 +40,28 @@ ScoreInputs: TypeAlias = (
 )
 
 
-class ScoringRequestMixin(OpenAIBaseModel):
-    model: str | None = None
-    user: str | None = None
-    # -1: truncate to max_model_len; k: the tokenizer truncates each pair
-    # (cross-encoder) or each text (embedding model) to k tokens.
-    truncate_prompt_tokens: StrictInt | None = Field(None, ge=-1)
-    priority: StrictInt = 0
-    # None: the pooler config's default (a cross-encoder's sigmoid).
-    use_activation: StrictBool | None = None
+class ScoringRequestMixin(PoolingBasicRequestMixin, ClassifyRequestMixin):
+    """model, user, truncate_prompt_tokens (-1: max_model_len; k: the
+    tokenizer truncates each pair of a cross-encoder, each text of an
+    embedding model, to k tokens), truncation_side, priority (the base
+    mixin's) and use_activation (None: the pooler config's default, a
+    cross-encoder's sigmoid)."""
+
+    # 0: no per-text cut; else below max_model_len (checked by the handler).
+    max_tokens_per_query: StrictInt = 0
+    max_tokens_per_doc: StrictInt = 0
+    instruction: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _refuse_score_templates(self) -> ScoringRequestMixin:
+        for name in ("instruction", "chat_template_kwargs"):
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"`{name}` is not supported: score templates (chat templates for "
+                    "scoring) are not built."
+                )
+        return self
 
     def to_pooling_params(self) -> PoolingParams:
         return PoolingParams(use_activation=self.use_activation)
@@ -98,8 +119,8 @@ ScoreRequest: TypeAlias = (
 class RerankRequest(ScoringRequestMixin):
     query: ScoreInput
     documents: ScoreInputs
-    # 0 (or less): every document.
-    top_n: StrictInt = 0
+    # 0: every document.
+    top_n: StrictInt = Field(0, ge=0)
 
 
 class RerankDocument(BaseModel):

@@ -1,5 +1,5 @@
 """`/score` and `/rerank` handler (upstream:
-vllm/entrypoints/pooling/score/serving.py ServingScores).
+vllm/entrypoints/pooling/scoring/serving.py ServingScores).
 
 A cross-encoder (a one-label classifier, task "score") runs each
 (data_1, data_2) pair as one prompt: the tokenizer's pair encoding, with the
@@ -19,7 +19,7 @@ from vllm.entrypoints.openai.protocol_base import ErrorResponse, UsageInfo
 from vllm.entrypoints.openai.request_limits import check_prompt_text_length
 from vllm.entrypoints.openai.serving_engine import merge_async_iterators
 from vllm.entrypoints.pooling.base.serving import PoolingServingBase
-from vllm.entrypoints.pooling.score.protocol import (
+from vllm.entrypoints.pooling.scoring.protocol import (
     RerankDocument,
     RerankRequest,
     RerankResponse,
@@ -33,11 +33,12 @@ from vllm.entrypoints.pooling.score.protocol import (
 from vllm.entrypoints.score_utils import (
     _cosine_similarity,
     check_cross_encoder,
+    check_token_limit,
     cross_encoder_request,
     score_input_lists,
     score_tokenization_kwargs,
+    truncate_score_data,
 )
-from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
 from vllm.outputs import PoolingRequestOutput, ScoringRequestOutput
 from vllm.pooling_params import PoolingParams
@@ -49,8 +50,6 @@ if TYPE_CHECKING:
 
 class ServingScores(PoolingServingBase):
     """Similarity scores of text pairs (tasks "score" or "embed")."""
-
-    what = "score"
 
     async def create_score(
         self, request: ScoreRequest, raw_request: Request | None = None
@@ -79,11 +78,12 @@ class ServingScores(PoolingServingBase):
         self, request: RerankRequest, raw_request: Request | None = None
     ) -> RerankResponse | ErrorResponse:
         """Jina's rerank API: the documents by relevance to the query, the
-        best `top_n` of them (0 or less: all)."""
+        best `top_n` of them (0: all)."""
         error = await self._check_model(request)
         if error is not None:
             return error
-        request_id = f"rerank-{self._base_request_id(raw_request, random_uuid())}"
+        # As upstream v0.28: one "score" prefix for both routes.
+        request_id = f"score-{self._base_request_id(raw_request, random_uuid())}"
         try:
             results = await self._run_scoring(request.query, request.documents, request, request_id)
         except Exception as e:
@@ -99,7 +99,7 @@ class ServingScores(PoolingServingBase):
         ]
         # Stable: equal scores keep the documents' order.
         ranked.sort(key=lambda r: r.relevance_score, reverse=True)
-        if 0 < request.top_n < len(ranked):
+        if 0 < request.top_n < len(ranked):  # 0: all
             ranked = ranked[: request.top_n]
         tokens = sum(len(res.prompt_token_ids) for res in results)
         return RerankResponse(
@@ -118,8 +118,19 @@ class ServingScores(PoolingServingBase):
     ) -> list[ScoringRequestOutput]:
         list_1, list_2 = score_input_lists(data_1, data_2)
         tokenizer = await self.engine_client.get_tokenizer()
+        max_query, max_doc = (
+            check_token_limit(value, name, self.max_model_len) if value else 0
+            for name, value in (
+                ("max_tokens_per_query", request.max_tokens_per_query),
+                ("max_tokens_per_doc", request.max_tokens_per_doc),
+            )
+        )
+        list_1 = truncate_score_data(list_1, tokenizer, max_query)
+        list_2 = truncate_score_data(list_2, tokenizer, max_doc)
         if self.model_config.is_cross_encoder:
-            return await self._cross_encoding_score(list_1, list_2, request, request_id, tokenizer)
+            return await self._cross_encoding_score(
+                list_1, list_2, request, request_id, tokenizer, max_doc
+            )
         return await self._embedding_score(list_1, list_2, request, request_id, tokenizer)
 
     async def _embedding_score(
@@ -133,11 +144,14 @@ class ServingScores(PoolingServingBase):
         params = request.to_pooling_params()
         params.verify("embed", self.model_config)
         keep = self._truncation_length(request.truncate_prompt_tokens)
-        prompts = []
-        for text in list_1 + list_2:
-            ids = self._encode_text(text, True, tokenizer, keep)
-            self._check_prompt_length(ids)
-            prompts.append(TokensPrompt(prompt_token_ids=ids))
+        prompts = [
+            TokensPrompt(
+                prompt_token_ids=self._check_length(
+                    self._tokens(text, request, tokenizer, True, keep)
+                )
+            )
+            for text in list_1 + list_2
+        ]
         outputs = await self._encode_all(prompts, [params] * len(prompts), request, request_id)
         embed_1, embed_2 = outputs[: len(list_1)], outputs[len(list_1) :]
         if len(embed_1) == 1:
@@ -151,39 +165,38 @@ class ServingScores(PoolingServingBase):
         request: ScoringRequestMixin,
         request_id: str,
         tokenizer: TokenizerLike,
+        max_tokens_per_doc: int,
     ) -> list[ScoringRequestOutput]:
         check_cross_encoder(self.model_config)
         params = request.to_pooling_params()
         params.verify("score", self.model_config)
-        tok_kwargs = score_tokenization_kwargs(request.truncate_prompt_tokens, self.max_model_len)
+        keep = self._truncation_length(request.truncate_prompt_tokens)
+        side = request.truncation_side if keep is not None else None
+        tok_kwargs = score_tokenization_kwargs(keep, self.max_model_len, side=side)
         if len(list_1) == 1:
             list_1 = list_1 * len(list_2)
         prompts, params_list = [], []
         for text_1, text_2 in zip(list_1, list_2):
-            if "truncation" not in tok_kwargs:
+            if keep is None:
                 # A pair is at least as long as either text: refuse a
                 # provably over-long one before tokenizing it.
                 for text in (text_1, text_2):
-                    check_prompt_text_length(tokenizer, text, self.max_model_len + 1, None, "input")
+                    check_prompt_text_length(tokenizer, text, self.max_model_len, 0, "input")
             prompt, pair_params = cross_encoder_request(
-                tokenizer, text_1, text_2, params, tok_kwargs
+                tokenizer,
+                text_1,
+                text_2,
+                params,
+                tok_kwargs,
+                max_tokens_per_doc=max_tokens_per_doc,
+                keep=keep,
+                side=side,
             )
-            self._check_prompt_length(prompt["prompt_token_ids"])
+            self._check_length(prompt["prompt_token_ids"])
             prompts.append(prompt)
             params_list.append(pair_params)
         outputs = await self._encode_all(prompts, params_list, request, request_id)
         return [ScoringRequestOutput.from_base(out) for out in outputs]
-
-    def _check_prompt_length(self, ids: list[int]) -> None:
-        if not ids:
-            raise VLLMValidationError("Prompt cannot be empty.", parameter="input")
-        if len(ids) > self.max_model_len:
-            raise VLLMValidationError(
-                f"This model's maximum context length is {self.max_model_len} tokens. "
-                f"However, you requested {len(ids)} tokens in the input for {self.what}. "
-                "Please reduce the length of the input.",
-                parameter="input",
-            )
 
     async def _encode_all(
         self,

@@ -1,1 +1,0 @@
-"""`/score` and `/rerank` (upstream: vllm/entrypoints/pooling/score/)."""

@@ -1,0 +1,1 @@
+"""`/score` and `/rerank` (upstream: vllm/entrypoints/pooling/scoring/)."""

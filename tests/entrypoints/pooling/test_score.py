@@ -217,8 +217,9 @@ def test_api_key_guards_the_routes(server):
 
 def test_offline_score_shares_the_pairing(model_dir, reference, monkeypatch):
     """LLM.score runs the same helpers: N:N pairs, the tokenizer's own pair
-    truncation ([CLS] kept, longest segment cut first), and chat_template
-    (score templates, not built) refused by name."""
+    truncation ([CLS] kept, longest segment cut first), max_tokens_per_doc
+    from pooling_params.extra_kwargs, and chat_template (score templates,
+    not built) refused by name."""
     from vllm import LLM
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in process
@@ -233,6 +234,21 @@ def test_offline_score_shares_the_pairing(model_dir, reference, monkeypatch):
         assert len(cut.prompt_token_ids) == 16
         expected = reference([(QUERY, LONG)], truncation=True, max_length=16).sigmoid()
         torch.testing.assert_close(torch.tensor([cut.outputs.score]), expected, atol=1e-5, rtol=0)
+        # max_tokens_per_doc rides in pooling_params.extra_kwargs (upstream v0.28).
+        from vllm import PoolingParams
+
+        offsets = llm.get_tokenizer()(LONG, add_special_tokens=False, return_offsets_mapping=True)[
+            "offset_mapping"
+        ]
+        params = PoolingParams(extra_kwargs={"max_tokens_per_doc": 8})
+        doc_cut = llm.score(QUERY, LONG, pooling_params=params, use_tqdm=False)[0]
+        expected = reference([(QUERY, LONG[: offsets[7][1]])]).sigmoid()
+        torch.testing.assert_close(
+            torch.tensor([doc_cut.outputs.score]), expected, atol=1e-5, rtol=0
+        )
+        with pytest.raises(ValueError, match="max_tokens_per_query"):
+            bad = PoolingParams(extra_kwargs={"max_tokens_per_query": MAX_LEN})
+            llm.score(QUERY, DOCS, pooling_params=bad, use_tqdm=False)
         with pytest.raises(ValueError, match="chat_template"):
             llm.score(QUERY, DOCS, chat_template="{{ query }}")
     finally:

@@ -31,6 +31,11 @@ def _one_label(model_config: Any) -> bool:
 
 
 def register_pooling_api_routers(app: FastAPI, supported_tasks: tuple[str, ...]) -> None:
+    if not _pools(supported_tasks):
+        # 404s that name the model (see base/api_router.py).
+        from vllm.entrypoints.pooling.base.api_router import unsupported_pooling_router
+
+        app.include_router(unsupported_pooling_router(supported_tasks))
     if _pools(supported_tasks):
         from vllm.entrypoints.pooling.pooling.api_router import router as pooling_router
 

@@ -283,3 +283,20 @@ def test_embedding_engine_args():
     assert engine_args.kv_cache_memory_bytes == 2 * 2**20
     assert engine_args.max_num_seqs == 4
     assert engine_args.pooler_config == {"normalize": False}
+
+
+def test_pooling_main_model_refused_before_any_engine_starts(st_dir):
+    """A main model that resolves to the pooling runner (here by its
+    modules.json, no --runner flag): refused from its config, no engine."""
+    from vllm.entrypoints.openai.api_server import build_async_engine_client
+
+    args = _parse([st_dir, "--embedding-model", st_dir, "--embedding-served-model-name", EMB])
+
+    async def enter() -> None:
+        async with build_async_engine_client(args):
+            pytest.fail("an engine started")
+
+    children = psutil.Process().children(recursive=True)
+    with pytest.raises(ValueError, match="needs a generative main model.*runner 'pooling'"):
+        asyncio.run(enter())
+    assert psutil.Process().children(recursive=True) == children

@@ -29,7 +29,7 @@ from argparse import Namespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pydantic
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -46,11 +46,13 @@ from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.anthropic.api_router import attach_router as attach_anthropic_router
 from vllm.entrypoints.anthropic.serving_messages import AnthropicServingMessages
 from vllm.entrypoints.chat_utils import load_chat_template
-from vllm.entrypoints.launcher import WATCHDOG_INTERVAL_S, serve_http, terminate_if_errored
+from vllm.entrypoints.launcher import serve_http, terminate_if_errored
 from vllm.entrypoints.openai.embedding_model import (
-    check_device_budget,
-    embedding_engine_args,
+    build_embedding_engine_client,
+    check_main_model,
     embedding_served_names,
+    embedding_watchdog,
+    start_async_llm,
 )
 from vllm.entrypoints.openai.openapi import (
     GENERATE_RESPONSES,
@@ -90,10 +92,6 @@ from vllm.entrypoints.utils import with_cancellation
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError, QueueOverflowError
-
-if TYPE_CHECKING:
-    from vllm.config import VllmConfig
-    from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = init_logger("vllm.entrypoints.openai.api_server")
 
@@ -372,22 +370,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
         tasks.append(asyncio.create_task(log_stats()))
     if getattr(app.state, "embedding_engine_client", None) is not None:
-        tasks.append(asyncio.create_task(_embedding_watchdog(app)))
+        tasks.append(asyncio.create_task(embedding_watchdog(app.state)))
     try:
         yield
     finally:
         for task in tasks:
             task.cancel()
-
-
-async def _embedding_watchdog(app: FastAPI) -> None:
-    """The launcher's watchdog for the second engine: the server stops once
-    the embedding engine is dead (unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH)."""
-    while True:
-        await asyncio.sleep(WATCHDOG_INTERVAL_S)
-        server = getattr(app.state, "server", None)
-        if server is not None:
-            terminate_if_errored(server, app.state.embedding_engine_client)
 
 
 async def init_app_state(
@@ -465,56 +453,12 @@ async def build_async_engine_client(args: Namespace) -> AsyncIterator[EngineClie
     """Start AsyncLLM (its engine core in a child process); shut it down on exit."""
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
-    engine = _start_async_llm(vllm_config, args, engine_args.disable_log_stats)
+    check_main_model(args, vllm_config.model_config)
+    engine = start_async_llm(vllm_config, args, engine_args.disable_log_stats)
     try:
         yield engine
     finally:
         engine.shutdown()
-
-
-@asynccontextmanager
-async def build_embedding_engine_client(
-    args: Namespace, main_engine: EngineClient
-) -> AsyncIterator[EngineClient | None]:
-    """The --embedding-model engine (None without the flag), started after
-    the main one (on a GPU that one has sized its memory by then)."""
-    if getattr(args, "embedding_model", None) is None:
-        yield None
-        return
-    main_tasks = await main_engine.get_supported_tasks()
-    if "generate" not in main_tasks:
-        raise ValueError(
-            f"--embedding-model needs a generative main model; {args.model} serves "
-            f"{', '.join(main_tasks)}"
-        )
-    try:
-        engine_args = embedding_engine_args(args)
-        vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
-        check_device_budget(args, vllm_config.device_config.device_type)
-    except ValueError as e:
-        # The engine's messages name the plain flags: say which engine.
-        raise ValueError(f"--embedding-model {args.embedding_model}: {e}") from e
-    # No stat loggers: its Prometheus logger would replace the main engine's.
-    engine = _start_async_llm(vllm_config, args, disable_log_stats=True)
-    try:
-        yield engine
-    finally:
-        engine.shutdown()
-
-
-def _start_async_llm(vllm_config: VllmConfig, args: Namespace, disable_log_stats: bool) -> AsyncLLM:
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    max_queued = args.max_num_queued_reqs
-    if max_queued is None:
-        max_queued = 8 * vllm_config.scheduler_config.max_num_seqs
-    return AsyncLLM.from_vllm_config(
-        vllm_config,
-        usage_context=UsageContext.OPENAI_API_SERVER,
-        enable_log_requests=getattr(args, "enable_log_requests", False),
-        disable_log_stats=disable_log_stats,
-        max_num_queued_reqs=max_queued,
-    )
 
 
 def create_server_socket(host: str | None, port: int) -> socket.socket:
@@ -538,7 +482,7 @@ async def run_server(args: Namespace, **uvicorn_kwargs: Any) -> None:
     try:
         async with (
             build_async_engine_client(args) as engine,
-            build_embedding_engine_client(args, engine) as embedding_engine,
+            build_embedding_engine_client(args) as embedding_engine,
         ):
             pooling_engine = embedding_engine or engine
             app = build_app(args, await pooling_engine.get_supported_tasks())

@@ -27,10 +27,20 @@ prefix cache) act on GEN.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.launcher import WATCHDOG_INTERVAL_S, terminate_if_errored
+from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import human_readable_int, json_dict
+
+if TYPE_CHECKING:
+    from vllm.config import ModelConfig, VllmConfig
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 # `--embedding-X` flag (argparse dest) -> the EngineArgs field it sets on the
 # embedding engine.
@@ -168,3 +178,69 @@ def check_device_budget(args: argparse.Namespace, device_type: str) -> None:
             "--embedding-kv-cache-memory-bytes (with --gpu-memory-utilization lowered "
             "to leave it room)"
         )
+
+
+def check_main_model(args: argparse.Namespace, model_config: ModelConfig | None) -> None:
+    """With --embedding-model the main model must generate (checked on its
+    config, before any engine starts)."""
+    if getattr(args, "embedding_model", None) is None or model_config is None:
+        return
+    if model_config.runner_type != "generate":
+        raise ValueError(
+            f"--embedding-model needs a generative main model; {model_config.model} runs "
+            f"with runner {model_config.runner_type!r} (serve it alone instead)"
+        )
+
+
+def start_async_llm(
+    vllm_config: VllmConfig, args: argparse.Namespace, disable_log_stats: bool
+) -> AsyncLLM:
+    """The server's AsyncLLM (engine core in a child process); each of the
+    two engines is started this way."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    max_queued = args.max_num_queued_reqs
+    if max_queued is None:
+        max_queued = 8 * vllm_config.scheduler_config.max_num_seqs
+    return AsyncLLM.from_vllm_config(
+        vllm_config,
+        usage_context=UsageContext.OPENAI_API_SERVER,
+        enable_log_requests=getattr(args, "enable_log_requests", False),
+        disable_log_stats=disable_log_stats,
+        max_num_queued_reqs=max_queued,
+    )
+
+
+@asynccontextmanager
+async def build_embedding_engine_client(
+    args: argparse.Namespace,
+) -> AsyncIterator[EngineClient | None]:
+    """The --embedding-model engine (None without the flag), started after
+    the main one (on a GPU that one has sized its memory by then); shut
+    down on exit."""
+    if getattr(args, "embedding_model", None) is None:
+        yield None
+        return
+    try:
+        engine_args = embedding_engine_args(args)
+        vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
+        check_device_budget(args, vllm_config.device_config.device_type)
+    except ValueError as e:
+        # The engine's messages name the plain flags: say which engine.
+        raise ValueError(f"--embedding-model {args.embedding_model}: {e}") from e
+    # No stat loggers: its Prometheus logger would replace the main engine's.
+    engine = start_async_llm(vllm_config, args, disable_log_stats=True)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+async def embedding_watchdog(state: Any) -> None:
+    """The launcher's watchdog for the second engine: the server stops once
+    the embedding engine is dead (unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH)."""
+    while True:
+        await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        server = getattr(state, "server", None)
+        if server is not None:
+            terminate_if_errored(server, state.embedding_engine_client)

@@ -28,6 +28,8 @@ from tests.models.test_encoder_pooling import TEXTS, _st_dir
 GEN, EMB = "gen", "emb"
 NUM_CONCURRENT = 16
 MAX_TOKENS = 8
+# The embedding model's own template (given inline); GEN's is CHAT_TEMPLATE.
+EMB_TEMPLATE = "{% for m in messages %}query: {{ m['content'] }}{% endfor %}"
 # The watchdog (5 s period) stops the server this soon after the kill.
 EXIT_DEADLINE_S = 30.0
 
@@ -49,6 +51,8 @@ def _server_args(st_dir: str, chat_template_file: str) -> list[str]:
         "float32",
         "--embedding-max-model-len",
         "64",
+        "--embedding-chat-template",
+        EMB_TEMPLATE,
     ]
 
 
@@ -149,6 +153,7 @@ def test_wrong_model_for_the_route(server):
     cases = [
         ("v1/embeddings", {"model": GEN, "input": "paris"}, GEN),
         ("pooling", {"model": GEN, "input": "paris"}, GEN),
+        ("score", {"model": GEN, "text_1": "paris", "text_2": "france"}, GEN),
         ("v1/chat/completions", {"model": EMB, "messages": _messages(0)}, EMB),
         ("v1/completions", {"model": EMB, "prompt": "paris"}, EMB),
         ("tokenize", {"model": EMB, "prompt": "paris"}, EMB),
@@ -167,6 +172,25 @@ def test_wrong_model_for_the_route(server):
     assert r.status_code == 200 and r.json()["model"] == EMB
     r = _post(server, "v1/completions", {"prompt": "paris", "max_tokens": 2})
     assert r.status_code == 200 and r.json()["model"] == GEN
+    # /score (an embedding model's cosine) is served on EMB's engine too.
+    r = _post(server, "score", {"text_1": "paris", "text_2": "france"})
+    assert r.status_code == 200 and r.json()["model"] == EMB, r.text
+
+
+def test_embedding_messages_use_its_own_template(server):
+    """`messages` on EMB's routes render with --embedding-chat-template, not
+    GEN's --chat-template (special tokens left to the template)."""
+
+    def embed(body: dict) -> torch.Tensor:
+        r = _post(server, "v1/embeddings", {"model": EMB, **body})
+        assert r.status_code == 200, r.text
+        return torch.tensor(r.json()["data"][0]["embedding"])
+
+    by_messages = embed({"messages": [{"role": "user", "content": "where is paris ?"}]})
+    own = embed({"input": "query: where is paris ?", "add_special_tokens": False})
+    gens = embed({"input": "<|user|>where is paris ?\n", "add_special_tokens": False})
+    torch.testing.assert_close(by_messages, own, atol=1e-6, rtol=0)
+    assert not torch.allclose(by_messages, gens, atol=1e-3)
 
 
 def test_embedding_engine_death_then_shutdown(server):
@@ -239,6 +263,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     "argv, message",
     [
         (["gen", "--embedding-dtype", "float32"], "--embedding-dtype needs --embedding-model"),
+        (["gen", "--embedding-chat-template", "t"], "--embedding-chat-template needs"),
         (
             ["gen", "--embedding-model", "e", "--tensor-parallel-size", "2"],
             "not supported with --tensor-parallel-size 2",

@@ -439,7 +439,11 @@ async def init_app_state(
     if not embedding_engine.model_config.skip_tokenizer_init:
         prompt_length_bound(await embedding_engine.get_tokenizer())
     init_pooling_state(
-        embedding_engine, state, embed_models, await embedding_engine.get_supported_tasks()
+        embedding_engine,
+        state,
+        embed_models,
+        await embedding_engine.get_supported_tasks(),
+        chat_template=load_chat_template(args.embedding_chat_template),
     )
 
 

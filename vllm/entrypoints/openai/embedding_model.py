@@ -13,7 +13,9 @@ route is a 400 (`OpenAIServingModels.wrong_api_message`).
 Flags: the engine flags (--dtype, --max-model-len, --kv-cache-memory-bytes,
 ...) configure GEN only. EMB takes its own from the `--embedding-*` variants in
 EMBEDDING_ENGINE_FLAGS (engine defaults when absent) and shares only the
-process-wide ones in SHARED_ENGINE_FIELDS. VLLM_CPU_KVCACHE_SPACE, an
+process-wide ones in SHARED_ENGINE_FIELDS. --chat-template is GEN's; EMB's
+`messages` inputs use --embedding-chat-template, else its tokenizer's
+(--trust-request-chat-template applies to both). VLLM_CPU_KVCACHE_SPACE, an
 environment variable, sizes the KV cache of each engine whose bytes flag is
 unset. Refused with --embedding-model: parallelism > 1 (the two-engine layout
 is built for one device) and --runner pooling (the main model must generate).
@@ -117,6 +119,14 @@ def add_embedding_model_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Its --pooler-config (JSON).",
     )
+    group.add_argument(
+        "--embedding-chat-template",
+        type=str,
+        default=None,
+        help="The template of `messages` inputs on its routes: a file path or the "
+        "template itself (default: its tokenizer's; --chat-template is the main "
+        "model's only).",
+    )
 
 
 def _served_names(served: str | list[str] | None, model: str) -> list[str]:
@@ -126,7 +136,7 @@ def _served_names(served: str | list[str] | None, model: str) -> list[str]:
 def validate_embedding_model_args(args: argparse.Namespace) -> None:
     """Refuse what the two-engine server does not support (ValueError)."""
     if args.embedding_model is None:
-        for dest in EMBEDDING_ENGINE_FLAGS:
+        for dest in [*EMBEDDING_ENGINE_FLAGS, "embedding_chat_template"]:
             if getattr(args, dest) is not None:
                 flag = "--" + dest.replace("_", "-")
                 raise ValueError(f"{flag} needs --embedding-model")

@@ -8,6 +8,7 @@ registered only when the served model's pooler supports its task
 
 from __future__ import annotations
 
+from types import EllipsisType
 from typing import Any
 
 from fastapi import FastAPI
@@ -59,7 +60,12 @@ def init_pooling_state(
     state: Any,
     models: OpenAIServingModels,
     supported_tasks: tuple[str, ...],
+    *,
+    chat_template: str | None | EllipsisType = ...,
 ) -> None:
+    """The pooling routes' serving objects, on `engine_client`. chat_template:
+    the template of `messages` inputs; `...` (default): the server's
+    --chat-template (a second, embedding engine passes its own)."""
     from vllm.entrypoints.pooling.classify.serving import ServingClassification
     from vllm.entrypoints.pooling.embed.serving import ServingEmbedding
     from vllm.entrypoints.pooling.pooling.serving import ServingPooling
@@ -68,8 +74,10 @@ def init_pooling_state(
     # The chat template of the pooling routes' `messages` inputs: the
     # server's --chat-template / --trust-request-chat-template.
     tokenization = getattr(state, "openai_serving_tokenization", None)
+    if chat_template is ...:
+        chat_template = getattr(tokenization, "chat_template", None)
     chat: dict[str, Any] = {
-        "chat_template": getattr(tokenization, "chat_template", None),
+        "chat_template": chat_template,
         "trust_request_chat_template": getattr(tokenization, "trust_request_chat_template", False),
     }
     state.openai_serving_pooling = (

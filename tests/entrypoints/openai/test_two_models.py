@@ -325,3 +325,19 @@ def test_pooling_main_model_refused_before_any_engine_starts(st_dir):
     with pytest.raises(ValueError, match="needs a generative main model.*runner 'pooling'"):
         asyncio.run(enter())
     assert psutil.Process().children(recursive=True) == children
+
+
+def test_embedding_gpu_fraction_refused_on_cpu(st_dir):
+    """The engine's own CPU refusal, prefixed with the flag's engine, before
+    the embedding engine starts."""
+    from vllm.entrypoints.openai.embedding_model import build_embedding_engine_client
+
+    argv = ["gen", "--embedding-model", st_dir, "--embedding-gpu-memory-utilization", "0.1"]
+    args = _parse(argv)
+
+    async def enter() -> None:
+        async with build_embedding_engine_client(args):
+            pytest.fail("an engine started")
+
+    with pytest.raises(ValueError, match=f"--embedding-model {st_dir}: .*no effect on CPU"):
+        asyncio.run(enter())

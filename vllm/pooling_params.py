@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 
 from vllm.config.pooler import get_use_activation
+from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind
 from vllm.tasks import POOLING_TASKS, PoolingTask
 
@@ -147,20 +148,31 @@ class PoolingParams(
 
     @staticmethod
     def _verify_dimensions(model_config: ModelConfig, dimensions: int) -> None:
+        """Matryoshka truncation: only on a model that says it supports it,
+        within [1, embedding_size], and one of its listed sizes if it lists
+        them (upstream v0.28's checks and messages)."""
         name = model_config.served_model_name
         if not model_config.is_matryoshka:
-            raise ValueError(
-                f'Model "{name}" does not support matryoshka representation, '
-                "changing output dimensions will lead to poor results."
+            raise VLLMValidationError(
+                f"Model {name!r} does not support Matryoshka embeddings; dimensions "
+                f"must be unset (received dimensions={dimensions}).",
+                parameter="dimensions",
+                value=dimensions,
+            )
+        size = model_config.embedding_size
+        if not 1 <= dimensions <= size:
+            raise VLLMValidationError(
+                f"Model {name!r} only supports dimensions in range [1, {size}], got {dimensions}.",
+                parameter="dimensions",
+                value=dimensions,
             )
         mds = model_config.matryoshka_dimensions
         if mds is not None and dimensions not in mds:
-            raise ValueError(
-                f'Model "{name}" only supports {mds} matryoshka dimensions, '
-                "use other output dimensions will lead to poor results."
+            raise VLLMValidationError(
+                f"Model {name!r} only supports Matryoshka dimensions {mds}, got {dimensions}.",
+                parameter="dimensions",
+                value=dimensions,
             )
-        if dimensions < 1:
-            raise ValueError("Dimensions must be greater than 0")
 
     def _verify_valid_parameters(self) -> None:
         assert self.task is not None

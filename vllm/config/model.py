@@ -448,6 +448,21 @@ class ModelConfig:
         )
 
     @property
+    def embedding_size(self) -> int:
+        """The width of the model's embeddings: the config's own
+        `embedding_size` if set, else the last sentence-transformers Dense
+        module's out_features, else the hidden size (as upstream)."""
+        from vllm.transformers_utils.config import try_get_dense_modules
+
+        override = getattr(self.hf_config, "embedding_size", None)
+        if override is not None:
+            return int(override)
+        dense = try_get_dense_modules(self.model)
+        if dense is not None and "out_features" in dense[-1]:
+            return int(dense[-1]["out_features"])
+        return self.get_hidden_size()
+
+    @property
     def matryoshka_dimensions(self) -> list[int] | None:
         return getattr(self.hf_config, "matryoshka_dimensions", None)
 

@@ -108,6 +108,17 @@ def get_st_modules(model: str) -> list[dict[str, Any]] | None:
     return modules if isinstance(modules, list) else None
 
 
+def try_get_dense_modules(model: str, revision: str | None = None) -> list[dict[str, Any]] | None:
+    """The config.json of each sentence-transformers Dense module of a local
+    model dir ({in_features, out_features, bias, activation_function}), in
+    pipeline order; None when it has none (upstream's name)."""
+    dense = []
+    for module in get_st_modules(model) or []:
+        if module.get("type", "").endswith(".Dense"):
+            dense.append(_read_json(model, module.get("path", ""), "config.json") or {})
+    return dense or None
+
+
 def get_pooling_config(model: str, revision: str | None = None) -> dict[str, Any] | None:
     """PoolerConfig fields from a sentence-transformers dir (upstream's name):
     {"pooling_type": CLS | MEAN | LAST from 1_Pooling/config.json's

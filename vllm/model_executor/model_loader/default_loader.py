@@ -54,7 +54,7 @@ class DefaultModelLoader(BaseModelLoader):
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         start = time.perf_counter()
-        weights_to_load = {name for name, _ in model.named_parameters()}
+        weights_to_load = _checkpoint_parameter_names(model)
         current: list[str] = []  # the tensor being loaded, for errors
 
         def named(
@@ -85,3 +85,16 @@ class DefaultModelLoader(BaseModelLoader):
                 f"Following weights were not initialized from checkpoint: {sorted(missing)}"
             )
         logger.info("Loading weights took %.2f seconds", time.perf_counter() - start)
+
+
+def _checkpoint_parameter_names(model: nn.Module) -> set[str]:
+    """The parameters the checkpoint must provide: all but those of modules
+    that loaded their own weights when built (`weights_preloaded`, e.g. the
+    sentence-transformers Dense projector read from its own folder)."""
+    preloaded = {
+        f"{prefix}.{name}" if prefix else name
+        for prefix, module in model.named_modules()
+        if getattr(module, "weights_preloaded", False)
+        for name, _ in module.named_parameters()
+    }
+    return {name for name, _ in model.named_parameters()} - preloaded

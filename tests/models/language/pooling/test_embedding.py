@@ -137,8 +137,10 @@ def test_pooler_config_overrides_and_matryoshka(qwen3_st):
     )
     ref = torch.nn.functional.normalize(full[:, :16], dim=-1)  # truncate, then normalise
     assert short.shape == (2, 16) and torch.allclose(short, ref, atol=1e-5)
-    with pytest.raises(ValueError, match=r"only supports \[16, 32\] matryoshka"):
+    with pytest.raises(ValueError, match=r"only supports Matryoshka dimensions \[16, 32\]"):
         llm.embed(TEXTS[:1], pooling_params=PoolingParams(dimensions=8), use_tqdm=False)
+    with pytest.raises(ValueError, match=r"only supports dimensions in range \[1, \d+\], got 0"):
+        llm.embed(TEXTS[:1], pooling_params=PoolingParams(dimensions=0), use_tqdm=False)
     llm.llm_engine.shutdown()
 
 
@@ -158,7 +160,7 @@ def test_token_embed_and_encode(qwen3_llm, qwen3_st):
 
 
 def test_refusals(qwen3_llm, tiny_model_dir):
-    with pytest.raises(ValueError, match="does not support matryoshka"):
+    with pytest.raises(ValueError, match="does not support Matryoshka embeddings"):
         qwen3_llm.embed(TEXTS[:1], pooling_params=PoolingParams(dimensions=16), use_tqdm=False)
     with pytest.raises(ValueError, match=r"only supports \['dimensions', 'normalize'\]"):
         qwen3_llm.embed(TEXTS[:1], pooling_params=PoolingParams(use_activation=True))

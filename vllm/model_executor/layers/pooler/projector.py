@@ -25,6 +25,14 @@ _ST_DENSE_ACTIVATIONS = {
 }
 
 
+class _STProjector(nn.Sequential):
+    """The Dense layers in order. Their weights come from the Dense folders,
+    not the model's checkpoint: the loader does not expect them there (see
+    DefaultModelLoader's `weights_preloaded`)."""
+
+    weights_preloaded = True
+
+
 def _load_dense_weights(folder: str) -> dict[str, torch.Tensor]:
     st_path = os.path.join(folder, "model.safetensors")
     if os.path.isfile(st_path):
@@ -64,4 +72,6 @@ def _load_st_projector(model_config: ModelConfig) -> nn.Module | None:
         if linear.bias is not None:
             linear.bias.data.copy_(state["linear.bias"])
         layers += [linear, _ST_DENSE_ACTIVATIONS[act_name]()]
-    return nn.Sequential(*layers) if layers else None
+    if not layers:
+        return None
+    return _STProjector(*layers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -92,12 +93,17 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> 
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model_greedy(model, prompts, max_new_tokens)
+
+
+def model_greedy(model: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy `generate` on a model object (one built or hooked
+    in the test rather than saved), one prompt at a time, no EOS stop."""
     outs = []
     with torch.no_grad():
         for ids in prompts:
-            x = torch.tensor([ids])
             y = model.generate(
-                x,
+                torch.tensor([ids]),
                 max_new_tokens=max_new_tokens,
                 min_new_tokens=max_new_tokens,
                 do_sample=False,

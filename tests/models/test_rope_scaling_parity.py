@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.models.zoo_utils import ZOO
-from tests.utils import TINY_SHAPES, TINY_VOCAB, make_tiny_tokenizer
+from tests.utils import TINY_SHAPES, TINY_VOCAB, make_tiny_tokenizer, model_greedy
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
@@ -130,19 +130,7 @@ def _hf_greedy(model_dir: str, prompts: list[list[int]], hook: Any, **config_pat
     model.eval()
     if hook is not None:
         hook(model)
-    outs = []
-    with torch.no_grad():
-        for ids in prompts:
-            y = model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=MAX_TOKENS,
-                min_new_tokens=MAX_TOKENS,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-            outs.append(y[0, len(ids) :].tolist())
-    return outs
+    return model_greedy(model, prompts, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import os
 import numpy as np
 import torch
 
-from tests.quantization.quant_test_utils import model_greedy
+from tests.utils import model_greedy
 
 # GGUF short names of the HF Llama matrices -> "kind" used in the type maps below.
 _KIND = {

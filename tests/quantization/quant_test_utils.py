@@ -33,24 +33,6 @@ def expected(ref_dir: str) -> list[list[int]]:
     return _HF[ref_dir]
 
 
-def model_greedy(model: Any, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """transformers' greedy `generate` on a model object (one built or hooked
-    in the test rather than saved), one prompt at a time, no EOS stop."""
-    outs = []
-    with torch.no_grad():
-        for ids in prompts:
-            y = model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-            outs.append(y[0, len(ids) :].tolist())
-    return outs
-
-
 def runner_attr(llm: LLM, fn: Callable[[Any], Any]) -> list[Any]:
     """`fn(model_runner)` on every worker of an in-process engine."""
     return llm.llm_engine.engine_core.engine_core.model_executor.collective_rpc(

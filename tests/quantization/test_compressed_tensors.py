@@ -17,12 +17,11 @@ from tests.quantization.quant_test_utils import (
     expected,
     fused_gate_up,
     generate,
-    model_greedy,
     runner_attr,
     tp2_llm,
     weight_bytes,
 )
-from tests.utils import hf_greedy, make_tiny_model
+from tests.utils import hf_greedy, make_tiny_model, model_greedy
 from vllm import LLM
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16 import (  # noqa: E501
     unpack_from_int32,

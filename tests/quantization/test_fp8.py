@@ -33,12 +33,11 @@ from tests.quantization.ct_utils import (
 from tests.quantization.quant_test_utils import (
     fused_gate_up,
     generate,
-    model_greedy,
     runner_attr,
     tp2_llm,
     weight_bytes,
 )
-from tests.utils import hf_greedy, make_tiny_model
+from tests.utils import hf_greedy, make_tiny_model, model_greedy
 from vllm import LLM
 
 # hidden 256 (4 heads of 64, 2 KV heads): q, k and v are whole 128-blocks.

@@ -1,2 +1,4 @@
-"""LoRA (upstream: vllm/lora/). Only the request record is here: LoRA itself
-is not built, and the engine refuses a request that names an adapter."""
+"""LoRA (upstream: vllm/lora/). Built so far: the request record, LoRAConfig
+(vllm/config/lora.py), peft adapter loading (peft_helper, lora_model,
+lora_weights, utils) and the batched ops / Punica wrapper; the engine does
+not run adapters yet and refuses a request that names one."""

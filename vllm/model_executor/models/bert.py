@@ -34,6 +34,7 @@ from vllm.model_executor.layers.linear import (
     ColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
+    UnquantizedLinearMethod,
 )
 from vllm.model_executor.layers.pooler import DispatchPooler, Pooler
 from vllm.model_executor.layers.pooler.seqwise import CLSPool, SequencePoolingMethod
@@ -121,6 +122,23 @@ class BertEmbedding(nn.Module):
         return self.LayerNorm(embeddings)
 
 
+def _cpu_packed_weight(linear: nn.Module) -> torch.Tensor | None:
+    """The oneDNN-packed weight of an unquantized CPU linear layer that adds
+    its own bias and needs no collective (tensor_parallel_size 1), else None.
+    Such a layer can run with a fused post-op (`_linear_pointwise`: GELU on
+    the float32 accumulator, or + a residual tensor) instead of a separate
+    elementwise pass over its output."""
+    packed = getattr(linear, "_packed_weight", None)
+    if (
+        not isinstance(packed, torch.Tensor)
+        or not isinstance(getattr(linear, "quant_method", None), UnquantizedLinearMethod)
+        or getattr(linear, "skip_bias_add", True)
+        or get_tensor_model_parallel_world_size() != 1
+    ):
+        return None
+    return packed
+
+
 class BertSelfAttention(nn.Module):
     def __init__(
         self,
@@ -191,6 +209,13 @@ class BertSelfOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
+        packed = _cpu_packed_weight(self.dense)
+        if packed is not None and hidden_states.dim() == 2 and input_tensor.is_contiguous():
+            # One oneDNN call: dense + bias + residual, summed before rounding.
+            summed = torch.ops.mkldnn._linear_pointwise.binary(
+                hidden_states, input_tensor, packed, self.dense.bias, "add"
+            )
+            return self.LayerNorm(summed)
         hidden_states, _ = self.dense(hidden_states)
         return self.LayerNorm(hidden_states + input_tensor)
 
@@ -234,8 +259,16 @@ class BertIntermediate(nn.Module):
         self.intermediate_act_fn = get_act_fn(hidden_act)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        act = self.intermediate_act_fn
+        packed = _cpu_packed_weight(self.dense)
+        if packed is not None and isinstance(act, nn.GELU):
+            # GELU as oneDNN's post-op: applied to the float32 accumulator in
+            # the GEMM's own pass (algorithm "none" = erf, "tanh" = tanh form).
+            return torch.ops.mkldnn._linear_pointwise(
+                hidden_states, packed, self.dense.bias, "gelu", [], act.approximate
+            )
         hidden_states, _ = self.dense(hidden_states)
-        return self.intermediate_act_fn(hidden_states)
+        return act(hidden_states)
 
 
 class BertOutput(BertSelfOutput):

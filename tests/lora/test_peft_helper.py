@@ -27,6 +27,9 @@ from vllm.lora.utils import (
 
 
 def test_lora_config_defaults_and_cpu_slots():
+    import vllm.config
+
+    assert vllm.config.LoRAConfig is LoRAConfig  # upstream's import path
     cfg = LoRAConfig()
     assert (cfg.max_lora_rank, cfg.max_loras, cfg.max_cpu_loras, cfg.lora_dtype) == (
         16,

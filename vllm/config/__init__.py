@@ -8,6 +8,7 @@ from vllm.config.ec_transfer import ECTransferConfig
 from vllm.config.kv_events import KVEventsConfig
 from vllm.config.kv_transfer import KVTransferConfig
 from vllm.config.load import LoadConfig
+from vllm.config.lora import LoRAConfig
 from vllm.config.model import ModelConfig
 from vllm.config.parallel import ParallelConfig
 from vllm.config.scheduler import SchedulerConfig
@@ -29,6 +30,7 @@ __all__ = [
     "CUDAGraphMode",
     "DeviceConfig",
     "LoadConfig",
+    "LoRAConfig",
     "ModelConfig",
     "ParallelConfig",
     "SchedulerConfig",

@@ -2,9 +2,13 @@
 
 `verify(task, model_config)` is called by the input processor for every
 request: it fixes the task, merges the model's PoolerConfig defaults into the
-fields left None, sets the task's defaults (normalize / use_activation True),
-checks `dimensions` against the model's Matryoshka support, and refuses a
-field that does not belong to the task.
+fields left None, sets the task's default (use_activation True), checks
+`dimensions` against the model's Matryoshka support, and refuses a field that
+does not belong to the task. As upstream v0.28, `use_activation` is the
+embedding tasks' L2 normalisation and the classification tasks' softmax /
+sigmoid; `normalize`, `softmax` and `activation` are no fields (a keyword
+argument naming one is a TypeError), and the removed tasks `score` / `encode`
+are refused with upstream's messages.
 """
 
 from __future__ import annotations
@@ -14,10 +18,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
-from vllm.config.pooler import get_use_activation
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind
-from vllm.tasks import POOLING_TASKS, PoolingTask
+from vllm.tasks import POOLING_TASKS, PoolingTask, check_removed_pooling_task
 
 if TYPE_CHECKING:
     from vllm.config.model import ModelConfig
@@ -32,21 +35,18 @@ class PoolingParams(
 
     truncate_prompt_tokens: -1 keeps the model's max_model_len last tokens, k
         keeps the last k (left truncation), None does not truncate.
+    use_activation: apply the pooler's activation: L2 normalisation for
+        embeddings, softmax / sigmoid for classifiers (None: the pooler
+        config's default, else True).
     dimensions: keep the first `dimensions` values of each embedding (models
         with Matryoshka representations only).
-    normalize: L2-normalise embeddings (default True).
-    use_activation: apply the classifier's activation (softmax / sigmoid;
-        default True); `softmax` / `activation` are deprecated spellings.
     """
 
     truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    # every task
+    use_activation: bool | None = None
     # embeddings
     dimensions: int | None = None
-    normalize: bool | None = None
-    # classification, scoring
-    softmax: bool | None = None
-    activation: bool | None = None
-    use_activation: bool | None = None
     # STEP pooling (reward models whose pooler_config.pooling_type is STEP;
     # refused by verify otherwise): the step tag's token id and the columns
     # returned; None takes the pooler_config's.
@@ -60,20 +60,22 @@ class PoolingParams(
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
 
     def __post_init__(self) -> None:
+        check_removed_pooling_task(self.task)
         if self.output_kind != RequestOutputKind.FINAL_ONLY:
-            raise ValueError("For pooling output_kind has to be FINAL_ONLY")
+            raise VLLMValidationError(
+                f"For pooling output_kind has to be FINAL_ONLY, got {self.output_kind!r}"
+            )
 
     @property
     def all_parameters(self) -> list[str]:
-        return ["dimensions", "normalize", "use_activation"]
+        return ["dimensions", "use_activation"]
 
     @property
     def valid_parameters(self) -> dict[str, list[str]]:
         return {
-            "embed": ["dimensions", "normalize"],
+            "embed": ["dimensions", "use_activation"],
             "classify": ["use_activation"],
-            "score": ["use_activation"],
-            "token_embed": ["dimensions", "normalize"],
+            "token_embed": ["dimensions", "use_activation"],
             "token_classify": ["use_activation"],
         }
 
@@ -81,14 +83,13 @@ class PoolingParams(
         return deepcopy(self)
 
     def verify(self, task: PoolingTask, model_config: ModelConfig | None = None) -> None:
+        check_removed_pooling_task(task)
         if task not in POOLING_TASKS:
             raise ValueError(f"Unknown pooling task: {task!r}; choose one of {POOLING_TASKS}.")
         if self.task is None:
             self.task = task
         elif self.task != task:
             raise ValueError(f"You cannot overwrite {self.task=!r} with {task=!r}!")
-        self.use_activation = get_use_activation(self)
-        self.softmax = self.activation = None
         self._merge_default_parameters(model_config)
         self._verify_step_pooling(model_config)
         self._set_default_parameters(model_config)
@@ -117,7 +118,7 @@ class PoolingParams(
         if pooler_config is None or pooler_config.pooling_type != "STEP":
             invalid = [k for k in names if getattr(self, k) is not None]
             if invalid:
-                raise ValueError(
+                raise VLLMValidationError(
                     f"Task {self.task} only supports {self.valid_parameters[self.task]} "
                     f"parameters, does not support {invalid} parameters (they need a model "
                     "with pooling_type STEP)"
@@ -138,13 +139,11 @@ class PoolingParams(
             )
 
     def _set_default_parameters(self, model_config: ModelConfig | None) -> None:
-        if self.task in ("embed", "token_embed"):
-            if self.normalize is None:
-                self.normalize = True
-            if self.dimensions is not None and model_config is not None:
-                self._verify_dimensions(model_config, self.dimensions)
-        elif self.use_activation is None:
+        if self.use_activation is None:
             self.use_activation = True
+        embeds = self.task in ("embed", "token_embed")
+        if embeds and self.dimensions is not None and model_config is not None:
+            self._verify_dimensions(model_config, self.dimensions)
 
     @staticmethod
     def _verify_dimensions(model_config: ModelConfig, dimensions: int) -> None:
@@ -181,14 +180,15 @@ class PoolingParams(
             k for k in self.all_parameters if k not in valid and getattr(self, k) is not None
         ]
         if invalid:
-            raise ValueError(
-                f"Task {self.task} only supports {valid} parameters, does not support "
+            raise VLLMValidationError(
+                f"Task {self.task!r} only supports {valid} parameters, does not support "
                 f"{invalid} parameters"
             )
 
     def __repr__(self) -> str:
         return (
-            f"PoolingParams(task={self.task}, normalize={self.normalize}, "
-            f"dimensions={self.dimensions}, use_activation={self.use_activation}, "
+            f"PoolingParams(task={self.task}, dimensions={self.dimensions}, "
+            f"use_activation={self.use_activation}, step_tag_id={self.step_tag_id}, "
+            f"returned_token_ids={self.returned_token_ids}, "
             f"truncate_prompt_tokens={self.truncate_prompt_tokens})"
         )

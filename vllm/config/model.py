@@ -413,7 +413,7 @@ class ModelConfig:
             raise ValueError(
                 f"pooler_config.pooling_type={config.pooling_type!r} pools token-wise, which "
                 f"only a model with token-wise tasks alone takes (--convert reward); "
-                f"{self._architecture}'s sequence tasks (embed / classify / score) need "
+                f"{self._architecture}'s sequence tasks (embed / classify) need "
                 "CLS, LAST or MEAN."
             )
         self.pooler_config = config

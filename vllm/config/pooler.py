@@ -26,7 +26,8 @@ class PoolerConfig:
     # The pooling method; None: the sentence-transformers config's, else the
     # model class's default.
     pooling_type: str | None = None
-    # Embedding models: L2-normalise the output (default True).
+    # Older upstream's embedding switch; folded into use_activation (an
+    # embedding's activation is its L2 normalisation).
     normalize: bool | None = None
     # Embedding models: keep the first `dimensions` values (Matryoshka).
     dimensions: int | None = None
@@ -35,8 +36,9 @@ class PoolerConfig:
     enable_chunked_processing: bool | None = None
     # Upstream: the longest input accepted with chunked processing. Not built.
     max_embed_len: int | None = None
-    # Classification models: apply the activation (softmax / sigmoid).
-    # `softmax` and `activation` are upstream's deprecated spellings.
+    # Apply the pooler's activation: L2 normalisation for embeddings, softmax /
+    # sigmoid for classifiers (None: True). `softmax` and `activation` are
+    # upstream's deprecated spellings.
     softmax: bool | None = None
     activation: bool | None = None
     use_activation: bool | None = None
@@ -51,6 +53,8 @@ class PoolerConfig:
 
     def __post_init__(self) -> None:
         self.use_activation = get_use_activation(self)
+        if self.normalize is not None and self.use_activation is None:
+            self.use_activation = bool(self.normalize)
         if self.pooling_type is not None:
             self.pooling_type = str(self.pooling_type).upper()
             if self.pooling_type not in POOLING_TYPES:

@@ -34,7 +34,7 @@ from vllm.outputs import (
     ScoringRequestOutput,
 )
 from vllm.pooling_params import PoolingParams
-from vllm.tasks import PoolingTask
+from vllm.tasks import PoolingTask, check_removed_pooling_task
 
 if TYPE_CHECKING:
     from vllm.config.model import ModelConfig
@@ -81,7 +81,7 @@ class PoolingMixin:
         tokenization_kwargs: dict[str, Any] | None = None,
     ) -> list[PoolingRequestOutput]:
         """The pooler's raw outputs for `pooling_task` ("embed", "classify",
-        "score", "token_embed", "token_classify"), one per prompt."""
+        "token_embed", "token_classify"), one per prompt."""
         self._check_pooling_model("LLM.encode()")
         if pooling_task is None:
             raise ValueError(
@@ -96,6 +96,7 @@ class PoolingMixin:
                 '  - For token classification, use `pooling_task="token_classify"`\n'
                 '  - For multi-vector retrieval, use `pooling_task="token_embed"`'
             )
+        check_removed_pooling_task(pooling_task)
         if pooling_task not in self.supported_tasks:
             hint = _TASK_HINTS.get(pooling_task, "")
             raise ValueError(
@@ -303,7 +304,7 @@ class PoolingMixin:
         items = self.encode(
             [prompt for prompt, _ in requests],
             [params for _, params in requests],
-            pooling_task="score",
+            pooling_task="classify",
             **kwargs,
         )
         return [ScoringRequestOutput.from_base(item) for item in items]

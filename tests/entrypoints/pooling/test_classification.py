@@ -94,7 +94,7 @@ def test_pooling_route_defaults_to_classify(server, logits):
     assert res.status_code == 200, res.text
     probs = torch.tensor([d["data"] for d in res.json()["data"]])
     torch.testing.assert_close(probs, logits.softmax(-1), atol=1e-5, rtol=0)
-    # normalize belongs to the embedding tasks: refused for classify.
+    # `normalize` was removed (upstream v0.28): refused by name.
     assert _post(server, "pooling", {"input": "x", "normalize": True}).status_code == 400
 
 

@@ -105,11 +105,13 @@ def test_bad_inputs_keep_serving(server, encode):
     for body, word in [
         ({"text_1": QUERY, "text_2": []}, "text_pair"),
         ({"text_1": QUERY, "text_2": "keys and values " * 40}, "maximum context length"),
-        # A classifier's option: refused for an embedding model's task.
-        ({"text_1": QUERY, "text_2": DOCS, "use_activation": True}, "use_activation"),
     ]:
         res = _post(server, "score", body)
         assert res.status_code == 400 and word in res.json()["error"]["message"], res.text
+    # As upstream v0.28 `use_activation` is also the embed task's option (its
+    # normalisation): accepted, and the cosine does not depend on it.
+    raw = _post(server, "score", {"text_1": QUERY, "text_2": DOCS[0], "use_activation": False})
+    torch.testing.assert_close(_scores(raw), _cosines(encode, [QUERY], DOCS[:1]), atol=1e-5, rtol=0)
     ok = _post(server, "score", {"text_1": QUERY, "text_2": DOCS[0]})
     torch.testing.assert_close(_scores(ok), _cosines(encode, [QUERY], DOCS[:1]), atol=1e-5, rtol=0)
 

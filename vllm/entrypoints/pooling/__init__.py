@@ -1,7 +1,7 @@
 """The pooling routes of `vllm serve` (upstream: vllm/entrypoints/pooling/):
 `/pooling` (`pooling/`, any pooling task), `/v1/embeddings` (`embed/`),
 `/classify` (`classify/`) and `/score` + `/rerank` (`scoring/`: tasks
-"score" or "embed"), sharing the input handling of `base/`. Each route is
+"classify" or "embed"), sharing the input handling of `base/`. Each route is
 registered only when the served model's pooler supports its task
 (`EngineClient.get_supported_tasks`); a generative model serves none of them
 (404, as any unknown path)."""
@@ -23,8 +23,9 @@ def _pools(supported_tasks: tuple[str, ...]) -> bool:
 
 
 def _scores(supported_tasks: tuple[str, ...]) -> bool:
-    # A cross-encoder ("score") or the cosine of two embeddings ("embed").
-    return "score" in supported_tasks or "embed" in supported_tasks
+    # A cross-encoder ("classify", one label) or the cosine of two
+    # embeddings ("embed").
+    return "classify" in supported_tasks or "embed" in supported_tasks
 
 
 def _one_label(model_config: Any) -> bool:

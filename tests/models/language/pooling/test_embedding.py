@@ -66,7 +66,7 @@ def qwen3_llm(qwen3_st):
 def test_qwen3_last_token_matches_sentence_transformers(qwen3_llm, qwen3_st):
     mc = qwen3_llm.model_config
     assert mc.runner_type == "pooling" and mc.convert_type == "embed"
-    assert mc.pooler_config.pooling_type == "LAST" and mc.pooler_config.normalize is True
+    assert mc.pooler_config.pooling_type == "LAST" and mc.pooler_config.use_activation is True
     sched = qwen3_llm.llm_engine.vllm_config.scheduler_config
     assert sched.enable_chunked_prefill and sched.max_num_batched_tokens == 32
     assert qwen3_llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
@@ -123,16 +123,18 @@ def test_mean_pooling_forced_chunks_joins_the_chunks(llama_st, monkeypatch):
 def test_pooler_config_overrides_and_matryoshka(qwen3_st):
     llm = LLM(
         qwen3_st,
-        pooler_config={"pooling_type": "MEAN", "normalize": False},
+        pooler_config={"pooling_type": "MEAN", "use_activation": False},
         hf_overrides={"matryoshka_dimensions": [16, 32]},
         **ENGINE,
     )
     assert llm.model_config.pooler_config.pooling_type == "MEAN"
     full = _vectors(llm.embed(TEXTS[:2], use_tqdm=False))
-    assert not torch.allclose(full.norm(dim=-1), torch.ones(2))  # normalize=False kept
+    assert not torch.allclose(full.norm(dim=-1), torch.ones(2))  # use_activation=False kept
     short = _vectors(
         llm.embed(
-            TEXTS[:2], pooling_params=PoolingParams(dimensions=16, normalize=True), use_tqdm=False
+            TEXTS[:2],
+            pooling_params=PoolingParams(dimensions=16, use_activation=True),
+            use_tqdm=False,
         )
     )
     ref = torch.nn.functional.normalize(full[:, :16], dim=-1)  # truncate, then normalise
@@ -162,8 +164,8 @@ def test_token_embed_and_encode(qwen3_llm, qwen3_st):
 def test_refusals(qwen3_llm, tiny_model_dir):
     with pytest.raises(ValueError, match="does not support Matryoshka embeddings"):
         qwen3_llm.embed(TEXTS[:1], pooling_params=PoolingParams(dimensions=16), use_tqdm=False)
-    with pytest.raises(ValueError, match=r"only supports \['dimensions', 'normalize'\]"):
-        qwen3_llm.embed(TEXTS[:1], pooling_params=PoolingParams(use_activation=True))
+    with pytest.raises(ValueError, match=r"Task 'classify' only supports \['use_activation'\]"):
+        PoolingParams(dimensions=8).verify("classify")
     with pytest.raises(ValueError, match="classify"):
         qwen3_llm.classify(TEXTS[:1], use_tqdm=False)  # an embedder is no classifier
     assert qwen3_llm.embed([], use_tqdm=False) == []
@@ -183,6 +185,28 @@ def test_refusals(qwen3_llm, tiny_model_dir):
     with pytest.raises(ValueError, match=rf"only supported for pooling models; model '{gen_dir}'"):
         gen.embed(TEXTS[:1], use_tqdm=False)
     gen.llm_engine.shutdown()
+
+
+def test_use_activation_is_the_embedding_normalisation(qwen3_llm):
+    """As upstream v0.28: PoolingParams(use_activation=False) returns the raw
+    pooled vector (the model's ST Normalize module skipped), True (default)
+    its L2 normalisation; `normalize` is no field and the removed tasks
+    `score` / `encode` are refused with upstream's messages."""
+    raw = _vectors(
+        qwen3_llm.embed(
+            TEXTS[:2], pooling_params=PoolingParams(use_activation=False), use_tqdm=False
+        )
+    )
+    normed = _vectors(qwen3_llm.embed(TEXTS[:2], use_tqdm=False))
+    assert not torch.allclose(raw.norm(dim=-1), torch.ones(2), atol=1e-3)
+    assert torch.allclose(normed, torch.nn.functional.normalize(raw, dim=-1), atol=1e-5)
+    with pytest.raises(TypeError, match="normalize"):
+        PoolingParams(normalize=True)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="`score` task was removed; use `classify` instead."):
+        PoolingParams(task="score")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`encode` task was removed; use `token_embed`"):
+        qwen3_llm.encode(TEXTS[:1], pooling_task="encode")  # type: ignore[arg-type]
+    assert "score" not in qwen3_llm.supported_tasks
 
 
 def test_truncate_prompt_tokens(qwen3_llm):

@@ -32,6 +32,7 @@ from vllm.entrypoints.openai.protocol_base import (
     TokenId,
 )
 from vllm.exceptions import VLLMValidationError
+from vllm.tasks import check_removed_pooling_task
 from vllm.utils.serial_utils import EmbedDType, EncodingFormat, Endianness
 
 PoolingInput = (
@@ -44,11 +45,6 @@ PoolingInput = (
     | Annotated[list[str], Field(max_length=MAX_PROMPTS_PER_REQUEST, fail_fast=True)]
 )
 
-_REMOVED_POOLING_TASKS = {
-    "score": "`score` task was removed; use `classify` instead.",
-    "encode": "`encode` task was removed; use `token_embed` or `token_classify` instead.",
-}
-
 
 def reject_removed_pooling_parameters(data: Any) -> Any:
     """Upstream v0.28's refusals of fields it removed (before validation)."""
@@ -59,9 +55,7 @@ def reject_removed_pooling_parameters(data: Any) -> Any:
             "Parameter `normalize` was removed; use `use_activation` instead.",
             parameter="normalize",
         )
-    task = data.get("task")
-    if isinstance(task, str) and task in _REMOVED_POOLING_TASKS:
-        raise VLLMValidationError(_REMOVED_POOLING_TASKS[task], parameter="task")
+    check_removed_pooling_task(data.get("task"))
     return data
 
 

@@ -68,7 +68,7 @@ def _messages_from_input(data: Any) -> Any:
 class _EmbedParams(EmbedRequestMixin):
     def to_pooling_params(self) -> PoolingParams:
         # An embedding's activation is its L2 normalization.
-        return PoolingParams(dimensions=self.dimensions, normalize=self.use_activation)
+        return PoolingParams(dimensions=self.dimensions, use_activation=self.use_activation)
 
 
 class EmbeddingCompletionRequest(PoolingBasicRequestMixin, CompletionRequestMixin, _EmbedParams):

@@ -29,11 +29,9 @@ class _PoolingOptions(EmbedRequestMixin):
     # None: the model's pooling task (see ServingPooling).
     task: PoolingTask | None = None
 
-    def to_pooling_params(self, task: PoolingTask) -> PoolingParams:
+    def to_pooling_params(self) -> PoolingParams:
         # use_activation: the embedding tasks' normalization, the
-        # classification tasks' softmax / sigmoid.
-        if task in ("embed", "token_embed"):
-            return PoolingParams(normalize=self.use_activation)
+        # classification tasks' softmax / sigmoid (PoolingParams' one field).
         return PoolingParams(use_activation=self.use_activation)
 
 

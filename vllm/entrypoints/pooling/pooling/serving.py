@@ -4,7 +4,7 @@ returned as is.
 
 Without `task` the model's pooling task is used: the first of its supported
 pooling tasks in upstream's priority order (embed, classify, token_embed,
-token_classify; "score" is not a request task). A task the model does not
+token_classify; "score" / "encode" are refused by name). A task the model does not
 support is a 400 naming the supported ones; `dimensions` is refused, as
 upstream. Upstream v0.28 also refuses a supported task other than the
 model's pooling task (its `--pooler-config.task` picks that one); PoolerConfig
@@ -104,7 +104,7 @@ class ServingPooling(PoolingServingBase):
                 f"Unsupported task: {task!r} Supported tasks: {self.supported_tasks}",
                 parameter="task",
             )
-        params = request.to_pooling_params(task)
+        params = request.to_pooling_params()
         params.verify(task, self.model_config)
         return params
 

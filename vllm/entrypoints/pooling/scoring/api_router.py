@@ -1,6 +1,6 @@
 """POST /score, /v1/score, /rerank, /v1/rerank and /v2/rerank (upstream:
 vllm/entrypoints/pooling/scoring/api_router.py). Registered when the model
-supports task "score" (a cross-encoder) or "embed" (cosine of embeddings);
+supports task "classify" (a cross-encoder) or "embed" (cosine of embeddings);
 a classifier with more than one label has no handler: 501, as upstream's
 routes answer without one.
 /v1/score and /v1/rerank are upstream's older paths (a warning once asks the

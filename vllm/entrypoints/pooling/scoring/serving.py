@@ -1,7 +1,7 @@
 """`/score` and `/rerank` handler (upstream:
 vllm/entrypoints/pooling/scoring/serving.py ServingScores).
 
-A cross-encoder (a one-label classifier, task "score") runs each
+A cross-encoder (a one-label classifier, task "classify") runs each
 (data_1, data_2) pair as one prompt: the tokenizer's pair encoding, with the
 segment boundary in the params for BERT-style token_type_ids. An embedding
 model (task "embed") embeds data_1 and data_2 (a single data_1 once) and
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 
 class ServingScores(PoolingServingBase):
-    """Similarity scores of text pairs (tasks "score" or "embed")."""
+    """Similarity scores of text pairs (tasks "classify" or "embed")."""
 
     async def create_score(
         self, request: ScoreRequest, raw_request: Request | None = None
@@ -169,7 +169,7 @@ class ServingScores(PoolingServingBase):
     ) -> list[ScoringRequestOutput]:
         check_cross_encoder(self.model_config)
         params = request.to_pooling_params()
-        params.verify("score", self.model_config)
+        params.verify("classify", self.model_config)
         keep = self._truncation_length(request.truncate_prompt_tokens)
         side = request.truncation_side if keep is not None else None
         tok_kwargs = score_tokenization_kwargs(keep, self.max_model_len, side=side)

@@ -74,7 +74,7 @@ class HeadOps(nn.Module, ABC):
 
 class EmbeddingHeadOps(HeadOps):
     """Embeddings: sentence-transformers projector, then per request
-    Matryoshka truncation to `dimensions` and L2 normalisation (`normalize`)."""
+    Matryoshka truncation to `dimensions` and L2 normalisation (`use_activation`)."""
 
     def __init__(
         self,
@@ -94,7 +94,7 @@ class EmbeddingHeadOps(HeadOps):
     def finish(self, data: torch.Tensor, params: PoolingParams) -> torch.Tensor:
         if params.dimensions is not None:  # Matryoshka: truncate, then normalise
             data = data[..., : params.dimensions]
-        return self.activation(data) if params.normalize else data
+        return self.activation(data) if params.use_activation else data
 
 
 class ClassifierHeadOps(HeadOps):

@@ -46,8 +46,9 @@ class DispatchPooler(Pooler):
         classifier: ClassifierFn | None = None,
         act_fn: PoolerActivation | None = None,
     ) -> DispatchPooler:
-        """classify / score (the classifier over pooling_type's row) and
-        token_classify (the classifier over every token)."""
+        """classify (the classifier over pooling_type's row; a one-label
+        classifier also scores text pairs) and token_classify (the classifier
+        over every token)."""
         seq = pooler_for_classify(
             pooler_config, pooling=pooling, classifier=classifier, act_fn=act_fn
         )
@@ -57,7 +58,6 @@ class DispatchPooler(Pooler):
                     pooler_config, classifier=classifier, act_fn=act_fn
                 ),
                 "classify": seq,
-                "score": seq,
             }
         )
 

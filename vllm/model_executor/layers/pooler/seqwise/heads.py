@@ -54,4 +54,4 @@ class EmbeddingPoolerHead(EmbeddingHeadOps, SequencePoolerHead):
 
 class ClassifierPoolerHead(ClassifierHeadOps, SequencePoolerHead):
     def get_supported_tasks(self) -> Set[PoolingTask]:
-        return {"classify", "score"}
+        return {"classify"}

@@ -61,7 +61,7 @@ def split_finished(
 
 class SequencePoolingMethod(nn.Module, ABC):
     def get_supported_tasks(self) -> Set[PoolingTask]:
-        return {"embed", "classify", "score"}
+        return {"embed", "classify"}
 
     def get_pooling_updates(self, task: PoolingTask) -> PoolingParamsUpdate:
         return PoolingParamsUpdate()
@@ -119,6 +119,6 @@ def get_seq_pooling_method(pooling_type: str) -> SequencePoolingMethod:
         raise ValueError(
             f"pooling_type={pooling_type!r} pools token-wise (tasks token_embed / "
             "token_classify, e.g. a reward model: --convert reward); this model's sequence "
-            "tasks (embed / classify / score) need CLS, LAST or MEAN."
+            "tasks (embed / classify) need CLS, LAST or MEAN."
         )
     raise NotImplementedError(f"Unknown sequence pooling type: {pooling_type!r}")

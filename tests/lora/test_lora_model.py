@@ -218,3 +218,24 @@ def test_non_lora_tensor_refused(tmp_path):
     helper = PEFTHelper.from_local_dir(str(tmp_path), MAX_POS)
     with pytest.raises(ValueError, match="is unsupported LoRA weight"):
         LoRAModel.from_local_checkpoint(str(tmp_path), EXPECTED, helper, device="cpu")
+
+
+def test_embedding_lora_layout_and_vocab_check(base_dir, tmp_path):
+    path = str(tmp_path / "adapter")
+    peft_model = make_peft_adapter(
+        base_dir, path, r=8, lora_alpha=16, target_modules=["embed_tokens"]
+    )
+    helper = PEFTHelper.from_local_dir(path, MAX_POS)
+    expected = EXPECTED | {"embed_tokens"}
+    lora = LoRAModel.from_local_checkpoint(
+        path, expected, helper, device="cpu", model_vocab_size=512
+    )
+    ours = lora.get_lora("model.embed_tokens")
+    peft_emb = peft_model.base_model.model.model.embed_tokens
+    assert ours is not None and lora.id >= 1  # id from the global counter
+    # peft's embedding layout: A [r, vocab], B [hidden, r].
+    torch.testing.assert_close(ours.lora_a, peft_emb.lora_embedding_A["default"], rtol=0, atol=0)
+    torch.testing.assert_close(ours.lora_b, peft_emb.lora_embedding_B["default"], rtol=0, atol=0)
+    assert ours.scaling == pytest.approx(peft_emb.scaling["default"])
+    with pytest.raises(RuntimeError, match=r"embedding LoRA size\(512\) must be consistent"):
+        LoRAModel.from_local_checkpoint(path, expected, helper, device="cpu", model_vocab_size=600)

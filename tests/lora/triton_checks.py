@@ -23,9 +23,9 @@ CHECKS: dict[str, Callable[[], None]] = {}
 HIDDEN, MAX_LORAS, VOCAB = 64, 4, 40
 LORA_IDS: list[int | None] = [7, 3, None, 11]
 ID_TO_SLOT = {7: 0, 3: 1, 11: 3, 0: -1}
-# Interleaved (decode-like) LoRA ids, base tokens (0) among them; 20 tokens
-# so a group spans two 16-row tiles.
-TOKEN_IDS = [3, 11, 0, 3, 7, 7, 11, 0, 3, 3, 3, 7, 11, 11, 0, 3, 3, 3, 3, 7]
+# Interleaved (decode-like) LoRA ids, base tokens (0) among them; id 3 has
+# 17 tokens, so its group spans two 16-row tiles.
+TOKEN_IDS = [3, 11, 0, 3, 7, 7, 11, 0, 3, 3, 3, 7, 11, 11, 0, 3, 3, 3, 3, 7] + [3] * 8
 SLOTS = [ID_TO_SLOT[i] for i in TOKEN_IDS]
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from tests.lora.lora_ref import TOL, ref_lora, ref_shrink, stacked
+from vllm.config import LoRAConfig
 from vllm.lora.layers import LoRAMapping
 from vllm.lora.ops.triton_ops import LoRAKernelMeta, lora_expand, lora_shrink
 from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
@@ -109,6 +110,26 @@ def check_metadata() -> None:
     assert [SLOTS[i] for i in order] == sorted(SLOTS)
     meta.prepare_tensors(torch.full((5,), -1))
     assert bool(meta.no_lora_flag_cpu.item())
+
+
+@check
+def check_lora_config_and_specialized_count() -> None:
+    # Upstream's constructor (lora_config=); with specialize_active_lora the
+    # kernels' grid covers only the groups present (2 adapters + base here).
+    cfg = LoRAConfig(max_loras=MAX_LORAS, max_lora_rank=16, specialize_active_lora=True)
+    w = PunicaWrapperGPU(64, 8, "cpu", lora_config=cfg)
+    assert (w.max_loras, w.specialize_active_lora) == (MAX_LORAS, True)
+    ids = [3, 0, 7, 7, 3]
+    w.update_metadata(LoRAMapping(tuple(ids), tuple(ids)), LORA_IDS, MAX_LORAS, VOCAB)
+    assert int(w.token_mapping_meta.meta_args(5, True)[-1].item()) == 3
+    a, b = (
+        stacked(MAX_LORAS, 8, HIDDEN, torch.float32, 8),
+        stacked(MAX_LORAS, 24, 8, torch.float32, 9),
+    )
+    x, y0 = torch.randn(5, HIDDEN), torch.randn(5, 24)
+    y = y0.clone()
+    w.add_lora_linear(y, x, (a,), (b,), 2.0, (24,))
+    _close(y, ref_lora(y0, x, [a], [b], [ID_TO_SLOT[i] for i in ids], 2.0), torch.float32)
 
 
 @check

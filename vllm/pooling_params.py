@@ -47,7 +47,7 @@ class PoolingParams(
     use_activation: bool | None = None
     # embeddings
     dimensions: int | None = None
-    # STEP pooling (reward models whose pooler_config.pooling_type is STEP;
+    # STEP pooling (models whose pooler_config.tok_pooling_type is STEP;
     # refused by verify otherwise): the step tag's token id and the columns
     # returned; None takes the pooler_config's.
     step_tag_id: int | None = None
@@ -115,7 +115,7 @@ class PoolingParams(
         assert self.task is not None
         names = ("step_tag_id", "returned_token_ids")
         pooler_config = getattr(model_config, "pooler_config", None)
-        if pooler_config is None or pooler_config.pooling_type != "STEP":
+        if pooler_config is None or pooler_config.tok_pooling_type != "STEP":
             invalid = [k for k in names if getattr(self, k) is not None]
             if invalid:
                 raise VLLMValidationError(

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from transformers import PretrainedConfig
 
-from vllm.config.pooler import PoolerConfig
+from vllm.config.pooler import SEQ_POOLING_TYPES, PoolerConfig
 from vllm.logger import init_logger
+from vllm.tasks import POOLING_TASKS, PoolingTask
 from vllm.transformers_utils.config import (
     embedded_model_path,
     get_config,
@@ -395,27 +396,38 @@ class ModelConfig:
 
     def _resolve_pooler_config(self) -> None:
         """--pooler-config, then the sentence-transformers files' values for
-        the fields left None, then the model's default pooling type."""
+        the fields left None, then the model's default pooling types (a
+        sequence type for embed / classify, ALL or the model's token type for
+        the token tasks), as upstream v0.28."""
         if self.runner_type != "pooling":
             if self.pooler_config is not None:
                 raise ValueError("pooler_config (--pooler-config) needs --runner pooling.")
             return
         raw: Any = self.pooler_config
         config = PoolerConfig.from_cli(raw or {})
+        user_seq = config.seq_pooling_type
         for key, value in (get_pooling_config(self.model) or {}).items():
             if getattr(config, key) is None:
                 setattr(config, key, value)
-        if config.pooling_type is None:
-            config.pooling_type = self.default_pooling_type
+        default = self.default_pooling_type
+        if default in SEQ_POOLING_TYPES:
+            if config.seq_pooling_type is None:
+                config.seq_pooling_type = default
+            if config.tok_pooling_type is None:
+                config.tok_pooling_type = "ALL"
+        else:
+            # Token-wise tasks alone (--convert reward): no sequence pooling
+            # (a sentence-transformers dir's is ignored, a user's refused).
+            config.seq_pooling_type = None
+            if user_seq is not None:
+                raise ValueError(
+                    f"pooler_config.seq_pooling_type={user_seq!r}: "
+                    f"{self._architecture} pools token-wise only (tasks token_embed / "
+                    "token_classify); use ALL or STEP."
+                )
+            if config.tok_pooling_type is None:
+                config.tok_pooling_type = default
         config.verify_step_fields()
-        token_wise = ("ALL", "STEP")
-        if config.pooling_type in token_wise and self.default_pooling_type not in token_wise:
-            raise ValueError(
-                f"pooler_config.pooling_type={config.pooling_type!r} pools token-wise, which "
-                f"only a model with token-wise tasks alone takes (--convert reward); "
-                f"{self._architecture}'s sequence tasks (embed / classify) need "
-                "CLS, LAST or MEAN."
-            )
         self.pooler_config = config
 
     @property
@@ -465,6 +477,22 @@ class ModelConfig:
     @property
     def matryoshka_dimensions(self) -> list[int] | None:
         return getattr(self.hf_config, "matryoshka_dimensions", None)
+
+    def get_pooling_task(self, supported_tasks: tuple[str, ...]) -> PoolingTask | None:
+        """The task of the model's pooling requests (LLM.encode, `/pooling`),
+        as upstream v0.28: pooler_config.task if set (it must be supported),
+        else token_classify for a *ForTokenClassification model, else the
+        first supported of embed, classify, token_embed, token_classify."""
+        if self.pooler_config is None:
+            return None
+        task = self.pooler_config.task
+        if task is not None:
+            if task not in supported_tasks:
+                raise RuntimeError(f"Unsupported task: {task!r} Supported tasks: {supported_tasks}")
+            return task
+        if "token_classify" in supported_tasks and "ForTokenClassification" in self._architecture:
+            return "token_classify"
+        return next((t for t in POOLING_TASKS if t in supported_tasks), None)
 
     @property
     def is_cross_encoder(self) -> bool:
@@ -534,7 +562,7 @@ class ModelConfig:
         if self.attn_type == "encoder_only":
             return False
         assert self.pooler_config is not None
-        return self.pooler_config.get_pooling_type() in ("LAST", "ALL", "STEP")
+        return self.pooler_config.seq_pooling_type not in ("MEAN", "CLS")
 
     @property
     def is_chunked_prefill_supported(self) -> bool:

@@ -103,8 +103,9 @@ class EngineArgs:
     pooler_config: dict[str, Any] | None = _arg(
         None,
         "Pooling models: a JSON PoolerConfig, e.g. "
-        '\'{"pooling_type": "MEAN", "normalize": true}\' (fields: pooling_type, '
-        "normalize, dimensions, use_activation, logit_bias).",
+        '\'{"pooling_type": "MEAN", "use_activation": true}\' (fields: task, '
+        "pooling_type, seq_pooling_type, tok_pooling_type, use_activation, dimensions, "
+        "logit_mean, logit_sigma, step_tag_id, returned_token_ids).",
         "ModelConfig",
         type=json_dict,
     )

@@ -121,7 +121,7 @@ def try_get_dense_modules(model: str, revision: str | None = None) -> list[dict[
 
 def get_pooling_config(model: str, revision: str | None = None) -> dict[str, Any] | None:
     """PoolerConfig fields from a sentence-transformers dir (upstream's name):
-    {"pooling_type": CLS | MEAN | LAST from 1_Pooling/config.json's
+    {"seq_pooling_type": CLS | MEAN | LAST from 1_Pooling/config.json's
     pooling_mode_* flag, "use_activation": whether a Normalize module follows
     (an embedding's activation is its L2 normalisation)}, or
     None when the dir is not a sentence-transformers one. A pooling mode not
@@ -149,7 +149,7 @@ def get_pooling_config(model: str, revision: str | None = None) -> dict[str, Any
             f"{model}: the sentence-transformers pooling {on} is not built here "
             f"(built: exactly one of {sorted(_ST_POOLING_MODES)})."
         )
-    return {"pooling_type": _ST_POOLING_MODES[on[0]], "use_activation": normalize}
+    return {"seq_pooling_type": _ST_POOLING_MODES[on[0]], "use_activation": normalize}
 
 
 def get_sentence_transformer_tokenizer_config(

@@ -38,6 +38,18 @@ def server(st_dir):
 
 
 @pytest.fixture(scope="module")
+def token_server(st_dir):
+    """The same model with --pooler-config task token_embed: /pooling's task."""
+    args = ["--runner", "pooling", "--dtype", "float32", "--max-model-len", str(MAX_LEN)]
+    args += ["--api-key", API_KEY, "--pooler-config", '{"task": "token_embed"}']
+    srv = RemoteOpenAIServer(st_dir, args, api_key=API_KEY)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
 def reference(st_dir) -> torch.Tensor:
     from sentence_transformers import SentenceTransformer
 
@@ -243,14 +255,16 @@ def test_route_only_for_embedding_models(tasks, served):
             assert f"`tiny-gen` does not support the {api} API (its tasks: generate)" in message
 
 
-def test_pooling_route(server, reference):
+def test_pooling_route(server, token_server, reference):
     """/pooling: the default task of an embedding model is "embed" (the same
-    vectors); token_embed gives one row per prompt token; base64 is the
-    float32 rows one after another; dimensions and unsupported tasks: 400."""
+    vectors); another supported task (token_embed) is refused as upstream
+    v0.28 (one pooling task per server) unless --pooler-config task picks it,
+    then one row per prompt token; base64 is the float32 rows one after
+    another; dimensions and unsupported tasks: 400."""
     url = server.url_for("pooling")
     headers = {"Authorization": f"Bearer {API_KEY}"}
 
-    def post(body: dict) -> httpx.Response:
+    def post(body: dict, url: str = url) -> httpx.Response:
         return httpx.post(url, json=body, headers=headers, timeout=60)
 
     res = post({"input": TEXTS})
@@ -258,12 +272,17 @@ def test_pooling_route(server, reference):
     body = res.json()
     assert body["id"].startswith("pooling-") and body["data"][0]["object"] == "pooling"
     _assert_matches([d["data"] for d in body["data"]], reference)
-    tokens = post({"input": TEXTS[1], "task": "token_embed"})
+    err = post({"input": TEXTS[1], "task": "token_embed"})
+    message = "Try switching the model's pooling_task via --pooler-config.task token_embed."
+    assert err.status_code == 400 and err.json()["error"]["message"] == message, err.text
+    tok_url = token_server.url_for("pooling")
+    assert post({"input": TEXTS[1], "task": "embed"}, tok_url).status_code == 400
+    tokens = post({"input": TEXTS[1]}, tok_url)
     assert tokens.status_code == 200, tokens.text
     rows = tokens.json()["data"][0]["data"]
     assert len(rows) == tokens.json()["usage"]["prompt_tokens"]
     assert len(rows[0]) == reference.shape[1]
-    b64 = post({"input": TEXTS[1], "task": "token_embed", "encoding_format": "base64"}).json()
+    b64 = post({"input": TEXTS[1], "encoding_format": "base64"}, tok_url).json()
     flat = _decode(b64["data"][0]["data"])
     np.testing.assert_allclose(flat, np.asarray(rows, dtype=np.float32).ravel(), atol=1e-6)
     for bad, word in [
@@ -340,12 +359,12 @@ def test_use_activation_false_skips_normalization(server, st_dir):
     assert not torch.allclose(got.norm(dim=-1), torch.ones(2))
 
 
-def test_pooling_route_bytes_and_removed_task(server):
+def test_pooling_route_bytes_and_removed_task(token_server):
     """/pooling writes token_embed rows as bytes (shape [tokens, hidden]);
     the removed tasks "score" / "encode" are refused by name."""
     import json
 
-    url = server.url_for("pooling")
+    url = token_server.url_for("pooling")
     headers = {"Authorization": f"Bearer {API_KEY}"}
     body = {"input": TEXTS[1], "task": "token_embed"}
     rows = httpx.post(url, json=body, headers=headers, timeout=60).json()["data"][0]["data"]

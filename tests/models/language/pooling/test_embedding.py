@@ -66,7 +66,7 @@ def qwen3_llm(qwen3_st):
 def test_qwen3_last_token_matches_sentence_transformers(qwen3_llm, qwen3_st):
     mc = qwen3_llm.model_config
     assert mc.runner_type == "pooling" and mc.convert_type == "embed"
-    assert mc.pooler_config.pooling_type == "LAST" and mc.pooler_config.use_activation is True
+    assert mc.pooler_config.seq_pooling_type == "LAST" and mc.pooler_config.use_activation is True
     sched = qwen3_llm.llm_engine.vllm_config.scheduler_config
     assert sched.enable_chunked_prefill and sched.max_num_batched_tokens == 32
     assert qwen3_llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
@@ -89,7 +89,7 @@ def test_chunked_batch_equals_one_by_one(qwen3_llm):
 def test_llama_mean_matches_sentence_transformers(llama_st):
     llm = LLM(llama_st, **ENGINE)
     mc = llm.model_config
-    assert mc.pooler_config.pooling_type == "MEAN"
+    assert mc.pooler_config.seq_pooling_type == "MEAN"
     vconfig = llm.llm_engine.vllm_config
     # As upstream: MEAN pooling needs the whole prompt -> no chunking, no prefix cache.
     assert not vconfig.scheduler_config.enable_chunked_prefill
@@ -127,7 +127,7 @@ def test_pooler_config_overrides_and_matryoshka(qwen3_st):
         hf_overrides={"matryoshka_dimensions": [16, 32]},
         **ENGINE,
     )
-    assert llm.model_config.pooler_config.pooling_type == "MEAN"
+    assert llm.model_config.pooler_config.seq_pooling_type == "MEAN"
     full = _vectors(llm.embed(TEXTS[:2], use_tqdm=False))
     assert not torch.allclose(full.norm(dim=-1), torch.ones(2))  # use_activation=False kept
     short = _vectors(

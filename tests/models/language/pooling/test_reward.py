@@ -65,7 +65,7 @@ def test_reward_all_pooling_is_every_tokens_hidden_state(llama_dir, hf_hidden):
     assert len(PROMPTS[1]) > CHUNKED["max_num_batched_tokens"]
     llm = LLM(llama_dir, runner="pooling", convert="reward", **CHUNKED, **ENGINE)
     try:
-        assert llm.model_config.pooler_config.pooling_type == "ALL"
+        assert llm.model_config.pooler_config.tok_pooling_type == "ALL"
         probs = _reward(llm)
         raw = _reward(llm, PoolingParams(use_activation=False))
         with pytest.raises(ValueError, match="embed"):  # token_classify is its only task
@@ -117,8 +117,13 @@ def _model_config(llama_dir: str, convert: str, pooler_config: dict):
 def test_step_fields_refused_where_they_do_nothing(llama_dir):
     with pytest.raises(ValueError, match=r"step_tag_id needs pooling_type='STEP'"):
         _model_config(llama_dir, "reward", {"step_tag_id": TAG})
-    with pytest.raises(ValueError, match=r"pooling_type='STEP' pools token-wise"):
-        _model_config(llama_dir, "embed", {"pooling_type": "STEP"})
+    # As upstream v0.28: STEP is a token pooling type (the token tasks'), the
+    # sequence tasks keep the model's; a sequence type is refused on a model
+    # with token tasks alone.
+    step_embed = _model_config(llama_dir, "embed", {"pooling_type": "STEP"}).pooler_config
+    assert (step_embed.seq_pooling_type, step_embed.tok_pooling_type) == ("LAST", "STEP")
+    with pytest.raises(ValueError, match=r"seq_pooling_type='MEAN'.*pools token-wise only"):
+        _model_config(llama_dir, "reward", {"pooling_type": "MEAN"})
     with pytest.raises(ValueError, match="returned_token_ids must be non-negative ints"):
         _model_config(llama_dir, "reward", {"pooling_type": "STEP", "returned_token_ids": [-1]})
 

@@ -1,15 +1,13 @@
 """`/pooling` handler (upstream: vllm/entrypoints/pooling/pooling/serving.py
-ServingPooling): any pooling task the model supports, the pooler's output
-returned as is.
+ServingPooling): the pooler's output for the model's pooling task, returned
+as is.
 
-Without `task` the model's pooling task is used: the first of its supported
-pooling tasks in upstream's priority order (embed, classify, token_embed,
-token_classify; "score" / "encode" are refused by name). A task the model does not
-support is a 400 naming the supported ones; `dimensions` is refused, as
-upstream. Upstream v0.28 also refuses a supported task other than the
-model's pooling task (its `--pooler-config.task` picks that one); PoolerConfig
-has no `task` here, so every supported task is served (e.g. token_embed on an
-embedding model)."""
+The model's pooling task (ModelConfig.get_pooling_task) is
+`--pooler-config.task` if set, else the first supported of embed, classify,
+token_embed, token_classify. As upstream v0.28 a request's `task` must be
+that one: a task the model does not support is a 400 naming the supported
+ones, another supported task a 400 pointing at --pooler-config.task; "score"
+/ "encode" are refused by name and `dimensions` is refused."""
 
 from __future__ import annotations
 
@@ -36,10 +34,7 @@ from vllm.entrypoints.pooling.utils import (
 from vllm.exceptions import VLLMValidationError
 from vllm.outputs import PoolingRequestOutput
 from vllm.pooling_params import PoolingParams
-from vllm.tasks import PoolingTask
-
-# Upstream's ModelConfig.get_pooling_task order.
-_TASK_PRIORITY: tuple[PoolingTask, ...] = ("embed", "classify", "token_embed", "token_classify")
+from vllm.tasks import POOLING_TASKS, PoolingTask
 
 
 class ServingPooling(PoolingServingBase):
@@ -61,11 +56,12 @@ class ServingPooling(PoolingServingBase):
             trust_request_chat_template=trust_request_chat_template,
         )
         self.supported_tasks: tuple[PoolingTask, ...] = tuple(
-            t for t in _TASK_PRIORITY if t in supported_tasks
+            t for t in POOLING_TASKS if t in supported_tasks
         )
-        if not self.supported_tasks:
+        pooling_task = self.model_config.get_pooling_task(self.supported_tasks)
+        if pooling_task is None:
             raise ValueError("ServingPooling needs a model with a pooling task")
-        self.pooling_task: PoolingTask = self.supported_tasks[0]
+        self.pooling_task: PoolingTask = pooling_task
 
     async def create_pooling(
         self, request: AnyPoolingRequest, raw_request: Request | None = None
@@ -102,6 +98,12 @@ class ServingPooling(PoolingServingBase):
         if task not in self.supported_tasks:
             raise VLLMValidationError(
                 f"Unsupported task: {task!r} Supported tasks: {self.supported_tasks}",
+                parameter="task",
+            )
+        if task != self.pooling_task:
+            # Upstream v0.28: one pooling task per server.
+            raise VLLMValidationError(
+                f"Try switching the model's pooling_task via --pooler-config.task {task}.",
                 parameter="task",
             )
         params = request.to_pooling_params()

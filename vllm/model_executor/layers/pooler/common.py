@@ -98,27 +98,34 @@ class EmbeddingHeadOps(HeadOps):
 
 
 class ClassifierHeadOps(HeadOps):
-    """Classifiers: the score layer, minus `logit_bias`, then per request the
+    """Classifiers: the score layer, calibrated as (logit - logit_mean) /
+    logit_sigma (Platt scaling; either may be None), then per request the
     activation (softmax / sigmoid) unless `use_activation` is False."""
 
     def __init__(
         self,
         head_dtype: torch.dtype = torch.float32,
         classifier: ClassifierFn | None = None,
-        logit_bias: float | None = None,
+        logit_mean: float | None = None,
+        logit_sigma: float | None = None,
         activation: PoolerActivation | None = None,
     ) -> None:
         super().__init__()
         self.head_dtype = head_dtype
         self.classifier = classifier
-        self.logit_bias = logit_bias
+        self.logit_mean = logit_mean
+        self.logit_sigma = logit_sigma
         self.activation = activation
 
     def project(self, data: torch.Tensor) -> torch.Tensor:
         data = data.to(self.head_dtype)
         if self.classifier is not None:
             data = self.classifier(data)
-        return data if self.logit_bias is None else data - self.logit_bias
+        if self.logit_mean is not None:
+            data = data - self.logit_mean
+        if self.logit_sigma is not None:
+            data = data / self.logit_sigma
+        return data
 
     def finish(self, data: torch.Tensor, params: PoolingParams) -> torch.Tensor:
         if params.use_activation and self.activation is not None:

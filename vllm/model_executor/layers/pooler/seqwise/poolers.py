@@ -48,12 +48,12 @@ def pooler_for_embed(
     *,
     pooling: SequencePoolingMethod | SequencePoolingFn | None = None,
 ) -> SequencePooler:
-    """pooling_type's method + normalising embedding head (with the
+    """seq_pooling_type's method + normalising embedding head (with the
     sentence-transformers Dense projector when the model dir has one)."""
     from vllm.model_executor.layers.pooler.projector import _load_st_projector
 
     if pooling is None:
-        pooling = get_seq_pooling_method(pooler_config.get_pooling_type())
+        pooling = get_seq_pooling_method(pooler_config.get_seq_pooling_type())
     model_config = _model_config()
     head = EmbeddingPoolerHead(
         head_dtype=model_config.head_dtype,
@@ -70,14 +70,15 @@ def pooler_for_classify(
     classifier: ClassifierFn | None = None,
     act_fn: PoolerActivation | None = None,
 ) -> SequencePooler:
-    """pooling_type's method + classifier head (softmax / sigmoid)."""
+    """seq_pooling_type's method + classifier head (softmax / sigmoid)."""
     if pooling is None:
-        pooling = get_seq_pooling_method(pooler_config.get_pooling_type())
+        pooling = get_seq_pooling_method(pooler_config.get_seq_pooling_type())
     model_config = _model_config()
     head = ClassifierPoolerHead(
         head_dtype=model_config.head_dtype,
         classifier=classifier,
-        logit_bias=pooler_config.logit_bias,
+        logit_mean=pooler_config.logit_mean,
+        logit_sigma=pooler_config.logit_sigma,
         activation=resolve_classifier_act_fn(model_config, act_fn),
     )
     return SequencePooler(pooling=pooling, head=head)

@@ -1,6 +1,6 @@
 """A token-wise pooling method plus a head applied per token (upstream:
-vllm/model_executor/layers/pooler/tokwise/poolers.py). The method is STEP
-when the model's pooling_type is STEP, else ALL; the output ([rows, D] per
+vllm/model_executor/layers/pooler/tokwise/poolers.py). The method is the
+pooler config's tok_pooling_type (ALL, or STEP); the output ([rows, D] per
 request) comes with the prompt's last chunk."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from vllm.model_executor.layers.pooler.common import ClassifierFn
 from vllm.model_executor.layers.pooler.seqwise.poolers import _model_config
 
 from .heads import TokenClassifierPoolerHead, TokenEmbeddingPoolerHead, TokenPoolerHead
-from .methods import TOK_POOLING_TYPES, TokenPoolingMethod, get_tok_pooling_method
+from .methods import TokenPoolingMethod, get_tok_pooling_method
 
 
 class TokenPooler(MethodHeadPooler):
@@ -24,9 +24,8 @@ class TokenPooler(MethodHeadPooler):
 
 
 def _tok_pooling_method(pooler_config: PoolerConfig) -> TokenPoolingMethod:
-    """STEP when configured; any other (sequence-wise) type reads all tokens."""
-    pooling_type = pooler_config.get_pooling_type()
-    return get_tok_pooling_method(pooling_type if pooling_type in TOK_POOLING_TYPES else "ALL")
+    """The configured token pooling: ALL (every token) or STEP."""
+    return get_tok_pooling_method(pooler_config.get_tok_pooling_type())
 
 
 def pooler_for_token_embed(pooler_config: PoolerConfig) -> TokenPooler:
@@ -49,7 +48,8 @@ def pooler_for_token_classify(
     head = TokenClassifierPoolerHead(
         head_dtype=model_config.head_dtype,
         classifier=classifier,
-        logit_bias=pooler_config.logit_bias,
+        logit_mean=pooler_config.logit_mean,
+        logit_sigma=pooler_config.logit_sigma,
         activation=resolve_classifier_act_fn(model_config, act_fn),
     )
     return TokenPooler(_tok_pooling_method(pooler_config), head)

@@ -226,7 +226,7 @@ def test_decoder_embedder_own_budget_and_exit_on_death(
     qwen3_st = make_st_dir("qwen3", str(tmp_path / "qwen3-st"), "lasttoken")
     args = _server_args(qwen3_st, chat_template_file)
     args += ["--embedding-kv-cache-memory-bytes", "16M"]
-    args += ["--embedding-pooler-config", '{"normalize": false}']
+    args += ["--embedding-pooler-config", '{"use_activation": false}']
     log = tmp_path / "server.log"
     server = RemoteOpenAIServer(tiny_model_dir("llama"), args, log_path=str(log))
     try:
@@ -235,7 +235,7 @@ def test_decoder_embedder_own_budget_and_exit_on_death(
         )
         ref = SentenceTransformer(qwen3_st, device="cpu").encode(TEXTS[1], convert_to_tensor=True)
         assert torch.nn.functional.cosine_similarity(vec, ref.float(), dim=0) >= 0.9999
-        assert abs(float(vec.norm()) - 1.0) > 1e-3  # normalize: false reached its pooler
+        assert abs(float(vec.norm()) - 1.0) > 1e-3  # use_activation: false reached its pooler
         # Each engine sized its own KV cache: 64 MiB (GEN), 16 MiB (EMB).
         budgets = [
             line.split("CPU KV cache space: ", 1)[1].split(" GiB", 1)[0]
@@ -299,7 +299,8 @@ def test_embedding_engine_args():
     args = _parse(
         ["gen", "--dtype", "bfloat16", "--max-model-len", "512", "--kv-cache-memory-bytes", "1G"]
         + ["--embedding-model", "e", "--embedding-kv-cache-memory-bytes", "2M"]
-        + ["--embedding-max-num-seqs", "4", "--embedding-pooler-config", '{"normalize": false}']
+        + ["--embedding-max-num-seqs", "4"]
+        + ["--embedding-pooler-config", '{"use_activation": false}']
     )
     engine_args = embedding_engine_args(args)
     assert engine_args.model == "e" and engine_args.runner == "pooling"
@@ -307,7 +308,7 @@ def test_embedding_engine_args():
     assert engine_args.dtype == "auto" and engine_args.max_model_len is None
     assert engine_args.kv_cache_memory_bytes == 2 * 2**20
     assert engine_args.max_num_seqs == 4
-    assert engine_args.pooler_config == {"normalize": False}
+    assert engine_args.pooler_config == {"use_activation": False}
 
 
 def test_pooling_main_model_refused_before_any_engine_starts(st_dir):

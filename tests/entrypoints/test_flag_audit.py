@@ -40,6 +40,7 @@ EFFECTS = "tests/engine/test_engine_flag_effects.py"
 DEFAULTS = "tests/engine/test_arg_utils_defaults.py"
 ARGS = "tests/engine/test_arg_utils.py"
 POOLING = "tests/models/language/pooling/test_embedding.py"
+TWO = "tests/entrypoints/openai/test_two_models.py"
 
 SCHED = "tests/v1/core/test_scheduler.py"
 CUDAGRAPH = "tests/v1/cudagraph/test_config_and_dispatch.py"
@@ -98,6 +99,26 @@ AUDIT: dict[str, tuple[str, Any]] = {
             "test_declared_body_over_limit_is_refused_before_it_is_sent"
         ),
     ),
+    # ---- the second, pooling engine of `vllm serve` (embedding_model.py) ----
+    "embedding_model": ("tested", f"{TWO}::test_concurrent_chat_and_embeddings_match_references"),
+    "embedding_served_model_name": ("tested", f"{TWO}::test_models_lists_both_with_tasks"),
+    "embedding_dtype": ("tested", f"{TWO}::test_concurrent_chat_and_embeddings_match_references"),
+    "embedding_max_model_len": ("tested", f"{TWO}::test_models_lists_both_with_tasks"),
+    "embedding_max_num_seqs": ("tested", f"{TWO}::test_embedding_engine_args"),
+    "embedding_kv_cache_memory_bytes": (
+        "tested",
+        f"{TWO}::test_decoder_embedder_own_budget_and_exit_on_death",
+    ),
+    # Works on a GPU; on CPU it is refused naming the flag (tested there).
+    "embedding_gpu_memory_utilization": (
+        "tested",
+        f"{TWO}::test_embedding_gpu_fraction_refused_on_cpu",
+    ),
+    "embedding_pooler_config": (
+        "tested",
+        f"{TWO}::test_decoder_embedder_own_budget_and_exit_on_death",
+    ),
+    "embedding_chat_template": ("tested", f"{TWO}::test_embedding_messages_use_its_own_template"),
     # ---- ModelConfig ----
     "model": ("tested", f"{SERVING}::test_models_and_meta"),
     "served_model_name": ("tested", f"{FRONTEND}::test_served_model_names"),

@@ -41,6 +41,7 @@ DEFAULTS = "tests/engine/test_arg_utils_defaults.py"
 ARGS = "tests/engine/test_arg_utils.py"
 POOLING = "tests/models/language/pooling/test_embedding.py"
 TWO = "tests/entrypoints/openai/test_two_models.py"
+LORA_API = "tests/lora/test_engine_api.py"
 
 SCHED = "tests/v1/core/test_scheduler.py"
 CUDAGRAPH = "tests/v1/cudagraph/test_config_and_dispatch.py"
@@ -267,6 +268,16 @@ AUDIT: dict[str, tuple[str, Any]] = {
         f"{SO_REASONING}::test_parser_plugin_is_imported",
     ),
     "performance_mode": ("tested", f"{DEFAULTS}::test_throughput_mode_doubles_only_the_defaults"),
+    # ---- LoRAConfig (each of the others is refused without --enable-lora) ----
+    "enable_lora": ("tested", f"{LORA_API}::test_cli_flags_build_the_lora_config"),
+    "max_loras": ("tested", f"{LORA_API}::test_cli_flags_build_the_lora_config"),
+    "max_lora_rank": ("tested", f"{LORA_API}::test_cli_flags_build_the_lora_config"),
+    "max_cpu_loras": ("tested", f"{LORA_API}::test_cli_flags_build_the_lora_config"),
+    "lora_dtype": ("tested", f"{LORA_API}::test_cli_flags_build_the_lora_config"),
+    "lora_target_modules": ("tested", f"{LORA_API}::test_cli_flags_build_the_lora_config"),
+    # Accepted with one TP rank (the same layout), refused with more.
+    "fully_sharded_loras": ("tested", f"{LORA_API}::test_bad_lora_settings_are_refused"),
+    "specialize_active_lora": ("tested", "tests/lora/test_ops_triton.py::test_triton_lora_kernel"),
     # ---- observability / AsyncEngineArgs ----
     "disable_log_stats": ("tested", f"{EFFECTS}::test_log_stats_report_request_metrics"),
     "enable_log_requests": ("tested", f"{FRONTEND}::test_enable_log_requests"),

@@ -1,9 +1,8 @@
 """LoRA configuration (upstream: vllm/config/lora.py).
 
-Built so far: the config with upstream's fields and validation, and peft
-adapter loading against it (vllm/lora/peft_helper.py, lora_model.py). The
-engine does not run adapters yet (`--enable-lora` and a request's
-`lora_request` are still refused), so nothing constructs this from the CLI.
+`EngineArgs` builds it from `--enable-lora` and the LoRA flags
+(`VllmConfig.lora_config`, None without `--enable-lora`); `VllmConfig`
+resolves `lora_dtype` against the model (`verify_with_model_config`).
 
 Fields for features that are not built (multimodal default adapters, the
 vision tower's LoRA, MoE adapter layouts) are accepted only at their default

@@ -27,6 +27,7 @@ from vllm.config.ec_transfer import ECTransferConfig
 from vllm.config.kv_events import KVEventsConfig
 from vllm.config.kv_transfer import KVTransferConfig
 from vllm.config.load import LoadConfig
+from vllm.config.lora import LoRAConfig
 from vllm.config.model import ModelConfig
 from vllm.config.parallel import ParallelConfig
 from vllm.config.scheduler import SchedulerConfig
@@ -74,6 +75,8 @@ class VllmConfig:
     structured_outputs_config: StructuredOutputsConfig = field(
         default_factory=StructuredOutputsConfig
     )
+    # LoRA adapters (--enable-lora); None: requests may not name an adapter.
+    lora_config: LoRAConfig | None = None
     # Upstream's records for features not built here: refused when set.
     kv_transfer_config: KVTransferConfig | None = None
     kv_events_config: KVEventsConfig | None = None
@@ -89,6 +92,8 @@ class VllmConfig:
         if mc is not None:
             self.scheduler_config.verify_with_model_len(mc.max_model_len)
             self.quant_config = self._get_quantization_config(mc, self.device_config.device_type)
+        if self.lora_config is not None:
+            self._verify_lora_config(self.lora_config, mc)
         self.compilation_config.resolve(
             self.device_config.device_type, mc.enforce_eager if mc else False
         )
@@ -132,6 +137,25 @@ class VllmConfig:
                 "kernels are not built (the weights are never dequantized instead)."
             )
         return quant_config
+
+    def _verify_lora_config(self, lora_config: LoRAConfig, mc: ModelConfig | None) -> None:
+        """Resolve the adapters' dtype against the model (upstream:
+        `lora_config.verify_with_model_config` in `VllmConfig.__post_init__`)
+        and refuse the combinations this build cannot run, naming the flag."""
+        if mc is not None:
+            lora_config.verify_with_model_config(mc)
+            if getattr(mc, "runner_type", "generate") == "pooling":
+                raise NotImplementedError(
+                    "enable_lora (--enable-lora): LoRA adapters on pooling models "
+                    "(runner='pooling') are not built yet; only generative models take them."
+                )
+        if lora_config.fully_sharded_loras and self.parallel_config.tensor_parallel_size > 1:
+            raise NotImplementedError(
+                "fully_sharded_loras (--fully-sharded-loras): the fully sharded LoRA layers "
+                "are not built yet; with tensor_parallel_size > 1 leave it off (A is "
+                "sharded for row-parallel layers and B for column-parallel ones, as upstream's "
+                "default)."
+            )
 
     # ---- model runner choice ---------------------------------------------------
     def _is_default_v2_model_runner_model(self) -> bool:
@@ -300,7 +324,8 @@ class VllmConfig:
             f"max_num_seqs={self.scheduler_config.max_num_seqs}, "
             f"async_scheduling={self.scheduler_config.async_scheduling}, "
             f"tp={self.parallel_config.tensor_parallel_size}, "
-            f"pp={self.parallel_config.pipeline_parallel_size}"
+            f"pp={self.parallel_config.pipeline_parallel_size}, "
+            f"lora={self.lora_config is not None}"
         )
 
 

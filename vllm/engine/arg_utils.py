@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Self, get_args
+
+import torch
 
 from vllm.config import (
     AttentionConfig,
@@ -24,6 +26,7 @@ from vllm.config import (
     CompilationConfig,
     DeviceConfig,
     LoadConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -31,6 +34,7 @@ from vllm.config import (
     VllmConfig,
 )
 from vllm.config.compilation import PERFORMANCE_MODES, CompilationMode
+from vllm.config.lora import LoRADType, MaxLoRARanks
 from vllm.config.scheduler import SchedulerPolicy
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
@@ -56,6 +60,17 @@ def _compilation_arg(value: str) -> dict[str, Any] | int:
 _opt_str = optional_type(str)
 _opt_int = optional_type(int)
 _DTYPES = ["auto", "half", "float16", "bfloat16", "float", "float32"]
+# The LoRA flags other than --enable-lora, which they need (EngineArgs field
+# -> LoRAConfig field).
+_LORA_FIELDS: dict[str, str] = {
+    "max_loras": "max_loras",
+    "max_lora_rank": "max_lora_rank",
+    "fully_sharded_loras": "fully_sharded_loras",
+    "max_cpu_loras": "max_cpu_loras",
+    "lora_dtype": "lora_dtype",
+    "lora_target_modules": "target_modules",
+    "specialize_active_lora": "specialize_active_lora",
+}
 
 
 @dataclass
@@ -329,6 +344,54 @@ class EngineArgs:
         "VllmConfig",
         choices=list(PERFORMANCE_MODES),
     )
+    # --- LoRAConfig ---
+    enable_lora: bool = _arg(False, "If True, enable handling of LoRA adapters.", "LoRAConfig")
+    max_loras: int = _arg(
+        LoRAConfig.max_loras,
+        "Max number of distinct LoRA adapters in one engine step (GPU slots).",
+        "LoRAConfig",
+        type=int,
+    )
+    max_lora_rank: MaxLoRARanks = _arg(
+        LoRAConfig.max_lora_rank,
+        "Max LoRA rank: an adapter with a larger rank is refused when it is loaded.",
+        "LoRAConfig",
+        type=int,
+        choices=list(get_args(MaxLoRARanks)),
+    )
+    fully_sharded_loras: bool = _arg(
+        LoRAConfig.fully_sharded_loras,
+        "Shard both LoRA matrices with tensor parallelism (not built: refused with "
+        "tensor_parallel_size > 1, where it would change the layout).",
+        "LoRAConfig",
+    )
+    max_cpu_loras: int | None = _arg(
+        LoRAConfig.max_cpu_loras,
+        "Max number of LoRA adapters kept in CPU memory; must be >= --max-loras "
+        "(default: --max-loras).",
+        "LoRAConfig",
+        type=_opt_int,
+    )
+    lora_dtype: str | torch.dtype = _arg(
+        LoRAConfig.lora_dtype,
+        'Data type of the LoRA weights; "auto": the base model\'s dtype.',
+        "LoRAConfig",
+        choices=list(get_args(LoRADType)),
+    )
+    lora_target_modules: list[str] | None = _arg(
+        LoRAConfig.target_modules,
+        "Apply LoRA only to modules with these name suffixes (e.g. o_proj qkv_proj); "
+        "default: every module the model supports.",
+        "LoRAConfig",
+        type=str,
+        nargs="+",
+    )
+    specialize_active_lora: bool = _arg(
+        LoRAConfig.specialize_active_lora,
+        "GPU: size the LoRA kernels' launch grid by the number of adapters active in "
+        "the step instead of --max-loras.",
+        "LoRAConfig",
+    )
     # --- Observability ---
     disable_log_stats: bool = _arg(False, "Do not log engine statistics.", "ObservabilityConfig")
 
@@ -416,6 +479,7 @@ class EngineArgs:
             compilation_config=self._create_compilation_config(),
             attention_config=AttentionConfig(backend=self.attention_backend),
             structured_outputs_config=self._create_structured_outputs_config(),
+            lora_config=self._create_lora_config(),
         )
 
     def _check_feature_supported(self, model_config: ModelConfig) -> None:
@@ -544,6 +608,25 @@ class EngineArgs:
                 f"known: {sorted(known - {'static_forward_context'})}."
             )
         return CompilationConfig(**cc)
+
+    def _create_lora_config(self) -> LoRAConfig | None:
+        """The LoRAConfig with --enable-lora, else None. A LoRA flag set
+        without --enable-lora would do nothing: refused, naming it."""
+        if not self.enable_lora:
+            for name in _LORA_FIELDS:
+                value, default = getattr(self, name), getattr(EngineArgs, name)
+                if value != default:
+                    flag = "--" + name.replace("_", "-")
+                    raise ValueError(
+                        f"{name}={value!r} ({flag}) takes effect only with --enable-lora "
+                        "(enable_lora=True)."
+                    )
+            return None
+        kwargs = {field: getattr(self, name) for name, field in _LORA_FIELDS.items()}
+        # As upstream: a max_cpu_loras of 0 or less means "default" (max_loras).
+        if not (self.max_cpu_loras and self.max_cpu_loras > 0):
+            kwargs["max_cpu_loras"] = None
+        return LoRAConfig(**kwargs)
 
     def _create_structured_outputs_config(self) -> StructuredOutputsConfig:
         so = self.structured_outputs_config

@@ -1,0 +1,163 @@
+"""The engine's LoRA API (issue 18 item 1): the LoRA flags build
+`VllmConfig.lora_config` (or are refused naming the flag), a `LoRARequest`
+crosses every msgpack boundary intact (front end -> core, core -> workers),
+and requests with an adapter are accepted only when LoRA is enabled."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import torch
+
+from vllm.config import LoRAConfig
+from vllm.engine.arg_utils import EngineArgs
+from vllm.lora.request import LoRARequest
+from vllm.usage.usage_lib import UsageContext
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir) -> str:
+    return tiny_model_dir("llama")
+
+
+def _config(model_dir: str, **kwargs):
+    args = EngineArgs(model=model_dir, device="cpu", **kwargs)
+    return args.create_engine_config(UsageContext.LLM_CLASS)
+
+
+# ---- flags -> LoRAConfig ----------------------------------------------------------------
+
+
+def test_cli_flags_build_the_lora_config(model_dir):
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    argv = [
+        "--model", model_dir, "--device", "cpu", "--enable-lora", "--max-loras", "3",
+        "--max-lora-rank", "8", "--max-cpu-loras", "5", "--lora-dtype", "bfloat16",
+        "--lora-target-modules", "o_proj", "qkv_proj", "--specialize-active-lora",
+    ]  # fmt: skip
+    config = EngineArgs.from_cli_args(parser.parse_args(argv)).create_engine_config()
+    lora = config.lora_config
+    assert isinstance(lora, LoRAConfig)
+    assert (lora.max_loras, lora.max_lora_rank, lora.max_cpu_loras) == (3, 8, 5)
+    assert lora.lora_dtype is torch.bfloat16  # the name resolved to a torch dtype
+    assert lora.target_modules == ["o_proj", "qkv_proj"]
+    assert lora.specialize_active_lora and not lora.fully_sharded_loras
+    assert "lora=True" in str(config)
+
+
+def test_defaults_and_auto_dtype(model_dir):
+    assert _config(model_dir).lora_config is None  # LoRA is off by default
+    for dtype, expected in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        config = _config(model_dir, enable_lora=True, dtype=dtype)
+        lora = config.lora_config
+        assert lora is not None and config.model_config is not None
+        # Upstream's defaults; "auto" is the model's resolved dtype.
+        assert (lora.max_loras, lora.max_lora_rank, lora.max_cpu_loras) == (1, 16, 1)
+        assert lora.lora_dtype is config.model_config.dtype is expected
+    assert lora.target_modules is None
+    # As upstream: max_cpu_loras <= 0 means the default (max_loras).
+    lora = _config(model_dir, enable_lora=True, max_loras=2, max_cpu_loras=0).lora_config
+    assert lora is not None and lora.max_cpu_loras == 2
+    # fully_sharded_loras with one TP rank computes what the default layout does.
+    lora = _config(model_dir, enable_lora=True, fully_sharded_loras=True).lora_config
+    assert lora is not None and lora.fully_sharded_loras
+
+
+def test_lora_config_changes_its_hash(model_dir):
+    a = _config(model_dir, enable_lora=True, max_loras=2).lora_config
+    b = _config(model_dir, enable_lora=True, max_loras=3).lora_config
+    c = _config(model_dir, enable_lora=True, max_loras=2).lora_config
+    assert a is not None and b is not None and c is not None
+    assert a.compute_hash() != b.compute_hash()
+    assert a.compute_hash() == c.compute_hash()
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("max_loras", 2),
+        ("max_lora_rank", 8),
+        ("fully_sharded_loras", True),
+        ("max_cpu_loras", 4),
+        ("lora_dtype", "bfloat16"),
+        ("lora_target_modules", ["o_proj"]),
+        ("specialize_active_lora", True),
+    ],
+)
+def test_lora_flags_without_enable_lora_are_refused(model_dir, name, value):
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(ValueError, match=f"{name}=.*{flag}.*--enable-lora"):
+        _config(model_dir, **{name: value})
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"max_loras": 0}, ValueError, r"max_loras \(0\) must be >= 1"),
+        ({"max_loras": 3, "max_cpu_loras": 2}, ValueError, r"max_cpu_loras \(2\) must be >="),
+        ({"max_lora_rank": 24}, ValueError, r"max_lora_rank \(24\) must be one of"),
+        ({"lora_dtype": "float64"}, ValueError, r"lora_dtype \('float64'\) must be"),
+        ({"lora_target_modules": "o_proj"}, ValueError, "target_modules must be a list"),
+        (
+            {"fully_sharded_loras": True, "tensor_parallel_size": 2},
+            NotImplementedError,
+            r"fully_sharded_loras \(--fully-sharded-loras\)",
+        ),
+        (
+            {"runner": "pooling", "convert": "embed"},
+            NotImplementedError,
+            r"enable_lora \(--enable-lora\): LoRA adapters on pooling models",
+        ),
+    ],
+)
+def test_bad_lora_settings_are_refused(model_dir, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        _config(model_dir, enable_lora=True, **kwargs)
+
+
+def test_cli_refuses_unlisted_rank_and_dtype():
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    for argv in (["--max-lora-rank", "24"], ["--lora-dtype", "float64"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+
+
+# ---- LoRARequest over msgpack ---------------------------------------------------------
+
+
+def _lora(**kwargs) -> LoRARequest:
+    return LoRARequest("sql", 7, "/adapters/sql", base_model_name="base", **kwargs)
+
+
+def test_lora_request_round_trips_in_an_engine_core_request():
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    request = EngineCoreRequest(
+        request_id="r",
+        prompt_token_ids=[1, 2, 3],
+        mm_features=None,
+        sampling_params=SamplingParams(max_tokens=2),
+        pooling_params=None,
+        eos_token_id=0,
+        arrival_time=0.0,
+        lora_request=_lora(load_inplace=True),
+        cache_salt=None,
+        data_parallel_rank=None,
+    )
+    decoded = MsgpackDecoder(EngineCoreRequest).decode(MsgpackEncoder().encode(request))
+    got = decoded.lora_request
+    assert isinstance(got, LoRARequest)
+    assert (got.lora_name, got.lora_int_id, got.lora_path) == ("sql", 7, "/adapters/sql")
+    assert got.base_model_name == "base" and got.load_inplace
+
+
+def test_lora_request_round_trips_as_a_worker_rpc_argument():
+    from vllm.distributed.device_communicators.rpc_codec import RpcDecoder, RpcEncoder
+
+    frames = RpcEncoder().encode(((_lora(),), {}))
+    (args, kwargs) = RpcDecoder().decode(frames)
+    assert kwargs == {} and isinstance(args[0], LoRARequest)
+    assert msgspec.structs.asdict(args[0]) == msgspec.structs.asdict(_lora())

@@ -161,3 +161,22 @@ def test_lora_request_round_trips_as_a_worker_rpc_argument():
     (args, kwargs) = RpcDecoder().decode(frames)
     assert kwargs == {} and isinstance(args[0], LoRARequest)
     assert msgspec.structs.asdict(args[0]) == msgspec.structs.asdict(_lora())
+
+
+# ---- InputProcessor ----------------------------------------------------------------------
+
+
+def test_input_processor_passes_the_adapter_only_when_lora_is_enabled(model_dir):
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    prompt = {"prompt_token_ids": [1, 2, 3]}
+    params = SamplingParams(max_tokens=2)
+    enabled = InputProcessor(_config(model_dir, enable_lora=True), tokenizer=None)
+    request = enabled.process_inputs("r", prompt, params, lora_request=_lora())
+    assert request.lora_request == _lora() and request.lora_request.lora_int_id == 7
+    assert enabled.process_inputs("r", prompt, params).lora_request is None
+    disabled = InputProcessor(_config(model_dir), tokenizer=None)
+    with pytest.raises(VLLMValidationError, match="but LoRA is not enabled!"):
+        disabled.process_inputs("r", prompt, params, lora_request=_lora())

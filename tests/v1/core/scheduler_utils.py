@@ -7,7 +7,7 @@ import tempfile
 
 import torch
 
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -60,6 +60,7 @@ def create_scheduler(
     async_scheduling: bool = False,
     include_finished_set: bool = False,
     log_stats: bool = False,
+    lora_config: LoRAConfig | None = None,
 ) -> Scheduler:
     """A Scheduler (AsyncScheduler with async_scheduling) over `num_blocks`
     KV blocks of `block_size` tokens; block 0 is the null block."""
@@ -81,6 +82,7 @@ def create_scheduler(
             policy=policy,
             async_scheduling=async_scheduling,
         ),
+        lora_config=lora_config,
     )
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     kv_cache_config = KVCacheConfig(

@@ -98,8 +98,7 @@ class InputProcessor:
                 data_parallel_rank,
             )
         self._validate_params(params)
-        if lora_request is not None:
-            raise VLLMValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!")
+        self._validate_lora(lora_request)
         if priority != 0 and self.vllm_config.scheduler_config.policy != "priority":
             # Upstream's check: under FCFS a priority would be silently ignored.
             raise VLLMValidationError(
@@ -136,7 +135,7 @@ class InputProcessor:
             pooling_params=None,
             eos_token_id=self._eos_token_id(),
             arrival_time=time.time() if arrival_time is None else arrival_time,
-            lora_request=None,
+            lora_request=lora_request,
             cache_salt=cache_salt,
             data_parallel_rank=data_parallel_rank,
             priority=priority,
@@ -168,8 +167,7 @@ class InputProcessor:
             )
         if params.task is None:
             raise VLLMValidationError("PoolingParams.verify(task, model_config) has not run.")
-        if lora_request is not None:
-            raise VLLMValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!")
+        self._validate_lora(lora_request)
         if priority != 0 and self.vllm_config.scheduler_config.policy != "priority":
             raise VLLMValidationError(
                 f"Got priority {priority} but Priority scheduling is not enabled.",
@@ -200,7 +198,7 @@ class InputProcessor:
             pooling_params=params.clone(),
             eos_token_id=self._eos_token_id(),
             arrival_time=time.time() if arrival_time is None else arrival_time,
-            lora_request=None,
+            lora_request=lora_request,
             cache_salt=cache_salt,
             data_parallel_rank=data_parallel_rank,
             priority=priority,
@@ -210,6 +208,13 @@ class InputProcessor:
     # ------------------------------------------------------------------
     # Parameters
     # ------------------------------------------------------------------
+
+    def _validate_lora(self, lora_request: LoRARequest | None) -> None:
+        """An adapter is accepted only when the engine runs LoRA (upstream's
+        check and message); loading it is the workers' job (a bad adapter
+        fails that request, see vllm/lora/worker_manager.py)."""
+        if lora_request is not None and self.vllm_config.lora_config is None:
+            raise VLLMValidationError(f"Got lora_request {lora_request} but LoRA is not enabled!")
 
     def _validate_params(self, params: Any) -> None:
         if not isinstance(params, SamplingParams):

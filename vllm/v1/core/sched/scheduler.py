@@ -57,6 +57,7 @@ class Scheduler(SchedulerInterface):
         self.scheduler_config = vllm_config.scheduler_config
         self.cache_config = vllm_config.cache_config
         self.parallel_config = vllm_config.parallel_config
+        self.lora_config = vllm_config.lora_config
         self.kv_cache_config = kv_cache_config
         self.structured_output_manager = structured_output_manager
         self.log_stats = log_stats
@@ -241,6 +242,7 @@ class Scheduler(SchedulerInterface):
         # Requests whose grammar is still compiling step aside for this step
         # and go back to the head of the queue, in order, afterwards.
         skipped_waiting = create_request_queue(self.policy)
+        running_loras = self._running_lora_ids()
         while self.waiting and step.token_budget > 0:
             if len(self.running) == self.max_num_running_reqs:
                 break
@@ -249,6 +251,11 @@ class Scheduler(SchedulerInterface):
                 request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
                 and not self.structured_output.admit(request, self.waiting, skipped_waiting)
             ):
+                continue
+            if self._exceeds_max_loras(request, running_loras):
+                # One more adapter would exceed max_loras: this request steps
+                # aside (keeping its place) until a running adapter finishes.
+                skipped_waiting.prepend_request(self.waiting.pop_request())
                 continue
             new_computed_blocks, num_computed_tokens = self._get_computed_blocks(request)
             num_new_tokens = self._num_new_tokens_waiting(
@@ -270,8 +277,32 @@ class Scheduler(SchedulerInterface):
                 break
             self.waiting.pop_request()
             self._admit_request(request, num_new_tokens, num_computed_tokens, step)
+            if request.lora_request is not None:
+                running_loras.add(request.lora_request.lora_int_id)
         if skipped_waiting:
             self.waiting.prepend_requests(skipped_waiting)
+
+    def _running_lora_ids(self) -> set[int]:
+        """The adapters of the running requests. Admission keeps them at most
+        max_loras, so every step, whichever running requests it schedules,
+        needs at most max_loras adapter slots on the workers. (Upstream counts
+        only the running requests scheduled in this step, which lets a running
+        request left out of a step - async scheduling - come back in a later
+        step beside max_loras other adapters.)"""
+        if self.lora_config is None:
+            return set()
+        loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+        assert len(loras) <= self.lora_config.max_loras
+        return loras
+
+    def _exceeds_max_loras(self, request: Request, running_loras: set[int]) -> bool:
+        lora = request.lora_request
+        return (
+            lora is not None
+            and self.lora_config is not None
+            and lora.lora_int_id not in running_loras
+            and len(running_loras) >= self.lora_config.max_loras
+        )
 
     def _get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """The request's prefix-cache hit: (blocks, number of tokens)."""
@@ -491,14 +522,12 @@ class Scheduler(SchedulerInterface):
         if request.request_id in self.requests:
             raise ValueError(f"Request id {request.request_id} is already in use")
         # Requests built past the InputProcessor (e.g. an EngineCoreRequest sent
-        # to the core directly) must not run with their adapter or images
-        # silently dropped.
+        # to the core directly) must not run with their images silently
+        # dropped, nor name an adapter when LoRA is off.
         if request.mm_features:
             raise ValueError("Multimodal inputs are not supported")
-        if request.lora_request is not None:
-            raise ValueError(
-                f"lora_request {request.lora_request.lora_name!r}: LoRA is not supported yet"
-            )
+        if request.lora_request is not None and self.lora_config is None:
+            raise ValueError(f"Got lora_request {request.lora_request} but LoRA is not enabled!")
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
         if self.log_stats:

@@ -12,10 +12,25 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Protocol
+from typing import Any, Protocol
 
 from torch import nn
 
+from vllm.lora.layers import (
+    BaseLayerWithLoRA,
+    ColumnParallelLinearWithLoRA,
+    ColumnParallelLinearWithShardedLoRA,
+    MergedColumnParallelLinearVariableSliceWithLoRA,
+    MergedColumnParallelLinearWithLoRA,
+    MergedColumnParallelLinearWithShardedLoRA,
+    MergedQKVParallelLinearWithLoRA,
+    MergedQKVParallelLinearWithShardedLoRA,
+    QKVParallelLinearWithLoRA,
+    QKVParallelLinearWithShardedLoRA,
+    ReplicatedLinearWithLoRA,
+    RowParallelLinearWithLoRA,
+    RowParallelLinearWithShardedLoRA,
+)
 from vllm.model_executor.layers.linear import LinearBase
 
 
@@ -42,6 +57,49 @@ def get_lora_id() -> int:
     global _GLOBAL_LORA_ID
     _GLOBAL_LORA_ID += 1
     return _GLOBAL_LORA_ID
+
+
+# Tried in order by from_layer: the first whose can_replace_layer accepts the
+# layer wraps it (the sharded classes only when fully_sharded_loras is set).
+_all_lora_classes: tuple[type[BaseLayerWithLoRA], ...] = (
+    ColumnParallelLinearWithLoRA,
+    MergedColumnParallelLinearWithLoRA,
+    QKVParallelLinearWithLoRA,
+    MergedQKVParallelLinearWithLoRA,
+    RowParallelLinearWithLoRA,
+    ReplicatedLinearWithLoRA,
+    ColumnParallelLinearWithShardedLoRA,
+    QKVParallelLinearWithShardedLoRA,
+    MergedColumnParallelLinearWithShardedLoRA,
+    MergedColumnParallelLinearVariableSliceWithLoRA,
+    MergedQKVParallelLinearWithShardedLoRA,
+    RowParallelLinearWithShardedLoRA,
+)
+
+
+def from_layer(
+    layer: nn.Module,
+    max_loras: int,
+    lora_config: Any,
+    packed_modules_list: list[str],
+    model_config: Any = None,
+) -> nn.Module:
+    """`layer` wrapped in the first LoRA class that accepts it, its
+    `max_loras` slots allocated; `layer` itself when none does.
+    `packed_modules_list`: the checkpoint modules packed into it (e.g.
+    [q_proj, k_proj, v_proj] for qkv_proj, [qkv_proj] when not packed)."""
+    for lora_cls in _all_lora_classes:
+        # Keyword arguments: the can_replace decorators read lora_config.
+        if lora_cls.can_replace_layer(
+            source_layer=layer,
+            lora_config=lora_config,
+            packed_modules_list=packed_modules_list,
+            model_config=model_config,
+        ):
+            wrapped = lora_cls(layer)  # type: ignore[call-arg]
+            wrapped.create_lora_weights(max_loras, lora_config, model_config)
+            return wrapped
+    return layer
 
 
 def replace_submodule(model: nn.Module, module_name: str, new_module: nn.Module) -> nn.Module:

@@ -189,21 +189,42 @@ def test_bad_inputs_get_the_envelope(server, reference, path, body, word):
     )
 
 
-def test_classifier_without_one_label_gets_501():
+def test_classifier_without_one_label_gets_501(monkeypatch):
     """A classifier with more labels registers the routes (its tasks say
-    "score") but has no handler: upstream's 501, no engine needed."""
+    "score") but has no handler: upstream's 501 on every path, no engine
+    needed. The older /v1 paths (same handlers) ask the client to move:
+    every /v1/score call warns, /v1/rerank warns once (as upstream)."""
     import argparse
 
     from fastapi.testclient import TestClient
 
     from vllm.entrypoints.openai.api_server import build_app
     from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.entrypoints.pooling.scoring import api_router
 
+    warned: list[tuple[str, str]] = []
+    for kind in ("warning", "warning_once"):
+        monkeypatch.setattr(
+            api_router.logger, kind, lambda msg, *a, k=kind: warned.append((k, msg))
+        )
     args = make_arg_parser(argparse.ArgumentParser()).parse_args([])
     client = TestClient(build_app(args, ("classify", "score")))
-    res = client.post("/rerank", json={"query": "a", "documents": ["b"]})
-    assert res.status_code == 501, res.text
-    assert res.json()["error"]["message"] == "The model does not support Rerank (Score) API"
+    for path in ("score", "v1/score", "rerank", "v1/rerank", "v2/rerank"):
+        api, body = (
+            ("Score API", {"text_1": "a", "text_2": "b"})
+            if path.endswith("score")
+            else ("Rerank (Score) API", {"query": "a", "documents": ["b"]})
+        )
+        for _ in range(2):
+            res = client.post(f"/{path}", json=body)
+            assert res.status_code == 501, (path, res.text)
+            assert res.json()["error"]["message"] == f"The model does not support {api}"
+    assert [(k, m.split("`")[1]) for k, m in warned] == [
+        ("warning", "/score"),
+        ("warning", "/score"),
+        ("warning_once", "/rerank"),
+        ("warning_once", "/rerank"),
+    ]
 
 
 def test_api_key_guards_the_routes(server):

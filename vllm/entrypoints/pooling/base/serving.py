@@ -16,18 +16,28 @@ kept). Untruncated, a text is tokenized to at most max_model_len + 1 tokens
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import Response
 
 from vllm.entrypoints.chat_utils import apply_hf_chat_template
+from vllm.entrypoints.openai.protocol_base import ErrorResponse, OpenAIBaseModel
 from vllm.entrypoints.openai.request_limits import check_prompt_text_length
 from vllm.entrypoints.openai.serving_engine import OpenAIServing, merge_async_iterators
 from vllm.entrypoints.pooling.base.protocol import (
     ChatRequestOptionsMixin,
     CompletionRequestMixin,
+    EncodingRequestMixin,
     PoolingBasicRequestMixin,
+)
+from vllm.entrypoints.pooling.utils import (
+    JsonEncodedPoolingOutput,
+    build_pooling_bytes_response,
+    encode_pooling_output,
+    get_pooling_usage,
 )
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
@@ -38,6 +48,8 @@ if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
     from vllm.entrypoints.openai.serving_models import OpenAIServingModels
     from vllm.tokenizers import TokenizerLike
+
+ResponseT = TypeVar("ResponseT", bound=OpenAIBaseModel)
 
 
 class PoolingServingBase(OpenAIServing):
@@ -79,6 +91,49 @@ class PoolingServingBase(OpenAIServing):
         async for i, res in merge_async_iterators(*generators):
             results[i] = res
         return [r for r in results if r is not None]
+
+    async def create_encoded(
+        self,
+        request: PoolingBasicRequestMixin,
+        raw_request: Request | None,
+        prefix: str,
+        make_params: Callable[[], PoolingParams],
+        make_item: Callable[[int, JsonEncodedPoolingOutput], OpenAIBaseModel],
+        response_type: Callable[..., ResponseT],
+    ) -> ResponseT | Response | ErrorResponse:
+        """The /v1/embeddings and /pooling flow: run the request (params from
+        `make_params`; its errors become the error body) and write one output
+        per input as `encoding_format` says: a binary body for bytes /
+        bytes_only, else `response_type` whose `data` is `make_item(index,
+        floats or base64)` per input."""
+        assert isinstance(request, EncodingRequestMixin)
+        error = await self._check_model(request)
+        if error is not None:
+            return error
+        request_id = self.request_id(raw_request, prefix)
+        created = int(time.time())
+        try:
+            results = await self.run_pooling(request, make_params(), request_id)
+        except Exception as e:
+            return self.error_from_exception(e)
+        model_name = self._get_model_name(request.model)
+        fmt, dtype, endianness = request.encoding_format, request.embed_dtype, request.endianness
+        if fmt in ("bytes", "bytes_only"):
+            return build_pooling_bytes_response(
+                results, request_id, created, model_name, fmt, dtype, endianness
+            )
+        assert fmt in ("float", "base64")
+        data = [
+            make_item(i, encode_pooling_output(res.outputs.data, fmt, dtype, endianness))
+            for i, res in enumerate(results)
+        ]
+        return response_type(
+            id=request_id,
+            created=created,
+            model=model_name,
+            data=data,
+            usage=get_pooling_usage(results),
+        )
 
     def request_id(self, raw_request: Request | None, prefix: str) -> str:
         from vllm.utils import random_uuid

@@ -11,9 +11,6 @@ ones, another supported task a 400 pointing at --pooler-config.task; "score"
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 from fastapi import Request
 from fastapi.responses import Response
 
@@ -26,13 +23,7 @@ from vllm.entrypoints.pooling.pooling.protocol import (
     PoolingResponse,
     PoolingResponseData,
 )
-from vllm.entrypoints.pooling.utils import (
-    build_pooling_bytes_response,
-    encode_pooling_output,
-    get_pooling_usage,
-)
 from vllm.exceptions import VLLMValidationError
-from vllm.outputs import PoolingRequestOutput
 from vllm.pooling_params import PoolingParams
 from vllm.tasks import POOLING_TASKS, PoolingTask
 
@@ -66,28 +57,14 @@ class ServingPooling(PoolingServingBase):
     async def create_pooling(
         self, request: AnyPoolingRequest, raw_request: Request | None = None
     ) -> PoolingResponse | Response | ErrorResponse:
-        error = await self._check_model(request)
-        if error is not None:
-            return error
-        request_id = self.request_id(raw_request, "pooling")
-        created = int(time.time())
-        try:
-            params = self._pooling_params(request)
-            results = await self.run_pooling(request, params, request_id)
-        except Exception as e:
-            return self.error_from_exception(e)
-        model_name = self._get_model_name(request.model)
-        if request.encoding_format in ("bytes", "bytes_only"):
-            return build_pooling_bytes_response(
-                results,
-                request_id,
-                created,
-                model_name,
-                request.encoding_format,
-                request.embed_dtype,
-                request.endianness,
-            )
-        return self._json_response(request, results, request_id, created, model_name)
+        return await self.create_encoded(
+            request,
+            raw_request,
+            "pooling",
+            lambda: self._pooling_params(request),
+            lambda index, data: PoolingResponseData(index=index, data=data),
+            PoolingResponse,
+        )
 
     def _pooling_params(self, request: AnyPoolingRequest) -> PoolingParams:
         if request.dimensions is not None:
@@ -109,32 +86,3 @@ class ServingPooling(PoolingServingBase):
         params = request.to_pooling_params()
         params.verify(task, self.model_config)
         return params
-
-    @staticmethod
-    def _json_response(
-        request: AnyPoolingRequest,
-        results: list[PoolingRequestOutput[Any]],
-        request_id: str,
-        created: int,
-        model_name: str,
-    ) -> PoolingResponse:
-        assert request.encoding_format in ("float", "base64")
-        data = [
-            PoolingResponseData(
-                index=index,
-                data=encode_pooling_output(
-                    res.outputs.data,
-                    request.encoding_format,
-                    request.embed_dtype,
-                    request.endianness,
-                ),
-            )
-            for index, res in enumerate(results)
-        ]
-        return PoolingResponse(
-            id=request_id,
-            created=created,
-            model=model_name,
-            data=data,
-            usage=get_pooling_usage(results),
-        )

@@ -55,14 +55,10 @@ class ServingScores(PoolingServingBase):
         self, request: ScoreRequest, raw_request: Request | None = None
     ) -> ScoreResponse | ErrorResponse:
         """Sentence-transformers CrossEncoder-like scores, one per pair."""
-        error = await self._check_model(request)
-        if error is not None:
-            return error
-        request_id = f"score-{self._base_request_id(raw_request, random_uuid())}"
-        try:
-            results = await self._run_scoring(request.data_1, request.data_2, request, request_id)
-        except Exception as e:
-            return self.error_from_exception(e)
+        run = await self._score_request(request, raw_request, request.data_1, request.data_2)
+        if isinstance(run, ErrorResponse):
+            return run
+        request_id, results = run
         data = [
             ScoreResponseData(index=i, score=res.outputs.score) for i, res in enumerate(results)
         ]
@@ -79,15 +75,10 @@ class ServingScores(PoolingServingBase):
     ) -> RerankResponse | ErrorResponse:
         """Jina's rerank API: the documents by relevance to the query, the
         best `top_n` of them (0: all)."""
-        error = await self._check_model(request)
-        if error is not None:
-            return error
-        # As upstream v0.28: one "score" prefix for both routes.
-        request_id = f"score-{self._base_request_id(raw_request, random_uuid())}"
-        try:
-            results = await self._run_scoring(request.query, request.documents, request, request_id)
-        except Exception as e:
-            return self.error_from_exception(e)
+        run = await self._score_request(request, raw_request, request.query, request.documents)
+        if isinstance(run, ErrorResponse):
+            return run
+        request_id, results = run
         documents = [request.documents] if isinstance(request.documents, str) else request.documents
         ranked = [
             RerankResult(
@@ -108,6 +99,24 @@ class ServingScores(PoolingServingBase):
             usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens),
             results=ranked,
         )
+
+    async def _score_request(
+        self,
+        request: ScoreRequest | RerankRequest,
+        raw_request: Request | None,
+        data_1: str | list[str],
+        data_2: str | list[str],
+    ) -> tuple[str, list[ScoringRequestOutput]] | ErrorResponse:
+        """The request id and the pairs' scores, or the error body."""
+        error = await self._check_model(request)
+        if error is not None:
+            return error
+        # As upstream v0.28: one "score" prefix for both routes.
+        request_id = f"score-{self._base_request_id(raw_request, random_uuid())}"
+        try:
+            return request_id, await self._run_scoring(data_1, data_2, request, request_id)
+        except Exception as e:
+            return self.error_from_exception(e)
 
     async def _run_scoring(
         self,

@@ -120,3 +120,134 @@ def test_selector_gives_cpu_wrapper():
     assert isinstance(w, PunicaWrapperCPU) and isinstance(w, PunicaWrapperBase)
     with pytest.raises(TypeError):
         PunicaWrapperBase(32, 4, "cpu")  # type: ignore[abstract]
+
+
+# One step's plan per layout (vllm/lora/ops/torch_ops/lora_plan.py): 8 slots,
+# LoRA id 100 + s in slot s. "runs": long runs of one slot (prefill) -> one
+# slice per run; "dense": short runs over a narrow slot span (decode) -> the
+# masked all-slot matmuls; "gather": short runs over a wide span -> per-slot
+# index rows.
+WIDE_IDS: list[int | None] = [100 + s for s in range(8)]
+LAYOUTS = {
+    "runs": [101] * 20 + [0] * 17 + [103] * 18 + [101] * 21,
+    "dense": [101, 103, 0, 102, 101, 101, 0, 103, 102, 101],
+    "gather": [100, 107, 0, 107, 100, 100, 107, 0, 100, 107, 107, 100],
+}
+
+
+def _plan_kind(w: PunicaWrapperCPU) -> str:
+    if w.plan.dense:
+        return "dense"
+    return "runs" if all(isinstance(r, slice) for _, r in w.plan.items) else "gather"
+
+
+def _wide(layout: str) -> tuple[PunicaWrapperCPU, list[int]]:
+    ids = LAYOUTS[layout]
+    w = PunicaWrapperCPU(max_num_batched_tokens=128, max_batches=64, device="cpu")
+    w.update_metadata(LoRAMapping(tuple(ids), tuple(ids), is_prefill=True), WIDE_IDS, 8, VOCAB)
+    assert _plan_kind(w) == layout
+    return w, [i - 100 if i else -1 for i in ids]
+
+
+def _gate_up(dtype: torch.dtype, rank: int) -> tuple[tuple, tuple, tuple[int, ...]]:
+    slices = (40, 40)
+    a = tuple(stacked(8, rank, HIDDEN, dtype, 90 + i) for i in range(2))
+    b = tuple(stacked(8, n, rank, dtype, 95 + i) for i, n in enumerate(slices))
+    return a, b, slices
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rank", [8, 16])
+def test_plans_linear_and_shrink_expand(layout, dtype, rank):
+    """add_lora_linear and add_shrink + add_expand (the row-parallel layer's
+    calls) give the reference in every plan, base rows bit-exact."""
+    w, slots = _wide(layout)
+    a, b, slices = _gate_up(dtype, rank)
+    n = len(slots)
+    x = torch.randn(n, HIDDEN, generator=torch.Generator().manual_seed(3)).to(dtype)
+    y0 = torch.randn(n, 5 + sum(slices), generator=torch.Generator().manual_seed(4)).to(dtype)
+    want = ref_lora(y0, x, list(a), list(b), slots, 0.5, offset=5)
+    base = torch.tensor(slots) < 0
+    y = y0.clone()
+    w.add_lora_linear(y[:, 5:], x, a, b, 0.5, slices)
+    torch.testing.assert_close(y.double(), want, atol=TOL[dtype], rtol=0)
+    assert torch.equal(y[base], y0[base])
+    buf = torch.full((2, n, rank), 9.0)  # float32, stale values to overwrite
+    w.add_shrink(buf, x, a, 0.5)
+    assert torch.equal(buf[:, base], torch.zeros_like(buf[:, base]))
+    y = y0.clone()
+    w.add_expand(y, buf, b, slices, offset_start=5)
+    torch.testing.assert_close(y.double(), want, atol=TOL[dtype], rtol=0)
+    assert torch.equal(y[base], y0[base])
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_plans_overwrite_expand(layout):
+    """add_inputs=False writes adapted rows and leaves base rows alone."""
+    w, slots = _wide(layout)
+    a, b, slices = _gate_up(torch.float32, 8)
+    x = torch.randn(len(slots), HIDDEN)
+    y0 = torch.randn(len(slots), sum(slices))
+    y = y0.clone()
+    w.add_lora_linear(y, x, a, b, 1.0, slices, add_inputs=False)
+    want = ref_lora(torch.zeros_like(y0), x, list(a), list(b), slots, 1.0)
+    base = torch.tensor(slots) < 0
+    torch.testing.assert_close(y[~base].double(), want[~base], atol=1e-4, rtol=0)
+    assert torch.equal(y[base], y0[base])
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_dense_b_cache_follows_new_weights(inference):
+    """The dense plan's cached B layout is rebuilt when a slot's B is
+    rewritten in place (seen by the version counter, same slot table) or,
+    for inference-mode tensors (no version counter), when the slot table
+    changes (a new adapter id in slot 3)."""
+    w, slots = _wide("dense")
+    ids, table = list(LAYOUTS["dense"]), list(WIDE_IDS)
+    with torch.inference_mode(inference):
+        a, b, slices = _gate_up(torch.float32, 8)
+        x, y0 = torch.randn(len(slots), HIDDEN), torch.randn(len(slots), sum(slices))
+        w.add_lora_linear(y0.clone(), x, a, b, 1.0, slices)  # fills the cache
+        for s in (0, 1):  # new B weights in slot 3
+            b[s][3].copy_(stacked(1, slices[s], 8, torch.float32, 70 + s)[0])
+        if inference:
+            table[3] = 200
+            ids = [200 if i == 103 else i for i in ids]
+        w.update_metadata(LoRAMapping(tuple(ids), tuple(ids), True), table, 8, VOCAB)
+        y = y0.clone()
+        w.add_lora_linear(y, x, a, b, 1.0, slices)
+    want = ref_lora(y0, x, list(a), list(b), slots, 1.0)
+    torch.testing.assert_close(y.double(), want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["runs", "dense"])
+def test_logits_plan_from_sampler_rows(layout):
+    """Logits LoRA on the sampled rows, whatever plan the tokens get."""
+    w, _ = _wide(layout)
+    sampled = [103, 0, 101, 101, 102]
+    w.update_metadata(
+        LoRAMapping(tuple(LAYOUTS[layout]), tuple(sampled), is_prefill=True), WIDE_IDS, 8, VOCAB
+    )
+    a, b = stacked(8, 8, HIDDEN, torch.float32, 5), stacked(8, VOCAB, 8, torch.float32, 6)
+    x, y0 = torch.randn(len(sampled), HIDDEN), torch.randn(len(sampled), VOCAB)
+    y = y0.clone()
+    w.add_lora_logits(y, x, a, b, 1.0)
+    slots = [i - 100 if i else -1 for i in sampled]
+    torch.testing.assert_close(y.double(), ref_lora(y0, x, [a], [b], slots, 1.0), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_plans_float32_lora_on_bfloat16_layer(layout):
+    """lora_dtype float32 under a bfloat16 model: the bf16 activations are
+    cast to the weights' dtype and the delta is added into the bf16 output."""
+    w, slots = _wide(layout)
+    a, b, slices = _gate_up(torch.float32, 16)
+    x = torch.randn(len(slots), HIDDEN).to(torch.bfloat16)
+    y0 = torch.randn(len(slots), sum(slices)).to(torch.bfloat16)
+    y = y0.clone()
+    w.add_lora_linear(y, x, a, b, 1.0, slices)
+    want = ref_lora(y0, x, list(a), list(b), slots, 1.0)
+    torch.testing.assert_close(y.double(), want, atol=TOL[torch.bfloat16], rtol=0)
+    base = torch.tensor(slots) < 0
+    assert torch.equal(y[base], y0[base])

@@ -1,55 +1,94 @@
 """Punica wrapper over the PyTorch ops (upstream:
-vllm/lora/punica_wrapper/punica_cpu.py). Prefill steps use the sgmv ops
-(segment metadata), decode steps the bgmv ops (per-token slots); both are
-grouped by adapter (see vllm/lora/ops/torch_ops/lora_ops.py)."""
+vllm/lora/punica_wrapper/punica_cpu.py).
+
+Upstream's CPU wrapper re-derives the token grouping inside every op call
+(sgmv for prefill steps, bgmv for decode). Here `update_metadata` builds one
+`LoRAPlan` per step (vllm/lora/ops/torch_ops/lora_plan.py: contiguous runs,
+per-slot rows, or the dense masked form for decode-like batches) and every
+layer's shrink / expand reuses it; prefill and decode steps share the code.
+
+The dense plan multiplies by B laid out `[slots * rank, out]`; that copy of
+each B stack is cached per weight tensor and rebuilt when the slot table
+(`lora_index_to_id`) changes or the tensor was written in place (its version
+counter, where it has one: inference-mode tensors keep none).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vllm.lora.ops.torch_ops import (
-    bgmv_expand,
-    bgmv_expand_slice,
-    bgmv_shrink,
-    sgmv_expand,
-    sgmv_expand_slice,
-    sgmv_shrink,
+from vllm.lora.ops.torch_ops.lora_plan import (
+    LoRAPlan,
+    make_plan,
+    plan_expand,
+    plan_linear,
+    plan_shrink,
+    stacked_b_t,
 )
 from vllm.lora.punica_wrapper.punica_base import PunicaWrapperBase
+
+if TYPE_CHECKING:
+    from vllm.lora.layers import LoRAMapping
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors have no version counter
+        return None
 
 
 class PunicaWrapperCPU(PunicaWrapperBase):
     """Multi-LoRA on CPU (and any platform the PyTorch ops run on)."""
 
-    def _shrink(self, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, scale: float) -> None:
-        if not self.is_prefill:
-            bgmv_shrink(x, w, y, self.token_lora_indices, scale)
-        elif self.no_lora:
-            y[: x.size(0), : w.size(-2)].zero_()
-        else:
-            sgmv_shrink(x, w, y, *self.prefill_metadata, scale)
-
-    def _expand(self, y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, add_inputs: bool) -> None:
-        if not self.is_prefill:
-            bgmv_expand(x, w, y, self.token_lora_indices, add_inputs)
-        elif not self.no_lora:
-            sgmv_expand(x, w, y, *self.prefill_metadata, add_inputs)
-
-    def _expand_slice(
+    def __init__(
         self,
-        y: torch.Tensor,
-        x: torch.Tensor,
-        w: torch.Tensor,
-        y_offset: int,
-        y_slice_size: int,
-        add_inputs: bool,
+        max_num_batched_tokens: int,
+        max_batches: int,
+        device: torch.device | str,
+        **kwargs: Any,
     ) -> None:
-        if not self.is_prefill:
-            bgmv_expand_slice(x, w, y, self.token_lora_indices, y_offset, y_slice_size, add_inputs)
-        elif not self.no_lora:
-            sgmv_expand_slice(x, w, y, *self.prefill_metadata, y_offset, y_slice_size, add_inputs)
+        super().__init__(max_num_batched_tokens, max_batches, device, **kwargs)
+        self._plan = LoRAPlan(0)
+        self._sampler_plan: LoRAPlan | None = None
+        self._slot_table: tuple[int | None, ...] | None = None
+        # id(B stack) -> (the tensor, its version, stacked_b_t copy).
+        self._b_t_cache: dict[int, tuple[torch.Tensor, int | None, torch.Tensor]] = {}
+
+    def update_metadata(
+        self,
+        mapping: LoRAMapping,
+        lora_index_to_id: list[int | None],
+        max_loras: int,
+        vocab_size: int,
+        **kwargs: Any,
+    ) -> None:
+        super().update_metadata(mapping, lora_index_to_id, max_loras, vocab_size, **kwargs)
+        self._plan = make_plan(self.token_lora_indices)
+        self._sampler_plan = None
+        table = tuple(lora_index_to_id)
+        if table != self._slot_table:  # slot contents changed
+            self._b_t_cache.clear()
+            self._slot_table = table
+
+    @property
+    def plan(self) -> LoRAPlan:
+        """This step's token plan (see lora_plan.py)."""
+        return self._plan
+
+    def _b_t(self, b: torch.Tensor, plan: LoRAPlan) -> torch.Tensor | None:
+        """B as `[slots * rank, out]` for a dense plan (cached), else None."""
+        if not plan.dense:
+            return None
+        version = _version(b)
+        hit = self._b_t_cache.get(id(b))
+        if hit is not None and hit[0] is b and hit[1] == version:
+            return hit[2]
+        b_t = stacked_b_t(b)
+        self._b_t_cache[id(b)] = (b, version, b_t)
+        return b_t
 
     def add_shrink(
         self,
@@ -60,10 +99,10 @@ class PunicaWrapperCPU(PunicaWrapperBase):
         **kwargs: Any,
     ) -> None:
         """`y[i][t] = scale * x[t] @ lora_a_stacked[i][slot(t)].T` per slice."""
-        x = x.view(-1, x.size(-1))
+        x = x.reshape(-1, x.size(-1))
         for i, w in enumerate(lora_a_stacked):
             out = y[i]
-            self._shrink(out.view(-1, out.size(-1)), x, w, scale)
+            plan_shrink(self._plan, x, w, out.view(-1, out.size(-1)), scale)
 
     def add_expand(
         self,
@@ -79,8 +118,12 @@ class PunicaWrapperCPU(PunicaWrapperBase):
         y2 = y.view(-1, y.size(-1))
         offset = offset_start
         for i, w in enumerate(lora_b_stacked):
-            self._expand_slice(y2, x[i], w, offset, output_slices[i], add_inputs)
-            offset += output_slices[i]
+            size = output_slices[i]
+            if w.size(-2) != size:
+                raise ValueError(f"slice_size {size} != lora_b output size {w.size(-2)}")
+            window = y2[:, offset : offset + size]
+            plan_expand(self._plan, x[i], w, window, add_inputs, self._b_t(w, self._plan))
+            offset += size
 
     def add_lora_embedding(
         self,
@@ -90,8 +133,12 @@ class PunicaWrapperCPU(PunicaWrapperBase):
         add_inputs: bool = True,
         **kwargs: Any,
     ) -> None:
-        """`y[t] += x[t] @ lora_b_stacked[slot(t)].T` (embedding: expand only)."""
-        self._expand(y, x, lora_b_stacked, add_inputs)
+        """`y[t] += x[t] @ lora_b_stacked[slot(t)].T` (embedding: expand only)
+        over the columns both have."""
+        y2 = y.view(-1, y.size(-1))
+        common = min(lora_b_stacked.size(-2), y2.size(1))
+        b_t = self._b_t(lora_b_stacked, self._plan)
+        plan_expand(self._plan, x, lora_b_stacked, y2[:, :common], add_inputs, b_t)
 
     def add_lora_linear(
         self,
@@ -105,20 +152,21 @@ class PunicaWrapperCPU(PunicaWrapperBase):
         buffer: tuple[torch.Tensor, ...] | None = None,
         **kwargs: Any,
     ) -> None:
-        """y += scale * (x @ A_i.T) @ B_i.T, slice i into its output columns;
-        the rank-sized intermediate is float32 (as the Triton op)."""
+        """y += scale * (x @ A_i.T) @ B_i.T, slice i into its output columns.
+        The rank-sized intermediate is kept in the weights' dtype (the
+        Triton expand also rounds it to that dtype); `buffer` is not needed."""
         if not len(lora_a_stacked) == len(lora_b_stacked) == len(output_slices):
             raise ValueError("lora_a_stacked, lora_b_stacked, output_slices differ in length")
-        x = x.view(-1, x.size(-1))
-        if buffer is None:
-            rank = lora_b_stacked[0].size(-1)
-            buffer = tuple(
-                torch.zeros((x.size(0), rank), dtype=torch.float32, device=x.device)
-                for _ in output_slices
-            )
-        self.add_shrink(buffer, x, lora_a_stacked, scale)
-        add_inputs = kwargs.pop("add_inputs", True)
-        self.add_expand(y, buffer, lora_b_stacked, output_slices, add_inputs=add_inputs)
+        x = x.reshape(-1, x.size(-1))
+        if not kwargs.pop("add_inputs", True):  # overwrite: the shrink + expand path
+            rank = lora_a_stacked[0].size(-2)
+            tmp = [x.new_empty(x.size(0), rank, dtype=torch.float32) for _ in output_slices]
+            self.add_shrink(tuple(tmp), x, lora_a_stacked, scale)
+            self.add_expand(y, tuple(tmp), lora_b_stacked, output_slices, add_inputs=False)
+            return
+        b_t = tuple(self._b_t(b, self._plan) for b in lora_b_stacked)
+        y2 = y.view(-1, y.size(-1))
+        plan_linear(self._plan, y2, x, lora_a_stacked, lora_b_stacked, b_t, scale, output_slices)
 
     def add_lora_logits(
         self,
@@ -131,11 +179,12 @@ class PunicaWrapperCPU(PunicaWrapperBase):
         buffer: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> None:
-        """Logits LoRA keyed by the sampled rows' slots (always bgmv)."""
+        """Logits LoRA keyed by the sampled rows' slots (`sampler_indices`)."""
+        if self._sampler_plan is None:
+            self._sampler_plan = make_plan(self.sampler_indices)
+        plan = self._sampler_plan
         y2 = y.view(-1, y.size(-1))
-        x = x.view(-1, x.size(-1))
-        if buffer is None:
-            rank = lora_b_stacked.size(-1)
-            buffer = torch.zeros((x.size(0), rank), dtype=torch.float32, device=x.device)
-        bgmv_shrink(x, lora_a_stacked, buffer, self.sampler_indices, scale)
-        bgmv_expand(buffer, lora_b_stacked, y2, self.sampler_indices, add_inputs=True)
+        x = x.reshape(-1, x.size(-1))
+        b_t = self._b_t(lora_b_stacked, plan)
+        cols = min(lora_b_stacked.size(-2), y2.size(1))
+        plan_linear(plan, y2, x, (lora_a_stacked,), (lora_b_stacked,), (b_t,), scale, (cols,))

@@ -24,42 +24,12 @@ from __future__ import annotations
 
 import torch
 
-# One adapter's token rows: a slice (contiguous rows) or an index tensor.
-Rows = slice | torch.Tensor
-
-
-def _group_rows(indices: torch.Tensor) -> list[tuple[int, Rows]]:
-    """(adapter slot, its token rows) for every slot used in `indices`
-    (-1 excluded), in ascending slot order."""
-    if indices.numel() == 0:
-        return []
-    first = int(indices[0])
-    if bool((indices == first).all()):  # one adapter (or none) for the batch
-        return [] if first < 0 else [(first, slice(0, indices.numel()))]
-    sorted_ids, order = torch.sort(indices, stable=True)
-    slots, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
-    groups: list[tuple[int, Rows]] = []
-    start = 0
-    for slot, count in zip(slots.tolist(), counts.tolist()):
-        rows = order[start : start + count]
-        start += count
-        if slot < 0:
-            continue
-        lo, hi = int(rows[0]), int(rows[-1])
-        groups.append((slot, slice(lo, hi + 1) if hi - lo + 1 == count else rows))
-    return groups
+from vllm.lora.ops.torch_ops.lora_plan import group_by_slot, slot_weight, take
 
 
 def _adapter_weight(weights: torch.Tensor, slot: int, dtype: torch.dtype) -> torch.Tensor:
     """`[n, k]` weight of one slot (dropping the optional size-1 dim)."""
-    w = weights[slot]
-    if w.dim() == 3:
-        w = w.squeeze(0)
-    return w.to(dtype)
-
-
-def _take(x: torch.Tensor, rows: Rows) -> torch.Tensor:
-    return x[rows] if isinstance(rows, slice) else x.index_select(0, rows)
+    return slot_weight(weights, slot).to(dtype)
 
 
 def _check_rows(inputs: torch.Tensor, indices: torch.Tensor) -> None:
@@ -82,9 +52,9 @@ def bgmv_shrink(
     out = output_tensor[: inputs.size(0), :rank]
     out.zero_()
     dtype = output_tensor.dtype
-    for slot, rows in _group_rows(lora_indices_tensor):
+    for slot, rows in group_by_slot(lora_indices_tensor):
         w = _adapter_weight(lora_b_weights, slot, dtype)
-        y = torch.mm(_take(inputs, rows).to(dtype), w.t())
+        y = torch.mm(take(inputs, rows).to(dtype), w.t())
         y.mul_(scaling)
         if isinstance(rows, slice):
             out[rows] = y
@@ -102,9 +72,9 @@ def _expand_into(
     """Shared body of the expand ops; `out` is the output's column window."""
     _check_rows(inputs, indices)
     dtype = out.dtype
-    for slot, rows in _group_rows(indices):
+    for slot, rows in group_by_slot(indices):
         w = _adapter_weight(lora_b_weights, slot, dtype)
-        y = torch.mm(_take(inputs, rows).to(dtype), w[: out.size(1)].t())
+        y = torch.mm(take(inputs, rows).to(dtype), w[: out.size(1)].t())
         if isinstance(rows, slice):
             if add_inputs:
                 out[rows] += y

@@ -4,13 +4,11 @@ float64 reference built from the adapters' own A [r, in] / B [out, r]
 one slot free, one adapter leaving a slice of a packed layer untargeted),
 tokens mapped to slots with base (-1) tokens among them, prefill (sgmv) and
 decode (bgmv) layouts, float32 and bfloat16; reset_lora restores the base
-output; from_layer picks upstream's class; TP=2 over gloo in two processes
-(B split for column layers, A for row layers; fully sharded too) equals TP=1.
+output; from_layer picks upstream's class. TP=2: tests/lora/test_layers_tp.py.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 from dataclasses import dataclass
 
 import pytest
@@ -275,78 +273,3 @@ def test_skip_bias_add_returns_the_bias_like_the_base():
     out, bias = layer(x)
     assert bias is base.bias
     assert torch.equal(out, base(x)[0])
-
-
-# Tensor parallelism: two ranks over gloo, each rank's output against the
-# TP=1 output's columns that rank holds.
-
-
-def _rank_columns(case: Case, name: str, rank: int, full: torch.Tensor) -> torch.Tensor:
-    """The columns of the TP=1 output that `rank` of 2 holds: each slice
-    split in halves (the KV slices of a one-KV-head qkv are replicated);
-    a row layer's output is whole on every rank."""
-    if case.kind == "row":
-        return full
-    if case.kind == "qkv1":  # q 64 split, k / v (16 each) replicated
-        q = full[:, rank * 32 : (rank + 1) * 32]
-        return torch.cat([q, full[:, 64:]], dim=1)
-    sizes = (48, 48) if case.kind == "merged" else case.slices
-    parts, off = [], 0
-    for size in sizes:
-        half = size // 2
-        parts.append(full[:, off + rank * half : off + (rank + 1) * half])
-        off += size
-    return torch.cat(parts, dim=1)
-
-
-TP_CASES = ["column", "gate_up", "gate_up_single", "qkv", "qkv_single", "row"]
-
-
-def _tp_rank_main(rank: int, init_method: str, out) -> None:
-    from vllm import distributed as d
-
-    torch.set_num_threads(1)
-    d.init_distributed_environment(2, rank, init_method, rank, "gloo")
-    d.initialize_model_parallel(2, 1)
-    results = {}
-    for name in TP_CASES:
-        case = CASES[name]
-        for sharded in (False, True):
-            layer, _ = _wrapped(case, torch.float32, prefill=True, fully_sharded=sharded)
-            x = _x(case, torch.float32)
-            if case.kind == "row":  # input_is_parallel: this rank's features
-                x = x.chunk(2, dim=-1)[rank].contiguous()
-            results[(name, sharded)] = (type(layer).__name__, layer(x)[0].tolist())
-    out.put((rank, results))
-    d.destroy_distributed_environment()
-
-
-def test_tp2_equals_tp1():
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    from vllm.distributed.utils import get_distributed_init_method, get_open_port
-
-    init_method = get_distributed_init_method("127.0.0.1", get_open_port())
-    procs = [ctx.Process(target=_tp_rank_main, args=(r, init_method, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(queue.get(timeout=180) for _ in range(2))
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs)
-    for name in TP_CASES:
-        case = CASES[name]
-        layer, _ = _wrapped(case, torch.float32, prefill=True)
-        full = layer(_x(case, torch.float32))[0]
-        for sharded in (False, True):
-            want_cls = (EXPECTED_SHARDED_CLASS if sharded else EXPECTED_CLASS)[name]
-            for rank in (0, 1):
-                cls_name, got = results[rank][(name, sharded)]
-                assert cls_name == want_cls.__name__
-                torch.testing.assert_close(
-                    torch.tensor(got), _rank_columns(case, name, rank, full), atol=1e-5, rtol=0
-                )

@@ -20,6 +20,7 @@ from vllm.lora.layers import (
     BaseLayerWithLoRA,
     ColumnParallelLinearWithLoRA,
     ColumnParallelLinearWithShardedLoRA,
+    LogitsProcessorWithLoRA,
     MergedColumnParallelLinearVariableSliceWithLoRA,
     MergedColumnParallelLinearWithLoRA,
     MergedColumnParallelLinearWithShardedLoRA,
@@ -30,8 +31,12 @@ from vllm.lora.layers import (
     ReplicatedLinearWithLoRA,
     RowParallelLinearWithLoRA,
     RowParallelLinearWithShardedLoRA,
+    VocabParallelEmbeddingWithLoRA,
 )
+from vllm.lora.layers.utils import _get_lora_device
 from vllm.model_executor.layers.linear import LinearBase
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
 
 class WeightNameMapper(Protocol):
@@ -62,12 +67,14 @@ def get_lora_id() -> int:
 # Tried in order by from_layer: the first whose can_replace_layer accepts the
 # layer wraps it (the sharded classes only when fully_sharded_loras is set).
 _all_lora_classes: tuple[type[BaseLayerWithLoRA], ...] = (
+    VocabParallelEmbeddingWithLoRA,
     ColumnParallelLinearWithLoRA,
     MergedColumnParallelLinearWithLoRA,
     QKVParallelLinearWithLoRA,
     MergedQKVParallelLinearWithLoRA,
     RowParallelLinearWithLoRA,
     ReplicatedLinearWithLoRA,
+    LogitsProcessorWithLoRA,
     ColumnParallelLinearWithShardedLoRA,
     QKVParallelLinearWithShardedLoRA,
     MergedColumnParallelLinearWithShardedLoRA,
@@ -100,6 +107,22 @@ def from_layer(
             wrapped.create_lora_weights(max_loras, lora_config, model_config)
             return wrapped
     return layer
+
+
+def from_layer_logits_processor(
+    layer: LogitsProcessor,
+    lm_head: ParallelLMHead,
+    max_loras: int,
+    lora_config: Any,
+    model_config: Any = None,
+) -> LogitsProcessorWithLoRA:
+    """The model's LogitsProcessor wrapped for LM-head LoRA, sized from
+    `lm_head` (hidden size, dtype, device), its slots allocated."""
+    wrapped = LogitsProcessorWithLoRA(
+        layer, lm_head.embedding_dim, lm_head.params_dtype, _get_lora_device(lm_head), None
+    )
+    wrapped.create_lora_weights(max_loras, lora_config, model_config)
+    return wrapped
 
 
 def replace_submodule(model: nn.Module, module_name: str, new_module: nn.Module) -> nn.Module:

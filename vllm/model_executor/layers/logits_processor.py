@@ -39,24 +39,34 @@ class LogitsProcessor(nn.Module):
         logits [T, org_vocab_size] in the model dtype."""
         if self.logits_as_input:
             logits = hidden_states
-        elif getattr(lm_head, "quant_method", None) is not None:
-            logits = self._get_logits_quantized(lm_head, hidden_states, embedding_bias)
-        elif get_tensor_model_parallel_world_size() > 1:
-            logits = self._get_logits_tp(lm_head, hidden_states, embedding_bias)
         else:
-            # Only the real vocabulary rows: the padding rows would be sliced off anyway,
-            # and a row slice of the [vocab, hidden] weight is a free view.
-            n = self.org_vocab_size
-            bias = embedding_bias if embedding_bias is not None else getattr(lm_head, "bias", None)
-            bias = bias[:n] if bias is not None else None
-            packed = getattr(lm_head, "_packed_weight", None)
-            weight = lm_head.weight[:n] if packed is None else lm_head.weight
-            logits = unquantized_gemm(hidden_states, weight, bias, packed)
+            logits = self._get_logits(lm_head, hidden_states, embedding_bias)
         if self.soft_cap is not None:
             logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
         if self.scale != 1.0:
             logits = logits * self.scale
         return logits
+
+    def _get_logits(
+        self,
+        lm_head: VocabParallelEmbedding,
+        hidden_states: torch.Tensor,
+        embedding_bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The head's raw logits [T, org_vocab_size], before soft-cap and
+        scale (LogitsProcessorWithLoRA adds the LM-head LoRA to these)."""
+        if getattr(lm_head, "quant_method", None) is not None:
+            return self._get_logits_quantized(lm_head, hidden_states, embedding_bias)
+        if get_tensor_model_parallel_world_size() > 1:
+            return self._get_logits_tp(lm_head, hidden_states, embedding_bias)
+        # Only the real vocabulary rows: the padding rows would be sliced off anyway,
+        # and a row slice of the [vocab, hidden] weight is a free view.
+        n = self.org_vocab_size
+        bias = embedding_bias if embedding_bias is not None else getattr(lm_head, "bias", None)
+        bias = bias[:n] if bias is not None else None
+        packed = getattr(lm_head, "_packed_weight", None)
+        weight = lm_head.weight[:n] if packed is None else lm_head.weight
+        return unquantized_gemm(hidden_states, weight, bias, packed)
 
     def _get_logits_quantized(
         self,

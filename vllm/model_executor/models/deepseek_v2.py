@@ -217,6 +217,9 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         "gate_up_proj": ["gate_proj", "up_proj"],
     }
+    # MLA reads kv_b_proj's weight directly (absorbed into the attention), so a
+    # LoRA wrapper around it would never run: no LoRA for this model.
+    supports_lora: ClassVar[bool] = False
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=DeepseekV2DecoderLayer)

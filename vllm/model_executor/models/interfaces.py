@@ -19,9 +19,22 @@ class SupportsPP:
 
 
 class SupportsLoRA:
-    """The model accepts LoRA adapters on the modules in `packed_modules_mapping`."""
+    """The model serves LoRA adapters (vllm/lora/model_manager.py): its linear
+    layers, plus the modules named in `embedding_modules` (input embedding,
+    LM head), can be wrapped by LoRA layers; `packed_modules_mapping` names
+    the parts of each fused layer (qkv_proj -> q/k/v_proj) as peft adapters
+    name them. A subclass whose layers do not all run through their forward
+    (e.g. MLA's absorbed kv_b_proj) sets `supports_lora = False`."""
 
-    supports_lora: ClassVar[Literal[True]] = True
+    supports_lora: ClassVar[bool] = True
+    # Upstream's MoE adapter layouts (not built: experts are no LoRA target).
+    is_3d_moe_weight: ClassVar[bool] = False
+    is_non_gated_moe: ClassVar[bool] = False
+    # Module-name suffix -> upstream's role ("input_embeddings" / "output_embeddings").
+    embedding_modules: ClassVar[dict[str, str]] = {}
+    packed_modules_mapping: ClassVar[dict[str, list[str]]] = {}
+    # Module-name prefixes whose adapter tensors are skipped on load (e.g. "mtp.").
+    lora_skip_prefixes: ClassVar[list[str]] = []
 
 
 class HasInnerState:

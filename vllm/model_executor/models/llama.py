@@ -29,7 +29,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.adapters import as_seq_cls_model
-from vllm.model_executor.models.interfaces import SupportsPP
+from vllm.model_executor.models.interfaces import SupportsLoRA, SupportsPP
 from vllm.model_executor.models.utils import (
     CausalLMBase,
     PPMissingLayer,
@@ -310,13 +310,18 @@ class LlamaModel(nn.Module):
         return load_stacked_weights(self, weights, LlamaForCausalLM.stacked_params_mapping)
 
 
-class LlamaForCausalLM(CausalLMBase, SupportsPP):
+class LlamaForCausalLM(CausalLMBase, SupportsPP, SupportsLoRA):
     """The body plus the LM head (on the last pipeline stage); the model
     contract the runner relies on."""
 
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+    # LoRA targets besides the linear layers (upstream's roles).
+    embedding_modules: ClassVar[dict[str, str]] = {
+        "embed_tokens": "input_embeddings",
+        "lm_head": "output_embeddings",
     }
     # (fused param, checkpoint name, shard id)
     stacked_params_mapping: ClassVar[list[tuple[str, str, str | int]]] = [

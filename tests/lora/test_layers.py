@@ -9,6 +9,7 @@ output; from_layer picks upstream's class. TP=2: tests/lora/test_layers_tp.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -31,6 +32,7 @@ from vllm.lora.layers import (
     RowParallelLinearWithLoRA,
     RowParallelLinearWithShardedLoRA,
 )
+from vllm.lora.punica_wrapper import PunicaWrapperBase
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 from vllm.lora.utils import from_layer
 from vllm.model_executor.layers.linear import (
@@ -160,6 +162,22 @@ def _lora_config(dtype: torch.dtype, fully_sharded: bool = False) -> LoRAConfig:
     )
 
 
+def _cpu_wrapper() -> PunicaWrapperBase:
+    return PunicaWrapperCPU(max_num_batched_tokens=64, max_batches=16, device="cpu")
+
+
+# The Punica wrapper the layers get (test_layers_triton.py swaps in the GPU
+# one, run by Triton's interpreter on these CPU tensors).
+WRAPPER_FACTORY: list[Callable[[], PunicaWrapperBase]] = [_cpu_wrapper]
+
+
+def make_wrapper(token_ids: tuple[int, ...], sampled: tuple[int, ...], prefill: bool, vocab: int):
+    """A wrapper with the step's mapping (LoRA id per token / sampled row) set."""
+    wrapper = WRAPPER_FACTORY[0]()
+    wrapper.update_metadata(LoRAMapping(token_ids, sampled, prefill), LORA_IDS, MAX_LORAS, vocab)
+    return wrapper
+
+
 def _wrapped(
     case: Case, dtype: torch.dtype, prefill: bool, fully_sharded: bool = False
 ) -> tuple[BaseLayerWithLoRA, torch.nn.Module]:
@@ -176,10 +194,7 @@ def _wrapped(
             layer.set_lora(slot, a[0], b[0])
         else:
             layer.set_lora(slot, a, b)
-    wrapper = PunicaWrapperCPU(max_num_batched_tokens=64, max_batches=16, device="cpu")
-    mapping = LoRAMapping(tuple(TOKEN_IDS), tuple(TOKEN_IDS), is_prefill=prefill)
-    wrapper.update_metadata(mapping, LORA_IDS, MAX_LORAS, 128)
-    layer.set_mapping(wrapper)
+    layer.set_mapping(make_wrapper(tuple(TOKEN_IDS), tuple(TOKEN_IDS), prefill, 128))
     return layer, base
 
 

@@ -11,9 +11,17 @@ import pytest
 import torch
 
 from tests.lora.lora_ref import TOL
-from tests.lora.test_layers import LORA_IDS, MAX_LORAS, RANKS, TOKEN_IDS, _lora_config, _randn
-from vllm.lora.layers import LogitsProcessorWithLoRA, LoRAMapping, VocabParallelEmbeddingWithLoRA
-from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+from tests.lora.test_layers import (
+    LORA_IDS,
+    MAX_LORAS,
+    RANKS,
+    TOKEN_IDS,
+    _lora_config,
+    _randn,
+    make_wrapper,
+)
+from vllm.lora.layers import LogitsProcessorWithLoRA, VocabParallelEmbeddingWithLoRA
+from vllm.lora.punica_wrapper import PunicaWrapperBase
 from vllm.lora.utils import from_layer, from_layer_logits_processor
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import (
@@ -48,11 +56,8 @@ def _head_adapter(lora_id: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch
     return a, _randn(3100 + lora_id, VOCAB, r, scale=r**-0.5).to(dtype)
 
 
-def _punica(prefill: bool, sampled: tuple[int, ...] = tuple(TOKEN_IDS)) -> PunicaWrapperCPU:
-    wrapper = PunicaWrapperCPU(max_num_batched_tokens=64, max_batches=16, device="cpu")
-    mapping = LoRAMapping(tuple(TOKEN_IDS), sampled, is_prefill=prefill)
-    wrapper.update_metadata(mapping, LORA_IDS, MAX_LORAS, VOCAB)
-    return wrapper
+def _punica(prefill: bool, sampled: tuple[int, ...] = tuple(TOKEN_IDS)) -> PunicaWrapperBase:
+    return make_wrapper(tuple(TOKEN_IDS), sampled, prefill, VOCAB)
 
 
 def _load(layer, adapter) -> None:

@@ -40,25 +40,48 @@ _REQUIRED_OPS = (
 )
 
 
-def _load_extension() -> str | None:
-    """Import vllm._C; returns why it is unavailable, or None when loaded.
+def _load_library(
+    module: str,
+    disable_var: str,
+    required: dict[str, tuple[str, ...]],
+    kind: str,
+    unsupported: str | None = None,
+) -> str | None:
+    """Import `module` (a compiled op library); returns why its ops are not
+    used, or None when they are: `disable_var`=1 keeps the torch paths (A/B
+    timing), `unsupported` says this torch cannot load it, and a library
+    built from older sources (a `torch.ops.<namespace>.<op>` of `required`
+    missing) is not used at all."""
+    if os.environ.get(disable_var) == "1":
+        error: str | None = f"disabled by {disable_var}=1"
+    elif unsupported is not None:
+        error = unsupported
+    else:
+        error = _import_library(module, required)
+    if error is not None:
+        logger.debug("Compiled %s ops unavailable (%s); using PyTorch fallbacks.", kind, error)
+    return error
 
-    VLLM_CPU_DISABLE_CUSTOM_OPS=1 keeps the torch paths (A/B timing)."""
-    if os.environ.get("VLLM_CPU_DISABLE_CUSTOM_OPS") == "1":
-        return "disabled by VLLM_CPU_DISABLE_CUSTOM_OPS=1"
+
+def _import_library(module: str, required: dict[str, tuple[str, ...]]) -> str | None:
     try:
-        importlib.import_module("vllm._C")
-    except ImportError as e:
+        importlib.import_module(module)
+    except (ImportError, OSError) as e:
         return str(e)
-    missing = [op for op in _REQUIRED_OPS if not hasattr(torch.ops._C_cpu, op)]
-    if missing:  # a library built from older sources: rebuild with `pip install -e .`
-        return f"vllm._C is stale (no {', '.join(missing)}); rebuild it"
+    missing = [
+        f"{ns}.{op}"
+        for ns, names in required.items()
+        for op in names
+        if not hasattr(getattr(torch.ops, ns), op)
+    ]
+    if missing:  # rebuild it with `pip install -e .`
+        return f"{module} is stale (no {', '.join(missing)}); rebuild it"
     return None
 
 
-_LOAD_ERROR = _load_extension()
-if _LOAD_ERROR is not None:
-    logger.debug("Compiled CPU ops unavailable (%s); using PyTorch fallbacks.", _LOAD_ERROR)
+_LOAD_ERROR = _load_library(
+    "vllm._C", "VLLM_CPU_DISABLE_CUSTOM_OPS", {"_C_cpu": _REQUIRED_OPS}, "CPU"
+)
 
 
 def cpu_ops_available() -> bool:
@@ -93,32 +116,13 @@ _REQUIRED_CUDA_OPS = {
 }
 
 
-def _load_cuda_extension() -> str | None:
-    """Import vllm._C_cuda; returns why it is unavailable, or None when loaded.
-
-    VLLM_CUDA_DISABLE_CUSTOM_OPS=1 keeps the torch paths on CUDA tensors."""
-    if os.environ.get("VLLM_CUDA_DISABLE_CUSTOM_OPS") == "1":
-        return "disabled by VLLM_CUDA_DISABLE_CUSTOM_OPS=1"
-    if torch.version.cuda is None:
-        return "torch is not a CUDA build"
-    try:
-        importlib.import_module("vllm._C_cuda")
-    except (ImportError, OSError) as e:
-        return str(e)
-    missing = [
-        f"{ns}.{op}"
-        for ns, names in _REQUIRED_CUDA_OPS.items()
-        for op in names
-        if not hasattr(getattr(torch.ops, ns), op)
-    ]
-    if missing:
-        return f"vllm._C_cuda is stale (no {', '.join(missing)}); rebuild it"
-    return None
-
-
-_CUDA_LOAD_ERROR = _load_cuda_extension()
-if _CUDA_LOAD_ERROR is not None:
-    logger.debug("Compiled CUDA ops unavailable (%s); using PyTorch fallbacks.", _CUDA_LOAD_ERROR)
+_CUDA_LOAD_ERROR = _load_library(
+    "vllm._C_cuda",
+    "VLLM_CUDA_DISABLE_CUSTOM_OPS",
+    _REQUIRED_CUDA_OPS,
+    "CUDA",
+    unsupported="torch is not a CUDA build" if torch.version.cuda is None else None,
+)
 
 
 def cuda_ops_available() -> bool:

@@ -15,10 +15,12 @@ from tests.lora.manager_utils import (
     request,
     run_step,
 )
-from tests.utils import make_tiny_model
+from tests.lora.peft_utils import make_peft_adapter
+from tests.utils import TINY_SHAPES, TINY_VOCAB, make_tiny_model, make_tiny_tokenizer
 from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
 from vllm.model_executor.models.interfaces import supports_lora
 from vllm.model_executor.models.mixtral import MixtralForCausalLM
+from vllm.model_executor.models.phi3 import Phi3ForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
@@ -39,9 +41,41 @@ def test_llama_layout_models_match_peft(kind, tmp_path):
 def test_lora_support_flags():
     """Llama-layout models take LoRA; DeepSeek-V2 does not (MLA reads
     kv_b_proj's weight directly, so a LoRA around it would never run)."""
-    for cls in (Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM):
+    for cls in (Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM):
         assert supports_lora(cls) and cls.embedding_modules == {
             "embed_tokens": "input_embeddings",
             "lm_head": "output_embeddings",
         }
     assert not supports_lora(DeepseekV2ForCausalLM)
+
+
+def _tiny_phi3(out_dir: str) -> str:
+    import transformers as tf
+
+    config = tf.Phi3Config(
+        **TINY_SHAPES,
+        vocab_size=TINY_VOCAB,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    tf.Phi3ForCausalLM(config).eval().save_pretrained(out_dir)
+    make_tiny_tokenizer(out_dir)
+    return out_dir
+
+
+def test_phi3_fused_modules_adapted_whole(tmp_path):
+    """Phi-3's checkpoint fuses q/k/v and gate/up, so its peft adapters target
+    qkv_proj and gate_up_proj: one A and one B over all the fused outputs."""
+    base = _tiny_phi3(str(tmp_path / "phi3"))
+    path = str(tmp_path / "adapter")
+    targets = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    make_peft_adapter(base, path, r=8, lora_alpha=16, seed=6, target_modules=targets)
+    model, worker, config = lora_model_and_worker(base, max_loras=1, max_cpu_loras=1)
+    tokens = torch.randint(1, 512, (8,), generator=torch.Generator().manual_seed(2)).tolist()
+    (ours,) = run_step(model, config, worker, [(tokens, request("x", 1, path))])
+    torch.testing.assert_close(ours, merged_peft_logits(base, path, tokens), atol=2e-4, rtol=1e-4)
+    lora = worker._adapter_manager.get_adapter(1)
+    assert lora is not None and not lora.get_lora("model.layers.0.self_attn.qkv_proj").is_packed

@@ -10,6 +10,7 @@ in the right rows of every tensor-parallel rank.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import ClassVar
 
 import torch
 
@@ -19,6 +20,14 @@ WeightsIter = Iterable[tuple[str, torch.Tensor]]
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
+    # Upstream's: the checkpoint's (and so a peft adapter's) modules are the
+    # fused qkv_proj and gate_up_proj, each adapted as one LoRA over all of its
+    # outputs.
+    packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
+        "qkv_proj": ["qkv_proj"],
+        "gate_up_proj": ["gate_up_proj"],
+    }
+
     def load_weights(self, weights: WeightsIter) -> set[str]:
         return super().load_weights(self._split_fused(weights))
 

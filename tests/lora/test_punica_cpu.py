@@ -131,6 +131,8 @@ WIDE_IDS: list[int | None] = [100 + s for s in range(8)]
 LAYOUTS = {
     "runs": [101] * 20 + [0] * 17 + [103] * 18 + [101] * 21,
     "dense": [101, 103, 0, 102, 101, 101, 0, 103, 102, 101],
+    # Every slot in use: the slices' A also go through one stacked matmul.
+    "dense-all": [100, 107, 101, 0, 106, 102, 105, 103, 104, 100, 0, 107, 103],
     "gather": [100, 107, 0, 107, 100, 100, 107, 0, 100, 107, 107, 100],
 }
 
@@ -145,7 +147,7 @@ def _wide(layout: str) -> tuple[PunicaWrapperCPU, list[int]]:
     ids = LAYOUTS[layout]
     w = PunicaWrapperCPU(max_num_batched_tokens=128, max_batches=64, device="cpu")
     w.update_metadata(LoRAMapping(tuple(ids), tuple(ids), is_prefill=True), WIDE_IDS, 8, VOCAB)
-    assert _plan_kind(w) == layout
+    assert _plan_kind(w) == layout.split("-")[0]
     return w, [i - 100 if i else -1 for i in ids]
 
 
@@ -197,19 +199,21 @@ def test_plans_overwrite_expand(layout):
     assert torch.equal(y[base], y0[base])
 
 
+@pytest.mark.parametrize("layout", ["dense", "dense-all"])
 @pytest.mark.parametrize("inference", [False, True])
-def test_dense_b_cache_follows_new_weights(inference):
+def test_dense_b_cache_follows_new_weights(inference, layout):
     """The dense plan's cached B layout is rebuilt when a slot's B is
     rewritten in place (seen by the version counter, same slot table) or,
     for inference-mode tensors (no version counter), when the slot table
     changes (a new adapter id in slot 3)."""
-    w, slots = _wide("dense")
-    ids, table = list(LAYOUTS["dense"]), list(WIDE_IDS)
+    w, slots = _wide(layout)
+    ids, table = list(LAYOUTS[layout]), list(WIDE_IDS)
     with torch.inference_mode(inference):
         a, b, slices = _gate_up(torch.float32, 8)
         x, y0 = torch.randn(len(slots), HIDDEN), torch.randn(len(slots), sum(slices))
         w.add_lora_linear(y0.clone(), x, a, b, 1.0, slices)  # fills the cache
-        for s in (0, 1):  # new B weights in slot 3
+        for s in (0, 1):  # new A and B weights in slot 3
+            a[s][3].copy_(stacked(1, 8, HIDDEN, torch.float32, 72 + s)[0])
             b[s][3].copy_(stacked(1, slices[s], 8, torch.float32, 70 + s)[0])
         if inference:
             table[3] = 200

@@ -16,6 +16,7 @@ from tests.lora.manager_utils import (
     run_step,
 )
 from tests.lora.peft_utils import make_peft_adapter
+from tests.models.zoo_utils import build_zoo_model
 from tests.utils import TINY_SHAPES, TINY_VOCAB, make_tiny_model, make_tiny_tokenizer
 from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
 from vllm.model_executor.models.interfaces import supports_lora
@@ -79,3 +80,21 @@ def test_phi3_fused_modules_adapted_whole(tmp_path):
     torch.testing.assert_close(ours, merged_peft_logits(base, path, tokens), atol=2e-4, rtol=1e-4)
     lora = worker._adapter_manager.get_adapter(1)
     assert lora is not None and not lora.get_lora("model.layers.0.self_attn.qkv_proj").is_packed
+
+
+def test_gemma2_projections_match_peft(tmp_path):
+    """Gemma-2 (attention and final logit soft-caps, sliding window, tied head):
+    its projections take LoRA (as upstream, no embedding_modules: an adapter of
+    the embedding is refused by name)."""
+    base = build_zoo_model("gemma2", str(tmp_path / "gemma2"))
+    path = build_adapters(base, str(tmp_path / "adapters"), {"g": (8, 7)})["g"]
+    model, worker, config = lora_model_and_worker(base, max_loras=1, max_cpu_loras=1)
+    tokens = torch.randint(1, 512, (10,), generator=torch.Generator().manual_seed(3)).tolist()
+    batch = [(tokens, request("g", 1, path)), (tokens[:7], None)]
+    for (toks, req), ours in zip(batch, run_step(model, config, worker, batch)):
+        ref = merged_peft_logits(base, None if req is None else path, toks)
+        torch.testing.assert_close(ours, ref, atol=2e-4, rtol=1e-4)
+    emb = str(tmp_path / "emb")
+    make_peft_adapter(base, emb, r=8, lora_alpha=16, target_modules=["embed_tokens", "o_proj"])
+    with pytest.raises(ValueError, match=r"but received \[.*embed_tokens"):
+        worker.add_adapter(request("e", 2, emb))

@@ -30,6 +30,7 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from vllm.model_executor.models.interfaces import SupportsLoRA
 from vllm.model_executor.models.llama import LlamaForCausalLM, get_layer_sliding_window
 from vllm.model_executor.models.utils import (
     CausalLMBase,
@@ -208,10 +209,12 @@ class Gemma2Model(nn.Module):
         return load_stacked_weights(self, weights, LlamaForCausalLM.stacked_params_mapping)
 
 
-class Gemma2ForCausalLM(CausalLMBase):
+class Gemma2ForCausalLM(CausalLMBase, SupportsLoRA):
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = dict(
         LlamaForCausalLM.packed_modules_mapping
     )
+    # As upstream: LoRA on the projections only (no embedding_modules, so an
+    # adapter of embed_tokens / lm_head is refused by name).
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from tests.conftest import TINY_KINDS
+from tests.models.zoo_utils import spy_preemptions
 from tests.utils import hf_greedy
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
@@ -46,20 +47,6 @@ def _expected(model_dir: str, kind: str) -> list[list[int]]:
     if kind not in _HF_CACHE:
         _HF_CACHE[kind] = hf_greedy(model_dir, _prompts(), MAX_TOKENS)
     return _HF_CACHE[kind]
-
-
-def _spy_preemptions(llm: LLM) -> list[str]:
-    """Record the ids the in-process scheduler preempts (behaviour unchanged)."""
-    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    preempted: list[str] = []
-    real = scheduler._preempt_request
-
-    def spy(request, *args, **kwargs):
-        preempted.append(request.request_id)
-        return real(request, *args, **kwargs)
-
-    scheduler._preempt_request = spy
-    return preempted
 
 
 def _spy_batches_in_flight(llm: LLM) -> list[int]:
@@ -101,7 +88,7 @@ def test_greedy_matches_transformers(tiny_model_dir, monkeypatch, kind, mode, ru
     assert config.use_v2_model_runner is (env_value == "1")
     assert config.max_concurrent_batches == (2 if async_scheduling else 1)
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    preempted = _spy_preemptions(llm)
+    preempted = spy_preemptions(llm)
     in_flight = _spy_batches_in_flight(llm)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in _prompts()]
     outs = llm.generate(prompts, sp, use_tqdm=False)

@@ -19,6 +19,7 @@ from vllm.v1.worker.worker_sleep import SLEEP_TAGS, check_wake_up_tags
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.lora.request import LoRARequest
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
     from vllm.v1.outputs import ModelRunnerOutput
@@ -244,9 +245,35 @@ class Executor(ABC):
             tags if tags is not None else list(SLEEP_TAGS),
         )
 
+    # ---- LoRA adapters (the workers' add_lora / remove_lora / pin_lora / list_loras) ----
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load the adapter on every worker; True when all did."""
+        _check_lora_id(lora_request.lora_int_id)
+        return all(self.collective_rpc("add_lora", args=(lora_request,)))
+
+    def remove_lora(self, lora_id: int) -> bool:
+        _check_lora_id(lora_id)
+        return all(self.collective_rpc("remove_lora", args=(lora_id,)))
+
+    def pin_lora(self, lora_id: int) -> bool:
+        _check_lora_id(lora_id)
+        return all(self.collective_rpc("pin_lora", args=(lora_id,)))
+
+    def list_loras(self) -> set[int]:
+        """The adapter ids loaded; every worker holds the same ones."""
+        per_worker = [set(ids) for ids in self.collective_rpc("list_loras")]
+        if any(ids != per_worker[0] for ids in per_worker):
+            raise RuntimeError(f"The workers hold different LoRA adapters: {per_worker}.")
+        return per_worker[0]
+
     def shutdown(self) -> None:
         """Shut the workers down."""
         self.collective_rpc("shutdown")
+
+
+def _check_lora_id(lora_id: int) -> None:
+    if lora_id < 1:
+        raise ValueError(f"lora_id must be greater than 0, got {lora_id}.")
 
 
 def _first(output: list[Any] | Future[list[Any]]) -> Any:

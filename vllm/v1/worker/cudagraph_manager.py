@@ -19,6 +19,7 @@ rebuilt by initialize_kv_cache).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -68,12 +69,16 @@ class CudaGraphManager:
         assert model is not None, "load_model() has not run"
         return model
 
-    def dispatch(self, num_scheduled: np.ndarray, num_tokens: int) -> PaddedBatch:
-        """The dispatcher's graph for a real batch and the padding it needs."""
+    def dispatch(
+        self, num_scheduled: np.ndarray, num_tokens: int, has_lora: bool = False
+    ) -> PaddedBatch:
+        """The dispatcher's graph for a real batch and the padding it needs.
+        Graphs are captured without adapters: a batch with some (`has_lora`)
+        finds no key and runs eagerly."""
         num_reqs = len(num_scheduled)
         uniform_decode = bool((num_scheduled == 1).all())
         mode, desc = self.dispatcher.dispatch(
-            num_tokens, uniform_decode=uniform_decode, num_reqs=num_reqs
+            num_tokens, uniform_decode=uniform_decode, has_lora=has_lora, num_reqs=num_reqs
         )
         return plan_padding(mode, desc, num_reqs, num_tokens, self.max_num_reqs, self.max_model_len)
 
@@ -83,11 +88,14 @@ class CudaGraphManager:
         buffers: InputBuffers,
         input_batch: InputBatch,
         attn_groups: list[list[AttentionGroup]],
+        set_lora_mapping: Callable[[np.ndarray], None] | None = None,
     ) -> int:
         """Capture one graph per dispatcher key, largest first (smaller graphs
         reuse the memory pool the large ones grew), each after one eager dummy
         run of the same shape (Triton compiles and autotunes there, not inside
-        the capture). Returns the number of graphs."""
+        the capture). With LoRA the LoRA layers are captured with no adapter
+        active (`set_lora_mapping`, see gpu_dummy_run.dummy_run). Returns the
+        number of graphs."""
         assert model is not None, "load_model() has not run"
         num_graphs = 0
         for mode, descs in self.dispatcher.get_capture_descs():
@@ -103,6 +111,7 @@ class CudaGraphManager:
                         desc.num_tokens,
                         cudagraph_runtime_mode=run_mode,
                         uniform_decode=desc.uniform,
+                        set_lora_mapping=set_lora_mapping,
                     )
                 num_graphs += 1
         if num_graphs and self.device.type == "cuda":

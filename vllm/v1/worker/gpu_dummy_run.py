@@ -10,6 +10,7 @@ real step's, so a graph captured over it replays real steps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,6 +45,7 @@ def dummy_run(
     num_reqs: int | None = None,
     cudagraph_runtime_mode: CUDAGraphMode | None = None,
     uniform_decode: bool = False,
+    set_lora_mapping: Callable[[np.ndarray], None] | None = None,
 ) -> torch.Tensor:
     """Forward `num_tokens` dummy tokens spread over `num_reqs` (default
     min(num_tokens, max_num_seqs); one token each with `uniform_decode`) fake
@@ -52,8 +54,9 @@ def dummy_run(
     With `attn_groups` (a KV cache) attention runs for real with every slot
     -1, so nothing is written; with none the layers get no metadata and skip
     attention (profile run). `cudagraph_runtime_mode` FULL captures (or
-    replays) the graph `dispatcher` has for exactly this size. Returns the
-    hidden states of each fake request's last token.
+    replays) the graph `dispatcher` has for exactly this size. With LoRA,
+    `set_lora_mapping(num_scheduled)` maps the dummy batch to no adapter
+    first. Returns the hidden states of each fake request's last token.
     """
     max_num_reqs = vllm_config.scheduler_config.max_num_seqs
     assert 0 < num_tokens <= vllm_config.scheduler_config.max_num_batched_tokens
@@ -64,6 +67,8 @@ def dummy_run(
     num_scheduled = np.full(num_reqs, num_tokens // num_reqs, dtype=np.int32)
     num_scheduled[-1] += num_tokens % num_reqs
     layout = dummy_layout(dispatcher, num_scheduled, uniform_decode, cudagraph_runtime_mode)
+    if set_lora_mapping is not None:
+        set_lora_mapping(num_scheduled)
     attn_metadata = None
     if attn_groups:
         attn_metadata = buffers.commit(

@@ -169,6 +169,11 @@ class InputBatch:
         self.num_logprobs: dict[str, int] = {}
         # row -> the request's output token list (the CachedRequestState's)
         self.req_output_token_ids: list[list[int] | None] = []
+        # LoRA: row -> the request's lora_int_id (0 = base model), and the
+        # adapters of the rows (make_lora_inputs builds the step's mapping).
+        self.request_lora_mapping = np.zeros(max_num_reqs, dtype=np.int64)
+        self.lora_id_to_request_ids: dict[int, set[str]] = {}
+        self.lora_id_to_lora_request: dict[int, LoRARequest] = {}
 
         self.logitsprocs = logitsprocs if logitsprocs is not None else LogitsProcessors()
         self.batch_update_builder = BatchUpdateBuilder()
@@ -257,6 +262,7 @@ class InputBatch:
         self.num_tokens[row] = num_tokens
         self.num_computed_tokens_cpu[row] = request.num_computed_tokens
         self.block_table.add_row(request.block_ids, row)
+        self._add_lora(req_id, row, request.lora_request)
 
         params = request.sampling_params
         if params is not None:
@@ -265,6 +271,39 @@ class InputBatch:
                 (row, params, request.prompt_token_ids, request.output_token_ids)
             )
         return row
+
+    def _add_lora(self, req_id: str, row: int, lora_request: LoRARequest | None) -> None:
+        if lora_request is None:
+            self.request_lora_mapping[row] = 0
+            return
+        lora_id = lora_request.lora_int_id
+        self.request_lora_mapping[row] = lora_id
+        self.lora_id_to_request_ids.setdefault(lora_id, set()).add(req_id)
+        self.lora_id_to_lora_request[lora_id] = lora_request
+
+    def _remove_lora(self, req_id: str, row: int) -> None:
+        lora_id = int(self.request_lora_mapping[row])
+        self.request_lora_mapping[row] = 0
+        if lora_id == 0:
+            return
+        req_ids = self.lora_id_to_request_ids[lora_id]
+        req_ids.discard(req_id)
+        if not req_ids:  # the adapter's last request in the batch
+            del self.lora_id_to_request_ids[lora_id]
+            del self.lora_id_to_lora_request[lora_id]
+
+    def make_lora_inputs(
+        self, num_scheduled_tokens: np.ndarray, num_sampled_tokens: np.ndarray
+    ) -> tuple[tuple[int, ...], tuple[int, ...], list[LoRARequest]]:
+        """(prompt_lora_mapping: the LoRA id of each sampled row,
+        token_lora_mapping: the LoRA id of each scheduled token, the adapters
+        of the batch, one per id), rows [0, num_reqs) in order; both arrays
+        are per row. Not a set: LoRARequests compare by name, and a name
+        reloaded under a new id may run next to its old load."""
+        ids = self.request_lora_mapping[: self.num_reqs]
+        prompt_mapping = tuple(ids.repeat(num_sampled_tokens).tolist())
+        token_mapping = tuple(ids.repeat(num_scheduled_tokens).tolist())
+        return prompt_mapping, token_mapping, list(self.lora_id_to_lora_request.values())
 
     def _add_sampling_params(
         self, req_id: str, row: int, params: SamplingParams, generator: torch.Generator | None
@@ -324,6 +363,7 @@ class InputBatch:
         if row is None:
             return None
         self._removed_indices.add(row)
+        self._remove_lora(req_id, row)
         self.batch_update_builder.removed_append(row)
         self._req_ids[row] = None
         self.req_output_token_ids[row] = None
@@ -402,6 +442,7 @@ class InputBatch:
             self.frequency_penalties.np,
             self.presence_penalties.np,
             self.repetition_penalties.np,
+            self.request_lora_mapping,
         )
         if self.allowed_token_ids_mask_cpu_tensor is not None:
             arrays += (self.allowed_token_ids_mask_cpu_tensor.numpy(),)

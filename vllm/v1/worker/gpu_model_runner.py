@@ -23,6 +23,7 @@ One step is two calls, as upstream:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
@@ -58,6 +59,7 @@ from vllm.v1.worker.gpu_pooling import (
     supported_pooling_tasks,
     token_type_ids_for_step,
 )
+from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from vllm.v1.worker.prompt_logprobs import PromptLogprobsWorker
 from vllm.v1.worker.utils import (
     AttentionGroup,
@@ -97,16 +99,19 @@ class PreparedInputs(NamedTuple):
     padded: PaddedBatch  # graph mode and padded shape of the forward
 
 
-class GPUModelRunner:
+class GPUModelRunner(LoRAModelRunnerMixin):
     """Owns the model, the KV cache tensors, the persistent batch and input
     buffers, the sampler, and its parts: a CudaGraphManager, a
-    PromptLogprobsWorker and, with async scheduling, the AsyncSampledTokens."""
+    PromptLogprobsWorker and, with async scheduling, the AsyncSampledTokens.
+    LoRA (lora_model_runner_mixin.py): the step's adapter mapping is set in
+    `_prepare_inputs`, before every forward."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.vllm_config = vllm_config
         self.model_config = get_model_config(vllm_config)
         self.cache_config = vllm_config.cache_config
         self.scheduler_config = vllm_config.scheduler_config
+        self.lora_config = vllm_config.lora_config
         self.device = device
         self.pin_memory = is_pin_memory_available()
         self.dtype = resolved_dtype(self.model_config)
@@ -176,6 +181,9 @@ class GPUModelRunner:
         model = get_model(vllm_config=self.vllm_config)
         # The weights' bytes as loaded (quantized ones at their packed size).
         self.model_memory_usage: int = getattr(model, "model_weight_bytes", 0)
+        if self.lora_config is not None:
+            # LoRA layers go in before torch.compile and the graph wrapper.
+            model = self.load_lora_model(model, self.vllm_config, self.device)
         # No-op unless compilation_config.mode asks for torch.compile (on
         # CPU it measured slower than eager: see vllm/compilation/decorators.py).
         model = maybe_compile_model(model, self.vllm_config.compilation_config, self.device)
@@ -252,7 +260,12 @@ class GPUModelRunner:
             num_reqs,
             cudagraph_runtime_mode,
             uniform_decode,
+            self._dummy_lora_hook(),
         )
+
+    def _dummy_lora_hook(self) -> Callable[[np.ndarray], None] | None:
+        """With LoRA: maps a dummy batch (these request sizes) to no adapter."""
+        return self.set_dummy_loras if self.lora_config is not None else None
 
     def get_supported_tasks(self) -> tuple[str, ...]:
         if self.is_pooling_model:
@@ -276,7 +289,11 @@ class GPUModelRunner:
         """Capture every graph the dispatcher has a key for, largest first
         (called by the worker after warm-up); returns how many."""
         return self.cudagraph_manager.capture(
-            self.model, self.input_buffers, self.input_batch, self.attn_groups
+            self.model,
+            self.input_buffers,
+            self.input_batch,
+            self.attn_groups,
+            self._dummy_lora_hook(),
         )
 
     # ---- one step ------------------------------------------------------------
@@ -385,6 +402,7 @@ class GPUModelRunner:
             batch,
             self.input_buffers.query_start_loc.np,
             state.scheduler_output.num_scheduled_tokens,
+            self._lora_logits_rows_hook(),
         )
         if self.async_sampled_tokens is not None:
             return self.async_sampled_tokens.record(
@@ -418,6 +436,18 @@ class GPUModelRunner:
                 sampler_output.sampled_token_ids.to(torch.int64).cpu(), src=pp_group.world_size - 1
             )
         return sampler_output
+
+    def _lora_logits_rows_hook(self) -> Callable[[int, int], None] | None:
+        """With LoRA: before prompt logprobs compute `n` logits rows of batch
+        row `row`, key those rows to the row's adapter."""
+        if self.lora_config is None:
+            return None
+        lora_ids = self.input_batch.request_lora_mapping
+
+        def hook(row: int, n: int) -> None:
+            self.set_lora_logits_rows(np.full(n, lora_ids[row], dtype=np.int64))
+
+        return hook
 
     def _bookkeeping_sync(
         self,
@@ -608,7 +638,12 @@ class GPUModelRunner:
         seq_lens = bufs.seq_lens.np[:num_reqs]
         np.add(batch.num_computed_tokens_cpu[:num_reqs], num_scheduled, out=seq_lens)
 
-        padded = self.cudagraph_manager.dispatch(num_scheduled, total)
+        has_lora = False
+        if self.lora_config is not None:
+            # Before every forward: the step's token -> adapter mapping.
+            self.set_active_loras(batch, num_scheduled)
+            has_lora = bool(batch.lora_id_to_lora_request)
+        padded = self.cudagraph_manager.dispatch(num_scheduled, total, has_lora)
         attn_metadata = bufs.commit(padded, batch, self.attn_groups)
         if self.async_sampled_tokens is not None:
             # The decode tokens sampled by the step still in flight.

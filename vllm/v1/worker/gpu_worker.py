@@ -33,6 +33,7 @@ from vllm.v1.worker.worker_base import WorkerBase
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.lora.request import LoRARequest
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
     from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
@@ -278,6 +279,19 @@ class Worker(WorkerBase):
         self, grammar_output: GrammarOutput | None
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
         return self._runner().sample_tokens(grammar_output)
+
+    # ---- LoRA adapters (lora_model_runner_mixin.py; RuntimeError without --enable-lora) ----
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self._runner().add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self._runner().remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self._runner().list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self._runner().pin_lora(lora_id)
 
     def check_health(self) -> None:
         if self.model_runner is None:

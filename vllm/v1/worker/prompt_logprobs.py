@@ -60,10 +60,13 @@ class PromptLogprobsWorker:
         input_batch: InputBatch,
         query_start_loc: np.ndarray,
         num_scheduled_tokens: Mapping[str, int],
+        set_logits_rows: Callable[[int, int], None] | None = None,
     ) -> dict[str, LogprobsTensors | None]:
         """req_id -> the finished prompt logprobs, for requests whose prompt
         completes in this step. hidden_states: [num_tokens, hidden] of the
-        step; query_start_loc: [num_reqs + 1] token offsets of the batch rows."""
+        step; query_start_loc: [num_reqs + 1] token offsets of the batch rows.
+        `set_logits_rows(row, n)` (LoRA) runs before the logits of n prompt
+        positions of batch row `row` are computed."""
         if not self.requests:
             return {}
         result: dict[str, LogprobsTensors | None] = {}
@@ -82,6 +85,8 @@ class PromptLogprobsWorker:
             num_logits = min(num_tokens, len(prompt) - (start + 1))
             if num_logits > 0:
                 offset = int(query_start_loc[row])
+                if set_logits_rows is not None:
+                    set_logits_rows(row, num_logits)
                 logits = compute_logits(hidden_states[offset : offset + num_logits])
                 targets = torch.from_numpy(
                     np.asarray(prompt[start + 1 : start + 1 + num_logits], dtype=np.int64)

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
     from vllm.sequence import IntermediateTensors
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
@@ -62,3 +63,12 @@ class ModelRunner(Protocol):
     def sample_tokens(
         self, grammar_output: GrammarOutput | None
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput | None: ...
+
+    # LoRA (vllm/v1/worker/lora_model_runner_mixin.py)
+    def add_lora(self, lora_request: LoRARequest) -> bool: ...
+
+    def remove_lora(self, lora_id: int) -> bool: ...
+
+    def pin_lora(self, lora_id: int) -> bool: ...
+
+    def list_loras(self) -> set[int]: ...

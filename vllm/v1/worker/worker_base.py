@@ -14,6 +14,7 @@ import torch.nn as nn
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.lora.request import LoRARequest
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
     from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
@@ -94,6 +95,20 @@ class WorkerBase:
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Take back the memory of `tags` ("weights", "kv_cache"; None: both)."""
         raise NotImplementedError(f"{type(self).__name__} has no sleep mode.")
+
+    # ---- LoRA adapters (the executor's add_lora / remove_lora / pin_lora / list_loras) ----
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load the adapter into the worker's CPU cache (True when loaded)."""
+        raise NotImplementedError
+
+    def remove_lora(self, lora_id: int) -> bool:
+        raise NotImplementedError
+
+    def pin_lora(self, lora_id: int) -> bool:
+        raise NotImplementedError
+
+    def list_loras(self) -> set[int]:
+        raise NotImplementedError
 
     def apply_model(self, fn: Callable[[nn.Module], _R]) -> _R:
         """Run `fn(model)` in the worker (tests and tools inspect the model this way)."""

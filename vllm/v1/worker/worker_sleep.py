@@ -68,6 +68,11 @@ def check_sleep_supported(vllm_config: VllmConfig, level: int) -> None:
             "addresses of the tensors sleep frees), which is not built: run with "
             "--enforce-eager to use sleep mode."
         )
+    if level == 2 and vllm_config.lora_config is not None:
+        raise ValueError(
+            "Sleep level 2 reloads the base weights on wake-up, which does not reach the "
+            "LoRA layers wrapping them (--enable-lora): use level 1."
+        )
     if level == 2 and compilation.mode != CompilationMode.NONE:
         raise ValueError(
             "Sleep level 2 reloads the weights on wake-up, which a torch.compile'd model "

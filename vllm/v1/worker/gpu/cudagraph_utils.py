@@ -78,12 +78,20 @@ class CudaGraphManager:
         self.dispatcher.initialize_cudagraph_keys(cudagraph_mode, uniform_decode_query_len)
 
     def dispatch(
-        self, num_reqs: int, num_tokens: int, uniform_token_count: int | None
+        self,
+        num_reqs: int,
+        num_tokens: int,
+        uniform_token_count: int | None,
+        has_lora: bool = False,
     ) -> BatchExecutionDescriptor | None:
         """The graph for a batch (None: run eagerly). `uniform_token_count` is
-        the query length shared by every request, None when they differ."""
+        the query length shared by every request, None when they differ.
+        Graphs are captured with no LoRA adapter active: a batch with some
+        (`has_lora`) has no key and runs eagerly."""
         uniform = uniform_token_count == self.uniform_decode_query_len
-        mode, desc = self.dispatcher.dispatch(num_tokens, uniform_decode=uniform, num_reqs=num_reqs)
+        mode, desc = self.dispatcher.dispatch(
+            num_tokens, uniform_decode=uniform, has_lora=has_lora, num_reqs=num_reqs
+        )
         if mode != CUDAGraphMode.FULL:
             return None
         return BatchExecutionDescriptor(
@@ -144,12 +152,13 @@ def dispatch_and_plan(
     num_tokens: int,
     max_num_reqs: int,
     max_model_len: int,
+    has_lora: bool = False,
 ) -> tuple[BatchExecutionDescriptor | None, PaddedBatch]:
     """The manager's graph for a batch and the padding it needs (None and an
     unpadded batch when it runs eagerly)."""
     num_reqs = len(num_scheduled)
     uniform = int(num_scheduled[0]) if (num_scheduled == num_scheduled[0]).all() else None
-    desc = manager.dispatch(num_reqs, num_tokens, uniform)
+    desc = manager.dispatch(num_reqs, num_tokens, uniform, has_lora)
     if desc is None:
         return None, eager_batch(num_reqs, num_tokens)
     padded = plan_padding(

@@ -16,11 +16,16 @@ Step order (`execute_model`), as upstream: `finish_requests` (upstream's
 `prepare_attn`, forward (or graph replay) and the logits of each request's last
 token. `sample_tokens` then samples, records the tokens on the device
 (`postprocess`) and returns the output, an `AsyncOutput` under async scheduling.
+
+LoRA (vllm/v1/worker/lora_model_runner_mixin.py): each row's adapter lives in
+`LoraState` (lora_utils.py); the step's mapping, in batch order, is set right
+after `prepare_inputs`; a step with adapters runs eagerly (graphs hold none).
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -58,10 +63,12 @@ from vllm.v1.worker.gpu.input_batch import (
     post_update,
     prepare_token_inputs,
 )
+from vllm.v1.worker.gpu.lora_utils import LoraState
 from vllm.v1.worker.gpu.pp_utils import pp_broadcast, pp_receive
 from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
 from vllm.v1.worker.gpu.sample.sampler import Sampler, dummy_sample
 from vllm.v1.worker.gpu.states import RequestState
+from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from vllm.v1.worker.utils import (
     AttentionGroup,
     LayerKVCache,
@@ -90,7 +97,7 @@ class ExecuteModelState(NamedTuple):
     logits: torch.Tensor | None  # [num_logits, vocab]
 
 
-class GPUModelRunner:
+class GPUModelRunner(LoRAModelRunnerMixin):
     """Owns the model, the KV cache, the request rows and the sampler."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
@@ -98,6 +105,7 @@ class GPUModelRunner:
         self.model_config = get_model_config(vllm_config)
         self.cache_config = vllm_config.cache_config
         self.scheduler_config = vllm_config.scheduler_config
+        self.lora_config = vllm_config.lora_config
         self.device = device
         self.dtype = resolved_dtype(self.model_config)
         self.vocab_size = self.model_config.get_vocab_size()
@@ -117,6 +125,7 @@ class GPUModelRunner:
             device,
         )
         self.input_buffers = InputBuffers(self.max_num_reqs, self.max_num_tokens, device)
+        self.lora_state = LoraState(self.max_num_reqs)
         self.sampler = Sampler(
             self.max_num_reqs,
             self.vocab_size,
@@ -153,6 +162,9 @@ class GPUModelRunner:
         model = get_model(vllm_config=self.vllm_config)
         # The weights' bytes as loaded (quantized ones at their packed size).
         self.model_memory_usage: int = getattr(model, "model_weight_bytes", 0)
+        if self.lora_config is not None:
+            # LoRA layers go in before torch.compile and graph capture.
+            model = self.load_lora_model(model, self.vllm_config, self.device)
         # No-op unless compilation_config.mode asks for torch.compile.
         model = maybe_compile_model(model, self.vllm_config.compilation_config, self.device)
         self.model = as_text_generation_model(model)
@@ -207,6 +219,7 @@ class GPUModelRunner:
         preempted = scheduler_output.preempted_req_ids
         for req_id in finished.union(preempted) if preempted else finished:
             self.req_states.remove_request(req_id)
+            self.lora_state.remove_request(req_id)
             self.prompt_logprobs_worker.remove_request(req_id)
 
     def add_requests(self, scheduler_output: SchedulerOutput) -> None:
@@ -230,6 +243,7 @@ class GPUModelRunner:
                 num_computed_tokens=new_req.num_computed_tokens,
             )
             block_tables.append_block_ids(req_idx, new_req.block_ids, overwrite=True)
+            self.lora_state.add_request(new_req.req_id, req_idx, new_req.lora_request)
             self.sampler.add_request(
                 req_idx, len(new_req.prompt_token_ids), new_req.sampling_params
             )
@@ -277,12 +291,18 @@ class GPUModelRunner:
         return req_ids, self.req_states.get_req_indices(req_ids), num_scheduled
 
     def dispatch_cg_and_sync_dp(
-        self, num_scheduled: np.ndarray, num_tokens: int
+        self, num_scheduled: np.ndarray, num_tokens: int, has_lora: bool = False
     ) -> tuple[BatchExecutionDescriptor | None, PaddedBatch]:
-        """The CUDA graph for this batch (None: eager) and its padding. No
-        data parallelism here, so there are no ranks to agree with."""
+        """The CUDA graph for this batch (None: eager; always with LoRA
+        adapters in it) and its padding. No data parallelism here, so there
+        are no ranks to agree with."""
         return dispatch_and_plan(
-            self.cudagraph_manager, num_scheduled, num_tokens, self.max_num_reqs, self.max_model_len
+            self.cudagraph_manager,
+            num_scheduled,
+            num_tokens,
+            self.max_num_reqs,
+            self.max_model_len,
+            has_lora,
         )
 
     def prepare_inputs(
@@ -376,10 +396,22 @@ class GPUModelRunner:
         if scheduler_output.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
         batch_order = self.gather_batch_req_state(scheduler_output)
+        has_lora = self.lora_config is not None and bool(
+            self.lora_state.get_active_loras(batch_order[0])
+        )
         cg_desc, padded = self.dispatch_cg_and_sync_dp(
-            batch_order[2], scheduler_output.total_num_scheduled_tokens
+            batch_order[2], scheduler_output.total_num_scheduled_tokens, has_lora
         )
         input_batch = self.prepare_inputs(scheduler_output, batch_order, padded)
+        if self.lora_config is not None:
+            # Before every forward: the step's token -> adapter mapping.
+            self._set_active_loras(
+                *self.lora_state.make_lora_inputs(
+                    input_batch.req_ids,
+                    input_batch.idx_mapping_np,
+                    input_batch.num_scheduled_tokens,
+                )
+            )
         attn_metadata = self.prepare_attn(input_batch, padded)
         hidden_states, logits = self._run_model(
             input_batch, attn_metadata, intermediate_tensors, cg_desc
@@ -457,13 +489,28 @@ class GPUModelRunner:
             req_id_to_index={req_id: i for i, req_id in enumerate(input_batch.req_ids)},
             sampled_token_ids=[],
             prompt_logprobs_dict=self.prompt_logprobs_worker.compute_prompt_logprobs(
-                self._loaded_model().compute_logits, hidden_states, input_batch
+                self._loaded_model().compute_logits,
+                hidden_states,
+                input_batch,
+                self._lora_logits_rows_hook(input_batch),
             ),
         )
         async_output = AsyncOutput(output, sampler_output, num_sampled, self.output_copy_stream)
         # After AsyncOutput: the host copy is already queued behind the sampler.
         self.postprocess(input_batch, sampler_output.sampled_token_ids, num_sampled, num_rejected)
         return async_output if self.use_async_scheduling else async_output.get_output()
+
+    def _lora_logits_rows_hook(self, input_batch: InputBatch) -> Callable[[int, int], None] | None:
+        """With LoRA: before prompt logprobs compute `n` logits rows of batch
+        position `i`, key those rows to that request's adapter."""
+        if self.lora_config is None:
+            return None
+        lora_ids = self.lora_state.lora_ids[input_batch.idx_mapping_np]
+
+        def hook(i: int, n: int) -> None:
+            self.set_lora_logits_rows(np.full(n, lora_ids[i], dtype=np.int64))
+
+        return hook
 
     def _receive_pp_sampled_tokens(self, input_batch: InputBatch) -> None:
         """A stage before the last records the last stage's tokens as if it had
@@ -516,6 +563,8 @@ class GPUModelRunner:
         the layers skip attention (profile run). Returns the hidden states of
         each fake request's last token."""
         batch = InputBatch.make_dummy(num_reqs, num_tokens, self.input_buffers, self.device)
+        if self.lora_config is not None:
+            self.set_dummy_loras(batch.num_scheduled_tokens)  # no adapter
         attn_metadata = (
             build_dummy_attn_metadata(self.attn_groups, batch, self._block_tables())
             if use_kv_cache and self.attn_groups
@@ -541,6 +590,10 @@ class GPUModelRunner:
         batch = InputBatch.make_dummy(
             desc.num_reqs, desc.num_tokens, self.input_buffers, self.device
         )
+        if self.lora_config is not None:
+            # Captured with the LoRA layers, no adapter: replayed only for
+            # steps without adapters (dispatch's has_lora).
+            self.set_dummy_loras(batch.num_scheduled_tokens)
         return (
             build_dummy_attn_metadata(
                 self.attn_groups, batch, self._block_tables(), for_cudagraph_capture=True

@@ -58,9 +58,12 @@ class PromptLogprobsWorker:
         compute_logits: Callable[[torch.Tensor], torch.Tensor],
         hidden_states: torch.Tensor,
         input_batch: InputBatch,
+        set_logits_rows: Callable[[int, int], None] | None = None,
     ) -> dict[str, LogprobsTensors | None]:
         """req_id -> the finished prompt logprobs of the requests whose prompt
-        completes in this step. hidden_states: [num_tokens, hidden] of the step."""
+        completes in this step. hidden_states: [num_tokens, hidden] of the step.
+        `set_logits_rows(i, n)` (LoRA) runs before the logits of n prompt
+        positions of batch position i are computed."""
         if not self.requests:
             return {}
         batch_index = {
@@ -74,6 +77,8 @@ class PromptLogprobsWorker:
             num_logits = min(num_tokens, prompt.shape[0] - 1 - start)
             if num_logits > 0:
                 offset = int(input_batch.query_start_loc_np[i])
+                if set_logits_rows is not None:
+                    set_logits_rows(i, num_logits)
                 logits = compute_logits(hidden_states[offset : offset + num_logits])
                 targets = prompt[start + 1 : start + 1 + num_logits].to(logits.device)
                 ids, values, ranks = compute_topk_logprobs(logits.to(torch.float32), k, targets)

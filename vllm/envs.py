@@ -82,6 +82,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_RESPONSES_API_STORE_MAX_ENTRIES": lambda: int(
         os.environ.get("VLLM_RESPONSES_API_STORE_MAX_ENTRIES", "1024")
     ),
+    # Register POST /v1/load_lora_adapter and /v1/unload_lora_adapter (LoRA
+    # adapters loaded and unloaded while the server runs); "1" or "true".
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": lambda: (
+        os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true")
+    ),
 }
 
 

@@ -41,6 +41,7 @@ DEFAULTS = "tests/engine/test_arg_utils_defaults.py"
 ARGS = "tests/engine/test_arg_utils.py"
 POOLING = "tests/models/language/pooling/test_embedding.py"
 TWO = "tests/entrypoints/openai/test_two_models.py"
+LORA_SERVING = "tests/entrypoints/openai/test_lora_serving.py"
 LORA_API = "tests/lora/test_engine_api.py"
 
 SCHED = "tests/v1/core/test_scheduler.py"
@@ -93,6 +94,9 @@ AUDIT: dict[str, tuple[str, Any]] = {
         ("tests/entrypoints/openai/test_shutdown.py::test_sigterm_lets_in_flight_requests_finish"),
     ),
     "disable_fastapi_docs": ("tested", f"{FRONTEND}::test_disable_fastapi_docs"),
+    # Both forms parsed (and malformed entries refused) in-process; the server
+    # serves them with outputs equal to peft's merged model.
+    "lora_modules": ("tested", f"{LORA_SERVING}::test_adapter_outputs_equal_peft_merged_model"),
     "max_request_body_bytes": (
         "tested",
         (

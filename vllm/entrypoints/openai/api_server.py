@@ -9,7 +9,10 @@ objects built on it in `init_app_state`, /health and the watchdog over both.
 
 Routes here: /v1/completions, /v1/chat/completions, /v1/models, /invocations,
 /ping; from vllm/entrypoints/serve/: /health, /version, /metrics, /tokenize,
-/detokenize (response helpers in openai/utils.py). Errors use the
+/detokenize, and with VLLM_ALLOW_RUNTIME_LORA_UPDATING /v1/load_lora_adapter
+and /v1/unload_lora_adapter (response helpers in openai/utils.py). The
+--lora-modules adapters are loaded before the server answers; a request's
+`model` selects one by name (serving_models.py). Errors use the
 envelope {"error": {"message", "type", "param", "code"}} with the HTTP status
 equal to `code`; request validation errors are 400 (never 422).
 
@@ -79,7 +82,11 @@ from vllm.entrypoints.openai.responses.api_router import attach_router as attach
 from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from vllm.entrypoints.openai.serving_models import BaseModelPath, OpenAIServingModels
+from vllm.entrypoints.openai.serving_models import (
+    BaseModelPath,
+    LoRAModulePath,
+    OpenAIServingModels,
+)
 from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from vllm.entrypoints.openai.utils import respond, validate_json_request
 from vllm.entrypoints.pooling import init_pooling_state, register_pooling_api_routers
@@ -389,7 +396,8 @@ async def init_app_state(
     model_config = engine_client.model_config
     served = args.served_model_name
     names = ([served] if isinstance(served, str) else served) or [model_config.model]
-    models = await _serving_models(engine_client, names)
+    models = await _serving_models(engine_client, names, args.lora_modules)
+    await models.init_static_loras()
     chat_template = load_chat_template(args.chat_template)
     common = dict(
         enable_force_include_usage=args.enable_force_include_usage,
@@ -447,9 +455,13 @@ async def init_app_state(
     )
 
 
-async def _serving_models(engine: EngineClient, names: list[str]) -> OpenAIServingModels:
+async def _serving_models(
+    engine: EngineClient, names: list[str], lora_modules: list[LoRAModulePath] | None = None
+) -> OpenAIServingModels:
     paths = [BaseModelPath(name=name, model_path=engine.model_config.model) for name in names]
-    return OpenAIServingModels(engine, paths, await engine.get_supported_tasks())
+    return OpenAIServingModels(
+        engine, paths, await engine.get_supported_tasks(), lora_modules=lora_modules
+    )
 
 
 @asynccontextmanager

@@ -6,12 +6,78 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
+from typing import Any
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.openai.embedding_model import (
     add_embedding_model_args,
     validate_embedding_model_args,
 )
+from vllm.entrypoints.openai.serving_models import LoRAModulePath
+
+
+class LoRAParserAction(argparse.Action):
+    """`--lora-modules` entries: `name=path`, or JSON
+    `{"name": ..., "path": ..., "base_model_name": ...}` (or a JSON list of
+    such objects). A malformed entry is an argparse error naming the flag."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        if isinstance(values, str):
+            values = [values]
+        modules: list[LoRAModulePath] = []
+        for item in values or ():
+            if not item:
+                continue
+            if "=" in item and "," not in item and not item.lstrip().startswith(("{", "[")):
+                name, _, path = item.partition("=")
+                if not name or not path:
+                    parser.error(f"Invalid --lora-modules entry (expected name=path): {item}")
+                modules.append(LoRAModulePath(name, path))
+                continue
+            modules += _lora_modules_from_json(parser, item)
+        setattr(namespace, self.dest, modules)
+
+
+def _lora_modules_from_json(parser: argparse.ArgumentParser, item: str) -> list[LoRAModulePath]:
+    try:
+        loaded = json.loads(item)
+    except json.JSONDecodeError:
+        parser.error(f"Invalid JSON format for --lora-modules: {item}")
+    entries = loaded if isinstance(loaded, list) else [loaded]
+    modules = []
+    for entry in entries:
+        try:
+            if not isinstance(entry, dict):
+                raise TypeError("expected a JSON object")
+            module = LoRAModulePath(**entry)
+        except TypeError as e:
+            parser.error(f"Invalid fields for --lora-modules: {item} - {e}")
+        bad = [
+            name
+            for name, types in _FIELD_TYPES.items()
+            if not isinstance(getattr(module, name), types)
+            or (name in ("name", "path") and not getattr(module, name))
+        ]
+        if bad:
+            parser.error(f"Invalid fields for --lora-modules: {item} - bad value of {bad[0]!r}")
+        modules.append(module)
+    return modules
+
+
+# What each LoRAModulePath field accepts from JSON.
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "path": str,
+    "base_model_name": (str, type(None)),
+    "is_3d_lora_weight": bool,
+}
 
 
 def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +137,17 @@ def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
         "templates are refused by default).",
     )
     _add_tool_and_reasoning_args(group)
+    group.add_argument(
+        "--lora-modules",
+        type=str,
+        nargs="+",
+        default=None,
+        action=LoRAParserAction,
+        help="LoRA adapters to serve, loaded at start-up (needs --enable-lora): "
+        '\'name=path\', or JSON \'{"name": ..., "path": ..., '
+        '"base_model_name": ...}\'. A request selects one with `model: name`; '
+        "/v1/models lists them with `parent` (their base model).",
+    )
     group.add_argument(
         "--response-role",
         type=str,
@@ -184,7 +261,19 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
     if args.shutdown_timeout < 0:
         raise ValueError("--shutdown-timeout must be >= 0")
     validate_parser_args(args)
+    validate_lora_modules(args)
     validate_embedding_model_args(args)
+
+
+def validate_lora_modules(args: argparse.Namespace) -> None:
+    """--lora-modules needs --enable-lora, and one name per adapter."""
+    modules = args.lora_modules or []
+    if modules and not getattr(args, "enable_lora", False):
+        raise ValueError("--lora-modules needs --enable-lora")
+    names = [m.name for m in modules]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"--lora-modules: the adapter name {name!r} is given twice")
 
 
 def validate_parser_args(args: argparse.Namespace) -> None:

@@ -88,6 +88,7 @@ class OpenAIServingChat(OpenAIServing):
         error = await self._check_model(request)
         if error is not None:
             return error
+        lora_request = self._maybe_get_adapters(request)
         if self.engine_client.errored:
             raise self.engine_client.dead_error
         request_id = f"chatcmpl-{self._base_request_id(raw_request, request.request_id)}"
@@ -122,13 +123,20 @@ class OpenAIServingChat(OpenAIServing):
             prompt["cache_salt"] = request.cache_salt
         try:
             result_generator = await prime(
-                self.beam_search(prompt, request_id, params, priority=request.priority)
+                self.beam_search(
+                    prompt,
+                    request_id,
+                    params,
+                    priority=request.priority,
+                    lora_request=lora_request,
+                )
                 if request.use_beam_search
                 else self.engine_client.generate(
                     prompt,
                     params,
                     request_id,
                     prompt_text=prompt_text,
+                    lora_request=lora_request,
                     priority=request.priority,
                     **self._reasoning_kwargs(request),
                 )

@@ -38,6 +38,7 @@ from vllm.logprobs import Logprob
 from vllm.outputs import RequestOutput
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
     from vllm.tokenizers import TokenizerLike
 
 logger = init_logger(__name__)
@@ -55,6 +56,7 @@ class OpenAIServingCompletion(OpenAIServing):
         error = await self._check_model(request)
         if error is not None:
             return error
+        lora_request = self._maybe_get_adapters(request)
         if self.engine_client.errored:
             raise self.engine_client.dead_error
         request_id = f"cmpl-{self._base_request_id(raw_request, request.request_id)}"
@@ -65,7 +67,7 @@ class OpenAIServingCompletion(OpenAIServing):
             prompts = self._tokenize_prompts(request, tokenizer)
             self._check_capacity(request.n * len(prompts))
             generators = [
-                self._generate(request, ids, text, f"{request_id}-{i}")
+                self._generate(request, ids, text, f"{request_id}-{i}", lora_request)
                 for i, (ids, text) in enumerate(prompts)
             ]
         except Exception as e:
@@ -144,14 +146,19 @@ class OpenAIServingCompletion(OpenAIServing):
         return prompts
 
     def _generate(
-        self, request: CompletionRequest, ids: list[int], text: str | None, request_id: str
+        self,
+        request: CompletionRequest,
+        ids: list[int],
+        text: str | None,
+        request_id: str,
+        lora_request: LoRARequest | None,
     ) -> AsyncGenerator[RequestOutput, None]:
         echo_only = request.echo and request.max_tokens == 0
         # Echo-only still runs one step (the engine always samples a token);
         # the sampled token is dropped from the response.
         max_tokens = 1 if echo_only else self.get_max_tokens(len(ids), request.max_tokens)
         if request.use_beam_search:
-            return self._beam_search(request, ids, text, request_id, max_tokens)
+            return self._beam_search(request, ids, text, request_id, max_tokens, lora_request)
         self._check_logprobs(request.logprobs, request.prompt_logprobs)
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None and prompt_logprobs is None:
@@ -161,7 +168,12 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.cache_salt is not None:
             prompt["cache_salt"] = request.cache_salt
         return self.engine_client.generate(
-            prompt, params, request_id, prompt_text=text, priority=request.priority
+            prompt,
+            params,
+            request_id,
+            prompt_text=text,
+            lora_request=lora_request,
+            priority=request.priority,
         )
 
     def _beam_search(
@@ -171,12 +183,15 @@ class OpenAIServingCompletion(OpenAIServing):
         text: str | None,
         request_id: str,
         max_tokens: int,
+        lora_request: LoRARequest | None,
     ) -> AsyncGenerator[RequestOutput, None]:
         params = request.to_beam_search_params(max_tokens, self.default_sampling_params)
         prompt = TokensPrompt(prompt_token_ids=ids)
         if text is not None:
             prompt["prompt"] = text
-        return self.beam_search(prompt, request_id, params, priority=request.priority)
+        return self.beam_search(
+            prompt, request_id, params, priority=request.priority, lora_request=lora_request
+        )
 
     def _check_logprobs(self, *counts: int | None) -> None:
         max_logprobs = self.model_config.max_logprobs

@@ -26,7 +26,7 @@ from vllm.entrypoints.openai.protocol import (
     PromptTokenUsageInfo,
     UsageInfo,
 )
-from vllm.exceptions import VLLMValidationError
+from vllm.exceptions import VLLMClientError, VLLMNotFoundError, VLLMValidationError
 from vllm.inputs import TokensPrompt
 from vllm.logger import init_logger
 from vllm.logprobs import Logprob
@@ -42,6 +42,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, QueueOverflowError
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
     from vllm.entrypoints.openai.serving_models import OpenAIServingModels
+    from vllm.lora.request import LoRARequest
     from vllm.tokenizers import TokenizerLike
 
 logger = init_logger(__name__)
@@ -135,7 +136,9 @@ class OpenAIServing:
             if param == "structured_outputs" and request is not None:
                 param = self._where_constrained(request)
             return self.create_error_response(str(e), param=param)
-        if isinstance(e, (ValueError, TypeError, OverflowError)):
+        if isinstance(e, VLLMNotFoundError):
+            return self.create_error_response(str(e), "NotFoundError", HTTPStatus.NOT_FOUND)
+        if isinstance(e, (VLLMClientError, ValueError, TypeError, OverflowError)):
             return self.create_error_response(str(e))
         if isinstance(e, NotImplementedError):
             return self.create_error_response(
@@ -160,7 +163,12 @@ class OpenAIServing:
         )
 
     async def _check_model(self, request: Any) -> ErrorResponse | None:
+        """None when `request.model` is unset, a served name or a loaded LoRA
+        adapter's name; else the 404 (a 400 naming the right API when another
+        engine of this server serves it)."""
         if request.model is None or self.models.is_base_model(request.model):
+            return None
+        if request.model in self.models.lora_requests:
             return None
         if (message := self.models.wrong_api_message(request.model)) is not None:
             # Another engine of this server serves it (`vllm serve --embedding-model`).
@@ -171,6 +179,16 @@ class OpenAIServing:
             status_code=HTTPStatus.NOT_FOUND,
             param="model",
         )
+
+    def _maybe_get_adapters(self, request: Any) -> LoRARequest | None:
+        """The LoRA adapter `request.model` names (None: the base model).
+
+        Call it right after `_check_model` with no `await` in between: the
+        adapter cannot be unloaded in that gap, so a name `_check_model`
+        accepted is either a served name or an adapter here. The request keeps
+        this LoRARequest to its end, even if the adapter is unloaded meanwhile
+        (unloading only affects requests that arrive later)."""
+        return self.models.lora_requests.get(request.model) if request.model else None
 
     def _get_model_name(self, model_name: str | None) -> str:
         return model_name if model_name else self.models.base_model_paths[0].name
@@ -326,7 +344,12 @@ class OpenAIServing:
     # ------------------------------------------------------------------
 
     async def beam_search(
-        self, prompt: TokensPrompt, request_id: str, params: BeamSearchParams, priority: int = 0
+        self,
+        prompt: TokensPrompt,
+        request_id: str,
+        params: BeamSearchParams,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Beam search over one tokenized prompt on the engine, as upstream and
         as `LLM.beam_search`: each step, every live beam is generated for one
@@ -361,6 +384,7 @@ class OpenAIServing:
                             TokensPrompt(prompt_token_ids=beam.tokens),
                             step_params,
                             f"{request_id}-beam{step}-{i}",
+                            lora_request=lora_request,
                             priority=priority,
                         )
                     )

@@ -87,3 +87,34 @@ def test_v2_lora_state_batch_order():
         ["r2", "r4"], np.array([2, 1]), np.ones(2, dtype=np.int32)
     )
     assert (rows, by_id(requests)) == ((7, 9), {7: "/b", 9: "/b-reloaded"})
+
+
+def test_steps_with_adapters_dispatch_no_graph():
+    """Graphs are captured with no adapter active: both runners' managers give
+    a step with adapters (has_lora) no graph, while the same batch without
+    adapters gets one."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm.config.compilation import CompilationConfig, CUDAGraphMode
+    from vllm.v1.worker.cudagraph_manager import CudaGraphManager as V1Manager
+    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager as V2Manager
+
+    cc = CompilationConfig(cudagraph_mode="FULL", cudagraph_capture_sizes=[1, 2, 4, 8, 16])
+    cc.resolve("cuda", False, 64, 8)
+    cfg = SimpleNamespace(
+        compilation_config=cc,
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=64, max_num_seqs=8),
+        model_config=SimpleNamespace(max_model_len=128),
+    )
+    v2 = V2Manager(cfg, torch.device("cpu"))
+    v2.initialize(CUDAGraphMode.FULL)
+    assert v2.dispatch(3, 3, 1) is not None
+    assert v2.dispatch(3, 3, 1, has_lora=True) is None
+    v1 = V1Manager(cfg, torch.device("cpu"))
+    v1.initialize(CUDAGraphMode.FULL)
+    decodes = np.ones(3, dtype=np.int32)
+    assert v1.dispatch(decodes, 3).runtime_mode == CUDAGraphMode.FULL
+    padded = v1.dispatch(decodes, 3, has_lora=True)
+    assert padded.runtime_mode == CUDAGraphMode.NONE and padded.num_tokens_padded == 3

@@ -47,6 +47,7 @@ from vllm.pooling_params import PoolingParams
 if TYPE_CHECKING:
     from vllm.engine.protocol import EngineClient
     from vllm.entrypoints.openai.serving_models import OpenAIServingModels
+    from vllm.lora.request import LoRARequest
     from vllm.tokenizers import TokenizerLike
 
 ResponseT = TypeVar("ResponseT", bound=OpenAIBaseModel)
@@ -74,18 +75,39 @@ class PoolingServingBase(OpenAIServing):
         request: PoolingBasicRequestMixin,
         params: PoolingParams,
         request_id: str,
+        lora_request: LoRARequest | None = None,
     ) -> list[PoolingRequestOutput[Any]]:
+        """Every input of the request as one engine request."""
         tokenizer = await self.engine_client.get_tokenizer()
-        prompts = self._prompt_token_ids(request, tokenizer)
+        prompts = [
+            TokensPrompt(prompt_token_ids=ids) for ids in self._prompt_token_ids(request, tokenizer)
+        ]
+        return await self.encode_prompts(
+            prompts, [params] * len(prompts), request_id, request.priority, lora_request
+        )
+
+    async def encode_prompts(
+        self,
+        prompts: Sequence[TokensPrompt],
+        params: Sequence[PoolingParams],
+        request_id: str,
+        priority: int,
+        lora_request: LoRARequest | None,
+    ) -> list[PoolingRequestOutput[Any]]:
+        """Run prompt i with params[i] (a copy) as engine request
+        `{request_id}-{i}` under `lora_request` (the adapter `request.model`
+        names, resolved by the handler right after `_check_model`; None: the
+        base model); the outputs in prompt order."""
         self._check_capacity(len(prompts))
         generators = [
             self.engine_client.encode(
-                TokensPrompt(prompt_token_ids=ids),
-                params.clone(),
+                prompt,
+                prompt_params.clone(),
                 f"{request_id}-{i}",
-                priority=request.priority,
+                lora_request=lora_request,
+                priority=priority,
             )
-            for i, ids in enumerate(prompts)
+            for i, (prompt, prompt_params) in enumerate(zip(prompts, params))
         ]
         results: list[PoolingRequestOutput[Any] | None] = [None] * len(prompts)
         async for i, res in merge_async_iterators(*generators):
@@ -110,10 +132,11 @@ class PoolingServingBase(OpenAIServing):
         error = await self._check_model(request)
         if error is not None:
             return error
+        lora_request = self._maybe_get_adapters(request)
         request_id = self.request_id(raw_request, prefix)
         created = int(time.time())
         try:
-            results = await self.run_pooling(request, make_params(), request_id)
+            results = await self.run_pooling(request, make_params(), request_id, lora_request)
         except Exception as e:
             return self.error_from_exception(e)
         model_name = self._get_model_name(request.model)

@@ -27,11 +27,12 @@ class ServingClassification(PoolingServingBase):
         error = await self._check_model(request)
         if error is not None:
             return error
+        lora_request = self._maybe_get_adapters(request)
         try:
             params = request.to_pooling_params()
             params.verify("classify", self.model_config)
             request_id = self.request_id(raw_request, "classify")
-            results = await self.run_pooling(request, params, request_id)
+            results = await self.run_pooling(request, params, request_id, lora_request)
         except Exception as e:
             return self.error_from_exception(e)
         return self._response(request, results, request_id)

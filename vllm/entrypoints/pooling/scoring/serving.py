@@ -11,13 +11,12 @@ helpers are LLM.score's (vllm/entrypoints/score_utils.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
 from vllm.entrypoints.openai.protocol_base import ErrorResponse, UsageInfo
 from vllm.entrypoints.openai.request_limits import check_prompt_text_length
-from vllm.entrypoints.openai.serving_engine import merge_async_iterators
 from vllm.entrypoints.pooling.base.serving import PoolingServingBase
 from vllm.entrypoints.pooling.scoring.protocol import (
     RerankDocument,
@@ -40,11 +39,12 @@ from vllm.entrypoints.score_utils import (
     truncate_score_data,
 )
 from vllm.inputs import TokensPrompt
-from vllm.outputs import PoolingRequestOutput, ScoringRequestOutput
+from vllm.outputs import ScoringRequestOutput
 from vllm.pooling_params import PoolingParams
 from vllm.utils import random_uuid
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
     from vllm.tokenizers import TokenizerLike
 
 
@@ -111,10 +111,12 @@ class ServingScores(PoolingServingBase):
         error = await self._check_model(request)
         if error is not None:
             return error
+        lora_request = self._maybe_get_adapters(request)
         # As upstream v0.28: one "score" prefix for both routes.
         request_id = f"score-{self._base_request_id(raw_request, random_uuid())}"
         try:
-            return request_id, await self._run_scoring(data_1, data_2, request, request_id)
+            scores = await self._run_scoring(data_1, data_2, request, request_id, lora_request)
+            return request_id, scores
         except Exception as e:
             return self.error_from_exception(e)
 
@@ -124,6 +126,7 @@ class ServingScores(PoolingServingBase):
         data_2: str | list[str],
         request: ScoringRequestMixin,
         request_id: str,
+        lora_request: LoRARequest | None,
     ) -> list[ScoringRequestOutput]:
         list_1, list_2 = score_input_lists(data_1, data_2)
         tokenizer = await self.engine_client.get_tokenizer()
@@ -137,19 +140,25 @@ class ServingScores(PoolingServingBase):
         list_1 = truncate_score_data(list_1, tokenizer, max_query)
         list_2 = truncate_score_data(list_2, tokenizer, max_doc)
         if self.model_config.is_cross_encoder:
-            return await self._cross_encoding_score(
-                list_1, list_2, request, request_id, tokenizer, max_doc
+            prompts, params_list = self._cross_encoding_prompts(
+                list_1, list_2, request, tokenizer, max_doc
             )
-        return await self._embedding_score(list_1, list_2, request, request_id, tokenizer)
+        else:
+            prompts, params_list = self._embedding_prompts(list_1 + list_2, request, tokenizer)
+        outputs = await self.encode_prompts(
+            prompts, params_list, request_id, request.priority, lora_request
+        )
+        if self.model_config.is_cross_encoder:
+            return [ScoringRequestOutput.from_base(out) for out in outputs]
+        embed_1, embed_2 = outputs[: len(list_1)], outputs[len(list_1) :]
+        if len(embed_1) == 1:
+            embed_1 = embed_1 * len(embed_2)
+        return _cosine_similarity(tokenizer, embed_1, embed_2)
 
-    async def _embedding_score(
-        self,
-        list_1: list[str],
-        list_2: list[str],
-        request: ScoringRequestMixin,
-        request_id: str,
-        tokenizer: TokenizerLike,
-    ) -> list[ScoringRequestOutput]:
+    def _embedding_prompts(
+        self, texts: list[str], request: ScoringRequestMixin, tokenizer: TokenizerLike
+    ) -> tuple[list[TokensPrompt], list[PoolingParams]]:
+        """One embedding prompt per text (data_1's, then data_2's)."""
         params = request.to_pooling_params()
         params.verify("embed", self.model_config)
         keep = self._truncation_length(request.truncate_prompt_tokens)
@@ -159,23 +168,19 @@ class ServingScores(PoolingServingBase):
                     self._tokens(text, request, tokenizer, True, keep)
                 )
             )
-            for text in list_1 + list_2
+            for text in texts
         ]
-        outputs = await self._encode_all(prompts, [params] * len(prompts), request, request_id)
-        embed_1, embed_2 = outputs[: len(list_1)], outputs[len(list_1) :]
-        if len(embed_1) == 1:
-            embed_1 = embed_1 * len(embed_2)
-        return _cosine_similarity(tokenizer, embed_1, embed_2)
+        return prompts, [params] * len(prompts)
 
-    async def _cross_encoding_score(
+    def _cross_encoding_prompts(
         self,
         list_1: list[str],
         list_2: list[str],
         request: ScoringRequestMixin,
-        request_id: str,
         tokenizer: TokenizerLike,
         max_tokens_per_doc: int,
-    ) -> list[ScoringRequestOutput]:
+    ) -> tuple[list[TokensPrompt], list[PoolingParams]]:
+        """One prompt per (text_1, text_2) pair, with its own params."""
         check_cross_encoder(self.model_config)
         params = request.to_pooling_params()
         params.verify("classify", self.model_config)
@@ -204,25 +209,4 @@ class ServingScores(PoolingServingBase):
             self._check_length(prompt["prompt_token_ids"])
             prompts.append(prompt)
             params_list.append(pair_params)
-        outputs = await self._encode_all(prompts, params_list, request, request_id)
-        return [ScoringRequestOutput.from_base(out) for out in outputs]
-
-    async def _encode_all(
-        self,
-        prompts: list[TokensPrompt],
-        params_list: list[PoolingParams],
-        request: ScoringRequestMixin,
-        request_id: str,
-    ) -> list[PoolingRequestOutput[Any]]:
-        """Run every prompt as one engine request; outputs in prompt order."""
-        self._check_capacity(len(prompts))
-        generators = [
-            self.engine_client.encode(
-                prompt, params.clone(), f"{request_id}-{i}", priority=request.priority
-            )
-            for i, (prompt, params) in enumerate(zip(prompts, params_list))
-        ]
-        results: list[PoolingRequestOutput[Any] | None] = [None] * len(prompts)
-        async for i, res in merge_async_iterators(*generators):
-            results[i] = res
-        return [res for res in results if res is not None]
+        return prompts, params_list

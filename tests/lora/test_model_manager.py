@@ -229,3 +229,25 @@ def test_lru_cache_order_and_pins():
         cache.pin(9)
     cache.clear()
     assert len(cache) == 0 and removed == [2, 3, 1, 4]
+
+
+def test_dummy_loras_are_zero_and_fit_every_layer(setup, base_dir):
+    """Warm-up adapters (add_dummy_lora) cover every adapted module at its full
+    size, pass the fit check, and leave the output equal to the base model's."""
+    model, worker, config = setup
+    worker.remove_all_adapters()
+    manager = _manager(worker)
+    with worker.dummy_lora_cache():
+        assert worker.add_dummy_lora(request("w1", 11, "/warmup"), rank=8)
+        assert worker.add_dummy_lora(request("w2", 12, "/warmup"), rank=8)
+        assert not worker.add_dummy_lora(request("w2", 12, "/warmup"), rank=8)
+    first, second = manager.get_adapter(11), manager.get_adapter(12)
+    assert first is not None and second is not None
+    assert set(first.loras) == set(manager.modules)
+    assert second.get_lora("lm_head").lora_a is first.get_lora("lm_head").lora_a  # cached
+    assert worker.get_dummy_lora_warmup_rank(8) == 8
+    tokens = list(range(1, 9))
+    batch = [(tokens, request("w1", 11, "/warmup")), (tokens, None)]
+    dummy, base = run_step(model, config, worker, batch)
+    torch.testing.assert_close(dummy, base, atol=0, rtol=0)
+    worker.remove_all_adapters()

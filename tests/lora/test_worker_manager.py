@@ -127,8 +127,8 @@ def test_unsupported_target_modules_named(worker, good, tmp_path):
 
 
 def test_adapter_of_another_base_model(worker, base_dir, tmp_path):
-    """Same module names, other sizes (hidden 96) -> refused by shape; more
-    layers than the model -> refused by module name."""
+    """Same module names, other sizes (hidden 96, or a 640-token LM head) ->
+    refused by shape; more layers than the model -> refused by module name."""
     wide = make_tiny_model("llama", str(tmp_path / "wide"), hidden_size=96)
     path = str(tmp_path / "wide_adapter")
     make_peft_adapter(wide, path, r=8, lora_alpha=16)
@@ -138,6 +138,11 @@ def test_adapter_of_another_base_model(worker, base_dir, tmp_path):
     path = str(tmp_path / "deep_adapter")
     make_peft_adapter(deep, path, r=8, lora_alpha=16, target_modules=["o_proj"])
     _refused(worker, path, ValueError, r"targets module model\.layers\.2\.self_attn\.o_proj")
+
+    big_vocab = make_tiny_model("llama", str(tmp_path / "vocab"), vocab_size=640)
+    path = str(tmp_path / "vocab_adapter")
+    make_peft_adapter(big_vocab, path, r=8, lora_alpha=16, target_modules=["lm_head"])
+    _refused(worker, path, ValueError, r"LoRA module lm_head: .* \(input 64, output 512\)")
 
 
 def test_added_vocabulary_refused(worker, good, tmp_path):

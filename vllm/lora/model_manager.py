@@ -323,8 +323,10 @@ class LoRAModelManager:
         """Adapted module name -> the layer whose shapes its LoRA must have."""
         layers: dict[str, nn.Module] = {}
         for name, module in self.modules.items():
-            lm_head = getattr(module, "lm_head", None)
-            layers[name] = lm_head if lm_head is not None else module.base_layer
+            # The LM head's LoRA lives in the logits processor registered under
+            # the head's name; the head itself stays in the model, unwrapped.
+            is_head = name.rpartition(".")[2] == "lm_head"
+            layers[name] = self.model.get_submodule(name) if is_head else module.base_layer
         return layers
 
     def _create_merged_loras_inplace(self, lora_model: LoRAModel) -> None:

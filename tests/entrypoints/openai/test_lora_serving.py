@@ -330,8 +330,8 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 def test_lora_modules_flag_forms_and_refusals(capsys):
     entry = {"name": "b", "path": "/p/b", "base_model_name": "m"}
-    args = _parse("--enable-lora", "--lora-modules", "a=/p/a", json.dumps(entry),
-                  json.dumps([{"name": "c", "path": "/p/c"}]))  # fmt: skip
+    args = _parse("--enable-lora", "--served-model-name", "m", "n", "--lora-modules", "a=/p/a",
+                  json.dumps(entry), json.dumps([{"name": "c", "path": "/p/c"}]))  # fmt: skip
     assert args.lora_modules == [
         LoRAModulePath("a", "/p/a"),
         LoRAModulePath("b", "/p/b", base_model_name="m"),
@@ -352,6 +352,13 @@ def test_lora_modules_flag_forms_and_refusals(capsys):
         validate_parsed_serve_args(_parse("--lora-modules", "a=/p/a"))
     with pytest.raises(ValueError, match="adapter name 'a' is given twice"):
         validate_parsed_serve_args(_parse("--enable-lora", "--lora-modules", "a=/p", "a=/q"))
+    with pytest.raises(ValueError, match="adapter name 'm' is a served model name"):
+        validate_parsed_serve_args(
+            _parse("--enable-lora", "--served-model-name", "m", "--lora-modules", "m=/p")
+        )
+    entry["base_model_name"] = "other"
+    with pytest.raises(ValueError, match="base_model_name 'other' of adapter 'b' is not a served"):
+        validate_parsed_serve_args(_parse("--enable-lora", "--lora-modules", json.dumps(entry)))
 
 
 def test_runtime_routes_exist_only_with_the_gate(monkeypatch):

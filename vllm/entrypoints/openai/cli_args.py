@@ -266,14 +266,26 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
 
 
 def validate_lora_modules(args: argparse.Namespace) -> None:
-    """--lora-modules needs --enable-lora, and one name per adapter."""
+    """--lora-modules needs --enable-lora, one name per adapter, none a served
+    model name, and a base_model_name (if given) that is one."""
     modules = args.lora_modules or []
     if modules and not getattr(args, "enable_lora", False):
         raise ValueError("--lora-modules needs --enable-lora")
+    served = args.served_model_name or [args.model]
+    served = [served] if isinstance(served, str) else list(served)
     names = [m.name for m in modules]
-    for name in names:
-        if names.count(name) > 1:
-            raise ValueError(f"--lora-modules: the adapter name {name!r} is given twice")
+    for module in modules:
+        if names.count(module.name) > 1:
+            raise ValueError(f"--lora-modules: the adapter name {module.name!r} is given twice")
+        if module.name in served:
+            raise ValueError(
+                f"--lora-modules: the adapter name {module.name!r} is a served model name"
+            )
+        if module.base_model_name is not None and module.base_model_name not in served:
+            raise ValueError(
+                f"--lora-modules: the base_model_name {module.base_model_name!r} of adapter "
+                f"{module.name!r} is not a served model name (served: {', '.join(served)})"
+            )
 
 
 def validate_parser_args(args: argparse.Namespace) -> None:

@@ -118,3 +118,20 @@ def test_steps_with_adapters_dispatch_no_graph():
     assert v1.dispatch(decodes, 3).runtime_mode == CUDAGraphMode.FULL
     padded = v1.dispatch(decodes, 3, has_lora=True)
     assert padded.runtime_mode == CUDAGraphMode.NONE and padded.num_tokens_padded == 3
+
+
+def test_sleep_level_2_refused_with_lora():
+    """Level 2 reloads the base weights into the model's modules, which the
+    LoRA layers have replaced: refused by name; level 1 stays allowed."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from vllm.config.compilation import CompilationConfig
+    from vllm.config.lora import LoRAConfig
+    from vllm.v1.worker.worker_sleep import check_sleep_supported
+
+    cfg = SimpleNamespace(compilation_config=CompilationConfig(), lora_config=LoRAConfig())
+    with pytest.raises(ValueError, match=r"Sleep level 2 .*\(--enable-lora\)"):
+        check_sleep_supported(cfg, 2)  # type: ignore[arg-type]
+    check_sleep_supported(cfg, 1)  # type: ignore[arg-type]

@@ -129,11 +129,13 @@ def test_selector_gives_cpu_wrapper():
 # index rows.
 WIDE_IDS: list[int | None] = [100 + s for s in range(8)]
 LAYOUTS = {
-    "runs": [101] * 20 + [0] * 17 + [103] * 18 + [101] * 21,
+    "runs": [101] * 100 + [0] * 60 + [103] * 70 + [101] * 50,
     "dense": [101, 103, 0, 102, 101, 101, 0, 103, 102, 101],
     # Every slot in use: the slices' A also go through one stacked matmul.
     "dense-all": [100, 107, 101, 0, 106, 102, 105, 103, 104, 100, 0, 107, 103],
     "gather": [100, 107, 0, 107, 100, 100, 107, 0, 100, 107, 107, 100],
+    # Long runs alternating between adapters (an unsorted prefill batch).
+    "gather-prefill": ([101] * 40 + [102] * 40 + [0] * 20) * 3,
 }
 
 
@@ -145,7 +147,7 @@ def _plan_kind(w: PunicaWrapperCPU) -> str:
 
 def _wide(layout: str) -> tuple[PunicaWrapperCPU, list[int]]:
     ids = LAYOUTS[layout]
-    w = PunicaWrapperCPU(max_num_batched_tokens=128, max_batches=64, device="cpu")
+    w = PunicaWrapperCPU(max_num_batched_tokens=512, max_batches=64, device="cpu")
     w.update_metadata(LoRAMapping(tuple(ids), tuple(ids), is_prefill=True), WIDE_IDS, 8, VOCAB)
     assert _plan_kind(w) == layout.split("-")[0]
     return w, [i - 100 if i else -1 for i in ids]

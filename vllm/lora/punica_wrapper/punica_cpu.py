@@ -7,14 +7,16 @@ Upstream's CPU wrapper re-derives the token grouping inside every op call
 per-slot rows, or the dense masked form for decode-like batches) and every
 layer's shrink / expand reuses it; prefill and decode steps share the code.
 
-The dense plan multiplies by B laid out `[slots * rank, out]`; that copy of
-each B stack is cached per weight tensor and rebuilt when the slot table
+The dense plan multiplies by B laid out `[slots * rank, out]` (and, for
+multi-slice layers, by all slices' A stacked); those copies are cached per
+weight tensor and rebuilt when the slot table
 (`lora_index_to_id`) changes or the tensor was written in place (its version
 counter, where it has one: inference-mode tensors keep none).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -54,8 +56,9 @@ class PunicaWrapperCPU(PunicaWrapperBase):
         self._plan = LoRAPlan(0)
         self._sampler_plan: LoRAPlan | None = None
         self._slot_table: tuple[int | None, ...] | None = None
-        # id(B stack) -> (the tensor, its version, stacked_b_t copy).
-        self._b_t_cache: dict[int, tuple[torch.Tensor, int | None, torch.Tensor]] = {}
+        # ids of weight tensors -> (the tensors, their versions, a derived copy).
+        self._cache: dict[tuple[int, ...], tuple[tuple[torch.Tensor, ...], tuple, torch.Tensor]]
+        self._cache = {}
 
     def update_metadata(
         self,
@@ -70,7 +73,7 @@ class PunicaWrapperCPU(PunicaWrapperBase):
         self._sampler_plan = None
         table = tuple(lora_index_to_id)
         if table != self._slot_table:  # slot contents changed
-            self._b_t_cache.clear()
+            self._cache.clear()
             self._slot_table = table
 
     @property
@@ -78,17 +81,35 @@ class PunicaWrapperCPU(PunicaWrapperBase):
         """This step's token plan (see lora_plan.py)."""
         return self._plan
 
+    def _derived(
+        self, tensors: tuple[torch.Tensor, ...], build: Callable[[], torch.Tensor]
+    ) -> torch.Tensor:
+        """`build()` (a re-laid-out copy of `tensors`), cached until the slot
+        table changes or one of the tensors is written in place."""
+        key = tuple(id(t) for t in tensors)
+        versions = tuple(_version(t) for t in tensors)
+        hit = self._cache.get(key)
+        if hit is not None and all(h is t for h, t in zip(hit[0], tensors)) and hit[1] == versions:
+            return hit[2]
+        value = build()
+        self._cache[key] = (tensors, versions, value)  # holds the tensors: ids stay unique
+        return value
+
     def _b_t(self, b: torch.Tensor, plan: LoRAPlan) -> torch.Tensor | None:
         """B as `[slots * rank, out]` for a dense plan (cached), else None."""
-        if not plan.dense:
+        return self._derived((b,), lambda: stacked_b_t(b)) if plan.dense else None
+
+    def _a_cat(self, a_stacked: tuple[torch.Tensor, ...], plan: LoRAPlan) -> torch.Tensor | None:
+        """Every slice's A of every slot as one `[slices * slots * rank, in]`
+        matrix (cached), for a dense plan spanning all slots of a layer with
+        several slices (merged QKV, gate_up): one shrink matmul for all."""
+        if not plan.dense or len(a_stacked) < 2 or plan.hi - plan.lo != a_stacked[0].size(0):
             return None
-        version = _version(b)
-        hit = self._b_t_cache.get(id(b))
-        if hit is not None and hit[0] is b and hit[1] == version:
-            return hit[2]
-        b_t = stacked_b_t(b)
-        self._b_t_cache[id(b)] = (b, version, b_t)
-        return b_t
+        if len({(a.shape, a.dtype) for a in a_stacked}) != 1:
+            return None
+        return self._derived(
+            a_stacked, lambda: torch.cat([a.reshape(-1, a.size(-1)) for a in a_stacked])
+        )
 
     def add_shrink(
         self,
@@ -164,9 +185,11 @@ class PunicaWrapperCPU(PunicaWrapperBase):
             self.add_shrink(tuple(tmp), x, lora_a_stacked, scale)
             self.add_expand(y, tuple(tmp), lora_b_stacked, output_slices, add_inputs=False)
             return
-        b_t = tuple(self._b_t(b, self._plan) for b in lora_b_stacked)
+        plan = self._plan
+        b_t = tuple(self._b_t(b, plan) for b in lora_b_stacked)
+        a_cat = self._a_cat(lora_a_stacked, plan)
         y2 = y.view(-1, y.size(-1))
-        plan_linear(self._plan, y2, x, lora_a_stacked, lora_b_stacked, b_t, scale, output_slices)
+        plan_linear(plan, y2, x, lora_a_stacked, lora_b_stacked, b_t, scale, output_slices, a_cat)
 
     def add_lora_logits(
         self,

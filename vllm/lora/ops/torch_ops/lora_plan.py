@@ -5,20 +5,21 @@ runs a shrink and an expand per output slice (7 projections x layers per
 step). `make_plan` therefore decides ONCE per step how the token rows map to
 adapter slots, and the functions here reuse that decision in every layer:
 
-- "rows" plan: a list of (slot, rows) items. Built from the maximal runs of
-  one slot in token order when the runs are long (a prefill batch: every
-  request's tokens are contiguous), so each item is a plain slice and costs
-  one matmul, no gather; else (long batches with short runs over many slots)
-  one item per slot with its token rows as an index tensor (one gather of x
-  per item, shared by all slices, and one `index_add_` back).
-- "dense" plan, for short runs (decode: one token per request, adapters
-  interleaved) over a small span of slots `[lo, hi)`: every token is
-  multiplied by the A weights of all k = hi - lo slots in ONE matmul
-  (A[lo:hi] viewed as `[k * rank, in]`, no copy), the `[T, k * rank]` result
-  is masked by the one-hot of each token's slot (rows of slot -1 become 0),
-  and one matmul with B laid out as `[k * rank, out]` adds the delta. That is
-  k times the LoRA flops (small: rank << hidden) but 3 ops per slice instead
-  of 2 per slot and slice plus gathers, which is what a decode step pays for.
+- "dense" plan, for decode-like steps (short runs of one slot, or few tokens)
+  over a small span of slots `[lo, hi)`: every token is multiplied by the A
+  weights of all k = hi - lo slots in ONE matmul (A[lo:hi] viewed as
+  `[k * rank, in]`, no copy; with several slices and every slot in the span,
+  one matmul for all slices, see `plan_linear`'s a_cat), the `[T, k * rank]`
+  result is masked by the one-hot of each token's slot (rows of slot -1
+  become 0), and one matmul with B laid out as `[k * rank, out]` adds the
+  delta. k times the LoRA flops (small: rank << hidden) but 3 ops per slice,
+  where at decode sizes each op costs more in fixed overhead than in flops.
+- "rows" plan: a list of (slot, rows) items. When the adapted tokens form
+  few runs of one slot (a prefill batch sorted by adapter), one item per run
+  whose rows are a plain slice: one matmul each, no gather. Else (long runs
+  over many requests, adapters interleaved) one item per slot with its token
+  rows as an index tensor: one gather of x per item, shared by all slices,
+  and one `index_add_` back.
 
 Arithmetic runs in the LoRA weights' dtype (the activation is cast to it
 once), as the Triton kernels, which accumulate in float32 and round the
@@ -34,9 +35,13 @@ import torch
 # One item's token rows: a slice (contiguous rows) or an index tensor.
 Rows = slice | torch.Tensor
 
-# A "rows" plan is used when the runs of one slot average at least this many
-# tokens; below it (decode-like batches) the dense plan, if its span is small.
+# The dense plan is used when the runs of one slot average fewer tokens than
+# this, or the step has at most DENSE_MAX_TOKENS tokens (if its span is small).
 MIN_MEAN_RUN = 16
+DENSE_MAX_TOKENS = 256
+# A "rows" plan takes one slice per run while the runs are at most this many
+# per slot in use; else it gathers each slot's rows.
+MAX_RUNS_PER_SLOT = 2
 # The dense plan multiplies by every slot in [lo, hi): allowed while that span
 # holds at most this many slots beyond the ones in use.
 MAX_DENSE_WASTE = 4
@@ -81,21 +86,22 @@ def make_plan(indices: torch.Tensor) -> LoRAPlan:
     used = sorted({s for s in slots if s >= 0})
     if not used:
         return plan
-    if n >= MIN_MEAN_RUN * len(slots):  # long runs: one slice per run
-        start = 0
-        for slot, length in zip(slots, lens):
-            if slot >= 0:
-                plan.items.append((slot, slice(start, start + length)))
-            start += length
-        return plan
     lo, hi = used[0], used[-1] + 1
-    if hi - lo <= len(used) + MAX_DENSE_WASTE:
+    short = n < MIN_MEAN_RUN * len(slots) or n <= DENSE_MAX_TOKENS
+    if short and hi - lo <= len(used) + MAX_DENSE_WASTE:
         plan.dense, plan.lo, plan.hi = True, lo, hi
         rel = indices - lo
         mask = torch.zeros(n, hi - lo, dtype=torch.float32, device=indices.device)
         adapted = indices >= 0
         mask[adapted, rel[adapted]] = 1.0
         plan.mask, plan.indices = mask, indices
+        return plan
+    if sum(s >= 0 for s in slots) <= MAX_RUNS_PER_SLOT * len(used):
+        start = 0
+        for slot, length in zip(slots, lens):
+            if slot >= 0:
+                plan.items.append((slot, slice(start, start + length)))
+            start += length
         return plan
     plan.items = group_by_slot(indices)
     return plan
@@ -229,13 +235,16 @@ def plan_linear(
     b_t: tuple[torch.Tensor | None, ...],
     scale: float,
     output_slices: tuple[int, ...],
+    a_cat: torch.Tensor | None = None,
     offset: int = 0,
 ) -> None:
     """`y[t, off_i:off_i+n_i] += scale * (x[t] @ A_i.T) @ B_i.T` per slice i
     (slices side by side from `offset`); the rank-sized intermediate never
-    leaves the weights' dtype and is not kept in token order."""
+    leaves the weights' dtype and is not kept in token order. `a_cat`
+    (dense plan spanning every slot only): the slices' A stacked as
+    `[slices * slots * rank, in]`, so one matmul shrinks for all slices."""
     if plan.dense:
-        _dense_linear(plan, y, x, a_stacked, b_stacked, b_t, scale, output_slices, offset)
+        _dense_linear(plan, y, x, a_stacked, b_stacked, b_t, scale, output_slices, offset, a_cat)
         return
     total = sum(output_slices)
     window = y[: plan.num_tokens, offset : offset + total]
@@ -267,6 +276,7 @@ def _dense_linear(
     scale: float,
     output_slices: tuple[int, ...],
     offset: int,
+    a_cat: torch.Tensor | None,
 ) -> None:
     # Few dispatcher calls per slice: at decode sizes each op costs more in
     # fixed overhead than in arithmetic.
@@ -276,16 +286,25 @@ def _dense_linear(
     xw = xw if xw.dtype == wdt else xw.to(wdt)
     yw = y if y.size(0) == n else y[:n]
     mask = plan.mask_as(wdt).unsqueeze(2)  # [T, k, 1]
-    for a, b, bt, cols in zip(a_stacked, b_stacked, b_t, output_slices):
+    shrunk = None
+    if a_cat is not None:  # [T, slices * k * rank]: all slices in one matmul
+        shrunk = torch.mm(xw, a_cat.t())
+        shrunk.view(n, len(a_stacked), k, -1).mul_(mask.unsqueeze(1))
+        if scale != 1.0:
+            shrunk.mul_(scale)
+    for i, (a, b, bt, cols) in enumerate(zip(a_stacked, b_stacked, b_t, output_slices)):
         rank, slots = a.size(-2), a.size(0)
         assert b.size(-1) == rank and b.dtype == wdt == a.dtype, "dense plan: A and B differ"
-        # [T, k * rank]: every token times every slot's A, then the other
-        # slots' (and slot -1 tokens') rank-vectors zeroed by the mask.
-        aw = a.view(slots * rank, -1) if k == slots else span_weight(a, lo, hi)
-        every = torch.mm(xw, aw.t())
-        every.view(n, k, rank).mul_(mask)
-        if scale != 1.0:
-            every.mul_(scale)
+        if shrunk is not None:
+            every = shrunk[:, i * k * rank : (i + 1) * k * rank]
+        else:
+            # [T, k * rank]: every token times every slot's A, then the other
+            # slots' (and slot -1 tokens') rank-vectors zeroed by the mask.
+            aw = a.view(slots * rank, -1) if k == slots else span_weight(a, lo, hi)
+            every = torch.mm(xw, aw.t())
+            every.view(n, k, rank).mul_(mask)
+            if scale != 1.0:
+                every.mul_(scale)
         bt = bt if bt is not None else stacked_b_t(b)
         if k != slots or cols != bt.size(1):
             bt = bt[lo * rank : hi * rank, :cols]

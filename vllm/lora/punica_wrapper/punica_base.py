@@ -33,7 +33,7 @@ import torch
 from vllm.lora.punica_wrapper.utils import compute_meta, convert_mapping
 
 if TYPE_CHECKING:
-    from vllm.lora.layers import LoRAMapping
+    from vllm.lora.layers.utils import LoRAMapping
 
 
 class PunicaWrapperABC(ABC):

@@ -32,7 +32,7 @@ from vllm.lora.ops.torch_ops.lora_plan import (
 from vllm.lora.punica_wrapper.punica_base import PunicaWrapperBase
 
 if TYPE_CHECKING:
-    from vllm.lora.layers import LoRAMapping
+    from vllm.lora.layers.utils import LoRAMapping
 
 
 def _version(t: torch.Tensor) -> int | None:

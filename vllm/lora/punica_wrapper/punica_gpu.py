@@ -14,7 +14,7 @@ from vllm.lora.ops.triton_ops.lora_kernel_metadata import MetaArgs
 from vllm.lora.punica_wrapper.punica_base import PunicaWrapperBase
 
 if TYPE_CHECKING:
-    from vllm.lora.layers import LoRAMapping
+    from vllm.lora.layers.utils import LoRAMapping
 
 
 @final

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from vllm.lora.layers import LoRAMapping
+    from vllm.lora.layers.utils import LoRAMapping
 
 
 def compute_meta(

@@ -180,3 +180,59 @@ def test_input_processor_passes_the_adapter_only_when_lora_is_enabled(model_dir)
     disabled = InputProcessor(_config(model_dir), tokenizer=None)
     with pytest.raises(VLLMValidationError, match="but LoRA is not enabled!"):
         disabled.process_inputs("r", prompt, params, lora_request=_lora())
+
+
+def test_utility_arguments_become_lora_requests_again():
+    """A LoRARequest utility argument arrives as a msgpack array; the core
+    rebuilds it from the method's annotation (upstream's _convert_msgspec_args)."""
+    from vllm.v1.engine.core_proc import _convert_msgspec_args
+    from vllm.v1.engine.engine_core import EngineCore
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    args = MsgpackDecoder().decode(MsgpackEncoder().encode(["x", (_lora(),)])[0])[1]
+    assert isinstance(args[0], list)  # untyped on the wire
+    (converted,) = _convert_msgspec_args(EngineCore.add_lora.__get__(object()), args)
+    assert isinstance(converted, LoRARequest) and converted.base_model_name == "base"
+    assert _convert_msgspec_args(EngineCore.remove_lora.__get__(object()), [3]) == [3]
+    with pytest.raises(msgspec.ValidationError):
+        _convert_msgspec_args(EngineCore.add_lora.__get__(object()), [["x"]])
+
+
+def test_utility_failures_keep_their_kind():
+    import concurrent.futures
+
+    from vllm.exceptions import LoRAAdapterNotFoundError, VLLMNotFoundError
+    from vllm.v1.engine import UtilityOutput
+    from vllm.v1.engine.core_client_mp import _lora_not_found, _process_utility_output
+    from vllm.v1.engine.core_proc import _set_failure
+
+    def failed(error: Exception) -> BaseException | None:
+        output = UtilityOutput(1)
+        _set_failure(output, "add_lora", error)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        _process_utility_output(output, {1: future})
+        return future.exception()
+
+    not_found = failed(LoRAAdapterNotFoundError("sql", "/nowhere"))
+    assert isinstance(not_found, VLLMNotFoundError)
+    assert "Call to add_lora method failed: Loading lora sql failed: No adapter found" in str(
+        not_found
+    )
+    with pytest.raises(LoRAAdapterNotFoundError) as info, _lora_not_found(_lora()):
+        raise not_found
+    assert (info.value.lora_name, info.value.lora_path) == ("sql", "/adapters/sql")
+    assert type(failed(ValueError("rank 32 > max_lora_rank 16"))) is ValueError
+    assert type(failed(RuntimeError("worker died"))) is Exception
+
+
+def test_new_request_data_carries_the_adapter_to_the_workers():
+    from vllm.distributed.device_communicators.rpc_codec import RpcDecoder, RpcEncoder
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.output import NewRequestData
+    from vllm.v1.request import Request
+
+    request = Request("r", [1, 2, 3], SamplingParams(max_tokens=2), lora_request=_lora())
+    data = NewRequestData.from_request(request, ([4],))
+    decoded = RpcDecoder().decode(RpcEncoder().encode(data))
+    assert isinstance(decoded.lora_request, LoRARequest)
+    assert decoded.lora_request.lora_int_id == 7 and decoded.lora_request == _lora()

@@ -157,7 +157,7 @@ class LLM(PoolingMixin):
         messages: list[ChatCompletionMessageParam] | Sequence[list[ChatCompletionMessageParam]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | Callable[..., tqdm] = True,
-        lora_request: LoRARequest | None = None,
+        lora_request: Sequence[LoRARequest | None] | LoRARequest | None = None,
         chat_template: str | None = None,
         chat_template_content_format: ChatTemplateContentFormatOption = "auto",
         add_generation_prompt: bool = True,
@@ -173,6 +173,7 @@ class LLM(PoolingMixin):
         header; `continue_final_message` instead leaves the last (assistant)
         message open for the model to continue; both at once is an error.
         `chat_template_kwargs` reach the template (e.g. `enable_thinking`).
+        `lora_request`: one adapter for every conversation, or one per conversation.
         """
         if self.model_config.runner_type != "generate":
             raise ValueError("LLM.chat() is only supported for generative models.")
@@ -201,7 +202,7 @@ class LLM(PoolingMixin):
         self,
         prompts: Sequence[TokensPrompt | TextPrompt | str],
         params: BeamSearchParams,
-        lora_request: LoRARequest | None = None,
+        lora_request: Sequence[LoRARequest | None] | LoRARequest | None = None,
         use_tqdm: bool = False,
         concurrency_limit: int | None = None,
     ) -> list[BeamSearchOutput]:
@@ -212,11 +213,18 @@ class LLM(PoolingMixin):
         finished and live beams are ranked by cumulative logprob / length **
         length_penalty (length = prompt + generated, final EOS excluded).
         `concurrency_limit` bounds how many prompts are searched at a time.
+        `lora_request`: one adapter for every prompt, or one per prompt.
         """
         tokenizer = self.get_tokenizer()
+        if isinstance(lora_request, Sequence):
+            if len(lora_request) != len(prompts):
+                raise ValueError("Lists of LoRA requests must be the same length as the prompts.")
+            loras = list(lora_request)
+        else:
+            loras = [lora_request] * len(prompts)
         instances = [
-            BeamSearchInstance.from_prompt(self._beam_prompt_tokens(p, tokenizer), lora_request)
-            for p in prompts
+            BeamSearchInstance.from_prompt(self._beam_prompt_tokens(p, tokenizer), lora)
+            for p, lora in zip(prompts, loras)
         ]
         step_params = SamplingParams(
             logprobs=2 * params.beam_width, max_tokens=1, temperature=params.temperature

@@ -2,7 +2,7 @@
 `max_loras` adapter slots (running requests first; a waiting request whose
 adapter would exceed the bound steps aside, keeping its place, while later
 requests may still be admitted), and prefix-cache blocks are keyed by the
-adapter, so the same prompt under two adapters shares no block."""
+adapter (name and id), so the same prompt under two adapters shares no block."""
 
 from __future__ import annotations
 
@@ -139,13 +139,14 @@ def test_prefix_cache_blocks_are_keyed_by_adapter():
     assert _prefill(scheduler, "base2", None, prompt) == 32
 
 
-def test_block_hashes_differ_by_adapter_name():
+def test_block_hashes_differ_by_adapter_name_and_id():
     prompt = list(range(32))
     a = _request("a", "A", prompt=prompt).block_hashes
     b = _request("b", "B", prompt=prompt).block_hashes
     base = _request("c", None, prompt=prompt).block_hashes
     assert len(a) == len(b) == len(base) == 2
     assert not set(a) & set(b) and not set(a) & set(base)
-    # Keyed by name (as upstream): another id under the same name shares blocks.
-    renamed = _request("d", LoRARequest("A", 9, "/elsewhere"), prompt=prompt)
-    assert renamed.block_hashes == a
+    # Keyed by name and id: the same name loaded again (another id, maybe
+    # other weights) shares no block; the same adapter again shares them all.
+    assert not set(a) & set(_request("d", LoRARequest("A", 9, "/a-v2"), prompt=prompt).block_hashes)
+    assert _request("e", LoRARequest("A", 1, "/adapters/A"), prompt=prompt).block_hashes == a

@@ -249,11 +249,16 @@ class FreeKVCacheBlockQueue:
         return free_blocks
 
 
-def _gen_lora_extra_hash_keys(request: "Request") -> list[str]:
-    """The LoRA name: blocks computed with different adapters never match."""
-    if request.lora_request is None:
+def _gen_lora_extra_hash_keys(request: "Request") -> list[str | int]:
+    """The adapter's name and id: blocks computed with different adapters
+    never match. Upstream keys by name only; the id is added because a name
+    can come back with other weights (the server unloads an adapter and loads
+    another under the same name, or reloads it in place, each time with a new
+    lora_int_id), and blocks computed with the old weights must not be reused."""
+    lora = request.lora_request
+    if lora is None:
         return []
-    return [request.lora_request.lora_name]
+    return [lora.lora_name, lora.lora_int_id]
 
 
 def _gen_prompt_embeds_extra_hash_keys(

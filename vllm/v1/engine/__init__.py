@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import torch
 
+from vllm.exceptions import VLLMNotFoundError
 from vllm.lora.request import LoRARequest
 from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
@@ -148,6 +149,20 @@ class UtilityOutput(
     call_id: int
     failure_message: str | None = None
     result: Any | None = None
+    # What kind of error the call raised (UTILITY_ERROR_KINDS), so that the
+    # client raises the same kind: "not_found" (VLLMNotFoundError, e.g. a
+    # missing LoRA adapter), "value", "type", "not_implemented"; None: other.
+    failure_kind: str | None = None
+
+
+# Error kinds a utility failure carries back, in the order they are tested
+# (subclasses first); the client raises the class named here.
+UTILITY_ERROR_KINDS: tuple[tuple[str, type[Exception]], ...] = (
+    ("not_found", VLLMNotFoundError),
+    ("value", ValueError),
+    ("type", TypeError),
+    ("not_implemented", NotImplementedError),
+)
 
 
 class EngineCoreOutputs(

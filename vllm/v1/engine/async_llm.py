@@ -28,7 +28,7 @@ import vllm.envs as envs
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.protocol import EngineClient
-from vllm.exceptions import VLLMValidationError
+from vllm.exceptions import VLLMClientError, VLLMValidationError
 from vllm.inputs import PromptType
 from vllm.logger import init_logger
 from vllm.outputs import PoolingRequestOutput, RequestOutput
@@ -157,6 +157,8 @@ class AsyncLLM(EngineClient):
             stream_interval=vllm_config.scheduler_config.stream_interval,
         )
         self._supported_tasks: tuple[str, ...] | None = None
+        # Adapter ids loaded through this engine (see _ensure_lora_loaded).
+        self._lora_ids_loaded: set[int] = set()
         self.engine_core = EngineCoreClient.make_async_mp_client(
             vllm_config=vllm_config, executor_class=executor_class, log_stats=self.log_stats
         )
@@ -284,6 +286,9 @@ class AsyncLLM(EngineClient):
         """Returns (internal id to abort with, collector)."""
         if self.errored:
             raise EngineDeadError()
+        if lora_request is not None and self.vllm_config.lora_config is not None:
+            # Before admission: nothing may await between it and the fan-out.
+            await self._ensure_lora_loaded(lora_request)
         self._check_admission(getattr(params, "n", 1))
         request = self.input_processor.process_inputs(
             request_id,
@@ -412,8 +417,8 @@ class AsyncLLM(EngineClient):
             if self.log_requests:
                 logger.info("Request %s failed (engine dead).", request_id)
             raise
-        except (ValueError, QueueOverflowError):
-            # Bad input or back-pressure: this request only.
+        except (ValueError, VLLMClientError, QueueOverflowError):
+            # Bad input (a missing LoRA adapter too) or back-pressure: this request only.
             raise
         except Exception as e:
             if internal_id is not None:
@@ -455,7 +460,7 @@ class AsyncLLM(EngineClient):
             if internal_id is not None:
                 await self.abort(internal_id, internal=True)
             raise
-        except (EngineDeadError, ValueError, QueueOverflowError):
+        except (EngineDeadError, ValueError, VLLMClientError, QueueOverflowError):
             raise
         except Exception as e:
             if internal_id is not None:
@@ -554,6 +559,32 @@ class AsyncLLM(EngineClient):
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()
+
+    # ---- LoRA adapters ----
+    async def _ensure_lora_loaded(self, lora_request: LoRARequest) -> None:
+        """Load an adapter on its first request, so that a bad one raises
+        to the caller (LoRAAdapterNotFoundError, ValueError) with nothing queued."""
+        if lora_request.lora_int_id not in self._lora_ids_loaded:
+            await self.add_lora(lora_request)
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load a new LoRA adapter into the engine for future requests."""
+        loaded = await self.engine_core.add_lora_async(lora_request)
+        self._lora_ids_loaded.add(lora_request.lora_int_id)
+        return loaded
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        """Remove an already loaded LoRA adapter."""
+        self._lora_ids_loaded.discard(lora_id)
+        return await self.engine_core.remove_lora_async(lora_id)
+
+    async def list_loras(self) -> set[int]:
+        """List all registered adapters."""
+        return await self.engine_core.list_loras_async()
+
+    async def pin_lora(self, lora_id: int) -> bool:
+        """Prevent an adapter from being evicted."""
+        return await self.engine_core.pin_lora_async(lora_id)
 
 
 async def _output_handler(

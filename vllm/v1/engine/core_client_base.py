@@ -27,6 +27,7 @@ from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
 from vllm.v1.engine.engine_core import EngineCore
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
     from vllm.v1.engine.core_client_mp import AsyncMPClient
     from vllm.v1.executor.abstract import Executor
 
@@ -106,6 +107,19 @@ class EngineCoreClient(ABC):
     def is_sleeping(self) -> bool:
         raise NotImplementedError(f"{type(self).__name__}: use is_sleeping_async()")
 
+    # LoRA adapters (EngineCore.add_lora / remove_lora / list_loras / pin_lora).
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        raise NotImplementedError(f"{type(self).__name__}: use add_lora_async()")
+
+    def remove_lora(self, lora_id: int) -> bool:
+        raise NotImplementedError(f"{type(self).__name__}: use remove_lora_async()")
+
+    def list_loras(self) -> set[int]:
+        raise NotImplementedError(f"{type(self).__name__}: use list_loras_async()")
+
+    def pin_lora(self, lora_id: int) -> bool:
+        raise NotImplementedError(f"{type(self).__name__}: use pin_lora_async()")
+
 
 class InprocClient(EngineCoreClient):
     """The engine core in the caller's process: `get_output()` runs one step."""
@@ -155,6 +169,18 @@ class InprocClient(EngineCoreClient):
 
     def is_sleeping(self) -> bool:
         return self.engine_core.is_sleeping()
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self.engine_core.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.engine_core.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.engine_core.list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self.engine_core.pin_lora(lora_id)
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

@@ -24,7 +24,7 @@ import queue
 import threading
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +33,11 @@ import zmq.asyncio
 
 import vllm.envs as envs
 from vllm.config import VllmConfig
+from vllm.exceptions import LoRAAdapterNotFoundError, VLLMNotFoundError
 from vllm.logger import init_logger
+from vllm.lora.request import LoRARequest
 from vllm.v1.engine import (
+    UTILITY_ERROR_KINDS,
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineCoreRequestType,
@@ -122,7 +125,9 @@ def _process_utility_output(output: UtilityOutput, utility_results: dict[int, An
     if future is None or future.done():
         return
     if output.failure_message is not None:
-        future.set_exception(Exception(output.failure_message))
+        # The kind of error the core raised (ValueError, VLLMNotFoundError, ...).
+        error_cls = dict(UTILITY_ERROR_KINDS).get(output.failure_kind or "", Exception)
+        future.set_exception(error_cls(output.failure_message))
     else:
         future.set_result(output.result)
 
@@ -325,6 +330,19 @@ class SyncMPClient(MPClient):
         sleeping: bool = self.call_utility("is_sleeping")
         return sleeping
 
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        with _lora_not_found(lora_request):
+            return bool(self.call_utility("add_lora", lora_request))
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return bool(self.call_utility("remove_lora", lora_id))
+
+    def list_loras(self) -> set[int]:
+        return set(self.call_utility("list_loras"))  # a set travels as a list
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return bool(self.call_utility("pin_lora", lora_id))
+
 
 def _process_outputs_socket(
     resources: BackgroundResources,
@@ -497,6 +515,19 @@ class AsyncMPClient(MPClient):
         sleeping: bool = await self.call_utility_async("is_sleeping")
         return sleeping
 
+    async def add_lora_async(self, lora_request: LoRARequest) -> bool:
+        with _lora_not_found(lora_request):
+            return bool(await self.call_utility_async("add_lora", lora_request))
+
+    async def remove_lora_async(self, lora_id: int) -> bool:
+        return bool(await self.call_utility_async("remove_lora", lora_id))
+
+    async def list_loras_async(self) -> set[int]:
+        return set(await self.call_utility_async("list_loras"))
+
+    async def pin_lora_async(self, lora_id: int) -> bool:
+        return bool(await self.call_utility_async("pin_lora", lora_id))
+
     # The synchronous interface does not apply to an asyncio client.
     def get_output(self) -> EngineCoreOutputs:
         raise NotImplementedError("AsyncMPClient: use get_output_async()")
@@ -518,6 +549,17 @@ class AsyncMPClient(MPClient):
         kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
         raise NotImplementedError("AsyncMPClient: use collective_rpc_async()")
+
+
+@contextlib.contextmanager
+def _lora_not_found(lora_request: LoRARequest) -> Iterator[None]:
+    """A missing adapter raises LoRAAdapterNotFoundError, as in process."""
+    try:
+        yield
+    except VLLMNotFoundError as e:
+        if isinstance(e, LoRAAdapterNotFoundError):
+            raise
+        raise LoRAAdapterNotFoundError(lora_request.lora_name, lora_request.lora_path) from e
 
 
 def _fail_pending_utilities(utility_results: dict[int, AnyFuture]) -> None:

@@ -22,6 +22,7 @@ logged and (when the request id is known) answered with an ERROR output.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import queue
 import signal
 import threading
@@ -29,13 +30,15 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_type_hints
 
+import msgspec
 import zmq
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.v1.engine import (
+    UTILITY_ERROR_KINDS,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -277,7 +280,7 @@ class EngineCoreProc(EngineCore):
             if method_name.startswith("_") or method_name in _NOT_UTILITIES:
                 raise AttributeError(f"{method_name} is not a utility method")
             method = getattr(self, method_name)
-            result = method(*args)
+            result = method(*_convert_msgspec_args(method, args))
             if isinstance(result, Future):
                 # Answered when it resolves (sleep mode "wait"), on the busy loop.
                 result.add_done_callback(
@@ -287,7 +290,7 @@ class EngineCoreProc(EngineCore):
             output.result = UtilityResult(result)
         except Exception as e:
             logger.exception("Invocation of %s method failed", method_name)
-            output.failure_message = f"Call to {method_name} method failed: {e}"
+            _set_failure(output, method_name, e)
         self.output_queue.put_nowait((client_idx, EngineCoreOutputs(utility_output=output)))
 
     def _send_utility_future(
@@ -296,7 +299,7 @@ class EngineCoreProc(EngineCore):
         output = UtilityOutput(call_id)
         if (e := future.exception()) is not None:
             logger.error("Invocation of %s method failed: %s", method_name, e)
-            output.failure_message = f"Call to {method_name} method failed: {e}"
+            _set_failure(output, method_name, e)
         else:
             output.result = UtilityResult(future.result())
         self.output_queue.put_nowait((client_idx, EngineCoreOutputs(utility_output=output)))
@@ -448,6 +451,32 @@ _NOT_UTILITIES = frozenset(
         "preprocess_add_request",
     )
 )
+
+
+def _convert_msgspec_args(method: Any, args: list[Any]) -> list[Any]:
+    """Utility arguments arrive untyped: a msgspec struct (a LoRARequest) is
+    a msgpack array. Rebuild each argument whose parameter is annotated with a
+    msgspec struct type, validating it (upstream's `_convert_msgspec_args`)."""
+    if not args:
+        return args
+    try:
+        hints = get_type_hints(method)
+    except (NameError, TypeError):  # annotations naming types only imported for mypy
+        return args
+    params = list(inspect.signature(method).parameters)
+    converted = list(args)
+    for i, (name, value) in enumerate(zip(params, args)):
+        t = hints.get(name)
+        if isinstance(t, type) and issubclass(t, msgspec.Struct) and not isinstance(value, t):
+            converted[i] = msgspec.convert(value, type=t)
+    return converted
+
+
+def _set_failure(output: UtilityOutput, method_name: str, e: BaseException) -> None:
+    output.failure_message = f"Call to {method_name} method failed: {e}"
+    output.failure_kind = next(
+        (kind for kind, cls in UTILITY_ERROR_KINDS if isinstance(e, cls)), None
+    )
 
 
 def _encode(encoder: MsgpackEncoder, outputs: EngineCoreOutputs) -> Any:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.lora.request import LoRARequest
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import (
     generate_scheduler_kv_cache_config,
@@ -145,6 +146,8 @@ class EngineCore:
         self._deferred_sampling: tuple[StepFuture, SchedulerOutput] | None = None
         self.step_fn: StepFn = self.step if self.batch_queue is None else self.step_with_batch_queue
         self.sleep_manager = SleepManager(vllm_config, self)
+        # Adapter ids every worker loaded successfully (see `add_request`).
+        self._lora_ids_loaded: set[int] = set()
         # In process: outputs made outside `step` (see _emit_outputs).
         self._stashed_outputs: list[EngineCoreOutputs] = []
 
@@ -182,8 +185,21 @@ class EngineCore:
             supported = self.get_supported_tasks()
             if task not in supported:
                 raise ValueError(f"Unsupported task: {task!r} Supported tasks: {supported}")
+        if request.lora_request is not None and self.vllm_config.lora_config is not None:
+            self._ensure_lora_loaded(request.lora_request)
         if not self.sleep_manager.hold_request(request):  # held while a "wait" sleep is pending
             self._admit_request(request)
+
+    def _ensure_lora_loaded(self, lora_request: LoRARequest) -> None:
+        """Load an adapter the workers have not loaded yet before its first
+        request is queued. A bad adapter (missing path, not a peft directory,
+        rank above max_lora_rank, unsupported target modules, another base
+        model) then fails this request with the loader's error (loading
+        nothing) instead of failing a step that serves other requests; the
+        front ends do the same first to hand the caller that error. (Upstream
+        loads it inside the step.) A known id costs nothing."""
+        if lora_request.lora_int_id not in self._lora_ids_loaded:
+            self.add_lora(lora_request)
 
     def get_supported_tasks(self) -> tuple[str, ...]:
         """The tasks the loaded model serves (asked of the workers once)."""
@@ -363,6 +379,26 @@ class EngineCore:
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.scheduler.reset_prefix_cache(reset_running_requests)
+
+    # LoRA adapters (upstream's names): loaded into every worker's CPU cache;
+    # a step activates the ones its requests use (at most max_loras).
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter for future requests; False if it was loaded already."""
+        loaded = self.model_executor.add_lora(lora_request)
+        self._lora_ids_loaded.add(lora_request.lora_int_id)
+        return loaded
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Unload an adapter; requests still using it reload it from their path."""
+        self._lora_ids_loaded.discard(lora_id)
+        return self.model_executor.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.model_executor.list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Keep an adapter loaded: never evicted from the caches."""
+        return self.model_executor.pin_lora(lora_id)
 
     def collective_rpc(
         self,

@@ -64,6 +64,8 @@ class LLMEngine:
         )
         self.tokenizer = tokenizer
         self.input_processor = InputProcessor(vllm_config, tokenizer)
+        # Adapter ids loaded through this engine (see _ensure_lora_loaded).
+        self._lora_ids_loaded: set[int] = set()
         self.output_processor = OutputProcessor(
             tokenizer,
             log_stats=log_stats,
@@ -165,6 +167,8 @@ class LLMEngine:
             reasoning_ended=reasoning_ended,
             reasoning_parser_kwargs=reasoning_parser_kwargs,
         )
+        if request.lora_request is not None:
+            self._ensure_lora_loaded(request.lora_request)
         self.input_processor.assign_request_id(request)
         prompt_text = prompt if isinstance(prompt, str) else prompt.get("prompt")
         # The processed copy of the params (max_tokens and stop ids filled in).
@@ -205,6 +209,32 @@ class LLMEngine:
 
     def get_tokenizer(self) -> TokenizerLike:
         return self.input_processor.get_tokenizer()
+
+    # ---- LoRA adapters ----
+    def _ensure_lora_loaded(self, lora_request: LoRARequest) -> None:
+        """Load an adapter on its first request, so that a bad one raises
+        here (LoRAAdapterNotFoundError, ValueError) with nothing queued."""
+        if lora_request.lora_int_id not in self._lora_ids_loaded:
+            self.add_lora(lora_request)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load a new LoRA adapter into the engine for future requests."""
+        loaded = self.engine_core.add_lora(lora_request)
+        self._lora_ids_loaded.add(lora_request.lora_int_id)
+        return loaded
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Remove an already loaded LoRA adapter."""
+        self._lora_ids_loaded.discard(lora_id)
+        return self.engine_core.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        """List all registered adapters."""
+        return self.engine_core.list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        """Prevent an adapter from being evicted."""
+        return self.engine_core.pin_lora(lora_id)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return self.engine_core.reset_prefix_cache(reset_running_requests)

@@ -58,10 +58,11 @@ class MixtralDecoderLayer(LlamaDecoderLayer):
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
-    # LoRA (inherited SupportsLoRA): the attention projections. The FusedMoE
-    # experts are no LoRA target, and the router is `mlp.gate` here but
-    # `block_sparse_moe.gate` in peft adapters: an adapter targeting either is
-    # refused on load, naming the modules.
+    # LoRA (inherited SupportsLoRA): the attention projections and the router
+    # (`mlp.gate`, transformers 5's name; an older adapter's
+    # `block_sparse_moe.gate` is refused as a module this model lacks). The
+    # FusedMoE experts are no LoRA target: an adapter of them is refused on
+    # load, naming the modules.
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
     }

@@ -42,7 +42,8 @@ ARGS = "tests/engine/test_arg_utils.py"
 POOLING = "tests/models/language/pooling/test_embedding.py"
 TWO = "tests/entrypoints/openai/test_two_models.py"
 LORA_SERVING = "tests/entrypoints/openai/test_lora_serving.py"
-LORA_API = "tests/lora/test_engine_api.py"
+LORA_ENGINE = "tests/lora/test_engine_api_engines.py"
+LORA_MANAGER = "tests/lora/test_model_manager.py"
 
 SCHED = "tests/v1/core/test_scheduler.py"
 CUDAGRAPH = "tests/v1/cudagraph/test_config_and_dispatch.py"
@@ -273,14 +274,25 @@ AUDIT: dict[str, tuple[str, Any]] = {
     ),
     "performance_mode": ("tested", f"{DEFAULTS}::test_throughput_mode_doubles_only_the_defaults"),
     # ---- LoRAConfig (each of the others is refused without --enable-lora) ----
-    "enable_lora": ("tested", f"{LORA_API}::test_cli_flags_build_the_lora_config"),
-    "max_loras": ("tested", f"{LORA_API}::test_cli_flags_build_the_lora_config"),
-    "max_lora_rank": ("tested", f"{LORA_API}::test_cli_flags_build_the_lora_config"),
-    "max_cpu_loras": ("tested", f"{LORA_API}::test_cli_flags_build_the_lora_config"),
-    "lora_dtype": ("tested", f"{LORA_API}::test_cli_flags_build_the_lora_config"),
-    "lora_target_modules": ("tested", f"{LORA_API}::test_cli_flags_build_the_lora_config"),
-    # Accepted with one TP rank (the same layout), refused with more.
-    "fully_sharded_loras": ("tested", f"{LORA_API}::test_bad_lora_settings_are_refused"),
+    "enable_lora": ("tested", f"{LORA_ENGINE}::test_adapters_change_the_output_and_are_listed"),
+    "max_loras": (
+        "tested",
+        (
+            "tests/v1/core/test_scheduler_lora.py::"
+            "test_every_step_within_max_loras_and_every_request_finishes"
+        ),
+    ),
+    "max_lora_rank": (
+        "tested",
+        f"{LORA_ENGINE}::test_bad_adapter_raises_and_the_engine_keeps_serving",
+    ),
+    "max_cpu_loras": ("tested", f"{LORA_MANAGER}::test_max_cpu_loras_bounds_loaded_adapters"),
+    "lora_dtype": ("tested", f"{LORA_ENGINE}::test_lora_dtype_and_max_lora_rank_reach_the_layers"),
+    "lora_target_modules": (
+        "tested",
+        f"{LORA_MANAGER}::test_target_modules_restricts_wrapped_layers",
+    ),
+    "fully_sharded_loras": ("tested", "tests/lora/test_layers_tp.py::test_tp2_equals_tp1"),
     "specialize_active_lora": ("tested", "tests/lora/test_ops_triton.py::test_triton_lora_kernel"),
     # ---- observability / AsyncEngineArgs ----
     "disable_log_stats": ("tested", f"{EFFECTS}::test_log_stats_report_request_metrics"),

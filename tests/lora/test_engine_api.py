@@ -59,9 +59,12 @@ def test_defaults_and_auto_dtype(model_dir):
     # As upstream: max_cpu_loras <= 0 means the default (max_loras).
     lora = _config(model_dir, enable_lora=True, max_loras=2, max_cpu_loras=0).lora_config
     assert lora is not None and lora.max_cpu_loras == 2
-    # fully_sharded_loras with one TP rank computes what the default layout does.
-    lora = _config(model_dir, enable_lora=True, fully_sharded_loras=True).lora_config
-    assert lora is not None and lora.fully_sharded_loras
+    # fully_sharded_loras: the sharded layers (tests/lora/test_layers_tp.py).
+    for tp in (1, 2):
+        config = _config(
+            model_dir, enable_lora=True, fully_sharded_loras=True, tensor_parallel_size=tp
+        )
+        assert config.lora_config is not None and config.lora_config.fully_sharded_loras
 
 
 def test_lora_config_changes_its_hash(model_dir):
@@ -100,9 +103,12 @@ def test_lora_flags_without_enable_lora_are_refused(model_dir, name, value):
         ({"lora_dtype": "float64"}, ValueError, r"lora_dtype \('float64'\) must be"),
         ({"lora_target_modules": "o_proj"}, ValueError, "target_modules must be a list"),
         (
-            {"fully_sharded_loras": True, "tensor_parallel_size": 2},
-            NotImplementedError,
-            r"fully_sharded_loras \(--fully-sharded-loras\)",
+            {"fully_sharded_loras": True, "tensor_parallel_size": 2, "max_lora_rank": 1},
+            ValueError,
+            (
+                r"max_lora_rank \(1, --max-lora-rank\) must be divisible by "
+                r"tensor_parallel_size \(2\) with fully_sharded_loras \(--fully-sharded-loras\)"
+            ),
         ),
         (
             {"runner": "pooling", "convert": "embed"},

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from tests.lora.peft_utils import make_peft_adapter
 from vllm import LLM, SamplingParams
@@ -179,5 +180,43 @@ def test_lora_request_without_enable_lora(tiny_model_dir, adapters):
         with pytest.raises(RuntimeError, match="LoRA is not enabled"):
             llm.llm_engine.add_lora(_lora(adapters, "a", 1))
         assert len(_tokens(llm)) == GREEDY.max_tokens
+    finally:
+        llm.llm_engine.shutdown()
+
+
+def _lora_weight_dtypes(model) -> set[tuple[str, object, object]]:
+    from vllm.lora.layers import BaseLayerWithLoRA
+
+    return {
+        (type(m).__name__, m.lora_a_stacked[0].dtype, m.base_layer.weight.dtype)
+        for m in model.modules()
+        if isinstance(m, BaseLayerWithLoRA)
+        and hasattr(m, "lora_a_stacked")
+        and hasattr(m.base_layer, "weight")  # (the LM head's LogitsProcessor has none)
+    }
+
+
+def _linear_lora_ranks(model) -> set[int]:
+    """The rank width of every linear LoRA layer's A slots."""
+    return {
+        a.shape[-2]
+        for m in model.modules()
+        if "Linear" in type(m).__name__ and hasattr(m, "lora_a_stacked")
+        for a in m.lora_a_stacked
+    }
+
+
+def test_lora_dtype_and_max_lora_rank_reach_the_layers(tiny_model_dir, adapters):
+    """--lora-dtype bfloat16 under a float32 model: the adapters' slots are
+    bfloat16, the base weights float32; every slot is max_lora_rank wide."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        llm = LLM(tiny_model_dir("llama"), enable_lora=True, lora_dtype="bfloat16", **ENGINE_KWARGS)
+    try:
+        (found,) = llm.llm_engine.collective_rpc("apply_model", args=(_lora_weight_dtypes,))
+        assert found and {(a, w) for _, a, w in found} == {(torch.bfloat16, torch.float32)}
+        (ranks,) = llm.llm_engine.collective_rpc("apply_model", args=(_linear_lora_ranks,))
+        assert ranks == {16}  # the default max_lora_rank
+        assert len(_tokens(llm, _lora(adapters, "a", 1))) == GREEDY.max_tokens
     finally:
         llm.llm_engine.shutdown()

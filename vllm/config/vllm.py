@@ -149,12 +149,13 @@ class VllmConfig:
                     "enable_lora (--enable-lora): LoRA adapters on pooling models "
                     "(runner='pooling') are not built yet; only generative models take them."
                 )
-        if lora_config.fully_sharded_loras and self.parallel_config.tensor_parallel_size > 1:
-            raise NotImplementedError(
-                "fully_sharded_loras (--fully-sharded-loras): the fully sharded LoRA layers "
-                "are not built yet; with tensor_parallel_size > 1 leave it off (A is "
-                "sharded for row-parallel layers and B for column-parallel ones, as upstream's "
-                "default)."
+        tp = self.parallel_config.tensor_parallel_size
+        if lora_config.fully_sharded_loras and lora_config.max_lora_rank % tp:
+            # The fully sharded layers split the rank over the TP ranks too.
+            raise ValueError(
+                f"max_lora_rank ({lora_config.max_lora_rank}, --max-lora-rank) must be "
+                f"divisible by tensor_parallel_size ({tp}) with fully_sharded_loras "
+                "(--fully-sharded-loras)."
             )
 
     # ---- model runner choice ---------------------------------------------------

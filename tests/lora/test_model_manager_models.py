@@ -100,23 +100,39 @@ def test_gemma2_projections_match_peft(tmp_path):
         worker.add_adapter(request("e", 2, emb))
 
 
-def test_mixtral_attention_and_router_lora_experts_refused(tmp_path):
-    """Mixtral: the attention projections and the router (`mlp.gate`) take
-    LoRA; the FusedMoE experts are no LoRA target, so an adapter of the
-    experts (peft's w1/w2/w3 on the fused expert weights) is refused naming
-    them, loading nothing."""
-    base = build_zoo_model("mixtral", str(tmp_path / "mixtral"))
+# MoE models: what takes LoRA besides the attention projections.
+MOE_TARGETS = {
+    "mixtral": ["gate"],
+    "qwen2_moe": ["shared_expert_gate", "gate_proj", "up_proj", "down_proj"],
+}
+
+
+@pytest.mark.parametrize("kind", list(MOE_TARGETS))
+def test_moe_attention_router_lora_experts_refused(kind, tmp_path):
+    """Mixtral / Qwen2-MoE: the attention projections, Mixtral's router
+    (`mlp.gate`; peft cannot target Qwen2-MoE's) and Qwen2-MoE's shared expert
+    and its gate take LoRA; the FusedMoE experts are no LoRA target, so an
+    adapter of the experts (peft's target_parameters on the fused expert
+    weights) is refused naming them, loading nothing."""
+    base = build_zoo_model(kind, str(tmp_path / kind))
     path = str(tmp_path / "attn")
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate"]
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", *MOE_TARGETS[kind]]
     make_peft_adapter(base, path, r=8, lora_alpha=16, seed=8, target_modules=targets)
     model, worker, config = lora_model_and_worker(base, max_loras=1, max_cpu_loras=1)
     tokens = torch.randint(1, 512, (9,), generator=torch.Generator().manual_seed(4)).tolist()
     (ours,) = run_step(model, config, worker, [(tokens, request("m", 1, path))])
     torch.testing.assert_close(ours, merged_peft_logits(base, path, tokens), atol=2e-4, rtol=1e-4)
-    assert "model.layers.0.mlp.gate" in worker._adapter_manager.modules
+    assert "model.layers.0.mlp.gate" in worker._adapter_manager.modules  # router wrapped
 
     experts = str(tmp_path / "experts")
-    make_peft_adapter(base, experts, r=8, lora_alpha=16, target_modules=["w1", "w2", "w3"])
+    make_peft_adapter(
+        base,
+        experts,
+        r=8,
+        lora_alpha=16,
+        target_modules=["q_proj"],
+        target_parameters=["mlp.experts.gate_up_proj"],
+    )
     with pytest.raises(ValueError, match=r"but received \[.*mlp\.experts"):
         worker.add_adapter(request("e", 2, experts))
     assert worker.list_adapters() == {1}

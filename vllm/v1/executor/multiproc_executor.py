@@ -29,7 +29,12 @@ from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 from vllm.distributed.utils import get_distributed_init_method, get_open_port
 from vllm.logger import init_logger
 from vllm.v1.executor.abstract import Executor
-from vllm.v1.executor.worker_proc import WorkerProc, WorkerProcHandle, shutdown_processes
+from vllm.v1.executor.worker_proc import (
+    WorkerProc,
+    WorkerProcHandle,
+    decode_failure,
+    shutdown_processes,
+)
 
 logger = init_logger(__name__)
 
@@ -149,6 +154,7 @@ class MultiprocExecutor(Executor):
         self, method: str, ranks: list[int], timeout: float | None, single: bool
     ) -> Any:
         results = []
+        failure: Exception | None = None
         for rank in ranks:
             try:
                 status, result = self.response_mqs[rank].dequeue(
@@ -158,9 +164,15 @@ class MultiprocExecutor(Executor):
                 raise TimeoutError(f"RPC call to {method} timed out.") from e
             except RuntimeError as e:
                 raise RuntimeError("Executor failed: a worker process died.") from e
-            if status != WorkerProc.ResponseStatus.SUCCESS:
-                raise RuntimeError(f"Worker {rank} failed in {method}: {result}")
+            if status != WorkerProc.ResponseStatus.SUCCESS and failure is None:
+                # The worker's error kind (ValueError, a missing LoRA adapter, ...),
+                # else a RuntimeError with its traceback.
+                failure = decode_failure(rank, method, result)
             results.append(result)
+        # Raised only once every rank has answered: a reply left in a queue
+        # would be read as the answer to the next call.
+        if failure is not None:
+            raise failure
         return results[0] if single else results
 
     # ---- properties and lifecycle ---------------------------------------------------------

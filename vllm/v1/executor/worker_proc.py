@@ -36,6 +36,7 @@ from vllm.distributed.device_communicators.shm_broadcast import (
     decode_handle,
     encode_handle,
 )
+from vllm.exceptions import LoRAAdapterNotFoundError, VLLMNotFoundError
 from vllm.logger import init_logger
 from vllm.v1.outputs import AsyncModelRunnerOutput
 from vllm.v1.worker.worker_base import WorkerWrapperBase
@@ -264,8 +265,47 @@ class WorkerProc:
                 response = (WorkerProc.ResponseStatus.SUCCESS, output)
             except Exception as e:
                 logger.exception("Worker %d: %s failed.", self.rank, method)
-                response = (WorkerProc.ResponseStatus.FAILURE, f"{e!r}\n{traceback.format_exc()}")
+                response = (WorkerProc.ResponseStatus.FAILURE, encode_failure(e))
             if output_rank is None or output_rank == self.rank:
                 self.worker_response_mq.enqueue(response)
             if method == "shutdown":
                 return
+
+
+# ---- failures of RPC calls -----------------------------------------------------------
+# Errors a worker call may raise that the executor raises again as the same
+# kind (a bad LoRA adapter in add_lora, a bad argument), tested in order:
+# subclasses first. Anything else is a RuntimeError naming the worker. The
+# response queue carries msgpack, not pickle: a failure travels as a dict.
+_ERROR_KINDS: tuple[tuple[str, type[Exception]], ...] = (
+    ("not_found", VLLMNotFoundError),
+    ("value", ValueError),
+    ("type", TypeError),
+    ("not_implemented", NotImplementedError),
+)
+
+
+def encode_failure(e: Exception) -> dict[str, Any]:
+    """A failed call's response: {"kind", "message", "detail" (repr and
+    traceback), "lora": [name, path] for LoRAAdapterNotFoundError}."""
+    failure: dict[str, Any] = {
+        "kind": next((kind for kind, cls in _ERROR_KINDS if isinstance(e, cls)), None),
+        "message": str(e),
+        "detail": f"{e!r}\n{traceback.format_exc()}",
+    }
+    if isinstance(e, LoRAAdapterNotFoundError):
+        failure["lora"] = [e.lora_name, e.lora_path]
+    return failure
+
+
+def decode_failure(rank: int, method: str, failure: Any) -> Exception:
+    """The exception the executor raises for a worker's failed call."""
+    if not isinstance(failure, dict):
+        return RuntimeError(f"Worker {rank} failed in {method}: {failure}")
+    if failure.get("lora") is not None:
+        name, path = failure["lora"]
+        return LoRAAdapterNotFoundError(name, path)
+    error_cls = dict(_ERROR_KINDS).get(failure.get("kind") or "")
+    if error_cls is None:
+        return RuntimeError(f"Worker {rank} failed in {method}: {failure.get('detail')}")
+    return error_cls(failure.get("message"))

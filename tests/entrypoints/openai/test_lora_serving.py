@@ -294,28 +294,36 @@ def test_load_use_and_unload_at_run_time(server, adapters):
     assert _post(server, "v1/unload_lora_adapter", {"lora_name": "a3"}).status_code == 200
 
 
-def test_unload_lets_requests_in_flight_finish(server, adapters):
-    """A stream under a2 is running when a2 is unloaded: it finishes with a2's
-    output; a request arriving afterwards gets a 404."""
-    n = 24
+def test_load_and_unload_while_a_request_decodes(server, adapters):
+    """A stream under a2 is decoding when a4 (a3's weights) is loaded and a2
+    unloaded: the stream's tokens are a2's solo output, token for token; a
+    request arriving afterwards gets a 404 for a2 and a3's output under a4.
+    (48 tokens: the engine is still decoding when the routes answer.)"""
+    n = 48
     expected = adapters.greedy("a2", PROMPTS[0], n)
     body = {"model": "a2", "prompt": PROMPTS[0], "max_tokens": n, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "return_token_ids": True}  # fmt: skip
     streamed: list[int] = []
-    unloaded = False
+    changed_at = None
     with httpx.stream("POST", server.url_for("v1", "completions"), headers=server.headers(),
                       json=body, timeout=60) as s:  # fmt: skip
         for line in s.iter_lines():
             if not line.startswith("data: {"):
                 continue
             streamed += json.loads(line[6:])["choices"][0].get("token_ids") or []
-            if streamed and not unloaded:
+            if streamed and changed_at is None:
+                changed_at = len(streamed)
+                load = {"lora_name": "a4", "lora_path": adapters.paths["a3"]}
+                r = _post(server, "v1/load_lora_adapter", load)
+                assert r.status_code == 200, r.text
                 r = _post(server, "v1/unload_lora_adapter", {"lora_name": "a2"})
                 assert r.status_code == 200, r.text
-                unloaded = True
-    assert unloaded and 0 < len(expected) == len(streamed) and streamed == expected
+    assert changed_at is not None and changed_at < n, "the stream ended before the change"
+    assert streamed == expected
     _assert_error(_complete(server, "a2", PROMPTS[0]), 404, "NotFoundError", "does not exist")
-    # Put it back (the module's other tests may run after this one).
+    assert _tokens(_complete(server, "a4", PROMPTS[0])) == adapters.expected["a3"][0]
+    # Back as before (the module's other tests may run after this one).
+    assert _post(server, "v1/unload_lora_adapter", {"lora_name": "a4"}).status_code == 200
     body = {"lora_name": "a2", "lora_path": adapters.paths["a2"]}
     assert _post(server, "v1/load_lora_adapter", body).status_code == 200
     assert _tokens(_complete(server, "a2", PROMPTS[0])) == adapters.expected["a2"][0]

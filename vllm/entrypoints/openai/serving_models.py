@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import defaultdict
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING
@@ -90,8 +89,9 @@ class OpenAIServingModels:
         # or after an unload): the engine caches weights by id, and requests
         # still running under the old load keep the old weights.
         self._lora_ids = itertools.count(1)
-        # Loads and unloads of one name run one at a time.
-        self._lora_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # Loads and unloads run one at a time (they are rare; one lock, not
+        # one per name, so that names a client invents cost no memory).
+        self._lora_lock = asyncio.Lock()
 
     def link_peer(self, other: OpenAIServingModels) -> None:
         """Make `self` and `other` peers (both ways)."""
@@ -181,7 +181,7 @@ class OpenAIServingModels:
         error nothing is registered. `load_inplace` replaces the adapter of a
         name already loaded (the requests that arrive later get the new one)."""
         name = request.lora_name
-        async with self._lora_locks[name]:
+        async with self._lora_lock:
             error = self._check_load_lora_adapter_request(request)
             if error is not None:
                 return error
@@ -207,7 +207,7 @@ class OpenAIServingModels:
         """Forget an adapter's name: later requests naming it get a 404; the
         ones running under it finish with it."""
         name = request.lora_name
-        async with self._lora_locks[name]:
+        async with self._lora_lock:
             error = self._check_unload_lora_adapter_request(request)
             if error is not None:
                 return error

@@ -30,7 +30,7 @@ from vllm.entrypoints.openai.protocol import (
     ModelPermission,
 )
 from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
-from vllm.exceptions import LoRAAdapterNotFoundError
+from vllm.exceptions import LoRAAdapterNotFoundError, VLLMClientError
 from vllm.logger import init_logger
 from vllm.lora.request import LoRARequest
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -273,13 +273,17 @@ class OpenAIServingModels:
     @staticmethod
     def _load_error(lora_request: LoRARequest, e: Exception) -> ErrorResponse:
         """The engine refused the adapter. A missing adapter (no directory, or
-        no adapter_config.json in it) is upstream's 404. Every other refusal
-        (rank above --max-lora-rank, unsupported target modules, tensors that
-        do not fit the base model, ...) is about the adapter the client named,
-        so a 400 (upstream answers 500 InternalServerError for these). The
-        engine core sends its errors back as text, hence the message match."""
+        no adapter_config.json in it) is upstream's 404. The loader's other
+        refusals (ValueError: rank above --max-lora-rank, unsupported target
+        modules, tensors that do not fit the base model, ...) are about the
+        adapter the client named: a 400 (upstream answers 500 for these).
+        Anything else failed in the server: a 500, as upstream."""
         not_found = LoRAAdapterNotFoundError(lora_request.lora_name, lora_request.lora_path)
         if isinstance(e, LoRAAdapterNotFoundError) or str(not_found) in str(e):
             return _error(str(not_found), "NotFoundError", HTTPStatus.NOT_FOUND)
-        logger.info("LoRA adapter '%s' refused: %s", lora_request.lora_name, e)
-        return _error(str(e) or type(e).__name__, "BadRequestError", HTTPStatus.BAD_REQUEST)
+        message = str(e) or type(e).__name__
+        if isinstance(e, (ValueError, VLLMClientError)):
+            logger.info("LoRA adapter '%s' refused: %s", lora_request.lora_name, message)
+            return _error(message, "BadRequestError", HTTPStatus.BAD_REQUEST)
+        logger.error("Loading LoRA adapter '%s' failed: %s", lora_request.lora_name, message)
+        return _error(message, "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR)

@@ -7,6 +7,7 @@ adapter (name and id), so the same prompt under two adapters shares no block."""
 from __future__ import annotations
 
 import random
+from collections import deque
 
 import pytest
 
@@ -150,3 +151,34 @@ def test_block_hashes_differ_by_adapter_name_and_id():
     # other weights) shares no block; the same adapter again shares them all.
     assert not set(a) & set(_request("d", LoRARequest("A", 9, "/a-v2"), prompt=prompt).block_hashes)
     assert _request("e", LoRARequest("A", 1, "/adapters/A"), prompt=prompt).block_hashes == a
+
+
+def test_async_scheduling_two_steps_in_flight_stay_within_max_loras():
+    """The engine core's batch queue of two: step N + 1 is scheduled before
+    step N's tokens are known, so a running request whose steps in flight
+    already reach max_tokens is left out of a step. Its adapter still counts:
+    no later step may need more than max_loras slots."""
+    scheduler = _scheduler(max_loras=2, async_scheduling=True)
+    rng = random.Random(0)
+    for i in range(30):
+        adapter = rng.choice([None, "A", "B", "C", "D"])
+        scheduler.add_request(_request(str(i), adapter, max_tokens=rng.randint(1, 4)))
+
+    def schedule():
+        out = scheduler.schedule()
+        loras = {
+            scheduler.requests[r].lora_request.lora_int_id
+            for r in out.num_scheduled_tokens
+            if scheduler.requests[r].lora_request is not None
+        }
+        assert len(loras) <= 2
+        return out, make_model_runner_output(scheduler, out)
+
+    in_flight = deque([schedule(), schedule()])
+    while in_flight:
+        out, runner_output = in_flight.popleft()
+        scheduler.update_from_output(out, runner_output)
+        out, runner_output = schedule()
+        if out.num_scheduled_tokens:
+            in_flight.append((out, runner_output))
+    assert not scheduler.has_unfinished_requests()

@@ -286,9 +286,9 @@ class Scheduler(SchedulerInterface):
         """The adapters of the running requests. Admission keeps them at most
         max_loras, so every step, whichever running requests it schedules,
         needs at most max_loras adapter slots on the workers. (Upstream counts
-        only the running requests scheduled in this step, which lets a running
-        request left out of a step - async scheduling - come back in a later
-        step beside max_loras other adapters.)"""
+        only the running requests scheduled in this step; the two differ only
+        for a request left out of a step because its steps in flight already
+        end it (async scheduling): here its adapter keeps its slot until then.)"""
         if self.lora_config is None:
             return set()
         loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}

@@ -136,3 +136,69 @@ def test_moe_attention_router_lora_experts_refused(kind, tmp_path):
     with pytest.raises(ValueError, match=r"but received \[.*mlp\.experts"):
         worker.add_adapter(request("e", 2, experts))
     assert worker.list_adapters() == {1}
+
+
+def _hidden_states(model, config, worker, tokens: list[int], req) -> torch.Tensor:
+    """The body's last hidden states ([T, hidden]) of one prompt under `req`."""
+    from tests.model_executor.paged_harness import PagedHarness
+    from vllm.forward_context import set_forward_context
+    from vllm.lora.layers import LoRAMapping
+
+    ids = [req.lora_int_id] * len(tokens)
+    worker.set_active_adapters([req], LoRAMapping(ids, ids, is_prefill=True))
+    harness = PagedHarness(model, config)
+    cm = harness._common_metadata([("r", tokens)])
+    md = harness.builder.build(common_prefix_len=0, common_attn_metadata=cm)
+    with (
+        torch.inference_mode(),
+        set_forward_context({name: md for name in harness.layer_names}, config),
+    ):
+        return model(torch.tensor(tokens), torch.arange(len(tokens)))
+
+
+def test_pooling_model_body_lora_matches_peft(tmp_path):
+    """An embedding model (the Llama body, no LM head) takes LoRA on its body:
+    an adapter of the causal LM (`model.layers...`) and one trained on the
+    bare body (`layers...`, upstream's pooling-model prefix rule) both give
+    the merged peft body's last hidden states, float32."""
+    import transformers as tf
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from vllm.config.lora import LoRAConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager
+    from vllm.model_executor.model_loader import get_model
+
+    base = make_tiny_model("llama", str(tmp_path / "llama"))
+    causal = build_adapters(base, str(tmp_path / "adapters"), {"c": (8, 9)})["c"]
+    bare = str(tmp_path / "bare")
+    torch.manual_seed(10)
+    body = tf.AutoModel.from_pretrained(base, dtype=torch.float32)
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "down_proj"])
+    lora.init_lora_weights = False
+    get_peft_model(body, lora).save_pretrained(bare)
+
+    config = EngineArgs(
+        model=base, runner="pooling", dtype="float32", block_size=8, device="cpu"
+    ).create_engine_config()
+    config.lora_config = LoRAConfig(max_lora_rank=16, max_loras=1, lora_dtype=torch.float32)
+    model = get_model(vllm_config=config)
+    worker = LRUCacheWorkerLoRAManager(config, torch.device("cpu"), model.embedding_modules)
+    model = worker.create_lora_manager(model, config)
+    tokens = torch.randint(1, 512, (7,), generator=torch.Generator().manual_seed(5)).tolist()
+    for lora_id, path in ((1, causal), (2, bare)):
+        ours = _hidden_states(model, config, worker, tokens, request(f"p{lora_id}", lora_id, path))
+        ref_body = tf.AutoModel.from_pretrained(base, dtype=torch.float32)
+        if path == causal:
+            # The causal-LM adapter's names carry `model.`: load it on the LM.
+            lm = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+            ref_body = PeftModel.from_pretrained(lm, path).merge_and_unload().model
+        else:
+            ref_body = PeftModel.from_pretrained(ref_body, path).merge_and_unload()
+        with torch.no_grad():
+            ref = ref_body(torch.tensor([tokens])).last_hidden_state[0]
+        torch.testing.assert_close(ours, ref, atol=2e-4, rtol=1e-4)
+        with torch.no_grad():
+            plain = tf.AutoModel.from_pretrained(base, dtype=torch.float32)
+            assert (plain(torch.tensor([tokens])).last_hidden_state[0] - ref).abs().max() > 1e-2
+    assert "model.layers.0.self_attn.qkv_proj" in worker._adapter_manager.get_adapter(2).loras

@@ -49,7 +49,7 @@ def layer_lora_dims(layer: nn.Module) -> list[tuple[int, int]] | None:
     return None
 
 
-def _in_model(name: str, model_modules: set[str], packed: dict[str, list[str]]) -> bool:
+def in_model(name: str, model_modules: set[str], packed: dict[str, list[str]]) -> bool:
     """`name` is a module of the model, or a part (q_proj) of one of its
     packed modules (qkv_proj)."""
     if name in model_modules:
@@ -75,7 +75,7 @@ def check_adapter_fits(
     `LoRAConfig.target_modules`) is accepted and ignored, as upstream."""
     model_modules = {n for n, _ in model.named_modules(remove_duplicate=False)}
     for name, lora in lora_model.loras.items():
-        if not _in_model(name, model_modules, packed_modules_mapping):
+        if not in_model(name, model_modules, packed_modules_mapping):
             raise ValueError(
                 f"LoRA adapter {lora_model.id} targets module {name}, which "
                 f"{type(model).__name__} does not have ({MISMATCH_HINT}?)."

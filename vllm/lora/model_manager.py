@@ -18,7 +18,9 @@ uses (`set_adapters_in_use`).
 Not built (refused, or simply not adapted): multimodal towers / connectors
 (a model with `get_mm_mapping` is refused) and MoE experts (FusedMoE is not
 a LoRA target; an adapter that targets experts is refused on load, naming
-the modules).
+the modules). Pooling models take LoRA on their body (the pooler and a
+classifier's `score` are no LoRA target); an adapter trained on the bare
+body (names without `model.`) is accepted, as upstream.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from torch import nn
 
 from vllm.config.lora import LoRAConfig
 from vllm.logger import init_logger
-from vllm.lora.adapter_shapes import check_adapter_fits, layer_lora_dims
+from vllm.lora.adapter_shapes import check_adapter_fits, in_model, layer_lora_dims
 from vllm.lora.layers import BaseLayerWithLoRA, LoRAMapping
 from vllm.lora.lora_model import LoRAModel
 from vllm.lora.lora_weights import LoRALayerWeights, PackedLoRALayerWeights
@@ -104,6 +106,8 @@ class LoRAModelManager:
         # Slot i -> the adapter id copied into it (None: free).
         self.lora_index_to_id: list[int | None] = [None] * self.lora_slots
         self.vocab_size = vocab_size
+        # Pooling models take LoRA on their body (the pooler is no LoRA target).
+        self.is_pooling_model = getattr(model, "pooler", None) is not None
         # Packed module full name -> its parts' full names (qkv_proj -> q/k/v_proj).
         self.packed_modules: dict[str, list[str]] = {}
         self.modules: dict[str, BaseLayerWithLoRA] = {}
@@ -329,9 +333,24 @@ class LoRAModelManager:
             layers[name] = self.model.get_submodule(name) if is_head else module.base_layer
         return layers
 
+    def _add_body_prefix(self, lora_model: LoRAModel) -> None:
+        """Upstream's pooling-model rule: an adapter trained on the bare body
+        (AutoModel: `layers.0.self_attn.q_proj`) names modules without the
+        `model.` prefix they have here; such names are prefixed."""
+        if not self.is_pooling_model:
+            return
+        names = {n for n, _ in self.model.named_modules(remove_duplicate=False)}
+        mapping = self.packed_modules_mapping
+        for name in list(lora_model.loras):
+            if not in_model(name, names, mapping) and in_model(f"model.{name}", names, mapping):
+                lora = lora_model.loras.pop(name)
+                lora.module_name = f"model.{name}"
+                lora_model.loras[lora.module_name] = lora
+
     def _create_merged_loras_inplace(self, lora_model: LoRAModel) -> None:
         """Pack the parts of each packed module (q/k/v_proj -> qkv_proj, None
         for a part the adapter leaves out) and fold every scaling into B."""
+        self._add_body_prefix(lora_model)
         for module_name, part_names in self.packed_modules.items():
             parts: list[LoRALayerWeights | None] = [lora_model.get_lora(n) for n in part_names]
             if all(p is None for p in parts):
@@ -499,8 +518,6 @@ def create_lora_manager(
     """Build `lora_manager_cls` for `model` (which must support LoRA)."""
     if not supports_lora(model):
         raise ValueError(f"Model {type(model)} is not supported for LoRA.")
-    if getattr(model, "pooler", None) is not None:
-        raise ValueError(f"{type(model).__name__}: LoRA on pooling models is not built.")
     return lora_manager_cls(
         model=model,
         max_num_seqs=max_num_seqs,

@@ -110,11 +110,6 @@ def test_lora_flags_without_enable_lora_are_refused(model_dir, name, value):
                 r"tensor_parallel_size \(2\) with fully_sharded_loras \(--fully-sharded-loras\)"
             ),
         ),
-        (
-            {"runner": "pooling", "convert": "embed"},
-            NotImplementedError,
-            r"enable_lora \(--enable-lora\): LoRA adapters on pooling models",
-        ),
     ],
 )
 def test_bad_lora_settings_are_refused(model_dir, kwargs, error, match):

@@ -220,3 +220,39 @@ def test_lora_dtype_and_max_lora_rank_reach_the_layers(tiny_model_dir, adapters)
         assert len(_tokens(llm, _lora(adapters, "a", 1))) == GREEDY.max_tokens
     finally:
         llm.llm_engine.shutdown()
+
+
+def _merged_last_token_embedding(base: str, adapter: str | None) -> torch.Tensor:
+    """transformers: the (merged peft) model's last hidden state at the last
+    prompt token, L2-normalised."""
+    import transformers as tf
+    from peft import PeftModel
+
+    model = tf.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    with torch.no_grad():
+        hidden = model.model(torch.tensor([PROMPT["prompt_token_ids"]])).last_hidden_state
+    return torch.nn.functional.normalize(hidden[0, -1], dim=-1)
+
+
+def test_pooling_model_takes_adapters(tiny_model_dir, adapters):
+    """An embedding model (a causal LM converted, last-token pooling) under
+    adapters, mixed in one call with the base model: each vector equals
+    transformers' on the merged peft model."""
+    base = tiny_model_dir("llama")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        kwargs = dict(runner="pooling", convert="embed", enable_lora=True, max_loras=2)
+        llm = LLM(base, **kwargs, **ENGINE_KWARGS)
+    try:
+        a, b = _lora(adapters, "a", 1), _lora(adapters, "b", 2)
+        outs = llm.embed([PROMPT] * 3, use_tqdm=False, lora_request=[a, None, b])
+        got = [torch.tensor(o.outputs.embedding) for o in outs]
+        for vector, adapter in zip(got, (adapters["a"], None, adapters["b"])):
+            want = _merged_last_token_embedding(base, adapter)
+            torch.testing.assert_close(vector, want, atol=1e-5, rtol=0)
+        assert not torch.allclose(got[0], got[1], atol=1e-3)
+        assert llm.llm_engine.list_loras() == {1, 2}
+    finally:
+        llm.llm_engine.shutdown()

@@ -141,14 +141,10 @@ class VllmConfig:
     def _verify_lora_config(self, lora_config: LoRAConfig, mc: ModelConfig | None) -> None:
         """Resolve the adapters' dtype against the model (upstream:
         `lora_config.verify_with_model_config` in `VllmConfig.__post_init__`)
-        and refuse the combinations this build cannot run, naming the flag."""
+        and refuse the combinations this build cannot run, naming the flag.
+        Pooling models take adapters too (their body's layers, as upstream)."""
         if mc is not None:
             lora_config.verify_with_model_config(mc)
-            if getattr(mc, "runner_type", "generate") == "pooling":
-                raise NotImplementedError(
-                    "enable_lora (--enable-lora): LoRA adapters on pooling models "
-                    "(runner='pooling') are not built yet; only generative models take them."
-                )
         tp = self.parallel_config.tensor_parallel_size
         if lora_config.fully_sharded_loras and lora_config.max_lora_rank % tp:
             # The fully sharded layers split the rank over the TP ranks too.

@@ -257,3 +257,27 @@ def test_plans_float32_lora_on_bfloat16_layer(layout):
     torch.testing.assert_close(y.double(), want, atol=TOL[torch.bfloat16], rtol=0)
     base = torch.tensor(slots) < 0
     assert torch.equal(y[base], y0[base])
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_module_without_adapter_weights_is_skipped_until_written(inference):
+    """An all-zero B stack (no loaded adapter targets the module, e.g. the LM
+    head) leaves y bit-exact; once a slot gets weights (in-place write, or a
+    new id in the slot table for inference-mode tensors) the delta applies."""
+    w, slots = _wide("dense")
+    ids, table = list(LAYOUTS["dense"]), list(WIDE_IDS)
+    with torch.inference_mode(inference):
+        a = stacked(8, 8, HIDDEN, torch.float32, 11)
+        b = torch.zeros(8, 1, VOCAB, 8)
+        x, y0 = torch.randn(len(slots), HIDDEN), torch.randn(len(slots), VOCAB)
+        y = y0.clone()
+        w.add_lora_linear(y, x, (a,), (b,), 1.0, (VOCAB,))
+        assert torch.equal(y, y0)
+        b[1].copy_(stacked(1, VOCAB, 8, torch.float32, 12)[0])  # slot 1 gets weights
+        if inference:
+            table[1], ids = 300, [300 if i == 101 else i for i in ids]
+        w.update_metadata(LoRAMapping(tuple(ids), tuple(ids), True), table, 8, VOCAB)
+        w.add_lora_linear(y, x, (a,), (b,), 1.0, (VOCAB,))
+    want = ref_lora(y0, x, [a], [b], slots, 1.0)
+    torch.testing.assert_close(y.double(), want, atol=1e-4, rtol=0)
+    assert not torch.equal(y, y0)

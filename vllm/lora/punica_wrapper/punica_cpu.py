@@ -57,7 +57,7 @@ class PunicaWrapperCPU(PunicaWrapperBase):
         self._sampler_plan: LoRAPlan | None = None
         self._slot_table: tuple[int | None, ...] | None = None
         # ids of weight tensors -> (the tensors, their versions, a derived copy).
-        self._cache: dict[tuple[int, ...], tuple[tuple[torch.Tensor, ...], tuple, torch.Tensor]]
+        self._cache: dict[tuple, tuple[tuple[torch.Tensor, ...], tuple, Any]]
         self._cache = {}
 
     def update_metadata(
@@ -82,11 +82,11 @@ class PunicaWrapperCPU(PunicaWrapperBase):
         return self._plan
 
     def _derived(
-        self, tensors: tuple[torch.Tensor, ...], build: Callable[[], torch.Tensor]
-    ) -> torch.Tensor:
-        """`build()` (a re-laid-out copy of `tensors`), cached until the slot
-        table changes or one of the tensors is written in place."""
-        key = tuple(id(t) for t in tensors)
+        self, tensors: tuple[torch.Tensor, ...], build: Callable[[], Any], tag: str = ""
+    ) -> Any:
+        """`build()` (derived from `tensors`: a re-laid-out copy, a flag),
+        cached until the slot table changes or a tensor is written in place."""
+        key = (tag, *(id(t) for t in tensors))
         versions = tuple(_version(t) for t in tensors)
         hit = self._cache.get(key)
         if hit is not None and all(h is t for h, t in zip(hit[0], tensors)) and hit[1] == versions:
@@ -97,7 +97,13 @@ class PunicaWrapperCPU(PunicaWrapperBase):
 
     def _b_t(self, b: torch.Tensor, plan: LoRAPlan) -> torch.Tensor | None:
         """B as `[slots * rank, out]` for a dense plan (cached), else None."""
-        return self._derived((b,), lambda: stacked_b_t(b)) if plan.dense else None
+        return self._derived((b,), lambda: stacked_b_t(b), "b_t") if plan.dense else None
+
+    def _no_weights(self, b: torch.Tensor) -> bool:
+        """True when a B stack is zero in every slot (a module none of the
+        loaded adapters targets, e.g. the LM head): its delta is exactly 0,
+        so the op is skipped. Cached like the layouts."""
+        return bool(self._derived((b,), lambda: not bool(b.any()), "zero"))
 
     def _a_cat(self, a_stacked: tuple[torch.Tensor, ...], plan: LoRAPlan) -> torch.Tensor | None:
         """Every slice's A of every slot as one `[slices * slots * rank, in]`
@@ -108,7 +114,7 @@ class PunicaWrapperCPU(PunicaWrapperBase):
         if len({(a.shape, a.dtype) for a in a_stacked}) != 1:
             return None
         return self._derived(
-            a_stacked, lambda: torch.cat([a.reshape(-1, a.size(-1)) for a in a_stacked])
+            a_stacked, lambda: torch.cat([a.reshape(-1, a.size(-1)) for a in a_stacked]), "a_cat"
         )
 
     def add_shrink(
@@ -142,8 +148,9 @@ class PunicaWrapperCPU(PunicaWrapperBase):
             size = output_slices[i]
             if w.size(-2) != size:
                 raise ValueError(f"slice_size {size} != lora_b output size {w.size(-2)}")
-            window = y2[:, offset : offset + size]
-            plan_expand(self._plan, x[i], w, window, add_inputs, self._b_t(w, self._plan))
+            if not (add_inputs and self._no_weights(w)):
+                window = y2[:, offset : offset + size]
+                plan_expand(self._plan, x[i], w, window, add_inputs, self._b_t(w, self._plan))
             offset += size
 
     def add_lora_embedding(
@@ -156,6 +163,8 @@ class PunicaWrapperCPU(PunicaWrapperBase):
     ) -> None:
         """`y[t] += x[t] @ lora_b_stacked[slot(t)].T` (embedding: expand only)
         over the columns both have."""
+        if add_inputs and self._no_weights(lora_b_stacked):
+            return
         y2 = y.view(-1, y.size(-1))
         common = min(lora_b_stacked.size(-2), y2.size(1))
         b_t = self._b_t(lora_b_stacked, self._plan)
@@ -185,6 +194,8 @@ class PunicaWrapperCPU(PunicaWrapperBase):
             self.add_shrink(tuple(tmp), x, lora_a_stacked, scale)
             self.add_expand(y, tuple(tmp), lora_b_stacked, output_slices, add_inputs=False)
             return
+        if all(self._no_weights(b) for b in lora_b_stacked):
+            return
         plan = self._plan
         b_t = tuple(self._b_t(b, plan) for b in lora_b_stacked)
         a_cat = self._a_cat(lora_a_stacked, plan)
@@ -203,6 +214,8 @@ class PunicaWrapperCPU(PunicaWrapperBase):
         **kwargs: Any,
     ) -> None:
         """Logits LoRA keyed by the sampled rows' slots (`sampler_indices`)."""
+        if self._no_weights(lora_b_stacked):
+            return
         if self._sampler_plan is None:
             self._sampler_plan = make_plan(self.sampler_indices)
         plan = self._sampler_plan

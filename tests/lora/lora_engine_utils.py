@@ -99,12 +99,14 @@ def lora_llm(runner: str, base: str, in_process: bool = False, **kwargs: Any) ->
         max_num_batched_tokens=32,
     )
     args.update(kwargs)
-    llm = LLM(**args)
     try:
-        assert llm.llm_engine.vllm_config.use_v2_model_runner == (runner == "v2")
-        yield llm
+        llm = LLM(**args)
+        try:
+            assert llm.llm_engine.vllm_config.use_v2_model_runner == (runner == "v2")
+            yield llm
+        finally:
+            llm.llm_engine.shutdown()
     finally:
-        llm.llm_engine.shutdown()
         for name, value in old.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -4,7 +4,8 @@ max_lora_rank, target modules the model cannot adapt, an adapter of another
 base model. Each LLM.generate call naming one raises a typed error that
 says what is wrong, loads nothing (list_loras unchanged), and the same
 engine (engine core in its own process) then still serves a good adapter and
-the base model with their exact tokens."""
+the base model with their exact tokens. LoRA with torch.compile (not built)
+is refused at start-up on both runners."""
 
 from __future__ import annotations
 
@@ -102,3 +103,14 @@ def test_bad_adapter_refused_engine_keeps_serving(llm, setup, kind):
     with pytest.raises(exc, match=match):
         engine.add_lora(LoRARequest(f"bad-{kind}", 50, path))
     assert 50 not in engine.list_loras()
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_lora_with_torch_compile_refused(setup, runner):
+    """torch.compile of the LoRA layers is not built: refused at start-up,
+    naming the flag and the mode."""
+    with (
+        pytest.raises(NotImplementedError, match=r"--enable-lora.*compilation_config\.mode"),
+        lora_llm(runner, setup[0], in_process=True, compilation_config={"mode": 3}),
+    ):
+        pass

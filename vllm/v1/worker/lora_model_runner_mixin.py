@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch.nn as nn
 
+from vllm.config.compilation import CompilationMode
 from vllm.logger import init_logger
 from vllm.lora.layers import LoRAMapping, LoRAMappingType
 
@@ -70,6 +71,15 @@ class LoRAModelRunnerMixin:
 
         if not supports_lora(model):
             raise ValueError(f"{model.__class__.__name__} does not support LoRA yet.")
+        mode = vllm_config.compilation_config.mode
+        if mode != CompilationMode.NONE:
+            # Measured: Inductor fails on the CPU wrapper's per-step plans
+            # (unbacked sizes); the GPU wrapper is not checked under compile.
+            raise NotImplementedError(
+                f"enable_lora (--enable-lora) with compilation_config.mode={mode.name}: the "
+                "LoRA layers are not torch.compile-able in this build; use compilation mode "
+                "NONE (the default)."
+            )
         # SupportsLoRA: module-name suffix -> "input_embeddings" / "output_embeddings".
         embedding_modules: dict[str, str] = getattr(model, "embedding_modules", {})
         self.lora_manager: LRUCacheWorkerLoRAManager = LRUCacheWorkerLoRAManager(

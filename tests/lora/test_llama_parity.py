@@ -5,7 +5,8 @@ the input embedding and the LM head), greedy output
 through a LoRARequest equals transformers' greedy output of
 PeftModel.from_pretrained(base, path).merge_and_unload(), float32, on both
 model runners. The longest prompt is prefilled in chunks (32-token steps),
-so prefill chunks, decodes and requests of other adapters share steps.
+so prefill chunks, decodes and requests of other adapters share steps; a small
+KV cache forces preemptions, after which requests resume under their adapter.
 TP=2: tests/lora/test_lora_tp.py."""
 
 from __future__ import annotations
@@ -91,3 +92,28 @@ def test_prompt_logprobs_match_merged_peft(llm, setup):
         got = torch.tensor([entries[i][tok].logprob for i, tok in enumerate(prompt) if i])
         want = merged_prompt_logprobs(base, paths[name] if name else None, prompt)
         torch.testing.assert_close(got, want, rtol=0, atol=2e-4, msg=str(name))
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_preempted_requests_keep_their_adapter(setup, runner):
+    """A KV cache of 12 blocks for 16 requests (all adapters and the base
+    model) forces preemptions; a preempted request comes back (V2: as a new
+    request) under its own adapter and still equals the merged model."""
+    from tests.models.zoo_utils import spy_preemptions
+
+    base, paths, expected = setup
+    cases = [(i, name) for name in [*NAMES, None] for i in range(len(PROMPTS))]
+    with lora_llm(
+        runner,
+        base,
+        in_process=True,  # the spy reads the in-process scheduler
+        max_loras=4,
+        num_gpu_blocks_override=12,
+        block_size=16,
+        enable_prefix_caching=False,
+    ) as llm:
+        preempted = spy_preemptions(llm)
+        loras = [lora_request(n, paths) if n is not None else None for _, n in cases]
+        got = greedy_tokens(llm, [PROMPTS[i] for i, _ in cases], loras)
+    assert preempted, "the small KV cache was meant to force preemption"
+    assert got == [expected[n][i] for i, n in cases]

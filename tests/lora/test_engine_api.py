@@ -103,6 +103,11 @@ def test_lora_flags_without_enable_lora_are_refused(model_dir, name, value):
         ({"lora_dtype": "float64"}, ValueError, r"lora_dtype \('float64'\) must be"),
         ({"lora_target_modules": "o_proj"}, ValueError, "target_modules must be a list"),
         (
+            {"compilation_config": 3},
+            NotImplementedError,
+            r"enable_lora \(--enable-lora\) with compilation_config.mode=VLLM_COMPILE",
+        ),
+        (
             {"fully_sharded_loras": True, "tensor_parallel_size": 2, "max_lora_rank": 1},
             ValueError,
             (

@@ -92,11 +92,11 @@ class VllmConfig:
         if mc is not None:
             self.scheduler_config.verify_with_model_len(mc.max_model_len)
             self.quant_config = self._get_quantization_config(mc, self.device_config.device_type)
-        if self.lora_config is not None:
-            self._verify_lora_config(self.lora_config, mc)
         self.compilation_config.resolve(
             self.device_config.device_type, mc.enforce_eager if mc else False
         )
+        if self.lora_config is not None:
+            self._verify_lora_config(self.lora_config, mc)
         self._resolve_async_scheduling()
 
     @staticmethod
@@ -145,6 +145,15 @@ class VllmConfig:
         Pooling models take adapters too (their body's layers, as upstream)."""
         if mc is not None:
             lora_config.verify_with_model_config(mc)
+        mode = self.compilation_config.mode
+        if mode != CompilationMode.NONE:
+            # As the runner's load_lora_model, before any process starts:
+            # Inductor fails on the CPU LoRA plans (unbacked sizes).
+            raise NotImplementedError(
+                f"enable_lora (--enable-lora) with compilation_config.mode={mode.name} "
+                "(--compilation-config): the LoRA layers are not torch.compile-able in this "
+                "build; use compilation mode NONE (the default)."
+            )
         tp = self.parallel_config.tensor_parallel_size
         if lora_config.fully_sharded_loras and lora_config.max_lora_rank % tp:
             # The fully sharded layers split the rank over the TP ranks too.

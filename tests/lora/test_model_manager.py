@@ -251,3 +251,21 @@ def test_dummy_loras_are_zero_and_fit_every_layer(setup, base_dir):
     dummy, base = run_step(model, config, worker, batch)
     torch.testing.assert_close(dummy, base, atol=0, rtol=0)
     worker.remove_all_adapters()
+
+
+def test_everything_pinned_still_serves_a_new_adapter(base_dir, adapters):
+    """max_loras = max_cpu_loras = 2, both pinned: a step with a third adapter
+    still runs (upstream raises 'All items are pinned' mid-step). The new one
+    is loaded beyond max_cpu_loras and displaces a pinned one from its slot
+    for the step; both pinned adapters stay loaded, and the pinned one gets
+    its slot back (pinned again) when next used."""
+    _, worker, _ = lora_model_and_worker(base_dir, max_loras=2, max_cpu_loras=2)
+    ra, rb, rc = (request(n, i + 1, adapters[n]) for i, n in enumerate(SPECS))
+    worker.set_active_adapters([ra, rb], None)
+    assert worker.pin_adapter(1) and worker.pin_adapter(2)
+    worker.set_active_adapters([rc, ra], None)
+    manager = _manager(worker)
+    assert set(manager.lora_index_to_id) == {1, 3} and worker.list_adapters() == {1, 2, 3}
+    worker.set_active_adapters([rb], None)  # c (unpinned, idle) makes room again
+    assert worker.list_adapters() == {1, 2} and set(manager.lora_index_to_id) == {1, 2}
+    assert manager._active_adapters.pinned_items == {1, 2}

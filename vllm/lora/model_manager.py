@@ -427,7 +427,16 @@ class LRUCacheLoRAModelManager(LoRAModelManager):
         if lora.id in self._registered_adapters:
             self._registered_adapters.touch(lora.id)
             return False
-        self._add_adapter(lora)
+        self.check_fits(lora)
+        if len(self._registered_adapters) >= self.capacity and not self.remove_oldest_adapter():
+            # Every loaded adapter is pinned or in use by this step: keep them
+            # all and exceed max_cpu_loras until one can go.
+            logger.warning(
+                "All %d loaded LoRAs are pinned or in use; loading LoRA %d beyond max_cpu_loras.",
+                len(self._registered_adapters),
+                lora.id,
+            )
+        self._registered_adapters.insert(lora.id, lora, evict=False)
         return True
 
     def can_activate(self, lora_id: int) -> bool:
@@ -470,17 +479,22 @@ class LRUCacheLoRAModelManager(LoRAModelManager):
         self._active_adapters.pop(order[0])
 
     def remove_oldest_adapter(self) -> bool:
-        """Unload the least recently used registered adapter, one the current
-        step does not use when there is one (pinned ones never)."""
+        """Unload the least recently used registered adapter that is neither
+        pinned nor in use by the current step; False when there is none."""
         cache = self._registered_adapters
         if len(cache) == 0:
             return False
         idle = [k for k in cache.order if k not in cache.pinned_items and k not in self._in_use]
-        if idle:
-            cache.pop(idle[0])
-        else:
-            cache.remove_oldest()
+        if not idle:
+            return False  # unloading one the step uses would drop it from its slot
+        cache.pop(idle[0])
         return True
+
+    def trim_to_capacity(self) -> None:
+        """Unload idle adapters while more than max_cpu_loras are loaded (after
+        a step that had to exceed it)."""
+        while len(self._registered_adapters) > self.capacity and self.remove_oldest_adapter():
+            pass
 
     def remove_adapter(self, adapter_id: int) -> bool:
         self._pending_slot_pins.discard(adapter_id)

@@ -271,6 +271,7 @@ class LRUCacheWorkerLoRAManager(WorkerLoRAManager):
             # add_adapter leaves a new adapter without a slot when none is
             # free of other work; the step needs one, so take it here.
             manager.activate_adapter(lora_request.lora_int_id)
+        manager.trim_to_capacity()
 
     def add_adapter(self, lora_request: LoRARequest) -> bool:
         """Load (or with `load_inplace`, reload) and register the adapter, and
@@ -285,8 +286,9 @@ class LRUCacheWorkerLoRAManager(WorkerLoRAManager):
             lora = self._load_adapter(lora_request)
             manager.check_fits(lora)
             manager.remove_adapter(lora.id)  # load_inplace: drop the old weights
-            if len(manager) + 1 > manager.capacity:
-                manager.remove_oldest_adapter()
+            # Evicts down to max_cpu_loras (never a pinned or in-use adapter).
+            while len(manager) + 1 > manager.capacity and manager.remove_oldest_adapter():
+                pass
             loaded = manager.add_adapter(lora)
         if manager.can_activate(lora_request.lora_int_id):
             manager.activate_adapter(lora_request.lora_int_id)

@@ -58,11 +58,16 @@ class LRUCache(Generic[_K, _V]):
         return value
 
     def __setitem__(self, key: _K, value: _V) -> None:
+        self.insert(key, value)
+
+    def insert(self, key: _K, value: _V, *, evict: bool = True) -> None:
+        """Set `key` most recently used; a new key first evicts down to
+        capacity (`evict=False`: no eviction, the cache may exceed it)."""
         if key in self._data:
             self._data[key] = value
             self._data.move_to_end(key)
             return
-        while len(self._data) >= self._capacity:
+        while evict and len(self._data) >= self._capacity:
             self.remove_oldest()
         self._data[key] = value
 

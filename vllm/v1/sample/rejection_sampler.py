@@ -1,0 +1,405 @@
+"""Verifies a step's draft tokens against the target model
+(upstream: vllm/v1/sample/rejection_sampler.py; the algorithm of
+https://arxiv.org/abs/2211.17192).
+
+Per request, draft positions are checked in order until the first rejection:
+- greedy rows: a draft is accepted while it equals the target's argmax; the
+  first mismatch emits the target's argmax instead;
+- random rows: a draft x is accepted with probability min(1, p(x) / q(x))
+  (p: target, q: draft distribution; q is one-hot on the draft when the
+  proposer gives no probabilities, e.g. ngram, so x is accepted with p(x));
+  the first rejection emits a "recovered" token drawn from
+  normalize(max(p - q, 0)), which makes every emitted token distributed as p;
+- when every draft is accepted the bonus token (sampled from the target at the
+  position after the last draft, by the ordinary Sampler) is appended.
+
+Output: `sampled_token_ids` [batch_size, max_spec_len + 1] int32, each row the
+request's accepted drafts, then the recovered or bonus token, then
+PLACEHOLDER_TOKEN_ID. Everything is batched tensor ops over the
+[batch_size, max_spec_len] grid; the only Python loops run over the seeded
+requests' generators (and, with penalties / bad words, over the host lists
+those ops already take).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from vllm.v1.outputs import LogprobsLists, LogprobsTensors, SamplerOutput
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.ops.bad_words import apply_bad_words
+from vllm.v1.sample.ops.penalties import apply_all_penalties
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+from vllm.v1.sample.sampler import Sampler
+from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+PLACEHOLDER_TOKEN_ID = -1
+# Greedy rows hold a temperature below this (same test as Sampler).
+_SAMPLING_EPS = 1e-5
+# Most draft tokens one request may verify in one step (as upstream).
+MAX_SPEC_LEN = 128
+
+
+class RejectionSampler(nn.Module):
+    """accepted tokens: drafts kept by the test above; recovered tokens: drawn
+    from the residual at the first rejection; bonus tokens: sampled from the
+    target when all drafts are accepted. output = accepted + recovered/bonus."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        spec_config: Any | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        super().__init__()
+        self.sampler = sampler
+        method = getattr(spec_config, "rejection_sample_method", None)
+        if method not in (None, "standard"):
+            # Upstream's "synthetic" mode (fixed acceptance rates, for benchmarks).
+            raise NotImplementedError(
+                f"rejection_sample_method={method!r} is not supported; use 'standard'."
+            )
+        mode = sampler.logprobs_mode
+        if mode not in ("raw_logprobs", "raw_logits"):
+            # The processed modes need the processed bonus logits, which our
+            # Sampler does not hand out yet.
+            raise NotImplementedError(
+                f"logprobs_mode={mode!r} is not supported with speculative decoding yet; "
+                "use 'raw_logprobs' or 'raw_logits'."
+            )
+
+    def forward(
+        self,
+        metadata: SpecDecodeMetadata,
+        # [num_tokens, vocab_size] or None (ngram: no draft distribution)
+        draft_probs: torch.Tensor | None,
+        # [num_tokens + batch_size, vocab_size]
+        logits: torch.Tensor,
+        sampling_metadata: SamplingMetadata,
+    ) -> SamplerOutput:
+        if metadata.max_spec_len > MAX_SPEC_LEN:
+            raise ValueError(
+                f"max_spec_len {metadata.max_spec_len} exceeds MAX_SPEC_LEN {MAX_SPEC_LEN}."
+            )
+        md = sampling_metadata
+        # Indexing copies, so the bonus / target rows can be edited in place.
+        bonus_logits = logits[metadata.bonus_logits_indices.long()]
+        bonus_out = self.sampler(bonus_logits, replace(md, max_num_logprobs=None))
+        bonus_token_ids = bonus_out.sampled_token_ids
+
+        target_logits = logits[metadata.target_logits_indices.long()].to(torch.float32)
+        target_logits = self.apply_logits_processors(target_logits, md, metadata)
+        target_logits = apply_sampling_constraints(target_logits, metadata.num_draft_tokens, md)
+
+        output_token_ids = rejection_sample(
+            metadata.draft_token_ids,
+            metadata.num_draft_tokens,
+            metadata.max_spec_len,
+            metadata.cu_num_draft_tokens,
+            draft_probs,
+            target_logits,
+            bonus_token_ids,
+            md,
+        )
+        logprobs_tensors = None
+        if md.max_num_logprobs is not None:
+            logprobs_tensors = self._get_logprobs_tensors(
+                md.max_num_logprobs, metadata, logits, output_token_ids
+            )
+        return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs_tensors)
+
+    def _get_logprobs_tensors(
+        self,
+        max_num_logprobs: int,
+        metadata: SpecDecodeMetadata,
+        logits: torch.Tensor,
+        output_token_ids: torch.Tensor,
+    ) -> LogprobsTensors:
+        """Logprobs (raw modes) for every cell of the [batch, max_spec_len + 1]
+        output, flattened row-major; placeholder cells get token 0 and are
+        dropped by parse_output."""
+        width = output_token_ids.shape[1]
+        rows = _grid_logits_rows(metadata, width)  # [batch, width]
+        cell_logits = logits[rows.flatten()].to(torch.float32)
+        if self.sampler.logprobs_mode == "raw_logprobs":
+            cell_logits = self.sampler.compute_logprobs(cell_logits)
+        tokens = output_token_ids.flatten().to(torch.int64).clamp(min=0)
+        return self.sampler.gather_logprobs(cell_logits, max_num_logprobs, tokens)
+
+    @staticmethod
+    def parse_output(
+        output_token_ids: torch.Tensor,
+        vocab_size: int,
+        discard_req_indices: Sequence[int] = (),
+        logprobs_tensors: LogprobsTensors | None = None,
+    ) -> tuple[list[list[int]], LogprobsLists | None]:
+        """Rows of [batch, max_spec_len + 1] -> each request's emitted tokens
+        (placeholders and ids >= vocab_size dropped; discarded rows empty).
+        The logprobs come back as one flat list over the kept tokens, request
+        after request (before discarding), in the order of the token lists."""
+        ids = output_token_ids.cpu().numpy()
+        valid = (ids != PLACEHOLDER_TOKEN_ID) & (ids < vocab_size)
+        out_logprobs = None
+        if logprobs_tensors is not None:
+            keep = torch.from_numpy(valid.flatten())
+            out_logprobs = LogprobsTensors(
+                logprobs_tensors.logprob_token_ids.cpu()[keep],
+                logprobs_tensors.logprobs.cpu()[keep],
+                logprobs_tensors.selected_token_ranks.cpu()[keep],
+            ).tolists()
+        if len(discard_req_indices) > 0:
+            valid[np.asarray(discard_req_indices)] = False
+        return [row[valid[i]].tolist() for i, row in enumerate(ids)], out_logprobs
+
+    def apply_logits_processors(
+        self,
+        logits: torch.Tensor,
+        sampling_metadata: SamplingMetadata,
+        metadata: SpecDecodeMetadata,
+    ) -> torch.Tensor:
+        """The argmax-changing edits for each draft position. Row t belongs to
+        request r(t); its history is r's outputs plus r's drafts before t."""
+        md = sampling_metadata
+        procs = md.logitsprocs
+        if procs.non_argmax_invariant or procs.argmax_invariant:
+            raise NotImplementedError(
+                "logits processors (logit_bias, min_tokens, custom) are not supported "
+                "with speculative decoding yet."
+            )
+        if md.allowed_token_ids_mask is None and md.no_penalties and not md.bad_words_token_ids:
+            return logits
+        repeat = _repeat_indices(metadata.num_draft_tokens, logits.device)
+        if md.allowed_token_ids_mask is not None:
+            logits.masked_fill_(md.allowed_token_ids_mask[repeat], float("-inf"))
+        if md.no_penalties and not md.bad_words_token_ids:
+            return logits
+        history = _histories_with_drafts(md.output_token_ids, metadata)
+        if md.bad_words_token_ids:
+            req_of_row = np.repeat(
+                np.arange(len(metadata.num_draft_tokens)), metadata.num_draft_tokens
+            )
+            bad = {
+                t: md.bad_words_token_ids[int(r)]
+                for t, r in enumerate(req_of_row)
+                if int(r) in md.bad_words_token_ids
+            }
+            apply_bad_words(logits, bad, history)
+        if not md.no_penalties:
+            assert md.prompt_token_ids is not None
+            assert md.presence_penalties is not None
+            assert md.frequency_penalties is not None
+            assert md.repetition_penalties is not None
+            logits = apply_all_penalties(
+                logits,
+                md.prompt_token_ids[repeat],
+                md.presence_penalties[repeat],
+                md.frequency_penalties[repeat],
+                md.repetition_penalties[repeat],
+                history,
+            )
+        return logits
+
+
+def _repeat_indices(num_draft_tokens: list[int], device: torch.device) -> torch.Tensor:
+    """[num_tokens]: the request of each draft position."""
+    counts = torch.tensor(num_draft_tokens, dtype=torch.long)
+    return torch.arange(len(num_draft_tokens)).repeat_interleave(counts).to(device)
+
+
+def _histories_with_drafts(
+    output_token_ids: list[list[int]], metadata: SpecDecodeMetadata
+) -> list[list[int]]:
+    """For each draft position: the request's outputs plus its earlier drafts."""
+    drafts = metadata.draft_token_ids.tolist()
+    result: list[list[int]] = []
+    start = 0
+    for out, n in zip(output_token_ids, metadata.num_draft_tokens):
+        for pos in range(n):
+            result.append([*out, *drafts[start : start + pos]])
+        start += n
+    return result
+
+
+def _grid_logits_rows(metadata: SpecDecodeMetadata, width: int) -> torch.Tensor:
+    """[batch, width]: the logits row scoring each output cell (draft rows,
+    then the bonus row; cells past the bonus repeat the bonus row)."""
+    n = torch.tensor(metadata.num_draft_tokens, device=metadata.cu_num_draft_tokens.device)
+    start = metadata.cu_num_draft_tokens.long() - n
+    pos = torch.arange(width, device=n.device)
+    tok = (start.unsqueeze(1) + pos).clamp(max=max(metadata.draft_token_ids.numel() - 1, 0))
+    bonus = metadata.bonus_logits_indices.long().unsqueeze(1).expand(-1, width)
+    if metadata.target_logits_indices.numel() == 0:
+        return bonus
+    target = metadata.target_logits_indices.long()[tok]
+    return torch.where(pos < n.unsqueeze(1), target, bonus)
+
+
+def apply_sampling_constraints(
+    logits: torch.Tensor,  # [num_tokens, vocab_size] float32, edited in place
+    num_draft_tokens: list[int],
+    sampling_metadata: SamplingMetadata,
+) -> torch.Tensor:
+    """Temperature, min-p, top-k and top-p of each position's request: the
+    target distribution random rows are verified against. Greedy batches are
+    returned unchanged; greedy rows of a mixed batch divide by 1."""
+    md = sampling_metadata
+    if md.all_greedy:
+        return logits
+    assert md.temperature is not None
+    repeat = _repeat_indices(num_draft_tokens, logits.device)
+    temperature = md.temperature[repeat]
+    temperature = torch.where(temperature < _SAMPLING_EPS, 1.0, temperature)
+    logits.div_(temperature.unsqueeze(1))
+    if md.min_p is not None:
+        logits = Sampler.apply_min_p(logits, md.min_p[repeat])
+    top_k = None if md.top_k is None else md.top_k[repeat]
+    top_p = None if md.top_p is None else md.top_p[repeat]
+    return apply_top_k_top_p(logits, top_k, top_p)
+
+
+def generate_uniform_probs(
+    num_tokens: int,
+    num_draft_tokens: list[int],
+    generators: dict[int, torch.Generator],
+    device: torch.device,
+) -> torch.Tensor:
+    """[num_tokens] float64 uniforms (float64: float32 rand can return an
+    exact 0.0). Seeded requests with drafts draw theirs from their generator."""
+    uniform = torch.rand((num_tokens,), dtype=torch.float64, device=device)
+    starts = np.cumsum([0, *num_draft_tokens])
+    for req, gen in generators.items():
+        n = num_draft_tokens[req]
+        if n > 0:  # no draw for requests without drafts: keeps seeds reproducible
+            uniform[starts[req] : starts[req] + n].uniform_(generator=gen)
+    return uniform
+
+
+def sample_recovered_tokens(
+    num_draft_tokens: list[int],
+    draft_token_ids: torch.Tensor,  # [num_tokens]
+    draft_probs: torch.Tensor | None,  # [num_tokens, vocab]
+    target_probs: torch.Tensor,  # [num_tokens, vocab]
+    generators: dict[int, torch.Generator],
+) -> torch.Tensor:
+    """[num_tokens]: a draw from normalize(max(p - q, 0)) at each position,
+    by the exponential race argmax(residual / E), E ~ Exp(1) (no need to
+    normalise). One E row per request serves all its positions: only the
+    first rejected position's draw is ever used."""
+    batch = len(num_draft_tokens)
+    exp = torch.empty(
+        (batch, target_probs.shape[-1]), dtype=torch.float32, device=target_probs.device
+    )
+    exp.exponential_()
+    for req, gen in generators.items():
+        if num_draft_tokens[req] > 0:
+            exp[req].exponential_(generator=gen)
+    if draft_probs is None:
+        # q is one-hot on the draft: the residual is p without the draft token.
+        residual = target_probs.clone()
+        residual.scatter_(1, draft_token_ids.long().clamp(min=0).unsqueeze(1), 0.0)
+    else:
+        residual = (target_probs - draft_probs).clamp_(min=0.0)
+    inv_exp = exp.reciprocal()[_repeat_indices(num_draft_tokens, target_probs.device)]
+    return (residual * inv_exp).argmax(dim=-1).to(draft_token_ids.dtype)
+
+
+def rejection_sample(
+    draft_token_ids: torch.Tensor,  # [num_tokens]
+    num_draft_tokens: list[int],  # [batch_size]
+    max_spec_len: int,
+    cu_num_draft_tokens: torch.Tensor,  # [batch_size]
+    draft_probs: torch.Tensor | None,  # [num_tokens, vocab_size]
+    target_logits: torch.Tensor,  # [num_tokens, vocab_size], processed
+    bonus_token_ids: torch.Tensor,  # [batch_size, 1]
+    sampling_metadata: SamplingMetadata,
+) -> torch.Tensor:
+    """[batch_size, max_spec_len + 1] int32 output (see the module doc)."""
+    md = sampling_metadata
+    num_tokens = draft_token_ids.shape[0]
+    device = target_logits.device
+    assert target_logits.shape[0] == num_tokens
+    assert draft_probs is None or draft_probs.shape == target_logits.shape
+
+    draft = draft_token_ids.long()
+    # Per position: is the draft accepted, and what replaces it if not.
+    target_argmax = target_logits.argmax(dim=-1)
+    accepted = draft == target_argmax
+    replacement = target_argmax
+    if not md.all_greedy:
+        uniform = generate_uniform_probs(num_tokens, num_draft_tokens, md.generators, device)
+        target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
+        safe = draft.clamp(min=0).unsqueeze(1)
+        p = target_probs.gather(1, safe).squeeze(1).double()
+        if draft_probs is None:
+            q = torch.ones_like(p)
+        else:
+            q = draft_probs.gather(1, safe).squeeze(1).double()
+        # Accept when u <= p / q (q == 0 would be a proposer bug: reject).
+        rand_accepted = (q > 0) & (p >= uniform * q) & (draft >= 0)
+        recovered = sample_recovered_tokens(
+            num_draft_tokens, draft_token_ids, draft_probs, target_probs, md.generators
+        ).long()
+        if md.all_random:
+            accepted, replacement = rand_accepted, recovered
+        else:
+            assert md.temperature is not None
+            greedy = (md.temperature < _SAMPLING_EPS)[_repeat_indices(num_draft_tokens, device)]
+            accepted = torch.where(greedy, accepted, rand_accepted)
+            replacement = torch.where(greedy, replacement, recovered)
+    return _assemble(
+        draft,
+        accepted,
+        replacement,
+        bonus_token_ids,
+        num_draft_tokens,
+        cu_num_draft_tokens,
+        max_spec_len,
+    )
+
+
+def _assemble(
+    draft: torch.Tensor,  # [num_tokens]
+    accepted: torch.Tensor,  # [num_tokens] bool
+    replacement: torch.Tensor,  # [num_tokens]
+    bonus_token_ids: torch.Tensor,  # [batch, 1]
+    num_draft_tokens: list[int],
+    cu_num_draft_tokens: torch.Tensor,
+    max_spec_len: int,
+) -> torch.Tensor:
+    """Scatter the per-position decisions onto the [batch, max_spec_len + 1]
+    grid: drafts up to the first rejection, then the replacement (or the bonus
+    when none was rejected), then placeholders."""
+    device = draft.device
+    batch = len(num_draft_tokens)
+    out = torch.full(
+        (batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device
+    )
+    if batch == 0:
+        return out
+    n = torch.tensor(num_draft_tokens, dtype=torch.long, device=device)  # [batch]
+    pos = torch.arange(max_spec_len, device=device)  # [S]
+    in_range = pos < n.unsqueeze(1)  # [batch, S]
+    tok = (cu_num_draft_tokens.long() - n).unsqueeze(1) + pos  # [batch, S] flat index
+    tok = tok.clamp(max=max(draft.numel() - 1, 0))
+    if draft.numel() > 0:
+        acc_grid = accepted[tok] | ~in_range  # padding counts as accepted
+        num_accepted = acc_grid.long().cumprod(dim=1).sum(dim=1) if max_spec_len else n
+        num_accepted = torch.minimum(num_accepted, n)
+        keep = pos < num_accepted.unsqueeze(1)
+        reject_here = (pos == num_accepted.unsqueeze(1)) & in_range
+        grid = torch.where(
+            keep, draft[tok], torch.where(reject_here, replacement[tok], PLACEHOLDER_TOKEN_ID)
+        )
+        out[:, :max_spec_len] = grid.to(torch.int32)
+    else:
+        num_accepted = n
+    all_accepted = num_accepted == n
+    rows = torch.nonzero(all_accepted).squeeze(1)
+    out[rows, n[rows]] = bonus_token_ids.view(-1)[rows].to(torch.int32)
+    return out

@@ -44,6 +44,7 @@ TWO = "tests/entrypoints/openai/test_two_models.py"
 LORA_SERVING = "tests/entrypoints/openai/test_lora_serving.py"
 LORA_ENGINE = "tests/lora/test_engine_api_engines.py"
 LORA_MANAGER = "tests/lora/test_model_manager.py"
+SPEC = "tests/v1/spec_decode/test_speculative_config.py"
 
 SCHED = "tests/v1/core/test_scheduler.py"
 CUDAGRAPH = "tests/v1/cudagraph/test_config_and_dispatch.py"
@@ -273,6 +274,11 @@ AUDIT: dict[str, tuple[str, Any]] = {
         f"{SO_REASONING}::test_parser_plugin_is_imported",
     ),
     "performance_mode": ("tested", f"{DEFAULTS}::test_throughput_mode_doubles_only_the_defaults"),
+    # ---- SpeculativeConfig: validated as upstream, then refused (not built yet) ----
+    "speculative_config": ("refused", {"method": "ngram", "num_speculative_tokens": 2}),
+    "spec_method": ("tested", f"{SPEC}::test_spec_shorthands_merge_and_conflict"),
+    "spec_model": ("tested", f"{SPEC}::test_spec_shorthands_merge_and_conflict"),
+    "spec_tokens": ("tested", f"{SPEC}::test_spec_shorthands_merge_and_conflict"),
     # ---- LoRAConfig (each of the others is refused without --enable-lora) ----
     "enable_lora": ("tested", f"{LORA_ENGINE}::test_adapters_change_the_output_and_are_listed"),
     "max_loras": (

@@ -278,9 +278,13 @@ class VllmConfig:
                 f"ec_transfer_config.ec_connector={ec_transfer.ec_connector!r}: "
                 "encoder-cache connectors (--ec-transfer-config) are not built yet."
             )
-        if self.speculative_config is not None:
+        spec = self.speculative_config
+        if spec is not None:
+            # After SpeculativeConfig's own validation (bad input gets its
+            # specific error first); nothing runs the drafts yet.
             raise NotImplementedError(
-                "speculative_config: speculative decoding (--speculative-config) is not built yet."
+                f"speculative_config: speculative decoding (method={spec.method!r}) is not "
+                "built yet (--speculative-config)."
             )
         kv_events = self.kv_events_config
         if (

@@ -30,6 +30,7 @@ from vllm.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     StructuredOutputsConfig,
     VllmConfig,
 )
@@ -344,6 +345,28 @@ class EngineArgs:
         "VllmConfig",
         choices=list(PERFORMANCE_MODES),
     )
+    # --- SpeculativeConfig (validated, then refused: not built yet) ---
+    speculative_config: dict[str, Any] | None = _arg(
+        None,
+        'Speculative decoding as a JSON SpeculativeConfig, e.g. \'{"method": "ngram", '
+        '"num_speculative_tokens": 3, "prompt_lookup_max": 4}\'. Validated as upstream, '
+        "then refused: speculative decoding is not built yet.",
+        "VllmConfig",
+        type=json_dict,
+        aliases=("-sc",),
+    )
+    spec_method: str | None = _arg(
+        None, "Shorthand for --speculative-config's method.", "VllmConfig", type=_opt_str
+    )
+    spec_model: str | None = _arg(
+        None, "Shorthand for --speculative-config's model.", "VllmConfig", type=_opt_str
+    )
+    spec_tokens: int | None = _arg(
+        None,
+        "Shorthand for --speculative-config's num_speculative_tokens.",
+        "VllmConfig",
+        type=_opt_int,
+    )
     # --- LoRAConfig ---
     enable_lora: bool = _arg(False, "If True, enable handling of LoRA adapters.", "LoRAConfig")
     max_loras: int = _arg(
@@ -469,6 +492,7 @@ class EngineArgs:
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
         )
+        speculative_config = self.create_speculative_config(model_config, parallel_config)
         return VllmConfig(
             model_config=model_config,
             cache_config=cache_config,
@@ -480,6 +504,7 @@ class EngineArgs:
             attention_config=AttentionConfig(backend=self.attention_backend),
             structured_outputs_config=self._create_structured_outputs_config(),
             lora_config=self._create_lora_config(),
+            speculative_config=speculative_config,
         )
 
     def _check_feature_supported(self, model_config: ModelConfig) -> None:
@@ -627,6 +652,41 @@ class EngineArgs:
         if not (self.max_cpu_loras and self.max_cpu_loras > 0):
             kwargs["max_cpu_loras"] = None
         return LoRAConfig(**kwargs)
+
+    def create_speculative_config(
+        self, target_model_config: ModelConfig, target_parallel_config: ParallelConfig
+    ) -> SpeculativeConfig | None:
+        """`--speculative-config` merged with `--spec-method/--spec-model/
+        --spec-tokens` (a key given both ways is an error), as a validated
+        SpeculativeConfig for this target; None when neither is given."""
+        spec = dict(self.speculative_config) if self.speculative_config is not None else None
+        for flag, key, value in (
+            ("--spec-method", "method", self.spec_method),
+            ("--spec-model", "model", self.spec_model),
+            ("--spec-tokens", "num_speculative_tokens", self.spec_tokens),
+        ):
+            if value is None:
+                continue
+            spec = {} if spec is None else spec
+            if key in spec:
+                raise ValueError(f"{flag} and --speculative-config['{key}'] are mutually exclusive")
+            spec[key] = value
+        if spec is None:
+            return None
+        spec = {k.replace("-", "_"): v for k, v in spec.items()}
+        engine_given = {"target_model_config", "target_parallel_config"}
+        known = {f.name for f in dataclasses.fields(SpeculativeConfig) if f.init} - engine_given
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise ValueError(
+                f"Unknown speculative_config key(s) {unknown} (--speculative-config); "
+                f"known: {sorted(known)}."
+            )
+        return SpeculativeConfig(
+            **spec,
+            target_model_config=target_model_config,
+            target_parallel_config=target_parallel_config,
+        )
 
     def _create_structured_outputs_config(self) -> StructuredOutputsConfig:
         so = self.structured_outputs_config

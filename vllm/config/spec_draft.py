@@ -1,0 +1,141 @@
+"""The draft-model half of `SpeculativeConfig` (upstream keeps it in
+vllm/config/speculative.py): the draft's own `ModelConfig`, method detection
+from the checkpoint, the draft's tensor-parallel size and max_model_len, and
+the synthetic rejection-sampling rates."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, get_args
+
+from vllm.config.model import ModelConfig
+from vllm.config.parallel import ParallelConfig
+from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.config.speculative import SpeculativeConfig
+
+logger = init_logger(__name__)
+
+
+def build_draft_model_config(spec: SpeculativeConfig, target: ModelConfig) -> ModelConfig:
+    """The draft checkpoint's `ModelConfig`, sharing the target's tokenizer
+    (or its own with `use_heterogeneous_vocab`), dtype, seed and limits. Its
+    max_model_len is derived from the checkpoint here and clipped later."""
+    assert spec.model is not None
+    return ModelConfig(
+        model=spec.model,
+        tokenizer=spec.model if spec.use_heterogeneous_vocab else target.tokenizer,
+        tokenizer_mode=target.tokenizer_mode,
+        trust_remote_code=target.trust_remote_code,
+        dtype=target.dtype,
+        seed=target.seed,
+        revision=spec.revision,
+        max_model_len=-1,
+        quantization=spec.quantization,
+        enforce_eager=target.enforce_eager,
+        max_logprobs=target.max_logprobs,
+        runner="generate",
+    )
+
+
+def detect_method(method: str, draft: ModelConfig) -> str:
+    """Upstream's detection: an explicit eagle / eagle3 / dflash / dspark is
+    kept; otherwise the checkpoint's name or model_type decides; a plain
+    checkpoint stays `draft_model`."""
+    from vllm.config.speculative import MTPModelTypes
+
+    name = draft.model.lower()
+    model_type = getattr(draft.hf_config, "model_type", None)
+    if method in ("eagle", "eagle3", "dflash", "dspark"):
+        return method
+    if "eagle-" in name:
+        return "eagle"
+    if "eagle3" in name:
+        return "eagle3"
+    if "dflash" in name:
+        return "dflash"
+    if "dspark" in name:
+        return "dspark"
+    if model_type in ("medusa", "mlp_speculator"):
+        return str(model_type)
+    if model_type in get_args(MTPModelTypes):
+        return "mtp"
+    if method == "draft_model":
+        return method
+    raise NotImplementedError(f"Unsupported speculative method: '{method}'")
+
+
+def verify_and_get_draft_tp(
+    target_parallel_config: ParallelConfig, draft_tp: int | None, draft_hf_config: Any
+) -> int:
+    """Unset: the target's TP (1 for mlp_speculator); set: 1 or the target's."""
+    target_tp = target_parallel_config.tensor_parallel_size
+    if draft_tp is None:
+        if getattr(draft_hf_config, "model_type", None) == "mlp_speculator":
+            return 1
+        return target_tp
+    if draft_tp not in (1, target_tp):
+        raise ValueError(
+            f"speculative_draft_tensor_parallel_size={draft_tp} cannot be "
+            "other value than 1 or target model tensor_parallel_size"
+        )
+    return draft_tp
+
+
+def override_draft_max_model_len(
+    speculative_max_model_len: int | None, draft_max_model_len: int, target_max_model_len: int
+) -> int:
+    """The given max_model_len if it fits both models, else the smaller of the two."""
+    if speculative_max_model_len is not None:
+        for name, bound in (
+            ("draft_max_model_len", draft_max_model_len),
+            ("target_max_model_len", target_max_model_len),
+        ):
+            if speculative_max_model_len > bound:
+                raise ValueError(
+                    f"speculative_max_model_len={speculative_max_model_len} cannot be "
+                    f"larger than {name}={bound}"
+                )
+        return speculative_max_model_len
+    result = min(draft_max_model_len, target_max_model_len)
+    if result != draft_max_model_len:
+        logger.info(
+            "Overriding draft model max model len from %d to %d", draft_max_model_len, result
+        )
+    return result
+
+
+def create_draft_parallel_config(target: ParallelConfig, draft_tp: int) -> ParallelConfig:
+    """The target's parallel config with the draft's tensor-parallel size."""
+    return ParallelConfig(
+        tensor_parallel_size=draft_tp,
+        pipeline_parallel_size=target.pipeline_parallel_size,
+        distributed_executor_backend=target.distributed_executor_backend,
+    )
+
+
+def resolve_synthetic_acceptance_rates(
+    n: int, rates: list[float] | None, length: float | None
+) -> list[float]:
+    """Per-position unconditional acceptance rates from exactly one of `rates`
+    (length n, each in [0, 1], non-increasing) or a mean acceptance `length`
+    in [1, n + 1] (the minimum-variance schedule: ones, one fraction, zeros)."""
+    if (rates is None) == (length is None):
+        raise ValueError(
+            "rejection_sample_method='synthetic' requires exactly one of "
+            "synthetic_acceptance_rates or synthetic_acceptance_length."
+        )
+    if rates is not None:
+        if len(rates) != n:
+            raise ValueError(f"synthetic_acceptance_rates must have length {n}, got {rates}.")
+        if not all(0.0 <= r <= 1.0 for r in rates):
+            raise ValueError(f"synthetic_acceptance_rates entries must be in [0, 1], got {rates}.")
+        if any(rates[i] > rates[i - 1] for i in range(1, n)):
+            raise ValueError(f"synthetic_acceptance_rates must be non-increasing, got {rates}.")
+        return list(rates)
+    assert length is not None
+    if not 1.0 <= length <= float(n + 1):
+        raise ValueError(f"synthetic_acceptance_length must be in [1, {n + 1}], got {length}.")
+    accepted = length - 1  # expected number of accepted draft tokens
+    full = int(accepted)
+    return ([1.0] * full + [accepted - full] + [0.0] * (n - full - 1))[:n]

@@ -206,8 +206,8 @@ def test_chi_square_catches_always_accepting(sampler, monkeypatch):
 
 def test_chi_square_catches_resampling_from_the_target(sampler, monkeypatch):
     # Resampling from p instead of the residual max(p - q, 0) over-weights the drafts.
-    def from_target(num_draft_tokens, draft_token_ids, draft_probs, target_probs, generators):
-        return torch.multinomial(target_probs, 1).squeeze(1).to(draft_token_ids.dtype)
+    def from_target(rows, reqs, draft_token_ids, draft_probs, target_probs, generators):
+        return torch.multinomial(target_probs[rows], 1).squeeze(1)
 
     monkeypatch.setattr(rs, "sample_recovered_tokens", from_target)
     assert min(chi2_pvalues(run_many(sampler, with_draft_probs=True))) < 1e-6

@@ -88,12 +88,15 @@ class RejectionSampler(nn.Module):
                 f"max_spec_len {metadata.max_spec_len} exceeds MAX_SPEC_LEN {MAX_SPEC_LEN}."
             )
         md = sampling_metadata
-        # Indexing copies, so the bonus / target rows can be edited in place.
-        bonus_logits = logits[metadata.bonus_logits_indices.long()]
+        # index_select copies (and is much faster than logits[idx] on CPU),
+        # so the bonus / target rows can be edited in place.
+        bonus_logits = logits.index_select(0, metadata.bonus_logits_indices.long())
         bonus_out = self.sampler(bonus_logits, replace(md, max_num_logprobs=None))
         bonus_token_ids = bonus_out.sampled_token_ids
 
-        target_logits = logits[metadata.target_logits_indices.long()].to(torch.float32)
+        target_logits = logits.index_select(0, metadata.target_logits_indices.long()).to(
+            torch.float32
+        )
         target_logits = self.apply_logits_processors(target_logits, md, metadata)
         target_logits = apply_sampling_constraints(target_logits, metadata.num_draft_tokens, md)
 
@@ -126,7 +129,7 @@ class RejectionSampler(nn.Module):
         dropped by parse_output."""
         width = output_token_ids.shape[1]
         rows = _grid_logits_rows(metadata, width)  # [batch, width]
-        cell_logits = logits[rows.flatten()].to(torch.float32)
+        cell_logits = logits.index_select(0, rows.flatten()).to(torch.float32)
         if self.sampler.logprobs_mode == "raw_logprobs":
             cell_logits = self.sampler.compute_logprobs(cell_logits)
         tokens = output_token_ids.flatten().to(torch.int64).clamp(min=0)
@@ -281,32 +284,34 @@ def generate_uniform_probs(
 
 
 def sample_recovered_tokens(
-    num_draft_tokens: list[int],
+    rows: torch.Tensor,  # [R] draft positions (flat indices) that were rejected
+    reqs: torch.Tensor,  # [R] their requests
     draft_token_ids: torch.Tensor,  # [num_tokens]
     draft_probs: torch.Tensor | None,  # [num_tokens, vocab]
     target_probs: torch.Tensor,  # [num_tokens, vocab]
     generators: dict[int, torch.Generator],
 ) -> torch.Tensor:
-    """[num_tokens]: a draw from normalize(max(p - q, 0)) at each position,
-    by the exponential race argmax(residual / E), E ~ Exp(1) (no need to
-    normalise). One E row per request serves all its positions: only the
-    first rejected position's draw is ever used."""
-    batch = len(num_draft_tokens)
-    exp = torch.empty(
-        (batch, target_probs.shape[-1]), dtype=torch.float32, device=target_probs.device
-    )
-    exp.exponential_()
-    for req, gen in generators.items():
-        if num_draft_tokens[req] > 0:
-            exp[req].exponential_(generator=gen)
+    """[R]: a draw from normalize(max(p - q, 0)) at each given position, by the
+    exponential race argmax(residual / E), E ~ Exp(1) (no need to normalise).
+    Only a request's first rejected position emits its draw, so only those
+    rows are computed (upstream computes every position and discards the
+    rest). Seeded requests draw E from their generator."""
+    probs = target_probs.index_select(0, rows)  # a copy: edited in place below
     if draft_probs is None:
         # q is one-hot on the draft: the residual is p without the draft token.
-        residual = target_probs.clone()
-        residual.scatter_(1, draft_token_ids.long().clamp(min=0).unsqueeze(1), 0.0)
+        drafts = draft_token_ids[rows].long().clamp(min=0).unsqueeze(1)
+        residual = probs.scatter_(1, drafts, 0.0)
     else:
-        residual = (target_probs - draft_probs).clamp_(min=0.0)
-    inv_exp = exp.reciprocal()[_repeat_indices(num_draft_tokens, target_probs.device)]
-    return (residual * inv_exp).argmax(dim=-1).to(draft_token_ids.dtype)
+        residual = probs.sub_(draft_probs.index_select(0, rows)).clamp_(min=0.0)
+    # E = -log(U), U ~ U[0, 1): several times faster than exponential_ on
+    # CPU; U = 0 gives E = inf, a zero score, never a NaN.
+    uniform = torch.rand_like(residual)
+    if generators:
+        for i, req in enumerate(reqs.tolist()):
+            if req in generators:
+                uniform[i].uniform_(generator=generators[req])
+    exp = uniform.log_().neg_()
+    return residual.div_(exp).argmax(dim=-1)
 
 
 def rejection_sample(
@@ -331,10 +336,11 @@ def rejection_sample(
     target_argmax = target_logits.argmax(dim=-1)
     accepted = draft == target_argmax
     replacement = target_argmax
+    random_rows: torch.Tensor | None = None  # [batch] bool
     if not md.all_greedy:
         uniform = generate_uniform_probs(num_tokens, num_draft_tokens, md.generators, device)
-        target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
         safe = draft.clamp(min=0).unsqueeze(1)
+        target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
         p = target_probs.gather(1, safe).squeeze(1).double()
         if draft_probs is None:
             q = torch.ones_like(p)
@@ -342,64 +348,74 @@ def rejection_sample(
             q = draft_probs.gather(1, safe).squeeze(1).double()
         # Accept when u <= p / q (q == 0 would be a proposer bug: reject).
         rand_accepted = (q > 0) & (p >= uniform * q) & (draft >= 0)
-        recovered = sample_recovered_tokens(
-            num_draft_tokens, draft_token_ids, draft_probs, target_probs, md.generators
-        ).long()
         if md.all_random:
-            accepted, replacement = rand_accepted, recovered
+            accepted = rand_accepted
+            random_rows = torch.ones(len(num_draft_tokens), dtype=torch.bool, device=device)
         else:
             assert md.temperature is not None
-            greedy = (md.temperature < _SAMPLING_EPS)[_repeat_indices(num_draft_tokens, device)]
-            accepted = torch.where(greedy, accepted, rand_accepted)
-            replacement = torch.where(greedy, replacement, recovered)
-    return _assemble(
-        draft,
-        accepted,
-        replacement,
-        bonus_token_ids,
-        num_draft_tokens,
-        cu_num_draft_tokens,
-        max_spec_len,
-    )
+            random_rows = md.temperature >= _SAMPLING_EPS
+            per_token = random_rows[_repeat_indices(num_draft_tokens, device)]
+            accepted = torch.where(per_token, rand_accepted, accepted)
+    n = torch.tensor(num_draft_tokens, dtype=torch.long, device=device)
+    start = cu_num_draft_tokens.long() - n
+    num_accepted = _count_accepted(accepted, n, start, max_spec_len)
+    if random_rows is not None:
+        # The first rejected position of each random request gets a recovered token.
+        reqs = torch.nonzero(random_rows & (num_accepted < n)).squeeze(1)
+        if reqs.numel() > 0:
+            rows = start[reqs] + num_accepted[reqs]
+            recovered = sample_recovered_tokens(
+                rows, reqs, draft_token_ids, draft_probs, target_probs, md.generators
+            )
+            replacement = target_argmax.clone()
+            replacement[rows] = recovered.to(replacement.dtype)
+    return _assemble(draft, replacement, bonus_token_ids, n, start, num_accepted, max_spec_len)
+
+
+def _grid_indices(n: torch.Tensor, start: torch.Tensor, max_spec_len: int, num_tokens: int):
+    """pos [S], in_range [batch, S] and the flat index [batch, S] of each cell."""
+    pos = torch.arange(max_spec_len, device=n.device)
+    in_range = pos < n.unsqueeze(1)
+    tok = (start.unsqueeze(1) + pos).clamp(max=max(num_tokens - 1, 0))
+    return pos, in_range, tok
+
+
+def _count_accepted(
+    accepted: torch.Tensor,  # [num_tokens] bool
+    n: torch.Tensor,  # [batch] drafts per request
+    start: torch.Tensor,  # [batch] first flat index of each request
+    max_spec_len: int,
+) -> torch.Tensor:
+    """[batch]: drafts accepted before the first rejection."""
+    if accepted.numel() == 0:
+        return torch.zeros_like(n)
+    _, in_range, tok = _grid_indices(n, start, max_spec_len, accepted.numel())
+    grid = accepted[tok] | ~in_range  # padding counts as accepted
+    return torch.minimum(grid.long().cumprod(dim=1).sum(dim=1), n)
 
 
 def _assemble(
     draft: torch.Tensor,  # [num_tokens]
-    accepted: torch.Tensor,  # [num_tokens] bool
     replacement: torch.Tensor,  # [num_tokens]
     bonus_token_ids: torch.Tensor,  # [batch, 1]
-    num_draft_tokens: list[int],
-    cu_num_draft_tokens: torch.Tensor,
+    n: torch.Tensor,  # [batch]
+    start: torch.Tensor,  # [batch]
+    num_accepted: torch.Tensor,  # [batch]
     max_spec_len: int,
 ) -> torch.Tensor:
-    """Scatter the per-position decisions onto the [batch, max_spec_len + 1]
-    grid: drafts up to the first rejection, then the replacement (or the bonus
-    when none was rejected), then placeholders."""
-    device = draft.device
-    batch = len(num_draft_tokens)
+    """The [batch, max_spec_len + 1] grid: accepted drafts, then the
+    replacement at the first rejection (or the bonus when none was
+    rejected), then placeholders."""
+    batch = n.shape[0]
     out = torch.full(
-        (batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device
+        (batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=n.device
     )
-    if batch == 0:
-        return out
-    n = torch.tensor(num_draft_tokens, dtype=torch.long, device=device)  # [batch]
-    pos = torch.arange(max_spec_len, device=device)  # [S]
-    in_range = pos < n.unsqueeze(1)  # [batch, S]
-    tok = (cu_num_draft_tokens.long() - n).unsqueeze(1) + pos  # [batch, S] flat index
-    tok = tok.clamp(max=max(draft.numel() - 1, 0))
     if draft.numel() > 0:
-        acc_grid = accepted[tok] | ~in_range  # padding counts as accepted
-        num_accepted = acc_grid.long().cumprod(dim=1).sum(dim=1) if max_spec_len else n
-        num_accepted = torch.minimum(num_accepted, n)
+        pos, in_range, tok = _grid_indices(n, start, max_spec_len, draft.numel())
         keep = pos < num_accepted.unsqueeze(1)
         reject_here = (pos == num_accepted.unsqueeze(1)) & in_range
-        grid = torch.where(
-            keep, draft[tok], torch.where(reject_here, replacement[tok], PLACEHOLDER_TOKEN_ID)
-        )
-        out[:, :max_spec_len] = grid.to(torch.int32)
-    else:
-        num_accepted = n
-    all_accepted = num_accepted == n
-    rows = torch.nonzero(all_accepted).squeeze(1)
+        filler = torch.where(reject_here, replacement[tok], PLACEHOLDER_TOKEN_ID)
+        out[:, :max_spec_len] = torch.where(keep, draft[tok], filler).to(torch.int32)
+    rows = torch.nonzero(num_accepted == n).squeeze(1)
     out[rows, n[rows]] = bonus_token_ids.view(-1)[rows].to(torch.int32)
     return out

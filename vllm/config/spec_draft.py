@@ -5,45 +5,45 @@ the synthetic rejection-sampling rates."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any
 
 from vllm.config.model import ModelConfig
 from vllm.config.parallel import ParallelConfig
 from vllm.logger import init_logger
 
-if TYPE_CHECKING:
-    from vllm.config.speculative import SpeculativeConfig
-
 logger = init_logger(__name__)
 
 
-def build_draft_model_config(spec: SpeculativeConfig, target: ModelConfig) -> ModelConfig:
+def build_draft_model_config(
+    model: str,
+    target: ModelConfig,
+    revision: str | None,
+    quantization: str | None,
+    use_heterogeneous_vocab: bool,
+) -> ModelConfig:
     """The draft checkpoint's `ModelConfig`, sharing the target's tokenizer
     (or its own with `use_heterogeneous_vocab`), dtype, seed and limits. Its
     max_model_len is derived from the checkpoint here and clipped later."""
-    assert spec.model is not None
     return ModelConfig(
-        model=spec.model,
-        tokenizer=spec.model if spec.use_heterogeneous_vocab else target.tokenizer,
+        model=model,
+        tokenizer=model if use_heterogeneous_vocab else target.tokenizer,
         tokenizer_mode=target.tokenizer_mode,
         trust_remote_code=target.trust_remote_code,
         dtype=target.dtype,
         seed=target.seed,
-        revision=spec.revision,
+        revision=revision,
         max_model_len=-1,
-        quantization=spec.quantization,
+        quantization=quantization,
         enforce_eager=target.enforce_eager,
         max_logprobs=target.max_logprobs,
         runner="generate",
     )
 
 
-def detect_method(method: str, draft: ModelConfig) -> str:
+def detect_method(method: str, draft: ModelConfig, mtp_model_types: tuple[str, ...]) -> str:
     """Upstream's detection: an explicit eagle / eagle3 / dflash / dspark is
     kept; otherwise the checkpoint's name or model_type decides; a plain
     checkpoint stays `draft_model`."""
-    from vllm.config.speculative import MTPModelTypes
-
     name = draft.model.lower()
     model_type = getattr(draft.hf_config, "model_type", None)
     if method in ("eagle", "eagle3", "dflash", "dspark"):
@@ -58,7 +58,7 @@ def detect_method(method: str, draft: ModelConfig) -> str:
         return "dspark"
     if model_type in ("medusa", "mlp_speculator"):
         return str(model_type)
-    if model_type in get_args(MTPModelTypes):
+    if model_type in mtp_model_types:
         return "mtp"
     if method == "draft_model":
         return method

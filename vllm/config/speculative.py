@@ -246,9 +246,11 @@ class SpeculativeConfig:
                 "the target's model and parallel configs (the engine passes them)."
             )
         assert self.model is not None
-        draft = build_draft_model_config(self, target)
+        draft = build_draft_model_config(
+            self.model, target, self.revision, self.quantization, self.use_heterogeneous_vocab
+        )
         self.draft_model_config = draft
-        self.method = detect_method(self.method or "draft_model", draft)
+        self.method = detect_method(self.method or "draft_model", draft, get_args(MTPModelTypes))
         if self.method in ("dflash", "dspark"):
             self.parallel_drafting = True
         n_predict = getattr(draft.hf_config, "n_predict", None)

@@ -323,77 +323,56 @@ def _slice_a_rows(layer: Any, lora_a: torch.Tensor | None) -> torch.Tensor | Non
     return _shard_rows(lora_a, layer.lora_a_stacked[0].shape[2], layer.tp_rank)
 
 
-class ColumnParallelLinearWithShardedLoRA(ColumnParallelLinearWithLoRA):
+class _ShardedColumnLoRA:
+    """What the four fully sharded column classes share: the S-LoRA apply
+    (`_mcp_apply`) and `can_replace_layer` = the non-sharded parent's rule with
+    fully_sharded_loras on. Listed before that parent in the bases."""
+
+    def apply(  # upstream's name (nn.Module.apply differs)
+        self, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return _mcp_apply(x, bias, self)
+
+    @classmethod
+    @_fully_sharded_can_replace
+    def can_replace_layer(cls, source_layer: nn.Module, lora_config: Any, **kwargs: Any) -> bool:
+        parent: Any = super()  # the non-sharded class next in the MRO
+        return bool(
+            parent.can_replace_layer(
+                source_layer=source_layer, lora_config=lora_config, decorate=False, **kwargs
+            )
+        )
+
+
+# ignore[misc]: _ShardedColumnLoRA.apply is upstream's apply, not nn.Module.apply.
+class ColumnParallelLinearWithShardedLoRA(_ShardedColumnLoRA, ColumnParallelLinearWithLoRA):  # type: ignore[misc]
     """ColumnParallelLinearWithLoRA with A split along the rank."""
 
     def slice_lora_a(self, lora_a: Any) -> Any:
         return _slice_a_rows(self, lora_a)
 
-    def apply(  # type: ignore[override]  # upstream's name (nn.Module.apply differs)
-        self, x: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _mcp_apply(x, bias, self)
 
-    @classmethod
-    @_fully_sharded_can_replace
-    def can_replace_layer(cls, source_layer: nn.Module, lora_config: Any, **kwargs: Any) -> bool:
-        return ColumnParallelLinearWithLoRA.can_replace_layer(
-            source_layer=source_layer, lora_config=lora_config, decorate=False, **kwargs
-        )
-
-
-class MergedColumnParallelLinearWithShardedLoRA(MergedColumnParallelLinearWithLoRA):
+# ignore[misc]: _ShardedColumnLoRA.apply is upstream's apply, not nn.Module.apply.
+class MergedColumnParallelLinearWithShardedLoRA(  # type: ignore[misc]
+    _ShardedColumnLoRA, MergedColumnParallelLinearWithLoRA
+):
     """MergedColumnParallelLinearWithLoRA with each slice's A split along the rank."""
 
     def slice_lora_a(self, lora_a: Any) -> Any:
         return [_slice_a_rows(self, a) for a in lora_a]
 
-    def apply(  # type: ignore[override]  # upstream's name (nn.Module.apply differs)
-        self, x: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _mcp_apply(x, bias, self)
 
-    @classmethod
-    @_fully_sharded_can_replace
-    def can_replace_layer(cls, source_layer: nn.Module, lora_config: Any, **kwargs: Any) -> bool:
-        return MergedColumnParallelLinearWithLoRA.can_replace_layer(
-            source_layer=source_layer, lora_config=lora_config, decorate=False, **kwargs
-        )
-
-
-class QKVParallelLinearWithShardedLoRA(QKVParallelLinearWithLoRA):
+# ignore[misc]: _ShardedColumnLoRA.apply is upstream's apply, not nn.Module.apply.
+class QKVParallelLinearWithShardedLoRA(_ShardedColumnLoRA, QKVParallelLinearWithLoRA):  # type: ignore[misc]
     """QKVParallelLinearWithLoRA with A split along the rank."""
 
     def slice_lora_a(self, lora_a: Any) -> Any:
         return _slice_a_rows(self, lora_a)
 
-    def apply(  # type: ignore[override]  # upstream's name (nn.Module.apply differs)
-        self, x: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _mcp_apply(x, bias, self)
 
-    @classmethod
-    @_fully_sharded_can_replace
-    def can_replace_layer(cls, source_layer: nn.Module, lora_config: Any, **kwargs: Any) -> bool:
-        return QKVParallelLinearWithLoRA.can_replace_layer(
-            source_layer=source_layer, lora_config=lora_config, decorate=False, **kwargs
-        )
-
-
-class MergedQKVParallelLinearWithShardedLoRA(MergedQKVParallelLinearWithLoRA):
+# ignore[misc]: _ShardedColumnLoRA.apply is upstream's apply, not nn.Module.apply.
+class MergedQKVParallelLinearWithShardedLoRA(_ShardedColumnLoRA, MergedQKVParallelLinearWithLoRA):  # type: ignore[misc]
     """MergedQKVParallelLinearWithLoRA with each slice's A split along the rank."""
 
     def slice_lora_a(self, lora_a: Any) -> Any:
         return [_slice_a_rows(self, a) for a in lora_a]
-
-    def apply(  # type: ignore[override]  # upstream's name (nn.Module.apply differs)
-        self, x: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return _mcp_apply(x, bias, self)
-
-    @classmethod
-    @_fully_sharded_can_replace
-    def can_replace_layer(cls, source_layer: nn.Module, lora_config: Any, **kwargs: Any) -> bool:
-        return MergedQKVParallelLinearWithLoRA.can_replace_layer(
-            source_layer=source_layer, lora_config=lora_config, decorate=False, **kwargs
-        )

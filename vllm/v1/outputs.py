@@ -16,6 +16,10 @@ class LogprobsLists(NamedTuple):
     logprobs: list[list[float]]
     # [num_positions]: rank of the sampled token (1 = most likely)
     sampled_token_ranks: list[int]
+    # [num_reqs + 1]: where each request's positions start, when a request
+    # may have several (speculative decoding emits a variable number of
+    # tokens per request); None: one position per request.
+    cu_num_generated_tokens: list[int] | None = None
 
     def slice(self, start: int, end: int) -> LogprobsLists:
         return LogprobsLists(
@@ -23,6 +27,13 @@ class LogprobsLists(NamedTuple):
             self.logprobs[start:end],
             self.sampled_token_ranks[start:end],
         )
+
+    def slice_request(self, req_idx: int, num_positions: int) -> LogprobsLists:
+        """The first `num_positions` positions of batch row `req_idx`."""
+        start = req_idx
+        if self.cu_num_generated_tokens is not None:
+            start = self.cu_num_generated_tokens[req_idx]
+        return self.slice(start, start + num_positions)
 
 
 class LogprobsTensors(NamedTuple):
@@ -33,11 +44,12 @@ class LogprobsTensors(NamedTuple):
     # [num_positions] int
     selected_token_ranks: torch.Tensor
 
-    def tolists(self) -> LogprobsLists:
+    def tolists(self, cu_num_generated_tokens: list[int] | None = None) -> LogprobsLists:
         return LogprobsLists(
             self.logprob_token_ids.tolist(),
             self.logprobs.tolist(),
             self.selected_token_ranks.tolist(),
+            cu_num_generated_tokens,
         )
 
     @staticmethod

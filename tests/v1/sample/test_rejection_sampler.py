@@ -146,6 +146,27 @@ def test_raw_logprobs_of_the_emitted_tokens(sampler):
         assert lp.logprob_token_ids[i][0] == tok
         assert lp.logprobs[i][0] == pytest.approx(ref[row, tok].item(), abs=1e-5)
         assert lp.sampled_token_ranks[i] == 1
+    # Per request: slice_request finds each request's positions.
+    assert lp.cu_num_generated_tokens == [0, 2, 4]
+    assert [x[0] for x in lp.slice_request(1, 2).logprob_token_ids] == [3, 4]
+    # A stop after the first token of request 0 keeps its first logprob only.
+    assert [x[0] for x in lp.slice_request(0, 1).logprob_token_ids] == [1]
+
+
+def test_parse_output_logprobs_offsets_count_discarded_rows(sampler):
+    # Request 0 is discarded (mid-prefill): its position still counts in the
+    # offsets, so request 1's logprobs are found at its own row.
+    spec, target = [[], [3, 5]], [[7], [3, 5, 6]]
+    meta = SpecDecodeMetadata.make_dummy(spec, CPU)
+    md = greedy_md()
+    md.max_num_logprobs = 0
+    out = sampler(meta, None, peaked_logits(target), md)
+    tokens, lp = RejectionSampler.parse_output(
+        out.sampled_token_ids, VOCAB, [0], logprobs_tensors=out.logprobs_tensors
+    )
+    assert tokens == [[], [3, 5, 6]]
+    assert lp is not None and lp.cu_num_generated_tokens == [0, 1, 4]
+    assert [x[0] for x in lp.slice_request(1, 3).logprob_token_ids] == [3, 5, 6]
 
 
 # ---- random sampling: the output distribution is the target's ----------------

@@ -145,17 +145,20 @@ class RejectionSampler(nn.Module):
         """Rows of [batch, max_spec_len + 1] -> each request's emitted tokens
         (placeholders and ids >= vocab_size dropped; discarded rows empty).
         The logprobs come back as one flat list over the kept tokens, request
-        after request (before discarding), in the order of the token lists."""
+        after request (counted before discarding), with
+        `cu_num_generated_tokens` [batch + 1] marking where each request's
+        positions start, so `LogprobsLists.slice_request(row, n)` finds them."""
         ids = output_token_ids.cpu().numpy()
         valid = (ids != PLACEHOLDER_TOKEN_ID) & (ids < vocab_size)
         out_logprobs = None
         if logprobs_tensors is not None:
             keep = torch.from_numpy(valid.flatten())
+            cu_num_tokens = [0, *np.cumsum(valid.sum(axis=1)).tolist()]
             out_logprobs = LogprobsTensors(
                 logprobs_tensors.logprob_token_ids.cpu()[keep],
                 logprobs_tensors.logprobs.cpu()[keep],
                 logprobs_tensors.selected_token_ranks.cpu()[keep],
-            ).tolists()
+            ).tolists(cu_num_tokens)
         if len(discard_req_indices) > 0:
             valid[np.asarray(discard_req_indices)] = False
         return [row[valid[i]].tolist() for i, row in enumerate(ids)], out_logprobs

@@ -307,6 +307,7 @@ class SpeculativeConfig:
             )
         if not self.use_heterogeneous_vocab:
             self.verify_equal_vocab_size_if_draft_model()
+        self.verify_equal_tp_if_draft_model()
 
     def _verify_synthetic_rates(self) -> None:
         from vllm.config.spec_draft import resolve_synthetic_acceptance_rates
@@ -340,6 +341,20 @@ class SpeculativeConfig:
                 f"Draft model vocab_size={draft_vocab}. "
                 "Using models with different tokenizers can cause out-of-bounds "
                 "errors during speculative decoding."
+            )
+
+    def verify_equal_tp_if_draft_model(self) -> None:
+        """A draft model shards over the target's tensor-parallel group
+        (upstream's DraftModelProposer check, made here at start-up)."""
+        target, draft = self.target_parallel_config, self.draft_parallel_config
+        if self.method != "draft_model" or target is None or draft is None:
+            return
+        draft_tp, target_tp = draft.tensor_parallel_size, target.tensor_parallel_size
+        if draft_tp != target_tp:
+            raise ValueError(
+                "Currently, 'draft_tensor_parallel_size' and 'tensor_parallel_size' must be "
+                f"the same. Got {draft_tp} and {target_tp}. Please pass "
+                "'draft_tensor_parallel_size' in the speculative_config."
             )
 
     # ---- queries (upstream's names) -------------------------------------------

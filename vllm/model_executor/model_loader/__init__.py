@@ -46,13 +46,17 @@ def get_model_loader(
     return _LOADERS[fmt](load_config)
 
 
-def get_model(*, vllm_config: VllmConfig, model_config: ModelConfig | None = None) -> nn.Module:
-    """Build and load the model described by `vllm_config` (or `model_config`)."""
+def get_model(
+    *, vllm_config: VllmConfig, model_config: ModelConfig | None = None, prefix: str = ""
+) -> nn.Module:
+    """Build and load the model described by `vllm_config` (or `model_config`).
+    `prefix` goes before every layer name (a draft model's attention layers
+    register as "draft_model...." beside the target's)."""
     model_config = model_config or vllm_config.model_config
     if model_config is None:
         raise ValueError("get_model() needs a model_config.")
     loader = get_model_loader(vllm_config.load_config, model_config)
-    return loader.load_model(vllm_config=vllm_config, model_config=model_config)
+    return loader.load_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
 
 
 __all__ = [

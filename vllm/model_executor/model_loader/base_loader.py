@@ -38,14 +38,18 @@ class BaseModelLoader(ABC):
         """Fill every parameter of an already constructed model."""
         raise NotImplementedError
 
-    def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig) -> nn.Module:
-        """Construct the model on the target device in the model dtype, load its
-        weights and return it in eval mode."""
+    def load_model(
+        self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = ""
+    ) -> nn.Module:
+        """Construct the model on the target device in the model dtype (its
+        layer names under `prefix`), load its weights and return it in eval mode."""
         target_device = torch.device(vllm_config.device_config.device)
         assert isinstance(model_config.dtype, torch.dtype), "ModelConfig resolves dtype"
         with set_default_torch_dtype(model_config.dtype):
             with target_device:
-                model = initialize_model(vllm_config=vllm_config, model_config=model_config)
+                model = initialize_model(
+                    vllm_config=vllm_config, model_config=model_config, prefix=prefix
+                )
             logger.debug("Loading weights on %s ...", target_device)
             self.load_weights(model, model_config)
         process_weights_after_loading(model, model_config, target_device)

@@ -68,7 +68,9 @@ class GGUFModelLoader(BaseModelLoader):
     def download_model(self, model_config: ModelConfig) -> None:
         self._gguf_path(model_config)
 
-    def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig) -> nn.Module:
+    def load_model(
+        self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = ""
+    ) -> nn.Module:
         """Tell the GGUF quant config the file's tensor types (upstream fills
         its `unquantized_modules` here), then build and load as usual."""
         from vllm.model_executor.layers.quantization.gguf import GGUFConfig
@@ -83,7 +85,7 @@ class GGUFModelLoader(BaseModelLoader):
             )
             types = {info.name: info.ggml_type for info in gguf_file.tensors}
             quant_config.set_gguf_tensors(path, types, name_map)
-        return super().load_model(vllm_config, model_config)
+        return super().load_model(vllm_config, model_config, prefix)
 
     def _gguf_to_hf_modules(
         self, model: nn.Module, model_config: ModelConfig, gguf_arch: str

@@ -139,3 +139,57 @@ def resolve_synthetic_acceptance_rates(
     accepted = length - 1  # expected number of accepted draft tokens
     full = int(accepted)
     return ([1.0] * full + [accepted - full] + [0.0] * (n - full - 1))[:n]
+
+
+def eagle_architectures(method: str, architectures: list[str]) -> list[str]:
+    """Upstream's EAGLEConfig renaming of a draft checkpoint's architectures:
+    eagle -> "Eagle" + arch (unless it starts with "Eagle"); eagle3 ->
+    "Eagle3" + arch (unless it starts or ends with "Eagle3")."""
+    if method == "eagle":
+        return [a if a.startswith("Eagle") else f"Eagle{a}" for a in architectures]
+    return [
+        a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}" for a in architectures
+    ]
+
+
+def resolve_eagle_draft(
+    method: str, draft: ModelConfig, target: ModelConfig, draft_tp: int, target_tp: int
+) -> None:
+    """Point the draft's ModelConfig at its EAGLE head class, and refuse at
+    start-up what cannot run: a head architecture with no EAGLE class, a
+    target whose model class cannot feed an EAGLE head (`supports_eagle` /
+    `supports_eagle3`), widths that differ, a draft TP other than the
+    target's."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    renamed = eagle_architectures(method, draft.architectures)
+    try:
+        draft._model_info, draft._architecture = ModelRegistry.inspect_model_cls(renamed, draft)
+    except ValueError:
+        raise ValueError(
+            f"speculative_config.method={method!r}: the draft checkpoint {draft.model!r} "
+            f"declares architectures {draft.architectures} (as an {method} head: {renamed}); "
+            f"no {method} head is built for them."
+        ) from None
+    draft.architectures = renamed
+    draft.hf_config.architectures = renamed
+    target_cls, target_arch = ModelRegistry.resolve_model_cls(target.architectures, target)
+    flag = "supports_eagle3" if method == "eagle3" else "supports_eagle"
+    if not getattr(target_cls, flag, False):
+        raise ValueError(
+            f"speculative_config.method={method!r} is not supported for the target "
+            f"architecture {target_arch!r} ({target_cls.__name__} cannot feed an {method} "
+            "head its hidden states)."
+        )
+    target_hidden = target.get_hidden_size()
+    head_hidden = getattr(draft.hf_config, "target_hidden_size", None) or draft.get_hidden_size()
+    if head_hidden != target_hidden:
+        raise ValueError(
+            f"The {method} head {draft.model!r} expects target hidden size {head_hidden}, "
+            f"but the target's is {target_hidden}."
+        )
+    if draft_tp != target_tp:
+        raise NotImplementedError(
+            f"{method} with draft_tensor_parallel_size={draft_tp} != tensor_parallel_size="
+            f"{target_tp} is not supported; leave draft_tensor_parallel_size unset."
+        )

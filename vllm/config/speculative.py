@@ -236,6 +236,7 @@ class SpeculativeConfig:
             create_draft_parallel_config,
             detect_method,
             override_draft_max_model_len,
+            resolve_eagle_draft,
             verify_and_get_draft_tp,
         )
 
@@ -279,6 +280,14 @@ class SpeculativeConfig:
         self.draft_parallel_config = create_draft_parallel_config(
             self.target_parallel_config, self.draft_tensor_parallel_size
         )
+        if self.method in ("eagle", "eagle3"):
+            resolve_eagle_draft(
+                self.method,
+                draft,
+                target,
+                self.draft_tensor_parallel_size,
+                self.target_parallel_config.tensor_parallel_size,
+            )
 
     # ---- whole-config checks (upstream: _verify_args) -------------------------
     def _verify_args(self) -> None:

@@ -29,7 +29,13 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.rotary_embedding import get_rope, get_rope_parameters
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.adapters import as_seq_cls_model
-from vllm.model_executor.models.interfaces import SupportsLoRA, SupportsPP
+from vllm.model_executor.models.interfaces import (
+    EagleModelMixin,
+    SupportsEagle,
+    SupportsEagle3,
+    SupportsLoRA,
+    SupportsPP,
+)
 from vllm.model_executor.models.utils import (
     CausalLMBase,
     PPMissingLayer,
@@ -228,10 +234,12 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden_states), residual
 
 
-class LlamaModel(nn.Module):
+class LlamaModel(nn.Module, EagleModelMixin):
     """Embeddings, the decoder layers and the final norm. Under pipeline
     parallelism a stage builds only its layers; the embedding lives on the
-    first stage and the final norm on the last."""
+    first stage and the final norm on the last. With EAGLE-3 depths set
+    (`aux_hidden_state_layers`), forward also returns the residual stream at
+    those depths."""
 
     def __init__(
         self,
@@ -281,10 +289,11 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor | IntermediateTensors:
+    ) -> torch.Tensor | IntermediateTensors | tuple[torch.Tensor, list[torch.Tensor]]:
         """input_ids [T] (or inputs_embeds [T, hidden]; on later pipeline stages
         the previous stage's tensors), positions [T] -> [T, hidden], or the
-        IntermediateTensors for the next stage."""
+        IntermediateTensors for the next stage; with EAGLE-3 depths set,
+        (hidden [T, hidden], aux: one [T, hidden] per depth, shallowest first)."""
         pp_group = get_pp_group()
         if pp_group.is_first_rank:
             hidden_states = (
@@ -295,24 +304,28 @@ class LlamaModel(nn.Module):
             assert intermediate_tensors is not None, "a later stage needs the previous one's"
             hidden_states = intermediate_tensors["hidden_states"]
             residual = intermediate_tensors["residual"]
-        for layer in self.layers[self.start_layer : self.end_layer]:
+        aux = self._maybe_add_hidden_state([], 0, hidden_states, residual)
+        for depth, layer in enumerate(self.layers[self.start_layer : self.end_layer], start=1):
             hidden_states, residual = layer(positions, hidden_states, residual)
+            self._maybe_add_hidden_state(aux, depth, hidden_states, residual)
         if not pp_group.is_last_rank:
             assert residual is not None  # every stage runs a layer (get_pp_indices)
             return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
         if residual is None:  # no layers
-            return self.norm(hidden_states)
-        hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
+            hidden_states = self.norm(hidden_states)
+        else:
+            hidden_states, _ = self.norm(hidden_states, residual)
+        return (hidden_states, aux) if aux else hidden_states
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Checkpoint names relative to the body ("layers.0.self_attn.q_proj.weight")."""
         return load_stacked_weights(self, weights, LlamaForCausalLM.stacked_params_mapping)
 
 
-class LlamaForCausalLM(CausalLMBase, SupportsPP, SupportsLoRA):
+class LlamaForCausalLM(CausalLMBase, SupportsPP, SupportsLoRA, SupportsEagle, SupportsEagle3):
     """The body plus the LM head (on the last pipeline stage); the model
-    contract the runner relies on."""
+    contract the runner relies on. An EAGLE / EAGLE-3 target (Qwen2/3 and
+    Mistral through this class too)."""
 
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],

@@ -52,7 +52,17 @@ _POOLING_MODELS: dict[str, tuple[str, str]] = {
     "XLMRobertaForSequenceClassification": ("roberta", "RobertaForSequenceClassification"),
 }
 
-_VLLM_MODELS = {**_TEXT_GENERATION_MODELS, **_POOLING_MODELS}
+# Draft heads for speculative decoding (built only as a speculative_config
+# draft; EAGLE-1 checkpoints say "LlamaForCausalLM" and are renamed to
+# "EagleLlamaForCausalLM" by vllm/config/spec_draft.py, EAGLE-3 ones say
+# "LlamaForCausalLMEagle3" or are renamed to "Eagle3LlamaForCausalLM").
+_SPECULATIVE_DECODING_MODELS: dict[str, tuple[str, str]] = {
+    "EagleLlamaForCausalLM": ("llama_eagle", "EagleLlamaForCausalLM"),
+    "Eagle3LlamaForCausalLM": ("llama_eagle3", "Eagle3LlamaForCausalLM"),
+    "LlamaForCausalLMEagle3": ("llama_eagle3", "Eagle3LlamaForCausalLM"),
+}
+
+_VLLM_MODELS = {**_TEXT_GENERATION_MODELS, **_POOLING_MODELS, **_SPECULATIVE_DECODING_MODELS}
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,8 @@ class _ModelInfo:
 
         return _ModelInfo(
             architecture=arch,
-            is_text_generation_model=arch in _TEXT_GENERATION_MODELS,
+            is_text_generation_model=arch in _TEXT_GENERATION_MODELS
+            or arch in _SPECULATIVE_DECODING_MODELS,
             is_pooling_model=flag("is_pooling_model"),
             supports_pp=flag("supports_pp"),
             has_inner_state=flag("has_inner_state"),

@@ -1,0 +1,163 @@
+"""Tiny random EAGLE-1 and EAGLE-3 heads in the layouts the public checkpoints
+use (no hub: built here for a target from tests/utils.py make_tiny_model).
+
+EAGLE-1 (yuhuili/EAGLE-LLaMA3-Instruct-8B's layout): config.json is a plain
+LlamaConfig with architectures ["LlamaForCausalLM"] and num_hidden_layers 1
+(vLLM renames it to EagleLlamaForCausalLM); tensors fc.weight [H, 2H] and
+layers.0.* without layers.0.input_layernorm; embed_tokens.weight and
+lm_head.weight only when asked (else the target's are shared).
+
+EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's layout): architectures
+["LlamaForCausalLMEagle3"], draft_vocab_size, optional
+eagle_aux_hidden_state_layer_ids; tensors fc.weight [H, A*H], midlayer.*
+(hidden_norm, input_layernorm, post_attention_layernorm, self_attn q/k/v
+[*, 2H], o_proj, mlp), norm.weight, lm_head.weight [draft_vocab, H], d2t
+(int64 offsets, target id = i + d2t[i]) and t2d (bool mask over the target
+vocabulary), embed_tokens.weight only when asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+
+
+def _target_config(target_dir: str) -> dict:
+    with open(os.path.join(target_dir, "config.json")) as f:
+        return json.load(f)
+
+
+def _head_config(target: dict, architectures: list[str], **extra) -> dict:
+    """A one-layer Llama config with the target's widths and vocabulary."""
+    keys = (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "vocab_size",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    )
+    config = {k: target[k] for k in keys if k in target}
+    head_dim = target.get("head_dim") or target["hidden_size"] // target["num_attention_heads"]
+    rope = target.get("rope_parameters") or {"rope_type": "default", "rope_theta": 10000.0}
+    config.update(
+        architectures=architectures,
+        model_type="llama",
+        num_hidden_layers=1,
+        head_dim=head_dim,
+        hidden_act="silu",
+        rope_parameters=rope,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    config.update(extra)
+    return config
+
+
+def _rand(gen: torch.Generator, *shape: int, scale: float = 0.05) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen) * scale
+
+
+def _norm(gen: torch.Generator, size: int) -> torch.Tensor:
+    # All-ones norms would hide a missing or misplaced norm: perturb them.
+    return 1.0 + _rand(gen, size, scale=0.1)
+
+
+def _layer_tensors(
+    gen: torch.Generator, config: dict, prefix: str, qkv_in: int
+) -> dict[str, torch.Tensor]:
+    h, inter = config["hidden_size"], config["intermediate_size"]
+    hd = config["head_dim"]
+    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+    return {
+        f"{prefix}.self_attn.q_proj.weight": _rand(gen, q, qkv_in),
+        f"{prefix}.self_attn.k_proj.weight": _rand(gen, kv, qkv_in),
+        f"{prefix}.self_attn.v_proj.weight": _rand(gen, kv, qkv_in),
+        f"{prefix}.self_attn.o_proj.weight": _rand(gen, h, q),
+        f"{prefix}.mlp.gate_proj.weight": _rand(gen, inter, h),
+        f"{prefix}.mlp.up_proj.weight": _rand(gen, inter, h),
+        f"{prefix}.mlp.down_proj.weight": _rand(gen, h, inter),
+        f"{prefix}.post_attention_layernorm.weight": _norm(gen, h),
+    }
+
+
+def _save(out_dir: str, config: dict, tensors: dict[str, torch.Tensor]) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "model.safetensors")
+    )
+    return out_dir
+
+
+def make_tiny_eagle(
+    target_dir: str,
+    out_dir: str,
+    seed: int = 0,
+    with_embed_tokens: bool = False,
+    with_lm_head: bool = False,
+) -> str:
+    """A random EAGLE-1 head for the target at `target_dir`; returns out_dir."""
+    config = _head_config(_target_config(target_dir), ["LlamaForCausalLM"])
+    gen = torch.Generator().manual_seed(seed)
+    h, vocab = config["hidden_size"], config["vocab_size"]
+    tensors = {"fc.weight": _rand(gen, h, 2 * h, scale=0.1)}
+    tensors.update(_layer_tensors(gen, config, "layers.0", h))
+    if with_embed_tokens:
+        tensors["embed_tokens.weight"] = _rand(gen, vocab, h, scale=0.5)
+    if with_lm_head:
+        tensors["lm_head.weight"] = _rand(gen, vocab, h, scale=0.5)
+    return _save(out_dir, config, tensors)
+
+
+def draft_vocab_map(vocab: int, draft_vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t [draft_vocab] int64, t2d [vocab] bool) for a random sorted subset
+    of the target vocabulary, as EAGLE-3's training scripts store them."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randperm(vocab, generator=gen)[:draft_vocab].sort().values
+    d2t = ids - torch.arange(draft_vocab)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True
+    return d2t.to(torch.int64), t2d
+
+
+def make_tiny_eagle3(
+    target_dir: str,
+    out_dir: str,
+    seed: int = 0,
+    draft_vocab_size: int | None = None,
+    aux_layer_ids: list[int] | None = None,
+    with_embed_tokens: bool = False,
+) -> str:
+    """A random EAGLE-3 head for the target at `target_dir`; a smaller
+    `draft_vocab_size` writes d2t/t2d; `aux_layer_ids` goes to the config as
+    eagle_aux_hidden_state_layer_ids. Returns out_dir."""
+    target = _target_config(target_dir)
+    extra: dict = {"draft_vocab_size": draft_vocab_size or target["vocab_size"]}
+    if aux_layer_ids is not None:
+        extra["eagle_aux_hidden_state_layer_ids"] = list(aux_layer_ids)
+    config = _head_config(target, ["LlamaForCausalLMEagle3"], **extra)
+    gen = torch.Generator().manual_seed(seed)
+    h, vocab = config["hidden_size"], config["vocab_size"]
+    n_aux = len(aux_layer_ids) if aux_layer_ids else 3
+    tensors = {
+        "fc.weight": _rand(gen, h, n_aux * h, scale=0.1),
+        "midlayer.hidden_norm.weight": _norm(gen, h),
+        "midlayer.input_layernorm.weight": _norm(gen, h),
+        "norm.weight": _norm(gen, h),
+        "lm_head.weight": _rand(gen, config["draft_vocab_size"], h, scale=0.5),
+    }
+    tensors.update(_layer_tensors(gen, config, "midlayer", 2 * h))
+    if config["draft_vocab_size"] != vocab:
+        tensors["d2t"], tensors["t2d"] = draft_vocab_map(vocab, config["draft_vocab_size"], seed)
+    if with_embed_tokens:
+        tensors["embed_tokens.weight"] = _rand(gen, vocab, h, scale=0.5)
+    return _save(out_dir, config, tensors)

@@ -274,8 +274,11 @@ AUDIT: dict[str, tuple[str, Any]] = {
         f"{SO_REASONING}::test_parser_plugin_is_imported",
     ),
     "performance_mode": ("tested", f"{DEFAULTS}::test_throughput_mode_doubles_only_the_defaults"),
-    # ---- SpeculativeConfig: validated as upstream, then refused (not built yet) ----
-    "speculative_config": ("refused", {"method": "ngram", "num_speculative_tokens": 2}),
+    # ---- SpeculativeConfig: validated as upstream; unbuilt methods refused by name ----
+    "speculative_config": (
+        "tested",
+        "tests/v1/spec_decode/test_ngram_e2e.py::test_greedy_identical_and_drafts_accepted",
+    ),
     "spec_method": ("tested", f"{SPEC}::test_spec_shorthands_merge_and_conflict"),
     "spec_model": ("tested", f"{SPEC}::test_spec_shorthands_merge_and_conflict"),
     "spec_tokens": ("tested", f"{SPEC}::test_spec_shorthands_merge_and_conflict"),

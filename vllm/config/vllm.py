@@ -52,6 +52,14 @@ DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: frozenset[str] = frozenset(
 )
 
 
+# Speculative decoding methods the engine runs (all on the V1 model runner);
+# every other method SpeculativeConfig accepts is refused by name.
+SPEC_DECODE_BUILT_METHODS: tuple[str, ...] = ("ngram", "draft_model")
+# Methods upstream runs under async scheduling (EAGLE family, ngram_gpu,
+# draft_model, dspark); others turn it off.
+_ASYNC_SPEC_METHODS = ("eagle", "eagle3", "mtp", "ngram_gpu", "draft_model", "dspark")
+
+
 def _v2_model_runner_built() -> bool:
     """Whether this build ships Model Runner V2 (vllm/v1/worker/gpu/)."""
     try:
@@ -192,6 +200,14 @@ class VllmConfig:
         features = []
         if self.compilation_config.mode == CompilationMode.STOCK_TORCH_COMPILE:
             features.append("stock torch.compile")
+        spec = self.speculative_config
+        if spec is not None:
+            # Upstream's entries. Upstream's V2 serves the EAGLE family; this
+            # V2 serves no speculative method yet, so those fall back too.
+            if spec.method in ("ngram", "ngram_gpu"):
+                features.append("ngram/ngram_gpu speculative decoding")
+            else:
+                features.append(f"speculative method '{spec.method}'")
         return features
 
     @property
@@ -214,13 +230,20 @@ class VllmConfig:
                     "VLLM_USE_V2_MODEL_RUNNER=1 but pooling models (runner='pooling') run on "
                     "the V1 model runner only."
                 )
+            if forced and self.speculative_config is not None:
+                raise ValueError(
+                    "VLLM_USE_V2_MODEL_RUNNER=1 but Model Runner V2 does not yet support "
+                    f"{', '.join(self._get_v2_model_runner_unsupported_features())}; unset it "
+                    "(speculative decoding runs on the V1 model runner)."
+                )
             return bool(forced)
         if not self._is_default_v2_model_runner_model():
             return False
         unsupported = self._get_v2_model_runner_unsupported_features()
         if unsupported:
             logger.warning_once(
-                "Model Runner V2 does not support %s; using V1.", ", ".join(unsupported)
+                "Model Runner V2 does not yet support %s; using the V1 model runner instead.",
+                ", ".join(unsupported),
             )
             return False
         if not _v2_model_runner_built():
@@ -278,14 +301,8 @@ class VllmConfig:
                 f"ec_transfer_config.ec_connector={ec_transfer.ec_connector!r}: "
                 "encoder-cache connectors (--ec-transfer-config) are not built yet."
             )
-        spec = self.speculative_config
-        if spec is not None:
-            # After SpeculativeConfig's own validation (bad input gets its
-            # specific error first); nothing runs the drafts yet.
-            raise NotImplementedError(
-                f"speculative_config: speculative decoding (method={spec.method!r}) is not "
-                "built yet (--speculative-config)."
-            )
+        if self.speculative_config is not None:
+            self._refuse_unbuilt_speculation(self.speculative_config)
         kv_events = self.kv_events_config
         if (
             kv_events is not None
@@ -297,9 +314,66 @@ class VllmConfig:
                 "cache events is not built yet (only publisher='null')."
             )
 
+    def _refuse_unbuilt_speculation(self, spec: SpeculativeConfig) -> None:
+        """After SpeculativeConfig's own validation (bad input gets its
+        specific error first): methods and options no runner here serves are
+        refused by name."""
+        if spec.method not in SPEC_DECODE_BUILT_METHODS:
+            raise NotImplementedError(
+                f"speculative_config: speculative decoding method {spec.method!r} is not "
+                f"built yet (--speculative-config); built: {', '.join(SPEC_DECODE_BUILT_METHODS)}."
+            )
+        if spec.num_speculative_tokens_per_batch_size is not None:
+            raise NotImplementedError(
+                "speculative_config.num_speculative_tokens_per_batch_size: dynamic "
+                "speculative decoding is not built yet."
+            )
+        if spec.rejection_sample_method != "standard":
+            raise NotImplementedError(
+                f"speculative_config.rejection_sample_method={spec.rejection_sample_method!r} "
+                "is not built yet (only 'standard')."
+            )
+        if self.parallel_config.pipeline_parallel_size > 1:
+            raise NotImplementedError(
+                "speculative_config with pipeline_parallel_size > 1: speculative decoding "
+                "with pipeline parallelism is not built yet."
+            )
+
+    def _speculative_async_rule(self) -> None:
+        """Async scheduling under speculative decoding (upstream's rule for
+        ngram; draft_model, which upstream runs async, is sync-only here)."""
+        spec, sc = self.speculative_config, self.scheduler_config
+        if spec is None or sc.async_scheduling is False:
+            return
+        if spec.method == "draft_model":
+            if sc.async_scheduling:
+                raise NotImplementedError(
+                    "async_scheduling=True: async scheduling with draft_model speculative "
+                    "decoding is not built yet."
+                )
+            logger.warning_once(
+                "Async scheduling with draft_model speculative decoding is not built yet; "
+                "async scheduling will be disabled."
+            )
+        elif spec.method not in _ASYNC_SPEC_METHODS:
+            if sc.async_scheduling:
+                raise ValueError(
+                    "Currently, async scheduling is only supported with "
+                    "EAGLE/MTP/Draft Model/NGram GPU/DSpark kind of speculative decoding"
+                )
+            logger.warning_once(
+                "Async scheduling not supported with %s-based speculative decoding and "
+                "will be disabled.",
+                spec.method,
+            )
+        else:
+            return
+        sc.async_scheduling = False
+
     def _resolve_async_scheduling(self) -> None:
         """None -> on where supported (and worth it); an explicit True that
         cannot work raises."""
+        self._speculative_async_rule()
         sc = self.scheduler_config
         reason = self._async_scheduling_unsupported_reason()
         if sc.async_scheduling is None:

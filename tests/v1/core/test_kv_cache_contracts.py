@@ -197,7 +197,9 @@ def test_caching_metrics_keep_a_window_of_recent_requests():
 
 def test_unbuilt_features_are_refused_by_name():
     with pytest.raises(NotImplementedError, match="speculative"):
-        VllmConfig(speculative_config=SpeculativeConfig(model="ngram", num_speculative_tokens=2))
+        VllmConfig(
+            speculative_config=SpeculativeConfig(method="ngram_gpu", num_speculative_tokens=2)
+        )
     with pytest.raises(NotImplementedError, match="kv_connector"):
         VllmConfig(kv_transfer_config=KVTransferConfig(kv_connector="X", kv_role="kv_both"))
     with pytest.raises(NotImplementedError, match="resumable"):

@@ -1,7 +1,7 @@
 """SpeculativeConfig resolves and validates as upstream v0.28 (method, n-gram
 window, draft model, rejection-sampling options); `--speculative-config` JSON
-and the --spec-* shorthands reach it; the engine then refuses speculation
-(not built yet), naming the method, only after that validation."""
+and the --spec-* shorthands reach it; the engine then refuses the methods not
+built yet, naming the method, only after that validation."""
 
 from __future__ import annotations
 
@@ -183,7 +183,7 @@ def test_draft_model_config_built_and_checked(target, draft_other_vocab):
         SpeculativeConfig(model=target, num_speculative_tokens=2, max_model_len=too_long, **common)
 
 
-def test_cli_json_parsed_then_refused_by_the_engine(target):
+def test_cli_json_parsed_and_built_into_the_engine_config(target):
     parser = make_arg_parser(FlexibleArgumentParser())
     args = parser.parse_args(
         ["-sc", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}']
@@ -197,17 +197,20 @@ def test_cli_json_parsed_then_refused_by_the_engine(target):
     spec = engine_args.create_speculative_config(ModelConfig(model=target), ParallelConfig())
     assert spec is not None and (spec.prompt_lookup_min, spec.prompt_lookup_max) == (4, 4)
     assert spec.draft_model_config is spec.target_model_config
-    with pytest.raises(NotImplementedError, match=r"speculative decoding \(method='ngram'\)"):
-        engine_args.create_engine_config()
+    vllm_config = engine_args.create_engine_config()
+    assert vllm_config.speculative_config is not None
+    assert vllm_config.speculative_config.num_speculative_tokens == 3
     with pytest.raises(SystemExit):  # not a JSON object
         parser.parse_args(["--speculative-config", "[1, 2]"])
 
 
 def test_spec_shorthands_merge_and_conflict(target):
-    with pytest.raises(NotImplementedError, match="method='ngram'.*--speculative-config"):
-        _engine_config(target, spec_method="ngram", spec_tokens=2)
-    with pytest.raises(NotImplementedError, match="method='draft_model'"):
-        _engine_config(target, spec_model=target, spec_tokens=2)
+    spec = _engine_config(target, spec_method="ngram", spec_tokens=2).speculative_config
+    assert spec is not None and (spec.method, spec.num_speculative_tokens) == ("ngram", 2)
+    spec = _engine_config(target, spec_model=target, spec_tokens=2).speculative_config
+    assert spec is not None and spec.method == "draft_model"
+    with pytest.raises(NotImplementedError, match="method 'ngram_gpu' is not built"):
+        _engine_config(target, spec_method="ngram_gpu", spec_tokens=2)
     with pytest.raises(ValueError, match="--spec-tokens and --speculative-config"):
         _engine_config(target, speculative_config={"num_speculative_tokens": 2}, spec_tokens=3)
     with pytest.raises(ValueError, match=r"Unknown speculative_config key\(s\) \['k'\]"):

@@ -192,6 +192,12 @@ class InputBatch:
         return len(self.req_id_to_index)
 
     @property
+    def num_tokens_no_spec(self) -> np.ndarray:
+        """[max_num_reqs] tokens known per row, without draft tokens (upstream's
+        name; `num_tokens` never counts the drafts written after them)."""
+        return self.num_tokens
+
+    @property
     def all_greedy(self) -> bool:
         return not self.random_reqs
 

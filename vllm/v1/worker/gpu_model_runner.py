@@ -38,12 +38,14 @@ from vllm.sequence import IntermediateTensors
 from vllm.utils import is_pin_memory_available
 from vllm.v1.outputs import (
     EMPTY_MODEL_RUNNER_OUTPUT,
+    DraftTokenIds,
     LogprobsTensors,
     ModelRunnerOutput,
     SamplerOutput,
 )
 from vllm.v1.pool.metadata import PoolingStates
 from vllm.v1.sample.logits_processor import build_logitsprocs
+from vllm.v1.sample.rejection_sampler import RejectionSampler
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker import kv_cache_setup
@@ -61,6 +63,14 @@ from vllm.v1.worker.gpu_pooling import (
 )
 from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from vllm.v1.worker.prompt_logprobs import PromptLogprobsWorker
+from vllm.v1.worker.spec_decode_utils import (
+    SpecStep,
+    append_token_lists,
+    build_drafter,
+    make_spec_step,
+    propose_draft_token_ids,
+    write_draft_tokens,
+)
 from vllm.v1.worker.utils import (
     AttentionGroup,
     LayerKVCache,
@@ -90,13 +100,19 @@ class ExecuteModelState(NamedTuple):
     logits: torch.Tensor | None  # [num_reqs, vocab]
     # [num_reqs] bool: requests still mid-prefill, whose sampled token is dropped.
     discard_mask: np.ndarray
+    # With a drafter: the step's drafts (logits then hold each drafting
+    # request's draft rows and bonus row) and the EAGLE3 target layers' outputs.
+    spec_step: SpecStep | None = None
+    aux_hidden_states: list[torch.Tensor] | None = None
 
 
 class PreparedInputs(NamedTuple):
     attn_metadata: dict[str, object]
-    logits_indices: torch.Tensor  # [num_reqs]
+    # [num_reqs], or [num_drafts + num_reqs] when the step verifies drafts
+    logits_indices: torch.Tensor
     discard_mask: np.ndarray  # [num_reqs]
     padded: PaddedBatch  # graph mode and padded shape of the forward
+    spec_step: SpecStep | None
 
 
 class GPUModelRunner(LoRAModelRunnerMixin):
@@ -157,6 +173,16 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             if self.use_async_scheduling
             else None
         )
+        # Speculative decoding (V1 runner only; VllmConfig turns async
+        # scheduling off with it): the drafter, the verifier, and the drafts
+        # proposed by the last step for `take_draft_token_ids`.
+        spec = vllm_config.speculative_config
+        self.drafter = build_drafter(vllm_config, device, self)
+        self.num_spec_tokens = (spec.num_speculative_tokens or 0) if spec else 0
+        self.rejection_sampler = (
+            RejectionSampler(self.sampler, spec, device) if spec is not None else None
+        )
+        self._draft_token_ids: DraftTokenIds | None = None
 
     def _make_input_batch(self, block_sizes: list[int]) -> InputBatch:
         return InputBatch(
@@ -192,6 +218,8 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             self.model = cast(TextGenerationModel, model)
         else:
             self.model = as_text_generation_model(model)
+        if self.drafter is not None:
+            self.drafter.load_model(model)
 
     def get_model(self) -> nn.Module:
         """The loaded model, without the CUDAGraphWrapper (upstream's accessor:
@@ -318,7 +346,9 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                 self.async_sampled_tokens.clear()  # nothing sampled, nothing in flight
             return EMPTY_MODEL_RUNNER_OUTPUT
 
-        attn_metadata, logits_indices, discard_mask, padded = self._prepare_inputs(scheduler_output)
+        attn_metadata, logits_indices, discard_mask, padded, spec_step = self._prepare_inputs(
+            scheduler_output
+        )
         if self.prepare_inputs_event is not None:
             self.prepare_inputs_event.record()
         num_tokens = padded.num_tokens_padded
@@ -347,6 +377,10 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                 intermediate_tensors=intermediate_tensors,
                 **extra_inputs,
             )
+        aux_hidden_states = None
+        if isinstance(hidden_states, tuple):  # EAGLE3: (last, target layers' outputs)
+            hidden_states, aux_hidden_states = hidden_states
+            aux_hidden_states = [a[: padded.num_tokens] for a in aux_hidden_states]
         if padded.num_tokens != num_tokens and isinstance(hidden_states, torch.Tensor):
             hidden_states = hidden_states[: padded.num_tokens]  # drop the padding
         if not get_pp_group().is_last_rank:
@@ -364,7 +398,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             )
         logits = unwrap_model(self.model).compute_logits(hidden_states[logits_indices])
         self.execute_model_state = ExecuteModelState(
-            scheduler_output, hidden_states, logits, discard_mask
+            scheduler_output, hidden_states, logits, discard_mask, spec_step, aux_hidden_states
         )
         return None
 
@@ -394,16 +428,16 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             )
             return None
         batch = self.input_batch
-        sampler_output = self._sample(state.logits, state.discard_mask)
         assert state.hidden_states is not None  # the last stage has both
-        prompt_logprobs_dict = self.prompt_logprobs_worker.compute_prompt_logprobs(
-            unwrap_model(self.model).compute_logits,
-            state.hidden_states,
-            batch,
-            self.input_buffers.query_start_loc.np,
-            state.scheduler_output.num_scheduled_tokens,
-            self._lora_logits_rows_hook(),
-        )
+        if state.spec_step is not None and state.spec_step.metadata is not None:
+            # Drafts to verify: compute prompt logprobs after (none of these
+            # rows is in its prompt), keep the order of the plain path.
+            output = self._rejection_sample(state)
+            output.prompt_logprobs_dict = self._prompt_logprobs(state)
+            self._propose_drafts(state, output.sampled_token_ids)
+            return output
+        sampler_output = self._sample(state.logits, state.discard_mask)
+        prompt_logprobs_dict = self._prompt_logprobs(state)
         if self.async_sampled_tokens is not None:
             return self.async_sampled_tokens.record(
                 batch,
@@ -416,7 +450,71 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             sampler_output.sampled_token_ids, sampler_output.logprobs_tensors, state.discard_mask
         )
         output.prompt_logprobs_dict = prompt_logprobs_dict
+        self._propose_drafts(state, output.sampled_token_ids)
         return output
+
+    def _prompt_logprobs(self, state: ExecuteModelState) -> dict[str, LogprobsTensors | None]:
+        assert state.hidden_states is not None
+        return self.prompt_logprobs_worker.compute_prompt_logprobs(
+            unwrap_model(self.model).compute_logits,
+            state.hidden_states,
+            self.input_batch,
+            self.input_buffers.query_start_loc.np,
+            state.scheduler_output.num_scheduled_tokens,
+            self._lora_logits_rows_hook(),
+        )
+
+    def _rejection_sample(self, state: ExecuteModelState) -> ModelRunnerOutput:
+        """Verify the step's drafts (logits: per request its draft rows, then
+        its bonus row) and append each request's emitted tokens: the accepted
+        drafts, then the recovered or bonus token. Logprobs come one row per
+        emitted token, `cu_num_generated_tokens` marking each request's."""
+        assert self.rejection_sampler is not None and state.spec_step is not None
+        assert state.logits is not None and state.spec_step.metadata is not None
+        batch = self.input_batch
+        sampler_output = self.rejection_sampler(
+            state.spec_step.metadata,
+            None,  # no draft probabilities: ngram drafts, greedy model drafts
+            state.logits,
+            batch.sampling_metadata_for_step(state.discard_mask),
+        )
+        sampled, logprobs = RejectionSampler.parse_output(
+            sampler_output.sampled_token_ids,
+            self.vocab_size,
+            np.flatnonzero(state.discard_mask).tolist(),
+            sampler_output.logprobs_tensors,
+        )
+        append_token_lists(batch, sampled, state.discard_mask)
+        return ModelRunnerOutput(
+            req_ids=list(batch.req_ids),
+            req_id_to_index=dict(batch.req_id_to_index),
+            sampled_token_ids=sampled,
+            logprobs=logprobs,
+        )
+
+    def _propose_drafts(self, state: ExecuteModelState, sampled: list[list[int]]) -> None:
+        """The next step's drafts, from the batch as it now stands."""
+        if self.drafter is None or state.spec_step is None:
+            return
+        spec = self.vllm_config.speculative_config
+        assert spec is not None and spec.method is not None and state.hidden_states is not None
+        drafts = propose_draft_token_ids(
+            self.drafter,
+            spec.method,
+            self.num_spec_tokens,
+            self.input_batch,
+            state.spec_step,
+            sampled,
+            state.hidden_states,
+            state.aux_hidden_states,
+            self.attn_groups,
+        )
+        self._draft_token_ids = DraftTokenIds(list(self.input_batch.req_ids), drafts)
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts the last step proposed (once; None without a drafter)."""
+        drafts, self._draft_token_ids = self._draft_token_ids, None
+        return drafts
 
     def _sample(self, logits: torch.Tensor, discard_mask: np.ndarray) -> SamplerOutput:
         """The sampler over the step's logits; the last pipeline stage sends
@@ -505,6 +603,8 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             reorder_batch_to_split_decodes_and_prefills(
                 batch, scheduler_output.num_scheduled_tokens, self.reorder_batch_threshold
             )
+        if scheduler_output.scheduled_spec_decode_tokens:
+            write_draft_tokens(batch, scheduler_output.scheduled_spec_decode_tokens)
         batch.refresh_metadata()
 
     def _add_new_request(self, new_req: NewRequestData) -> CachedRequestState:
@@ -651,7 +751,20 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                 batch.req_ids, bufs.input_ids.np, bufs.input_ids.gpu, cu_num_tokens
             )
         logits_indices = bufs.query_start_loc.gpu[1 : num_reqs + 1].to(torch.int64) - 1
+        spec_step = None
+        if self.drafter is not None:
+            spec_step = make_spec_step(
+                batch,
+                scheduler_output.scheduled_spec_decode_tokens,
+                num_scheduled,
+                cu_num_tokens,
+                bufs.input_ids.np[:total],
+                self.device,
+            )
+            if spec_step.metadata is not None:
+                logits_indices = spec_step.metadata.logits_indices
         # A request whose tokens are not all computed after this step is still
         # in its prefill: the token sampled for it is not a real output.
+        # (num_tokens counts no drafts: a row with drafts always samples.)
         discard_mask = seq_lens < batch.num_tokens[:num_reqs]
-        return PreparedInputs(attn_metadata, logits_indices, discard_mask, padded)
+        return PreparedInputs(attn_metadata, logits_indices, discard_mask, padded, spec_step)

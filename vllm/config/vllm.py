@@ -54,10 +54,12 @@ DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: frozenset[str] = frozenset(
 
 # Speculative decoding methods the engine runs (all on the V1 model runner);
 # every other method SpeculativeConfig accepts is refused by name.
-SPEC_DECODE_BUILT_METHODS: tuple[str, ...] = ("ngram", "draft_model")
+SPEC_DECODE_BUILT_METHODS: tuple[str, ...] = ("ngram", "draft_model", "eagle", "eagle3")
 # Methods upstream runs under async scheduling (EAGLE family, ngram_gpu,
 # draft_model, dspark); others turn it off.
 _ASYNC_SPEC_METHODS = ("eagle", "eagle3", "mtp", "ngram_gpu", "draft_model", "dspark")
+# Of those, the built ones that run synchronously only here.
+_SYNC_ONLY_SPEC_METHODS = ("draft_model", "eagle", "eagle3")
 
 
 def _v2_model_runner_built() -> bool:
@@ -341,19 +343,21 @@ class VllmConfig:
 
     def _speculative_async_rule(self) -> None:
         """Async scheduling under speculative decoding (upstream's rule for
-        ngram; draft_model, which upstream runs async, is sync-only here)."""
+        ngram; draft_model and EAGLE, which upstream runs async, are
+        sync-only here)."""
         spec, sc = self.speculative_config, self.scheduler_config
         if spec is None or sc.async_scheduling is False:
             return
-        if spec.method == "draft_model":
+        if spec.method in _SYNC_ONLY_SPEC_METHODS:
             if sc.async_scheduling:
                 raise NotImplementedError(
-                    "async_scheduling=True: async scheduling with draft_model speculative "
+                    f"async_scheduling=True: async scheduling with {spec.method} speculative "
                     "decoding is not built yet."
                 )
             logger.warning_once(
-                "Async scheduling with draft_model speculative decoding is not built yet; "
-                "async scheduling will be disabled."
+                "Async scheduling with %s speculative decoding is not built yet; async "
+                "scheduling will be disabled.",
+                spec.method,
             )
         elif spec.method not in _ASYNC_SPEC_METHODS:
             if sc.async_scheduling:

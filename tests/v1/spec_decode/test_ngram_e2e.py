@@ -52,6 +52,11 @@ class _Stats:
 
     def __init__(self) -> None:
         self.steps: list[SpecDecodingStats] = []
+        self.num_resumed = 0  # requests resumed after a preemption
+
+    def clear(self) -> None:
+        self.steps.clear()
+        self.num_resumed = 0
 
     def total(self, name: str) -> int:
         return sum(getattr(s, name) for s in self.steps)
@@ -64,6 +69,7 @@ def stats() -> Iterator[_Stats]:
 
     def spy(self, scheduler_output, model_runner_output):
         outputs = real(self, scheduler_output, model_runner_output)
+        recorded.num_resumed += len(scheduler_output.scheduled_cached_reqs.resumed_req_ids)
         for out in outputs.values():
             sched_stats = out.scheduler_stats
             if sched_stats is not None and sched_stats.spec_decoding_stats is not None:
@@ -100,7 +106,7 @@ def _tokens(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[
 
 def test_greedy_identical_and_drafts_accepted(base_llm, spec_llm, stats):
     expected = _tokens(base_llm, PROMPTS, GREEDY)
-    stats.steps.clear()
+    stats.clear()
     assert _tokens(spec_llm, PROMPTS, GREEDY) == expected
     drafted, accepted = stats.total("num_draft_tokens"), stats.total("num_accepted_tokens")
     # The repeated phrases are drafted and (the model continues them often
@@ -120,13 +126,42 @@ def test_prefix_cache_hit_keeps_outputs(base_llm, spec_llm):
     assert _tokens(spec_llm, PROMPTS[2:], GREEDY) == expected
 
 
+def test_logprobs_for_every_emitted_token(base_llm, spec_llm, stats):
+    params = SamplingParams(
+        temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=2, prompt_logprobs=1
+    )
+    expected = base_llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS[:3]], params)
+    stats.clear()
+    got = spec_llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS[:3]], params)
+    assert stats.total("num_accepted_tokens") > 0
+    for want_req, have_req in zip(expected, got):
+        # Prompt logprobs (chunked prefill) are the plain engine's.
+        assert want_req.prompt_logprobs is not None and have_req.prompt_logprobs is not None
+        assert len(have_req.prompt_logprobs) == len(want_req.prompt_logprobs)
+        for lp_want, lp_have in zip(want_req.prompt_logprobs[1:], have_req.prompt_logprobs[1:]):
+            assert lp_want is not None and lp_have is not None
+            assert set(lp_have) == set(lp_want)
+            for t in lp_want:
+                assert lp_have[t].logprob == pytest.approx(lp_want[t].logprob, abs=1e-4)
+        want, have = want_req.outputs[0], have_req.outputs[0]
+        assert list(have.token_ids) == list(want.token_ids)
+        assert have.logprobs is not None and want.logprobs is not None
+        assert len(have.logprobs) == len(have.token_ids)
+        for tok, lp_want, lp_have in zip(have.token_ids, want.logprobs, have.logprobs):
+            assert tok in lp_have
+            assert set(lp_have) == set(lp_want)
+            for t in lp_want:
+                assert lp_have[t].logprob == pytest.approx(lp_want[t].logprob, abs=1e-4)
+                assert lp_have[t].rank == lp_want[t].rank
+
+
 def test_max_tokens_and_stop_token_inside_an_accepted_run(base_llm, spec_llm):
     full = _tokens(base_llm, [PROMPTS[0]], GREEDY)[0]
     # Every length: most end inside a step that emitted several tokens.
-    for max_tokens in range(1, 12):
+    for max_tokens in (1, 2, 3, 5, 8, 11):
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         assert _tokens(spec_llm, [PROMPTS[0]], params)[0] == full[:max_tokens]
-    for stop_at in (3, 7, 10):
+    for stop_at in (3, 10):
         stop = full[stop_at]
         params = SamplingParams(
             temperature=0.0, max_tokens=32, ignore_eos=True, stop_token_ids=[stop]
@@ -152,6 +187,25 @@ def test_preemption_keeps_outputs(tiny_model_dir, stats):
     expected = _tokens(base, prompts, params)
     del base
     llm = LLM(model=tiny_model_dir("llama"), speculative_config=NGRAM, **small)
-    stats.steps.clear()
+    stats.clear()
     assert _tokens(llm, prompts, params) == expected
+    assert stats.num_resumed > 0  # preemption happened
     assert stats.total("num_accepted_tokens") > 0
+
+
+def test_tensor_parallel_2(tiny_model_dir, base_llm, stats):
+    """TP=2 through the multiprocess executor: drafts reach the scheduler from
+    the output rank (`take_draft_token_ids` over collective_rpc)."""
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    expected = _tokens(base_llm, PROMPTS[:2], params)
+    llm = LLM(
+        model=tiny_model_dir("llama"),
+        speculative_config=NGRAM,
+        tensor_parallel_size=2,
+        distributed_executor_backend="mp",
+        **ENGINE,
+    )
+    stats.clear()
+    assert _tokens(llm, PROMPTS[:2], params) == expected
+    assert stats.total("num_accepted_tokens") > 0
+    llm.llm_engine.engine_core.shutdown()

@@ -22,6 +22,8 @@ N = num_tokens_no_spec[b] known tokens after the step:
   pass j   (j = 1..k-1) one token per drafting row: draft j at position
            N+j-1; its hidden state gives draft j+1. The scheduler allocated
            k lookahead slots, so positions up to N+k-2 have slots.
+  (EAGLE, first_pass_token_offset = 1: pass 1 feeds token p+1 at position p,
+  so it ends at N-2 and draft j goes at N+j-2.)
 
 Example, k = 3: a decode row with c = 10 ran [t0, d1, d2, d3] (s = 4) and
 accepted d1 only, emitting e at position 12, so N = 13. Pass 1 runs
@@ -163,6 +165,8 @@ class SpecDecodeBaseProposer:
             draft_model_config, self.vllm_config.device_config.device_type
         )
         config.lora_config = None
+        if self.speculative_config.draft_load_config is not None:
+            config.load_config = self.speculative_config.draft_load_config
         config.speculative_config = None
         return config
 
@@ -267,10 +271,11 @@ class SpecDecodeBaseProposer:
             active = np.flatnonzero(budget > j)
             if active.size == 0 or j == self.num_speculative_tokens:
                 break
-            # Pass j+1: draft j at position num_known + j - 1, one token per row.
             idx = torch.from_numpy(active).to(carry.device)
             rows, budget, num_known = rows[active], budget[active], num_known[active]
-            step = self._single_token_plan(rows, tokens[active], num_known + j - 1)
+            # Pass 1 ended at position num_known - 1 - offset; draft j follows it.
+            last_position = num_known - 1 - self.first_pass_token_offset
+            step = self._single_token_plan(rows, tokens[active], last_position + j)
             output = self._run(
                 step, batch, inputs.attn_groups, self._next_pass_model_kwargs(carry[idx])
             )
@@ -287,7 +292,9 @@ class SpecDecodeBaseProposer:
         known = batch.num_tokens_no_spec[:n].astype(np.int64)
         # A row that emitted runs up to its last known token; any other only
         # the step's tokens that were real (a mid-prefill chunk).
-        end = np.where(inputs.needs_draft[:n], known, np.minimum(start + scheduled, known)) - off
+        end = np.where(
+            inputs.needs_draft[:n], known - off, np.minimum(start + scheduled, known - off)
+        )
         counts = np.maximum(end - start, 0)
         rows = np.flatnonzero(counts > 0)
         counts = counts[rows]
@@ -329,6 +336,8 @@ class SpecDecodeBaseProposer:
         the runner's input buffers are left as they are)."""
         assert self.model is not None, "load_model() has not run"
         num_tokens = plan.positions.size
+        # Safe to rewrite the pinned host buffers: the previous pass's copies
+        # were consumed before its drafts came back to the host (.cpu() syncs).
         self._input_ids.np[:num_tokens] = plan.token_ids
         self._positions.np[:num_tokens] = plan.positions
         attn_metadata = self._build_attn_metadata(plan, batch, attn_groups)

@@ -13,6 +13,12 @@ Per request, draft positions are checked in order until the first rejection:
 - when every draft is accepted the bonus token (sampled from the target at the
   position after the last draft, by the ordinary Sampler) is appended.
 
+The target distribution at each row is the ordinary Sampler's at that
+position: allowed ids, bad words, logit_bias, min_tokens, penalties, then
+temperature, min-p, top-k/top-p, with draft row j of request r following
+r's outputs plus its drafts before j (vllm/v1/sample/ops/draft_positions.py);
+the bonus row goes through the Sampler itself with the same rule (j = n_r).
+
 Output: `sampled_token_ids` [batch_size, max_spec_len + 1] int32, each row the
 request's accepted drafts, then the recovered or bonus token, then
 PLACEHOLDER_TOKEN_ID. Everything is batched tensor ops over the
@@ -32,8 +38,18 @@ import torch
 import torch.nn as nn
 
 from vllm.v1.outputs import LogprobsLists, LogprobsTensors, SamplerOutput
+from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.ops.bad_words import apply_bad_words
+from vllm.v1.sample.ops.draft_positions import (
+    apply_logitsprocs_at_positions,
+    bonus_histories,
+    bonus_positions,
+    draft_positions,
+    grid_logits_rows,
+    histories_with_drafts,
+    repeat_indices,
+)
 from vllm.v1.sample.ops.penalties import apply_all_penalties
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.sample.sampler import Sampler
@@ -88,11 +104,7 @@ class RejectionSampler(nn.Module):
                 f"max_spec_len {metadata.max_spec_len} exceeds MAX_SPEC_LEN {MAX_SPEC_LEN}."
             )
         md = sampling_metadata
-        # index_select copies (and is much faster than logits[idx] on CPU),
-        # so the bonus / target rows can be edited in place.
-        bonus_logits = logits.index_select(0, metadata.bonus_logits_indices.long())
-        bonus_out = self.sampler(bonus_logits, replace(md, max_num_logprobs=None))
-        bonus_token_ids = bonus_out.sampled_token_ids
+        bonus_token_ids = self._sample_bonus(logits, metadata, md)
 
         target_logits = logits.index_select(0, metadata.target_logits_indices.long()).to(
             torch.float32
@@ -117,6 +129,30 @@ class RejectionSampler(nn.Module):
             )
         return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs_tensors)
 
+    def _sample_bonus(
+        self, logits: torch.Tensor, metadata: SpecDecodeMetadata, md: SamplingMetadata
+    ) -> torch.Tensor:
+        """[batch, 1]: the ordinary Sampler on each request's bonus row, which
+        follows all its drafts: logit_bias / min_tokens are placed at
+        position n_r here, penalties and bad words see outputs + drafts."""
+        # index_select copies (and is much faster than logits[idx] on CPU),
+        # so the rows can be edited in place.
+        bonus_logits = logits.index_select(0, metadata.bonus_logits_indices.long())
+        procs = md.logitsprocs
+        changes: dict[str, Any] = {"max_num_logprobs": None}
+        if procs.non_argmax_invariant:
+            # Applied before the Sampler's allowed-ids mask and bad words
+            # (both only set -inf, so the order does not matter), still
+            # before the penalties as in the Sampler.
+            req, pos = bonus_positions(metadata.num_draft_tokens, bonus_logits.device)
+            bonus_logits = apply_logitsprocs_at_positions(
+                bonus_logits.to(torch.float32), procs, req, pos
+            )
+            changes["logitsprocs"] = LogitsProcessors(procs.argmax_invariant)
+        if (not md.no_penalties or md.bad_words_token_ids) and metadata.max_spec_len > 0:
+            changes["output_token_ids"] = bonus_histories(md.output_token_ids, metadata)
+        return self.sampler(bonus_logits, replace(md, **changes)).sampled_token_ids
+
     def _get_logprobs_tensors(
         self,
         max_num_logprobs: int,
@@ -128,7 +164,7 @@ class RejectionSampler(nn.Module):
         output, flattened row-major; placeholder cells get token 0 and are
         dropped by parse_output."""
         width = output_token_ids.shape[1]
-        rows = _grid_logits_rows(metadata, width)  # [batch, width]
+        rows = grid_logits_rows(metadata, width)  # [batch, width]
         cell_logits = logits.index_select(0, rows.flatten()).to(torch.float32)
         if self.sampler.logprobs_mode == "raw_logprobs":
             cell_logits = self.sampler.compute_logprobs(cell_logits)
@@ -169,81 +205,48 @@ class RejectionSampler(nn.Module):
         sampling_metadata: SamplingMetadata,
         metadata: SpecDecodeMetadata,
     ) -> torch.Tensor:
-        """The argmax-changing edits for each draft position. Row t belongs to
-        request r(t); its history is r's outputs plus r's drafts before t."""
+        """The argmax-changing edits for each draft row, in the Sampler's
+        order (allowed ids, bad words, logits processors, penalties). Row t
+        belongs to request r(t) at draft position j(t); its history is r's
+        outputs plus r's drafts before j(t) (see ops/draft_positions.py)."""
         md = sampling_metadata
-        procs = md.logitsprocs
-        if procs.non_argmax_invariant or procs.argmax_invariant:
-            raise NotImplementedError(
-                "logits processors (logit_bias, min_tokens, custom) are not supported "
-                "with speculative decoding yet."
-            )
-        if md.allowed_token_ids_mask is None and md.no_penalties and not md.bad_words_token_ids:
+        if (
+            md.allowed_token_ids_mask is None
+            and md.no_penalties
+            and not md.bad_words_token_ids
+            and not md.logitsprocs.non_argmax_invariant
+        ):
             return logits
-        repeat = _repeat_indices(metadata.num_draft_tokens, logits.device)
+        req, pos = draft_positions(metadata.num_draft_tokens, logits.device)
         if md.allowed_token_ids_mask is not None:
-            logits.masked_fill_(md.allowed_token_ids_mask[repeat], float("-inf"))
-        if md.no_penalties and not md.bad_words_token_ids:
-            return logits
-        history = _histories_with_drafts(md.output_token_ids, metadata)
+            logits.masked_fill_(md.allowed_token_ids_mask[req], float("-inf"))
+        history: list[list[int]] | None = None
         if md.bad_words_token_ids:
-            req_of_row = np.repeat(
-                np.arange(len(metadata.num_draft_tokens)), metadata.num_draft_tokens
-            )
+            history = histories_with_drafts(md.output_token_ids, metadata)
+            req_list = req.tolist()
             bad = {
-                t: md.bad_words_token_ids[int(r)]
-                for t, r in enumerate(req_of_row)
-                if int(r) in md.bad_words_token_ids
+                t: md.bad_words_token_ids[r]
+                for t, r in enumerate(req_list)
+                if r in md.bad_words_token_ids
             }
             apply_bad_words(logits, bad, history)
+        logits = apply_logitsprocs_at_positions(logits, md.logitsprocs, req, pos)
         if not md.no_penalties:
             assert md.prompt_token_ids is not None
             assert md.presence_penalties is not None
             assert md.frequency_penalties is not None
             assert md.repetition_penalties is not None
+            if history is None:
+                history = histories_with_drafts(md.output_token_ids, metadata)
             logits = apply_all_penalties(
                 logits,
-                md.prompt_token_ids[repeat],
-                md.presence_penalties[repeat],
-                md.frequency_penalties[repeat],
-                md.repetition_penalties[repeat],
+                md.prompt_token_ids[req],
+                md.presence_penalties[req],
+                md.frequency_penalties[req],
+                md.repetition_penalties[req],
                 history,
             )
         return logits
-
-
-def _repeat_indices(num_draft_tokens: list[int], device: torch.device) -> torch.Tensor:
-    """[num_tokens]: the request of each draft position."""
-    counts = torch.tensor(num_draft_tokens, dtype=torch.long)
-    return torch.arange(len(num_draft_tokens)).repeat_interleave(counts).to(device)
-
-
-def _histories_with_drafts(
-    output_token_ids: list[list[int]], metadata: SpecDecodeMetadata
-) -> list[list[int]]:
-    """For each draft position: the request's outputs plus its earlier drafts."""
-    drafts = metadata.draft_token_ids.tolist()
-    result: list[list[int]] = []
-    start = 0
-    for out, n in zip(output_token_ids, metadata.num_draft_tokens):
-        for pos in range(n):
-            result.append([*out, *drafts[start : start + pos]])
-        start += n
-    return result
-
-
-def _grid_logits_rows(metadata: SpecDecodeMetadata, width: int) -> torch.Tensor:
-    """[batch, width]: the logits row scoring each output cell (draft rows,
-    then the bonus row; cells past the bonus repeat the bonus row)."""
-    n = torch.tensor(metadata.num_draft_tokens, device=metadata.cu_num_draft_tokens.device)
-    start = metadata.cu_num_draft_tokens.long() - n
-    pos = torch.arange(width, device=n.device)
-    tok = (start.unsqueeze(1) + pos).clamp(max=max(metadata.draft_token_ids.numel() - 1, 0))
-    bonus = metadata.bonus_logits_indices.long().unsqueeze(1).expand(-1, width)
-    if metadata.target_logits_indices.numel() == 0:
-        return bonus
-    target = metadata.target_logits_indices.long()[tok]
-    return torch.where(pos < n.unsqueeze(1), target, bonus)
 
 
 def apply_sampling_constraints(
@@ -258,7 +261,7 @@ def apply_sampling_constraints(
     if md.all_greedy:
         return logits
     assert md.temperature is not None
-    repeat = _repeat_indices(num_draft_tokens, logits.device)
+    repeat = repeat_indices(num_draft_tokens, logits.device)
     temperature = md.temperature[repeat]
     temperature = torch.where(temperature < _SAMPLING_EPS, 1.0, temperature)
     logits.div_(temperature.unsqueeze(1))
@@ -357,7 +360,7 @@ def rejection_sample(
         else:
             assert md.temperature is not None
             random_rows = md.temperature >= _SAMPLING_EPS
-            per_token = random_rows[_repeat_indices(num_draft_tokens, device)]
+            per_token = random_rows[repeat_indices(num_draft_tokens, device)]
             accepted = torch.where(per_token, rand_accepted, accepted)
     n = torch.tensor(num_draft_tokens, dtype=torch.long, device=device)
     start = cu_num_draft_tokens.long() - n

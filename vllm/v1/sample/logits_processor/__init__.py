@@ -14,6 +14,7 @@ from vllm.v1.sample.logits_processor.builtin import (
     BUILTIN_LOGITS_PROCESSORS,
     LogitBiasLogitsProcessor,
     MinTokensLogitsProcessor,
+    SparseCellsLogitsProcessor,
     process_dict_updates,
 )
 from vllm.v1.sample.logits_processor.interface import (
@@ -25,6 +26,14 @@ from vllm.v1.sample.logits_processor.state import BatchUpdateBuilder, LogitsProc
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+# Upstream's refusal of a logits processor under speculative decoding. Ours
+# honours the built-in ones (logit_bias, min_tokens) at every draft position;
+# custom processors cannot be loaded at all, so this only guards a processor
+# that cannot place its edits at a draft position.
+STR_SPEC_DEC_REJECTS_LOGITSPROCS = (
+    "Custom logits processors are not supported when speculative decoding is enabled."
+)
 
 
 def build_logitsprocs(
@@ -49,6 +58,8 @@ __all__ = [
     "LogitsProcessors",
     "MinTokensLogitsProcessor",
     "MoveDirectionality",
+    "STR_SPEC_DEC_REJECTS_LOGITSPROCS",
+    "SparseCellsLogitsProcessor",
     "build_logitsprocs",
     "process_dict_updates",
 ]

@@ -139,8 +139,11 @@ EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], req_id_to_index={})
 
 @dataclass
 class DraftTokenIds:
-    """Draft tokens proposed for the next step, per request (speculative
-    decoding, which is not built: the scheduler refuses them)."""
+    """Draft tokens the runner proposed after a step, per request (speculative
+    decoding): `draft_token_ids[i]` for `req_ids[i]`, [] for none. With sync
+    scheduling the engine core takes them from the output rank
+    (`Executor.take_draft_token_ids`, msgpack over the mp / Ray executors) and
+    hands them to `Scheduler.update_draft_token_ids` before the next step."""
 
     req_ids: list[str]
     draft_token_ids: list[list[int]]

@@ -181,6 +181,9 @@ class Request:
         # Async scheduling: decode steps scheduled whose tokens are not in yet.
         self.num_output_placeholders = 0
         self.num_external_computed_tokens = 0
+        # Whether the last scheduled step stopped short of the known tokens (a
+        # prompt chunk, which samples nothing); set by the scheduler.
+        self.is_prefill_chunk = False
 
         self.block_hashes: list[BlockHash] = []
         self._block_hasher = block_hasher

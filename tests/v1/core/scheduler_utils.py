@@ -7,7 +7,15 @@ import tempfile
 
 import torch
 
-from vllm.config import CacheConfig, LoRAConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import (
+    CacheConfig,
+    LoRAConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.config.speculative import SpeculativeConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -61,14 +69,27 @@ def create_scheduler(
     include_finished_set: bool = False,
     log_stats: bool = False,
     lora_config: LoRAConfig | None = None,
+    num_speculative_tokens: int | None = None,
+    speculative_method: str = "ngram",
 ) -> Scheduler:
     """A Scheduler (AsyncScheduler with async_scheduling) over `num_blocks`
-    KV blocks of `block_size` tokens; block 0 is the null block."""
+    KV blocks of `block_size` tokens; block 0 is the null block. With
+    `num_speculative_tokens`, a `speculative_method` SpeculativeConfig (a
+    draft model is the tiny config itself)."""
     model_config = ModelConfig(
         model=tiny_model_dir(),
         dtype="float32",
         max_model_len=max_model_len or max_num_batched_tokens,
     )
+    speculative_config = None
+    if num_speculative_tokens is not None:
+        speculative_config = SpeculativeConfig(
+            method=speculative_method,  # type: ignore[arg-type]
+            model=tiny_model_dir() if speculative_method == "draft_model" else None,
+            num_speculative_tokens=num_speculative_tokens,
+            target_model_config=model_config,
+            target_parallel_config=ParallelConfig(),
+        )
     vllm_config = VllmConfig(
         model_config=model_config,
         cache_config=CacheConfig(
@@ -80,9 +101,13 @@ def create_scheduler(
             enable_chunked_prefill=enable_chunked_prefill,
             long_prefill_token_threshold=long_prefill_token_threshold,
             policy=policy,
-            async_scheduling=async_scheduling,
+            # VllmConfig refuses async scheduling with the speculative methods
+            # built so far; the AsyncScheduler's draft placeholders are then
+            # tested at the scheduler level (scheduler_cls below).
+            async_scheduling=async_scheduling and speculative_config is None,
         ),
         lora_config=lora_config,
+        speculative_config=speculative_config,
     )
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     kv_cache_config = KVCacheConfig(

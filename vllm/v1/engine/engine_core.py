@@ -133,6 +133,11 @@ class EngineCore:
             log_stats=self.log_stats,
         )
         self.request_block_hasher = _make_request_block_hasher(vllm_config.cache_config)
+        # Speculative decoding: after each step of sync scheduling the runner's
+        # new drafts go to the scheduler (post_step). With async scheduling
+        # they stay on the workers (the scheduler sends placeholder drafts).
+        self.use_spec_decode = vllm_config.speculative_config is not None
+        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
 
         # 4. Steps in flight: more than one only with async scheduling.
         self.batch_queue_size = self.model_executor.max_concurrent_batches
@@ -244,7 +249,17 @@ class EngineCore:
                 forward_output = sampled
             model_output = forward_output
         engine_core_outputs = self.scheduler.update_from_output(scheduler_output, model_output)
-        return engine_core_outputs, scheduler_output.total_num_scheduled_tokens > 0
+        model_executed = scheduler_output.total_num_scheduled_tokens > 0
+        self.post_step(model_executed)
+        return engine_core_outputs, model_executed
+
+    def post_step(self, model_executed: bool) -> None:
+        """Hand the drafts the runner proposed in the step just processed to
+        the scheduler (speculative decoding with sync scheduling)."""
+        if self.use_spec_decode and not self.async_scheduling and model_executed:
+            draft_token_ids = self.model_executor.take_draft_token_ids()
+            if draft_token_ids is not None:
+                self.scheduler.update_draft_token_ids(draft_token_ids)
 
     def step_with_batch_queue(self) -> tuple[dict[int, EngineCoreOutputs] | None, bool]:
         """Schedule and launch a step without waiting for the ones in flight.
@@ -302,6 +317,7 @@ class EngineCore:
             # Every earlier step is processed: the deferred step may sample.
             deferred, self._deferred_sampling = self._deferred_sampling, None
             self._queue_sampling(*deferred)
+        self.post_step(model_executed)
         return outputs, model_executed
 
     def _queue_sampling(self, exec_future: StepFuture, scheduler_output: SchedulerOutput) -> None:

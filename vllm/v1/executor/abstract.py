@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
 logger = init_logger(__name__)
 
@@ -192,6 +192,11 @@ class Executor(ABC):
         (rank 0) reply. Executors whose `collective_rpc` can have only
         `output_rank` reply override this."""
         return _first(self.collective_rpc(method, args=(arg,), non_block=non_block))
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts the runner proposed in the last step (speculative
+        decoding, sync scheduling), from the output rank; None if none."""
+        return self.collective_rpc("take_draft_token_ids")[self.output_rank]
 
     @property
     def max_concurrent_batches(self) -> int:

@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait as wait_for_processes
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 from vllm.distributed.utils import get_distributed_init_method, get_open_port
@@ -35,6 +35,9 @@ from vllm.v1.executor.worker_proc import (
     decode_failure,
     shutdown_processes,
 )
+
+if TYPE_CHECKING:
+    from vllm.v1.outputs import DraftTokenIds
 
 logger = init_logger(__name__)
 
@@ -143,6 +146,10 @@ class MultiprocExecutor(Executor):
                 self._get_responses, method, list(ranks), timeout, unique_reply_rank is not None
             )
         return future if non_block else future.result()
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        # Only the output rank replies (its drafts are every rank's).
+        return self.collective_rpc("take_draft_token_ids", unique_reply_rank=self.output_rank)
 
     def _step_rpc(self, method: str, arg: Any, non_block: bool) -> Any:
         """Only `output_rank` replies to a step, and its result comes back as is."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.device_communicators.rpc_codec import RpcDecoder, RpcEncoder
 from vllm.distributed.utils import get_distributed_init_method, get_open_port
@@ -27,6 +27,9 @@ from vllm.v1.executor.ray_utils import (
     ray,
     vllm_env_vars,
 )
+
+if TYPE_CHECKING:
+    from vllm.v1.outputs import DraftTokenIds
 
 logger = init_logger(__name__)
 
@@ -120,6 +123,10 @@ class RayDistributedExecutor(Executor):
             self._get_results, method, wanted, timeout, unique_reply_rank is not None
         )
         return future if non_block else future.result()
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        # Only the output rank replies (its drafts are every rank's).
+        return self.collective_rpc("take_draft_token_ids", unique_reply_rank=self.output_rank)
 
     def _step_rpc(self, method: str, arg: Any, non_block: bool) -> Any:
         """Only `output_rank` replies to a step, and its result comes back as is."""

@@ -19,6 +19,7 @@ import prometheus_client
 
 from vllm.logger import init_logger
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+from vllm.v1.spec_decode.metrics import SpecDecodingLogging, SpecDecodingProm
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -134,6 +135,7 @@ class LoggingStatLogger(StatLoggerBase):
         self.engine_index = engine_index
         self.vllm_config = vllm_config
         self.last_scheduler_stats = SchedulerStats()
+        self.spec_decoding_logging = SpecDecodingLogging()
         self._reset(time.monotonic())
         self.last_log_time = time.monotonic()
 
@@ -157,6 +159,8 @@ class LoggingStatLogger(StatLoggerBase):
             self.prefix_queries += scheduler_stats.prefix_cache_stats.queries
             self.prefix_hits += scheduler_stats.prefix_cache_stats.hits
             self.last_scheduler_stats = scheduler_stats
+            if scheduler_stats.spec_decoding_stats is not None:
+                self.spec_decoding_logging.observe(scheduler_stats.spec_decoding_stats)
 
     def log(self) -> None:
         now = time.monotonic()
@@ -175,6 +179,7 @@ class LoggingStatLogger(StatLoggerBase):
             stats.kv_cache_usage * 100,
             hit_rate * 100,
         )
+        self.spec_decoding_logging.log()
         self._reset(now)
 
     def log_engine_initialized(self) -> None:
@@ -209,6 +214,10 @@ class PrometheusStatLogger(StatLoggerBase):
         self._make_gauges(names, labels)
         self._make_counters(names, labels)
         self._make_histograms(names, labels, model_config.max_model_len)
+        self.spec_decoding_prom = SpecDecodingProm(
+            vllm_config.speculative_config, names, {engine_index: list(labels.values())}
+        )
+        self.engine_index = engine_index
 
     def _make_gauges(self, names: list[str], labels: dict[str, str]) -> None:
         def gauge(name: str, doc: str) -> prometheus_client.Gauge:
@@ -323,6 +332,10 @@ class PrometheusStatLogger(StatLoggerBase):
             self.gauge_kv_cache_usage.set(scheduler_stats.kv_cache_usage)
             self.counter_prefix_cache_queries.inc(scheduler_stats.prefix_cache_stats.queries)
             self.counter_prefix_cache_hits.inc(scheduler_stats.prefix_cache_stats.hits)
+            if scheduler_stats.spec_decoding_stats is not None:
+                self.spec_decoding_prom.observe(
+                    scheduler_stats.spec_decoding_stats, self.engine_index
+                )
         if iteration_stats is not None:
             self._record_iteration(iteration_stats)
 

@@ -5,6 +5,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
 
 @dataclass
 class BaseCacheStats:
@@ -109,6 +111,14 @@ class SchedulerStats:
     kv_cache_usage: float = 0.0
 
     prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+
+    # The drafts verified in this step (speculative decoding), else None.
+    spec_decoding_stats: SpecDecodingStats | None = None
+
+    def __post_init__(self) -> None:
+        # From an engine core process the stats arrive as plain dicts
+        # (core_client_mp._restore_stats rebuilds only this dataclass).
+        self.spec_decoding_stats = SpecDecodingStats.from_wire(self.spec_decoding_stats)
 
 
 # ----------------------------------------------------------------------

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-    from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+    from vllm.v1.outputs import AsyncModelRunnerOutput, DraftTokenIds, ModelRunnerOutput
     from vllm.v1.worker.runner_interface import ModelRunner
 
 logger = init_logger(__name__)
@@ -279,6 +279,11 @@ class Worker(WorkerBase):
         self, grammar_output: GrammarOutput | None
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
         return self._runner().sample_tokens(grammar_output)
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts the runner proposed in its last step (speculative
+        decoding), handed over once; None when it proposed none."""
+        return self._runner().take_draft_token_ids()
 
     # ---- LoRA adapters (lora_model_runner_mixin.py; RuntimeError without --enable-lora) ----
     def add_lora(self, lora_request: LoRARequest) -> bool:

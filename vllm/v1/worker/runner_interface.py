@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from vllm.sequence import IntermediateTensors
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-    from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+    from vllm.v1.outputs import AsyncModelRunnerOutput, DraftTokenIds, ModelRunnerOutput
     from vllm.v1.worker.utils import AttentionGroup, LayerKVCache
 
 
@@ -72,3 +72,5 @@ class ModelRunner(Protocol):
     def pin_lora(self, lora_id: int) -> bool: ...
 
     def list_loras(self) -> set[int]: ...
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None: ...

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-    from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+    from vllm.v1.outputs import AsyncModelRunnerOutput, DraftTokenIds, ModelRunnerOutput
 
 _R = TypeVar("_R")
 
@@ -83,6 +83,10 @@ class WorkerBase:
         self, grammar_output: GrammarOutput | None
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
         """The step's output; with async scheduling one whose host copy lands later."""
+        raise NotImplementedError
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts proposed in the last step (speculative decoding), or None."""
         raise NotImplementedError
 
     def check_health(self) -> None:

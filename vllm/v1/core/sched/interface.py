@@ -10,8 +10,9 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.engine import EngineCoreOutputs
     from vllm.v1.metrics.stats import SchedulerStats
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 
 class SchedulerInterface(ABC):
@@ -110,9 +111,17 @@ class SchedulerInterface(ABC):
         """
 
     @abstractmethod
-    def make_stats(self) -> SchedulerStats | None:
-        """Snapshot of the scheduler for the stats loggers, or None when stats
-        logging is off."""
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        """Give the requests the draft tokens the runner proposed in the last
+        step (speculative decoding, sync scheduling), each structured-output
+        request's drafts cut to the prefix its grammar accepts."""
+
+    @abstractmethod
+    def make_stats(
+        self, spec_decoding_stats: SpecDecodingStats | None = None
+    ) -> SchedulerStats | None:
+        """Snapshot of the scheduler for the stats loggers (with the drafts
+        verified in the step, if any), or None when stats logging is off."""
 
     @abstractmethod
     def shutdown(self) -> None:

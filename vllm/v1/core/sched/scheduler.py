@@ -23,8 +23,15 @@ from vllm.v1.core.sched.output_builder import (
 )
 from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from vllm.v1.core.sched.scheduling_step import SchedulingStep
+from vllm.v1.core.sched.spec_decode import SpecDecodeScheduling
 from vllm.v1.core.sched.structured_output import StructuredOutputScheduling
-from vllm.v1.core.sched.utils import check_stop, remove_all
+from vllm.v1.core.sched.utils import (
+    check_stop,
+    exceeds_max_loras,
+    pop_preemption_victim,
+    remove_all,
+    running_lora_ids,
+)
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.kv_cache_interface import get_max_in_flight_tokens, get_max_model_len
 from vllm.v1.metrics.stats import SchedulerStats
@@ -33,7 +40,8 @@ from vllm.v1.request import Request, RequestStatus
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
     from vllm.v1.structured_output import StructuredOutputManager
 
 logger = init_logger(__name__)
@@ -109,6 +117,8 @@ class Scheduler(SchedulerInterface):
         # Model Runner V2 wants resumed requests re-sent whole (see
         # output_builder.make_new_reqs_data); V1 patches its persistent batch instead.
         self.use_v2_model_runner = vllm_config.use_v2_model_runner
+        self.spec_decode = SpecDecodeScheduling(vllm_config, structured_output_manager, log_stats)
+        self.num_lookahead_tokens = self.spec_decode.num_lookahead_tokens
 
     # ------------------------------------------------------------------
     # schedule()
@@ -164,6 +174,7 @@ class Scheduler(SchedulerInterface):
                 req_index = self.running.index(request)
             step.running_reqs.append(request)
             step.add(request, num_new_tokens, new_blocks)
+            self.spec_decode.schedule_drafts(request, num_new_tokens, step)
             req_index += 1
 
     def _num_new_tokens_running(self, request: Request, token_budget: int) -> int:
@@ -203,25 +214,17 @@ class Scheduler(SchedulerInterface):
         """Allocate slots for a running request, preempting other requests
         until it fits. Returns None when `request` itself was preempted."""
         while True:
-            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            new_blocks = self.kv_cache_manager.allocate_slots(
+                request, num_new_tokens, num_lookahead_tokens=self.num_lookahead_tokens
+            )
             if new_blocks is not None:
                 return new_blocks
-            victim = self._pop_preemption_victim()
+            victim = pop_preemption_victim(self.running, self.policy)
             step.unschedule(victim)
             self._preempt_request(victim, step.timestamp)
             step.preempted_reqs.append(victim)
             if victim is request:
                 return None
-
-    def _pop_preemption_victim(self) -> Request:
-        """Remove and return the running request to preempt: the one of
-        lowest priority (largest (priority, arrival_time)) under the priority
-        policy, else the most recently admitted one."""
-        if self.policy == SchedulingPolicy.PRIORITY:
-            victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
-            self.running.remove(victim)
-            return victim
-        return self.running.pop()
 
     def _preempt_request(self, request: Request, timestamp: float) -> None:
         """Free a running request's KV blocks and put it back at the head of
@@ -242,7 +245,7 @@ class Scheduler(SchedulerInterface):
         # Requests whose grammar is still compiling step aside for this step
         # and go back to the head of the queue, in order, afterwards.
         skipped_waiting = create_request_queue(self.policy)
-        running_loras = self._running_lora_ids()
+        running_loras = running_lora_ids(self.running, self.lora_config)
         while self.waiting and step.token_budget > 0:
             if len(self.running) == self.max_num_running_reqs:
                 break
@@ -252,7 +255,7 @@ class Scheduler(SchedulerInterface):
                 and not self.structured_output.admit(request, self.waiting, skipped_waiting)
             ):
                 continue
-            if self._exceeds_max_loras(request, running_loras):
+            if exceeds_max_loras(request, running_loras, self.lora_config):
                 # One more adapter would exceed max_loras: this request steps
                 # aside (keeping its place) until a running adapter finishes.
                 skipped_waiting.prepend_request(self.waiting.pop_request())
@@ -270,6 +273,7 @@ class Scheduler(SchedulerInterface):
                 num_new_tokens,
                 num_new_computed_tokens=num_computed_tokens,
                 new_computed_blocks=new_computed_blocks,
+                num_lookahead_tokens=self.num_lookahead_tokens,
                 has_scheduled_reqs=bool(step.num_scheduled_tokens),
             )
             if new_blocks is None:
@@ -281,28 +285,6 @@ class Scheduler(SchedulerInterface):
                 running_loras.add(request.lora_request.lora_int_id)
         if skipped_waiting:
             self.waiting.prepend_requests(skipped_waiting)
-
-    def _running_lora_ids(self) -> set[int]:
-        """The adapters of the running requests. Admission keeps them at most
-        max_loras, so every step, whichever running requests it schedules,
-        needs at most max_loras adapter slots on the workers. (Upstream counts
-        only the running requests scheduled in this step; the two differ only
-        for a request left out of a step because its steps in flight already
-        end it (async scheduling): here its adapter keeps its slot until then.)"""
-        if self.lora_config is None:
-            return set()
-        loras = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
-        assert len(loras) <= self.lora_config.max_loras
-        return loras
-
-    def _exceeds_max_loras(self, request: Request, running_loras: set[int]) -> bool:
-        lora = request.lora_request
-        return (
-            lora is not None
-            and self.lora_config is not None
-            and lora.lora_int_id not in running_loras
-            and len(running_loras) >= self.lora_config.max_loras
-        )
 
     def _get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """The request's prefix-cache hit: (blocks, number of tokens)."""
@@ -369,7 +351,7 @@ class Scheduler(SchedulerInterface):
             step.running_reqs,
             resumed_reqs,
             step.num_scheduled_tokens,
-            {},
+            step.scheduled_spec_decode_tokens,
             step.req_to_new_blocks,
             self.prev_step_scheduled_req_ids,
             self.use_pp,
@@ -382,7 +364,7 @@ class Scheduler(SchedulerInterface):
             scheduled_cached_reqs=cached_reqs_data,
             num_scheduled_tokens=step.num_scheduled_tokens,
             total_num_scheduled_tokens=step.total_num_scheduled_tokens,
-            scheduled_spec_decode_tokens={},
+            scheduled_spec_decode_tokens=step.scheduled_spec_decode_tokens,
             scheduled_encoder_inputs={},
             num_common_prefix_blocks=num_common_prefix_blocks,
             has_structured_output_requests=any(
@@ -404,7 +386,11 @@ class Scheduler(SchedulerInterface):
         # chunked prefill can be scheduled again right away in the next step
         # (async scheduling) without waiting for this one to finish.
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
-            self.requests[req_id].num_computed_tokens += num_tokens
+            request = self.requests[req_id]
+            request.num_computed_tokens += num_tokens
+            request.is_prefill_chunk = request.num_computed_tokens < (
+                request.num_tokens + request.num_output_placeholders
+            )
         # A new set, not clear(): the output holds the old one.
         self.finished_req_ids = set()
 
@@ -433,7 +419,8 @@ class Scheduler(SchedulerInterface):
                 # pipeline parallelism): its results are dropped.
                 continue
             status_before = request.status
-            output = self._process_request_output(request, model_runner_output)
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+            output = self._process_request_output(request, model_runner_output, drafts)
             if request.is_finished():
                 if status_before == RequestStatus.RUNNING:
                     stopped_running_reqs.add(request)
@@ -447,14 +434,16 @@ class Scheduler(SchedulerInterface):
         if stopped_preempted_reqs:
             # Rare: preempted while its last step was still in flight.
             self.waiting.remove_requests(stopped_preempted_reqs)
-        return make_engine_core_outputs(outputs, self.finished_req_ids_dict, self.make_stats())
+        stats = self.make_stats(self.spec_decode.take_stats())
+        return make_engine_core_outputs(outputs, self.finished_req_ids_dict, stats)
 
     def _process_request_output(
         self,
         request: Request,
         model_runner_output: ModelRunnerOutput,
+        scheduled_drafts: list[int] | None = None,
     ) -> EngineCoreOutput | None:
-        """Apply one request's results; return its output, if it has one."""
+        """Apply one request's results (and verified drafts); return its output, if any."""
         req_id = request.request_id
         req_index = model_runner_output.req_id_to_index[req_id]
         sampled = model_runner_output.sampled_token_ids
@@ -463,6 +452,9 @@ class Scheduler(SchedulerInterface):
         pooler_outputs = model_runner_output.pooler_output
         pooler_output = pooler_outputs[req_index] if pooler_outputs else None
 
+        num_rejected = self.spec_decode.num_rejected(request, scheduled_drafts, new_token_ids)
+        if num_rejected:
+            self._rollback_rejected_drafts(request, num_rejected)
         stopped = False
         if new_token_ids:
             new_token_ids, stopped = self._update_request_with_output(request, new_token_ids)
@@ -484,7 +476,7 @@ class Scheduler(SchedulerInterface):
             and request.sampling_params is not None
             and request.sampling_params.logprobs is not None
         ):
-            new_logprobs = logprobs.slice(req_index, req_index + 1)
+            new_logprobs = logprobs.slice_request(req_index, len(new_token_ids))  # row per token
         prompt_logprobs = model_runner_output.prompt_logprobs_dict.get(req_id)
         if not (
             new_token_ids or stopped or pooler_output is not None or prompt_logprobs is not None
@@ -502,6 +494,13 @@ class Scheduler(SchedulerInterface):
             trace_headers=request.trace_headers,
             num_cached_tokens=request.num_cached_tokens,
         )
+
+    def _rollback_rejected_drafts(self, request: Request, num_rejected: int) -> None:
+        request.num_computed_tokens -= num_rejected  # the next step overwrites their KV
+
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        """New drafts from the runner, before the next schedule()."""
+        self.spec_decode.update_draft_token_ids(self.requests, draft_token_ids)
 
     def _update_request_with_output(
         self, request: Request, new_token_ids: list[int]
@@ -617,7 +616,9 @@ class Scheduler(SchedulerInterface):
             )
         return reset_successful
 
-    def make_stats(self) -> SchedulerStats | None:
+    def make_stats(
+        self, spec_decoding_stats: SpecDecodingStats | None = None
+    ) -> SchedulerStats | None:
         if not self.log_stats:
             return None
         prefix_cache_stats = self.kv_cache_manager.make_prefix_cache_stats()
@@ -627,9 +628,8 @@ class Scheduler(SchedulerInterface):
             num_waiting_reqs=len(self.waiting),
             kv_cache_usage=self.kv_cache_manager.usage,
             prefix_cache_stats=prefix_cache_stats,
+            spec_decoding_stats=spec_decoding_stats,
         )
 
     def shutdown(self) -> None:
-        # Upstream stops its KV-event publisher and KV connector here; this
-        # scheduler holds neither, so there is nothing to release.
-        pass
+        pass  # upstream stops its KV-event publisher and KV connector: none here

@@ -35,6 +35,8 @@ class SchedulingStep:
     # req_id -> KV blocks the workers must learn about: the newly allocated
     # ones for running requests, all of the request's blocks for admitted ones.
     req_to_new_blocks: dict[str, KVCacheBlocks] = field(default_factory=dict)
+    # req_id -> the draft tokens its step verifies (running requests only).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     def add(self, request: Request, num_tokens: int, blocks: KVCacheBlocks) -> None:
         """Record `num_tokens` scheduled for `request` and charge the budget."""
@@ -56,6 +58,8 @@ class SchedulingStep:
         self.running_reqs.remove(request)
         self.token_budget += self.num_scheduled_tokens.pop(req_id)
         del self.req_to_new_blocks[req_id]
+        # Its drafts are dropped with it (preemption clears spec_token_ids).
+        self.scheduled_spec_decode_tokens.pop(req_id, None)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -1,14 +1,17 @@
-"""Helpers of the scheduler: the stop check, fast list removal, and which
-structured-output requests sample in a step."""
+"""Helpers of the scheduler: the stop check, fast list removal, which
+structured-output requests sample in a step, the max_loras admission rule and
+the choice of a preemption victim."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import TYPE_CHECKING, TypeVar
 
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.request import RequestStatus
 
 if TYPE_CHECKING:
+    from vllm.config import LoRAConfig
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
@@ -105,3 +108,41 @@ def structured_output_req_ids_to_sample(
         if request.num_computed_tokens >= request.num_tokens + in_flight:
             req_ids.append(req_id)
     return req_ids
+
+
+def running_lora_ids(running: list[Request], lora_config: LoRAConfig | None) -> set[int]:
+    """The adapters of the running requests. Admission keeps them at most
+    max_loras, so every step, whichever running requests it schedules,
+    needs at most max_loras adapter slots on the workers. (Upstream counts
+    only the running requests scheduled in this step; the two differ only
+    for a request left out of a step because its steps in flight already
+    end it (async scheduling): here its adapter keeps its slot until then.)"""
+    if lora_config is None:
+        return set()
+    loras = {r.lora_request.lora_int_id for r in running if r.lora_request is not None}
+    assert len(loras) <= lora_config.max_loras
+    return loras
+
+
+def exceeds_max_loras(
+    request: Request, running_loras: set[int], lora_config: LoRAConfig | None
+) -> bool:
+    """Whether admitting `request` would need one adapter slot too many."""
+    lora = request.lora_request
+    return (
+        lora is not None
+        and lora_config is not None
+        and lora.lora_int_id not in running_loras
+        and len(running_loras) >= lora_config.max_loras
+    )
+
+
+def pop_preemption_victim(running: list[Request], policy: SchedulingPolicy) -> Request:
+    """Remove and return the running request to preempt: the one of lowest
+    priority (largest (priority, arrival_time)) under the priority policy,
+    else the most recently admitted one."""
+    if policy == SchedulingPolicy.PRIORITY:
+        victim = max(running, key=lambda r: (r.priority, r.arrival_time))
+        running.remove(victim)
+        return victim
+    return running.pop()

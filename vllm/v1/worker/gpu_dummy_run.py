@@ -94,6 +94,9 @@ def dummy_run(
             positions=buffers.positions.gpu[:num_tokens],
             intermediate_tensors=intermediate_tensors,
         )
+    if isinstance(hidden_states, tuple):
+        # EAGLE3 drafter loaded: (last hidden states, target layers' outputs).
+        hidden_states = hidden_states[0]
     last = torch.from_numpy(np.cumsum(num_scheduled) - 1).to(buffers.device)
     return hidden_states[last]
 

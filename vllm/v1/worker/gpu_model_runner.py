@@ -45,7 +45,6 @@ from vllm.v1.outputs import (
 )
 from vllm.v1.pool.metadata import PoolingStates
 from vllm.v1.sample.logits_processor import build_logitsprocs
-from vllm.v1.sample.rejection_sampler import RejectionSampler
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker import kv_cache_setup
@@ -65,10 +64,8 @@ from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from vllm.v1.worker.prompt_logprobs import PromptLogprobsWorker
 from vllm.v1.worker.spec_decode_utils import (
     SpecStep,
-    append_token_lists,
-    build_drafter,
-    make_spec_step,
-    propose_draft_token_ids,
+    SpeculativeDecoder,
+    split_model_output,
     write_draft_tokens,
 )
 from vllm.v1.worker.utils import (
@@ -174,15 +171,13 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             else None
         )
         # Speculative decoding (V1 runner only; VllmConfig turns async
-        # scheduling off with it): the drafter, the verifier, and the drafts
-        # proposed by the last step for `take_draft_token_ids`.
-        spec = vllm_config.speculative_config
-        self.drafter = build_drafter(vllm_config, device, self)
-        self.num_spec_tokens = (spec.num_speculative_tokens or 0) if spec else 0
-        self.rejection_sampler = (
-            RejectionSampler(self.sampler, spec, device) if spec is not None else None
+        # scheduling off with it): drafter, rejection sampler, pending drafts.
+        self.spec_decoder = (
+            SpeculativeDecoder(vllm_config, device, self)
+            if vllm_config.speculative_config is not None
+            else None
         )
-        self._draft_token_ids: DraftTokenIds | None = None
+        self.drafter = self.spec_decoder.drafter if self.spec_decoder is not None else None
 
     def _make_input_batch(self, block_sizes: list[int]) -> InputBatch:
         return InputBatch(
@@ -377,10 +372,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                 intermediate_tensors=intermediate_tensors,
                 **extra_inputs,
             )
-        aux_hidden_states = None
-        if isinstance(hidden_states, tuple):  # EAGLE3: (last, target layers' outputs)
-            hidden_states, aux_hidden_states = hidden_states
-            aux_hidden_states = [a[: padded.num_tokens] for a in aux_hidden_states]
+        hidden_states, aux_hidden_states = split_model_output(hidden_states, padded.num_tokens)
         if padded.num_tokens != num_tokens and isinstance(hidden_states, torch.Tensor):
             hidden_states = hidden_states[: padded.num_tokens]  # drop the padding
         if not get_pp_group().is_last_rank:
@@ -429,10 +421,12 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             return None
         batch = self.input_batch
         assert state.hidden_states is not None  # the last stage has both
-        if state.spec_step is not None and state.spec_step.metadata is not None:
-            # Drafts to verify: compute prompt logprobs after (none of these
-            # rows is in its prompt), keep the order of the plain path.
-            output = self._rejection_sample(state)
+        spec_metadata = state.spec_step.metadata if state.spec_step is not None else None
+        if spec_metadata is not None:  # drafts to verify
+            assert self.spec_decoder is not None
+            output = self.spec_decoder.verify(
+                batch, spec_metadata, state.logits, state.discard_mask
+            )
             output.prompt_logprobs_dict = self._prompt_logprobs(state)
             self._propose_drafts(state, output.sampled_token_ids)
             return output
@@ -464,44 +458,12 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             self._lora_logits_rows_hook(),
         )
 
-    def _rejection_sample(self, state: ExecuteModelState) -> ModelRunnerOutput:
-        """Verify the step's drafts (logits: per request its draft rows, then
-        its bonus row) and append each request's emitted tokens: the accepted
-        drafts, then the recovered or bonus token. Logprobs come one row per
-        emitted token, `cu_num_generated_tokens` marking each request's."""
-        assert self.rejection_sampler is not None and state.spec_step is not None
-        assert state.logits is not None and state.spec_step.metadata is not None
-        batch = self.input_batch
-        sampler_output = self.rejection_sampler(
-            state.spec_step.metadata,
-            None,  # no draft probabilities: ngram drafts, greedy model drafts
-            state.logits,
-            batch.sampling_metadata_for_step(state.discard_mask),
-        )
-        sampled, logprobs = RejectionSampler.parse_output(
-            sampler_output.sampled_token_ids,
-            self.vocab_size,
-            np.flatnonzero(state.discard_mask).tolist(),
-            sampler_output.logprobs_tensors,
-        )
-        append_token_lists(batch, sampled, state.discard_mask)
-        return ModelRunnerOutput(
-            req_ids=list(batch.req_ids),
-            req_id_to_index=dict(batch.req_id_to_index),
-            sampled_token_ids=sampled,
-            logprobs=logprobs,
-        )
-
     def _propose_drafts(self, state: ExecuteModelState, sampled: list[list[int]]) -> None:
         """The next step's drafts, from the batch as it now stands."""
-        if self.drafter is None or state.spec_step is None:
+        if self.spec_decoder is None or state.spec_step is None:
             return
-        spec = self.vllm_config.speculative_config
-        assert spec is not None and spec.method is not None and state.hidden_states is not None
-        drafts = propose_draft_token_ids(
-            self.drafter,
-            spec.method,
-            self.num_spec_tokens,
+        assert state.hidden_states is not None
+        self.spec_decoder.propose(
             self.input_batch,
             state.spec_step,
             sampled,
@@ -509,12 +471,12 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             state.aux_hidden_states,
             self.attn_groups,
         )
-        self._draft_token_ids = DraftTokenIds(list(self.input_batch.req_ids), drafts)
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """The drafts the last step proposed (once; None without a drafter)."""
-        drafts, self._draft_token_ids = self._draft_token_ids, None
-        return drafts
+        if self.spec_decoder is None:
+            return None
+        return self.spec_decoder.take_draft_token_ids()
 
     def _sample(self, logits: torch.Tensor, discard_mask: np.ndarray) -> SamplerOutput:
         """The sampler over the step's logits; the last pipeline stage sends
@@ -752,16 +714,15 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             )
         logits_indices = bufs.query_start_loc.gpu[1 : num_reqs + 1].to(torch.int64) - 1
         spec_step = None
-        if self.drafter is not None:
-            spec_step = make_spec_step(
+        if self.spec_decoder is not None:
+            spec_step = self.spec_decoder.step_inputs(
                 batch,
                 scheduler_output.scheduled_spec_decode_tokens,
                 num_scheduled,
                 cu_num_tokens,
                 bufs.input_ids.np[:total],
-                self.device,
             )
-            if spec_step.metadata is not None:
+            if spec_step.metadata is not None:  # draft rows and bonus rows
                 logits_indices = spec_step.metadata.logits_indices
         # A request whose tokens are not all computed after this step is still
         # in its prefill: the token sampled for it is not a real output.

@@ -2,6 +2,17 @@
 vllm/v1/worker/gpu_model_runner.py; split out so the runner's methods stay
 short).
 
+One step with a drafter (sync scheduling only):
+  _update_states    write_draft_tokens: the scheduled drafts go into
+                    token_ids_cpu after each row's known tokens
+  _prepare_inputs   SpeculativeDecoder.step_inputs: SpecDecodeMetadata
+                    (calc_spec_decode_metadata) when any row has drafts
+  forward           logits for metadata.logits_indices
+  sample_tokens     SpeculativeDecoder.verify (RejectionSampler, then a
+                    variable number of tokens appended per row), or the
+                    plain Sampler when no row had drafts; then
+                    SpeculativeDecoder.propose for the next step
+
 `build_drafter` picks the drafter for the configured method; the drafter
 classes are imported lazily so a runner without speculation imports none.
 """
@@ -13,7 +24,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import numpy as np
 import torch
 
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+from vllm.v1.sample.rejection_sampler import RejectionSampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+from vllm.v1.spec_decode.proposer_inputs import ProposerInputs
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -164,60 +178,124 @@ class SpecStep(NamedTuple):
     num_draft_tokens: np.ndarray  # [num_reqs] int32
 
 
-def make_spec_step(
-    batch: InputBatch,
-    spec_tokens: dict[str, list[int]],
-    num_scheduled: np.ndarray,
-    cu_num_scheduled: np.ndarray,
-    input_ids: np.ndarray,
-    device: torch.device,
-) -> SpecStep:
-    num_drafts = num_draft_tokens_per_row(batch, spec_tokens)
-    metadata = None
-    if num_drafts.any():
-        metadata = calc_spec_decode_metadata(num_drafts, cu_num_scheduled, input_ids, device)
-    num_computed = batch.num_computed_tokens_cpu[: batch.num_reqs].copy()
-    return SpecStep(metadata, num_computed, num_scheduled.copy(), num_drafts)
+def split_model_output(output: Any, num_tokens: int) -> tuple[Any, list[torch.Tensor] | None]:
+    """A forward's output as (hidden states, EAGLE3 auxiliary hidden states or
+    None), the auxiliary ones cut to the step's `num_tokens` (no padding).
+    With EAGLE3 the target returns a tuple (last hidden states, list of its
+    chosen layers' outputs); else a tensor or IntermediateTensors."""
+    if not isinstance(output, tuple):
+        return output, None
+    hidden_states, aux = output
+    return hidden_states, [a[:num_tokens] for a in aux]
 
 
-def propose_draft_token_ids(
-    drafter: Any,
-    method: str,
-    num_speculative_tokens: int,
-    batch: InputBatch,
-    step: SpecStep,
-    sampled: list[list[int]],
-    hidden_states: torch.Tensor,
-    aux_hidden_states: list[torch.Tensor] | None,
-    attn_groups: list[list[AttentionGroup]],
-) -> list[list[int]]:
-    """Next step's drafts, one list per batch row ([] = none), after the
-    step's tokens are in the batch. ngram: prompt lookup over the batch in
-    one vectorised pass; model drafters: `drafter.propose(ProposerInputs)`."""
-    num_reqs = batch.num_reqs
-    if method == "ngram":
-        drafts: list[list[int]] = drafter.propose(
-            num_speculative_tokens,
-            sampled,
-            batch.num_tokens_no_spec[:num_reqs],
-            batch.token_ids_cpu,
+class SpeculativeDecoder:
+    """The V1 runner's speculative-decoding part: the drafter, the rejection
+    sampler, and the drafts proposed by the last step until the engine takes
+    them (`take_draft_token_ids`)."""
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, runner: Any) -> None:
+        spec = vllm_config.speculative_config
+        assert spec is not None and spec.method is not None
+        self.method: str = spec.method
+        self.num_spec_tokens: int = spec.num_speculative_tokens or 0
+        self.device = device
+        drafter = build_drafter(vllm_config, device, runner)
+        assert drafter is not None
+        # NgramProposer, DraftModelProposer or EagleProposer (duck-typed).
+        self.drafter: Any = drafter
+        self.rejection_sampler = RejectionSampler(runner.sampler, spec, device)
+        self._draft_token_ids: DraftTokenIds | None = None
+
+    def step_inputs(
+        self,
+        batch: InputBatch,
+        spec_tokens: dict[str, list[int]],
+        num_scheduled: np.ndarray,
+        cu_num_scheduled: np.ndarray,
+        input_ids: np.ndarray,
+    ) -> SpecStep:
+        """The step's SpecStep (its metadata None when no row has drafts)."""
+        num_drafts = num_draft_tokens_per_row(batch, spec_tokens)
+        metadata = None
+        if num_drafts.any():
+            metadata = calc_spec_decode_metadata(
+                num_drafts, cu_num_scheduled, input_ids, self.device
+            )
+        num_computed = batch.num_computed_tokens_cpu[: batch.num_reqs].copy()
+        return SpecStep(metadata, num_computed, num_scheduled.copy(), num_drafts)
+
+    def verify(
+        self,
+        batch: InputBatch,
+        metadata: SpecDecodeMetadata,
+        logits: torch.Tensor,
+        discard_mask: np.ndarray,
+    ) -> ModelRunnerOutput:
+        """Verify the step's drafts (logits: per request its draft rows, then
+        its bonus row) and append each request's emitted tokens (accepted
+        drafts, then the recovered or bonus token) to the batch. Logprobs: one
+        row per emitted token, `cu_num_generated_tokens` marking each request's."""
+        sampler_output = self.rejection_sampler(
+            metadata,
+            None,  # no draft probabilities: ngram drafts and greedy model drafts
+            logits,
+            batch.sampling_metadata_for_step(discard_mask),
         )
-        return drafts
-    from vllm.v1.spec_decode.proposer_inputs import ProposerInputs
+        sampled, logprobs = RejectionSampler.parse_output(
+            sampler_output.sampled_token_ids,
+            batch.vocab_size,
+            np.flatnonzero(discard_mask).tolist(),
+            sampler_output.logprobs_tensors,
+        )
+        append_token_lists(batch, sampled, discard_mask)
+        return ModelRunnerOutput(
+            req_ids=list(batch.req_ids),
+            req_id_to_index=dict(batch.req_id_to_index),
+            sampled_token_ids=sampled,
+            logprobs=logprobs,
+        )
 
-    inputs = ProposerInputs(
-        input_batch=batch,
-        req_ids=list(batch.req_ids),
-        num_computed_tokens=step.num_computed_tokens,
-        num_scheduled_tokens=step.num_scheduled_tokens,
-        num_valid_tokens=num_valid_tokens(
-            step.num_scheduled_tokens, step.num_draft_tokens, sampled
-        ),
-        needs_draft=needs_draft(batch, sampled),
-        hidden_states=hidden_states,
-        aux_hidden_states=aux_hidden_states,
-        num_speculative_tokens=num_speculative_tokens,
-        attn_groups=attn_groups,
-    )
-    model_drafts: list[list[int]] = drafter.propose(inputs)
-    return model_drafts
+    def propose(
+        self,
+        batch: InputBatch,
+        step: SpecStep,
+        sampled: list[list[int]],
+        hidden_states: torch.Tensor,
+        aux_hidden_states: list[torch.Tensor] | None,
+        attn_groups: list[list[AttentionGroup]],
+    ) -> None:
+        """The next step's drafts, one list per batch row ([] = none), once
+        the step's tokens are in the batch. ngram: prompt lookup over the
+        whole batch in one vectorised pass; model drafters:
+        `drafter.propose(ProposerInputs)`."""
+        num_reqs = batch.num_reqs
+        if self.method == "ngram":
+            drafts: list[list[int]] = self.drafter.propose(
+                self.num_spec_tokens,
+                sampled,
+                batch.num_tokens_no_spec[:num_reqs],
+                batch.token_ids_cpu,
+            )
+        else:
+            inputs = ProposerInputs(
+                input_batch=batch,
+                req_ids=list(batch.req_ids),
+                num_computed_tokens=step.num_computed_tokens,
+                num_scheduled_tokens=step.num_scheduled_tokens,
+                num_valid_tokens=num_valid_tokens(
+                    step.num_scheduled_tokens, step.num_draft_tokens, sampled
+                ),
+                needs_draft=needs_draft(batch, sampled),
+                hidden_states=hidden_states,
+                aux_hidden_states=aux_hidden_states,
+                num_speculative_tokens=self.num_spec_tokens,
+                attn_groups=attn_groups,
+            )
+            drafts = self.drafter.propose(inputs)
+        self._draft_token_ids = DraftTokenIds(list(batch.req_ids), drafts)
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts the last step proposed (once)."""
+        drafts, self._draft_token_ids = self._draft_token_ids, None
+        return drafts

@@ -5,17 +5,22 @@ must only ever hold real tokens. Cases after upstream's
 tests/v1/core/test_scheduler.py (test_schedule_spec_decoding_stats and the
 spec-token cases)."""
 
+from concurrent.futures import Future
+
 import pytest
 
+from tests.utils import make_tiny_tokenizer
 from tests.v1.core.scheduler_utils import (
     create_requests,
     create_scheduler,
     make_request,
 )
 from vllm.distributed.device_communicators.rpc_codec import RpcDecoder, RpcEncoder
+from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.engine import FinishReason
 from vllm.v1.outputs import DraftTokenIds, LogprobsLists, ModelRunnerOutput
 from vllm.v1.request import RequestStatus
+from vllm.v1.structured_output.backend_types import StructuredOutputOptions
 
 pytestmark = pytest.mark.cpu_test
 
@@ -351,3 +356,65 @@ def test_logprobs_of_every_emitted_token():
     assert outputs["0"].new_logprobs.logprobs == [[-0.0], [-1.0], [-2.0]]
     assert outputs["1"].new_token_ids == [7]
     assert outputs["1"].new_logprobs.logprob_token_ids == [[7]]
+
+
+@pytest.mark.parametrize("method,lookahead", [("ngram", 0), ("draft_model", 3)])
+def test_lookahead_slots_for_model_drafters(method, lookahead):
+    """A drafter with its own KV cache (draft model, EAGLE) writes KV for
+    the positions of the drafts it proposes after the step: waiting and
+    running requests get num_speculative_tokens extra slots; n-gram none.
+    The lookahead blocks are never cached."""
+    block_size = 4
+    scheduler = create_scheduler(
+        num_speculative_tokens=3,
+        speculative_method=method,
+        block_size=block_size,
+        enable_prefix_caching=True,
+    )
+    assert scheduler.num_lookahead_tokens == lookahead
+    request = make_request("0", num_tokens=4, block_size=block_size)
+    scheduler.add_request(request)
+    out = scheduler.schedule()
+    (block_ids,) = out.scheduled_new_reqs[0].block_ids
+    assert len(block_ids) == -(-(4 + lookahead) // block_size)
+    scheduler.update_from_output(out, runner_output(out, [[1]]))
+    scheduler.update_draft_token_ids(DraftTokenIds(["0"], [[2, 3, 4]]))
+    out = scheduler.schedule()  # positions 4..7, then the lookahead
+    assert out.num_scheduled_tokens == {"0": 4}
+    (block_ids,) = scheduler.kv_cache_manager.get_blocks("0").get_block_ids()
+    assert len(block_ids) == -(-(8 + lookahead) // block_size)
+    assert len(scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block) == 1
+
+
+def test_structured_output_keeps_the_grammar_valid_prefix(tmp_path):
+    """Drafts of a structured-output request are cut where its grammar would
+    reject them; the grammar itself does not move (validation rolls back),
+    and the step's bitmask has one row per draft plus the bonus row."""
+    from vllm.config import VllmConfig
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+
+    tokenizer = make_tiny_tokenizer(str(tmp_path))
+    backend = XgrammarBackend(VllmConfig(), tokenizer=tokenizer, vocab_size=len(tokenizer))
+    a, b = tokenizer.convert_tokens_to_ids(["a", "b"])
+    scheduler = create_scheduler(num_speculative_tokens=3)
+    scheduler.structured_output_manager.backend = backend
+    request = make_request(
+        "0", num_tokens=4, structured_outputs=StructuredOutputsParams(regex="ababab")
+    )
+    grammar: Future = Future()
+    grammar.set_result(backend.compile_grammar(StructuredOutputOptions.REGEX, "ababab"))
+    request.structured_output_request.grammar = grammar
+    scheduler.add_request(request)
+    out = scheduler.schedule()
+    scheduler.get_grammar_bitmask(out)
+    scheduler.update_from_output(out, runner_output(out, [[a]]))
+
+    scheduler.update_draft_token_ids(DraftTokenIds(["0"], [[b, a, a]]))
+    assert request.spec_token_ids == [b, a]  # "abaa" breaks the pattern
+    out = scheduler.schedule()
+    assert out.scheduled_spec_decode_tokens == {"0": [b, a]}
+    bitmask = scheduler.get_grammar_bitmask(out).grammar_bitmask
+    allowed = [[t for t in (a, b) if (int(row[t // 32]) >> (t % 32)) & 1] for row in bitmask[:3]]
+    assert allowed == [[b], [a], [b]]  # after "a", "ab", "aba"
+    scheduler.update_from_output(out, runner_output(out, [[b, a, b]]))
+    assert list(request.output_token_ids) == [a, b, a, b]

@@ -5,6 +5,7 @@ the synthetic rejection-sampling rates."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from vllm.config.model import ModelConfig
@@ -171,6 +172,10 @@ def resolve_eagle_draft(
             f"declares architectures {draft.architectures} (as an {method} head: {renamed}); "
             f"no {method} head is built for them."
         ) from None
+    # get_config caches the checkpoint's config per path: rename a copy.
+    draft.hf_config = copy.deepcopy(draft.hf_config)
+    get_text = getattr(draft.hf_config, "get_text_config", None)
+    draft.hf_text_config = get_text() if get_text else draft.hf_config
     draft.architectures = renamed
     draft.hf_config.architectures = renamed
     target_cls, target_arch = ModelRegistry.resolve_model_cls(target.architectures, target)

@@ -22,7 +22,10 @@ import json
 import os
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+from torch.nn import functional as F
+from transformers import LlamaConfig
+from transformers.models.llama import modeling_llama as hf
 
 
 def _target_config(target_dir: str) -> dict:
@@ -161,3 +164,121 @@ def make_tiny_eagle3(
     if with_embed_tokens:
         tensors["embed_tokens.weight"] = _rand(gen, vocab, h, scale=0.5)
     return _save(out_dir, config, tensors)
+
+
+def _causal(t: int) -> torch.Tensor:
+    return torch.full((t, t), float("-inf")).triu(1)[None, None]
+
+
+class RefHead:
+    """EAGLE's training-code structure on transformers' modules."""
+
+    def __init__(self, head_dir: str, eagle3: bool):
+        self.w = load_file(f"{head_dir}/model.safetensors")
+        cfg = LlamaConfig.from_pretrained(head_dir)
+        cfg._attn_implementation = "eager"
+        self.cfg, self.eagle3 = cfg, eagle3
+        p = "midlayer" if eagle3 else "layers.0"
+        self.attn = hf.LlamaAttention(cfg, layer_idx=0)
+        if eagle3:  # q/k/v read cat(embeds, hidden)
+            for n in ("q_proj", "k_proj", "v_proj"):
+                old = getattr(self.attn, n)
+                setattr(
+                    self.attn, n, torch.nn.Linear(2 * cfg.hidden_size, old.out_features, bias=False)
+                )
+        self.mlp = hf.LlamaMLP(cfg)
+        self.post_ln = hf.LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        for mod, sub in (
+            (self.attn, "self_attn"),
+            (self.mlp, "mlp"),
+            (self.post_ln, "post_attention_layernorm"),
+        ):
+            mod.load_state_dict(
+                {
+                    k[len(f"{p}.{sub}.") :]: v
+                    for k, v in self.w.items()
+                    if k.startswith(f"{p}.{sub}.")
+                }
+            )
+        self.rope = hf.LlamaRotaryEmbedding(cfg)
+
+    def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        n = hf.LlamaRMSNorm(x.shape[-1], eps=self.cfg.rms_norm_eps)
+        n.weight.data.copy_(self.w[name])
+        return n(x)
+
+    @torch.no_grad()
+    def __call__(self, ids, hidden, embed_w, lm_w):
+        """Whole-sequence forward: (logits over the full vocabulary, carry)."""
+        t = len(ids)
+        e = F.embedding(torch.tensor(ids), embed_w)[None]
+        pe = self.rope(e, torch.arange(t)[None])
+        if self.eagle3:
+            normed = self._norm("midlayer.hidden_norm.weight", hidden[None])
+            x = torch.cat([self._norm("midlayer.input_layernorm.weight", e), normed], -1)
+            residual = hidden[None]
+        else:
+            x = F.linear(torch.cat([e, hidden[None]], -1), self.w["fc.weight"])
+            residual = x  # layer 0 has no input norm
+        r = self.attn(x, position_embeddings=pe, attention_mask=_causal(t))[0] + residual
+        out = self.mlp(self.post_ln(r)) + r
+        if self.eagle3:
+            logits = F.linear(self._norm("norm.weight", out), self.w["lm_head.weight"])[0]
+            full = torch.full((t, self.cfg.vocab_size), float("-inf"))
+            ids_t = torch.arange(logits.shape[1]) + self.w["d2t"]
+            full[:, ids_t] = logits
+            return full, out[0]
+        return F.linear(out, lm_w)[0], out[0]
+
+
+class RefDrafter:
+    """EAGLE drafting recomputed from scratch on transformers' modules: the
+    target's states over the whole known sequence (its final hidden states,
+    or for EAGLE-3 its residual stream at `aux_ids`), pass 1 over positions
+    0..N-2 feeding token p+1 with the target's state at p, then each draft
+    with the head's own output at the previous position. Returns the drafts
+    and, per draft, the margin between the best and second-best logit (a
+    near-tie may flip under float error)."""
+
+    def __init__(self, target_dir: str, head_dir: str, method: str, aux_ids=None):
+        from transformers import AutoModelForCausalLM
+
+        self.target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+        tw = load_file(f"{target_dir}/model.safetensors")
+        self.head = RefHead(head_dir, eagle3=method == "eagle3")
+        hw = self.head.w
+        self.embed_w = hw.get("embed_tokens.weight", tw["model.embed_tokens.weight"])
+        self.lm_w = hw.get("lm_head.weight", tw["lm_head.weight"])
+        self.method, self.aux_ids = method, aux_ids
+
+    @torch.no_grad()
+    def _target_states(self, tokens: list[int]) -> torch.Tensor:
+        """[N, H]: what the head reads at each position (EAGLE-3: fc applied)."""
+        layers = self.target.model.layers
+        outs: list[torch.Tensor] = []
+        hooks = [layer.register_forward_hook(lambda m, a, o: outs.append(o)) for layer in layers]
+        try:
+            res = self.target(torch.tensor([tokens]), output_hidden_states=True)
+        finally:
+            for h in hooks:
+                h.remove()
+        if self.method == "eagle":
+            return res.hidden_states[-1][0]
+        streams = [res.hidden_states[0][0]] + [o[0] if o.dim() == 3 else o for o in outs]
+        cat = torch.cat([streams[d] for d in self.aux_ids], dim=-1)
+        return F.linear(cat, self.head.w["fc.weight"])
+
+    @torch.no_grad()
+    def drafts(self, tokens: list[int], k: int) -> tuple[list[int], list[float]]:
+        hidden = self._target_states(tokens)[:-1]  # positions 0..N-2
+        inputs = list(tokens[1:])
+        out: list[int] = []
+        margins: list[float] = []
+        for _ in range(k):
+            logits, carry = self.head(inputs, hidden, self.embed_w, self.lm_w)
+            top = logits[-1].topk(2)
+            out.append(int(top.indices[0]))
+            margins.append(float(top.values[0] - top.values[1]))
+            inputs.append(out[-1])
+            hidden = torch.cat([hidden, carry[-1:]], dim=0)
+        return out, margins

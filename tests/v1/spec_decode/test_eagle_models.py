@@ -8,12 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from torch.nn import functional as F
-from transformers import AutoModelForCausalLM, LlamaConfig
-from transformers.models.llama import modeling_llama as hf
+from transformers import AutoModelForCausalLM
 
 from tests.model_executor.paged_harness import PagedHarness
 from tests.utils import make_tiny_model
-from tests.v1.spec_decode.eagle_utils import make_tiny_eagle, make_tiny_eagle3
+from tests.v1.spec_decode.eagle_utils import RefHead, make_tiny_eagle, make_tiny_eagle3
 from vllm.config import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.forward_context import set_forward_context
@@ -73,71 +72,6 @@ def _run(h: PagedHarness, model, req: str, ids: list[int], **kwargs):
         out = model(torch.tensor(ids), positions, **kwargs)
     h.num_computed[req] = start + len(ids)
     return out
-
-
-def _causal(t: int) -> torch.Tensor:
-    return torch.full((t, t), float("-inf")).triu(1)[None, None]
-
-
-class RefHead:
-    """EAGLE's training-code structure on transformers' modules."""
-
-    def __init__(self, head_dir: str, eagle3: bool):
-        self.w = load_file(f"{head_dir}/model.safetensors")
-        cfg = LlamaConfig.from_pretrained(head_dir)
-        cfg._attn_implementation = "eager"
-        self.cfg, self.eagle3 = cfg, eagle3
-        p = "midlayer" if eagle3 else "layers.0"
-        self.attn = hf.LlamaAttention(cfg, layer_idx=0)
-        if eagle3:  # q/k/v read cat(embeds, hidden)
-            for n in ("q_proj", "k_proj", "v_proj"):
-                old = getattr(self.attn, n)
-                setattr(
-                    self.attn, n, torch.nn.Linear(2 * cfg.hidden_size, old.out_features, bias=False)
-                )
-        self.mlp = hf.LlamaMLP(cfg)
-        self.post_ln = hf.LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        for mod, sub in (
-            (self.attn, "self_attn"),
-            (self.mlp, "mlp"),
-            (self.post_ln, "post_attention_layernorm"),
-        ):
-            mod.load_state_dict(
-                {
-                    k[len(f"{p}.{sub}.") :]: v
-                    for k, v in self.w.items()
-                    if k.startswith(f"{p}.{sub}.")
-                }
-            )
-        self.rope = hf.LlamaRotaryEmbedding(cfg)
-
-    def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        n = hf.LlamaRMSNorm(x.shape[-1], eps=self.cfg.rms_norm_eps)
-        n.weight.data.copy_(self.w[name])
-        return n(x)
-
-    @torch.no_grad()
-    def __call__(self, ids, hidden, embed_w, lm_w):
-        """Whole-sequence forward: (logits over the full vocabulary, carry)."""
-        t = len(ids)
-        e = F.embedding(torch.tensor(ids), embed_w)[None]
-        pe = self.rope(e, torch.arange(t)[None])
-        if self.eagle3:
-            normed = self._norm("midlayer.hidden_norm.weight", hidden[None])
-            x = torch.cat([self._norm("midlayer.input_layernorm.weight", e), normed], -1)
-            residual = hidden[None]
-        else:
-            x = F.linear(torch.cat([e, hidden[None]], -1), self.w["fc.weight"])
-            residual = x  # layer 0 has no input norm
-        r = self.attn(x, position_embeddings=pe, attention_mask=_causal(t))[0] + residual
-        out = self.mlp(self.post_ln(r)) + r
-        if self.eagle3:
-            logits = F.linear(self._norm("norm.weight", out), self.w["lm_head.weight"])[0]
-            full = torch.full((t, self.cfg.vocab_size), float("-inf"))
-            ids_t = torch.arange(logits.shape[1]) + self.w["d2t"]
-            full[:, ids_t] = logits
-            return full, out[0]
-        return F.linear(out, lm_w)[0], out[0]
 
 
 def _close(a, b):

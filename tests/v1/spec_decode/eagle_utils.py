@@ -282,3 +282,35 @@ class RefDrafter:
             inputs.append(out[-1])
             hidden = torch.cat([hidden, carry[-1:]], dim=0)
         return out, margins
+
+
+def make_bigram_target(out_dir: str, seed: int = 0) -> str:
+    """A one-layer tiny Llama whose attention output is zero and whose final
+    norm weight is one: its next token depends only on the current token."""
+    from tests.utils import make_tiny_model
+
+    make_tiny_model("llama", out_dir, seed=seed, num_hidden_layers=1)
+    path = os.path.join(out_dir, "model.safetensors")
+    w = load_file(path)
+    w["model.layers.0.self_attn.o_proj.weight"].zero_()
+    w["model.norm.weight"].fill_(1.0)
+    save_file(w, path, metadata={"format": "pt"})
+    return out_dir
+
+
+def make_oracle_eagle(target_dir: str, out_dir: str, seed: int = 0) -> str:
+    """An EAGLE-1 head that predicts a `make_bigram_target` model exactly: fc
+    passes the token's embedding through ([I | 0]), attention adds nothing
+    (o_proj zero) and the MLP block is the target's, so its output is the
+    target's pre-norm state for that token; the final RMSNorm (weight one) only
+    scales it, so the shared LM head's argmax is the target's next token."""
+    config = _head_config(_target_config(target_dir), ["LlamaForCausalLM"])
+    gen = torch.Generator().manual_seed(seed)
+    h = config["hidden_size"]
+    tensors = _layer_tensors(gen, config, "layers.0", h)
+    tensors["layers.0.self_attn.o_proj.weight"].zero_()
+    target = load_file(os.path.join(target_dir, "model.safetensors"))
+    for name in ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "post_attention_layernorm"):
+        tensors[f"layers.0.{name}.weight"] = target[f"model.layers.0.{name}.weight"].clone()
+    tensors["fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+    return _save(out_dir, config, tensors)

@@ -135,3 +135,31 @@ def test_eagle3_head_and_target_aux_states_match_reference(dirs):
         out, carry = _run(h, draft, "d", ids[i : i + 1], hidden_states=combined[i : i + 1])
         _close(carry, ref_carry[i : i + 1])
         _close(draft.compute_logits(out), ref_logits[i : i + 1])
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_qwen_targets_output_aux_states(kind, tmp_path):
+    """Qwen2/Qwen3 (Llama's body) hand out the residual stream at each depth."""
+    target_dir = make_tiny_model(kind, str(tmp_path / kind))
+    config = EngineArgs(
+        model=target_dir, dtype="float32", block_size=8, device="cpu"
+    ).create_engine_config()
+    target = get_model(vllm_config=config)
+    assert target.supports_eagle and target.supports_eagle3
+    target.set_aux_hidden_state_layers((0, 1, 2))
+    ids = [5, 17, 3, 99, 42, 7]
+    final, aux = _run(PagedHarness(target, config), target, "t", ids)
+    hf_model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    outs: list[torch.Tensor] = []
+    hooks = [
+        layer.register_forward_hook(lambda m, a, o: outs.append(o[0] if o.dim() == 3 else o))
+        for layer in hf_model.model.layers
+    ]
+    with torch.no_grad():
+        states = hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    for h in hooks:
+        h.remove()
+    # Depth 0: embeddings; depth d: the output of layer d - 1 (pre-norm).
+    for a, want in zip(aux, [states[0][0], *outs]):
+        _close(a, want)
+    _close(final, states[-1][0])

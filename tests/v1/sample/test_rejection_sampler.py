@@ -269,11 +269,6 @@ def test_top_k_limits_recovered_tokens(sampler):
         assert (col[col != P] == best[pos]).all()
 
 
-def test_processed_logprobs_modes_are_refused_by_name():
-    with pytest.raises(NotImplementedError, match="processed_logprobs"):
-        RejectionSampler(Sampler("processed_logprobs"))
-
-
 def test_synthetic_mode_is_refused_by_name():
     class SyntheticConfig:
         rejection_sample_method = "synthetic"

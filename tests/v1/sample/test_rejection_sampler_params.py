@@ -236,6 +236,49 @@ def test_unknown_logits_processor_is_refused(vllm_config):
         RejectionSampler(Sampler())(meta, None, torch.zeros(2, V), md)
 
 
+@pytest.mark.parametrize("mode", ["processed_logprobs", "processed_logits"])
+def test_processed_logprobs_of_emitted_tokens(vllm_config, mode):
+    """Each emitted token's processed logprob (and the top 2) is what the
+    Sampler in that mode reports on its row, with the history it follows."""
+    torch.manual_seed(0)
+    reqs = [
+        ([3, 7], [6, 8], make_params(temperature=0.0, logit_bias={9: 1.0}, presence_penalty=1.0)),
+        ([3, 7], [6], make_params(temperature=0.7, top_k=3, min_tokens=3)),
+        ([3, 7], [6, 8], make_params(temperature=1.3, top_p=0.8, repetition_penalty=1.4)),
+    ]
+    drafts = [DRAFTS, DRAFTS[:2], []]
+    rows = [random_logits(10 + r)[: len(d) + 1] for r, d in enumerate(drafts)]
+    batch, _ = make_batch(vllm_config, reqs)
+    md = batch.sampling_metadata
+    md.max_num_logprobs = 2
+    sampler = RejectionSampler(Sampler(mode))
+    meta = SpecDecodeMetadata.make_dummy(drafts, CPU)
+    out = sampler(meta, None, spec_logits(rows), md)
+    tokens, lp = RejectionSampler.parse_output(
+        out.sampled_token_ids, V, logprobs_tensors=out.logprobs_tensors
+    )
+    assert lp is not None and lp.cu_num_generated_tokens is not None
+    for r, toks in enumerate(tokens):
+        assert toks, r
+        for j, tok in enumerate(toks):
+            one, _ = make_batch(vllm_config, [(reqs[r][0], reqs[r][1] + drafts[r][:j], reqs[r][2])])
+            ref_sampler = Sampler(mode)
+            edited = ref_sampler.apply_logits_processors(
+                rows[r][j : j + 1].clone(), one.sampling_metadata
+            )
+            _, processed = ref_sampler.sample(edited, one.sampling_metadata)
+            assert processed is not None
+            i = lp.cu_num_generated_tokens[r] + j
+            assert lp.logprob_token_ids[i][0] == tok
+            torch.testing.assert_close(
+                lp.logprobs[i][0], processed[0, tok].item(), atol=1e-5, rtol=0
+            )
+            top = processed[0].topk(2)
+            torch.testing.assert_close(
+                torch.tensor(lp.logprobs[i][1:]), top.values, atol=1e-5, rtol=0
+            )
+
+
 # ---- random sampling: per position, the Sampler's distribution -----------------
 
 N = 2000  # identical requests per run

@@ -42,9 +42,12 @@ from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.ops.bad_words import apply_bad_words
 from vllm.v1.sample.ops.draft_positions import (
+    PLACEHOLDER_TOKEN_ID,
     apply_logitsprocs_at_positions,
+    assemble_output,
     bonus_histories,
     bonus_positions,
+    count_accepted,
     draft_positions,
     grid_logits_rows,
     histories_with_drafts,
@@ -55,7 +58,6 @@ from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
-PLACEHOLDER_TOKEN_ID = -1
 # Greedy rows hold a temperature below this (same test as Sampler).
 _SAMPLING_EPS = 1e-5
 # Most draft tokens one request may verify in one step (as upstream).
@@ -81,14 +83,10 @@ class RejectionSampler(nn.Module):
             raise NotImplementedError(
                 f"rejection_sample_method={method!r} is not supported; use 'standard'."
             )
-        mode = sampler.logprobs_mode
-        if mode not in ("raw_logprobs", "raw_logits"):
-            # The processed modes need the processed bonus logits, which our
-            # Sampler does not hand out yet.
-            raise NotImplementedError(
-                f"logprobs_mode={mode!r} is not supported with speculative decoding yet; "
-                "use 'raw_logprobs' or 'raw_logits'."
-            )
+        # processed_*: logprobs of the distribution each token was verified
+        # against / sampled from (after processors, penalties, temperature,
+        # min-p, top-k/top-p), as the Sampler reports them.
+        self.is_processed_logprobs_mode = sampler.logprobs_mode.startswith("processed")
 
     def forward(
         self,
@@ -104,7 +102,7 @@ class RejectionSampler(nn.Module):
                 f"max_spec_len {metadata.max_spec_len} exceeds MAX_SPEC_LEN {MAX_SPEC_LEN}."
             )
         md = sampling_metadata
-        bonus_token_ids = self._sample_bonus(logits, metadata, md)
+        bonus_token_ids, bonus_processed = self._sample_bonus(logits, metadata, md)
 
         target_logits = logits.index_select(0, metadata.target_logits_indices.long()).to(
             torch.float32
@@ -124,6 +122,9 @@ class RejectionSampler(nn.Module):
         )
         logprobs_tensors = None
         if md.max_num_logprobs is not None:
+            if self.is_processed_logprobs_mode:
+                assert bonus_processed is not None
+                logits = self._processed_rows(logits, metadata, target_logits, bonus_processed)
             logprobs_tensors = self._get_logprobs_tensors(
                 md.max_num_logprobs, metadata, logits, output_token_ids
             )
@@ -131,10 +132,12 @@ class RejectionSampler(nn.Module):
 
     def _sample_bonus(
         self, logits: torch.Tensor, metadata: SpecDecodeMetadata, md: SamplingMetadata
-    ) -> torch.Tensor:
-        """[batch, 1]: the ordinary Sampler on each request's bonus row, which
-        follows all its drafts: logit_bias / min_tokens are placed at
-        position n_r here, penalties and bad words see outputs + drafts."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """([batch, 1] int32, processed [batch, V] or None): the ordinary
+        Sampler on each request's bonus row, which follows all its drafts:
+        logit_bias / min_tokens are placed at position n_r here, penalties
+        and bad words see outputs + drafts. `processed` (processed_* logprobs
+        modes only) is what the Sampler would report for that row."""
         # index_select copies (and is much faster than logits[idx] on CPU),
         # so the rows can be edited in place.
         bonus_logits = logits.index_select(0, metadata.bonus_logits_indices.long())
@@ -151,7 +154,30 @@ class RejectionSampler(nn.Module):
             changes["logitsprocs"] = LogitsProcessors(procs.argmax_invariant)
         if (not md.no_penalties or md.bad_words_token_ids) and metadata.max_spec_len > 0:
             changes["output_token_ids"] = bonus_histories(md.output_token_ids, metadata)
-        return self.sampler(bonus_logits, replace(md, **changes)).sampled_token_ids
+        bonus_md = replace(md, **changes)
+        # Sampler.forward without its logprobs: its processed rows are kept.
+        bonus_logits = self.sampler.apply_logits_processors(
+            bonus_logits.to(torch.float32), bonus_md
+        )
+        sampled, processed = self.sampler.sample(bonus_logits, bonus_md)
+        return sampled.to(torch.int32).unsqueeze(-1), processed
+
+    def _processed_rows(
+        self,
+        logits: torch.Tensor,  # [num_tokens + batch, V]: the layout of the grid rows
+        metadata: SpecDecodeMetadata,
+        target_logits: torch.Tensor,  # [num_tokens, V] processed
+        bonus_processed: torch.Tensor,  # [batch, V] in the mode's form already
+    ) -> torch.Tensor:
+        """The processed values in the rows of `logits` (draft rows from the
+        processed target logits, bonus rows from the Sampler), so the raw
+        path below picks each cell's row; logprobs are already normalised."""
+        rows = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+        if self.sampler.logprobs_mode == "processed_logprobs":
+            target_logits = self.sampler.compute_logprobs(target_logits)
+        rows.index_copy_(0, metadata.target_logits_indices.long(), target_logits)
+        rows.index_copy_(0, metadata.bonus_logits_indices.long(), bonus_processed.float())
+        return rows
 
     def _get_logprobs_tensors(
         self,
@@ -160,9 +186,10 @@ class RejectionSampler(nn.Module):
         logits: torch.Tensor,
         output_token_ids: torch.Tensor,
     ) -> LogprobsTensors:
-        """Logprobs (raw modes) for every cell of the [batch, max_spec_len + 1]
-        output, flattened row-major; placeholder cells get token 0 and are
-        dropped by parse_output."""
+        """Logprobs for every cell of the [batch, max_spec_len + 1] output,
+        flattened row-major; placeholder cells get token 0 and are dropped by
+        parse_output. `logits`: raw, or the processed rows (already in the
+        mode's form)."""
         width = output_token_ids.shape[1]
         rows = grid_logits_rows(metadata, width)  # [batch, width]
         cell_logits = logits.index_select(0, rows.flatten()).to(torch.float32)
@@ -364,7 +391,7 @@ def rejection_sample(
             accepted = torch.where(per_token, rand_accepted, accepted)
     n = torch.tensor(num_draft_tokens, dtype=torch.long, device=device)
     start = cu_num_draft_tokens.long() - n
-    num_accepted = _count_accepted(accepted, n, start, max_spec_len)
+    num_accepted = count_accepted(accepted, n, start, max_spec_len)
     if random_rows is not None:
         # The first rejected position of each random request gets a recovered token.
         reqs = torch.nonzero(random_rows & (num_accepted < n)).squeeze(1)
@@ -375,53 +402,6 @@ def rejection_sample(
             )
             replacement = target_argmax.clone()
             replacement[rows] = recovered.to(replacement.dtype)
-    return _assemble(draft, replacement, bonus_token_ids, n, start, num_accepted, max_spec_len)
-
-
-def _grid_indices(n: torch.Tensor, start: torch.Tensor, max_spec_len: int, num_tokens: int):
-    """pos [S], in_range [batch, S] and the flat index [batch, S] of each cell."""
-    pos = torch.arange(max_spec_len, device=n.device)
-    in_range = pos < n.unsqueeze(1)
-    tok = (start.unsqueeze(1) + pos).clamp(max=max(num_tokens - 1, 0))
-    return pos, in_range, tok
-
-
-def _count_accepted(
-    accepted: torch.Tensor,  # [num_tokens] bool
-    n: torch.Tensor,  # [batch] drafts per request
-    start: torch.Tensor,  # [batch] first flat index of each request
-    max_spec_len: int,
-) -> torch.Tensor:
-    """[batch]: drafts accepted before the first rejection."""
-    if accepted.numel() == 0:
-        return torch.zeros_like(n)
-    _, in_range, tok = _grid_indices(n, start, max_spec_len, accepted.numel())
-    grid = accepted[tok] | ~in_range  # padding counts as accepted
-    return torch.minimum(grid.long().cumprod(dim=1).sum(dim=1), n)
-
-
-def _assemble(
-    draft: torch.Tensor,  # [num_tokens]
-    replacement: torch.Tensor,  # [num_tokens]
-    bonus_token_ids: torch.Tensor,  # [batch, 1]
-    n: torch.Tensor,  # [batch]
-    start: torch.Tensor,  # [batch]
-    num_accepted: torch.Tensor,  # [batch]
-    max_spec_len: int,
-) -> torch.Tensor:
-    """The [batch, max_spec_len + 1] grid: accepted drafts, then the
-    replacement at the first rejection (or the bonus when none was
-    rejected), then placeholders."""
-    batch = n.shape[0]
-    out = torch.full(
-        (batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=n.device
+    return assemble_output(
+        draft, replacement, bonus_token_ids, n, start, num_accepted, max_spec_len
     )
-    if draft.numel() > 0:
-        pos, in_range, tok = _grid_indices(n, start, max_spec_len, draft.numel())
-        keep = pos < num_accepted.unsqueeze(1)
-        reject_here = (pos == num_accepted.unsqueeze(1)) & in_range
-        filler = torch.where(reject_here, replacement[tok], PLACEHOLDER_TOKEN_ID)
-        out[:, :max_spec_len] = torch.where(keep, draft[tok], filler).to(torch.int32)
-    rows = torch.nonzero(num_accepted == n).squeeze(1)
-    out[rows, n[rows]] = bonus_token_ids.view(-1)[rows].to(torch.int32)
-    return out

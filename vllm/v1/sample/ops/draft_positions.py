@@ -12,6 +12,9 @@ that depends on the history sees r's outputs plus d_0..d_{j-1}:
 history is the one the emitted token really follows). Position-independent
 edits (allowed_token_ids, logit_bias, temperature...) just repeat the
 request's row; penalties, bad words and min_tokens read the position.
+
+The verifier's output grid is [batch, max_spec_len + 1]: cell (r, j) is
+request r's j-th emitted token or PLACEHOLDER_TOKEN_ID (`assemble_output`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from vllm.v1.sample.logits_processor import (
     SparseCellsLogitsProcessor,
 )
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+PLACEHOLDER_TOKEN_ID = -1
 
 
 def repeat_indices(num_draft_tokens: list[int], device: torch.device) -> torch.Tensor:
@@ -109,3 +114,52 @@ def apply_logitsprocs_at_positions(
             raise ValueError(STR_SPEC_DEC_REJECTS_LOGITSPROCS)
         logits = processor.apply_at_positions(logits, req, pos)
     return logits
+
+
+def grid_indices(n: torch.Tensor, start: torch.Tensor, max_spec_len: int, num_tokens: int):
+    """pos [S], in_range [batch, S] and the flat index [batch, S] of each cell."""
+    pos = torch.arange(max_spec_len, device=n.device)
+    in_range = pos < n.unsqueeze(1)
+    tok = (start.unsqueeze(1) + pos).clamp(max=max(num_tokens - 1, 0))
+    return pos, in_range, tok
+
+
+def count_accepted(
+    accepted: torch.Tensor,  # [num_tokens] bool
+    n: torch.Tensor,  # [batch] drafts per request
+    start: torch.Tensor,  # [batch] first flat index of each request
+    max_spec_len: int,
+) -> torch.Tensor:
+    """[batch]: drafts accepted before the first rejection."""
+    if accepted.numel() == 0:
+        return torch.zeros_like(n)
+    _, in_range, tok = grid_indices(n, start, max_spec_len, accepted.numel())
+    grid = accepted[tok] | ~in_range  # padding counts as accepted
+    return torch.minimum(grid.long().cumprod(dim=1).sum(dim=1), n)
+
+
+def assemble_output(
+    draft: torch.Tensor,  # [num_tokens]
+    replacement: torch.Tensor,  # [num_tokens]
+    bonus_token_ids: torch.Tensor,  # [batch, 1]
+    n: torch.Tensor,  # [batch]
+    start: torch.Tensor,  # [batch]
+    num_accepted: torch.Tensor,  # [batch]
+    max_spec_len: int,
+) -> torch.Tensor:
+    """The [batch, max_spec_len + 1] grid: accepted drafts, then the
+    replacement at the first rejection (or the bonus when none was
+    rejected), then placeholders."""
+    batch = n.shape[0]
+    out = torch.full(
+        (batch, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=n.device
+    )
+    if draft.numel() > 0:
+        pos, in_range, tok = grid_indices(n, start, max_spec_len, draft.numel())
+        keep = pos < num_accepted.unsqueeze(1)
+        reject_here = (pos == num_accepted.unsqueeze(1)) & in_range
+        filler = torch.where(reject_here, replacement[tok], PLACEHOLDER_TOKEN_ID)
+        out[:, :max_spec_len] = torch.where(keep, draft[tok], filler).to(torch.int32)
+    rows = torch.nonzero(num_accepted == n).squeeze(1)
+    out[rows, n[rows]] = bonus_token_ids.view(-1)[rows].to(torch.int32)
+    return out

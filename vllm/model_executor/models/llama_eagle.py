@@ -195,12 +195,18 @@ def shared_from_target(model: nn.Module) -> set[str]:
     return names
 
 
+def _base_layer(module: Any) -> Any:
+    """The plain layer under a LoRA wrapper: the head drafts with the base
+    model's table (its drafts are verified by the target under its adapter)."""
+    return getattr(module, "base_layer", module)
+
+
 def share_target_embeddings(head: nn.Module, target: nn.Module) -> bool:
     """Give an EAGLE head the target's input embedding when its checkpoint
     had none (upstream shares the module). Returns whether it was shared."""
     if getattr(head, "has_own_embed_tokens", False):
         return False
-    embed = getattr(getattr(target, "model", None), "embed_tokens", None)
+    embed = _base_layer(getattr(getattr(target, "model", None), "embed_tokens", None))
     if not isinstance(embed, VocabParallelEmbedding):
         raise ValueError(
             f"The EAGLE head has no embed_tokens and the target {type(target).__name__} "
@@ -216,7 +222,7 @@ def share_target_lm_head(head: nn.Module, target: nn.Module) -> bool:
     was shared."""
     if getattr(head, "has_own_lm_head", False):
         return False
-    lm_head = getattr(target, "lm_head", None)
+    lm_head = _base_layer(getattr(target, "lm_head", None))
     own: Any = head.lm_head
     # Shapes from the attributes: a loaded CPU head keeps only its packed weight.
     shape = (own.org_vocab_size, own.embedding_dim)

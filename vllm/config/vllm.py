@@ -340,6 +340,11 @@ class VllmConfig:
                 "speculative_config with pipeline_parallel_size > 1: speculative decoding "
                 "with pipeline parallelism is not built yet."
             )
+        if getattr(self.model_config, "runner_type", None) == "pooling":
+            raise NotImplementedError(
+                "speculative_config with a pooling model (runner='pooling'): pooling "
+                "requests sample no tokens to speculate on."
+            )
 
     def _speculative_async_rule(self) -> None:
         """Async scheduling under speculative decoding (upstream's rule for

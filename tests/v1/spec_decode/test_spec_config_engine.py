@@ -63,9 +63,11 @@ def test_unbuilt_method_or_option_is_named(tiny_model_dir, extra, match):
         _config(tiny_model_dir("llama"), speculative_config={**NGRAM, **extra})
 
 
-def test_pipeline_parallel_speculation_is_refused(tiny_model_dir):
+def test_pipeline_parallel_or_pooling_speculation_is_refused(tiny_model_dir):
     with pytest.raises(NotImplementedError, match="pipeline_parallel_size > 1"):
         _config(tiny_model_dir("llama"), speculative_config=NGRAM, pipeline_parallel_size=2)
+    with pytest.raises(NotImplementedError, match="speculative_config with a pooling model"):
+        _config(tiny_model_dir("llama"), speculative_config=NGRAM, runner="pooling")
 
 
 def test_v2_default_falls_back_to_v1_with_upstreams_warning(tiny_model_dir, monkeypatch, warnings):

@@ -700,11 +700,10 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         seq_lens = bufs.seq_lens.np[:num_reqs]
         np.add(batch.num_computed_tokens_cpu[:num_reqs], num_scheduled, out=seq_lens)
 
-        has_lora = False
-        if self.lora_config is not None:
-            # Before every forward: the step's token -> adapter mapping.
-            self.set_active_loras(batch, num_scheduled)
-            has_lora = bool(batch.lora_id_to_lora_request)
+        spec_step, has_lora = self._spec_step_and_loras(
+            scheduler_output, num_scheduled, cu_num_tokens, bufs.input_ids.np[:total]
+        )
+        spec_metadata = spec_step.metadata if spec_step is not None else None
         padded = self.cudagraph_manager.dispatch(num_scheduled, total, has_lora)
         attn_metadata = bufs.commit(padded, batch, self.attn_groups)
         if self.async_sampled_tokens is not None:
@@ -712,20 +711,39 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             self.async_sampled_tokens.scatter_into_input_ids(
                 batch.req_ids, bufs.input_ids.np, bufs.input_ids.gpu, cu_num_tokens
             )
-        logits_indices = bufs.query_start_loc.gpu[1 : num_reqs + 1].to(torch.int64) - 1
-        spec_step = None
-        if self.spec_decoder is not None:
-            spec_step = self.spec_decoder.step_inputs(
-                batch,
-                scheduler_output.scheduled_spec_decode_tokens,
-                num_scheduled,
-                cu_num_tokens,
-                bufs.input_ids.np[:total],
-            )
-            if spec_step.metadata is not None:  # draft rows and bonus rows
-                logits_indices = spec_step.metadata.logits_indices
+        if spec_metadata is not None:  # each drafting request's draft and bonus rows
+            logits_indices = spec_metadata.logits_indices
+        else:
+            logits_indices = bufs.query_start_loc.gpu[1 : num_reqs + 1].to(torch.int64) - 1
         # A request whose tokens are not all computed after this step is still
         # in its prefill: the token sampled for it is not a real output.
         # (num_tokens counts no drafts: a row with drafts always samples.)
         discard_mask = seq_lens < batch.num_tokens[:num_reqs]
         return PreparedInputs(attn_metadata, logits_indices, discard_mask, padded, spec_step)
+
+    def _spec_step_and_loras(
+        self,
+        scheduler_output: SchedulerOutput,
+        num_scheduled: np.ndarray,
+        cu_num_tokens: np.ndarray,
+        input_ids: np.ndarray,
+    ) -> tuple[SpecStep | None, bool]:
+        """The step's drafts (with a drafter) and, with LoRA, the token ->
+        adapter and logits row -> adapter mappings (a drafting request has
+        its draft rows and its bonus row); whether any adapter is active."""
+        spec_step = None
+        if self.spec_decoder is not None:
+            spec_step = self.spec_decoder.step_inputs(
+                self.input_batch,
+                scheduler_output.scheduled_spec_decode_tokens,
+                num_scheduled,
+                cu_num_tokens,
+                input_ids,
+            )
+        if self.lora_config is None:
+            return spec_step, False
+        num_sampled = None
+        if spec_step is not None and spec_step.metadata is not None:
+            num_sampled = spec_step.num_draft_tokens + 1
+        self.set_active_loras(self.input_batch, num_scheduled, num_sampled)
+        return spec_step, bool(self.input_batch.lora_id_to_lora_request)

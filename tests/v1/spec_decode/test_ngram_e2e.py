@@ -53,10 +53,11 @@ class _Stats:
     def __init__(self) -> None:
         self.steps: list[SpecDecodingStats] = []
         self.num_resumed = 0  # requests resumed after a preemption
+        self.num_mixed = 0  # steps verifying drafts next to a prefill chunk
 
     def clear(self) -> None:
         self.steps.clear()
-        self.num_resumed = 0
+        self.num_resumed = self.num_mixed = 0
 
     def total(self, name: str) -> int:
         return sum(getattr(s, name) for s in self.steps)
@@ -70,6 +71,11 @@ def stats() -> Iterator[_Stats]:
     def spy(self, scheduler_output, model_runner_output):
         outputs = real(self, scheduler_output, model_runner_output)
         recorded.num_resumed += len(scheduler_output.scheduled_cached_reqs.resumed_req_ids)
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        chunk = any(
+            n > 1 + len(spec.get(r, ())) for r, n in scheduler_output.num_scheduled_tokens.items()
+        )
+        recorded.num_mixed += bool(spec) and chunk
         for out in outputs.values():
             sched_stats = out.scheduler_stats
             if sched_stats is not None and sched_stats.spec_decoding_stats is not None:
@@ -116,6 +122,7 @@ def test_greedy_identical_and_drafts_accepted(base_llm, spec_llm, stats):
     emitted = sum(len(t) for t in expected)
     # Fewer verification steps than tokens: some steps emitted several.
     assert stats.total("num_drafts") < emitted
+    assert stats.num_mixed > 0  # drafts verified in steps with prefill chunks
 
 
 def test_prefix_cache_hit_keeps_outputs(base_llm, spec_llm):

@@ -19,6 +19,12 @@ One step is two calls, as upstream:
       with async scheduling an AsyncGPUModelRunnerOutput instead, and the
       tokens reach the next step's inputs on the device
       (AsyncSampledTokens, vllm/v1/worker/async_sampled_tokens.py)
+
+Speculative decoding (sync scheduling only) is the SpeculativeDecoder of
+vllm/v1/worker/spec_decode_utils.py: the scheduled drafts join the step's
+inputs, the logits hold each drafting request's draft rows and bonus row,
+the rejection sampler emits a variable number of tokens per request, and
+the next drafts are proposed after the step's bookkeeping.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ if TYPE_CHECKING:
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.core.sched.output import GrammarOutput, NewRequestData, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 logger = init_logger(__name__)
 
@@ -406,7 +413,8 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             return None
         self.execute_model_state = None
         if grammar_output is not None and state.logits is not None:
-            # Logits row i is self.input_batch.req_ids[i].
+            # Rows in batch order, one per request (with drafts: its draft
+            # rows, then its bonus row).
             apply_grammar_bitmask(
                 state.scheduler_output, grammar_output, self.input_batch, state.logits
             )
@@ -420,16 +428,8 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             )
             return None
         batch = self.input_batch
-        assert state.hidden_states is not None  # the last stage has both
-        spec_metadata = state.spec_step.metadata if state.spec_step is not None else None
-        if spec_metadata is not None:  # drafts to verify
-            assert self.spec_decoder is not None
-            output = self.spec_decoder.verify(
-                batch, spec_metadata, state.logits, state.discard_mask
-            )
-            output.prompt_logprobs_dict = self._prompt_logprobs(state)
-            self._propose_drafts(state, output.sampled_token_ids)
-            return output
+        if state.spec_step is not None and state.spec_step.metadata is not None:
+            return self._verify_drafts(state, state.spec_step.metadata, state.logits)
         sampler_output = self._sample(state.logits, state.discard_mask)
         prompt_logprobs_dict = self._prompt_logprobs(state)
         if self.async_sampled_tokens is not None:
@@ -444,6 +444,17 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             sampler_output.sampled_token_ids, sampler_output.logprobs_tensors, state.discard_mask
         )
         output.prompt_logprobs_dict = prompt_logprobs_dict
+        self._propose_drafts(state, output.sampled_token_ids)
+        return output
+
+    def _verify_drafts(
+        self, state: ExecuteModelState, metadata: SpecDecodeMetadata, logits: torch.Tensor
+    ) -> ModelRunnerOutput:
+        """The step verified drafts: the rejection sampler's tokens go into
+        the batch, then the next drafts are proposed."""
+        assert self.spec_decoder is not None
+        output = self.spec_decoder.verify(self.input_batch, metadata, logits, state.discard_mask)
+        output.prompt_logprobs_dict = self._prompt_logprobs(state)
         self._propose_drafts(state, output.sampled_token_ids)
         return output
 

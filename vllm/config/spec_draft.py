@@ -178,6 +178,16 @@ def resolve_eagle_draft(
     draft.hf_text_config = get_text() if get_text else draft.hf_config
     draft.architectures = renamed
     draft.hf_config.architectures = renamed
+    # The head sees the target's positions: its rotary cache must cover them.
+    head_positions = getattr(draft.hf_config, "max_position_embeddings", None)
+    if head_positions is not None and head_positions < target.max_model_len:
+        logger.info(
+            "Overriding draft model max_position_embeddings from %d to the target model's "
+            "max_model_len (%d); EAGLE drafts share the target's positional space.",
+            head_positions,
+            target.max_model_len,
+        )
+        draft.hf_config.max_position_embeddings = target.max_model_len
     target_cls, target_arch = ModelRegistry.resolve_model_cls(target.architectures, target)
     flag = "supports_eagle3" if method == "eagle3" else "supports_eagle"
     if not getattr(target_cls, flag, False):

@@ -139,15 +139,21 @@ def make_tiny_eagle3(
     draft_vocab_size: int | None = None,
     aux_layer_ids: list[int] | None = None,
     with_embed_tokens: bool = False,
+    use_aux_hidden_state: bool = True,
+    **config_overrides,
 ) -> str:
     """A random EAGLE-3 head for the target at `target_dir`; a smaller
     `draft_vocab_size` writes d2t/t2d; `aux_layer_ids` goes to the config as
-    eagle_aux_hidden_state_layer_ids. Returns out_dir."""
+    eagle_aux_hidden_state_layer_ids; use_aux_hidden_state=False writes
+    eagle_config {"use_aux_hidden_state": false} and no fc (the head reads the
+    target's last hidden states). Returns out_dir."""
     target = _target_config(target_dir)
     extra: dict = {"draft_vocab_size": draft_vocab_size or target["vocab_size"]}
     if aux_layer_ids is not None:
         extra["eagle_aux_hidden_state_layer_ids"] = list(aux_layer_ids)
-    config = _head_config(target, ["LlamaForCausalLMEagle3"], **extra)
+    if not use_aux_hidden_state:
+        extra["eagle_config"] = {"use_aux_hidden_state": False}
+    config = _head_config(target, ["LlamaForCausalLMEagle3"], **extra, **config_overrides)
     gen = torch.Generator().manual_seed(seed)
     h, vocab = config["hidden_size"], config["vocab_size"]
     n_aux = len(aux_layer_ids) if aux_layer_ids else 3
@@ -159,6 +165,8 @@ def make_tiny_eagle3(
         "lm_head.weight": _rand(gen, config["draft_vocab_size"], h, scale=0.5),
     }
     tensors.update(_layer_tensors(gen, config, "midlayer", 2 * h))
+    if not use_aux_hidden_state:
+        del tensors["fc.weight"]
     if config["draft_vocab_size"] != vocab:
         tensors["d2t"], tensors["t2d"] = draft_vocab_map(vocab, config["draft_vocab_size"], seed)
     if with_embed_tokens:
@@ -225,7 +233,8 @@ class RefHead:
         if self.eagle3:
             logits = F.linear(self._norm("norm.weight", out), self.w["lm_head.weight"])[0]
             full = torch.full((t, self.cfg.vocab_size), float("-inf"))
-            ids_t = torch.arange(logits.shape[1]) + self.w["d2t"]
+            d2t = self.w.get("d2t", torch.zeros(logits.shape[1], dtype=torch.int64))
+            ids_t = torch.arange(logits.shape[1]) + d2t
             full[:, ids_t] = logits
             return full, out[0]
         return F.linear(out, lm_w)[0], out[0]
@@ -262,7 +271,7 @@ class RefDrafter:
         finally:
             for h in hooks:
                 h.remove()
-        if self.method == "eagle":
+        if self.method == "eagle" or "fc.weight" not in self.head.w:
             return res.hidden_states[-1][0]
         streams = [res.hidden_states[0][0]] + [o[0] if o.dim() == 3 else o for o in outs]
         cat = torch.cat([streams[d] for d in self.aux_ids], dim=-1)

@@ -36,11 +36,17 @@ def dirs(tmp_path_factory):
         target = make_tiny_model(kind, str(tmp_path_factory.mktemp(kind)))
         out[kind] = target
         out[f"{kind}-eagle"] = make_tiny_eagle(target, str(tmp_path_factory.mktemp("e1")))
+    # max_position_embeddings below the positions drafted: raised to the
+    # target's max_model_len at start-up (else its rotary cache overflows).
     out["llama-eagle3"] = make_tiny_eagle3(
         out["llama"],
         str(tmp_path_factory.mktemp("e3")),
         draft_vocab_size=256,
         aux_layer_ids=AUX_IDS,
+        max_position_embeddings=32,
+    )
+    out["qwen2-eagle3-noaux"] = make_tiny_eagle3(
+        out["qwen2"], str(tmp_path_factory.mktemp("e3n")), use_aux_hidden_state=False
     )
     return out
 
@@ -100,6 +106,7 @@ def _record_drafts(monkeypatch) -> list[tuple[list[int], list[int]]]:
         ("llama", "eagle", "llama-eagle"),
         ("llama", "eagle3", "llama-eagle3"),
         ("qwen2", "eagle", "qwen2-eagle"),
+        ("qwen2", "eagle3", "qwen2-eagle3-noaux"),
     ],
 )
 def test_greedy_identical_and_drafts_match_reference(

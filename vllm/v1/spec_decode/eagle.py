@@ -45,8 +45,15 @@ class EagleProposer(SpecDecodeBaseProposer):
                 f"{self.method} speculative decoding with pipeline_parallel_size > 1 "
                 "is not supported."
             )
-        # Upstream's flag: the runner must hand out the target's aux states.
-        self.eagle3_use_aux_hidden_state = self.method == "eagle3"
+        # Upstream's flag: the target hands out its aux states (an EAGLE-3 head
+        # may opt out in its eagle_config and read the last hidden states).
+        self.eagle3_use_aux_hidden_state = self.method == "eagle3" and self._head_uses_aux()
+
+    def _head_uses_aux(self) -> bool:
+        draft = self.speculative_config.draft_model_config
+        assert draft is not None
+        eagle_config = getattr(draft.hf_config, "eagle_config", None) or {}
+        return bool(eagle_config.get("use_aux_hidden_state", True))
 
     # ---- loading -------------------------------------------------------------------
     def _get_model(self) -> nn.Module:
@@ -60,7 +67,7 @@ class EagleProposer(SpecDecodeBaseProposer):
 
     def load_model(self, target_model: nn.Module) -> None:
         super().load_model(target_model)
-        if self.method == "eagle3":
+        if self.eagle3_use_aux_hidden_state:
             self._set_target_aux_layers(target_model)
 
     def _set_target_aux_layers(self, target_model: nn.Module) -> None:
@@ -123,7 +130,7 @@ class EagleProposer(SpecDecodeBaseProposer):
         (EAGLE-3: its aux states, concatenated [T, A*H], folded by fc)."""
         head: Any = self.model
         index = torch.from_numpy(plan.step_token_index.astype(np.int64))
-        if self.method == "eagle3":
+        if self.eagle3_use_aux_hidden_state:
             aux = inputs.aux_hidden_states
             if not aux:
                 raise RuntimeError("EAGLE-3 drafting needs the target's auxiliary hidden states.")

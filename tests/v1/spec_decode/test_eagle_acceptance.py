@@ -103,3 +103,46 @@ def test_oracle_head_tp2(models, reference, monkeypatch):
     with _llm(models[0], spec, tensor_parallel_size=2) as llm:
         assert _generate(llm)[0] == reference
     assert counts[0] > 0 and counts[1] == counts[0], counts
+
+
+def test_structured_outputs_stay_valid_with_eagle_drafts(models, monkeypatch):
+    """JSON-schema requests, greedy and seeded random, with EAGLE drafts:
+    every output parses against the schema. The oracle drafts the target's
+    unconstrained argmax, which the grammar rejects: the scheduler must cut
+    those drafts (grammar.validate_tokens) before they are verified."""
+    import json
+
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    proposed: list[int] = []
+    real = EagleProposer.propose
+
+    def spy(self, inputs):
+        drafts = real(self, inputs)
+        proposed.extend(len(d) for d in drafts)
+        return drafts
+
+    monkeypatch.setattr(EagleProposer, "propose", spy)
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0}},
+        "required": ["ok", "n"],
+        "additionalProperties": False,
+    }
+    so = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    params = [
+        SamplingParams(temperature=t, seed=s, max_tokens=60, structured_outputs=so)
+        for t, s in [(0.0, None), (0.8, 1), (1.2, 2)]
+    ]
+    spec = {"method": "eagle", "model": models[1], "num_speculative_tokens": K}
+    with _llm(models[0], spec) as llm:
+        prompt = llm.get_tokenizer().encode('{"ok":true,"n":7}\n' * 4, add_special_tokens=False)
+        outs = llm.generate([{"prompt_token_ids": prompt}] * 3, params, use_tqdm=False)
+    for out in outs:
+        text = out.outputs[0].text
+        assert out.outputs[0].finish_reason == "stop", text
+        obj = json.loads(text)
+        assert set(obj) == {"ok", "n"} and isinstance(obj["ok"], bool), obj
+        assert type(obj["n"]) is int and obj["n"] >= 0, obj
+    assert sum(proposed) > 0  # the head drafted; the grammar decided what was verified

@@ -192,3 +192,38 @@ def test_eagle3_aux_depths_checked_at_load(dirs, tmp_path, monkeypatch):
     spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 2}
     with pytest.raises(Exception, match=r"3 distinct auxiliary hidden states at depths 0..2"):
         _llm(dirs["llama"], spec)
+
+
+def test_eagle3_tp2_greedy_identical(dirs, baseline, monkeypatch):
+    """Target and EAGLE-3 head both at TP=2 (multiprocess workers): the aux
+    states are the replicated residual stream, the draft vocabulary's logits
+    are gathered before the d2t scatter."""
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    drafted: list[int] = []
+    real = SpecDecodingStats.observe_draft
+
+    def spy(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        drafted.append(num_draft_tokens)
+        real(self, num_draft_tokens, num_accepted_tokens)
+
+    monkeypatch.setattr(SpecDecodingStats, "observe_draft", spy)
+    spec = {"method": "eagle3", "model": dirs["llama-eagle3"], "num_speculative_tokens": K}
+    llm = LLM(
+        model=dirs["llama"],
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=256,
+        max_num_batched_tokens=32,
+        max_num_seqs=4,
+        block_size=16,
+        tensor_parallel_size=2,
+        speculative_config=spec,
+        disable_log_stats=False,
+    )
+    try:
+        assert _generate(llm) == baseline["llama"]
+    finally:
+        llm.llm_engine.shutdown()
+    assert sum(drafted) > 0  # the workers' drafts were verified

@@ -227,3 +227,18 @@ def test_eagle3_tp2_greedy_identical(dirs, baseline, monkeypatch):
     finally:
         llm.llm_engine.shutdown()
     assert sum(drafted) > 0  # the workers' drafts were verified
+
+
+def test_eagle_rename_leaves_the_cached_checkpoint_config_alone(dirs):
+    """The EAGLE rename (LlamaForCausalLM -> EagleLlamaForCausalLM) works on a
+    copy: get_config caches the checkpoint's config per path, and a second
+    engine config (or a draft_model config of the same checkpoint) must see
+    the checkpoint's own architectures."""
+    from vllm.transformers_utils.config import get_config
+
+    for _ in range(2):
+        spec = {"method": "eagle", "model": dirs["llama-eagle"], "num_speculative_tokens": 2}
+        draft = _engine_config(dirs["llama"], spec).speculative_config.draft_model_config
+        assert draft.architectures == ["EagleLlamaForCausalLM"]
+        assert draft.hf_config.architectures == ["EagleLlamaForCausalLM"]
+    assert get_config(dirs["llama-eagle"], False, None).architectures == ["LlamaForCausalLM"]

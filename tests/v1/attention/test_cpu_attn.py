@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -119,7 +121,7 @@ class _Batch:
         return q, k, v, cm
 
 
-def _run(batch, head_size, num_heads, window=None, soft_cap=None):
+def _run(batch, head_size, num_heads, window=None, soft_cap=None, vllm_config=None, md_out=None):
     spec = FullAttentionSpec(
         block_size=batch.block_size,
         num_kv_heads=NUM_KV_HEADS,
@@ -127,7 +129,7 @@ def _run(batch, head_size, num_heads, window=None, soft_cap=None):
         dtype=torch.float32,
     )
     builder = CPUAttentionBackend.get_builder_cls()(
-        spec, ["layer"], VllmConfig(), torch.device("cpu")
+        spec, ["layer"], vllm_config or VllmConfig(), torch.device("cpu")
     )
     scale = head_size**-0.5
     impl = CPUAttentionBackend.get_impl_cls()(
@@ -135,6 +137,8 @@ def _run(batch, head_size, num_heads, window=None, soft_cap=None):
     )
     q, k, v, cm = batch.step_inputs()
     md = builder.build(common_prefix_len=0, common_attn_metadata=cm)
+    if md_out is not None:
+        md_out.append(md)
     out = impl.forward(None, q, k, v, batch.kv_cache, md, output=torch.empty_like(q))
     return out, scale, cm
 
@@ -213,3 +217,62 @@ def test_kv_cache_shape_and_builder_contract():
     assert CPUAttentionBackend.get_builder_cls().reorder_batch_threshold == 1
     with pytest.raises(NotImplementedError):
         CPUAttentionBackend.get_impl_cls()(4, 64, 0.1, 2, kv_cache_dtype="fp8")
+
+
+def _spec_config(num_speculative_tokens):
+    """A VllmConfig whose speculative_config asks for k drafts (only the field
+    the builder reads: no model needed)."""
+    config = VllmConfig()
+    config.speculative_config = SimpleNamespace(  # type: ignore[assignment]
+        num_speculative_tokens=num_speculative_tokens
+    )
+    return config
+
+
+# Verify rows of 1 + k = 4 query tokens (drafts), short prompts / chunks of at
+# most 4 tokens (attended as decode rows too), then real prefills.
+SPEC_BATCH = [
+    (37, 4),  # 3 drafts inside a block
+    (14, 4),  # the drafts open a new block (block_size 16)
+    (30, 1),  # no drafts this step
+    (0, 3),  # a 3-token prompt: decode rows with num_computed 0
+    (61, 2),  # 1 draft crossing a block boundary
+    (0, 23),  # fresh prefill
+    (45, 30),  # chunk after a ragged prefix
+]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("gqa", [1, 4])
+def test_spec_as_decode_matches_dense(compiled, window, gqa, monkeypatch):
+    """With speculation the builder keeps rows of up to 1 + k query tokens as
+    decodes and expands each into one decode row per query token; every
+    token's output must equal dense causal attention (and the torch decode
+    path must agree with the compiled kernel)."""
+    if compiled and not cpu_attn.ops.cpu_ops_available():
+        pytest.skip("compiled CPU attention ops not built")
+    monkeypatch.setattr(cpu_attn.ops, "cpu_ops_available", lambda: compiled)
+    num_heads = NUM_KV_HEADS * gqa
+    batch = _Batch(SPEC_BATCH, 64, num_heads, 16, num_pad_tokens=2, seed=4)
+    mds: list = []
+    out, scale, _ = _run(
+        batch, 64, num_heads, window=window, vllm_config=_spec_config(3), md_out=mds
+    )
+    md = mds[0]
+    # 5 requests of <= 4 tokens are decodes: 4 + 4 + 1 + 3 + 2 = 14 decode rows.
+    assert (md.num_decodes, md.num_decode_tokens, md.num_prefills) == (5, 14, 2)
+    assert md.decode_seq_lens_cpu.tolist() == [
+        38, 39, 40, 41, 15, 16, 17, 18, 31, 1, 2, 3, 62, 63
+    ]  # fmt: skip
+    assert torch.equal(md.decode_block_table[4], md.block_table[1])
+    _check(batch, out, scale, window, None)
+    _check_cache_written(batch)
+
+
+def test_spec_threshold_follows_num_speculative_tokens():
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    cls = CPUAttentionBackend.get_builder_cls()
+    cpu = torch.device("cpu")
+    assert cls(spec, ["l"], VllmConfig(), cpu).reorder_batch_threshold == 1
+    assert cls(spec, ["l"], _spec_config(5), cpu).reorder_batch_threshold == 6

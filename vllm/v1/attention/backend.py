@@ -72,8 +72,9 @@ class AttentionMetadataBuilder(ABC, Generic[M]):
     """Builds a backend's metadata from `CommonAttentionMetadata`, once per step."""
 
     # When set, the model runner orders the batch so that requests whose query
-    # length is <= this threshold (decodes) come first.
-    reorder_batch_threshold: ClassVar[int | None] = None
+    # length is <= this threshold (decodes) come first. A class default that
+    # an instance may raise (see _init_reorder_batch_threshold).
+    reorder_batch_threshold: int | None = None
     # Full CUDA graph support; a backend claims more only when its `build`
     # output lives at fixed addresses for a given padded batch size and its
     # kernels never synchronise with the host.
@@ -96,6 +97,26 @@ class AttentionMetadataBuilder(ABC, Generic[M]):
         self.layer_names = layer_names
         self.vllm_config = vllm_config
         self.device = device
+
+    def _init_reorder_batch_threshold(
+        self, reorder_batch_threshold: int | None = 1, supports_spec_as_decode: bool = False
+    ) -> None:
+        """Set this builder's decode threshold (upstream's helper). A backend
+        whose decode kernel takes several query tokens of one request as
+        several decode rows ("spec-as-decode") raises it to 1 + the number of
+        speculative tokens, so that the rows verifying drafts stay decodes."""
+        self.reorder_batch_threshold = reorder_batch_threshold
+        spec = self.vllm_config.speculative_config
+        if (
+            reorder_batch_threshold is not None
+            and supports_spec_as_decode
+            and spec is not None
+            and spec.num_speculative_tokens is not None
+        ):
+            # parallel_drafting is refused, so a verify row holds 1 + k queries.
+            self.reorder_batch_threshold = max(
+                reorder_batch_threshold, 1 + spec.num_speculative_tokens
+            )
 
     @abstractmethod
     def build(

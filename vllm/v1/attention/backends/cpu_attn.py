@@ -10,7 +10,8 @@ dims gives a `[num_slots, num_kv_heads, head_size]` view in which the slot is
 the row index. New K/V are written by `slot_mapping` (negative slot = padding,
 not written), and attention reads K/V only through the block table.
 
-The batch arrives decodes first (`reorder_batch_threshold = 1`):
+The batch arrives decodes first (`reorder_batch_threshold = 1`, or 1 + k
+with k speculative tokens: see "spec-as-decode" below):
 - decodes (query length 1) are one batched computation: the blocks of every
   decode request are gathered with one `index_select` into a head-major
   [B, Hkv, L, D] copy, keys beyond a request's length (or outside its sliding
@@ -22,6 +23,16 @@ The batch arrives decodes first (`reorder_batch_threshold = 1`):
   request without cached prefix attends over its new K/V directly; otherwise
   its keys are gathered through the block table. Big requests use SDPA
   (flash-style), small ones the grouped matmul path.
+
+Spec-as-decode: a request verifying k drafts has a query of 1 + k tokens,
+which the prefill path would attend request by request (gather + matmul per
+layer: measured ~2.5x the cost of the same queries as decode rows at 900
+context tokens). Its query tokens are always the last q of its sequence, so
+query i (0-based) sees exactly keys 0 .. seq_len - q + i: the builder expands
+such a request into q decode rows, each with the request's block-table row
+and seq_len - q + 1 + i as its length, and the decode kernel attends them
+like single-token decodes. The same holds for a short prompt (chunk) of at
+most 1 + k tokens, which is then also attended as decode rows.
 
 Everything the layers of one step share (gather indices, masks) is built once
 per step and sliding window, not once per layer.
@@ -44,7 +55,7 @@ than gather + matmuls at batch 64), and new K/V are written by
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -144,8 +155,12 @@ class CPUAttentionMetadata:
     # (`write_token_ids` is None when every token of the step is written).
     slot_mapping: torch.Tensor  # [num_written] int64
     write_token_ids: torch.Tensor | None
-    decode_seq_lens: torch.Tensor  # [num_decodes] int64
-    decode_seq_lens_cpu: torch.Tensor  # [num_decodes] int64
+    # One decode row per decode query token (num_decode_tokens rows; more than
+    # num_decodes when spec-as-decode expanded multi-token decodes): the row's
+    # key count and its request's block-table row.
+    decode_seq_lens: torch.Tensor  # [num_decode_tokens] int64
+    decode_seq_lens_cpu: torch.Tensor  # [num_decode_tokens] int64
+    decode_block_table: torch.Tensor  # [num_decode_tokens, max_blocks] int64
     # The step's slots including padding (< 0), for the compiled cache write.
     all_slots: torch.Tensor  # [num_actual_tokens] int64
     block_table: torch.Tensor  # [num_reqs, max_blocks] int64
@@ -199,7 +214,7 @@ def _make_decode_plan(md: CPUAttentionMetadata, window: int | None) -> DecodePla
     first_blk = first_blk_cpu.to(device)
     # Columns past a request's last block are clamped into the table and masked.
     col_idx = (first_blk[:, None] + cols[None, :]).clamp_(max=md.block_table.shape[1] - 1)
-    block_ids = md.block_table[: md.num_decodes].gather(1, col_idx).reshape(-1)
+    block_ids = md.decode_block_table.gather(1, col_idx).reshape(-1)
     pos = first_blk[:, None] * bs + torch.arange(blocks_per_req * bs, device=device)[None, :]
     seq = md.decode_seq_lens[:, None]
     key_mask = pos < seq
@@ -247,7 +262,7 @@ def _make_prefill_plan(
 
 
 class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]):
-    reorder_batch_threshold: ClassVar[int] = 1
+    reorder_batch_threshold: int | None = 1
 
     def __init__(
         self,
@@ -258,6 +273,7 @@ class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
 
     def build(
         self,
@@ -269,7 +285,7 @@ class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]
         if not cm.causal:
             return self._build_non_causal(cm)
         num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
-            cm, decode_threshold=self.reorder_batch_threshold
+            cm, decode_threshold=self.reorder_batch_threshold or 1
         )
         slots, write_ids = self._write_targets(cm)
         seq_lens_cpu = cm.seq_lens_cpu[: cm.num_reqs].to(torch.int64)
@@ -279,6 +295,15 @@ class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]
             PrefillRequest(qsl[i], qsl[i + 1], seq_list[i] - (qsl[i + 1] - qsl[i]), seq_list[i], i)
             for i in range(num_decodes, cm.num_reqs)
         ]
+        block_table = cm.block_table_tensor[: cm.num_reqs].to(torch.int64)
+        decode_block_table = block_table[:num_decodes]
+        decode_seq_lens = cm.seq_lens[:num_decodes].to(torch.int64)
+        decode_seq_lens_cpu = seq_lens_cpu[:num_decodes]
+        if num_decode_tokens > num_decodes:
+            decode_block_table, decode_seq_lens_cpu = _expand_decode_rows(
+                cm, num_decodes, num_decode_tokens, decode_block_table, decode_seq_lens_cpu
+            )
+            decode_seq_lens = decode_seq_lens_cpu.to(cm.seq_lens.device)
         return CPUAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens,
             num_decodes=num_decodes,
@@ -288,9 +313,10 @@ class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]
             slot_mapping=slots,
             write_token_ids=write_ids,
             all_slots=cm.slot_mapping[: cm.num_actual_tokens].to(torch.int64),
-            decode_seq_lens=cm.seq_lens[:num_decodes].to(torch.int64),
-            decode_seq_lens_cpu=seq_lens_cpu[:num_decodes],
-            block_table=cm.block_table_tensor[: cm.num_reqs].to(torch.int64),
+            decode_seq_lens=decode_seq_lens,
+            decode_seq_lens_cpu=decode_seq_lens_cpu,
+            decode_block_table=decode_block_table,
+            block_table=block_table,
             prefills=prefills,
         )
 
@@ -321,6 +347,7 @@ class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]
             all_slots=empty,
             decode_seq_lens=empty,
             decode_seq_lens_cpu=empty.cpu(),
+            decode_block_table=cm.block_table_tensor[:0].to(torch.int64),
             block_table=cm.block_table_tensor[: cm.num_reqs].to(torch.int64),
             prefills=prefills,
             causal=False,
@@ -335,6 +362,29 @@ class CPUAttentionMetadataBuilder(AttentionMetadataBuilder[CPUAttentionMetadata]
             return slots, None
         write_ids = valid.nonzero().squeeze(1)
         return slots[write_ids], write_ids
+
+
+def _expand_decode_rows(
+    cm: CommonAttentionMetadata,
+    num_decodes: int,
+    num_decode_tokens: int,
+    block_table: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spec-as-decode (see the module docstring): decode request r with q_r
+    query tokens -> q_r rows; row i of r gets r's block-table row and the
+    key count seq_len_r - q_r + 1 + i. E.g. seq_lens [10, 7], q [3, 1] ->
+    rows' lengths [8, 9, 10, 7]. Returns ([num_decode_tokens, max_blocks]
+    block table, [num_decode_tokens] int64 lengths on the host)."""
+    qsl = cm.query_start_loc_cpu[: num_decodes + 1].to(torch.int64)
+    q_lens = qsl[1:] - qsl[:-1]  # [num_decodes]
+    # Offset of each row inside its request: 0..q_r-1.
+    offsets = torch.arange(num_decode_tokens, dtype=torch.int64) - torch.repeat_interleave(
+        qsl[:-1], q_lens
+    )
+    lens = torch.repeat_interleave(seq_lens_cpu - q_lens, q_lens) + 1 + offsets
+    table = torch.repeat_interleave(block_table, q_lens.to(block_table.device), dim=0)
+    return table, lens
 
 
 class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
@@ -423,7 +473,7 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
                     query[:nd],
                     key_cache,
                     value_cache,
-                    md.block_table[:nd],
+                    md.decode_block_table,
                     md.decode_seq_lens,
                     self.scale,
                     self.sliding_window,

@@ -30,7 +30,7 @@ imports (and its pure-torch parts run) without it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -200,7 +200,7 @@ class FlashInferMetadata:
 
 
 class FlashInferMetadataBuilder(AttentionMetadataBuilder[FlashInferMetadata]):
-    reorder_batch_threshold: ClassVar[int] = 1
+    reorder_batch_threshold: int | None = 1
 
     def __init__(
         self,
@@ -224,7 +224,7 @@ class FlashInferMetadataBuilder(AttentionMetadataBuilder[FlashInferMetadata]):
         if not cm.causal:
             raise NotImplementedError("FLASHINFER supports causal attention only.")
         num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
-            cm, decode_threshold=self.reorder_batch_threshold
+            cm, decode_threshold=self.reorder_batch_threshold or 1
         )
         block_table = cm.block_table_tensor[: cm.num_reqs]
         seq_lens_cpu = cm.seq_lens_cpu[: cm.num_reqs]

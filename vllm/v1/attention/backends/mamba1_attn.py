@@ -11,7 +11,6 @@ zeros (a new request, or one preempted and now recomputed from scratch).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import torch
 
@@ -37,7 +36,7 @@ class Mamba1AttentionMetadata:
 
 class Mamba1AttentionMetadataBuilder(AttentionMetadataBuilder[Mamba1AttentionMetadata]):
     # Mamba does not care about the batch order.
-    reorder_batch_threshold: ClassVar[int | None] = None
+    reorder_batch_threshold: int | None = None
 
     def build(
         self,

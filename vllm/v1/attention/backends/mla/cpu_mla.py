@@ -164,14 +164,14 @@ class CPUMLAImpl(AttentionImpl[CPUAttentionMetadata]):
         q: torch.Tensor,
         kv_cache: torch.Tensor,
         md: CPUAttentionMetadata,
-        row: int,
+        table_row: torch.Tensor,
         num_computed: int,
         seq_len: int,
     ) -> torch.Tensor:
         """One request: q [q_len, H, L + R] at positions num_computed.. over its
         seq_len cached rows -> o_lat [q_len, H, L]."""
         num_blocks = cdiv(seq_len, md.block_size)
-        block_ids = md.block_table[row, :num_blocks]
+        block_ids = table_row[:num_blocks]
         cached = kv_cache.index_select(0, block_ids).view(-1, kv_cache.shape[-1])[:seq_len]
         scores = torch.einsum("qhd,sd->hqs", q, cached).float() * self.scale
         q_len = q.shape[0]
@@ -185,8 +185,9 @@ class CPUMLAImpl(AttentionImpl[CPUAttentionMetadata]):
 
 def _requests(md: CPUAttentionMetadata):
     """(query start, end, tokens cached before, seq_len, block-table row) per
-    request: the decodes (one query token each) then the prefills."""
+    request: the decode rows (one query token each; a spec-as-decode request
+    is several rows, see cpu_attn.py) then the prefills."""
     for i, seq_len in enumerate(md.decode_seq_lens_cpu.tolist()):
-        yield i, i + 1, seq_len - 1, seq_len, i
+        yield i, i + 1, seq_len - 1, seq_len, md.decode_block_table[i]
     for p in md.prefills:
-        yield p.query_start, p.query_end, p.num_computed, p.seq_len, p.req_index
+        yield p.query_start, p.query_end, p.num_computed, p.seq_len, md.block_table[p.req_index]

@@ -35,6 +35,11 @@ the SpecDecodingStats the scheduler attaches to each step's EngineCoreOutputs (r
 wrapping the in-process engine core's get_output; the same objects in both engines);
 mean tokens per decode step per request. Figures are medians over the repeats.
 For greedy workloads the outputs are compared with the same engine's nospec tokens.
+--paired: each worker also builds an engine without speculation and alternates the two
+request by request (who goes first alternates per round); the per-round ratios of ITL
+and tokens/s are the figures that survive a shared machine's load swings.
+--v1-runner: the no-spec baseline on the V1 runner (speculation always runs there).
+--upstream-iomp: Intel OpenMP preloaded into upstream's workers, as its CPU guide asks.
 The worker (--worker) is this file under either interpreter, public API plus that
 one wrapper.
 """
@@ -277,7 +282,24 @@ def run_batch(llm: Any, prompts: list[list[int]], params: list[Any], concurrency
     }
 
 
+def _measure(
+    llm: Any, tap: SpecStatsTap | None, work: dict[str, Any], name: str, cfg: dict
+) -> dict:
+    """One workload on one engine, with the spec stats of those steps."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(**s) for s in work[name]["sampling"]]
+    s0 = tap.snapshot() if tap else (0, 0, 0)
+    res = run_batch(llm, work[name]["prompts"], params, cfg["concurrency"])
+    d = [b - a for a, b in zip(s0, tap.snapshot() if tap else (0, 0, 0))]
+    res["num_drafts"], res["draft_tokens"], res["accepted_tokens"] = d
+    res["acceptance"] = d[2] / d[1] if d[1] else None
+    return res
+
+
 def worker(cfg: dict[str, Any]) -> None:
+    """One engine for the setting (and with --paired a second one without
+    speculation, run alternately with it: ratios per round)."""
     import vllm
     from vllm import LLM, SamplingParams
 
@@ -290,25 +312,27 @@ def worker(cfg: dict[str, Any]) -> None:
         disable_log_stats=False,
         enforce_eager=cfg["enforce_eager"],
     )
-    if cfg["spec"] is not None:
-        kw["speculative_config"] = cfg["spec"]
     t0 = time.perf_counter()
-    llm = LLM(**kw)
+    llm = LLM(**kw, **({"speculative_config": cfg["spec"]} if cfg["spec"] else {}))
     init_s = time.perf_counter() - t0
+    base = LLM(**kw) if cfg["paired"] and cfg["spec"] else None
     tap = SpecStatsTap(llm.llm_engine.engine_core)
     work = cfg["workloads"]
-    warm = work["code"]["prompts"][0]
-    run_batch(llm, [warm], [SamplingParams(max_tokens=16, temperature=0.0)], 1)
+    warm = [SamplingParams(max_tokens=16, temperature=0.0)]
+    for eng in (llm, base):
+        if eng is not None:
+            run_batch(eng, [work["code"]["prompts"][0]], warm, 1)
     rounds: list[dict[str, Any]] = []
-    for _ in range(cfg["repeats"]):
+    for i in range(cfg["repeats"]):
         rnd: dict[str, Any] = {}
         for name in cfg["which"]:
-            params = [SamplingParams(**s) for s in work[name]["sampling"]]
-            s0 = tap.snapshot()
-            res = run_batch(llm, work[name]["prompts"], params, cfg["concurrency"])
-            d = [b - a for a, b in zip(s0, tap.snapshot())]
-            res["num_drafts"], res["draft_tokens"], res["accepted_tokens"] = d
-            res["acceptance"] = d[2] / d[1] if d[1] else None
+            if base is not None and i % 2:  # who goes first alternates
+                b = _measure(base, None, work, name, cfg)
+            res = _measure(llm, tap, work, name, cfg)
+            if base is not None and not i % 2:
+                b = _measure(base, None, work, name, cfg)
+            if base is not None:
+                res["paired"] = {k: res[k] / b[k] for k in ("itl_ms", "itl_cpu_ms", "tok_per_s")}
             rnd[name] = res
         rounds.append(rnd)
     out = {"vllm_version": vllm.__version__, "init_s": init_s, "rounds": rounds}
@@ -342,6 +366,7 @@ def run_one(engine: str, name: str, spec: Any, args: argparse.Namespace, work: A
         "concurrency": args.concurrency,
         "repeats": args.repeats,
         "enforce_eager": args.enforce_eager,
+        "paired": args.paired,
         "which": args.workloads.split(","),
         "workloads": work,
     }
@@ -354,6 +379,13 @@ def run_one(engine: str, name: str, spec: Any, args: argparse.Namespace, work: A
     env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     env["VLLM_TARGET_DEVICE"] = "cpu"
+    iomp = os.path.join(os.path.dirname(os.path.dirname(UPSTREAM)), "lib", "libiomp5.so")
+    if engine == "upstream" and args.upstream_iomp and os.path.isfile(iomp):
+        # Upstream's CPU guide: Intel OpenMP in LD_PRELOAD (it warns that speculative
+        # decoding is much slower without it). Ours keeps torch's own OpenMP.
+        env["LD_PRELOAD"] = iomp
+    if args.v1_runner:  # speculation runs on the V1 runner: compare like with like
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     t0 = time.perf_counter()
     proc = subprocess.run(
         [py, os.path.abspath(__file__), "--worker", f.name],
@@ -393,7 +425,10 @@ def summarise(res: Any, workload: str) -> dict[str, Any] | None:
 
     keys = ["tok_per_s", "tok_per_cpu_s", "itl_ms", "itl_cpu_ms", "ttft_ms", "tokens_per_step"]
     keys.append("acceptance")
-    return {k: med(k) for k in keys} | {"token_ids": rs[0]["token_ids"]}
+    out = {k: med(k) for k in keys} | {"token_ids": rs[0]["token_ids"]}
+    if all("paired" in r for r in rs):
+        out["paired"] = {k: statistics.median(r["paired"][k] for r in rs) for k in rs[0]["paired"]}
+    return out
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> str:
@@ -436,6 +471,9 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
                 if base and wl != "novel":
                     same = agreement(s["token_ids"], base["token_ids"])
                 acc = f"{s['acceptance']:.2f}" if s["acceptance"] is not None else "-"
+                if "paired" in s:
+                    pr = s["paired"]
+                    same += f"  paired ITL {pr['itl_ms']:.2f}x, CPU {pr['itl_cpu_ms']:.2f}x"
                 print(
                     f"{wl:9s} {name:14s} {eng:8s} {s['tok_per_s']:6.1f} {s['tok_per_cpu_s']:9.1f}"
                     f" {s['itl_ms']:7.1f} {s['itl_cpu_ms']:11.1f} {s['ttft_ms']:8.1f}"
@@ -472,6 +510,23 @@ def main() -> None:
         help="print the table of saved --out files (comma list, merged in order)",
     )
     ap.add_argument("--no-baseline", action="store_true", help="do not add nospec to --settings")
+    ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="each worker also builds an engine without speculation and alternates the two\n"
+        "request by request: per-round ratios immune to the load drift of a shared box",
+    )
+    ap.add_argument(
+        "--upstream-iomp",
+        action="store_true",
+        help="LD_PRELOAD the upstream venv's libiomp5.so into upstream's workers (its CPU guide)",
+    )
+    ap.add_argument(
+        "--v1-runner",
+        action="store_true",
+        help="VLLM_USE_V2_MODEL_RUNNER=0 in the workers (speculation always runs on V1;\n"
+        "without it the no-spec baseline runs on V2)",
+    )
     args = ap.parse_args()
     if args.worker:
         with open(args.worker) as f:

@@ -6,19 +6,25 @@ are the host buffers themselves and no copies happen.
 One step is two calls, as upstream:
   execute_model(scheduler_output) -> None
       _update_states   apply the scheduler's diffs to the persistent batch
-      _prepare_inputs  token ids, positions, slots, query_start_loc (numpy);
-                       the graph and the padding to its size
-                       (CudaGraphManager.dispatch, vllm/v1/worker/cudagraph_manager.py),
-                       the padded inputs on the device with their attention
-                       metadata (InputBuffers.commit, vllm/v1/worker/gpu_input_buffers.py)
-      forward (a CUDAGraphWrapper replay under FULL), logits of the last
-      scheduled token of every request
+                       (vllm/v1/worker/gpu_state_updates.py)
+      _prepare_inputs  token ids, positions, slots, query_start_loc (numpy,
+                       vllm/v1/worker/gpu_step_inputs.py); the graph and the
+                       padding to its size (CudaGraphManager.dispatch,
+                       vllm/v1/worker/cudagraph_manager.py), the padded inputs
+                       on the device with their attention metadata
+                       (InputBuffers.commit, vllm/v1/worker/gpu_input_buffers.py)
+      _model_forward   the forward (a CUDAGraphWrapper replay under FULL);
+                       then the logits of the last scheduled token of every request
   sample_tokens(grammar_output) -> ModelRunnerOutput
       the structured-output bitmask masks the logits (rows found by request
-      id), sampler, then write the sampled tokens back into the persistent batch;
+      id), sampler, then write the sampled tokens back into the persistent
+      batch (_sample / _bookkeeping_sync, vllm/v1/worker/gpu_sample_step.py);
       with async scheduling an AsyncGPUModelRunnerOutput instead, and the
       tokens reach the next step's inputs on the device
       (AsyncSampledTokens, vllm/v1/worker/async_sampled_tokens.py)
+
+Loading the model and the KV cache set-up: vllm/v1/worker/gpu_model_setup.py
+and vllm/v1/worker/kv_cache_setup.py.
 
 Speculative decoding (sync scheduling only) is the SpeculativeDecoder of
 vllm/v1/worker/spec_decode_utils.py: the scheduled drafts join the step's
@@ -30,7 +36,8 @@ the next drafts are proposed after the step's bookkeeping.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, cast
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,7 +46,6 @@ import torch.nn as nn
 from vllm.distributed import get_pp_group
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
-from vllm.sampling_params import SamplingType
 from vllm.sequence import IntermediateTensors
 from vllm.utils import is_pin_memory_available
 from vllm.v1.outputs import (
@@ -56,20 +62,43 @@ from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker import kv_cache_setup
 from vllm.v1.worker.async_sampled_tokens import AsyncGPUModelRunnerOutput, AsyncSampledTokens
 from vllm.v1.worker.cudagraph_manager import CudaGraphManager, unwrap_model
-from vllm.v1.worker.cudagraph_padding import PaddedBatch, resolve_cudagraph_mode
+from vllm.v1.worker.cudagraph_padding import resolve_cudagraph_mode
 from vllm.v1.worker.gpu_dummy_run import dummy_run, dummy_sampler_run
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 from vllm.v1.worker.gpu_input_buffers import InputBuffers
+from vllm.v1.worker.gpu_model_setup import (
+    kv_block_sizes,
+    load_target_model,
+    reorder_batch_threshold,
+)
 from vllm.v1.worker.gpu_pooling import (
     dummy_pooler_run,
     pool_step,
     supported_pooling_tasks,
     token_type_ids_for_step,
 )
+from vllm.v1.worker.gpu_sample_step import (
+    ExecuteModelState,
+    bookkeeping_sync,
+    propose_drafts,
+    sample_step,
+)
+from vllm.v1.worker.gpu_state_updates import (
+    add_new_pooling_request,
+    add_new_request,
+    remove_stale_requests,
+    update_cached_requests,
+)
+from vllm.v1.worker.gpu_step_inputs import (
+    PreparedInputs,
+    discard_mask_for_step,
+    fill_step_inputs,
+    logits_indices_for_step,
+    spec_step_and_loras,
+)
 from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from vllm.v1.worker.prompt_logprobs import PromptLogprobsWorker
 from vllm.v1.worker.spec_decode_utils import (
-    SpecStep,
     SpeculativeDecoder,
     split_model_output,
     write_draft_tokens,
@@ -78,7 +107,6 @@ from vllm.v1.worker.utils import (
     AttentionGroup,
     LayerKVCache,
     TextGenerationModel,
-    as_text_generation_model,
     get_model_config,
     reorder_batch_to_split_decodes_and_prefills,
     resolved_dtype,
@@ -89,34 +117,10 @@ if TYPE_CHECKING:
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.core.sched.output import GrammarOutput, NewRequestData, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 logger = init_logger(__name__)
 
-
-class ExecuteModelState(NamedTuple):
-    """What `execute_model` leaves for the `sample_tokens` call that follows."""
-
-    scheduler_output: SchedulerOutput
-    # [num_tokens, hidden] (for prompt logprobs); None on a pipeline stage
-    # before the last, which has no logits either.
-    hidden_states: torch.Tensor | None
-    logits: torch.Tensor | None  # [num_reqs, vocab]
-    # [num_reqs] bool: requests still mid-prefill, whose sampled token is dropped.
-    discard_mask: np.ndarray
-    # With a drafter: the step's drafts (logits then hold each drafting
-    # request's draft rows and bonus row) and the EAGLE3 target layers' outputs.
-    spec_step: SpecStep | None = None
-    aux_hidden_states: list[torch.Tensor] | None = None
-
-
-class PreparedInputs(NamedTuple):
-    attn_metadata: dict[str, object]
-    # [num_reqs], or [num_drafts + num_reqs] when the step verifies drafts
-    logits_indices: torch.Tensor
-    discard_mask: np.ndarray  # [num_reqs]
-    padded: PaddedBatch  # graph mode and padded shape of the forward
-    spec_step: SpecStep | None
+__all__ = ["AsyncGPUModelRunnerOutput", "ExecuteModelState", "GPUModelRunner", "PreparedInputs"]
 
 
 class GPUModelRunner(LoRAModelRunnerMixin):
@@ -125,6 +129,8 @@ class GPUModelRunner(LoRAModelRunnerMixin):
     PromptLogprobsWorker and, with async scheduling, the AsyncSampledTokens.
     LoRA (lora_model_runner_mixin.py): the step's adapter mapping is set in
     `_prepare_inputs`, before every forward."""
+
+    model_memory_usage: int  # set by load_model: the weights' bytes as loaded
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         self.vllm_config = vllm_config
@@ -202,24 +208,15 @@ class GPUModelRunner(LoRAModelRunnerMixin):
 
     # ---- model and KV cache --------------------------------------------------
     def load_model(self) -> None:
-        from vllm.compilation.decorators import maybe_compile_model
-        from vllm.model_executor.model_loader import get_model
-
-        logger.info("Loading model %s on %s", self.model_config.model, self.device)
-        model = get_model(vllm_config=self.vllm_config)
-        # The weights' bytes as loaded (quantized ones at their packed size).
-        self.model_memory_usage: int = getattr(model, "model_weight_bytes", 0)
+        """Load the target model (gpu_model_setup.py), then the drafter's."""
+        add_lora = None
         if self.lora_config is not None:
-            # LoRA layers go in before torch.compile and the graph wrapper.
-            model = self.load_lora_model(model, self.vllm_config, self.device)
-        # No-op unless compilation_config.mode asks for torch.compile (on
-        # CPU it measured slower than eager: see vllm/compilation/decorators.py).
-        model = maybe_compile_model(model, self.vllm_config.compilation_config, self.device)
-        if self.is_pooling_model:
-            supported_pooling_tasks(model)  # raises when the model has no pooler
-            self.model = cast(TextGenerationModel, model)
-        else:
-            self.model = as_text_generation_model(model)
+            add_lora = partial(
+                self.load_lora_model, vllm_config=self.vllm_config, device=self.device
+            )
+        model, self.model, self.model_memory_usage = load_target_model(
+            self.vllm_config, self.device, add_lora, self.is_pooling_model
+        )
         if self.drafter is not None:
             self.drafter.load_model(model)
 
@@ -242,11 +239,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             kv_cache_config, self.vllm_config
         )
         self.kv_cache_config = kv_cache_config
-        block_sizes = [
-            g.kv_cache_spec.block_size
-            for g in kv_cache_config.kv_cache_groups
-            if not kv_cache_setup.is_cacheless_group(g.kv_cache_spec)
-        ]
+        block_sizes = kv_block_sizes(kv_cache_config)
         if block_sizes != [self.cache_config.block_size]:
             # One block table per group; rebuild the (still empty) batch.
             assert not self.requests, "KV cache re-initialised with live requests"
@@ -254,13 +247,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self.attn_groups = kv_cache_setup.make_attn_groups(
             kv_cache_config, self.vllm_config, self.device
         )
-        thresholds = [
-            threshold
-            for groups in self.attn_groups
-            for g in groups
-            if (threshold := g.metadata_builder.reorder_batch_threshold) is not None
-        ]
-        self.reorder_batch_threshold = min(thresholds) if thresholds else None
+        self.reorder_batch_threshold = reorder_batch_threshold(self.attn_groups)
         self.kv_caches = kv_cache_setup.allocate_and_bind_kv_caches(
             kv_cache_config, self.attn_groups, self.vllm_config, self.device
         )
@@ -348,58 +335,88 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                 self.async_sampled_tokens.clear()  # nothing sampled, nothing in flight
             return EMPTY_MODEL_RUNNER_OUTPUT
 
-        attn_metadata, logits_indices, discard_mask, padded, spec_step = self._prepare_inputs(
-            scheduler_output
-        )
+        prepared = self._prepare_inputs(scheduler_output)
         if self.prepare_inputs_event is not None:
             self.prepare_inputs_event.record()
-        num_tokens = padded.num_tokens_padded
-        extra_inputs: dict[str, torch.Tensor] = {}
-        if self.is_pooling_model:
-            token_type_ids = token_type_ids_for_step(
-                list(self.input_batch.req_ids),
-                self.requests,
-                scheduler_output.num_scheduled_tokens,
-                self.input_buffers.positions.np,
-                self.device,
+        hidden_states, aux_hidden_states = self._model_forward(
+            scheduler_output, prepared, intermediate_tensors
+        )
+        if not get_pp_group().is_last_rank:
+            self.execute_model_state = ExecuteModelState(
+                scheduler_output, None, None, prepared.discard_mask
             )
-            if token_type_ids is not None:  # a cross-encoder scoring pairs
-                extra_inputs["token_type_ids"] = token_type_ids
+            return hidden_states  # IntermediateTensors for the next stage
+        if self.is_pooling_model:
+            return self._pool(scheduler_output, hidden_states)
+        logits = unwrap_model(self.model).compute_logits(hidden_states[prepared.logits_indices])
+        self.execute_model_state = ExecuteModelState(
+            scheduler_output,
+            hidden_states,
+            logits,
+            prepared.discard_mask,
+            prepared.spec_step,
+            aux_hidden_states,
+        )
+        return None
+
+    def _model_forward(
+        self,
+        scheduler_output: SchedulerOutput,
+        prepared: PreparedInputs,
+        intermediate_tensors: IntermediateTensors | None,
+    ) -> tuple[Any, list[torch.Tensor] | None]:
+        """The forward over the padded inputs (a graph replay under FULL):
+        ([num_tokens, hidden] hidden states without the padding, or the
+        IntermediateTensors of a stage before the last; the EAGLE3 target
+        layers' outputs or None)."""
+        padded = prepared.padded
+        num_tokens = padded.num_tokens_padded
         with set_forward_context(
-            attn_metadata,
+            prepared.attn_metadata,
             self.vllm_config,
             num_tokens=num_tokens,
             cudagraph_runtime_mode=padded.runtime_mode,
             batch_descriptor=padded.batch_descriptor,
         ):
             assert self.model is not None, "load_model() has not run"
-            hidden_states = self.model(
+            output = self.model(
                 input_ids=self.input_buffers.input_ids.gpu[:num_tokens],
                 positions=self.input_buffers.positions.gpu[:num_tokens],
                 intermediate_tensors=intermediate_tensors,
-                **extra_inputs,
+                **self._extra_model_inputs(scheduler_output),
             )
-        hidden_states, aux_hidden_states = split_model_output(hidden_states, padded.num_tokens)
+        hidden_states, aux_hidden_states = split_model_output(output, padded.num_tokens)
         if padded.num_tokens != num_tokens and isinstance(hidden_states, torch.Tensor):
             hidden_states = hidden_states[: padded.num_tokens]  # drop the padding
-        if not get_pp_group().is_last_rank:
-            self.execute_model_state = ExecuteModelState(scheduler_output, None, None, discard_mask)
-            return hidden_states  # IntermediateTensors for the next stage
-        if self.is_pooling_model:
-            return pool_step(
-                unwrap_model(self.model),
-                hidden_states,
-                list(self.input_batch.req_ids),
-                self.requests,
-                self.pooling_states,
-                scheduler_output.num_scheduled_tokens,
-                self.input_buffers.seq_lens.np,
-            )
-        logits = unwrap_model(self.model).compute_logits(hidden_states[logits_indices])
-        self.execute_model_state = ExecuteModelState(
-            scheduler_output, hidden_states, logits, discard_mask, spec_step, aux_hidden_states
+        return hidden_states, aux_hidden_states
+
+    def _pool(
+        self, scheduler_output: SchedulerOutput, hidden_states: torch.Tensor
+    ) -> ModelRunnerOutput:
+        """A pooling model's step: the pooler's outputs (gpu_pooling.py)."""
+        return pool_step(
+            unwrap_model(self.model),
+            hidden_states,
+            list(self.input_batch.req_ids),
+            self.requests,
+            self.pooling_states,
+            scheduler_output.num_scheduled_tokens,
+            self.input_buffers.seq_lens.np,
         )
-        return None
+
+    def _extra_model_inputs(self, scheduler_output: SchedulerOutput) -> dict[str, torch.Tensor]:
+        """Model inputs beyond ids and positions: a cross-encoder's
+        token_type_ids when it scores pairs (pooling models only)."""
+        if not self.is_pooling_model:
+            return {}
+        token_type_ids = token_type_ids_for_step(
+            list(self.input_batch.req_ids),
+            self.requests,
+            scheduler_output.num_scheduled_tokens,
+            self.input_buffers.positions.np,
+            self.device,
+        )
+        return {} if token_type_ids is None else {"token_type_ids": token_type_ids}
 
     @torch.inference_mode()
     def sample_tokens(
@@ -418,45 +435,48 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             apply_grammar_bitmask(
                 state.scheduler_output, grammar_output, self.input_batch, state.logits
             )
-        pp_group = get_pp_group()
         if state.logits is None:
-            # A stage before the last: take the last stage's tokens, so this
-            # stage's batch holds them too.
-            sampled = torch.empty((len(state.discard_mask), 1), dtype=torch.int64)
-            self._bookkeeping_sync(
-                pp_group.broadcast(sampled, src=pp_group.world_size - 1), None, state.discard_mask
-            )
+            self._receive_last_stage_tokens(state.discard_mask)
             return None
-        batch = self.input_batch
         if state.spec_step is not None and state.spec_step.metadata is not None:
-            return self._verify_drafts(state, state.spec_step.metadata, state.logits)
-        sampler_output = self._sample(state.logits, state.discard_mask)
-        prompt_logprobs_dict = self._prompt_logprobs(state)
-        if self.async_sampled_tokens is not None:
-            return self.async_sampled_tokens.record(
-                batch,
+            # The step verified drafts: the rejection sampler's tokens go into the batch.
+            assert self.spec_decoder is not None
+            output = self.spec_decoder.verify(
+                self.input_batch, state.spec_step.metadata, state.logits, state.discard_mask
+            )
+            output.prompt_logprobs_dict = self._prompt_logprobs(state)
+        else:
+            sampler_output = self._sample(state.logits, state.discard_mask)
+            prompt_logprobs_dict = self._prompt_logprobs(state)
+            if self.async_sampled_tokens is not None:
+                return self.async_sampled_tokens.record(
+                    self.input_batch,
+                    sampler_output.sampled_token_ids,
+                    sampler_output.logprobs_tensors,
+                    state.discard_mask,
+                    prompt_logprobs_dict,
+                )
+            output = self._bookkeeping_sync(
                 sampler_output.sampled_token_ids,
                 sampler_output.logprobs_tensors,
                 state.discard_mask,
-                prompt_logprobs_dict,
             )
-        output = self._bookkeeping_sync(
-            sampler_output.sampled_token_ids, sampler_output.logprobs_tensors, state.discard_mask
+            output.prompt_logprobs_dict = prompt_logprobs_dict
+        # The next step's drafts, from the batch as it now stands.
+        propose_drafts(
+            self.spec_decoder, self.input_batch, state, output.sampled_token_ids, self.attn_groups
         )
-        output.prompt_logprobs_dict = prompt_logprobs_dict
-        self._propose_drafts(state, output.sampled_token_ids)
         return output
 
-    def _verify_drafts(
-        self, state: ExecuteModelState, metadata: SpecDecodeMetadata, logits: torch.Tensor
-    ) -> ModelRunnerOutput:
-        """The step verified drafts: the rejection sampler's tokens go into
-        the batch, then the next drafts are proposed."""
-        assert self.spec_decoder is not None
-        output = self.spec_decoder.verify(self.input_batch, metadata, logits, state.discard_mask)
-        output.prompt_logprobs_dict = self._prompt_logprobs(state)
-        self._propose_drafts(state, output.sampled_token_ids)
-        return output
+    def _receive_last_stage_tokens(self, discard_mask: np.ndarray) -> None:
+        """A pipeline stage before the last: take the last stage's tokens
+        ([num_reqs, 1], broadcast by `sample_step`), so this stage's batch
+        holds them too."""
+        pp_group = get_pp_group()
+        sampled = torch.empty((len(discard_mask), 1), dtype=torch.int64)
+        self._bookkeeping_sync(
+            pp_group.broadcast(sampled, src=pp_group.world_size - 1), None, discard_mask
+        )
 
     def _prompt_logprobs(self, state: ExecuteModelState) -> dict[str, LogprobsTensors | None]:
         assert state.hidden_states is not None
@@ -469,20 +489,6 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             self._lora_logits_rows_hook(),
         )
 
-    def _propose_drafts(self, state: ExecuteModelState, sampled: list[list[int]]) -> None:
-        """The next step's drafts, from the batch as it now stands."""
-        if self.spec_decoder is None or state.spec_step is None:
-            return
-        assert state.hidden_states is not None
-        self.spec_decoder.propose(
-            self.input_batch,
-            state.spec_step,
-            sampled,
-            state.hidden_states,
-            state.aux_hidden_states,
-            self.attn_groups,
-        )
-
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """The drafts the last step proposed (once; None without a drafter)."""
         if self.spec_decoder is None:
@@ -490,23 +496,10 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         return self.spec_decoder.take_draft_token_ids()
 
     def _sample(self, logits: torch.Tensor, discard_mask: np.ndarray) -> SamplerOutput:
-        """The sampler over the step's logits; the last pipeline stage sends
-        the tokens to the earlier ones."""
-        batch = self.input_batch
-        sampling_metadata = batch.sampling_metadata_for_step(discard_mask)
-        async_tokens = self.async_sampled_tokens
-        if async_tokens is not None and (
-            not sampling_metadata.no_penalties or sampling_metadata.bad_words_token_ids
-        ):
-            # Penalties and bad words read the output tokens.
-            async_tokens.resolve_placeholders(batch.req_ids, batch.req_output_token_ids)
-        sampler_output = self.sampler(logits, sampling_metadata)
-        pp_group = get_pp_group()
-        if pp_group.world_size > 1:
-            pp_group.broadcast(
-                sampler_output.sampled_token_ids.to(torch.int64).cpu(), src=pp_group.world_size - 1
-            )
-        return sampler_output
+        """The sampler over the step's logits (gpu_sample_step.py)."""
+        return sample_step(
+            self.sampler, self.input_batch, self.async_sampled_tokens, logits, discard_mask
+        )
 
     def _lora_logits_rows_hook(self) -> Callable[[int, int], None] | None:
         """With LoRA: before prompt logprobs compute `n` logits rows of batch
@@ -526,47 +519,26 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         logprobs_tensors: LogprobsTensors | None,
         discard_mask: np.ndarray,
     ) -> ModelRunnerOutput:
-        """Append the sampled tokens ([num_reqs, 1], waited for) to the
-        persistent batch and build the step's output (with async scheduling
-        `AsyncSampledTokens.record` does this instead)."""
-        batch = self.input_batch
-        sampled_np = sampled_token_ids[:, 0].cpu().numpy()
-        rows = batch.append_sampled_tokens(sampled_np, discard_mask)
-        sampled = sampled_np.tolist()
-        sampled_token_ids_list: list[list[int]] = [[] for _ in sampled]
-        for row in rows.tolist():
-            sampled_token_ids_list[row] = [sampled[row]]
-        return ModelRunnerOutput(
-            req_ids=list(batch.req_ids),
-            req_id_to_index=dict(batch.req_id_to_index),
-            sampled_token_ids=sampled_token_ids_list,
-            logprobs=logprobs_tensors.tolists() if logprobs_tensors is not None else None,
-        )
+        """Append the sampled tokens to the batch; the step's output
+        (gpu_sample_step.py)."""
+        return bookkeeping_sync(self.input_batch, sampled_token_ids, logprobs_tensors, discard_mask)
 
-    # ---- state updates -------------------------------------------------------
+    # ---- state updates (gpu_state_updates.py) --------------------------------
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         """Bring the cached request states and the persistent batch in line
         with the scheduler's decisions for this step."""
         batch = self.input_batch
-        for req_id in scheduler_output.finished_req_ids:
-            self.requests.pop(req_id, None)
-            self.pooling_states.pop(req_id, None)
-            self.prompt_logprobs_worker.remove_request(req_id)
-            batch.remove_request(req_id)
-
-        # Requests in the batch but not scheduled now (preempted, or left out
-        # this step) leave the batch; their CachedRequestState stays. A resumed
-        # request is re-added below with its new block ids.
-        cached = scheduler_output.scheduled_cached_reqs
-        scheduled = scheduler_output.num_scheduled_tokens.keys()
-        for req_id in list(batch.req_id_to_index):
-            if req_id not in scheduled or req_id in cached.resumed_req_ids:
-                batch.remove_request(req_id)
-
-        reqs_to_add = [
-            self._add_new_request(new_req) for new_req in scheduler_output.scheduled_new_reqs
-        ]
-        reqs_to_add += self._update_cached_requests(scheduler_output)
+        remove_stale_requests(
+            scheduler_output,
+            batch,
+            self.requests,
+            self.pooling_states,
+            self.prompt_logprobs_worker,
+        )
+        reqs_to_add = [self._add_new_request(r) for r in scheduler_output.scheduled_new_reqs]
+        reqs_to_add += update_cached_requests(
+            scheduler_output, batch, self.requests, self.pooling_states
+        )
         for req_state in reqs_to_add:
             batch.add_request(req_state)
             if self.async_sampled_tokens is not None:
@@ -582,179 +554,37 @@ class GPUModelRunner(LoRAModelRunnerMixin):
 
     def _add_new_request(self, new_req: NewRequestData) -> CachedRequestState:
         if new_req.pooling_params is not None:
-            return self._add_new_pooling_request(new_req)
-        params = new_req.sampling_params
-        if params is None:
-            raise ValueError(f"Request {new_req.req_id} has neither sampling nor pooling params.")
-        if new_req.prompt_token_ids is None:
-            raise ValueError(
-                f"Request {new_req.req_id} has no prompt token ids; prompt "
-                "embeddings are not supported."
+            return add_new_pooling_request(
+                new_req, self.requests, self.pooling_states, self.is_pooling_model
             )
-        generator = None
-        if params.sampling_type == SamplingType.RANDOM_SEED:
-            generator = torch.Generator(device=self.device)
-            assert params.seed is not None  # what makes it RANDOM_SEED
-            generator.manual_seed(params.seed)
-        req_state = CachedRequestState(
-            req_id=new_req.req_id,
-            prompt_token_ids=new_req.prompt_token_ids,
-            mm_features=new_req.mm_features,
-            sampling_params=params,
-            generator=generator,
-            block_ids=tuple(list(ids) for ids in new_req.block_ids),
-            num_computed_tokens=new_req.num_computed_tokens,
-            output_token_ids=[],
-            lora_request=new_req.lora_request,
-        )
-        self.requests[new_req.req_id] = req_state
-        self.prompt_logprobs_worker.add_request(new_req.req_id, new_req.prompt_token_ids, params)
-        return req_state
+        return add_new_request(new_req, self.requests, self.prompt_logprobs_worker, self.device)
 
-    def _add_new_pooling_request(self, new_req: NewRequestData) -> CachedRequestState:
-        if not self.is_pooling_model:
-            raise ValueError(f"Request {new_req.req_id}: pooling params for a generative model.")
-        if new_req.prompt_token_ids is None:
-            raise ValueError(f"Request {new_req.req_id} has no prompt token ids.")
-        req_state = CachedRequestState(
-            req_id=new_req.req_id,
-            prompt_token_ids=new_req.prompt_token_ids,
-            mm_features=new_req.mm_features,
-            sampling_params=None,
-            generator=None,
-            block_ids=tuple(list(ids) for ids in new_req.block_ids),
-            num_computed_tokens=new_req.num_computed_tokens,
-            output_token_ids=[],
-            lora_request=new_req.lora_request,
-            pooling_params=new_req.pooling_params,
-        )
-        self.requests[new_req.req_id] = req_state
-        self.pooling_states[new_req.req_id] = PoolingStates()
-        return req_state
-
-    def _update_cached_requests(
-        self, scheduler_output: SchedulerOutput
-    ) -> list[CachedRequestState]:
-        """Apply the per-request diffs; returns the states that must (re)join
-        the batch (resumed, or not scheduled in the previous step)."""
-        batch = self.input_batch
-        data = scheduler_output.scheduled_cached_reqs
-        to_add: list[CachedRequestState] = []
-        for i, req_id in enumerate(data.req_ids):
-            req_state = self.requests[req_id]
-            num_computed = data.num_computed_tokens[i]
-            new_block_ids = data.new_block_ids[i]
-            req_state.num_computed_tokens = num_computed
-            row = batch.req_id_to_index.get(req_id)
-
-            num_output_tokens = data.num_output_tokens[i]
-            if num_output_tokens < len(req_state.output_token_ids):
-                # The scheduler dropped tokens we hold (e.g. a failed KV load).
-                del req_state.output_token_ids[num_output_tokens:]
-                if row is not None:
-                    batch.num_tokens[row] = req_state.num_tokens
-
-            if req_id in data.resumed_req_ids:
-                assert row is None and new_block_ids is not None
-                req_state.block_ids = tuple(list(ids) for ids in new_block_ids)
-                if req_id in self.pooling_states:
-                    # Preempted: its prompt is recomputed, so are the chunks kept.
-                    self.pooling_states[req_id].clean()
-            elif new_block_ids is not None:
-                for block_ids, new_ids in zip(req_state.block_ids, new_block_ids):
-                    block_ids.extend(new_ids)
-
-            if row is None:
-                all_token_ids = data.all_token_ids.get(req_id)
-                if all_token_ids is not None:
-                    req_state.output_token_ids[:] = all_token_ids[req_state.num_prompt_tokens :]
-                to_add.append(req_state)
-                continue
-            batch.num_computed_tokens_cpu[row] = num_computed
-            if new_block_ids is not None:
-                batch.block_table.append_row(new_block_ids, row)
-        return to_add
-
-    # ---- inputs --------------------------------------------------------------
+    # ---- inputs (gpu_step_inputs.py) -----------------------------------------
     def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> PreparedInputs:
-        """Fill the input buffers for the scheduled tokens, vectorised.
-
-        Tokens are laid out request after request in batch order. For the
-        example batch [req0: 3 tokens from position 5, req1: 1 token at 9]:
-            req_indices = [0, 0, 0, 1]    positions = [5, 6, 7, 9]
-            query_start_loc = [0, 3, 4]   seq_lens = [8, 10]
-        When a CUDA graph serves the batch, dummy requests pad it to the
-        graph's size (see vllm/v1/worker/cudagraph_padding.py).
-        """
+        """The step's inputs on the device with their attention metadata: the
+        host buffers filled (`fill_step_inputs`), the drafts and LoRA mappings,
+        the graph and the padding to its size (dummy requests, see
+        vllm/v1/worker/cudagraph_padding.py), then the copy to the device."""
         batch, bufs = self.input_batch, self.input_buffers
-        num_reqs = batch.num_reqs
-        total = scheduler_output.total_num_scheduled_tokens
-        assert 0 < total <= self.max_num_tokens
-        num_scheduled = np.fromiter(
-            (scheduler_output.num_scheduled_tokens[r] for r in batch.req_ids),
-            dtype=np.int32,
-            count=num_reqs,
+        layout = fill_step_inputs(
+            scheduler_output, batch, bufs, self.arange_np, self.max_num_tokens
         )
-        cu_num_tokens = np.cumsum(num_scheduled)
-        req_indices = np.repeat(self.arange_np[:num_reqs], num_scheduled)
-        # Offset of each token inside its request: 0..n_i-1 for every request i.
-        offsets = self.arange_np[:total] - np.repeat(cu_num_tokens - num_scheduled, num_scheduled)
-        positions = bufs.positions.np[:total]
-        np.add(batch.num_computed_tokens_cpu[req_indices], offsets, out=positions)
-
-        # Token ids come from the flattened [max_num_reqs, max_model_len] buffer.
-        token_indices = positions + req_indices * batch.token_ids_cpu.shape[1]
-        np.take(batch.token_ids_cpu.ravel(), token_indices, out=bufs.input_ids.np[:total])
-        batch.block_table.compute_slot_mapping(req_indices, positions)
-        bufs.query_start_loc.np[0] = 0
-        bufs.query_start_loc.np[1 : num_reqs + 1] = cu_num_tokens
-        seq_lens = bufs.seq_lens.np[:num_reqs]
-        np.add(batch.num_computed_tokens_cpu[:num_reqs], num_scheduled, out=seq_lens)
-
-        spec_step, has_lora = self._spec_step_and_loras(
-            scheduler_output, num_scheduled, cu_num_tokens, bufs.input_ids.np[:total]
+        spec_step, has_lora = spec_step_and_loras(
+            scheduler_output,
+            batch,
+            layout,
+            bufs.input_ids.np[: layout.total],
+            self.spec_decoder,
+            self.set_active_loras if self.lora_config is not None else None,
         )
-        spec_metadata = spec_step.metadata if spec_step is not None else None
-        padded = self.cudagraph_manager.dispatch(num_scheduled, total, has_lora)
+        padded = self.cudagraph_manager.dispatch(layout.num_scheduled, layout.total, has_lora)
         attn_metadata = bufs.commit(padded, batch, self.attn_groups)
         if self.async_sampled_tokens is not None:
             # The decode tokens sampled by the step still in flight.
             self.async_sampled_tokens.scatter_into_input_ids(
-                batch.req_ids, bufs.input_ids.np, bufs.input_ids.gpu, cu_num_tokens
+                batch.req_ids, bufs.input_ids.np, bufs.input_ids.gpu, layout.cu_num_tokens
             )
-        if spec_metadata is not None:  # each drafting request's draft and bonus rows
-            logits_indices = spec_metadata.logits_indices
-        else:
-            logits_indices = bufs.query_start_loc.gpu[1 : num_reqs + 1].to(torch.int64) - 1
-        # A request whose tokens are not all computed after this step is still
-        # in its prefill: the token sampled for it is not a real output.
-        # (num_tokens counts no drafts: a row with drafts always samples.)
-        discard_mask = seq_lens < batch.num_tokens[:num_reqs]
+        spec_metadata = spec_step.metadata if spec_step is not None else None
+        logits_indices = logits_indices_for_step(bufs, batch.num_reqs, spec_metadata)
+        discard_mask = discard_mask_for_step(batch, bufs)
         return PreparedInputs(attn_metadata, logits_indices, discard_mask, padded, spec_step)
-
-    def _spec_step_and_loras(
-        self,
-        scheduler_output: SchedulerOutput,
-        num_scheduled: np.ndarray,
-        cu_num_tokens: np.ndarray,
-        input_ids: np.ndarray,
-    ) -> tuple[SpecStep | None, bool]:
-        """The step's drafts (with a drafter) and, with LoRA, the token ->
-        adapter and logits row -> adapter mappings (a drafting request has
-        its draft rows and its bonus row); whether any adapter is active."""
-        spec_step = None
-        if self.spec_decoder is not None:
-            spec_step = self.spec_decoder.step_inputs(
-                self.input_batch,
-                scheduler_output.scheduled_spec_decode_tokens,
-                num_scheduled,
-                cu_num_tokens,
-                input_ids,
-            )
-        if self.lora_config is None:
-            return spec_step, False
-        num_sampled = None
-        if spec_step is not None and spec_step.metadata is not None:
-            num_sampled = spec_step.num_draft_tokens + 1
-        self.set_active_loras(self.input_batch, num_scheduled, num_sampled)
-        return spec_step, bool(self.input_batch.lora_id_to_lora_request)

@@ -199,6 +199,35 @@ def test_blockwise_argmax_equals_torch_argmax(vocab):
     ties = torch.randint(0, 4, (8, vocab), generator=g).float()
     for t in (x, ties, x[:, : vocab - 1]):  # the last: rows with a stride > vocab
         assert torch.equal(argmax_rows(t), t.argmax(dim=-1))
+        for i in range(4):  # one row: its own path
+            assert torch.equal(argmax_rows(t[i : i + 1]), t[i : i + 1].argmax(dim=-1))
     out = torch.empty(12, dtype=torch.int64)
+    argmax_rows(x, out=out)
+    assert torch.equal(out, x.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [513, 49152])
+def test_blockwise_argmax_half_precision(dtype, vocab):
+    """Half-precision logits (the model's dtype), many rows (blockwise) and
+    one row (widened to float32): torch's argmax of the half values, ties
+    (which rounding to half makes common) and NaN included."""
+    from vllm.v1.worker.gpu.sample.greedy_argmax import argmax_rows
+
+    g = torch.Generator().manual_seed(vocab)
+    x = (torch.randn(6, vocab, generator=g) * 4).to(dtype)
+    x[1, 7] = x[1, vocab - 2] = 100.0  # tie across blocks: the first one
+    x[2, vocab // 3] = float("nan")  # NaN wins, as in torch.argmax
+    x[3] = float("-inf")
+    x[3, -1] = 0.0
+    for t in (x, x[:, : vocab - 1]):
+        assert torch.equal(argmax_rows(t), t.argmax(dim=-1))
+        for i in range(len(t)):
+            assert torch.equal(argmax_rows(t[i : i + 1]), t[i : i + 1].argmax(dim=-1))
+    assert argmax_rows(x)[2] == argmax_rows(x[2:3])[0] == vocab // 3
+    one = torch.empty(1, dtype=torch.int64)
+    argmax_rows(x[1:2], out=one)
+    assert one.item() == 7
+    out = torch.empty(6, dtype=torch.int64)
     argmax_rows(x, out=out)
     assert torch.equal(out, x.argmax(dim=-1))

@@ -96,6 +96,30 @@ def _tokenizer_model_max_length(tokenizer: str | None) -> int | None:
     return None
 
 
+def _resolve_auto_dtype(config_dtype: torch.dtype | None) -> torch.dtype:
+    """dtype="auto": the checkpoint's dtype, except that float32 (or unknown,
+    e.g. GGUF) checkpoints run in bfloat16 as upstream does, and float16 becomes
+    bfloat16 on CPU where half precision matmuls are slow. On a CPU without
+    native bf16 (no AVX512_BF16 / AMX-BF16) everything runs in float32: there
+    bf16 GEMMs convert in software and take minutes where float32 takes
+    seconds (issue 21); an explicit dtype still wins."""
+    auto = torch.bfloat16 if config_dtype in (None, torch.float32) else config_dtype
+    if torch.cuda.is_available():
+        return auto
+    from vllm.platforms import cpu_capability
+
+    if not cpu_capability.cpu_has_native_bf16():
+        logger.info_once(
+            "dtype='auto': this CPU has no native bf16 (no avx512_bf16 / amx_bf16 flag in "
+            "/proc/cpuinfo), so bf16 matmuls run in software (minutes where float32 takes "
+            "~30 s on a 2-core AVX2 machine); computing in torch.float32 (checkpoint: %s). "
+            "Pass --dtype bfloat16 to force bf16.",
+            config_dtype if config_dtype is not None else "unknown dtype",
+        )
+        return torch.float32
+    return torch.bfloat16 if auto == torch.float16 else auto
+
+
 def _parse_max_model_len(value: int | str | None) -> int | None:
     """Accepts 4096, "4096", "32k", "1m" (k = 1000, K = 1024, as upstream), and None."""
     if value is None or isinstance(value, int):
@@ -281,14 +305,7 @@ class ModelConfig:
             if dtype not in STR_DTYPE_TO_TORCH_DTYPE or dtype.startswith("fp8"):
                 raise ValueError(f"Unknown dtype: {dtype!r}")
             return STR_DTYPE_TO_TORCH_DTYPE[dtype]
-        # "auto": the checkpoint's dtype, except that float32 (or unknown, e.g.
-        # GGUF) checkpoints run in bfloat16 as upstream does, and float16 becomes
-        # bfloat16 on CPU where half precision matmuls are slow.
-        if config_dtype in (None, torch.float32):
-            return torch.bfloat16
-        if config_dtype == torch.float16 and not torch.cuda.is_available():
-            return torch.bfloat16
-        return config_dtype
+        return _resolve_auto_dtype(config_dtype)
 
     def _derived_max_model_len(self) -> int:
         """The context length the checkpoint allows, as upstream derives it: the

@@ -128,7 +128,8 @@ class EngineArgs:
     dtype: str = _arg(
         "auto",
         'Data type of weights and activations. "auto": the checkpoint\'s '
-        "(float16 checkpoints run in bfloat16 on CPU).",
+        "(float16 checkpoints run in bfloat16 on CPU; everything runs in float32 on a CPU "
+        "without native bf16, i.e. no avx512_bf16 / amx_bf16).",
         "ModelConfig",
         choices=_DTYPES,
     )

@@ -42,6 +42,21 @@ SpeculativeMethod = Literal[
 RejectionSampleMethod = Literal["standard", "synthetic", "block"]
 DraftSampleMethod = Literal["greedy", "probabilistic"]
 
+# Suffix decoding's library (arctic-inference: PyPI ships only its sdist, a
+# C++ extension built with nanobind). Its build requirements name torch, so an
+# isolated build would download a CUDA torch: build it in the environment.
+ARCTIC_INFERENCE_INSTALL_HINT = (
+    "Install via `pip install nanobind==2.9.2 && pip install --no-deps --no-build-isolation "
+    "arctic-inference==0.3.0` (a source build of a small C++ extension, ~30 s; without "
+    "--no-build-isolation pip downloads a CUDA torch to build it)."
+)
+# The suffix-decoding fields and their defaults (used by method "suffix" only).
+_SUFFIX_DEFAULTS: dict[str, float] = {
+    "suffix_decoding_max_tree_depth": 24,
+    "suffix_decoding_max_cached_requests": 10000,
+    "suffix_decoding_max_spec_factor": 1.0,
+    "suffix_decoding_min_token_prob": 0.1,
+}
 # Methods that need no draft checkpoint: `model` names the method itself.
 _MODEL_FREE = {"ngram": "ngram", "ngram_gpu": "ngram_gpu", "suffix": "suffix"}
 _MODEL_FREE["extract_hidden_states"] = "extract_hidden_states"
@@ -111,6 +126,7 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         self._check_field_values()
         self._resolve_method()
+        self._check_suffix_fields()
         if self.method == "ngram" or self.method == "ngram_gpu":
             self._resolve_ngram_window()
             self.draft_model_config = self.target_model_config
@@ -202,15 +218,36 @@ class SpeculativeConfig:
                 f"<= prompt_lookup_max={self.prompt_lookup_max}"
             )
 
+    def _check_suffix_fields(self) -> None:
+        """The suffix_decoding_* fields' types (upstream: pydantic int/float);
+        with another method a value set away from its default is refused (it
+        would have no effect)."""
+        for name, default in _SUFFIX_DEFAULTS.items():
+            value = getattr(self, name)
+            kinds: tuple[type, ...] = (int,) if isinstance(default, int) else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                kind = "an integer" if kinds == (int,) else "a number"
+                raise ValueError(f"speculative_config.{name} must be {kind}, got {value!r}")
+            if self.method != "suffix" and value != default:
+                raise ValueError(
+                    f"speculative_config.{name}={value!r} only applies to method='suffix' "
+                    f"(method={self.method!r})."
+                )
+
     def _validate_suffix_decoding(self) -> None:
+        """Upstream's checks for method "suffix": the library is importable,
+        num_speculative_tokens defaults to the tree depth (it is only a cap:
+        each draft's length is decided per step), the bounds."""
         if importlib.util.find_spec("arctic_inference") is None:
             raise ImportError(
-                "Arctic Inference is required for suffix decoding. "
-                "Install via `pip install arctic-inference==0.1.1`."
+                f"Arctic Inference is required for suffix decoding. {ARCTIC_INFERENCE_INSTALL_HINT}"
             )
         if self.num_speculative_tokens is None:
-            # Suffix decoding sizes each draft itself; this is only the cap.
             self.num_speculative_tokens = self.suffix_decoding_max_tree_depth
+            logger.warning(
+                "Defaulted num_speculative_tokens to %s for suffix decoding.",
+                self.num_speculative_tokens,
+            )
         for name, ok, rule in (
             ("suffix_decoding_max_tree_depth", self.suffix_decoding_max_tree_depth >= 1, ">= 1"),
             (

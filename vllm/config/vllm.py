@@ -54,7 +54,7 @@ DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: frozenset[str] = frozenset(
 
 # Speculative decoding methods the engine runs (all on the V1 model runner);
 # every other method SpeculativeConfig accepts is refused by name.
-SPEC_DECODE_BUILT_METHODS: tuple[str, ...] = ("ngram", "draft_model", "eagle", "eagle3")
+SPEC_DECODE_BUILT_METHODS: tuple[str, ...] = ("ngram", "draft_model", "eagle", "eagle3", "suffix")
 # Methods upstream runs under async scheduling (EAGLE family, ngram_gpu,
 # draft_model, dspark); others turn it off.
 _ASYNC_SPEC_METHODS = ("eagle", "eagle3", "mtp", "ngram_gpu", "draft_model", "dspark")

@@ -116,11 +116,6 @@ def test_method_detected_from_model():
             "Adaptive verification only supported with DSpark",
         ),
         (
-            {"method": "suffix", "num_speculative_tokens": 2},
-            ImportError,
-            "Arctic Inference is required for suffix decoding",
-        ),
-        (
             {"method": "ngram", "num_speculative_tokens": 2, "rejection_sample_method": "x"},
             ValueError,
             "rejection_sample_method='x'",

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 def build_drafter(vllm_config: VllmConfig, device: torch.device, runner: Any) -> Any | None:
     """The drafter for `vllm_config.speculative_config` (None without one):
     NgramProposer for "ngram", DraftModelProposer for "draft_model",
-    EagleProposer for "eagle"/"eagle3"."""
+    EagleProposer for "eagle"/"eagle3", SuffixDecodingProposer for "suffix"."""
     spec = vllm_config.speculative_config
     if spec is None:
         return None
@@ -56,6 +56,10 @@ def build_drafter(vllm_config: VllmConfig, device: torch.device, runner: Any) ->
         from vllm.v1.spec_decode.eagle import EagleProposer
 
         return EagleProposer(vllm_config, device, runner)
+    if method == "suffix":
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+        return SuffixDecodingProposer(vllm_config)
     raise NotImplementedError(
         f"Speculative decoding method {method!r} is not supported by the V1 model runner."
     )
@@ -277,6 +281,9 @@ class SpeculativeDecoder:
                 batch.num_tokens_no_spec[:num_reqs],
                 batch.token_ids_cpu,
             )
+        elif self.method == "suffix":
+            # Per-request suffix trees: a draft of 0..k tokens per row.
+            drafts = self.drafter.propose(self.num_spec_tokens, batch, sampled)
         else:
             inputs = ProposerInputs(
                 input_batch=batch,

@@ -56,10 +56,9 @@ DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: frozenset[str] = frozenset(
 # every other method SpeculativeConfig accepts is refused by name.
 SPEC_DECODE_BUILT_METHODS: tuple[str, ...] = ("ngram", "draft_model", "eagle", "eagle3", "suffix")
 # Methods upstream runs under async scheduling (EAGLE family, ngram_gpu,
-# draft_model, dspark); others turn it off.
+# draft_model, dspark); others turn it off. The built ones (draft_model,
+# eagle, eagle3) run async on the V1 runner (vllm/v1/worker/async_spec_decode.py).
 _ASYNC_SPEC_METHODS = ("eagle", "eagle3", "mtp", "ngram_gpu", "draft_model", "dspark")
-# Of those, the built ones that run synchronously only here.
-_SYNC_ONLY_SPEC_METHODS = ("draft_model", "eagle", "eagle3")
 
 
 def _v2_model_runner_built() -> bool:
@@ -347,36 +346,22 @@ class VllmConfig:
             )
 
     def _speculative_async_rule(self) -> None:
-        """Async scheduling under speculative decoding (upstream's rule for
-        ngram; draft_model and EAGLE, which upstream runs async, are
-        sync-only here)."""
+        """Async scheduling under speculative decoding, upstream's rule: the
+        EAGLE family and draft_model run async; any other method (ngram,
+        suffix) refuses an explicit True and turns the default off."""
         spec, sc = self.speculative_config, self.scheduler_config
-        if spec is None or sc.async_scheduling is False:
+        if spec is None or sc.async_scheduling is False or spec.method in _ASYNC_SPEC_METHODS:
             return
-        if spec.method in _SYNC_ONLY_SPEC_METHODS:
-            if sc.async_scheduling:
-                raise NotImplementedError(
-                    f"async_scheduling=True: async scheduling with {spec.method} speculative "
-                    "decoding is not built yet."
-                )
-            logger.warning_once(
-                "Async scheduling with %s speculative decoding is not built yet; async "
-                "scheduling will be disabled.",
-                spec.method,
+        if sc.async_scheduling:
+            raise ValueError(
+                "Currently, async scheduling is only supported with "
+                "EAGLE/MTP/Draft Model/NGram GPU/DSpark kind of speculative decoding"
             )
-        elif spec.method not in _ASYNC_SPEC_METHODS:
-            if sc.async_scheduling:
-                raise ValueError(
-                    "Currently, async scheduling is only supported with "
-                    "EAGLE/MTP/Draft Model/NGram GPU/DSpark kind of speculative decoding"
-                )
-            logger.warning_once(
-                "Async scheduling not supported with %s-based speculative decoding and "
-                "will be disabled.",
-                spec.method,
-            )
-        else:
-            return
+        logger.warning_once(
+            "Async scheduling not supported with %s-based speculative decoding and "
+            "will be disabled.",
+            spec.method,
+        )
         sc.async_scheduling = False
 
     def _resolve_async_scheduling(self) -> None:

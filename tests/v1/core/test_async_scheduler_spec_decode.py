@@ -1,9 +1,10 @@
-"""The async scheduler with speculative decoding (scheduler level: no runner
-pairs async scheduling with drafts yet). A step is scheduled before the
-previous one's drafts are known, so each decoding request carries
-placeholder drafts (-1) and 1 + drafts output placeholders per step in
-flight; the output of a step gives back one placeholder per token emitted and
-one per rejected draft."""
+"""The async scheduler with speculative decoding (scheduler level; the V1
+runner's side is tests/v1/spec_decode/test_async_spec_e2e.py). A step is
+scheduled before the previous one's drafts are known, so each decoding
+request carries placeholder drafts (-1) and 1 + drafts output placeholders
+per step in flight; the output of a step gives back one placeholder per token
+emitted and one per rejected draft. The runner's drafts reach the scheduler
+only for a structured-output step (update_draft_token_ids_in_output)."""
 
 import random
 from collections import deque
@@ -14,7 +15,8 @@ from tests.v1.core.scheduler_utils import create_requests, create_scheduler, mak
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import FinishReason
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import RequestStatus
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
 pytestmark = pytest.mark.cpu_test
 
@@ -133,3 +135,45 @@ def test_reset_prefix_cache_discards_stale_drafted_steps():
     scheduler.update_from_output(out3, runner_output(out3, [[10]]))
     assert list(request.output_token_ids) == [7, 10]
     assert request.num_output_placeholders == 0
+
+
+def test_drafts_in_output_replace_placeholders():
+    """update_draft_token_ids_in_output: each scheduled request's placeholders
+    become the first n of the runner's drafts (n scheduled); requests the
+    step does not verify drafts for, and finished ones, are left alone."""
+    scheduler = create_scheduler(
+        async_scheduling=True, num_speculative_tokens=3, max_num_batched_tokens=64
+    )
+    for req_id in ("1", "2"):
+        scheduler.add_request(make_request(req_id, num_tokens=10, max_tokens=50))
+    out1 = scheduler.schedule()  # both prompts
+    out2 = scheduler.schedule()  # each: a placeholder token + 3 placeholder drafts
+    assert out2.scheduled_spec_decode_tokens == {"1": [-1, -1, -1], "2": [-1, -1, -1]}
+    out2.scheduled_spec_decode_tokens["2"] = [-1, -1]  # as if the budget cut one
+    drafts = DraftTokenIds(["1", "2", "3"], [[5, 6, 7], [8, 9, 10], [11, 12, 13]])
+    scheduler.update_draft_token_ids_in_output(drafts, out2)
+    assert out2.scheduled_spec_decode_tokens == {"1": [5, 6, 7], "2": [8, 9]}
+    assert out2.num_invalid_spec_tokens == {}
+    assert scheduler.requests["1"].spec_token_ids == [-1, -1, -1]  # the shared placeholders
+    scheduler.update_from_output(out1, runner_output(out1, [[1], [2]]))
+    scheduler.finish_requests("1", RequestStatus.FINISHED_ABORTED)
+    out2.scheduled_spec_decode_tokens["2"] = [-1, -1]
+    scheduler.update_draft_token_ids_in_output(drafts, out2)
+    assert out2.scheduled_spec_decode_tokens == {"1": [5, 6, 7], "2": [8, 9]}
+
+
+def test_grammar_invalid_drafts_not_counted_as_drafted():
+    """Drafts the grammar ruled out (num_invalid_spec_tokens) are rejected
+    by the runner but, as upstream, not counted in the drafted stats."""
+    scheduler = create_scheduler(async_scheduling=True, num_speculative_tokens=3, log_stats=True)
+    request = make_request("0", num_tokens=10, max_tokens=50)
+    scheduler.add_request(request)
+    out1 = scheduler.schedule()
+    out2 = scheduler.schedule()
+    out2.scheduled_spec_decode_tokens["0"] = [4, -1, -1]
+    out2.num_invalid_spec_tokens = {"0": 2}
+    scheduler.update_from_output(out1, runner_output(out1, [[7]]))
+    outputs = scheduler.update_from_output(out2, runner_output(out2, [[4, 5]]))
+    stats = outputs[0].scheduler_stats.spec_decoding_stats
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 1, 1)
+    assert request.num_computed_tokens == request.num_tokens - 1  # 2 rejected taken back

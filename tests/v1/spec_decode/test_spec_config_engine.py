@@ -1,8 +1,8 @@
 """Speculative decoding at engine start-up: bad input and unbuilt methods or
 options are clear errors naming them; speculative configs run on the V1 model
 runner (Model Runner V2 falls back with upstream's warning, forcing V2 is an
-error) and with async scheduling off (upstream's rule for ngram; draft_model
-and EAGLE are sync-only here)."""
+error) and with upstream's async-scheduling rule (ngram: an explicit True is
+refused, the default turns it off; draft_model and EAGLE run async)."""
 
 from __future__ import annotations
 
@@ -96,10 +96,14 @@ def test_async_scheduling_rules(tiny_model_dir, warnings):
     assert any("Async scheduling not supported with ngram-based" in w for w in warnings)
     with pytest.raises(ValueError, match="async scheduling is only supported with EAGLE"):
         _config(model, speculative_config=NGRAM, async_scheduling=True)
+    # draft_model (and the EAGLE family) run async, as upstream: an explicit
+    # True stays on, and the default follows the executor's rule (on with
+    # multiprocess workers, off with one CPU worker).
     draft = {"model": model, "num_speculative_tokens": 2}
-    with pytest.raises(NotImplementedError, match="async scheduling with draft_model"):
-        _config(model, speculative_config=draft, async_scheduling=True)
+    config = _config(model, speculative_config=draft, async_scheduling=True)
+    assert config.scheduler_config.async_scheduling is True
     config = _config(model, speculative_config=draft, **mp)
-    assert config.scheduler_config.async_scheduling is False
+    assert config.scheduler_config.async_scheduling is True
     assert config.speculative_config is not None
     assert config.speculative_config.method == "draft_model"
+    assert _config(model, speculative_config=draft).scheduler_config.async_scheduling is False

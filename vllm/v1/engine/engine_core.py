@@ -324,10 +324,30 @@ class EngineCore:
         """Queue a launched step's sampling behind its forward pass (on the
         worker) and put the step in the batch queue."""
         assert self.batch_queue is not None
+        self._fill_in_drafts_for_grammar(scheduler_output)
         grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)
         future = self.model_executor.sample_tokens(grammar_output, non_block=True)
         assert isinstance(future, Future)  # non_block=True: every executor returns one
         self.batch_queue.appendleft((future, exec_future, scheduler_output))
+
+    def _fill_in_drafts_for_grammar(self, scheduler_output: SchedulerOutput) -> None:
+        """Async scheduling with drafts: the bitmask of a structured-output
+        request covers each draft position, so it needs the drafts, which
+        only the runner has (the step carries placeholders). Every earlier
+        step is processed by now (its sampling proposed them), and the
+        executor runs this call after the step's forward: the drafts it
+        returns are the ones that forward verified (upstream's deferred path
+        in step_with_batch_queue)."""
+        if not (
+            self.use_spec_decode
+            and self.async_scheduling
+            and scheduler_output.has_structured_output_requests
+            and scheduler_output.scheduled_spec_decode_tokens
+        ):
+            return
+        draft_token_ids = self.model_executor.take_draft_token_ids()
+        if draft_token_ids is not None:
+            self.scheduler.update_draft_token_ids_in_output(draft_token_ids, scheduler_output)
 
     def _launch_forward(self, scheduler_output: SchedulerOutput) -> StepFuture:
         """Start the step's forward pass; its Future resolves to the output,

@@ -203,8 +203,8 @@ class StructuredOutputManager:
         scheduled_spec_decode_tokens: dict[str, list[int]],
     ) -> np.ndarray | None:
         """int32 [rows, ceil(vocab / 32)]: one row per position to sample of
-        each id in order (1 + its spec tokens; spec decode is not built, so
-        one row each). None when there is nothing to constrain."""
+        each id in order (1 + its scheduled drafts). None when there is
+        nothing to constrain."""
         if not structured_output_request_ids:
             return None
         assert self.backend is not None, "grammar_bitmask before any grammar_init"
@@ -227,8 +227,11 @@ class StructuredOutputManager:
                 if apply:
                     assert grammar is not None
                     grammar.fill_bitmask(bitmask, index)
+                    # -1: a draft its grammar ruled out (async scheduling:
+                    # Scheduler.update_draft_token_ids_in_output); skipped.
                     if (
                         token is not None
+                        and token >= 0
                         and not grammar.is_terminated()
                         and grammar.accept_tokens(req_id, [token])
                     ):

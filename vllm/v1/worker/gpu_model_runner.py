@@ -26,11 +26,14 @@ One step is two calls, as upstream:
 Loading the model and the KV cache set-up: vllm/v1/worker/gpu_model_setup.py
 and vllm/v1/worker/kv_cache_setup.py.
 
-Speculative decoding (sync scheduling only) is the SpeculativeDecoder of
+Speculative decoding is the SpeculativeDecoder of
 vllm/v1/worker/spec_decode_utils.py: the scheduled drafts join the step's
 inputs, the logits hold each drafting request's draft rows and bonus row,
 the rejection sampler emits a variable number of tokens per request, and
-the next drafts are proposed after the step's bookkeeping.
+the next drafts are proposed after the step's bookkeeping. Under async
+scheduling the scheduler sends placeholder drafts and counts the previous
+step's drafts as accepted; AsyncSpecDrafts (vllm/v1/worker/async_spec_decode.py)
+puts the runner's own drafts in and corrects the counts.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker import kv_cache_setup
 from vllm.v1.worker.async_sampled_tokens import AsyncGPUModelRunnerOutput, AsyncSampledTokens
+from vllm.v1.worker.async_spec_decode import AsyncSpecDrafts
 from vllm.v1.worker.cudagraph_manager import CudaGraphManager, unwrap_model
 from vllm.v1.worker.cudagraph_padding import resolve_cudagraph_mode
 from vllm.v1.worker.gpu_dummy_run import dummy_run, dummy_sampler_run
@@ -99,6 +103,7 @@ from vllm.v1.worker.gpu_step_inputs import (
 from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from vllm.v1.worker.prompt_logprobs import PromptLogprobsWorker
 from vllm.v1.worker.spec_decode_utils import (
+    SpecStep,
     SpeculativeDecoder,
     split_model_output,
     write_draft_tokens,
@@ -178,19 +183,24 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self.use_async_scheduling = bool(self.scheduler_config.async_scheduling)
         on_cuda = self.use_async_scheduling and device.type == "cuda"
         self.prepare_inputs_event = torch.cuda.Event() if on_cuda else None
-        self.async_sampled_tokens = (
-            AsyncSampledTokens(torch.cuda.Stream() if on_cuda else None)
-            if self.use_async_scheduling
-            else None
-        )
-        # Speculative decoding (V1 runner only; VllmConfig turns async
-        # scheduling off with it): drafter, rejection sampler, pending drafts.
+        # Speculative decoding: drafter, rejection sampler, pending drafts.
         self.spec_decoder = (
             SpeculativeDecoder(vllm_config, device, self)
             if vllm_config.speculative_config is not None
             else None
         )
         self.drafter = self.spec_decoder.drafter if self.spec_decoder is not None else None
+        # Async scheduling: without drafts the sampled ids stay on the device
+        # until the next step's inputs (AsyncSampledTokens); with drafts each
+        # step's emitted tokens go into the batch at once (the device is the
+        # host here) and AsyncSpecDrafts mends the scheduler's optimistic view.
+        use_async_spec = self.use_async_scheduling and self.spec_decoder is not None
+        self.async_spec_drafts = AsyncSpecDrafts() if use_async_spec else None
+        self.async_sampled_tokens = (
+            AsyncSampledTokens(torch.cuda.Stream() if on_cuda else None)
+            if self.use_async_scheduling and not use_async_spec
+            else None
+        )
 
     def _make_input_batch(self, block_sizes: list[int]) -> InputBatch:
         return InputBatch(
@@ -466,7 +476,22 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         propose_drafts(
             self.spec_decoder, self.input_batch, state, output.sampled_token_ids, self.attn_groups
         )
+        if self.async_spec_drafts is not None and state.spec_step is not None:
+            self._keep_async_spec_state(state.spec_step, output.sampled_token_ids)
         return output
+
+    def _keep_async_spec_state(self, spec_step: SpecStep, sampled: list[list[int]]) -> None:
+        """Async scheduling with drafts: the step's rejections and the new
+        drafts stay here for the next step's inputs (the scheduler gets
+        placeholders; upstream keeps them on the device likewise)."""
+        assert self.async_spec_drafts is not None and self.spec_decoder is not None
+        self.async_spec_drafts.record_step(
+            list(self.input_batch.req_ids),
+            spec_step,
+            sampled,
+            self.spec_decoder.take_draft_token_ids(),
+            self.spec_decoder.num_spec_tokens,
+        )
 
     def _receive_last_stage_tokens(self, discard_mask: np.ndarray) -> None:
         """A pipeline stage before the last: take the last stage's tokens
@@ -490,7 +515,11 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         )
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
-        """The drafts the last step proposed (once; None without a drafter)."""
+        """The drafts the last step proposed (once; None without a drafter).
+        Async scheduling: every request's kept drafts (the ones its next step
+        verifies), which stay here."""
+        if self.async_spec_drafts is not None:
+            return self.async_spec_drafts.draft_token_ids()
         if self.spec_decoder is None:
             return None
         return self.spec_decoder.take_draft_token_ids()
@@ -527,7 +556,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         """Bring the cached request states and the persistent batch in line
         with the scheduler's decisions for this step."""
-        batch = self.input_batch
+        batch, async_spec = self.input_batch, self.async_spec_drafts
         remove_stale_requests(
             scheduler_output,
             batch,
@@ -537,7 +566,11 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         )
         reqs_to_add = [self._add_new_request(r) for r in scheduler_output.scheduled_new_reqs]
         reqs_to_add += update_cached_requests(
-            scheduler_output, batch, self.requests, self.pooling_states
+            scheduler_output,
+            batch,
+            self.requests,
+            self.pooling_states,
+            async_spec.corrected_num_computed if async_spec is not None else None,
         )
         for req_state in reqs_to_add:
             batch.add_request(req_state)
@@ -548,8 +581,13 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             reorder_batch_to_split_decodes_and_prefills(
                 batch, scheduler_output.num_scheduled_tokens, self.reorder_batch_threshold
             )
-        if scheduler_output.scheduled_spec_decode_tokens:
-            write_draft_tokens(batch, scheduler_output.scheduled_spec_decode_tokens)
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        if async_spec is not None:
+            for req_id in scheduler_output.finished_req_ids:
+                async_spec.remove(req_id)
+            spec_tokens = async_spec.real_spec_tokens(spec_tokens)  # placeholders -> drafts
+        if spec_tokens:
+            write_draft_tokens(batch, spec_tokens)
         batch.refresh_metadata()
 
     def _add_new_request(self, new_req: NewRequestData) -> CachedRequestState:

@@ -11,6 +11,7 @@ the persistent `InputBatch`; the runner then condenses and reorders the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -118,17 +119,24 @@ def update_cached_requests(
     batch: InputBatch,
     requests: dict[str, CachedRequestState],
     pooling_states: dict[str, PoolingStates],
+    correct_num_computed: Callable[[str, int], int] | None = None,
 ) -> list[CachedRequestState]:
     """Apply the per-request diffs; returns the states that must (re)join
-    the batch (resumed, or not scheduled in the previous step)."""
+    the batch (resumed, or not scheduled in the previous step).
+    `correct_num_computed(req_id, n)` (async scheduling with speculative
+    decoding, vllm/v1/worker/async_spec_decode.py): the real computed-token
+    count of a request that stays in the batch, the scheduler's n counting
+    the previous step's drafts as accepted."""
     data = scheduler_output.scheduled_cached_reqs
     to_add: list[CachedRequestState] = []
     for i, req_id in enumerate(data.req_ids):
         req_state = requests[req_id]
         num_computed = data.num_computed_tokens[i]
         new_block_ids = data.new_block_ids[i]
-        req_state.num_computed_tokens = num_computed
         row = batch.req_id_to_index.get(req_id)
+        if correct_num_computed is not None and row is not None:
+            num_computed = correct_num_computed(req_id, num_computed)
+        req_state.num_computed_tokens = num_computed
 
         num_output_tokens = data.num_output_tokens[i]
         if num_output_tokens < len(req_state.output_token_ids):

@@ -2,7 +2,8 @@
 vllm/v1/worker/gpu_model_runner.py; split out so the runner's methods stay
 short).
 
-One step with a drafter (sync scheduling only):
+One step with a drafter (under async scheduling the scheduled drafts are
+placeholders, replaced by the runner's own: vllm/v1/worker/async_spec_decode.py):
   _update_states    write_draft_tokens: the scheduled drafts go into
                     token_ids_cpu after each row's known tokens
   _prepare_inputs   SpeculativeDecoder.step_inputs: SpecDecodeMetadata

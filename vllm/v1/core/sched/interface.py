@@ -117,6 +117,15 @@ class SchedulerInterface(ABC):
         request's drafts cut to the prefix its grammar accepts."""
 
     @abstractmethod
+    def update_draft_token_ids_in_output(
+        self, draft_token_ids: DraftTokenIds, scheduler_output: SchedulerOutput
+    ) -> None:
+        """Async scheduling: put the runner's drafts in place of the
+        placeholders `scheduler_output` scheduled (a structured-output
+        request's past its grammar-valid prefix as -1), before its grammar
+        bitmask is built."""
+
+    @abstractmethod
     def make_stats(
         self, spec_decoding_stats: SpecDecodingStats | None = None
     ) -> SchedulerStats | None:

@@ -140,13 +140,16 @@ class SchedulerOutput:
     preempted_req_ids: set[str] | None = None
     # Whether the scheduled requests hold structured-output requests.
     has_structured_output_requests: bool = False
+    # Async scheduling with drafts: per request, how many of its drafts its
+    # grammar ruled out (Scheduler.update_draft_token_ids_in_output; they
+    # are -1 in scheduled_spec_decode_tokens and not counted as drafted).
+    num_invalid_spec_tokens: dict[str, int] | None = None
     kv_connector_metadata: Any | None = None
     # Upstream v0.28's fields for features not built here (encoder inputs,
     # speculative decoding, KV / EC connectors, partial-block caching). The
     # scheduler never sets them, so workers never see anything but defaults.
     scheduled_encoder_input_stats: ScheduledEncoderInputStats | None = None
     pending_structured_output_tokens: bool = False
-    num_invalid_spec_tokens: dict[str, int] | None = None
     ec_connector_metadata: Any | None = None
     ec_manager_metadata: Any | None = None
     new_block_ids_to_zero: list[int] | None = None

@@ -420,7 +420,8 @@ class Scheduler(SchedulerInterface):
                 continue
             status_before = request.status
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
-            output = self._process_request_output(request, model_runner_output, drafts)
+            num_invalid = (scheduler_output.num_invalid_spec_tokens or {}).get(req_id, 0)
+            output = self._process_request_output(request, model_runner_output, drafts, num_invalid)
             if request.is_finished():
                 if status_before == RequestStatus.RUNNING:
                     stopped_running_reqs.add(request)
@@ -442,8 +443,11 @@ class Scheduler(SchedulerInterface):
         request: Request,
         model_runner_output: ModelRunnerOutput,
         scheduled_drafts: list[int] | None = None,
+        num_invalid_drafts: int = 0,
     ) -> EngineCoreOutput | None:
-        """Apply one request's results (and verified drafts); return its output, if any."""
+        """Apply one request's results (and verified drafts, of which
+        `num_invalid_drafts` were ruled out by its grammar); return its
+        output, if any."""
         req_id = request.request_id
         req_index = model_runner_output.req_id_to_index[req_id]
         sampled = model_runner_output.sampled_token_ids
@@ -452,7 +456,9 @@ class Scheduler(SchedulerInterface):
         pooler_outputs = model_runner_output.pooler_output
         pooler_output = pooler_outputs[req_index] if pooler_outputs else None
 
-        num_rejected = self.spec_decode.num_rejected(request, scheduled_drafts, new_token_ids)
+        num_rejected = self.spec_decode.num_rejected(
+            request, scheduled_drafts, new_token_ids, num_invalid_drafts
+        )
         if num_rejected:
             self._rollback_rejected_drafts(request, num_rejected)
         stopped = False
@@ -501,6 +507,15 @@ class Scheduler(SchedulerInterface):
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         """New drafts from the runner, before the next schedule()."""
         self.spec_decode.update_draft_token_ids(self.requests, draft_token_ids)
+
+    def update_draft_token_ids_in_output(
+        self, draft_token_ids: DraftTokenIds, scheduler_output: SchedulerOutput
+    ) -> None:
+        """Async scheduling: the runner's drafts in place of a scheduled step's
+        placeholders, cut to their grammar-valid prefix (spec_decode.py)."""
+        self.spec_decode.update_draft_token_ids_in_output(
+            self.requests, draft_token_ids, scheduler_output
+        )
 
     def _update_request_with_output(
         self, request: Request, new_token_ids: list[int]

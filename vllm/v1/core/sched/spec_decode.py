@@ -14,6 +14,12 @@ Life of a request's drafts, in sync scheduling:
                      back from num_computed_tokens (their KV slots are
                      overwritten by the next step)
 
+In async scheduling (AsyncScheduler) the drafts never reach the scheduler:
+it schedules k placeholders (-1) per request and the runner uses its own
+drafts (vllm/v1/worker/async_spec_decode.py). Only a step that needs the
+drafts' values here - a structured-output request's grammar bitmask - fetches
+them first (EngineCore -> update_draft_token_ids_in_output).
+
 Only real tokens are ever cached by the prefix cache: allocate_slots caches
 at most `request.num_tokens` tokens, which excludes drafts.
 """
@@ -26,6 +32,7 @@ from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.core.sched.scheduling_step import SchedulingStep
     from vllm.v1.outputs import DraftTokenIds
     from vllm.v1.request import Request
@@ -98,11 +105,17 @@ class SpecDecodeScheduling:
         request.spec_token_ids = []
 
     def num_rejected(
-        self, request: Request, scheduled_drafts: list[int] | None, generated: list[int]
+        self,
+        request: Request,
+        scheduled_drafts: list[int] | None,
+        generated: list[int],
+        num_invalid: int = 0,
     ) -> int:
         """The drafts of `request`'s step that the runner rejected, given the
         tokens it generated (accepted drafts + one of its own); counts them in
-        the stats. 0 when the step verified no drafts or sampled nothing."""
+        the stats, less the `num_invalid` ones its grammar ruled out before
+        verification (as upstream). 0 when the step verified no drafts or
+        sampled nothing."""
         if not scheduled_drafts or not generated:
             return 0
         num_drafts = len(scheduled_drafts)
@@ -112,10 +125,10 @@ class SpecDecodeScheduling:
                 f"Request {request.request_id}: {len(generated)} tokens generated for a "
                 f"step with {num_drafts} draft tokens (at most {num_drafts + 1})"
             )
-        if self.log_stats:
+        if self.log_stats and num_drafts > num_invalid:
             if self._stats is None:
                 self._stats = SpecDecodingStats.new(self.num_spec_tokens)
-            self._stats.observe_draft(num_drafts, num_accepted)
+            self._stats.observe_draft(num_drafts - num_invalid, num_accepted)
         return num_drafts - num_accepted
 
     def take_stats(self) -> SpecDecodingStats | None:
@@ -137,6 +150,32 @@ class SpecDecodeScheduling:
                 request.spec_token_ids = []
                 continue
             request.spec_token_ids = self._grammar_valid_prefix(request, list(spec_token_ids))
+
+    def update_draft_token_ids_in_output(
+        self,
+        requests: dict[str, Request],
+        draft_token_ids: DraftTokenIds,
+        scheduler_output: SchedulerOutput,
+    ) -> None:
+        """Async scheduling: a scheduled step carries placeholder drafts; put
+        the runner's real ones (the first n, n scheduled) in their place so
+        the grammar bitmask can follow them. A structured-output request's
+        drafts past its grammar's valid prefix become -1 (the bitmask skips
+        them; the runner's own copy of such a draft gets masked out and
+        rejected), counted in `scheduler_output.num_invalid_spec_tokens`."""
+        scheduled = scheduler_output.scheduled_spec_decode_tokens
+        num_invalid: dict[str, int] = {}
+        for req_id, spec_token_ids in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
+            request = requests.get(req_id)
+            placeholders = scheduled.get(req_id)
+            if request is None or request.is_finished() or not placeholders:
+                continue
+            n = len(placeholders)
+            valid = self._grammar_valid_prefix(request, list(spec_token_ids[:n]))
+            if len(valid) < n:
+                num_invalid[req_id] = n - len(valid)
+            scheduled[req_id] = valid + [-1] * (n - len(valid))
+        scheduler_output.num_invalid_spec_tokens = num_invalid
 
     def _grammar_valid_prefix(self, request: Request, spec_token_ids: list[int]) -> list[int]:
         if not spec_token_ids or not self.structured_output_manager.should_advance(request):

@@ -203,12 +203,14 @@ class VllmConfig:
             features.append("stock torch.compile")
         spec = self.speculative_config
         if spec is not None:
-            # Upstream's entries. Upstream's V2 serves the EAGLE family; this
-            # V2 serves no speculative method yet, so those fall back too.
+            # Upstream's entries: V2 serves the EAGLE family (here eagle and
+            # eagle3; mtp / dflash / dspark are refused earlier by name).
             if spec.method in ("ngram", "ngram_gpu"):
                 features.append("ngram/ngram_gpu speculative decoding")
-            else:
+            elif spec.method not in ("eagle", "eagle3", "mtp", "dflash", "dspark"):
                 features.append(f"speculative method '{spec.method}'")
+            if spec.parallel_drafting and spec.method not in ("dflash", "dspark"):
+                features.append("parallel drafting for EAGLE speculative decoding")
         return features
 
     @property
@@ -231,11 +233,16 @@ class VllmConfig:
                     "VLLM_USE_V2_MODEL_RUNNER=1 but pooling models (runner='pooling') run on "
                     "the V1 model runner only."
                 )
-            if forced and self.speculative_config is not None:
+            spec_unsupported = [
+                f
+                for f in self._get_v2_model_runner_unsupported_features()
+                if "speculative" in f or "drafting" in f
+            ]
+            if forced and spec_unsupported:
+                # Upstream's _validate_v2_model_runner: an error, not a fallback.
                 raise ValueError(
-                    "VLLM_USE_V2_MODEL_RUNNER=1 but Model Runner V2 does not yet support "
-                    f"{', '.join(self._get_v2_model_runner_unsupported_features())}; unset it "
-                    "(speculative decoding runs on the V1 model runner)."
+                    "VLLM_USE_V2_MODEL_RUNNER=1 but Model Runner V2 does not yet support: "
+                    f"{', '.join(spec_unsupported)} (unset it to use the V1 model runner)."
                 )
             return bool(forced)
         if not self._is_default_v2_model_runner_model():

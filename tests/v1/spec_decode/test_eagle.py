@@ -1,5 +1,8 @@
-"""EAGLE / EAGLE-3 speculative decoding end to end on the V1 runner (tiny
-random targets and heads, float32, CPU, engine in-process).
+"""EAGLE / EAGLE-3 speculative decoding end to end on both model runners
+(tiny random targets and heads, float32, CPU, engine in-process): each case
+runs on the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0, EagleProposer) or Model
+Runner V2 (the default for these targets, EagleSpeculator); llama-eagle on
+both.
 
 Greedy outputs must equal the same engine without speculation (random heads
 are rarely right, so this mostly checks that rejection never changes
@@ -18,6 +21,7 @@ from tests.utils import make_tiny_model
 from tests.v1.spec_decode.eagle_utils import RefDrafter, make_tiny_eagle, make_tiny_eagle3
 from vllm import LLM, SamplingParams
 from vllm.v1.spec_decode.eagle import EagleProposer
+from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
 
 K = 3
 AUX_IDS = [0, 1, 2]
@@ -83,7 +87,7 @@ def baseline(dirs):
 
 
 def _record_drafts(monkeypatch) -> list[tuple[list[int], list[int]]]:
-    """(known tokens, drafts) of every row the proposer drafted for."""
+    """(known tokens, drafts) of every row either runner's drafter drafted for."""
     calls: list[tuple[list[int], list[int]]] = []
     original = EagleProposer.propose
 
@@ -96,27 +100,46 @@ def _record_drafts(monkeypatch) -> list[tuple[list[int], list[int]]]:
                 calls.append((batch.token_ids_cpu[row, :n].tolist(), list(d)))
         return drafts
 
+    original_v2 = EagleSpeculator.propose
+
+    def propose_v2(self, batch, *args, **kwargs):
+        drafts, num_drafts = original_v2(self, batch, *args, **kwargs)
+        num_rejected, all_token_ids = args[5], args[7]
+        # Known tokens after the step: its accepted inputs, then the emitted one.
+        known = batch.num_computed_tokens_np + batch.num_scheduled_tokens - num_rejected + 1
+        for i, n in enumerate(num_drafts.tolist()):
+            if n:
+                row = int(batch.idx_mapping_np[i])
+                tokens = all_token_ids[row, : int(known[i])].tolist()
+                calls.append((tokens, drafts[i, :n].tolist()))
+        return drafts, num_drafts
+
     monkeypatch.setattr(EagleProposer, "propose", propose)
+    monkeypatch.setattr(EagleSpeculator, "propose", propose_v2)
     return calls
 
 
 @pytest.mark.parametrize(
-    ("kind", "method", "head"),
+    ("kind", "method", "head", "runner"),
     [
-        ("llama", "eagle", "llama-eagle"),
-        ("llama", "eagle3", "llama-eagle3"),
-        ("qwen2", "eagle", "qwen2-eagle"),
-        ("qwen2", "eagle3", "qwen2-eagle3-noaux"),
+        ("llama", "eagle", "llama-eagle", "v1"),
+        ("llama", "eagle", "llama-eagle", "v2"),
+        ("llama", "eagle3", "llama-eagle3", "v2"),
+        ("qwen2", "eagle", "qwen2-eagle", "v1"),
+        ("qwen2", "eagle3", "qwen2-eagle3-noaux", "v2"),
     ],
 )
 def test_greedy_identical_and_drafts_match_reference(
-    dirs, baseline, monkeypatch, kind, method, head
+    dirs, baseline, monkeypatch, kind, method, head, runner
 ):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", {"v1": "0", "v2": "1"}[runner])
     calls = _record_drafts(monkeypatch)
     spec = {"method": method, "model": dirs[head], "num_speculative_tokens": K}
     llm = _llm(dirs[kind], spec)
+    assert llm.llm_engine.vllm_config.use_v2_model_runner is (runner == "v2")
     assert _generate(llm) == baseline[kind]
+    llm.llm_engine.shutdown()
     del llm
     # Every request drafts after its prefill and after each decode step.
     assert len(calls) >= len(PROMPTS) * (MAX_TOKENS // (K + 1))
@@ -179,10 +202,6 @@ def test_bad_heads_refused_at_start_up(dirs, tmp_path):
     spec = {"method": "eagle", "model": str(odd), "num_speculative_tokens": 2}
     with pytest.raises(ValueError, match=r"\['EagleGPT2LMHeadModel'\]\); no eagle head is built"):
         _engine_config(dirs["llama"], spec)
-    # EAGLE runs with async scheduling off here.
-    spec = {"method": "eagle3", "model": dirs["llama-eagle3"], "num_speculative_tokens": 2}
-    with pytest.raises(NotImplementedError, match="eagle3"):
-        _engine_config(dirs["llama"], spec, async_scheduling=True)
 
 
 def test_eagle3_aux_depths_checked_at_load(dirs, tmp_path, monkeypatch):
@@ -195,7 +214,8 @@ def test_eagle3_aux_depths_checked_at_load(dirs, tmp_path, monkeypatch):
 
 
 def test_eagle3_tp2_greedy_identical(dirs, baseline, monkeypatch):
-    """Target and EAGLE-3 head both at TP=2 (multiprocess workers): the aux
+    """Target and EAGLE-3 head both at TP=2 (multiprocess workers) on Model
+    Runner V2 (the default; V1 at TP=2: test_eagle_acceptance.py): the aux
     states are the replicated residual stream, the draft vocabulary's logits
     are gathered before the d2t scatter."""
     from vllm.v1.spec_decode.metrics import SpecDecodingStats
@@ -223,6 +243,7 @@ def test_eagle3_tp2_greedy_identical(dirs, baseline, monkeypatch):
         disable_log_stats=False,
     )
     try:
+        assert llm.llm_engine.vllm_config.use_v2_model_runner
         assert _generate(llm) == baseline["llama"]
     finally:
         llm.llm_engine.shutdown()

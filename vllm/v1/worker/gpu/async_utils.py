@@ -15,6 +15,7 @@ import torch
 
 from vllm.v1.outputs import (
     AsyncModelRunnerOutput,
+    LogprobsLists,
     LogprobsTensors,
     ModelRunnerOutput,
     SamplerOutput,
@@ -30,8 +31,12 @@ class AsyncOutput(AsyncModelRunnerOutput):
         sampler_output: SamplerOutput,
         num_sampled_tokens: torch.Tensor,
         copy_stream: torch.cuda.Stream | None = None,
+        cu_num_logits_np: np.ndarray | None = None,
     ) -> None:
         self.model_runner_output = model_runner_output
+        # With drafts: request i's logits (and logprobs) rows start at
+        # cu_num_logits_np[i]; only its emitted tokens' rows are kept.
+        self.cu_num_logits_np = cu_num_logits_np
         # Keep the device tensors alive until the side-stream copies are done.
         self.sampler_output = sampler_output
         self.num_sampled_tokens = num_sampled_tokens
@@ -64,8 +69,25 @@ class AsyncOutput(AsyncModelRunnerOutput):
             del tokens[n:]  # mid-prefill rows sampled nothing: []
         out.sampled_token_ids = sampled
         if self.logprobs_tensors is not None:
-            out.logprobs = self.logprobs_tensors.tolists()
+            out.logprobs = self._logprobs_lists(self.logprobs_tensors)
         return out
+
+    def _logprobs_lists(self, tensors: LogprobsTensors) -> LogprobsLists:
+        """One row per emitted token; with drafts, `cu_num_generated_tokens`
+        marks where each request's rows start."""
+        if self.cu_num_logits_np is None:
+            return tensors.tolists()
+        num_emitted = self.num_sampled_tokens_np.astype(np.int64)
+        starts = self.cu_num_logits_np[:-1].astype(np.int64)
+        rows = np.concatenate(
+            [np.arange(s, s + n) for s, n in zip(starts.tolist(), num_emitted.tolist())]
+            + [np.empty(0, dtype=np.int64)]
+        )
+        cu = np.zeros(len(num_emitted) + 1, dtype=np.int64)
+        np.cumsum(num_emitted, out=cu[1:])
+        index = torch.from_numpy(rows)
+        kept = LogprobsTensors(*(t[index] for t in tensors))
+        return kept.tolists(cu.tolist())
 
 
 def _to_host(x: torch.Tensor) -> np.ndarray:

@@ -363,9 +363,11 @@ def prepare_token_inputs(
     query_start_loc: torch.Tensor,
     cu_num_logits: torch.Tensor,
     num_tokens: int,
+    num_logits: int | None = None,
 ) -> tuple[torch.Tensor, np.ndarray]:
     """A step's input ids, positions and sequence lengths, written into `bufs`
-    on the device from the request rows `idx_mapping` (batch order). Returns
+    on the device from the request rows `idx_mapping` (batch order);
+    `num_logits` (default one per request) counts draft rows too. Returns
     (logits_indices [num_logits] int64, the rows' computed-token counts
     before this step [num_reqs], host)."""
     num_computed = states.num_computed_tokens.gpu
@@ -395,7 +397,7 @@ def prepare_token_inputs(
         states.prefill_len.gpu,
         states.draft_tokens,
         cu_num_logits,
-        num_reqs,
+        num_reqs if num_logits is None else num_logits,
     )
     return logits_indices, num_computed_np
 

@@ -17,6 +17,14 @@ Step order (`execute_model`), as upstream: `finish_requests` (upstream's
 token. `sample_tokens` then samples, records the tokens on the device
 (`postprocess`) and returns the output, an `AsyncOutput` under async scheduling.
 
+Speculative decoding (eagle / eagle3, spec_decode/): a step verifying drafts
+has 1 + drafts logits rows per request (`draft_layout`; the drafts come from
+the request rows' `draft_tokens`, on the device), the rejection sampler
+replaces the Sampler, and after `postprocess` the speculator drafts the next
+step's tokens from this step's hidden states and attention metadata. The
+runner then keeps its own computed-token counts (less the rejected drafts),
+which async scheduling needs; such steps run eagerly.
+
 LoRA (vllm/v1/worker/lora_model_runner_mixin.py): each row's adapter lives in
 `LoraState` (lora_utils.py); the step's mapping, in batch order, is set right
 after `prepare_inputs`; a step with adapters runs eagerly (graphs hold none).
@@ -39,10 +47,10 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.structured_output.utils import apply_grammar_bitmask
 from vllm.v1.worker import kv_cache_setup
 from vllm.v1.worker.cudagraph_padding import PaddedBatch, resolve_cudagraph_mode
+from vllm.v1.worker.gpu import dummy_run
 from vllm.v1.worker.gpu.async_utils import AsyncOutput
 from vllm.v1.worker.gpu.attn_utils import (
     build_batch_attn_metadata,
-    build_dummy_attn_metadata,
     decodes_first_order,
     get_reorder_batch_threshold,
 )
@@ -66,7 +74,12 @@ from vllm.v1.worker.gpu.input_batch import (
 from vllm.v1.worker.gpu.lora_utils import LoraState
 from vllm.v1.worker.gpu.pp_utils import pp_broadcast, pp_receive
 from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
-from vllm.v1.worker.gpu.sample.sampler import Sampler, dummy_sample
+from vllm.v1.worker.gpu.sample.sampler import Sampler
+from vllm.v1.worker.gpu.spec_decode.utils import (
+    DraftTokensHandler,
+    draft_layout,
+    split_model_output,
+)
 from vllm.v1.worker.gpu.states import RequestState
 from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from vllm.v1.worker.utils import (
@@ -75,7 +88,6 @@ from vllm.v1.worker.utils import (
     TextGenerationModel,
     as_text_generation_model,
     get_model_config,
-    pp_dummy_intermediate_tensors,
     resolved_dtype,
 )
 
@@ -83,6 +95,9 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+    from vllm.v1.outputs import DraftTokenIds, SamplerOutput
+    from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
 
 logger = init_logger(__name__)
 
@@ -95,6 +110,10 @@ class ExecuteModelState(NamedTuple):
     # [num_tokens, hidden] (prompt logprobs); None before the last PP stage.
     hidden_states: torch.Tensor | None
     logits: torch.Tensor | None  # [num_logits, vocab]
+    # Speculative decoding: the target's EAGLE-3 aux states (each [num_tokens,
+    # hidden]) and the step's attention metadata (the drafter's first pass).
+    aux_hidden_states: list[torch.Tensor] | None = None
+    attn_metadata: dict[str, Any] | None = None
 
 
 class GPUModelRunner(LoRAModelRunnerMixin):
@@ -113,8 +132,9 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self.max_num_tokens = self.scheduler_config.max_num_batched_tokens
         self.max_num_reqs = self.scheduler_config.max_num_seqs
         self.use_async_scheduling = bool(self.scheduler_config.async_scheduling)
-        # Speculative decoding is not built: no draft tokens, one logit per request.
-        self.num_speculative_steps = 0
+        spec = vllm_config.speculative_config
+        # k draft tokens per request and step (0: no speculative decoding).
+        self.num_speculative_steps = int(spec.num_speculative_tokens or 0) if spec else 0
 
         self.req_states = RequestState(
             self.max_num_reqs,
@@ -134,6 +154,15 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             seed=self.model_config.seed,
         )
         self.prompt_logprobs_worker = PromptLogprobsWorker(self.vocab_size)
+        self.speculator: EagleSpeculator | None = None
+        self.rejection_sampler: RejectionSampler | None = None
+        self.draft_tokens_handler = DraftTokensHandler()
+        if spec is not None:
+            from vllm.v1.worker.gpu.spec_decode import init_speculator
+            from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
+
+            self.speculator = init_speculator(vllm_config, device)
+            self.rejection_sampler = RejectionSampler(self.sampler, self.num_speculative_steps)
         # Without drafts request i owns logits row i: cu_num_logits = arange.
         self._arange_np = np.arange(self.max_num_reqs + 1, dtype=np.int32)
         self._arange = torch.from_numpy(self._arange_np).to(device)
@@ -160,6 +189,10 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             "Loading model %s on %s (Model Runner V2)", self.model_config.model, self.device
         )
         model = get_model(vllm_config=self.vllm_config)
+        if self.speculator is not None:
+            # Before LoRA and compilation: the head shares the target's
+            # embeddings / LM head and (EAGLE-3) sets its aux layers.
+            self.speculator.load_model(model)
         # The weights' bytes as loaded (quantized ones at their packed size).
         self.model_memory_usage: int = getattr(model, "model_weight_bytes", 0)
         if self.lora_config is not None:
@@ -203,7 +236,10 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         )
 
     def capture_model(self) -> int:
-        """Capture the full graphs (worker, after warm-up); returns how many."""
+        """Capture the full graphs (worker, after warm-up); returns how many
+        (none with a speculator: those steps run eagerly)."""
+        if self.speculator is not None:
+            return 0
         return self.cudagraph_manager.capture(self._prepare_capture_batch, self._loaded_model())
 
     def _block_tables(self) -> BlockTables:
@@ -261,9 +297,14 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             return
         assert not cached.resumed_req_ids, "V2 receives resumed requests as new requests"
         req_indices = self.req_states.get_req_indices(cached.req_ids)
-        self.req_states.set_num_computed_tokens(
-            req_indices, np.asarray(cached.num_computed_tokens, dtype=np.int32)
-        )
+        if self.speculator is None:
+            self.req_states.set_num_computed_tokens(
+                req_indices, np.asarray(cached.num_computed_tokens, dtype=np.int32)
+            )
+        # With drafts the runner keeps its own counts (advanced by the tokens
+        # scheduled minus the drafts rejected, device and host, in
+        # `postprocess`): under async scheduling the scheduler's count still
+        # assumes the in-flight step's drafts are all accepted.
         block_tables = self._block_tables()
         for i, new_block_ids in enumerate(cached.new_block_ids):
             if new_block_ids is not None:
@@ -313,8 +354,6 @@ class GPUModelRunner(LoRAModelRunnerMixin):
     ) -> InputBatch:
         """Gather the batch's rows and build its inputs on the device (in
         `batch_order`, default `gather_batch_req_state`'s), padded as `padded` says."""
-        if scheduler_output.scheduled_spec_decode_tokens:
-            raise NotImplementedError("Speculative decoding is not built for Model Runner V2.")
         req_ids, idx_mapping_np, num_scheduled = batch_order or self.gather_batch_req_state(
             scheduler_output
         )
@@ -322,15 +361,23 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         bufs = self.input_buffers
         idx_mapping = async_copy_to_gpu(idx_mapping_np, device=self.device)
         query_start_loc, qsl_np = copy_query_start_loc(num_scheduled, bufs.query_start_loc)
-        cu_num_logits = self._arange[: num_reqs + 1]
+        # Request i owns logits rows cu_num_logits[i]..: 1 + its drafts.
+        layout = draft_layout(
+            scheduler_output.scheduled_spec_decode_tokens,
+            req_ids,
+            idx_mapping,
+            (self._arange, self._arange_np),
+            self.speculator is not None,
+        )
         logits_indices, num_computed_np = prepare_token_inputs(
             bufs,
             self.req_states,
             idx_mapping,
             idx_mapping_np,
             query_start_loc,
-            cu_num_logits,
+            layout.cu_num_logits,
             num_tokens,
+            int(layout.cu_num_logits_np[-1]),
         )
         num_padded = num_tokens
         if padded is not None:  # after the writes above (they zero seq_lens past num_reqs)
@@ -342,11 +389,11 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             num_reqs=num_reqs,
             idx_mapping=idx_mapping,
             idx_mapping_np=idx_mapping_np,
-            expanded_idx_mapping=idx_mapping,
+            expanded_idx_mapping=layout.expanded_idx_mapping,
             num_scheduled_tokens=num_scheduled,
             num_tokens=num_tokens,
             num_tokens_after_padding=num_padded,
-            num_draft_tokens=0,
+            num_draft_tokens=layout.num_draft_tokens,
             query_start_loc=query_start_loc,
             query_start_loc_np=qsl_np,
             seq_lens=bufs.seq_lens[:num_reqs],
@@ -355,8 +402,8 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             input_ids=bufs.input_ids[:num_padded],
             positions=bufs.positions[:num_padded],
             logits_indices=logits_indices,
-            cu_num_logits=cu_num_logits,
-            cu_num_logits_np=self._arange_np[: num_reqs + 1],
+            cu_num_logits=layout.cu_num_logits,
+            cu_num_logits_np=layout.cu_num_logits_np,
             has_structured_output_reqs=scheduler_output.has_structured_output_requests,
         )
 
@@ -399,9 +446,14 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         has_lora = self.lora_config is not None and bool(
             self.lora_state.get_active_loras(batch_order[0])
         )
+        padded: PaddedBatch | None
         cg_desc, padded = self.dispatch_cg_and_sync_dp(
             batch_order[2], scheduler_output.total_num_scheduled_tokens, has_lora
         )
+        if self.speculator is not None:
+            # Eager, unpadded: the drafter's first pass reuses the step's
+            # inputs and attention metadata (no graphs captured with drafts).
+            cg_desc, padded = None, None
         input_batch = self.prepare_inputs(scheduler_output, batch_order, padded)
         if self.lora_config is not None:
             # Before every forward: the step's token -> adapter mapping.
@@ -413,14 +465,13 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                 )
             )
         attn_metadata = self.prepare_attn(input_batch, padded)
-        hidden_states, logits = self._run_model(
-            input_batch, attn_metadata, intermediate_tensors, cg_desc
-        )
+        output, logits = self._run_model(input_batch, attn_metadata, intermediate_tensors, cg_desc)
         if logits is None:  # a stage before the last: hand its tensors on
             self.execute_model_state = ExecuteModelState(scheduler_output, input_batch, None, None)
-            return hidden_states
+            return output
+        hidden_states, aux_hidden_states = split_model_output(output, input_batch.num_tokens)
         self.execute_model_state = ExecuteModelState(
-            scheduler_output, input_batch, hidden_states, logits
+            scheduler_output, input_batch, hidden_states, logits, aux_hidden_states, attn_metadata
         )
         return None
 
@@ -449,8 +500,11 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                 )
         if not get_pp_group().is_last_rank:
             return hidden_states, None
-        hidden_states = hidden_states[: input_batch.num_tokens]  # drop the padding
-        return hidden_states, model.compute_logits(hidden_states[input_batch.logits_indices])
+        # EAGLE-3 targets return (hidden states, aux hidden states).
+        last, aux = split_model_output(hidden_states, input_batch.num_tokens)
+        last = last[: input_batch.num_tokens]  # drop the padding
+        logits = model.compute_logits(last[input_batch.logits_indices])
+        return (last if aux is None else (last, aux)), logits
 
     @torch.inference_mode()
     def sample_tokens(
@@ -463,7 +517,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         if state is None:
             return None
         self.execute_model_state = None
-        scheduler_output, input_batch, hidden_states, logits = state
+        scheduler_output, input_batch, hidden_states, logits = state[:4]
         if logits is None:
             self._receive_pp_sampled_tokens(input_batch)
             return None
@@ -472,17 +526,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             # The batch order may differ from the scheduler's (decodes first):
             # the bitmask rows are matched to input_batch.req_ids by request id.
             apply_grammar_bitmask(scheduler_output, grammar_output, input_batch, logits)
-        # Each logits row is sampled at its token's position (the noise key).
-        pos = input_batch.positions[input_batch.logits_indices]
-        sampler_output = self.sampler(
-            logits,
-            input_batch.expanded_idx_mapping,
-            input_batch.idx_mapping_np,
-            pos,
-            input_batch.seq_lens_np,
-            self.req_states.all_token_ids.gpu,
-        )
-        num_sampled, num_rejected = self._num_sampled_and_rejected(input_batch)
+        sampler_output, num_sampled, num_rejected = self._sample(input_batch, logits)
         pp_broadcast(sampler_output.sampled_token_ids)  # the earlier stages record them too
         output = ModelRunnerOutput(
             req_ids=input_batch.req_ids,
@@ -495,10 +539,79 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                 self._lora_logits_rows_hook(input_batch),
             ),
         )
-        async_output = AsyncOutput(output, sampler_output, num_sampled, self.output_copy_stream)
+        async_output = AsyncOutput(
+            output,
+            sampler_output,
+            num_sampled,
+            self.output_copy_stream,
+            input_batch.cu_num_logits_np if input_batch.num_draft_tokens else None,
+        )
+        # With drafts the host needs the rejections now (its computed-token
+        # counts and the drafter's layout): one small device-to-host copy.
+        num_rejected_np = num_rejected.cpu().numpy() if self.speculator is not None else None
         # After AsyncOutput: the host copy is already queued behind the sampler.
-        self.postprocess(input_batch, sampler_output.sampled_token_ids, num_sampled, num_rejected)
+        self.postprocess(
+            input_batch,
+            sampler_output.sampled_token_ids,
+            num_sampled,
+            num_rejected,
+            num_rejected_np,
+        )
+        if num_rejected_np is not None:
+            self._propose_drafts(
+                state, sampler_output.sampled_token_ids, num_sampled, num_rejected_np
+            )
         return async_output if self.use_async_scheduling else async_output.get_output()
+
+    def _sample(
+        self, input_batch: InputBatch, logits: torch.Tensor
+    ) -> tuple[SamplerOutput, torch.Tensor, torch.Tensor]:
+        """(sampler output with sampled_token_ids [num_reqs, 1 or k + 1],
+        tokens emitted [num_reqs], drafts rejected [num_reqs]): the Sampler,
+        or the rejection sampler when the step verifies drafts."""
+        all_token_ids = self.req_states.all_token_ids.gpu
+        if input_batch.num_draft_tokens == 0 or self.rejection_sampler is None:
+            # Each logits row is sampled at its token's position (the noise key).
+            pos = input_batch.positions[input_batch.logits_indices]
+            sampler_output = self.sampler(
+                logits,
+                input_batch.expanded_idx_mapping,
+                input_batch.idx_mapping_np,
+                pos,
+                input_batch.seq_lens_np,
+                all_token_ids,
+            )
+            return sampler_output, *self._num_sampled_and_rejected(input_batch)
+        return self.rejection_sampler(
+            logits, input_batch, all_token_ids, self.req_states.prefill_len.gpu
+        )
+
+    def _propose_drafts(
+        self,
+        state: ExecuteModelState,
+        sampled: torch.Tensor,
+        num_sampled: torch.Tensor,
+        num_rejected_np: np.ndarray,
+    ) -> None:
+        """The next step's drafts, into the request rows (device) and the
+        handler the engine takes them from."""
+        assert self.speculator is not None and state.hidden_states is not None
+        batch = state.input_batch
+        drafts, num_drafts = self.speculator.propose(
+            batch,
+            state.attn_metadata or {},
+            state.hidden_states,
+            state.aux_hidden_states,
+            sampled,
+            num_sampled,
+            num_rejected_np,
+            self.req_states.prefill_len.np,
+            self.req_states.all_token_ids.gpu,
+            self._block_tables(),
+            self.attn_groups,
+        )
+        self.req_states.draft_tokens[batch.idx_mapping.to(torch.int64)] = drafts
+        self.draft_tokens_handler.set_draft_tokens(batch.req_ids, drafts, num_drafts)
 
     def _lora_logits_rows_hook(self, input_batch: InputBatch) -> Callable[[int, int], None] | None:
         """With LoRA: before prompt logprobs compute `n` logits rows of batch
@@ -531,9 +644,11 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         sampled_tokens: torch.Tensor,
         num_sampled: torch.Tensor,
         num_rejected: torch.Tensor,
+        num_rejected_np: np.ndarray | None = None,
     ) -> None:
         """Append the sampled tokens to the rows and advance the counters (device),
-        and the host mirrors of the computed-token counts."""
+        and the host mirrors of the computed-token counts (by the tokens
+        scheduled, less `num_rejected_np` when the step verified drafts)."""
         states = self.req_states
         post_update(
             input_batch.idx_mapping,
@@ -546,71 +661,30 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             states.all_token_ids.gpu,
             states.total_len.gpu,
         )
-        states.advance_host_counts(input_batch.idx_mapping_np, input_batch.num_scheduled_tokens)
+        num_computed = input_batch.num_scheduled_tokens
+        if num_rejected_np is not None:
+            num_computed = num_computed - num_rejected_np.astype(num_computed.dtype)
+        states.advance_host_counts(input_batch.idx_mapping_np, num_computed)
 
-    def take_draft_token_ids(self) -> None:
-        """No speculative decoding: never any draft tokens."""
-        return None
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts the last step proposed (once; None without a speculator)."""
+        return self.draft_tokens_handler.get_draft_tokens()
 
-    # ---- dummy runs (warm-up, memory profiling and graph capture) --------------------
+    # ---- dummy runs (warm-up, memory profiling and graph capture: dummy_run.py) ------
     @torch.inference_mode()
     def _dummy_run(
         self, num_tokens: int, use_kv_cache: bool = True, num_reqs: int | None = None
     ) -> torch.Tensor:
-        """Forward a dummy batch (`InputBatch.make_dummy`); no request row is
-        touched. With `use_kv_cache` (and a KV cache) attention reads a zero
-        block table and writes nothing (`build_dummy_attn_metadata`); otherwise
-        the layers skip attention (profile run). Returns the hidden states of
-        each fake request's last token."""
-        batch = InputBatch.make_dummy(num_reqs, num_tokens, self.input_buffers, self.device)
-        if self.lora_config is not None:
-            self.set_dummy_loras(batch.num_scheduled_tokens)  # no adapter
-        attn_metadata = (
-            build_dummy_attn_metadata(self.attn_groups, batch, self._block_tables())
-            if use_kv_cache and self.attn_groups
-            else None
-        )
-        model = self._loaded_model()
-        intermediate_tensors = pp_dummy_intermediate_tensors(
-            model, num_tokens, self.dtype, self.device
-        )
-        with set_forward_context(attn_metadata, self.vllm_config, num_tokens=num_tokens):
-            hidden_states = model(
-                input_ids=batch.input_ids,
-                positions=batch.positions,
-                intermediate_tensors=intermediate_tensors,
-            )
-        return hidden_states[batch.logits_indices]
+        return dummy_run.run_dummy_batch(self, num_tokens, use_kv_cache, num_reqs)
 
     def _prepare_capture_batch(
         self, desc: BatchExecutionDescriptor
     ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
-        """A dummy batch of a graph's shape, laid out where real steps put
-        theirs (uniform decode graphs: one token per request)."""
-        batch = InputBatch.make_dummy(
-            desc.num_reqs, desc.num_tokens, self.input_buffers, self.device
-        )
-        if self.lora_config is not None:
-            # Captured with the LoRA layers, no adapter: replayed only for
-            # steps without adapters (dispatch's has_lora).
-            self.set_dummy_loras(batch.num_scheduled_tokens)
-        return (
-            build_dummy_attn_metadata(
-                self.attn_groups, batch, self._block_tables(), for_cudagraph_capture=True
-            ),
-            batch.input_ids,
-            batch.positions,
-        )
+        return dummy_run.prepare_capture_batch(self, desc)
 
     @torch.inference_mode()
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
-        """`dummy_sample` over the rows' logits (only the last PP stage has any)."""
-        if get_pp_group().is_last_rank:
-            dummy_sample(
-                self._loaded_model().compute_logits(hidden_states),
-                self.vocab_size,
-                self.model_config.max_logprobs,
-            )
+        dummy_run.dummy_sampler_run(self, hidden_states)
 
     def profile_run(self) -> None:
         """The largest step the scheduler can produce, without a KV cache."""

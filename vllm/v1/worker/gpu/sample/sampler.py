@@ -86,7 +86,7 @@ class Sampler:
         """
         states = self.sampling_states
         max_num_logprobs = states.max_num_logprobs(idx_mapping_np)
-        edits = seq_lens_np is not None and self._any_edits(idx_mapping_np, seq_lens_np)
+        edits = seq_lens_np is not None and self.any_edits(idx_mapping_np, seq_lens_np)
         if not edits and max_num_logprobs == NO_LOGPROBS and states.is_greedy(idx_mapping_np).all():
             # Nothing to process: temperature 0 leaves the argmax.
             return SamplerOutput(
@@ -113,7 +113,7 @@ class Sampler:
             sampled_token_ids=sampled.view(-1, 1), logprobs_tensors=logprobs_tensors
         )
 
-    def _any_edits(self, idx_mapping_np: np.ndarray, seq_lens_np: np.ndarray) -> bool:
+    def any_edits(self, idx_mapping_np: np.ndarray, seq_lens_np: np.ndarray) -> bool:
         return (
             self.logit_bias_state.any_active(idx_mapping_np, seq_lens_np)
             or self.bad_words_state.any_active(idx_mapping_np)
@@ -143,6 +143,24 @@ class Sampler:
         """Process `logits` (float32, modified in place) and sample; returns
         (token ids [n] int64, the processed logits)."""
         states = self.sampling_states
+        logits = self.process_logits(logits, idx_mapping, idx_mapping_np)
+        sampled = gumbel_sample(
+            logits,
+            idx_mapping,
+            states.temperature.gpu,
+            states.seeds.gpu,
+            pos,
+            states.is_greedy(idx_mapping_np),
+        )
+        return sampled, logits
+
+    def process_logits(
+        self, logits: torch.Tensor, idx_mapping: torch.Tensor, idx_mapping_np: np.ndarray
+    ) -> torch.Tensor:
+        """Step 3 (float32 `logits`, in place where the ops allow): temperature,
+        min-p, top-k/top-p; returns the processed logits. Rows may repeat a
+        request (speculative decoding: one row per draft position)."""
+        states = self.sampling_states
         if states.needs_temperature(idx_mapping_np):
             apply_temperature(logits, idx_mapping, states.temperature.gpu)
         if states.do_min_p(idx_mapping_np):
@@ -156,15 +174,7 @@ class Sampler:
             top_p = states.top_p.gpu[rows]
         if top_k is not None or top_p is not None:
             logits = apply_top_k_top_p(logits, top_k, top_p)
-        sampled = gumbel_sample(
-            logits,
-            idx_mapping,
-            states.temperature.gpu,
-            states.seeds.gpu,
-            pos,
-            states.is_greedy(idx_mapping_np),
-        )
-        return sampled, logits
+        return logits
 
 
 def dummy_sample(logits: torch.Tensor, vocab_size: int, max_logprobs: int) -> None:

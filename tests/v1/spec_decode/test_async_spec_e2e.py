@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.v1.spec_decode import test_draft_model, test_eagle_acceptance
+from tests.v1.spec_decode import test_draft_model, test_eagle_acceptance, test_ngram_e2e
 from tests.v1.spec_decode.eagle_utils import make_tiny_eagle, make_tiny_eagle3
 from tests.v1.spec_decode.test_draft_model import (
     ENGINE,
@@ -35,6 +35,7 @@ from tests.v1.spec_decode.test_draft_model import (
     truncated_draft,  # noqa: F401
 )
 from tests.v1.spec_decode.test_eagle_acceptance import models  # noqa: F401  (fixture)
+from tests.v1.spec_decode.test_ngram_e2e import stats  # noqa: F401  (fixture)
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -150,6 +151,22 @@ def test_oracle_eagle_async_accepts_every_draft(models, monkeypatch):  # noqa: F
         for _ in range(2):  # the second round from the prefix cache
             assert test_eagle_acceptance._generate(llm)[0] == reference_out
     assert counts[0] > 0 and counts[1] == counts[0], counts
+
+
+def test_logprobs_under_async_spec(
+    target,  # noqa: F811
+    truncated_draft,  # noqa: F811
+    stats,  # noqa: F811
+):
+    """test_ngram_e2e's logprobs check (one row per emitted token, prompt
+    logprobs through chunked prefill, values equal to no speculation) with an
+    async draft_model engine."""
+    with (
+        _llm(target, **ENGINE) as base,
+        _llm(target, {"model": truncated_draft}, **ENGINE, **ASYNC) as spec,
+    ):
+        _assert_async(spec)
+        test_ngram_e2e.test_logprobs_for_every_emitted_token(base, spec, stats)
 
 
 def test_preemption_under_async_spec(

@@ -97,6 +97,13 @@ def settings(draft_layers: int) -> dict[str, dict[str, Any] | None]:
         "num_speculative_tokens": 3,
     }
     out["draft-self-k3"] = {"method": "draft_model", "model": TARGET, "num_speculative_tokens": 3}
+    for k in (5, 24):
+        out[f"suffix-k{k}"] = {"method": "suffix", "num_speculative_tokens": k}
+        out[f"suffix-k{k}-nocache"] = {
+            "method": "suffix",
+            "num_speculative_tokens": k,
+            "suffix_decoding_max_cached_requests": 0,
+        }
     return out
 
 

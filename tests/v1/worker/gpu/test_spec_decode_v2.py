@@ -191,3 +191,54 @@ def test_routing(models, monkeypatch):
     ngram = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3}
     with pytest.raises(ValueError, match="Model Runner V2 does not yet support: ngram"):
         config(ngram).create_engine_config()
+
+
+def test_structured_outputs_with_async_drafts(models, monkeypatch, caplog):
+    """test_eagle_acceptance's JSON-schema check on V2 with async scheduling:
+    the scheduler marks drafts past the grammar's valid prefix -1 (it fetched
+    the runner's drafts for the bitmask); V2 verifies its own device copies,
+    which the masked logits reject; every output parses."""
+    from tests.v1.spec_decode import test_eagle_acceptance
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    monkeypatch.setitem(test_eagle_acceptance.ENGINE, "async_scheduling", True)
+    invalid: list[int] = []
+    real = Scheduler.update_draft_token_ids_in_output
+
+    def spy(self, draft_token_ids, scheduler_output):
+        real(self, draft_token_ids, scheduler_output)
+        invalid.extend((scheduler_output.num_invalid_spec_tokens or {}).values())
+
+    monkeypatch.setattr(Scheduler, "update_draft_token_ids_in_output", spy)
+    with caplog.at_level("ERROR"):
+        test_eagle_acceptance.test_structured_outputs_stay_valid_with_eagle_drafts(
+            (models["bigram"], models["oracle"]), monkeypatch
+        )
+    assert sum(invalid) > 0, "the grammar ruled out no draft"
+    assert not [r for r in caplog.records if "rejected token" in r.getMessage()]
+
+
+def test_token_dependent_params_see_the_drafts(models, counts):
+    """Penalties and logit bias with drafts, some accepted: outputs equal no
+    speculation (that draft row j counts drafts 1..j-1 as outputs is pinned
+    by test_spec_rejection_sampler.py's penalty case)."""
+    params = SamplingParams(
+        max_tokens=40,
+        temperature=0.0,
+        ignore_eos=True,
+        repetition_penalty=1.5,
+        frequency_penalty=2.0,
+        presence_penalty=0.5,
+        logit_bias={7: 0.3, 11: -0.3},
+    )
+    plain = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    with _llm(models["bigram"]) as llm:
+        want = [list(o.token_ids) for o in _generate(llm, params)]
+        unpenalised = [list(o.token_ids) for o in _generate(llm, plain)]
+    assert want != unpenalised  # the parameters matter here
+    spec = {"method": "eagle", "model": models["oracle"], "num_speculative_tokens": K}
+    with _llm(models["bigram"], spec) as llm:
+        got = [list(o.token_ids) for o in _generate(llm, params)]
+    assert got == want
+    assert counts[1] > 0, counts  # some drafts were accepted under the penalties

@@ -189,3 +189,18 @@ def test_logprobs_rows_follow_the_emitted_tokens():
     ref = torch.log_softmax(logits, -1)
     assert ids[:2, 0].tolist() == top[:2]  # the emitted token first, per row
     assert torch.allclose(values[:2, 0], ref[[0, 1], top[:2]])
+
+
+def test_penalties_count_earlier_drafts_as_outputs():
+    """Draft row 1 is penalised for draft 1 (staged into the request row):
+    token 3 leads row 1 by 0.5, a frequency penalty of 1 for the accepted
+    draft 3 hands the row to token 5, so the second draft (3 again) is rejected."""
+    logits = torch.full((3, V), -5.0)
+    logits[0, 3] = 4.0
+    logits[1, 3], logits[1, 5] = 2.0, 1.5
+    logits[2, 1] = 1.0
+    params = SamplingParams(temperature=0.0, frequency_penalty=1.0)
+    sampler = make_sampler([params], 2)
+    sampled, num_sampled, _ = sampler.verify(logits, make_batch([[3, 3]], [0]), all_token_ids(1))
+    assert num_sampled.tolist() == [2]
+    assert sampled[0].tolist() == [3, 5, -1]

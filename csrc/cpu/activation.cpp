@@ -1,6 +1,7 @@
 // silu_and_mul: out[..., d] = silu(x[..., :d]) * x[..., d:], fp32 math, one pass.
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <torch/all.h>
+#include <ATen/core/Tensor.h>
 
 #include "cpu_types.h"
 
@@ -16,18 +17,14 @@ void silu_and_mul_rows(T* out, int64_t out_stride, const T* in, int64_t in_strid
       const T* up = gate + d;
       T* o = out + r * out_stride;
       int64_t i = 0;
-#ifdef VLLM_CPU_AVX512
-      const __m512 one = _mm512_set1_ps(1.f);
-      for (; i + 16 <= d; i += 16) {
-        __m512 g = load16(gate + i);
+#ifdef VLLM_CPU_SIMD
+      using namespace simd;
+      const fvec one = set1(1.f);
+      for (; i + kLanes <= d; i += kLanes) {
+        fvec g = load(gate + i);
         // silu(g) = g / (1 + exp(-g)), rounded to T before the product like torch.
-        __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-        if (!std::is_same<T, float>::value) {
-          alignas(64) T tmp[16];
-          store16(tmp, s);
-          s = load16(tmp);
-        }
-        store16(o + i, _mm512_mul_ps(s, load16(up + i)));
+        fvec s = round_to<T>(div(g, add(one, exp(sub(zero(), g)))));
+        store(o + i, mul(s, load(up + i)));
       }
 #endif
       for (; i < d; ++i) {
@@ -41,7 +38,7 @@ void silu_and_mul_rows(T* out, int64_t out_stride, const T* in, int64_t in_strid
 
 }  // namespace
 
-void silu_and_mul(torch::Tensor& out, const torch::Tensor& input) {
+void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
   const int64_t d = input.size(-1) / 2;
   TORCH_CHECK(input.stride(-1) == 1 && out.stride(-1) == 1 && out.size(-1) == d,
               "silu_and_mul: input [..., 2d] and out [..., d] with a contiguous last dim");

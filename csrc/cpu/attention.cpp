@@ -11,8 +11,9 @@
 // every K/V row is read from memory once per task. Softmax is online
 // ("flash" style) in fp32, one block at a time: scores of the block for the
 // G heads, new running max, rescale of the accumulators, then P @ V.
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <torch/all.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <limits>
@@ -34,26 +35,36 @@ struct DecodeParams {
   int64_t sliding_window;  // <= 0: none
 };
 
+// Up to this head size the generic vector path keeps a whole K / V row in
+// registers (16 zmm or 32 ymm: spilled to L1 past 16 ymm, still one load
+// and conversion per element per row instead of one per head).
+constexpr int64_t kMaxVecHead = 256;
+
 // Dot products of the G query rows (fp32, pre-scaled) with one key row.
+// Vector over the first d - d % kLanes channels, scalar over the rest.
 template <typename T>
 inline void qk_row(const float* q, const T* k, int64_t g_count, int64_t d, float* out,
                    int64_t out_stride) {
-#ifdef VLLM_CPU_AVX512
-  if (d % 16 == 0 && d <= 256) {
-    __m512 kv[16];
-    for (int64_t c = 0; c < d / 16; ++c) kv[c] = load16(k + c * 16);
-    for (int64_t g = 0; g < g_count; ++g) {
-      const float* qg = q + g * d;
-      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), kv[0]);
-      for (int64_t c = 1; c < d / 16; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + c * 16), kv[c], acc);
-      out[g * out_stride] = _mm512_reduce_add_ps(acc);
-    }
-    return;
+  int64_t dv = 0;  // channels done by the vector part
+#ifdef VLLM_CPU_SIMD
+  using namespace simd;
+  fvec kv[kMaxVecHead / kLanes];
+  if (d >= kLanes && d <= kMaxVecHead) {
+    dv = d - d % kLanes;
+    for (int64_t c = 0; c < dv / kLanes; ++c) kv[c] = load(k + c * kLanes);
   }
 #endif
   for (int64_t g = 0; g < g_count; ++g) {
+    const float* qg = q + g * d;
     float s = 0.f;
-    for (int64_t i = 0; i < d; ++i) s += q[g * d + i] * to_float(k[i]);
+#ifdef VLLM_CPU_SIMD
+    if (dv > 0) {
+      fvec acc = mul(load(qg), kv[0]);
+      for (int64_t c = 1; c < dv / kLanes; ++c) acc = fmadd(load(qg + c * kLanes), kv[c], acc);
+      s = hsum(acc);
+    }
+#endif
+    for (int64_t i = dv; i < d; ++i) s += qg[i] * to_float(k[i]);
     out[g * out_stride] = s;
   }
 }
@@ -62,22 +73,24 @@ inline void qk_row(const float* q, const T* k, int64_t g_count, int64_t d, float
 template <typename T>
 inline void pv_row(const float* p, int64_t p_stride, const T* v, int64_t g_count, int64_t d,
                    float* acc) {
-#ifdef VLLM_CPU_AVX512
-  if (d % 16 == 0 && d <= 256) {
-    __m512 vv[16];
-    for (int64_t c = 0; c < d / 16; ++c) vv[c] = load16(v + c * 16);
+  int64_t dv = 0;
+#ifdef VLLM_CPU_SIMD
+  using namespace simd;
+  if (d >= kLanes && d <= kMaxVecHead) {
+    dv = d - d % kLanes;
+    fvec vv[kMaxVecHead / kLanes];
+    for (int64_t c = 0; c < dv / kLanes; ++c) vv[c] = load(v + c * kLanes);
     for (int64_t g = 0; g < g_count; ++g) {
-      __m512 pg = _mm512_set1_ps(p[g * p_stride]);
+      const fvec pg = set1(p[g * p_stride]);
       float* ag = acc + g * d;
-      for (int64_t c = 0; c < d / 16; ++c)
-        _mm512_storeu_ps(ag + c * 16, _mm512_fmadd_ps(pg, vv[c], _mm512_loadu_ps(ag + c * 16)));
+      for (int64_t c = 0; c < dv / kLanes; ++c)
+        store(ag + c * kLanes, fmadd(pg, vv[c], load(ag + c * kLanes)));
     }
-    return;
   }
 #endif
   for (int64_t g = 0; g < g_count; ++g) {
     const float pg = p[g * p_stride];
-    for (int64_t i = 0; i < d; ++i) acc[g * d + i] += pg * to_float(v[i]);
+    for (int64_t i = dv; i < d; ++i) acc[g * d + i] += pg * to_float(v[i]);
   }
 }
 
@@ -85,14 +98,16 @@ inline void pv_row(const float* p, int64_t p_stride, const T* v, int64_t g_count
 inline float exp_sum(float* x, int64_t n, float m) {
   int64_t i = 0;
   float sum = 0.f;
-#ifdef VLLM_CPU_AVX512
-  __m512 vm = _mm512_set1_ps(m), vs = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
-    _mm512_storeu_ps(x + i, e);
-    vs = _mm512_add_ps(vs, e);
+#ifdef VLLM_CPU_SIMD
+  using namespace simd;
+  const fvec vm = set1(m);
+  fvec vs = zero();
+  for (; i + kLanes <= n; i += kLanes) {
+    fvec e = exp(sub(load(x + i), vm));
+    store(x + i, e);
+    vs = add(vs, e);
   }
-  sum = _mm512_reduce_add_ps(vs);
+  sum = hsum(vs);
 #endif
   for (; i < n; ++i) {
     x[i] = std::exp(x[i] - m);
@@ -106,13 +121,11 @@ inline float exp_sum(float* x, int64_t n, float m) {
 // (measured: ~2 GB/s per core on DRAM-resident caches without this).
 template <typename T>
 inline void prefetch_rows(const T* base, int64_t rows, int64_t row_stride, int64_t d) {
-#ifdef VLLM_CPU_AVX512
   const int64_t bytes = d * static_cast<int64_t>(sizeof(T));
   for (int64_t r = 0; r < rows; ++r) {
     const char* row = reinterpret_cast<const char*>(base + r * row_stride);
-    for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
   }
-#endif
 }
 
 template <typename T, typename IdxT>
@@ -169,9 +182,9 @@ void decode_one(const DecodeParams& p, const T* query, const T* key_cache, const
   }
 }
 
-#ifdef VLLM_CPU_AVX512
-// decode_one on the AVX-512 fast path (attention_fast.h): head size D,
-// block size a multiple of 16.
+#ifdef VLLM_CPU_SIMD
+// decode_one on the fast path (attention_fast.h): head size D, block size a
+// multiple of the vector width.
 template <typename T, typename IdxT, int D>
 void decode_one_fast(const DecodeParams& p, const T* query, const T* key_cache,
                      const T* value_cache, const IdxT* block_table, int64_t seq_len, T* out,
@@ -207,27 +220,28 @@ void decode_one_fast(const DecodeParams& p, const T* query, const T* key_cache,
   }
   for (int64_t g = 0; g < g_count; ++g) {
     T* og = out + b * p.o_stride_seq + (kvh * g_count + g) * p.o_stride_head;
-    const __m512 inv = _mm512_set1_ps(l[g] > 0 ? 1.f / l[g] : 0.f);
-    for (int c = 0; c < D / 16; ++c) store16(og + c * 16, _mm512_mul_ps(_mm512_loadu_ps(acc + g * D + c * 16), inv));
+    const simd::fvec inv = simd::set1(l[g] > 0 ? 1.f / l[g] : 0.f);
+    for (int c = 0; c < D / simd::kLanes; ++c)
+      simd::store(og + c * simd::kLanes, simd::mul(simd::load(acc + g * D + c * simd::kLanes), inv));
   }
 }
 #endif
 
 template <typename T, typename IdxT>
-void decode_all(const DecodeParams& p, const torch::Tensor& query, const torch::Tensor& key_cache,
-                const torch::Tensor& value_cache, const torch::Tensor& block_table,
-                const torch::Tensor& seq_lens, torch::Tensor& out) {
+void decode_all(const DecodeParams& p, const at::Tensor& query, const at::Tensor& key_cache,
+                const at::Tensor& value_cache, const at::Tensor& block_table,
+                const at::Tensor& seq_lens, at::Tensor& out) {
   const int64_t num_seqs = query.size(0), hkv = p.num_kv_heads;
   const T* q = query.data_ptr<T>();
   const T* kc = key_cache.data_ptr<T>();
   const T* vc = value_cache.data_ptr<T>();
   const IdxT* bt = block_table.data_ptr<IdxT>();
-  const auto lens = seq_lens.to(torch::kInt64);
+  const auto lens = seq_lens.to(at::kLong);
   const int64_t* len = lens.data_ptr<int64_t>();
   T* o = out.data_ptr<T>();
   auto one = &decode_one<T, IdxT>;
-#ifdef VLLM_CPU_AVX512
-  const bool fast_ok = p.block_size % 16 == 0 && p.num_heads / hkv <= 64;
+#ifdef VLLM_CPU_SIMD
+  const bool fast_ok = p.block_size % simd::kLanes == 0 && p.num_heads / hkv <= 64;
   if (fast_ok && p.head_size == 64) one = &decode_one_fast<T, IdxT, 64>;
   if (fast_ok && p.head_size == 128) one = &decode_one_fast<T, IdxT, 128>;
 #endif
@@ -242,9 +256,9 @@ void decode_all(const DecodeParams& p, const torch::Tensor& query, const torch::
 
 }  // namespace
 
-void paged_attention_decode(torch::Tensor& out, const torch::Tensor& query,
-                            const torch::Tensor& key_cache, const torch::Tensor& value_cache,
-                            const torch::Tensor& block_table, const torch::Tensor& seq_lens,
+void paged_attention_decode(at::Tensor& out, const at::Tensor& query,
+                            const at::Tensor& key_cache, const at::Tensor& value_cache,
+                            const at::Tensor& block_table, const at::Tensor& seq_lens,
                             double scale, int64_t sliding_window, double soft_cap) {
   TORCH_CHECK(query.dim() == 3 && out.dim() == 3, "query/out must be [num_seqs, num_heads, head_size]");
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.dim() == 4,
@@ -262,14 +276,14 @@ void paged_attention_decode(torch::Tensor& out, const torch::Tensor& query,
                  value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
                  block_table.stride(0), static_cast<float>(scale), static_cast<float>(soft_cap),
                  sliding_window};
-  const bool idx64 = block_table.scalar_type() == torch::kInt64;
-  TORCH_CHECK(idx64 || block_table.scalar_type() == torch::kInt32, "block_table must be int32/int64");
+  const bool idx64 = block_table.scalar_type() == at::kLong;
+  TORCH_CHECK(idx64 || block_table.scalar_type() == at::kInt, "block_table must be int32/int64");
   switch (query.scalar_type()) {
-    case torch::kBFloat16:
+    case at::kBFloat16:
       idx64 ? decode_all<bf16, int64_t>(p, query, key_cache, value_cache, block_table, seq_lens, out)
             : decode_all<bf16, int32_t>(p, query, key_cache, value_cache, block_table, seq_lens, out);
       break;
-    case torch::kFloat32:
+    case at::kFloat:
       idx64 ? decode_all<float, int64_t>(p, query, key_cache, value_cache, block_table, seq_lens, out)
             : decode_all<float, int32_t>(p, query, key_cache, value_cache, block_table, seq_lens, out);
       break;

@@ -1,6 +1,8 @@
-// AVX-512 fast path of the paged decode attention (see attention.cpp for the
-// layout and the work split), for head sizes 64 / 128 and block sizes that
-// are multiples of 16. Per block of K/V rows, 16 tokens at a time:
+// Fast path of the paged decode attention (see attention.cpp for the layout
+// and the work split), for head sizes 64 / 128 and block sizes that are
+// multiples of the vector width (AVX-512: 16, AVX2: 8). Per block of K/V
+// rows, one vector width of tokens at a time (described for AVX-512; the
+// AVX2 version below is the same with 8 lanes, FMAs for bf16 too):
 //   scores: for each query head g, 16 per-token dot products are kept as 16
 //     vector partial sums (bf16: `vdpbf16ps` on raw bf16 pairs, no
 //     conversion; fp32: FMAs), then reduced together into one vector of 16
@@ -12,6 +14,25 @@
 #pragma once
 
 #include "cpu_types.h"
+
+#ifdef VLLM_CPU_SIMD
+namespace vllm_cpu {
+
+struct FastParams {
+  int64_t g_count, block_size, k_stride_tok, v_stride_tok;
+  float scale, soft_cap;
+};
+
+// soft_cap * tanh(s / soft_cap) on the lanes of s (std::tanh per lane: the
+// capped models are rare, exactness matters more than speed here).
+inline simd::fvec soft_cap_lanes(simd::fvec s, float cap) {
+  alignas(64) float tmp[simd::kLanes];
+  simd::store(tmp, s);
+  for (int i = 0; i < simd::kLanes; ++i) tmp[i] = cap * std::tanh(tmp[i] / cap);
+  return simd::load(tmp);
+}
+}  // namespace vllm_cpu
+#endif
 
 #ifdef VLLM_CPU_AVX512
 namespace vllm_cpu {
@@ -74,11 +95,6 @@ struct QueryRow<bf16, D> {
 #endif
 };
 
-struct FastParams {
-  int64_t g_count, block_size, k_stride_tok, v_stride_tok;
-  float scale, soft_cap;
-};
-
 // One block of K/V for the G heads of a kv head. `lo..hi` are the valid
 // token offsets in the block. m/l/acc: running max, sum, [G, D] accumulator.
 template <typename T, int D>
@@ -100,12 +116,7 @@ void fast_block(const FastParams& p, const QueryRow<T, D>* q, const T* kb, const
       for (int i = 0; i < 16; ++i)
         part[i] = (valid >> i) & 1 ? q[g].dot(kb + (t0 + i) * p.k_stride_tok) : _mm512_setzero_ps();
       __m512 s = _mm512_mul_ps(reduce16x16(part), _mm512_set1_ps(p.scale));
-      if (p.soft_cap > 0) {
-        alignas(64) float tmp[16];
-        _mm512_store_ps(tmp, s);
-        for (int i = 0; i < 16; ++i) tmp[i] = p.soft_cap * std::tanh(tmp[i] / p.soft_cap);
-        s = _mm512_load_ps(tmp);
-      }
+      if (p.soft_cap > 0) s = soft_cap_lanes(s, p.soft_cap);
       _mm512_storeu_ps(scores + g * bs + t0, _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, s));
     }
   }
@@ -143,3 +154,99 @@ void fast_block(const FastParams& p, const QueryRow<T, D>* q, const T* kb, const
 
 }  // namespace vllm_cpu
 #endif  // VLLM_CPU_AVX512
+
+#ifdef VLLM_CPU_AVX2
+namespace vllm_cpu {
+
+// Lane i of the result = sum of the 8 lanes of v[i].
+inline __m256 reduce8x8(const __m256* v) {
+  // hadd pairs lanes within each 128-bit half: u0 holds, per half, the
+  // half-sums of v[0..3], u1 those of v[4..7]; adding the halves finishes.
+  __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// Query of one head in fp32 lanes (bf16 keys are widened per load: AVX2
+// has no bf16 dot product).
+template <typename T, int D>
+struct QueryRow {
+  __m256 v[D / 8];
+  void load(const T* q) { for (int c = 0; c < D / 8; ++c) v[c] = simd::load(q + c * 8); }
+  // 8 lanes whose sum is q . k
+  __m256 dot(const T* k) const {
+    __m256 acc = _mm256_mul_ps(v[0], simd::load(k));
+    for (int c = 1; c < D / 8; ++c) acc = _mm256_fmadd_ps(v[c], simd::load(k + c * 8), acc);
+    return acc;
+  }
+};
+
+// Scores [G, bs] of one block, 8 tokens at a time (invalid lanes = -inf).
+template <typename T, int D>
+void fast_scores(const FastParams& p, const QueryRow<T, D>* q, const T* kb, int64_t lo,
+                 int64_t hi, float* scores) {
+  const int64_t bs = p.block_size;
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  for (int64_t t0 = 0; t0 < bs; t0 += 8) {
+    if (t0 >= hi || t0 + 8 <= lo) {
+      for (int64_t g = 0; g < p.g_count; ++g) _mm256_storeu_ps(scores + g * bs + t0, ninf);
+      continue;
+    }
+    // lane i is valid when lo <= t0 + i < hi
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(t0)),
+                                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i valid = _mm256_andnot_si256(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lo)), idx),
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(hi)), idx));
+    for (int64_t g = 0; g < p.g_count; ++g) {
+      __m256 part[8];
+      for (int i = 0; i < 8; ++i)
+        part[i] = t0 + i >= lo && t0 + i < hi ? q[g].dot(kb + (t0 + i) * p.k_stride_tok)
+                                              : _mm256_setzero_ps();
+      __m256 s = _mm256_mul_ps(reduce8x8(part), _mm256_set1_ps(p.scale));
+      if (p.soft_cap > 0) s = soft_cap_lanes(s, p.soft_cap);
+      _mm256_storeu_ps(scores + g * bs + t0, _mm256_blendv_ps(ninf, s, _mm256_castsi256_ps(valid)));
+    }
+  }
+}
+
+// One block of K/V for the G heads of a kv head (as the AVX-512 version).
+template <typename T, int D>
+void fast_block(const FastParams& p, const QueryRow<T, D>* q, const T* kb, const T* vb,
+                int64_t lo, int64_t hi, float* m, float* l, float* acc, float* scores,
+                float* vf) {
+  const int64_t bs = p.block_size;
+  fast_scores<T, D>(p, q, kb, lo, hi, scores);
+  for (int64_t t = lo; t < hi; ++t)
+    for (int c = 0; c < D / 8; ++c) _mm256_storeu_ps(vf + t * D + c * 8, simd::load(vb + t * p.v_stride_tok + c * 8));
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  for (int64_t g = 0; g < p.g_count; ++g) {
+    float* sg = scores + g * bs;
+    __m256 vmax = ninf;
+    for (int64_t t0 = 0; t0 < bs; t0 += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sg + t0));
+    const float new_max = std::max(m[g], simd::hmax(vmax));
+    const float rescale = std::exp(m[g] - new_max);
+    __m256 vsum = _mm256_setzero_ps();
+    const __m256 vm = _mm256_set1_ps(new_max);
+    for (int64_t t0 = 0; t0 < bs; t0 += 8) {
+      // -inf lanes: exp clamps them to a tiny value; zeroed so they add nothing.
+      __m256 x = _mm256_loadu_ps(sg + t0);
+      __m256 e = _mm256_and_ps(_mm256_cmp_ps(x, ninf, _CMP_NEQ_OQ), simd::exp(_mm256_sub_ps(x, vm)));
+      _mm256_storeu_ps(sg + t0, e);
+      vsum = _mm256_add_ps(vsum, e);
+    }
+    l[g] = l[g] * rescale + simd::hsum(vsum);
+    m[g] = new_max;
+    __m256 a[D / 8];
+    const __m256 r = _mm256_set1_ps(rescale);
+    for (int c = 0; c < D / 8; ++c) a[c] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * D + c * 8), r);
+    for (int64_t t = lo; t < hi; ++t) {
+      const __m256 pt = _mm256_set1_ps(sg[t]);
+      for (int c = 0; c < D / 8; ++c) a[c] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vf + t * D + c * 8), a[c]);
+    }
+    for (int c = 0; c < D / 8; ++c) _mm256_storeu_ps(acc + g * D + c * 8, a[c]);
+  }
+}
+
+}  // namespace vllm_cpu
+#endif  // VLLM_CPU_AVX2

@@ -2,15 +2,15 @@
 // key/value [T, Hkv, D] (rows may be strided), caches [NB, BS, Hkv, D] with
 // contiguous (Hkv, D) per token; slot = block * BS + offset, slot < 0 = skip.
 #include <ATen/Parallel.h>
-#include <torch/all.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstring>
 
 namespace vllm_cpu {
 
-void reshape_and_cache(const torch::Tensor& key, const torch::Tensor& value,
-                       torch::Tensor& key_cache, torch::Tensor& value_cache,
-                       const torch::Tensor& slot_mapping) {
+void reshape_and_cache(const at::Tensor& key, const at::Tensor& value,
+                       at::Tensor& key_cache, at::Tensor& value_cache,
+                       const at::Tensor& slot_mapping) {
   const int64_t tokens = slot_mapping.numel();
   TORCH_CHECK(key.dim() == 3 && value.dim() == 3 && key.size(0) >= tokens, "key/value must be [T, Hkv, D]");
   TORCH_CHECK(key.stride(2) == 1 && key.stride(1) == key.size(2) && value.stride(2) == 1 &&
@@ -22,7 +22,7 @@ void reshape_and_cache(const torch::Tensor& key, const torch::Tensor& value,
               "key and value caches must match");
   TORCH_CHECK(key.scalar_type() == key_cache.scalar_type() && value.scalar_type() == key.scalar_type(),
               "dtype mismatch");
-  const auto slots = slot_mapping.reshape({-1}).to(torch::kInt64).contiguous();
+  const auto slots = slot_mapping.reshape({-1}).to(at::kLong).contiguous();
   const int64_t* s = slots.data_ptr<int64_t>();
   const int64_t row_bytes = key.size(1) * key.size(2) * key.element_size();
   const int64_t bs = key_cache.size(1), esz = key.element_size();

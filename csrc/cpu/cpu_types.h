@@ -1,12 +1,24 @@
-// Small SIMD helpers shared by the CPU ops: 16 lanes of fp32, loaded from and
+// Small SIMD helpers shared by the CPU ops: fp32 lanes loaded from and
 // stored to fp32 or bf16 memory.
 //
-// ISA choice: CMakeLists.txt compiles with -mavx512f/-mavx512bw/-mavx512vl
-// (+ -mavx512bf16) only when the *build host* has them (the extension is
-// built in place by `pip install -e .`, so build host == run host, as for
-// upstream's CPU wheels built per ISA). Every vector path is guarded by the
-// matching __AVX512*__ macro and has a scalar fallback that -O3
-// auto-vectorises for whatever the host offers.
+// ISA choice (compile time): CMakeLists.txt adds -mavx512f/bw/vl(/bf16) and
+// -mavx2/-mfma/-mf16c only for the features the *build host* has (the
+// extension is built in place by `pip install -e .`, so build host == run
+// host, as for upstream's CPU wheels built per ISA). This header then picks
+// one path:
+//   VLLM_CPU_AVX512  16 fp32 lanes (__m512), masked tails;
+//   VLLM_CPU_AVX2    8 fp32 lanes (__m256), FMA; bf16 by 16-bit shifts;
+//   neither          scalar loops (which -O3 auto-vectorises for the host).
+// VLLM_CPU_SIMD is set for either vector path: kernels written once over the
+// `simd` layer below (fvec, kLanes, load/store/fmadd/hsum/exp) compile to
+// 512-bit or 256-bit code. Where the AVX-512 code leans on what AVX2 lacks
+// (mask registers, 16 x 16 transposes, vdpbf16ps: the attention fast path,
+// the bitmask stores) each ISA has its own block, VLLM_CPU_AVX512 /
+// VLLM_CPU_AVX2; the raw load16 / store16 / exp16 helpers are AVX-512 only.
+//
+// Headers: the ops include ATen's per-topic headers (Tensor, Dispatch,
+// Parallel), not torch/all.h, which costs twice the compile time (the ISA
+// test builds every source once per ISA).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -14,10 +26,16 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define VLLM_CPU_AVX512 1
+#define VLLM_CPU_SIMD 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VLLM_CPU_AVX2 1
+#define VLLM_CPU_SIMD 1
 #endif
 
 namespace vllm_cpu {
@@ -94,5 +112,117 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);  // p * 2^n
 }
 #endif  // VLLM_CPU_AVX512
+
+// Which vector path this build compiled (reported by cpu_ops_isa()).
+#if defined(VLLM_CPU_AVX512)
+constexpr const char* kCpuIsa = "avx512";
+#elif defined(VLLM_CPU_AVX2)
+constexpr const char* kCpuIsa = "avx2";
+#else
+constexpr const char* kCpuIsa = "scalar";
+#endif
+
+#ifdef VLLM_CPU_SIMD
+// ------------------------------------------------------------- simd layer
+// One vector of kLanes fp32 lanes and the handful of operations the kernels
+// use. Loads / stores take fp32 or bf16 memory; the math is always fp32.
+namespace simd {
+
+#if defined(VLLM_CPU_AVX512)
+using fvec = __m512;
+constexpr int kLanes = 16;
+inline fvec zero() { return _mm512_setzero_ps(); }
+inline fvec set1(float a) { return _mm512_set1_ps(a); }
+inline fvec add(fvec a, fvec b) { return _mm512_add_ps(a, b); }
+inline fvec sub(fvec a, fvec b) { return _mm512_sub_ps(a, b); }
+inline fvec mul(fvec a, fvec b) { return _mm512_mul_ps(a, b); }
+inline fvec div(fvec a, fvec b) { return _mm512_div_ps(a, b); }
+inline fvec max(fvec a, fvec b) { return _mm512_max_ps(a, b); }
+inline fvec fmadd(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c
+inline fvec fmsub(fvec a, fvec b, fvec c) { return _mm512_fmsub_ps(a, b, c); }  // a * b - c
+inline float hsum(fvec a) { return _mm512_reduce_add_ps(a); }
+inline float hmax(fvec a) { return _mm512_reduce_max_ps(a); }
+inline fvec load(const float* p) { return load16(p); }
+inline fvec load(const bf16* p) { return load16(p); }
+inline void store(float* p, fvec v) { store16(p, v); }
+inline void store(bf16* p, fvec v) { store16(p, v); }
+inline fvec exp(fvec x) { return exp16(x); }
+#else  // VLLM_CPU_AVX2
+using fvec = __m256;
+constexpr int kLanes = 8;
+inline fvec zero() { return _mm256_setzero_ps(); }
+inline fvec set1(float a) { return _mm256_set1_ps(a); }
+inline fvec add(fvec a, fvec b) { return _mm256_add_ps(a, b); }
+inline fvec sub(fvec a, fvec b) { return _mm256_sub_ps(a, b); }
+inline fvec mul(fvec a, fvec b) { return _mm256_mul_ps(a, b); }
+inline fvec div(fvec a, fvec b) { return _mm256_div_ps(a, b); }
+inline fvec max(fvec a, fvec b) { return _mm256_max_ps(a, b); }
+inline fvec fmadd(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
+inline fvec fmsub(fvec a, fvec b, fvec c) { return _mm256_fmsub_ps(a, b, c); }
+inline float hsum(fvec a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));              // lanes 0+2, 1+3
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));  // + lane 1
+}
+inline float hmax(fvec a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+inline fvec load(const float* p) { return _mm256_loadu_ps(p); }
+inline fvec load(const bf16* p) {
+  // bf16 is the high half of an fp32: widen 8 x u16 to 32 bits, shift by 16.
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline void store(float* p, fvec v) { _mm256_storeu_ps(p, v); }
+inline void store(bf16* p, fvec v) {
+  // Round to nearest even: add 0x7fff + the lsb of the kept half, keep the
+  // high 16 bits; NaN lanes become the quiet NaN 0x7fc0 (as c10::BFloat16).
+  __m256i bits = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  rounded = _mm256_castps_si256(_mm256_blendv_ps(
+      _mm256_castsi256_ps(rounded), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan));
+  __m256i high = _mm256_srli_epi32(rounded, 16);  // 0..0xffff: packus is exact
+  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+// exp on 8 lanes: the same range reduction and polynomial as exp16; 2^n is
+// built in the exponent field (n in [-126, 127] after the clamp, so normal).
+inline fvec exp(fvec x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+// The value of v rounded to T (and back to fp32): what torch computes when
+// an intermediate result is stored in T before the next operation.
+template <typename T>
+inline fvec round_to(fvec v) {
+  if constexpr (std::is_same<T, float>::value) {
+    return v;
+  } else {
+    alignas(64) T tmp[kLanes];
+    store(tmp, v);
+    return load(tmp);
+  }
+}
+
+}  // namespace simd
+#endif  // VLLM_CPU_SIMD
 
 }  // namespace vllm_cpu

@@ -1,7 +1,8 @@
 // RMS norm and fused residual-add + RMS norm over rows of [num_tokens, hidden].
 // Statistics in fp32; one OpenMP task per chunk of rows.
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <torch/all.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 
@@ -17,18 +18,18 @@ template <typename T>
 float sum_squares(const T* x, const T* res, T* res_out, int64_t n) {
   int64_t i = 0;
   float total = 0.f;
-#ifdef VLLM_CPU_AVX512
-  __m512 acc = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    __m512 v = load16(x + i);
+#ifdef VLLM_CPU_SIMD
+  using namespace simd;
+  fvec acc = zero();
+  for (; i + kLanes <= n; i += kLanes) {
+    fvec v = load(x + i);
     if (res != nullptr) {
-      v = _mm512_add_ps(v, load16(res + i));
-      store16(res_out + i, v);
-      v = load16(res_out + i);  // the rounded sum
+      v = round_to<T>(add(v, load(res + i)));  // the sum as stored
+      store(res_out + i, v);
     }
-    acc = _mm512_fmadd_ps(v, v, acc);
+    acc = fmadd(v, v, acc);
   }
-  total = _mm512_reduce_add_ps(acc);
+  total = hsum(acc);
 #endif
   for (; i < n; ++i) {
     float v = to_float(x[i]);
@@ -45,17 +46,12 @@ float sum_squares(const T* x, const T* res, T* res_out, int64_t n) {
 template <typename T>
 void scale_row(T* out, const T* src, const T* weight, float inv_rms, int64_t n) {
   int64_t i = 0;
-#ifdef VLLM_CPU_AVX512
-  __m512 s = _mm512_set1_ps(inv_rms);
-  for (; i + 16 <= n; i += 16) {
+#ifdef VLLM_CPU_SIMD
+  using namespace simd;
+  const fvec s = set1(inv_rms);
+  for (; i + kLanes <= n; i += kLanes) {
     // Match torch: normalise in fp32, round to T, then multiply by the weight.
-    __m512 v = _mm512_mul_ps(load16(src + i), s);
-    if (!std::is_same<T, float>::value) {
-      alignas(64) T tmp[16];
-      store16(tmp, v);
-      v = load16(tmp);
-    }
-    store16(out + i, _mm512_mul_ps(v, load16(weight + i)));
+    store(out + i, mul(round_to<T>(mul(load(src + i), s)), load(weight + i)));
   }
 #endif
   for (; i < n; ++i) {
@@ -93,7 +89,7 @@ void rms_norm_rows(const RowPtrs& ptr, const T* weight, int64_t rows, int64_t n,
   });
 }
 
-void dispatch_rows(const RowPtrs& ptr, const torch::Tensor& input, const torch::Tensor& weight,
+void dispatch_rows(const RowPtrs& ptr, const at::Tensor& input, const at::Tensor& weight,
                    double eps) {
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == input.size(1) &&
                   weight.scalar_type() == input.scalar_type(), "weight must be [hidden] of the input dtype");
@@ -106,14 +102,14 @@ void dispatch_rows(const RowPtrs& ptr, const torch::Tensor& input, const torch::
       }));
 }
 
-void check_rows(const torch::Tensor& t, const char* name) {
+void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be a 2-D [tokens, hidden] tensor "
               "with a contiguous last dim");
 }
 
 }  // namespace
 
-void rms_norm(torch::Tensor& out, const torch::Tensor& input, const torch::Tensor& weight,
+void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight,
               double epsilon) {
   check_rows(out, "out");
   check_rows(input, "input");
@@ -123,7 +119,7 @@ void rms_norm(torch::Tensor& out, const torch::Tensor& input, const torch::Tenso
 }
 
 // In place, as upstream: residual <- input + residual; input <- rms_norm(residual).
-void fused_add_rms_norm(torch::Tensor& input, torch::Tensor& residual, const torch::Tensor& weight,
+void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight,
                         double epsilon) {
   check_rows(input, "input");
   check_rows(residual, "residual");
@@ -133,9 +129,9 @@ void fused_add_rms_norm(torch::Tensor& input, torch::Tensor& residual, const tor
 }
 
 // Out of place: residual_out <- input + residual; out <- rms_norm(residual_out).
-void fused_add_rms_norm_out(torch::Tensor& out, torch::Tensor& residual_out,
-                            const torch::Tensor& input, const torch::Tensor& residual,
-                            const torch::Tensor& weight, double epsilon) {
+void fused_add_rms_norm_out(at::Tensor& out, at::Tensor& residual_out,
+                            const at::Tensor& input, const at::Tensor& residual,
+                            const at::Tensor& weight, double epsilon) {
   check_rows(out, "out");
   check_rows(residual_out, "residual_out");
   check_rows(input, "input");

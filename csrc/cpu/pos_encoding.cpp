@@ -3,8 +3,9 @@
 // cos_sin_cache [max_position, rot_dim]: cos in the first rot_dim / 2
 // columns, sin in the rest. neox style rotates halves (x[:r/2], x[r/2:r]),
 // GPT-J style interleaved pairs. Math in fp32.
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <torch/all.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstring>
 
@@ -18,12 +19,13 @@ namespace {
 template <typename T>
 void rotate_neox(const T* x, T* y, const T* cos, const T* sin, int64_t half) {
   int64_t i = 0;
-#ifdef VLLM_CPU_AVX512
-  for (; i + 16 <= half; i += 16) {
-    __m512 x1 = load16(x + i), x2 = load16(x + half + i);
-    __m512 c = load16(cos + i), s = load16(sin + i);
-    store16(y + i, _mm512_fmsub_ps(x1, c, _mm512_mul_ps(x2, s)));
-    store16(y + half + i, _mm512_fmadd_ps(x2, c, _mm512_mul_ps(x1, s)));
+#ifdef VLLM_CPU_SIMD
+  using namespace simd;
+  for (; i + kLanes <= half; i += kLanes) {
+    fvec x1 = load(x + i), x2 = load(x + half + i);
+    fvec c = load(cos + i), s = load(sin + i);
+    store(y + i, fmsub(x1, c, mul(x2, s)));
+    store(y + half + i, fmadd(x2, c, mul(x1, s)));
   }
 #endif
   for (; i < half; ++i) {
@@ -73,19 +75,19 @@ void rope_all(const int64_t* pos, const RopeRows& q, const RopeRows& k, const T*
   });
 }
 
-void check_2d(const torch::Tensor& t, int64_t tokens, const char* name) {
+void check_2d(const at::Tensor& t, int64_t tokens, const char* name) {
   TORCH_CHECK(t.dim() == 2 && t.size(0) == tokens && t.stride(1) == 1, name,
               " must be [num_tokens, heads * head_size] with a contiguous last dim");
 }
 
-void rope_dispatch(const torch::Tensor& positions, const RopeRows& q, const RopeRows& k,
-                   const torch::Tensor& query, int64_t head_size,
-                   const torch::Tensor& cos_sin_cache, bool is_neox) {
+void rope_dispatch(const at::Tensor& positions, const RopeRows& q, const RopeRows& k,
+                   const at::Tensor& query, int64_t head_size,
+                   const at::Tensor& cos_sin_cache, bool is_neox) {
   TORCH_CHECK(cos_sin_cache.is_contiguous() && cos_sin_cache.scalar_type() == query.scalar_type(),
               "cos_sin_cache must be contiguous and of the query dtype");
   const int64_t rot_dim = cos_sin_cache.size(1);
   TORCH_CHECK(rot_dim <= head_size && rot_dim % 2 == 0, "bad rotary dim");
-  const auto pos = positions.reshape({-1}).to(torch::kInt64).contiguous();
+  const auto pos = positions.reshape({-1}).to(at::kLong).contiguous();
   AT_DISPATCH_SWITCH(query.scalar_type(), "rotary_embedding",
       AT_DISPATCH_CASE(at::ScalarType::Float, [&] {
         rope_all<float>(pos.data_ptr<int64_t>(), q, k, cos_sin_cache.data_ptr<float>(), rot_dim,
@@ -100,9 +102,9 @@ void rope_dispatch(const torch::Tensor& positions, const RopeRows& q, const Rope
 }  // namespace
 
 // In place on query / key (upstream's op).
-void rotary_embedding(const torch::Tensor& positions, torch::Tensor& query,
-                      std::optional<torch::Tensor> key, int64_t head_size,
-                      const torch::Tensor& cos_sin_cache, bool is_neox) {
+void rotary_embedding(const at::Tensor& positions, at::Tensor& query,
+                      std::optional<at::Tensor> key, int64_t head_size,
+                      const at::Tensor& cos_sin_cache, bool is_neox) {
   const int64_t tokens = positions.numel();
   check_2d(query, tokens, "query");
   RopeRows q{query.data_ptr(), query.stride(0), query.data_ptr(), query.stride(0),
@@ -117,10 +119,10 @@ void rotary_embedding(const torch::Tensor& positions, torch::Tensor& query,
 }
 
 // Out of place: rotated copies in query_out / key_out, inputs untouched.
-void rotary_embedding_out(const torch::Tensor& positions, const torch::Tensor& query,
-                          const torch::Tensor& key, int64_t head_size,
-                          const torch::Tensor& cos_sin_cache, bool is_neox,
-                          torch::Tensor& query_out, torch::Tensor& key_out) {
+void rotary_embedding_out(const at::Tensor& positions, const at::Tensor& query,
+                          const at::Tensor& key, int64_t head_size,
+                          const at::Tensor& cos_sin_cache, bool is_neox,
+                          at::Tensor& query_out, at::Tensor& key_out) {
   const int64_t tokens = positions.numel();
   check_2d(query, tokens, "query");
   check_2d(key, tokens, "key");

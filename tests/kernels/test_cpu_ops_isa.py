@@ -1,0 +1,322 @@
+"""Every vector path of the CPU ops (csrc/cpu) against torch references.
+
+The installed vllm._C has the best path its build host offers (AVX-512
+here). The AVX2 + FMA (+ F16C) and the scalar paths are compiled here from
+the same sources with only those flags, as one translation unit per ISA
+(`unity` below: torch's headers parsed once), into a temporary directory,
+each registering its ops under a namespace of its own (_cx_avx2,
+_cx_scalar) so they load beside vllm._C; the in-tree library is never
+rebuilt. Each test then runs against every build the host can execute,
+plus vllm._C itself ("native") when it is current.
+
+Checks are tight enough that a wrong vector path fails: fp32 results
+within a few fp32 ulps of an fp32 / float64 reference; bf16 results within
+one bf16 ulp of the same computation rounded where the op rounds, and equal
+to it on all but a small fraction of elements (truncating instead of
+rounding to nearest even moves about half of them). Sizes leave tails:
+head sizes, hidden sizes and rotary halves that are not multiples of the
+8 / 16 lanes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vllm import _custom_ops as ops
+
+_CSRC = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
+_VARIANT_FLAGS = {
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "scalar": [],
+    "avx512": [
+        "-mavx512f",
+        "-mavx512bw",
+        "-mavx512vl",
+        "-mavx512dq",
+        "-mavx512bf16",
+        "-mavx2",
+        "-mfma",
+        "-mf16c",
+    ],
+}
+# Built by default: the paths vllm._C does not have on an AVX-512 host.
+# VLLM_CPU_OPS_ISA_VARIANTS=avx2,scalar,avx512 adds an AVX-512 build of the
+# current sources (vllm._C itself may be older than them).
+_VARIANTS = os.environ.get("VLLM_CPU_OPS_ISA_VARIANTS", "avx2,scalar").split(",")
+
+
+def _compiler() -> str | None:
+    return shutil.which("c++") or shutil.which("g++")
+
+
+def _native_macros() -> str:
+    cxx = _compiler()
+    if cxx is None:
+        return ""
+    cmd = [cxx, "-march=native", "-dM", "-E", "-x", "c++", "/dev/null"]
+    return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+
+
+def _build_cmd(cxx: str, src: Path, lib: Path, isa: str) -> list[str]:
+    from torch.utils import cpp_extension
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    inc = [f"-I{p}" for p in cpp_extension.include_paths()]
+    inc.append(f"-I{cpp_extension.sysconfig.get_paths()['include']}")
+    libs = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-ltorch", "-ltorch_cpu", "-lc10"]
+    # Hidden symbols: the builds' inline helpers (compiled for different
+    # ISAs) must not be merged with vllm._C's at load time.
+    return [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-w",
+            "-fvisibility=hidden", "-fvisibility-inlines-hidden", *_VARIANT_FLAGS[isa],
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DVLLM_CPU_OPS_NAMESPACE=_cx_{isa}",
+            *inc, str(src), "-o", str(lib), *libs]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def variant_libs(tmp_path_factory) -> dict[str, str]:
+    """csrc/cpu/*.cpp as one unit per ISA, built in parallel and loaded."""
+    cxx = _compiler()
+    if cxx is None:
+        if os.environ.get("VLLM_ALLOW_NO_CSRC") == "1":
+            pytest.skip("no C++ compiler (VLLM_ALLOW_NO_CSRC=1)")
+        pytest.fail("no C++ compiler to build the ISA variants of csrc/cpu")
+    out = tmp_path_factory.mktemp("cpu_ops_isa")
+    unity = out / "unity.cpp"
+    unity.write_text("".join(f'#include "{p}"\n' for p in sorted(_CSRC.glob("*.cpp"))))
+    procs = {}
+    for isa in _VARIANTS:
+        lib = out / f"cx_{isa}.so"
+        cmd = _build_cmd(cxx, unity, lib, isa)
+        procs[isa] = (lib, subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True))
+    for isa, (_, proc) in procs.items():
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{isa} build failed:\n{err[-3000:]}"
+    macros = _native_macros()
+    namespaces = {}
+    for isa, (lib, _) in procs.items():
+        needs = {"avx2": ("AVX2", "FMA", "F16C"), "avx512": ("AVX512F", "AVX512BW", "AVX512BF16")}
+        if not all(f"__{f}__" in macros for f in needs.get(isa, ())):
+            continue  # built (it compiles everywhere), but this host cannot run it
+        torch.ops.load_library(str(lib))
+        namespaces[isa] = f"_cx_{isa}"
+    return namespaces
+
+
+@pytest.fixture(params=[*_VARIANTS, "native"])
+def ns(request, variant_libs):
+    """The ops namespace of one build (torch.ops.<ns>)."""
+    isa = request.param
+    if isa == "native":
+        if not (ops.cpu_ops_available() and hasattr(torch.ops._C_cpu, "cpu_ops_isa")):
+            pytest.skip("vllm._C not loaded or older than these sources (no cpu_ops_isa)")
+        return torch.ops._C_cpu
+    if isa not in variant_libs:
+        pytest.skip(f"host cannot run the {isa} build")
+    return getattr(torch.ops, variant_libs[isa])
+
+
+def test_isa_of_build(ns):
+    """Each build runs the vector path its flags allow, not a silent scalar one."""
+    name = ns.name if hasattr(ns, "name") else str(ns)
+    got = ns.cpu_ops_isa()
+    if name.startswith("_cx_"):
+        assert got == name.removeprefix("_cx_")
+    else:
+        macros = _native_macros()
+        want = "avx512" if "__AVX512F__" in macros and "__AVX512BW__" in macros else "scalar"
+        if want == "scalar" and "__AVX2__" in macros and "__FMA__" in macros:
+            want = "avx2"
+        assert got == want
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x (fp32) rounded to dtype and back: an intermediate the op stores."""
+    return x.to(dtype).float()
+
+
+def _assert_rounded(out: torch.Tensor, ref: torch.Tensor, fp32_rtol: float = 2e-6) -> None:
+    """out (fp32 or bf16) against ref, the fp32 result of the same math."""
+    if out.dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=fp32_rtol, atol=1e-6, equal_nan=True)
+        return
+    want = ref.to(out.dtype)
+    # One bf16 ulp: the fp32 math may sit on the other side of a rounding
+    # boundary, but only for a small fraction of elements.
+    torch.testing.assert_close(out.float(), want.float(), rtol=2.0**-7, atol=1e-6, equal_nan=True)
+    differ = (out.float() != want.float()) & ~(out.isnan() & want.isnan())
+    assert differ.float().mean().item() <= 0.02, f"{differ.sum().item()} of {out.numel()} differ"
+
+
+# ---------------------------------------------------------------- layernorm
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [576, 100, 7, 1])
+def test_rms_norm(ns, dtype, hidden):
+    torch.manual_seed(hidden)
+    x = torch.randn(5, hidden).to(dtype)
+    w = torch.randn(hidden).to(dtype)
+    inv = torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6).float()
+    ref = _round(x.float() * inv, dtype) * w.float()
+    out = torch.empty_like(x)
+    ns.rms_norm(out, x, w, 1e-6)
+    _assert_rounded(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [576, 100, 13])
+def test_fused_add_rms_norm(ns, dtype, hidden):
+    torch.manual_seed(hidden)
+    x, res = torch.randn(2, 7, hidden).to(dtype).unbind(0)
+    w = torch.randn(hidden).to(dtype)
+    total = (x.float() + res.float()).to(dtype)  # the sum as stored
+    inv = torch.rsqrt(total.double().pow(2).mean(-1, keepdim=True) + 1e-5).float()
+    ref = _round(total.float() * inv, dtype) * w.float()
+    out, res_out = torch.empty_like(x), torch.empty_like(x)
+    ns.fused_add_rms_norm_out(out, res_out, x, res, w, 1e-5)
+    assert torch.equal(res_out, total)
+    _assert_rounded(out, ref)
+    ns.fused_add_rms_norm(x, res, w, 1e-5)  # in place
+    assert torch.equal(res, total)
+    assert torch.equal(x, out)
+
+
+# --------------------------------------------------------------- activation
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [1536, 37, 5])
+def test_silu_and_mul(ns, dtype, d):
+    torch.manual_seed(d)
+    x = (torch.randn(9, 2 * d) * 4).to(dtype)
+    x[0, :3] = torch.tensor([float("nan"), 100.0, -100.0])  # NaN, exp clamps
+    gate, up = x.float()[:, :d], x.float()[:, d:]
+    ref = _round(F.silu(gate.double()).float(), dtype) * up
+    out = torch.empty(9, d, dtype=dtype)
+    ns.silu_and_mul(out, x)
+    _assert_rounded(out, ref, fp32_rtol=1e-5)
+
+
+# ------------------------------------------------------------------- rotary
+def _ref_rope(pos, x, head_size, cache, neox):
+    """fp32 rotation of x [T, H * D] (math in float64, one rounding)."""
+    rot = cache.shape[1]
+    cos, sin = cache[pos].double().unsqueeze(1).chunk(2, dim=-1)
+    y = x.view(x.shape[0], -1, head_size).double().clone()
+    r = y[..., :rot]
+    if neox:
+        x1, x2 = r.chunk(2, dim=-1)
+        r.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+    else:
+        x1, x2 = r[..., 0::2].clone(), r[..., 1::2].clone()
+        r[..., 0::2], r[..., 1::2] = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    return y.flatten(1).float()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_size,rot", [(64, 64), (128, 64), (80, 80), (36, 36), (72, 72)])
+@pytest.mark.parametrize("neox", [True, False])
+def test_rotary_embedding(ns, dtype, head_size, rot, neox):
+    torch.manual_seed(head_size + rot)
+    t, h, hkv = 6, 3, 1
+    qkv = torch.randn(t, (h + 2 * hkv) * head_size).to(dtype)
+    q, k = qkv[:, : h * head_size], qkv[:, h * head_size : (h + hkv) * head_size]  # strided views
+    cache = torch.randn(50, rot).to(dtype)
+    pos = torch.randint(0, 50, (t,))
+    ref_q, ref_k = (_ref_rope(pos, x, head_size, cache, neox) for x in (q, k))
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    ns.rotary_embedding_out(pos, q, k, head_size, cache, neox, q_out, k_out)
+    _assert_rounded(q_out, ref_q)
+    _assert_rounded(k_out, ref_k)
+    ns.rotary_embedding(pos, q, k, head_size, cache, neox)  # in place
+    assert torch.equal(q, q_out) and torch.equal(k, k_out)
+
+
+# ---------------------------------------------------------------- attention
+def _paged_case(seq_lens, num_kv_heads, gqa, head_size, block_size, dtype):
+    """Random caches; each sequence's blocks scattered in a shuffled pool."""
+    max_blocks = max((n + block_size - 1) // block_size for n in seq_lens)
+    num_blocks = len(seq_lens) * max_blocks + 3
+    kc = torch.randn(num_blocks, block_size, num_kv_heads, head_size).to(dtype)
+    vc = torch.randn_like(kc)
+    perm = torch.randperm(num_blocks)[: len(seq_lens) * max_blocks]
+    block_table = perm.view(len(seq_lens), max_blocks).to(torch.int32)
+    query = torch.randn(len(seq_lens), num_kv_heads * gqa, head_size).to(dtype)
+    return query, kc, vc, block_table, torch.tensor(seq_lens, dtype=torch.int32)
+
+
+def _assert_attention(out, q, kc, vc, bt, lens, scale, window=None, soft_cap=None):
+    ref = ops.ref_paged_attention_decode(
+        q.float(), kc.float(), vc.float(), bt, lens, scale, window, soft_cap
+    )
+    # fp32: softmax weights from a polynomial exp (~1e-7 relative).
+    _assert_rounded(out, ref, fp32_rtol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_size", [64, 128, 80, 72, 36, 4])
+@pytest.mark.parametrize("block_size", [16, 5])
+@pytest.mark.parametrize("num_kv_heads,gqa", [(3, 3), (2, 1)])
+def test_paged_attention_decode(ns, dtype, head_size, block_size, num_kv_heads, gqa):
+    torch.manual_seed(head_size * block_size + gqa)
+    seq_lens = [1, block_size + 1, 3 * block_size + 5, 70]
+    q, kc, vc, bt, lens = _paged_case(seq_lens, num_kv_heads, gqa, head_size, block_size, dtype)
+    out = torch.empty_like(q)
+    scale = head_size**-0.5
+    ns.paged_attention_decode(out, q, kc, vc, bt, lens, scale, 0, 0.0)
+    _assert_attention(out, q, kc, vc, bt, lens, scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window,soft_cap", [(7, 0.0), (0, 30.0), (20, 5.0)])
+def test_paged_attention_decode_window_softcap(ns, dtype, window, soft_cap):
+    torch.manual_seed(window)
+    q, kc, vc, bt, lens = _paged_case([3, 16, 17, 40, 65], 2, 4, 64, 16, dtype)
+    out = torch.empty_like(q)
+    ns.paged_attention_decode(out, q, kc, vc, bt, lens, 0.125, window, soft_cap)
+    _assert_attention(out, q, kc, vc, bt, lens, 0.125, window or None, soft_cap or None)
+
+
+# -------------------------------------------------------------------- cache
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reshape_and_cache(ns, dtype):
+    nb, bs, hkv, d, t = 5, 16, 3, 36, 30
+    kv = torch.zeros(2, nb, bs, hkv, d, dtype=dtype)
+    key, value = torch.randn(2, t, hkv, d).to(dtype).unbind(0)
+    slots = torch.randperm(nb * bs)[:t]
+    slots[3] = -1  # padding: not written
+    ns.reshape_and_cache(key, value, kv[0], kv[1], slots)
+    keep = slots >= 0
+    flat = kv.view(2, nb * bs, hkv, d)
+    assert torch.equal(flat[0][slots[keep]], key[keep])
+    assert torch.equal(flat[1][slots[keep]], value[keep])
+    written = torch.zeros(nb * bs, dtype=torch.bool)
+    written[slots[keep]] = True
+    assert not flat[:, ~written].any()
+
+
+# ------------------------------------------------------------ grammar mask
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab,words", [(1000, 32), (100, 4), (77, 2), (33, 2), (64, 1)])
+def test_apply_token_bitmask(ns, dtype, vocab, words):
+    g = torch.Generator().manual_seed(vocab)
+    n = 4
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (n, words), dtype=torch.int32, generator=g)
+    bitmask[0, 0] = -1  # an all-allowed word (the skip path)
+    bitmask[2, 0] = 0  # a word with no token allowed
+    bitmask[3, -1] = -(2**31)  # only the last bit (the sign bit) set
+    logits = torch.randn(n, vocab, generator=g).to(dtype)
+    rows = torch.tensor([0, 2, 3])  # row 1 has no grammar: untouched
+    bits = (bitmask.unsqueeze(-1) >> torch.arange(32)) & 1  # [n, W, 32], lsb first
+    allowed = bits.flatten(1).bool()[:, :vocab]
+    allowed = torch.cat([allowed, torch.zeros(n, vocab - allowed.shape[1], dtype=torch.bool)], 1)
+    ref = logits.clone()
+    ref[rows] = logits[rows].masked_fill(~allowed[rows], float("-inf"))
+    ns.apply_token_bitmask(logits, bitmask, rows)
+    assert torch.equal(logits, ref)

@@ -39,7 +39,9 @@ PROMPTS = [
     [8, 9, 10, 11, 12],
     list(range(100, 137)),  # 37 tokens: two prefill chunks of at most 32
 ]
-GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=2)
+GREEDY = SamplingParams(
+    max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=2, prompt_logprobs=1
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +69,7 @@ def _llm(model: str, spec: dict[str, Any] | None = None, **kwargs: Any) -> Itera
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     llm = None
     try:
-        llm = LLM(
+        args: dict[str, Any] = dict(
             model=model,
             dtype="float32",
             enforce_eager=True,
@@ -77,8 +79,8 @@ def _llm(model: str, spec: dict[str, Any] | None = None, **kwargs: Any) -> Itera
             block_size=16,
             disable_log_stats=False,  # the scheduler's SpecDecodingStats
             speculative_config=spec,
-            **kwargs,
         )
+        llm = LLM(**{**args, **kwargs})
         assert llm.llm_engine.vllm_config.use_v2_model_runner
         yield llm
     finally:
@@ -96,10 +98,17 @@ def _generate(llm: LLM, params: SamplingParams | list[SamplingParams], prompts=P
     return [o.outputs[0] for o in outs]
 
 
-def _tokens_and_logprobs(outs) -> tuple[list[list[int]], list[list[dict[int, float]]]]:
-    tokens = [list(o.token_ids) for o in outs]
-    logprobs = [[{t: lp.logprob for t, lp in pos.items()} for pos in o.logprobs] for o in outs]
-    return tokens, logprobs
+def _as_dicts(rows) -> list[dict[int, float]]:
+    return [{t: lp.logprob for t, lp in (pos or {}).items()} for pos in rows]
+
+
+def _tokens_and_logprobs(llm: LLM) -> tuple[list[list[int]], list[list[dict[int, float]]]]:
+    """GREEDY over PROMPTS: (tokens, per request its sampled logprobs rows
+    followed by its prompt logprobs rows)."""
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    rows = [_as_dicts(o.outputs[0].logprobs) + _as_dicts(o.prompt_logprobs or []) for o in outs]
+    return tokens, rows
 
 
 @pytest.fixture
@@ -120,16 +129,17 @@ def counts(monkeypatch) -> list[int]:
 @pytest.fixture(scope="module")
 def baseline(models):
     with _llm(models["target"]) as llm:
-        target = _tokens_and_logprobs(_generate(llm, GREEDY))
+        target = _tokens_and_logprobs(llm)
     with _llm(models["bigram"]) as llm:
-        bigram = _tokens_and_logprobs(_generate(llm, GREEDY))
+        bigram = _tokens_and_logprobs(llm)
     return {"target": target, "bigram": bigram}
 
 
 def _assert_same(got, want) -> None:
     assert got[0] == want[0]
     for got_req, want_req in zip(got[1], want[1]):
-        assert len(got_req) == len(want_req)  # one logprobs row per emitted token
+        # One logprobs row per emitted token, then the prompt's (chunked prefill).
+        assert len(got_req) == len(want_req)
         for g, w in zip(got_req, want_req):
             assert g.keys() == w.keys()
             assert all(math.isclose(g[t], w[t], abs_tol=1e-4) for t in g)
@@ -143,7 +153,7 @@ def test_random_head_greedy_identical(models, baseline, counts, method, async_sc
     spec = {"method": method, "model": models[method], "num_speculative_tokens": K}
     with _llm(models["target"], spec, async_scheduling=async_scheduling) as llm:
         assert llm.llm_engine.vllm_config.scheduler_config.async_scheduling is async_scheduling
-        got = _tokens_and_logprobs(_generate(llm, GREEDY))
+        got = _tokens_and_logprobs(llm)
     _assert_same(got, baseline["target"])
     # A random head is rarely right: drafts were verified, most rejected.
     assert counts[0] >= len(PROMPTS) * K and counts[1] < counts[0], counts
@@ -153,7 +163,7 @@ def test_random_head_greedy_identical(models, baseline, counts, method, async_sc
 def test_oracle_head_all_accepted(models, baseline, counts, async_scheduling):
     spec = {"method": "eagle", "model": models["oracle"], "num_speculative_tokens": K}
     with _llm(models["bigram"], spec, async_scheduling=async_scheduling) as llm:
-        got = _tokens_and_logprobs(_generate(llm, GREEDY))
+        got = _tokens_and_logprobs(llm)
     _assert_same(got, baseline["bigram"])
     assert counts[0] > 0 and counts[1] == counts[0], counts
     # 10 tokens at up to K + 1 per step: most steps emitted several tokens.
@@ -242,3 +252,27 @@ def test_token_dependent_params_see_the_drafts(models, counts):
         got = [list(o.token_ids) for o in _generate(llm, params)]
     assert got == want
     assert counts[1] > 0, counts  # some drafts were accepted under the penalties
+
+
+def test_preemption_with_async_drafts(models, baseline, counts, monkeypatch):
+    """A KV cache too small for the batch (requests preempted with a step in
+    flight come back as new requests, prompt + outputs to prefill): outputs
+    still equal no speculation, drafts still all accepted."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    preempted: list[str] = []
+    real = Scheduler._preempt_request
+
+    def spy(self, request, timestamp):
+        preempted.append(request.request_id)
+        real(self, request, timestamp)
+
+    monkeypatch.setattr(Scheduler, "_preempt_request", spy)
+    spec = {"method": "eagle", "model": models["oracle"], "num_speculative_tokens": K}
+    with _llm(
+        models["bigram"], spec, async_scheduling=True, max_model_len=96, num_gpu_blocks_override=8
+    ) as llm:
+        got = [list(o.token_ids) for o in _generate(llm, GREEDY)]
+    assert got == baseline["bigram"][0]
+    assert preempted, "no request was preempted"
+    assert counts[0] > 0 and counts[1] == counts[0], counts

@@ -546,21 +546,12 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             self.output_copy_stream,
             input_batch.cu_num_logits_np if input_batch.num_draft_tokens else None,
         )
-        # With drafts the host needs the rejections now (its computed-token
-        # counts and the drafter's layout): one small device-to-host copy.
-        num_rejected_np = num_rejected.cpu().numpy() if self.speculator is not None else None
         # After AsyncOutput: the host copy is already queued behind the sampler.
-        self.postprocess(
-            input_batch,
-            sampler_output.sampled_token_ids,
-            num_sampled,
-            num_rejected,
-            num_rejected_np,
-        )
-        if num_rejected_np is not None:
-            self._propose_drafts(
-                state, sampler_output.sampled_token_ids, num_sampled, num_rejected_np
-            )
+        sampled = sampler_output.sampled_token_ids
+        if self.speculator is None:
+            self.postprocess(input_batch, sampled, num_sampled, num_rejected)
+        else:
+            self._postprocess_and_propose(state, sampled, num_sampled, num_rejected)
         return async_output if self.use_async_scheduling else async_output.get_output()
 
     def _sample(
@@ -586,17 +577,21 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             logits, input_batch, all_token_ids, self.req_states.prefill_len.gpu
         )
 
-    def _propose_drafts(
+    def _postprocess_and_propose(
         self,
         state: ExecuteModelState,
         sampled: torch.Tensor,
         num_sampled: torch.Tensor,
-        num_rejected_np: np.ndarray,
+        num_rejected: torch.Tensor,
     ) -> None:
-        """The next step's drafts, into the request rows (device) and the
-        handler the engine takes them from."""
+        """`postprocess`, then the next step's drafts, into the request rows
+        (device) and the handler the engine takes them from. The host needs
+        the rejections now (its computed-token counts and the drafter's
+        layout): one small device-to-host copy."""
         assert self.speculator is not None and state.hidden_states is not None
         batch = state.input_batch
+        num_rejected_np = num_rejected.cpu().numpy()
+        self.postprocess(batch, sampled, num_sampled, num_rejected, num_rejected_np)
         drafts, num_drafts = self.speculator.propose(
             batch,
             state.attn_metadata or {},

@@ -366,6 +366,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             scheduler_output.scheduled_spec_decode_tokens,
             req_ids,
             idx_mapping,
+            idx_mapping_np,
             (self._arange, self._arange_np),
             self.speculator is not None,
         )

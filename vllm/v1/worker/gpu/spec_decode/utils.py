@@ -38,6 +38,7 @@ def draft_layout(
     scheduled_spec_decode_tokens: dict[str, list[int]],
     req_ids: list[str],
     idx_mapping: torch.Tensor,
+    idx_mapping_np: np.ndarray,
     arange: tuple[torch.Tensor, np.ndarray],
     has_speculator: bool,
 ) -> DraftLayout:
@@ -58,8 +59,8 @@ def draft_layout(
     cu_np = np.zeros(num_reqs + 1, dtype=np.int32)
     np.cumsum(num_drafts + 1, out=cu_np[1:])
     device = idx_mapping.device
-    repeats = torch.from_numpy(num_drafts + 1).to(device)
-    expanded = torch.repeat_interleave(idx_mapping, repeats, output_size=int(cu_np[-1]))
+    # On the host: torch.repeat_interleave costs milliseconds on a loaded CPU.
+    expanded = torch.from_numpy(np.repeat(idx_mapping_np, num_drafts + 1)).to(device)
     return DraftLayout(int(num_drafts.sum()), cu_np, torch.from_numpy(cu_np).to(device), expanded)
 
 

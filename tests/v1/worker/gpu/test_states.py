@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm.v1.worker.gpu.block_table import PAD_SLOT_ID, BlockTables
+from vllm.v1.worker.gpu.block_table import PAD_SLOT_ID, BlockTables, token_batch_indices
 from vllm.v1.worker.gpu.buffer_utils import StagedWriteTensor
 from vllm.v1.worker.gpu.states import RequestState
 
@@ -113,3 +113,16 @@ def test_block_tables_append_replace_gather_and_slots():
     assert (bt.slot_mappings[0, 6:] == PAD_SLOT_ID).all()
     with pytest.raises(ValueError, match="needs 5 blocks"):
         bt.append_block_ids(1, ([1, 2, 3, 4, 5],), overwrite=True)
+
+
+def test_token_batch_indices_matches_repeat_interleave():
+    """Batch position per token (a binary search over the query ends): empty
+    queries are skipped and trailing padding entries change nothing."""
+    for lens in ([3, 1, 4], [0, 2, 0, 0, 3], [1], [2, 0]):
+        qsl = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32)
+        total = int(qsl[-1])
+        want = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+        got = token_batch_indices(qsl, total)
+        assert got.dtype == torch.int64 and got.tolist() == want.tolist(), lens
+        padded = torch.cat([qsl, qsl[-1:].repeat(2)])
+        assert token_batch_indices(padded, total).tolist() == want.tolist(), lens

@@ -119,13 +119,14 @@ class BlockTables:
 
 
 def token_batch_indices(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """[num_tokens] int64: the batch position each flattened token belongs to."""
-    query_lens = query_start_loc[1:] - query_start_loc[:-1]
-    return torch.repeat_interleave(
-        torch.arange(query_lens.shape[0], device=query_lens.device),
-        query_lens,
-        output_size=num_tokens,
-    )
+    """[num_tokens] int64: the batch position each flattened token belongs to,
+    i.e. the first i with query_start_loc[i + 1] > token (empty queries are
+    skipped). A binary search, not torch.repeat_interleave: on the CPU with
+    more than one torch thread the latter took ~6 ms per call for 16 tokens
+    (2-core EPYC; 3 us with one thread), searchsorted ~3 us."""
+    ends = query_start_loc[1:].contiguous()
+    tokens = torch.arange(num_tokens, device=ends.device, dtype=ends.dtype)
+    return torch.searchsorted(ends, tokens, right=True)
 
 
 def compute_slot_mapping(

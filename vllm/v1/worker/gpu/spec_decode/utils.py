@@ -59,7 +59,8 @@ def draft_layout(
     cu_np = np.zeros(num_reqs + 1, dtype=np.int32)
     np.cumsum(num_drafts + 1, out=cu_np[1:])
     device = idx_mapping.device
-    # On the host: torch.repeat_interleave costs milliseconds on a loaded CPU.
+    # On the host: torch.repeat_interleave takes milliseconds on a CPU with
+    # more than one torch thread (see block_table.token_batch_indices).
     expanded = torch.from_numpy(np.repeat(idx_mapping_np, num_drafts + 1)).to(device)
     return DraftLayout(int(num_drafts.sum()), cu_np, torch.from_numpy(cu_np).to(device), expanded)
 

@@ -101,9 +101,9 @@ def create_scheduler(
             enable_chunked_prefill=enable_chunked_prefill,
             long_prefill_token_threshold=long_prefill_token_threshold,
             policy=policy,
-            # VllmConfig refuses async scheduling with the speculative methods
-            # built so far; the AsyncScheduler's draft placeholders are then
-            # tested at the scheduler level (scheduler_cls below).
+            # With a speculative config the VllmConfig stays synchronous (ngram
+            # refuses async scheduling, as upstream); the AsyncScheduler's
+            # draft placeholders are tested by passing scheduler_cls.
             async_scheduling=async_scheduling and speculative_config is None,
         ),
         lora_config=lora_config,

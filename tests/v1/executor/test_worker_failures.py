@@ -51,3 +51,40 @@ def test_other_errors_name_worker_method_and_traceback():
     # A plain string (an older worker's failure) still reads as before.
     err = decode_failure(0, "execute_model", "boom")
     assert type(err) is RuntimeError and str(err) == "Worker 0 failed in execute_model: boom"
+
+
+def test_workers_dying_at_start_up_fail_fast(tmp_path):
+    """A script without `if __name__ == "__main__":` that starts two workers
+    from an in-process engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0; with
+    the engine core in its own process, that process fails first and the
+    client already reports it): each spawned worker re-runs the script, fails in multiprocessing's
+    bootstrap and exits. The parent must fail with upstream's "WorkerProc
+    initialization failed" within seconds, not wait out the 600 s ready
+    timeout (it used to)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.utils import make_tiny_model
+
+    model = make_tiny_model("llama", tmp_path / "model", seed=0)
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from vllm import LLM\n"
+        f"LLM(model={str(model)!r}, tensor_parallel_size=2, "
+        "distributed_executor_backend='mp', enforce_eager=True, dtype='float32')\n"
+    )
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "WorkerProc initialization failed" in proc.stderr, proc.stderr[-2000:]
+    assert '__name__ == "__main__"' in proc.stderr
+    assert elapsed < 200

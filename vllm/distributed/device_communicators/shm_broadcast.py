@@ -252,21 +252,24 @@ class MessageQueue:
         sock.connect(addr)
         return sock
 
-    def wait_until_ready(self, timeout: float | None = None) -> None:
+    def wait_until_ready(
+        self, timeout: float | None = None, cancel: threading.Event | None = None
+    ) -> None:
         """Writer: wait for every reader's ZMQ subscription, then say READY.
-        Reader: wait for READY. Messages sent before would be lost."""
+        Reader: wait for READY. Messages sent before would be lost. `cancel`
+        set (e.g. a reader process died): RuntimeError("cancelled")."""
         if self._is_writer:
             for sock, n in (
                 (self.local_socket, self.n_local_reader),
                 (self.remote_socket, self.n_remote_reader),
             ):
                 for _ in range(n if sock is not None else 0):
-                    self._recv(sock, timeout, None)  # a subscription message
+                    self._recv(sock, timeout, cancel)  # a subscription message
                 if sock is not None:
                     sock.send(_READY)
         else:
             sock = self.local_socket if self._is_local_reader else self.remote_socket
-            if self._recv(sock, timeout, None)[0] != _READY:
+            if self._recv(sock, timeout, cancel)[0] != _READY:
                 raise RuntimeError("MessageQueue: expected READY")
 
     @staticmethod

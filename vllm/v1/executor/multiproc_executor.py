@@ -75,13 +75,41 @@ class MultiprocExecutor(Executor):
                 [w.proc for w in self.workers],
                 [w.death_writer for w in self.workers],
             )
-            self.rpc_broadcast_mq.wait_until_ready(timeout=WORKER_READY_TIMEOUT_S)
-            self.response_mqs = WorkerProc.wait_for_ready(self.workers, WORKER_READY_TIMEOUT_S)
+            self.response_mqs = self._wait_for_workers()
         except BaseException:
             self.shutdown()
             raise
         self.io_thread_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mp_exec_io")
         self._start_worker_monitor()
+
+    def _wait_for_workers(self) -> list[MessageQueue]:
+        """Both start-up handshakes (every worker subscribed to the broadcast
+        queue, then each one's READY with its response queue). A worker that
+        exits first fails start-up at once with its own report, instead of
+        the parent waiting out WORKER_READY_TIMEOUT_S (e.g. spawn's bootstrap
+        error when the main script lacks `if __name__ == "__main__":`)."""
+        procs = [w.proc for w in self.workers]
+        died, done = threading.Event(), threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.1):
+                if any(p.exitcode is not None for p in procs):
+                    died.set()
+                    return
+
+        threading.Thread(target=watch, daemon=True, name="MultiprocStartupWatch").start()
+        try:
+            self.rpc_broadcast_mq.wait_until_ready(timeout=WORKER_READY_TIMEOUT_S, cancel=died)
+            return WorkerProc.wait_for_ready(self.workers, WORKER_READY_TIMEOUT_S, cancel=died)
+        except RuntimeError as e:
+            if str(e) != "cancelled":
+                raise
+            # The dead worker's pipe holds its report (FAILED) or its EOF:
+            # this raises the specific error.
+            WorkerProc.wait_for_ready(self.workers, 5.0)
+            raise RuntimeError("WorkerProc initialization failed.") from None
+        finally:
+            done.set()
 
     # ---- failure detection -------------------------------------------------------------
     def _start_worker_monitor(self) -> None:

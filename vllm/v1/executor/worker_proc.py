@@ -190,7 +190,9 @@ class WorkerProc:
         return handles
 
     @staticmethod
-    def wait_for_ready(workers: list[WorkerProcHandle], timeout: float) -> list[MessageQueue]:
+    def wait_for_ready(
+        workers: list[WorkerProcHandle], timeout: float, cancel: threading.Event | None = None
+    ) -> list[MessageQueue]:
         """Each worker's response queue (reader side), in rank order."""
         pending = {w.ready_reader: w for w in workers}
         handles: dict[int, Handle] = {}
@@ -204,14 +206,20 @@ class WorkerProc:
                 try:
                     msg = msgspec.msgpack.decode(conn.recv_bytes())
                 except EOFError:
-                    raise RuntimeError(f"Worker {worker.rank} died during start-up.") from None
+                    worker.proc.join(timeout=1.0)  # reap it, so its exit code is known
+                    raise RuntimeError(
+                        f"WorkerProc initialization failed: worker {worker.rank} (exit code "
+                        f"{worker.proc.exitcode}) died during start-up; see its log above. A "
+                        "script that starts vLLM with several workers must guard its entry "
+                        'point with `if __name__ == "__main__":` (workers are spawned).'
+                    ) from None
                 if msg.get("status") != "READY":
                     raise RuntimeError(f"Worker {worker.rank} failed to start: {msg.get('error')}")
                 handles[worker.rank] = decode_handle(msg["handle"])
                 conn.close()
         mqs = [MessageQueue.create_from_handle(handles[w.rank], 0) for w in workers]
         for mq in mqs:
-            mq.wait_until_ready(timeout=timeout)
+            mq.wait_until_ready(timeout=timeout, cancel=cancel)
         return mqs
 
     # ---- worker side --------------------------------------------------------------------

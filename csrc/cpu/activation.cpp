@@ -52,6 +52,10 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
       AT_DISPATCH_CASE(at::ScalarType::BFloat16, [&] {
         silu_and_mul_rows<bf16>(out2.data_ptr<bf16>(), out2.stride(0), in2.data_ptr<bf16>(),
                                 in2.stride(0), in2.size(0), d);
+      })
+      AT_DISPATCH_CASE(at::ScalarType::Half, [&] {
+        silu_and_mul_rows<fp16>(out2.data_ptr<fp16>(), out2.stride(0), in2.data_ptr<fp16>(),
+                                in2.stride(0), in2.size(0), d);
       }));
 }
 

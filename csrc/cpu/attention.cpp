@@ -283,12 +283,16 @@ void paged_attention_decode(at::Tensor& out, const at::Tensor& query,
       idx64 ? decode_all<bf16, int64_t>(p, query, key_cache, value_cache, block_table, seq_lens, out)
             : decode_all<bf16, int32_t>(p, query, key_cache, value_cache, block_table, seq_lens, out);
       break;
+    case at::kHalf:
+      idx64 ? decode_all<fp16, int64_t>(p, query, key_cache, value_cache, block_table, seq_lens, out)
+            : decode_all<fp16, int32_t>(p, query, key_cache, value_cache, block_table, seq_lens, out);
+      break;
     case at::kFloat:
       idx64 ? decode_all<float, int64_t>(p, query, key_cache, value_cache, block_table, seq_lens, out)
             : decode_all<float, int32_t>(p, query, key_cache, value_cache, block_table, seq_lens, out);
       break;
     default:
-      TORCH_CHECK(false, "paged_attention_decode: bf16 or fp32 only, got ", query.scalar_type());
+      TORCH_CHECK(false, "paged_attention_decode: fp32, bf16 or fp16 only, got ", query.scalar_type());
   }
 }
 

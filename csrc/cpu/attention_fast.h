@@ -57,16 +57,13 @@ inline __m512 reduce16x16(const __m512* v) {
 
 // Query of one head, kept in the form the dot products want.
 template <typename T, int D>
-struct QueryRow;
-
-template <int D>
-struct QueryRow<float, D> {
+struct QueryRow {  // fp32 and fp16 (widened per load by vcvtph2ps)
   __m512 v[D / 16];
-  void load(const float* q) { for (int c = 0; c < D / 16; ++c) v[c] = _mm512_loadu_ps(q + c * 16); }
+  void load(const T* q) { for (int c = 0; c < D / 16; ++c) v[c] = load16(q + c * 16); }
   // 16 lanes whose sum is q . k
-  __m512 dot(const float* k) const {
-    __m512 acc = _mm512_mul_ps(v[0], _mm512_loadu_ps(k));
-    for (int c = 1; c < D / 16; ++c) acc = _mm512_fmadd_ps(v[c], _mm512_loadu_ps(k + c * 16), acc);
+  __m512 dot(const T* k) const {
+    __m512 acc = _mm512_mul_ps(v[0], load16(k));
+    for (int c = 1; c < D / 16; ++c) acc = _mm512_fmadd_ps(v[c], load16(k + c * 16), acc);
     return acc;
   }
 };

@@ -1,6 +1,6 @@
 // apply_token_bitmask: structured outputs' grammar mask on CPU logits.
 //
-// logits [n, V] (fp32 or bf16, unit stride in V), bitmask int32 [n, W] in
+// logits [n, V] (fp32, bf16 or fp16, unit stride in V), bitmask int32 [n, W] in
 // xgrammar's layout: bit j of word w (least significant first) allows token
 // 32 * w + j. For each row r in `indices`: every token < min(V, 32 * W) whose
 // bit is clear becomes -inf, and every token >= 32 * W (a padded vocabulary
@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -24,6 +25,15 @@
 
 namespace vllm_cpu {
 namespace {
+
+// The bit pattern of a 16-bit float (bf16 -inf: 0xff80, fp16 -inf: 0xfc00).
+template <typename T>
+inline int16_t bits16(T x) {
+  static_assert(sizeof(T) == 2, "16-bit floats only");
+  int16_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits;
+}
 
 template <typename T>
 void mask_row(T* row, const int32_t* words, int64_t vocab, int64_t num_words) {
@@ -43,8 +53,8 @@ void mask_row(T* row, const int32_t* words, int64_t vocab, int64_t num_words) {
                                                     _mm512_loadu_ps(p + 16), ninf));
     }
   } else {
-    // 32 bf16 lanes per word: one 512-bit blend masked by the word itself.
-    const __m512i ninf = _mm512_set1_epi16(static_cast<int16_t>(0xFF80));  // bf16 -inf
+    // 32 bf16 / fp16 lanes per word: one 512-bit blend masked by the word itself.
+    const __m512i ninf = _mm512_set1_epi16(bits16(neg_inf));
     for (; (w + 1) * 32 <= covered; ++w) {
       const uint32_t allowed = static_cast<uint32_t>(words[w]);
       if (allowed == 0xFFFFFFFFu) continue;
@@ -71,7 +81,7 @@ void mask_row(T* row, const int32_t* words, int64_t vocab, int64_t num_words) {
       }
     }
   } else {
-    const __m256i ninf = _mm256_set1_epi16(static_cast<int16_t>(0xFF80));  // bf16 -inf
+    const __m256i ninf = _mm256_set1_epi16(bits16(neg_inf));
     const __m256i onehot = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
                                              4096, 8192, 16384, static_cast<int16_t>(0x8000));
     for (; (w + 1) * 32 <= covered; ++w) {
@@ -129,6 +139,9 @@ void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask,
       })
       AT_DISPATCH_CASE(at::ScalarType::BFloat16, [&] {
         mask_rows<bf16>(logits, bitmask, rows, indices.size(0));
+      })
+      AT_DISPATCH_CASE(at::ScalarType::Half, [&] {
+        mask_rows<fp16>(logits, bitmask, rows, indices.size(0));
       }));
 }
 

@@ -1,5 +1,5 @@
 // Small SIMD helpers shared by the CPU ops: fp32 lanes loaded from and
-// stored to fp32 or bf16 memory.
+// stored to fp32, bf16 or fp16 memory.
 //
 // ISA choice (compile time): CMakeLists.txt adds -mavx512f/bw/vl(/bf16) and
 // -mavx2/-mfma/-mf16c only for the features the *build host* has (the
@@ -7,7 +7,8 @@
 // host, as for upstream's CPU wheels built per ISA). This header then picks
 // one path:
 //   VLLM_CPU_AVX512  16 fp32 lanes (__m512), masked tails;
-//   VLLM_CPU_AVX2    8 fp32 lanes (__m256), FMA; bf16 by 16-bit shifts;
+//   VLLM_CPU_AVX2    8 fp32 lanes (__m256), FMA; bf16 by 16-bit shifts,
+//                    fp16 by F16C;
 //   neither          scalar loops (which -O3 auto-vectorises for the host).
 // VLLM_CPU_SIMD is set for either vector path: kernels written once over the
 // `simd` layer below (fvec, kLanes, load/store/fmadd/hsum/exp) compile to
@@ -22,6 +23,7 @@
 #pragma once
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <cmath>
 #include <cstdint>
@@ -32,7 +34,7 @@
 #include <immintrin.h>
 #define VLLM_CPU_AVX512 1
 #define VLLM_CPU_SIMD 1
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define VLLM_CPU_AVX2 1
 #define VLLM_CPU_SIMD 1
@@ -41,9 +43,11 @@
 namespace vllm_cpu {
 
 using bf16 = c10::BFloat16;
+using fp16 = c10::Half;
 
 inline float to_float(float x) { return x; }
 inline float to_float(bf16 x) { return static_cast<float>(x); }
+inline float to_float(fp16 x) { return static_cast<float>(x); }
 template <typename T>
 inline T from_float(float x) { return static_cast<T>(x); }
 
@@ -57,8 +61,14 @@ inline __m512 load16(const bf16* p) {
   __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
+inline __m512 load16(const fp16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(fp16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
 inline void store16(bf16* p, __m512 v) {
 #ifdef __AVX512BF16__
   __m256bh packed = _mm512_cvtneps_pbh(v);
@@ -125,7 +135,7 @@ constexpr const char* kCpuIsa = "scalar";
 #ifdef VLLM_CPU_SIMD
 // ------------------------------------------------------------- simd layer
 // One vector of kLanes fp32 lanes and the handful of operations the kernels
-// use. Loads / stores take fp32 or bf16 memory; the math is always fp32.
+// use. Loads / stores take fp32, bf16 or fp16 memory; the math is always fp32.
 namespace simd {
 
 #if defined(VLLM_CPU_AVX512)
@@ -144,8 +154,10 @@ inline float hsum(fvec a) { return _mm512_reduce_add_ps(a); }
 inline float hmax(fvec a) { return _mm512_reduce_max_ps(a); }
 inline fvec load(const float* p) { return load16(p); }
 inline fvec load(const bf16* p) { return load16(p); }
+inline fvec load(const fp16* p) { return load16(p); }
 inline void store(float* p, fvec v) { store16(p, v); }
 inline void store(bf16* p, fvec v) { store16(p, v); }
+inline void store(fp16* p, fvec v) { store16(p, v); }
 inline fvec exp(fvec x) { return exp16(x); }
 #else  // VLLM_CPU_AVX2
 using fvec = __m256;
@@ -175,7 +187,13 @@ inline fvec load(const bf16* p) {
   __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
+inline fvec load(const fp16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 inline void store(float* p, fvec v) { _mm256_storeu_ps(p, v); }
+inline void store(fp16* p, fvec v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
 inline void store(bf16* p, fvec v) {
   // Round to nearest even: add 0x7fff + the lsb of the kept half, keep the
   // high 16 bits; NaN lanes become the quiet NaN 0x7fc0 (as c10::BFloat16).

@@ -99,6 +99,9 @@ void dispatch_rows(const RowPtrs& ptr, const at::Tensor& input, const at::Tensor
       })
       AT_DISPATCH_CASE(at::ScalarType::BFloat16, [&] {
         rms_norm_rows<bf16>(ptr, weight.data_ptr<bf16>(), input.size(0), input.size(1), eps);
+      })
+      AT_DISPATCH_CASE(at::ScalarType::Half, [&] {
+        rms_norm_rows<fp16>(ptr, weight.data_ptr<fp16>(), input.size(0), input.size(1), eps);
       }));
 }
 

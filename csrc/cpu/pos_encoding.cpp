@@ -96,6 +96,10 @@ void rope_dispatch(const at::Tensor& positions, const RopeRows& q, const RopeRow
       AT_DISPATCH_CASE(at::ScalarType::BFloat16, [&] {
         rope_all<bf16>(pos.data_ptr<int64_t>(), q, k, cos_sin_cache.data_ptr<bf16>(), rot_dim,
                        head_size, positions.numel(), is_neox);
+      })
+      AT_DISPATCH_CASE(at::ScalarType::Half, [&] {
+        rope_all<fp16>(pos.data_ptr<int64_t>(), q, k, cos_sin_cache.data_ptr<fp16>(), rot_dim,
+                       head_size, positions.numel(), is_neox);
       }));
 }
 

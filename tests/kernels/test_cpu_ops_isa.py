@@ -10,9 +10,9 @@ rebuilt. Each test then runs against every build the host can execute,
 plus vllm._C itself ("native") when it is current.
 
 Checks are tight enough that a wrong vector path fails: fp32 results
-within a few fp32 ulps of an fp32 / float64 reference; bf16 results within
-one bf16 ulp of the same computation rounded where the op rounds, and equal
-to it on all but a small fraction of elements (truncating instead of
+within a few fp32 ulps of an fp32 / float64 reference; bf16 / fp16 results
+within one ulp of the same computation rounded where the op rounds, and
+equal to it on all but a small fraction of elements (truncating instead of
 rounding to nearest even moves about half of them). Sizes leave tails:
 head sizes, hidden sizes and rotary halves that are not multiples of the
 8 / 16 lanes.
@@ -136,7 +136,9 @@ def test_isa_of_build(ns):
         assert got == want
 
 
-DTYPES = [torch.float32, torch.bfloat16]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# One ulp of the 16-bit types, relative (8 and 11 significant bits).
+_ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
 
 
 def _round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -145,14 +147,15 @@ def _round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _assert_rounded(out: torch.Tensor, ref: torch.Tensor, fp32_rtol: float = 2e-6) -> None:
-    """out (fp32 or bf16) against ref, the fp32 result of the same math."""
+    """out (fp32, bf16 or fp16) against ref, the fp32 result of the same math."""
     if out.dtype == torch.float32:
         torch.testing.assert_close(out, ref, rtol=fp32_rtol, atol=1e-6, equal_nan=True)
         return
     want = ref.to(out.dtype)
-    # One bf16 ulp: the fp32 math may sit on the other side of a rounding
+    # One ulp: the fp32 math may sit on the other side of a rounding
     # boundary, but only for a small fraction of elements.
-    torch.testing.assert_close(out.float(), want.float(), rtol=2.0**-7, atol=1e-6, equal_nan=True)
+    rtol = _ULP[out.dtype]
+    torch.testing.assert_close(out.float(), want.float(), rtol=rtol, atol=1e-6, equal_nan=True)
     differ = (out.float() != want.float()) & ~(out.isnan() & want.isnan())
     assert differ.float().mean().item() <= 0.02, f"{differ.sum().item()} of {out.numel()} differ"
 

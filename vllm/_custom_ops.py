@@ -98,7 +98,7 @@ def _use_compiled(t: torch.Tensor) -> bool:
     return (
         _LOAD_ERROR is None
         and t.device.type == "cpu"
-        and t.dtype in (torch.float32, torch.bfloat16)
+        and t.dtype in (torch.float32, torch.bfloat16, torch.float16)
     )
 
 

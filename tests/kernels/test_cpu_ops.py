@@ -34,7 +34,7 @@ def _require_extension(request, monkeypatch):
     torch.manual_seed(0)
 
 
-DTYPES = [torch.float32, torch.bfloat16]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def _tol(dtype):

@@ -457,7 +457,7 @@ class CPUAttentionBackendImpl(AttentionImpl[CPUAttentionMetadata]):
         compiled = (
             self.use_compiled
             and query.device.type == "cpu"
-            and query.dtype in (torch.float32, torch.bfloat16)
+            and query.dtype in (torch.float32, torch.bfloat16, torch.float16)
         )
         if (
             compiled

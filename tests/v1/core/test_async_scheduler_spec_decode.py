@@ -15,8 +15,8 @@ from tests.v1.core.scheduler_utils import create_requests, create_scheduler, mak
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import FinishReason
-from vllm.v1.request import RequestStatus
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+from vllm.v1.request import RequestStatus
 
 pytestmark = pytest.mark.cpu_test
 

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from vllm.config.compilation import CUDAGraphMode
 from vllm.distributed import get_pp_group
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
@@ -239,6 +240,12 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         """Capture the full graphs (worker, after warm-up); returns how many
         (none with a speculator: those steps run eagerly)."""
         if self.speculator is not None:
+            if self.cudagraph_manager.cudagraph_mode != CUDAGraphMode.NONE:
+                logger.warning_once(
+                    "CUDA graphs with speculative decoding on Model Runner V2 are not "
+                    "built yet: cudagraph_mode %s is not captured; steps run eagerly.",
+                    self.cudagraph_manager.cudagraph_mode.name,
+                )
             return 0
         return self.cudagraph_manager.capture(self._prepare_capture_batch, self._loaded_model())
 

@@ -27,7 +27,7 @@ def _reference(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> 
     return out.to(logits.dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,vocab,words", SHAPES)
 def test_matches_xgrammar(dtype, n, vocab, words):
     g = torch.Generator().manual_seed(n * 1000 + vocab)
@@ -49,7 +49,7 @@ def test_refuses_what_it_cannot_take():
     bitmask = torch.full((4, 2), -1, dtype=torch.int32)
     rows = torch.tensor([0], dtype=torch.int64)
     # Not the compiled op's job: the caller falls back to xgrammar's kernel.
-    assert not ops.apply_token_bitmask(logits.half(), bitmask, rows)
+    assert not ops.apply_token_bitmask(logits.double(), bitmask, rows)
     assert not ops.apply_token_bitmask(logits, bitmask[:3], rows)
     with pytest.raises(RuntimeError, match="out of range"):
         ops.apply_token_bitmask(logits, bitmask, torch.tensor([4], dtype=torch.int64))

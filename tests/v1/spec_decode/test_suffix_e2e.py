@@ -8,13 +8,14 @@ scheduling refused or turned off)."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 
 import pytest
 
 pytest.importorskip("arctic_inference.suffix_decoding", reason="arctic-inference is not installed")
 
+# The prompts of the ngram test (repeated phrases and random ids).
+from tests.v1.spec_decode.test_ngram_e2e import PROMPTS, _random, _repetitive  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
@@ -35,20 +36,6 @@ ENGINE = dict(
     disable_log_stats=False,
 )
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-
-
-def _repetitive(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    phrase = [rng.randrange(1, 512) for _ in range(rng.randrange(4, 8))]
-    return (phrase * (n // len(phrase) + 1))[:n]
-
-
-def _random(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(1, 512) for _ in range(n)]
-
-
-PROMPTS = [_repetitive(1, 40), _random(2, 9), _repetitive(3, 70), _random(4, 50)]
 
 
 @pytest.fixture(scope="module")

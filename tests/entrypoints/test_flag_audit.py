@@ -211,7 +211,19 @@ AUDIT: dict[str, tuple[str, Any]] = {
     # ---- ParallelConfig ----
     "tensor_parallel_size": ("tested", (f"{MULTIPROC}::test_greedy_parity_with_one_worker")),
     "pipeline_parallel_size": ("tested", (f"{MULTIPROC}::test_greedy_parity_with_one_worker")),
-    "data_parallel_size": ("refused", 2),
+    # Refused until tests/v1/distributed shows -dp 2 (more engines than CPU cores here).
+    "data_parallel_size": ("refused", 10**4),
+    "data_parallel_rank": ("refused", 1),
+    "data_parallel_start_rank": ("refused", 1),
+    "data_parallel_size_local": ("refused", 2),
+    "data_parallel_address": ("refused", "tcp://127.0.0.1"),
+    "data_parallel_rpc_port": ("refused", 0),
+    "data_parallel_backend": ("refused", "thread"),
+    "data_parallel_hybrid_lb": ("refused", True),
+    "data_parallel_external_lb": ("refused", True),
+    "enable_expert_parallel": ("refused", True),
+    "expert_placement_strategy": ("refused", "random"),
+    "all2all_backend": ("refused", "deepep_low_latency"),
     "distributed_executor_backend": ("tested", (f"{MULTIPROC}::test_backend_choice")),
     # ---- DeviceConfig / AttentionConfig ----
     "device": ("tested", f"{EFFECTS}::test_device_flag"),

@@ -37,6 +37,7 @@ from vllm.config import (
 from vllm.config.compilation import PERFORMANCE_MODES, CompilationMode
 from vllm.config.lora import LoRADType, MaxLoRARanks
 from vllm.config.scheduler import SchedulerPolicy
+from vllm.engine.arg_utils_parallel import create_parallel_config
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import add_field_flag as _add_flag
@@ -77,6 +78,11 @@ _LORA_FIELDS: dict[str, str] = {
 @dataclass
 class EngineArgs:
     """Arguments for the vLLM engine (the flat view of `VllmConfig`)."""
+
+    # Set by `vllm serve --api-server-count N` on each API server's copy (as
+    # upstream); not fields, so not flags.
+    _api_process_count = 1
+    _api_process_rank = 0
 
     # --- ModelConfig ---
     model: str = _arg(
@@ -283,10 +289,82 @@ class EngineArgs:
     )
     data_parallel_size: int = _arg(
         1,
-        "Data-parallel engine replicas (not built yet: only 1).",
+        "Data-parallel engine cores (each with its own workers and KV cache); the "
+        "front end balances requests over them.",
         "ParallelConfig",
         type=int,
         aliases=("-dp",),
+    )
+    data_parallel_rank: int | None = _arg(
+        None,
+        "This instance's DP rank, for external load balancing (not built yet).",
+        "ParallelConfig",
+        type=_opt_int,
+        aliases=("-dpn",),
+    )
+    data_parallel_start_rank: int | None = _arg(
+        None,
+        "DP rank of the first engine on this node (secondary nodes, with --headless).",
+        "ParallelConfig",
+        type=_opt_int,
+        aliases=("-dpr",),
+    )
+    data_parallel_size_local: int | None = _arg(
+        None,
+        "DP engines on this node (default: all of --data-parallel-size).",
+        "ParallelConfig",
+        type=_opt_int,
+        aliases=("-dpl",),
+    )
+    data_parallel_address: str | None = _arg(
+        None,
+        "Address of the DP head node (coordinator, handshake, DP group).",
+        "ParallelConfig",
+        type=_opt_str,
+        aliases=("-dpa",),
+    )
+    data_parallel_rpc_port: int | None = _arg(
+        None,
+        "Port of the DP head node's start-up handshake with remote engines (default 29550).",
+        "ParallelConfig",
+        type=_opt_int,
+        aliases=("-dpp",),
+    )
+    data_parallel_backend: str = _arg(
+        "mp",
+        "How DP engines are started: mp (local processes) or ray (Ray actors).",
+        "ParallelConfig",
+        choices=["mp", "ray"],
+        aliases=("-dpb",),
+    )
+    data_parallel_hybrid_lb: bool = _arg(
+        False,
+        "Hybrid DP load balancing: one API server per node over its local engines (not built yet).",
+        "ParallelConfig",
+        aliases=("-dph",),
+    )
+    data_parallel_external_lb: bool = _arg(
+        False,
+        "External DP load balancing: one API server per DP rank (not built yet).",
+        "ParallelConfig",
+        aliases=("-dpe",),
+    )
+    enable_expert_parallel: bool = _arg(
+        False,
+        "Shard MoE experts over the TP x DP ranks instead of tensor-parallel splits.",
+        "ParallelConfig",
+        aliases=("-ep",),
+    )
+    expert_placement_strategy: str = _arg(
+        "linear",
+        "Expert placement over the EP ranks: linear (contiguous blocks) or round_robin.",
+        "ParallelConfig",
+        choices=["linear", "round_robin"],
+    )
+    all2all_backend: str = _arg(
+        "allgather_reducescatter",
+        "All-to-all backend of expert parallelism (only allgather_reducescatter is built).",
+        "ParallelConfig",
     )
     distributed_executor_backend: str | None = _arg(
         None,
@@ -461,7 +539,9 @@ class EngineArgs:
             enable_sleep_mode=self.enable_sleep_mode,
         )
 
-    def create_engine_config(self, usage_context: UsageContext | None = None) -> VllmConfig:
+    def create_engine_config(
+        self, usage_context: UsageContext | None = None, headless: bool = False
+    ) -> VllmConfig:
         """Resolve the defaults and build the `VllmConfig` the engine runs with.
 
         As upstream, the defaults that depend on the model and on who started
@@ -477,12 +557,7 @@ class EngineArgs:
         self._set_default_max_num_seqs_and_batched_tokens_args(
             usage_context, model_config, device_config
         )
-        parallel_config = ParallelConfig(
-            tensor_parallel_size=self.tensor_parallel_size,
-            pipeline_parallel_size=self.pipeline_parallel_size,
-            data_parallel_size=self.data_parallel_size,
-            distributed_executor_backend=self.distributed_executor_backend,
-        )
+        parallel_config = create_parallel_config(self, model_config, device_config, headless)
         assert self.enable_prefix_caching is not None
         cache_config = CacheConfig(
             block_size=16 if self.block_size is None else self.block_size,

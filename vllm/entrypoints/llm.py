@@ -78,6 +78,15 @@ class LLM(PoolingMixin):
     ) -> None:
         # The offline API logs no periodic stats unless asked to.
         kwargs.setdefault("disable_log_stats", True)
+        _dp_size = int(kwargs.get("data_parallel_size", 1))
+        if _dp_size > 1 and kwargs.get("distributed_executor_backend") != "external_launcher":
+            # As upstream: data parallelism is a server feature (vllm serve -dp N).
+            raise ValueError(
+                f"LLM(data_parallel_size={_dp_size}) is not supported for single-"
+                "process usage and may hang. Please use "
+                "the explicit multi-process data-parallel example at "
+                "'examples/features/data_parallel/data_parallel_offline.py'."
+            )
         engine_args = EngineArgs(
             model=model,
             runner=runner,

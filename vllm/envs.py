@@ -87,6 +87,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": lambda: (
         os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true")
     ),
+    # prometheus_client's multiprocess directory (read by prometheus_client
+    # itself too): set by `vllm serve --api-server-count N > 1` for its API
+    # servers (vllm/v1/metrics/prometheus.py), or by the user.
+    "PROMETHEUS_MULTIPROC_DIR": lambda: os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None,
 }
 
 

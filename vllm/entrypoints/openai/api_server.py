@@ -1,7 +1,13 @@
 """The OpenAI-compatible API server (upstream: vllm/entrypoints/openai/api_server.py).
 
-    run_server(args): bind the socket -> AsyncLLM (engine core in a child
-    process) -> build_app(args) -> init_app_state(...) -> uvicorn.
+    run_server(args): bind the socket (setup_server) -> run_server_worker:
+    AsyncLLM (engine core in a child process) -> build_app(args) ->
+    init_app_state(...) -> uvicorn.
+
+With --api-server-count N (vllm/entrypoints/cli/serve.py) the parent binds
+the socket and starts the engine cores; each of N processes runs
+run_api_server_worker_proc -> run_server_worker on the shared socket, with
+an AsyncLLM that is one client of the running engines (client_config).
 
 With --embedding-model a second AsyncLLM serves the pooling routes
 (embedding_model.py): `build_embedding_engine_client`, the pooling serving
@@ -18,20 +24,18 @@ equal to `code`; request validation errors are 400 (never 422).
 
 With --api-key (or VLLM_API_KEY), every route is guarded except the paths in
 UNGUARDED_PATHS: the check is on the exact raw path, so `//v1`, `%2Fv1` or
-`/v1/../v1` spellings cannot slip past it.
+`/v1/../v1` spellings cannot slip past it (AuthenticationMiddleware and the
+error handlers: vllm/entrypoints/serve/utils/server_utils.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import secrets
 import signal
 import socket
 from argparse import Namespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from http import HTTPStatus
 from typing import Any
 
 import pydantic
@@ -39,9 +43,6 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
-from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 import vllm.envs as envs
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -49,7 +50,8 @@ from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.anthropic.api_router import attach_router as attach_anthropic_router
 from vllm.entrypoints.anthropic.serving_messages import AnthropicServingMessages
 from vllm.entrypoints.chat_utils import load_chat_template
-from vllm.entrypoints.launcher import serve_http, terminate_if_errored
+from vllm.entrypoints.launcher import serve_http
+from vllm.entrypoints.openai.cli_args import validate_parser_args
 from vllm.entrypoints.openai.embedding_model import (
     build_embedding_engine_client,
     check_main_model,
@@ -69,8 +71,6 @@ from vllm.entrypoints.openai.protocol import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
-    ErrorInfo,
-    ErrorResponse,
     ModelList,
 )
 from vllm.entrypoints.openai.request_limits import (
@@ -92,21 +92,21 @@ from vllm.entrypoints.openai.utils import respond, validate_json_request
 from vllm.entrypoints.pooling import init_pooling_state, register_pooling_api_routers
 from vllm.entrypoints.serve import register_vllm_serve_api_routers
 from vllm.entrypoints.serve.instrumentator.health import engine_clients, health
+from vllm.entrypoints.serve.utils.server_utils import (
+    UNGUARDED_PATHS,
+    AuthenticationMiddleware,
+    init_exception_handler,
+)
 
 # Starlette's, except that it never fails on a lone surrogate (see there).
 from vllm.entrypoints.utils import Utf8JSONResponse as JSONResponse
 from vllm.entrypoints.utils import with_cancellation
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
-from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError, QueueOverflowError
+from vllm.v1.engine.ipc import watch_parent
 
 logger = init_logger("vllm.entrypoints.openai.api_server")
 
-# Paths that answer without an API key: liveness, version and API docs. Every
-# other path (inference, tokenization, metrics, unknown ones) needs the key.
-UNGUARDED_PATHS = frozenset(
-    {"/health", "/ping", "/version", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
-)
 # Seconds between two periodic stats log lines.
 LOG_STATS_INTERVAL_S = 10.0
 
@@ -195,132 +195,6 @@ async def invocations(raw_request: Request) -> Response:
 
 
 # ----------------------------------------------------------------------
-# Errors and authentication
-# ----------------------------------------------------------------------
-
-
-def _validation_message(errors: list[Any]) -> tuple[str, str | None]:
-    """Bounded message: at most 10 errors of 1000 chars, inputs cut at 200."""
-    n = len(errors)
-    lines, param = [], None
-    for err in errors[:10]:
-        if not isinstance(err, dict):
-            lines.append(str(err)[:1000])
-            continue
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        param = param or loc or None
-        line = f"{loc}: {err.get('msg', '')}"
-        if "input" in err and err.get("type") != "missing":
-            line += f" (input: {repr(err['input'])[:200]})"
-        lines.append(line[:1000])
-    if n == 1 and not isinstance(errors[0], dict):
-        return lines[0], None
-    more = f"\n  ... and {n - 10} more" if n > 10 else ""
-    message = f"{n} validation error{'s' if n != 1 else ''}:\n  " + "\n  ".join(lines) + more
-    return message, param
-
-
-def _error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
-    return ErrorResponse(
-        error=ErrorInfo(message=message, type=err_type, param=param, code=code)
-    ).model_dump()
-
-
-def _install_exception_handlers(app: FastAPI) -> None:
-    @app.exception_handler(RequestValidationError)
-    async def validation_exception_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(list(exc.errors()))
-        return JSONResponse(
-            _error_body(message, HTTPStatus.BAD_REQUEST.phrase, 400, param), status_code=400
-        )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_exception_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            _error_body(str(exc.detail), HTTPStatus(exc.status_code).phrase, exc.status_code),
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
-
-    @app.exception_handler(QueueOverflowError)
-    async def overflow_handler(_: Request, exc: QueueOverflowError) -> JSONResponse:
-        return JSONResponse(
-            _error_body(str(exc), "ServiceUnavailableError", 503),
-            status_code=503,
-            headers={"Retry-After": str(exc.retry_after)},
-        )
-
-    async def engine_error_handler(req: Request, exc: Exception) -> JSONResponse:
-        server = getattr(req.app.state, "server", None)
-        if server is not None:
-            for engine in engine_clients(req.app.state):
-                terminate_if_errored(server, engine)
-        return JSONResponse(_error_body(str(exc), "InternalServerError", 500), status_code=500)
-
-    app.add_exception_handler(EngineDeadError, engine_error_handler)
-    app.add_exception_handler(EngineGenerateError, engine_error_handler)
-
-    @app.exception_handler(Exception)
-    async def internal_error_handler(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("Unhandled error", exc_info=exc)
-        return JSONResponse(
-            _error_body("Internal server error", "InternalServerError", 500), status_code=500
-        )
-
-
-class AuthenticationMiddleware:
-    """API-key check on every path but UNGUARDED_PATHS (pure ASGI).
-
-    The key comes from `Authorization: Bearer <key>` (OpenAI clients) or, when
-    that header is absent, from `x-api-key: <key>` (Anthropic clients and
-    proxies such as LiteLLM send it there; upstream accepts only Bearer, its
-    issue #51572). Keys are compared as SHA-256 digests with `secrets.compare_digest`, against
-    every key, so the time taken does not depend on where a guess differs.
-    """
-
-    def __init__(self, app: ASGIApp, tokens: list[str]) -> None:
-        self.app = app
-        self.api_tokens = [hashlib.sha256(t.encode("utf-8")).digest() for t in tokens]
-
-    def verify_token(self, headers: Headers) -> bool:
-        authorization = headers.get("Authorization")
-        if authorization is None and "x-api-key" in headers:
-            param = headers["x-api-key"]
-        else:
-            scheme, _, param = (authorization or "").partition(" ")
-            if scheme.lower() != "bearer":
-                return False
-        param_hash = hashlib.sha256(param.encode("utf-8")).digest()
-        match = False
-        for token_hash in self.api_tokens:
-            match |= secrets.compare_digest(param_hash, token_hash)
-        return match
-
-    @staticmethod
-    def is_unguarded(scope: Scope) -> bool:
-        """Only an exact, un-encoded spelling of an allow-listed path passes."""
-        path = scope.get("path", "")
-        raw = scope.get("raw_path")
-        if raw is not None:
-            raw_path = raw.decode("latin-1").split("?", 1)[0]
-            if raw_path != path:
-                return False  # percent-encoding, or a path the server rewrote
-        root_path = scope.get("root_path") or ""
-        if root_path and path.startswith(root_path):
-            path = path[len(root_path) :]
-        return path in UNGUARDED_PATHS
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":
-            # CORS preflights carry no credentials by design.
-            return await self.app(scope, receive, send)
-        if self.is_unguarded(scope) or self.verify_token(Headers(scope=scope)):
-            return await self.app(scope, receive, send)
-        response = JSONResponse(content={"error": "Unauthorized"}, status_code=401)
-        return await response(scope, receive, send)
-
-
-# ----------------------------------------------------------------------
 # App and server
 # ----------------------------------------------------------------------
 
@@ -361,7 +235,7 @@ def build_app(args: Namespace, supported_tasks: tuple[str, ...] = ("generate",))
     if tokens:
         app.add_middleware(AuthenticationMiddleware, tokens=tokens)
     install_openapi(app, guarded=bool(tokens), unguarded_paths=UNGUARDED_PATHS)
-    _install_exception_handlers(app)
+    init_exception_handler(app)
     return app
 
 
@@ -465,30 +339,71 @@ async def _serving_models(
 
 
 @asynccontextmanager
-async def build_async_engine_client(args: Namespace) -> AsyncIterator[EngineClient]:
-    """Start AsyncLLM (its engine core in a child process); shut it down on exit."""
+async def build_async_engine_client(
+    args: Namespace, client_config: dict[str, Any] | None = None
+) -> AsyncIterator[EngineClient]:
+    """Start AsyncLLM (its engine core in a child process); shut it down on exit.
+
+    With `client_config` (one of N API servers, see vllm/v1/utils.py) the
+    engine cores run already, started by the parent: AsyncLLM binds its
+    sockets at the given addresses and is client `client_index` of
+    `client_count`."""
     engine_args = AsyncEngineArgs.from_cli_args(args)
+    client_config = dict(client_config or {})
+    if client_config:
+        engine_args._api_process_count = client_config["client_count"]
+        engine_args._api_process_rank = client_config["client_index"]
     vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
     check_main_model(args, vllm_config.model_config)
-    engine = start_async_llm(vllm_config, args, engine_args.disable_log_stats)
+    ready_info = client_config.pop("engine_ready_info", None)
+    if ready_info is not None:
+        # What the running engines decided at start-up (their READY handshake).
+        assert vllm_config.model_config is not None
+        vllm_config.cache_config.num_gpu_blocks = ready_info["num_gpu_blocks"]
+        vllm_config.model_config.max_model_len = ready_info["max_model_len"]
+        vllm_config.scheduler_config.max_model_len = ready_info["max_model_len"]
+    engine = start_async_llm(vllm_config, args, engine_args.disable_log_stats, client_config)
     try:
         yield engine
     finally:
         engine.shutdown()
 
 
-def create_server_socket(host: str | None, port: int) -> socket.socket:
+def create_server_socket(host: str | None, port: int, reuse_port: bool = False) -> socket.socket:
     """Bind early: the port is ours before the (slow) engine start-up."""
     family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
     sock = socket.socket(family=family, type=socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host or "", port))
     return sock
 
 
+def setup_server(args: Namespace, *, reuse_port: bool) -> tuple[str, socket.socket]:
+    """Bind the server socket; returns (listen address, socket). With N API
+    servers the parent binds it once and every server accepts on it."""
+    sock = create_server_socket(args.host, args.port, reuse_port=reuse_port)
+    host = args.host or "0.0.0.0"
+    host_part = f"[{host}]" if ":" in host else host
+    return f"http://{host_part}:{args.port}", sock
+
+
 async def run_server(args: Namespace, **uvicorn_kwargs: Any) -> None:
     """Run a single-worker API server."""
-    sock = create_server_socket(args.host, args.port)
+    listen_address, sock = setup_server(args, reuse_port=False)
+    await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)
+
+
+async def run_server_worker(
+    listen_address: str,
+    sock: socket.socket,
+    args: Namespace,
+    client_config: dict[str, Any] | None = None,
+    **uvicorn_kwargs: Any,
+) -> None:
+    """Run one API server on `sock`: the only one (run_server), or one of N
+    (client_config, in a process of its own: run_api_server_worker_proc)."""
 
     def interrupt(signum: int, frame: Any) -> None:
         # During start-up: unwind (the engine process is stopped on the way out).
@@ -497,15 +412,13 @@ async def run_server(args: Namespace, **uvicorn_kwargs: Any) -> None:
     signal.signal(signal.SIGTERM, interrupt)
     try:
         async with (
-            build_async_engine_client(args) as engine,
+            build_async_engine_client(args, client_config) as engine,
             build_embedding_engine_client(args) as embedding_engine,
         ):
             pooling_engine = embedding_engine or engine
             app = build_app(args, await pooling_engine.get_supported_tasks())
             await init_app_state(engine, app.state, args, embedding_engine)
-            logger.info(
-                "Starting vLLM API server on http://%s:%d", args.host or "0.0.0.0", args.port
-            )
+            logger.info("Starting vLLM API server on %s", listen_address)
             await serve_http(
                 app,
                 sock,
@@ -519,3 +432,24 @@ async def run_server(args: Namespace, **uvicorn_kwargs: Any) -> None:
             )
     finally:
         sock.close()
+
+
+def run_api_server_worker_proc(
+    listen_address: str,
+    sock: socket.socket,
+    args: Namespace,
+    client_config: dict[str, Any] | None = None,
+    **uvicorn_kwargs: Any,
+) -> None:
+    """Entry point of each API server process of `--api-server-count N`
+    (upstream keeps it in vllm/v1/utils.py; see the note there)."""
+    client_config = dict(client_config or {})
+    death_pipe = client_config.pop("death_pipe", None)
+    if death_pipe is not None:
+        watch_parent(death_pipe)
+    # The parent loaded these into its own interpreter only.
+    validate_parser_args(args)
+    try:
+        asyncio.run(run_server_worker(listen_address, sock, args, client_config, **uvicorn_kwargs))
+    except KeyboardInterrupt:
+        logger.info("API server %s interrupted during start-up.", client_config.get("client_index"))

@@ -203,21 +203,34 @@ def check_main_model(args: argparse.Namespace, model_config: ModelConfig | None)
 
 
 def start_async_llm(
-    vllm_config: VllmConfig, args: argparse.Namespace, disable_log_stats: bool
+    vllm_config: VllmConfig,
+    args: argparse.Namespace,
+    disable_log_stats: bool,
+    client_config: dict[str, Any] | None = None,
 ) -> AsyncLLM:
     """The server's AsyncLLM (engine core in a child process); each of the
-    two engines is started this way."""
+    two engines is started this way. With `client_config` (one of several
+    API servers) it connects to engine cores that run already."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
     max_queued = args.max_num_queued_reqs
     if max_queued is None:
         max_queued = 8 * vllm_config.scheduler_config.max_num_seqs
+    client_kwargs: dict[str, Any] = {}
+    if client_config:
+        client_config = dict(client_config)
+        client_kwargs = dict(
+            client_count=client_config.pop("client_count"),
+            client_index=client_config.pop("client_index"),
+            client_addresses=client_config,
+        )
     return AsyncLLM.from_vllm_config(
         vllm_config,
         usage_context=UsageContext.OPENAI_API_SERVER,
         enable_log_requests=getattr(args, "enable_log_requests", False),
         disable_log_stats=disable_log_stats,
         max_num_queued_reqs=max_queued,
+        **client_kwargs,
     )
 
 

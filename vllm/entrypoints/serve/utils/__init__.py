@@ -1,0 +1,1 @@
+"""Helpers of the server (upstream: vllm/entrypoints/serve/utils/)."""

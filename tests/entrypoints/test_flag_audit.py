@@ -221,7 +221,13 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "data_parallel_backend": ("refused", "thread"),
     "data_parallel_hybrid_lb": ("refused", True),
     "data_parallel_external_lb": ("refused", True),
-    "enable_expert_parallel": ("refused", True),
+    "enable_expert_parallel": (
+        "tested",
+        (
+            "tests/distributed/test_expert_parallel.py"
+            "::test_tp2_expert_parallel_greedy_matches_single_engine"
+        ),
+    ),
     "expert_placement_strategy": ("refused", "random"),
     "all2all_backend": ("refused", "deepep_low_latency"),
     "distributed_executor_backend": ("tested", (f"{MULTIPROC}::test_backend_choice")),

@@ -148,12 +148,6 @@ class ParallelConfig:
     def _verify_expert_parallel(self) -> None:
         """The expert-parallel options: upstream's choices, and the all-to-all
         backends built here."""
-        if self.enable_expert_parallel:
-            # MOE lifts this when expert parallelism lands.
-            raise ValueError(
-                "enable_expert_parallel=True (--enable-expert-parallel / -ep) is not built "
-                "yet: MoE layers are sharded by tensor parallelism only."
-            )
         if self.expert_placement_strategy not in EXPERT_PLACEMENT_STRATEGIES:
             raise ValueError(
                 f"expert_placement_strategy={self.expert_placement_strategy!r} "

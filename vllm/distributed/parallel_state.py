@@ -1,9 +1,15 @@
-"""Process groups for tensor and pipeline parallelism (upstream:
-vllm/distributed/parallel_state.py).
+"""Process groups for tensor, pipeline, data and expert parallelism
+(upstream: vllm/distributed/parallel_state.py).
 
-Ranks are laid out as upstream: global rank = pp_rank * tp_size + tp_rank, so
-a tensor-parallel group is `tp_size` consecutive ranks and a pipeline group
-takes every `tp_size`-th rank.
+Ranks are laid out as upstream (DP x PP x TP, TP fastest): global rank =
+dp_rank * pp_size * tp_size + pp_rank * tp_size + tp_rank, so a
+tensor-parallel group is `tp_size` consecutive ranks, a pipeline group takes
+every `tp_size`-th rank of one DP replica, a data-parallel group takes the
+same (pp, tp) position in every replica, and an expert-parallel group is all
+the DP x TP ranks of one pipeline stage. The DP and EP groups only exist in
+the one world that the workers of all DP engines of a mixture-of-experts
+model join (see `vllm/v1/worker/gpu_worker.py:init_worker_distributed_environment`);
+otherwise DP is one rank and EP equals TP.
 
 Each `GroupCoordinator` holds two torch.distributed groups over the same
 ranks: `device_group` for tensors on the model's device (NCCL on CUDA, gloo on
@@ -210,7 +216,9 @@ class GroupCoordinator:
 _WORLD: GroupCoordinator | None = None
 _TP: GroupCoordinator | None = None
 _PP: GroupCoordinator | None = None
-_SINGLE = {name: GroupCoordinator.single(name) for name in ("world", "tp", "pp")}
+_DP: GroupCoordinator | None = None
+_EP: GroupCoordinator | None = None
+_SINGLE = {name: GroupCoordinator.single(name) for name in ("world", "tp", "pp", "dp", "ep")}
 
 
 def get_world_group() -> GroupCoordinator:
@@ -225,6 +233,18 @@ def get_tp_group() -> GroupCoordinator:
 def get_pp_group() -> GroupCoordinator:
     """This process's pipeline-parallel group (a one-rank group when none is set up)."""
     return _PP or _SINGLE["pp"]
+
+
+def get_dp_group() -> GroupCoordinator:
+    """This process's data-parallel group: the same (pp, tp) rank of every DP
+    engine in one world (a one-rank group when DP is not part of the world)."""
+    return _DP or _SINGLE["dp"]
+
+
+def get_ep_group() -> GroupCoordinator:
+    """This process's expert-parallel group: the DP x TP ranks of its pipeline
+    stage (a one-rank group when none is set up)."""
+    return _EP or _SINGLE["ep"]
 
 
 def get_tensor_model_parallel_world_size() -> int:
@@ -277,24 +297,41 @@ def initialize_model_parallel(
     pipeline_model_parallel_size: int = 1,
     backend: str | None = None,
 ) -> None:
-    """Split the world into tensor-parallel groups (consecutive ranks) and
-    pipeline groups (stride `tensor_model_parallel_size`)."""
-    global _TP, _PP
+    """Split the world into tensor-parallel groups (consecutive ranks),
+    pipeline groups (stride `tensor_model_parallel_size` within one DP
+    replica), data-parallel groups (stride pp x tp) and expert-parallel groups
+    (all DP x TP ranks of a stage). The DP size is the world size over tp x pp."""
+    global _TP, _PP, _DP, _EP
     assert dist.is_initialized(), "init_distributed_environment() first"
     world_size = dist.get_world_size()
     tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
-    if world_size != tp * pp:
+    if world_size % (tp * pp):
         raise ValueError(
-            f"world_size ({world_size}) is not tensor_parallel_size ({tp}) "
+            f"world_size ({world_size}) is not data_parallel_size x tensor_parallel_size ({tp}) "
             f"x pipeline_parallel_size ({pp})."
         )
+    dp = world_size // (tp * pp)
     backend = backend or dist.get_backend()
     local_rank = get_world_group().local_rank
+    # ranks[d][p][t] = global rank of DP replica d, stage p, TP rank t.
+    ranks = [[[(d * pp + p) * tp + t for t in range(tp)] for p in range(pp)] for d in range(dp)]
     _TP = GroupCoordinator(
-        [list(range(i * tp, (i + 1) * tp)) for i in range(pp)], local_rank, backend, "tp"
+        [ranks[d][p] for d in range(dp) for p in range(pp)], local_rank, backend, "tp"
     )
     _PP = GroupCoordinator(
-        [list(range(i, world_size, tp)) for i in range(tp)], local_rank, backend, "pp"
+        [[ranks[d][p][t] for p in range(pp)] for d in range(dp) for t in range(tp)],
+        local_rank,
+        backend,
+        "pp",
+    )
+    _DP = GroupCoordinator(
+        [[ranks[d][p][t] for d in range(dp)] for p in range(pp) for t in range(tp)],
+        local_rank,
+        backend,
+        "dp",
+    )
+    _EP = GroupCoordinator(
+        [[r for d in range(dp) for r in ranks[d][p]] for p in range(pp)], local_rank, backend, "ep"
     )
 
 
@@ -320,11 +357,11 @@ def model_parallel_is_initialized() -> bool:
 
 
 def destroy_model_parallel() -> None:
-    global _TP, _PP
-    for group in (_TP, _PP):
+    global _TP, _PP, _DP, _EP
+    for group in (_TP, _PP, _DP, _EP):
         if group is not None:
             group.destroy()
-    _TP = _PP = None
+    _TP = _PP = _DP = _EP = None
 
 
 def destroy_distributed_environment() -> None:

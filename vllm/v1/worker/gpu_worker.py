@@ -376,16 +376,30 @@ def init_worker_distributed_environment(
     local_rank: int = -1,
     backend: str = "gloo",
 ) -> None:
-    """Join the workers' torch.distributed world and build the tensor- and
-    pipeline-parallel groups. One worker (world size 1) needs no process
-    group: `vllm.distributed`'s one-rank groups serve it."""
+    """Join the workers' torch.distributed world and build the tensor-,
+    pipeline-, data- and expert-parallel groups. One worker (world size 1)
+    needs no process group: `vllm.distributed`'s one-rank groups serve it.
+
+    With data_parallel_size > 1 (only MoE models keep it: a dense model's DP
+    engines are reconfigured to DP=1) the workers of all DP engines join one
+    world of `world_size_across_dp` ranks, rank dp_rank * world_size + rank,
+    at data_parallel_master_ip and the next DP init port (every engine got
+    the same port list from the front end), as upstream."""
     parallel_config = vllm_config.parallel_config
-    if parallel_config.world_size == 1:
+    world_size = parallel_config.world_size
+    if parallel_config.data_parallel_size > 1:
+        rank = parallel_config.data_parallel_rank * world_size + rank
+        world_size = parallel_config.world_size_across_dp
+        distributed_init_method = (
+            f"tcp://{parallel_config.data_parallel_master_ip}:"
+            f"{parallel_config.get_next_dp_init_port()}"
+        )
+    if world_size == 1:
         return
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 
     init_distributed_environment(
-        parallel_config.world_size, rank, distributed_init_method or "env://", local_rank, backend
+        world_size, rank, distributed_init_method or "env://", local_rank, backend
     )
     ensure_model_parallel_initialized(
         parallel_config.tensor_parallel_size, parallel_config.pipeline_parallel_size, backend

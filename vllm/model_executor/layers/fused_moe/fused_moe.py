@@ -81,22 +81,32 @@ def fused_experts(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     activation: str = "silu",
+    expert_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sum_k weight[t, k] * expert_{id[t, k]}(x[t]) for every token t -> [T, H].
 
     The T*K (token, expert) pairs are sorted by expert so each expert runs one
     GEMM over all its tokens; the weighted outputs are scattered back with one
-    index_add. Only experts that received tokens run.
+    index_add. Only experts that received tokens run. With `expert_map`
+    (expert parallelism: global id -> local slot of w13/w2, -1 elsewhere)
+    only the pairs routed to this rank's experts count: the result is this
+    rank's partial sum.
     """
     if activation not in _ACTIVATIONS:
         raise ValueError(f"Unsupported MoE activation {activation!r}.")
     act = _ACTIVATIONS[activation]
-    num_tokens, top_k = topk_ids.shape
+    top_k = topk_ids.shape[1]
     flat_ids = topk_ids.reshape(-1)
+    flat_weights = topk_weights.reshape(-1)
+    pair_token = torch.arange(flat_ids.numel(), device=flat_ids.device) // top_k
+    if expert_map is not None:
+        flat_ids = expert_map[flat_ids].long()
+        local = flat_ids >= 0
+        flat_ids, flat_weights, pair_token = flat_ids[local], flat_weights[local], pair_token[local]
     order = torch.argsort(flat_ids, stable=True)  # pair indices grouped by expert
-    token_of_pair = order // top_k
+    token_of_pair = pair_token.index_select(0, order)
     counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
-    inputs = hidden_states.index_select(0, token_of_pair)  # [T*K, H], expert-sorted
+    inputs = hidden_states.index_select(0, token_of_pair)  # [P, H], expert-sorted
     outputs = torch.empty(
         inputs.shape[0], w2.shape[1], dtype=hidden_states.dtype, device=hidden_states.device
     )
@@ -109,7 +119,7 @@ def fused_experts(
         gate, up = gate_up.chunk(2, dim=-1)
         outputs[start:end] = F.linear(act(gate) * up, w2[expert_id])
         start = end
-    weights = topk_weights.reshape(-1).index_select(0, order).unsqueeze(1)
+    weights = flat_weights.index_select(0, order).unsqueeze(1)
     result = torch.zeros_like(hidden_states)
     result.index_add_(0, token_of_pair, (outputs.float() * weights).to(hidden_states.dtype))
     return result

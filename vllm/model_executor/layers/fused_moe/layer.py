@@ -5,9 +5,15 @@ All experts' weights are stacked into two parameters:
     w2_weight  [E, H, I_tp]       down projection
 where I_tp = intermediate_size / tp_size: under tensor parallelism every rank
 holds a slice of every expert's intermediate dimension, and the partial
-outputs are summed across ranks (`reduce_results`). Checkpoints store one
-tensor per expert and projection; `make_expert_params_mapping` names them and
-`weight_loader` copies each into its expert's slot.
+outputs are summed across ranks (`reduce_results`). With expert parallelism
+E is this rank's share of the experts (whole experts, I_tp = I) and
+`expert_map` maps global expert ids to its slots; with data parallelism the
+tokens of all DP engines go through every rank's experts (see
+`vllm/model_executor/layers/fused_moe/config.py` for the split,
+`expert_map_manager.py` for the placement). Checkpoints store one tensor per
+expert and projection; `make_expert_params_mapping` names them and
+`weight_loader` copies each into its expert's slot (experts held by other
+ranks are skipped).
 """
 
 from __future__ import annotations
@@ -18,11 +24,20 @@ import torch
 from torch import nn
 from torch.nn.parameter import Parameter
 
+from vllm.config import get_current_vllm_config_or_none
 from vllm.distributed import (
     divide,
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
+    get_tp_group,
     tensor_model_parallel_all_reduce,
+)
+from vllm.distributed.device_communicators.all2all import AgRsAll2AllManager
+from vllm.distributed.parallel_state import get_dp_group
+from vllm.model_executor.layers.fused_moe.config import FusedMoEParallelConfig
+from vllm.model_executor.layers.fused_moe.expert_map_manager import (
+    determine_expert_map,
+    determine_expert_placement_strategy,
 )
 from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts, fused_topk, grouped_topk
 from vllm.model_executor.utils import set_weight_attrs
@@ -73,9 +88,7 @@ class FusedMoE(nn.Module):
             raise NotImplementedError("Quantized MoE is not built.")
         if use_grouped_topk and (num_expert_group is None or topk_group is None):
             raise ValueError("Grouped top-k needs num_expert_group and topk_group.")
-        self.tp_size = tp_size or get_tensor_model_parallel_world_size()
-        self.tp_rank = get_tensor_model_parallel_rank() if self.tp_size > 1 else 0
-        self.global_num_experts = self.local_num_experts = num_experts
+        self._init_parallel(num_experts, tp_size, num_expert_group)
         self.top_k = top_k
         self.hidden_size = hidden_size
         self.intermediate_size_per_partition = divide(intermediate_size, self.tp_size)
@@ -90,15 +103,52 @@ class FusedMoE(nn.Module):
         self.activation = activation
         self.layer_name = prefix
         dtype = params_dtype or torch.get_default_dtype()
-        i_tp = self.intermediate_size_per_partition
+        i_tp, local = self.intermediate_size_per_partition, self.local_num_experts
         self.w13_weight = Parameter(
-            torch.empty(num_experts, 2 * i_tp, hidden_size, dtype=dtype), requires_grad=False
+            torch.empty(local, 2 * i_tp, hidden_size, dtype=dtype), requires_grad=False
         )
         self.w2_weight = Parameter(
-            torch.empty(num_experts, hidden_size, i_tp, dtype=dtype), requires_grad=False
+            torch.empty(local, hidden_size, i_tp, dtype=dtype), requires_grad=False
         )
         for param in (self.w13_weight, self.w2_weight):
             set_weight_attrs(param, {"weight_loader": self.weight_loader})
+
+    def _init_parallel(
+        self, num_experts: int, tp_size: int | None, num_expert_group: int | None
+    ) -> None:
+        """The split of this layer over the dp x tp ranks: tp_size / tp_rank
+        slice each expert, ep_size / ep_rank and expert_map pick the experts."""
+        vllm_config = get_current_vllm_config_or_none()
+        parallel_config = vllm_config.parallel_config if vllm_config is not None else None
+        tp = tp_size or get_tensor_model_parallel_world_size()
+        tp_rank = get_tensor_model_parallel_rank() if tp > 1 else 0
+        dp_group = get_dp_group()
+        self.moe_parallel_config = FusedMoEParallelConfig.make(
+            tp, tp_rank, dp_group.world_size, dp_group.rank_in_group, parallel_config
+        )
+        cfg = self.moe_parallel_config
+        self.tp_size, self.tp_rank = cfg.tp_size, cfg.tp_rank
+        self.dp_size, self.ep_size, self.ep_rank = cfg.dp_size, cfg.ep_size, cfg.ep_rank
+        self.use_ep = cfg.use_ep
+        self.global_num_experts = num_experts
+        self.expert_placement_strategy = "linear"
+        if cfg.use_ep and parallel_config is not None:
+            self.expert_placement_strategy = determine_expert_placement_strategy(
+                parallel_config.expert_placement_strategy, cfg, num_expert_group
+            )
+        self.local_num_experts, expert_map = determine_expert_map(
+            cfg.ep_size, cfg.ep_rank, num_experts, self.expert_placement_strategy
+        )
+        # A buffer so that it follows the layer to its device; not in the state dict.
+        self.expert_map: torch.Tensor | None
+        self.register_buffer("expert_map", expert_map, persistent=False)
+        self.all2all_manager = AgRsAll2AllManager(dp_group) if cfg.dp_size > 1 else None
+
+    def _map_global_to_local_expert(self, expert_id: int) -> int:
+        """The local slot of a global expert id; -1 when another rank holds it."""
+        if self.expert_map is None:
+            return expert_id
+        return int(self.expert_map[expert_id])
 
     @staticmethod
     def make_expert_params_mapping(
@@ -143,8 +193,11 @@ class FusedMoE(nn.Module):
             for e in range(loaded_weight.shape[0]):
                 self.weight_loader(param, loaded_weight[e], weight_name, shard_id, e)
             return
+        local_id = self._map_global_to_local_expert(expert_id)
+        if local_id < 0:  # held by another expert-parallel rank
+            return
         i_tp = self.intermediate_size_per_partition
-        expert = param.data[expert_id]
+        expert = param.data[local_id]
         if shard_id == "w2":  # split the input (intermediate) dim
             src = loaded_weight.narrow(1, self.tp_rank * i_tp, i_tp)
             dst = expert
@@ -181,18 +234,38 @@ class FusedMoE(nn.Module):
         return weights, ids
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """hidden_states [T, H], router_logits [T, E] -> [T, H]."""
+        """hidden_states [T, H], router_logits [T, E] -> [T, H].
+
+        With dp > 1 the tokens of all DP engines are dispatched to this rank
+        first and the summed outputs combined back; the TP all-reduce then
+        adds the partial sums of this engine's TP ranks."""
+        meta = None
+        if self.all2all_manager is not None:
+            hidden_states, router_logits, meta = self.all2all_manager.dispatch(
+                hidden_states, router_logits
+            )
         topk_weights, topk_ids = self.select_experts(router_logits)
         out = fused_experts(
-            hidden_states, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.activation
+            hidden_states,
+            self.w13_weight,
+            self.w2_weight,
+            topk_weights,
+            topk_ids,
+            self.activation,
+            expert_map=self.expert_map,
         )
-        if self.reduce_results and self.tp_size > 1:
+        if self.all2all_manager is not None:
+            assert meta is not None
+            out = self.all2all_manager.combine(out, meta)
+        if self.reduce_results and get_tp_group().world_size > 1:
             out = tensor_model_parallel_all_reduce(out)
         return out
 
     def extra_repr(self) -> str:
         return (
-            f"global_num_experts={self.global_num_experts}, top_k={self.top_k}, "
+            f"global_num_experts={self.global_num_experts}, "
+            f"local_num_experts={self.local_num_experts}, ep_size={self.ep_size}, "
+            f"placement={self.expert_placement_strategy}, top_k={self.top_k}, "
             f"intermediate_size_per_partition={self.intermediate_size_per_partition}, "
             f"tp_size={self.tp_size}, renormalize={self.renormalize}, "
             f"use_grouped_topk={self.use_grouped_topk}, scoring_func={self.scoring_func}"

@@ -136,6 +136,9 @@ class AsyncLLM(EngineClient):
         start_engine_loop: bool = True,
         stat_loggers: list[type[StatLoggerBase]] | None = None,
         max_num_queued_reqs: int | None = None,
+        client_addresses: dict[str, Any] | None = None,
+        client_count: int = 1,
+        client_index: int = 0,
     ) -> None:
         self.vllm_config = vllm_config
         model_config = vllm_config.model_config
@@ -159,8 +162,15 @@ class AsyncLLM(EngineClient):
         self._supported_tasks: tuple[str, ...] | None = None
         # Adapter ids loaded through this engine (see _ensure_lora_loaded).
         self._lora_ids_loaded: set[int] = set()
+        # DP > 1: a client that balances over the engine cores. With
+        # `client_addresses` (--api-server-count) the parent started them.
         self.engine_core = EngineCoreClient.make_async_mp_client(
-            vllm_config=vllm_config, executor_class=executor_class, log_stats=self.log_stats
+            vllm_config=vllm_config,
+            executor_class=executor_class,
+            log_stats=self.log_stats,
+            client_addresses=client_addresses,
+            client_count=client_count,
+            client_index=client_index,
         )
         self.logger_manager: StatLoggerManager | None = None
         self._stats: _StatsTracker | None = None
@@ -186,6 +196,9 @@ class AsyncLLM(EngineClient):
         enable_log_requests: bool = False,
         disable_log_stats: bool = False,
         max_num_queued_reqs: int | None = None,
+        client_addresses: dict[str, Any] | None = None,
+        client_count: int = 1,
+        client_index: int = 0,
     ) -> AsyncLLM:
         from vllm.v1.executor.abstract import Executor
 
@@ -198,6 +211,9 @@ class AsyncLLM(EngineClient):
             start_engine_loop=start_engine_loop,
             stat_loggers=stat_loggers,
             max_num_queued_reqs=max_num_queued_reqs,
+            client_addresses=client_addresses,
+            client_count=client_count,
+            client_index=client_index,
         )
 
     @classmethod

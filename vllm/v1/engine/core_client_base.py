@@ -53,6 +53,12 @@ class EngineCoreClient(ABC):
             )
         if multiprocess_mode and asyncio_mode:
             return EngineCoreClient.make_async_mp_client(vllm_config, executor_class, log_stats)
+        if vllm_config.parallel_config.data_parallel_size > 1:
+            # As upstream: data parallelism is served by the asyncio clients.
+            raise NotImplementedError(
+                "data_parallel_size > 1 (--data-parallel-size) needs the asyncio engine "
+                "(AsyncLLM / vllm serve); the synchronous LLMEngine runs one engine core."
+            )
         if multiprocess_mode:
             from vllm.v1.engine.core_client_mp import SyncMPClient
 
@@ -61,11 +67,34 @@ class EngineCoreClient(ABC):
 
     @staticmethod
     def make_async_mp_client(
-        vllm_config: VllmConfig, executor_class: type[Executor], log_stats: bool
+        vllm_config: VllmConfig,
+        executor_class: type[Executor],
+        log_stats: bool,
+        client_addresses: dict[str, Any] | None = None,
+        client_count: int = 1,
+        client_index: int = 0,
     ) -> AsyncMPClient:
+        """As upstream: DP > 1 -> DPLBAsyncMPClient (this client balances over
+        the engines) or DPAsyncMPClient (external load balancing); else
+        AsyncMPClient. `client_addresses`: the sockets of this API server when
+        the parent started the engines (--api-server-count)."""
+        from vllm.v1.engine.core_client_dp import DPAsyncMPClient, DPLBAsyncMPClient
         from vllm.v1.engine.core_client_mp import AsyncMPClient
 
-        return AsyncMPClient(vllm_config, executor_class, log_stats)
+        parallel_config = vllm_config.parallel_config
+        client_args = (
+            vllm_config,
+            executor_class,
+            log_stats,
+            client_addresses,
+            client_count,
+            client_index,
+        )
+        if parallel_config.data_parallel_size > 1:
+            if parallel_config.data_parallel_external_lb:
+                return DPAsyncMPClient(*client_args)
+            return DPLBAsyncMPClient(*client_args)
+        return AsyncMPClient(*client_args)
 
     @abstractmethod
     def shutdown(self) -> None:

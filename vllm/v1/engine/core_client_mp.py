@@ -51,11 +51,16 @@ from vllm.v1.engine.ipc import (
     get_open_zmq_inproc_path,
     make_zmq_socket,
 )
-from vllm.v1.engine.utils import CoreEngineProcManager, launch_core_engines
+from vllm.v1.engine.utils import (
+    CoreEngineProcManager,
+    get_engine_zmq_addresses,
+    launch_core_engines,
+)
 from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 if TYPE_CHECKING:
+    from vllm.v1.engine.coordinator import DPCoordinator
     from vllm.v1.executor.abstract import Executor
 
 logger = init_logger(__name__)
@@ -71,6 +76,7 @@ class BackgroundResources:
 
     ctx: zmq.SyncContext
     engine_manager: CoreEngineProcManager | None = None
+    coordinator: DPCoordinator | None = None
     # Made on the client's context: zmq.asyncio sockets for AsyncMPClient.
     input_socket: zmq.Socket[Any] | None = None
     output_socket: zmq.Socket[Any] | None = None
@@ -80,18 +86,27 @@ class BackgroundResources:
     on_engine_dead: list[Callable[[], None]] = field(default_factory=list)
     engine_dead: bool = False
 
+    # DP clients: the coordinator stats task and its first-request socket.
+    stats_update_task: asyncio.Task[None] | None = None
+    first_req_send_socket: zmq.Socket[Any] | None = None
+    closing: bool = False
+
     def __call__(self) -> None:
         """Release everything (runs once, from shutdown() or the finalizer)."""
+        self.closing = True
         self.engine_dead = True
         if self.engine_manager is not None:
             self.engine_manager.close()
+        if self.coordinator is not None:
+            self.coordinator.close()
+        for stats_task in (self.stats_update_task,):
+            if stats_task is not None and not stats_task.done():
+                _cancel_task(stats_task)
+        if self.first_req_send_socket is not None:
+            self.first_req_send_socket.close(linger=0)
         task = self.output_queue_task
         if task is not None and not task.done():
-            loop = task.get_loop()
-            if _running_loop() is loop:
-                task.cancel()
-            elif loop.is_running() and not loop.is_closed():
-                loop.call_soon_threadsafe(task.cancel)
+            _cancel_task(task)
         if self.shutdown_path is not None:
             # Sync client: its output thread owns the output socket; wake it
             # so that it closes it and exits.
@@ -153,6 +168,9 @@ class MPClient(EngineCoreClient):
         vllm_config: VllmConfig,
         executor_class: type[Executor],
         log_stats: bool,
+        client_addresses: dict[str, Any] | None = None,
+        client_count: int = 1,
+        client_index: int = 0,
     ) -> None:
         self.vllm_config = vllm_config
         self.encoder = MsgpackEncoder()
@@ -164,21 +182,23 @@ class MPClient(EngineCoreClient):
         self.resources = BackgroundResources(ctx=sync_ctx)
         self._finalizer = weakref.finalize(self, self.resources)
         self.utility_results: dict[int, AnyFuture] = {}
+        self.client_count = client_count
+        self.client_index = client_index
+        # DP: whether the engines are in a running wave (MoE), from the coordinator.
+        self.engines_running = False
+        self.stats_update_address: str | None = None
         success = False
         try:
-            with launch_core_engines(vllm_config, executor_class, log_stats) as (
-                engine_manager,
-                addresses,
-            ):
-                self.resources.engine_manager = engine_manager
-            self.input_socket: zmq.Socket[Any] = make_zmq_socket(
-                self.ctx, addresses.inputs[0], zmq.ROUTER, bind=True
-            )
-            self.resources.input_socket = self.input_socket
-            self.resources.output_socket = make_zmq_socket(
-                self.ctx, addresses.outputs[0], zmq.PULL, bind=True
-            )
-            self.core_engine = (0).to_bytes(2, "little")
+            if client_addresses:
+                # Engines started by the parent (--api-server-count N): bind
+                # this server's own pair of sockets.
+                self._bind_sockets(
+                    client_addresses["input_address"], client_addresses["output_address"]
+                )
+                self.stats_update_address = client_addresses.get("stats_update_address")
+            else:
+                self._launch_engines(vllm_config, executor_class, log_stats)
+            self._set_engines_managed(vllm_config)
             self._wait_for_engine_registration()
             self._start_engine_core_monitor()
             success = True
@@ -186,33 +206,87 @@ class MPClient(EngineCoreClient):
             if not success:
                 self._finalizer()
 
+    def _bind_sockets(self, input_address: str, output_address: str) -> tuple[str, str]:
+        """Bind the ROUTER (inputs) and PULL (outputs); return the bound
+        endpoints (a tcp port 0 is resolved)."""
+        self.input_socket: zmq.Socket[Any] = make_zmq_socket(
+            self.ctx, input_address, zmq.ROUTER, bind=True
+        )
+        self.resources.input_socket = self.input_socket
+        output_socket = make_zmq_socket(self.ctx, output_address, zmq.PULL, bind=True)
+        self.resources.output_socket = output_socket
+        return (
+            self.input_socket.getsockopt_string(zmq.LAST_ENDPOINT),
+            output_socket.getsockopt_string(zmq.LAST_ENDPOINT),
+        )
+
+    def _launch_engines(
+        self, vllm_config: VllmConfig, executor_class: type[Executor], log_stats: bool
+    ) -> None:
+        """Bind first (engines connect to the bound endpoints), then start the
+        engines and the DP coordinator and complete their handshake."""
+        addresses = get_engine_zmq_addresses(vllm_config)
+        addresses.inputs[0], addresses.outputs[0] = self._bind_sockets(
+            addresses.inputs[0], addresses.outputs[0]
+        )
+        with launch_core_engines(vllm_config, executor_class, log_stats, addresses) as launch:
+            self.resources.engine_manager = launch.engine_manager
+            self.resources.coordinator = launch.coordinator
+        self.stats_update_address = addresses.frontend_stats_publish_address
+
+    def _set_engines_managed(self, vllm_config: VllmConfig) -> None:
+        """The DP ranks this client sends to (all of them with internal load
+        balancing), as ZMQ identities."""
+        parallel_config = vllm_config.parallel_config
+        dp_rank = parallel_config.data_parallel_rank
+        num_ranks = (
+            parallel_config.data_parallel_size_local
+            if parallel_config.local_engines_only
+            else parallel_config.data_parallel_size
+        )
+        self.engine_ranks_managed = list(range(dp_rank, dp_rank + num_ranks))
+        self.core_engines: list[bytes] = [
+            r.to_bytes(2, "little") for r in self.engine_ranks_managed
+        ]
+        self.core_engine = self.core_engines[0]
+
     def _wait_for_engine_registration(self) -> None:
-        """The core's first (empty) message makes its identity routable."""
+        """Each core's first (empty) message makes its identity routable."""
         sync_input_socket: zmq.SyncSocket = zmq.Socket.shadow(self.input_socket)
         timeout_ms = envs.VLLM_ENGINE_READY_TIMEOUT_S * 1000
-        if not sync_input_socket.poll(timeout=timeout_ms):
-            raise TimeoutError("Timed out waiting for the engine core to connect its input socket.")
-        identity, _ = sync_input_socket.recv_multipart()
-        if identity != self.core_engine:
-            raise RuntimeError(f"Unexpected engine identity {identity!r}")
+        identities = set(self.core_engines)
+        while identities:
+            if not sync_input_socket.poll(timeout=timeout_ms):
+                raise TimeoutError(
+                    "Timed out waiting for the engine core(s) to connect their input socket."
+                )
+            identity, _ = sync_input_socket.recv_multipart()
+            if identity not in identities:
+                raise RuntimeError(f"Unexpected engine identity {identity!r}")
+            identities.discard(identity)
 
     def _start_engine_core_monitor(self) -> None:
-        """A thread that notices the core process exiting."""
+        """A thread that notices an engine core (or the DP coordinator) exiting:
+        any of them dying makes the whole client dead, as upstream."""
         engine_manager = self.resources.engine_manager
-        assert engine_manager is not None
-        sentinels = engine_manager.sentinels()
+        coordinator = self.resources.coordinator
+        sentinels = engine_manager.sentinels() if engine_manager is not None else []
+        if coordinator is not None:
+            sentinels.append(coordinator.proc.sentinel)
+        if not sentinels:
+            return  # engines started (and watched) by the parent process
         resources_ref = weakref.ref(self.resources)
 
         def monitor_engine_cores() -> None:
             block_shutdown_signals()
             multiprocessing.connection.wait(sentinels)
             resources = resources_ref()
-            if resources is None or resources.engine_dead or engine_manager.closed:
+            if resources is None or resources.engine_dead or resources.closing:
                 return
-            logger.error(
-                "Engine core proc %s died unexpectedly, shutting down client.",
-                engine_manager.finished_procs(),
-            )
+            finished = engine_manager.finished_procs() if engine_manager is not None else {}
+            if coordinator is not None and coordinator.proc.exitcode is not None:
+                finished[coordinator.proc.name or "DPCoordinator"] = coordinator.proc.exitcode
+            logger.error("Engine core proc %s died unexpectedly, shutting down client.", finished)
             resources.mark_dead()
 
         threading.Thread(
@@ -227,8 +301,11 @@ class MPClient(EngineCoreClient):
         if self.resources.engine_dead:
             raise EngineDeadError()
 
-    def _encode_input(self, request_type: EngineCoreRequestType, request: Any) -> tuple[Any, ...]:
-        return (self.core_engine, request_type.value, *self.encoder.encode(request))
+    def _encode_input(
+        self, request_type: EngineCoreRequestType, request: Any, engine: bytes | None = None
+    ) -> tuple[Any, ...]:
+        target = self.core_engine if engine is None else engine
+        return (target, request_type.value, *self.encoder.encode(request))
 
     @staticmethod
     def _new_call_id() -> int:
@@ -387,13 +464,22 @@ class AsyncMPClient(MPClient):
     """Asyncio client of an engine core process (AsyncLLM's)."""
 
     def __init__(
-        self, vllm_config: VllmConfig, executor_class: type[Executor], log_stats: bool
+        self,
+        vllm_config: VllmConfig,
+        executor_class: type[Executor],
+        log_stats: bool,
+        client_addresses: dict[str, Any] | None = None,
+        client_count: int = 1,
+        client_index: int = 0,
     ) -> None:
         super().__init__(
             asyncio_mode=True,
             vllm_config=vllm_config,
             executor_class=executor_class,
             log_stats=log_stats,
+            client_addresses=client_addresses,
+            client_count=client_count,
+            client_index=client_index,
         )
         self.outputs_queue: asyncio.Queue[EngineCoreOutputs | Exception] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -434,6 +520,7 @@ class AsyncMPClient(MPClient):
         output_socket = _async_socket(resources.output_socket)
         outputs_queue = self.outputs_queue
         decoder, utility_results = self.decoder, self.utility_results
+        outputs_hook = self._make_outputs_hook()
 
         async def process_outputs_socket() -> None:
             try:
@@ -445,6 +532,8 @@ class AsyncMPClient(MPClient):
                         _process_utility_output(outputs.utility_output, utility_results)
                         continue
                     _restore_stats(outputs)
+                    if outputs_hook is not None:
+                        outputs_hook(outputs)
                     outputs_queue.put_nowait(outputs)
             except EngineDeadError:
                 pass  # mark_dead() already told every waiter
@@ -454,6 +543,11 @@ class AsyncMPClient(MPClient):
         resources.output_queue_task = asyncio.create_task(
             process_outputs_socket(), name="EngineCoreOutputQueueTask"
         )
+
+    def _make_outputs_hook(self) -> Callable[[EngineCoreOutputs], None] | None:
+        """A function called with each engine's outputs before they are queued
+        (the DP load balancer's bookkeeping); it must not hold the client."""
+        return None
 
     async def get_output_async(self) -> EngineCoreOutputs:
         self._ensure_output_queue_task()
@@ -466,22 +560,27 @@ class AsyncMPClient(MPClient):
             raise outputs
         return outputs
 
-    async def _send_input(self, request_type: EngineCoreRequestType, request: Any) -> None:
+    async def _send_input(
+        self, request_type: EngineCoreRequestType, request: Any, engine: bytes | None = None
+    ) -> None:
+        """Send to `engine` (a DP rank's identity; default: the first engine)."""
         self.ensure_alive()
         self._ensure_output_queue_task()
         await _async_socket(self.input_socket).send_multipart(
-            self._encode_input(request_type, request), copy=False
+            self._encode_input(request_type, request, engine), copy=False
         )
 
     async def call_utility_async(self, method: str, *args: Any) -> Any:
         call_id = self._new_call_id()
         future = asyncio.get_running_loop().create_future()
         self.utility_results[call_id] = future
-        await self._send_input(EngineCoreRequestType.UTILITY, (0, call_id, method, args))
+        await self._send_input(
+            EngineCoreRequestType.UTILITY, (self.client_index, call_id, method, args)
+        )
         return await future
 
     async def add_request_async(self, request: EngineCoreRequest) -> None:
-        request.client_index = 0
+        request.client_index = self.client_index
         await self._send_input(EngineCoreRequestType.ADD, request)
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
@@ -582,6 +681,15 @@ def _check_rpc_method(method: str | Callable[..., Any]) -> None:
             "are not sent to the engine core (that would need pickle). Use "
             "VLLM_ENABLE_V1_MULTIPROCESSING=0 to pass a callable."
         )
+
+
+def _cancel_task(task: asyncio.Task[None]) -> None:
+    """Cancel `task` from its loop's thread or any other."""
+    loop = task.get_loop()
+    if _running_loop() is loop:
+        task.cancel()
+    elif loop.is_running() and not loop.is_closed():
+        loop.call_soon_threadsafe(task.cancel)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import TYPE_CHECKING, Any, ClassVar, get_type_hints
 
 import msgspec
 import zmq
@@ -56,6 +56,7 @@ from vllm.v1.engine.ipc import (
     make_zmq_socket,
     watch_parent,
 )
+from vllm.v1.metrics.stats import SchedulerStats
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 POLLING_TIMEOUT_MS = 1000
+# How long an engine waits for the front end's answer to its HELLO.
+HANDSHAKE_TIMEOUT_S = 5 * 60
 IDLE_WAIT_S = 0.5
 # Output-queue sentinel: the output thread stops.
 _SHUTDOWN = object()
@@ -73,6 +76,9 @@ class EngineCoreProc(EngineCore):
     """ZMQ wrapper around `EngineCore`, run by `run_engine_core` in a child process."""
 
     ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+    # DPEngineCoreProc (MoE): the DP ranks step together; else each rank is
+    # an independent engine.
+    lockstep_dp: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -94,8 +100,28 @@ class EngineCoreProc(EngineCore):
         def executor_fail_callback() -> None:
             self.input_queue.put_nowait((EngineCoreRequestType.EXECUTOR_FAILED, b""))
 
-        with self._perform_handshake(handshake_address, identity, local_client) as addresses:
-            super().__init__(vllm_config, executor_class, log_stats, executor_fail_callback)
+        with self._perform_handshake(
+            handshake_address, identity, local_client, vllm_config
+        ) as addresses:
+            if vllm_config.parallel_config.data_parallel_size > 1 and not self.lockstep_dp:
+                # A dense model's DP rank is an independent engine (DP=1); after
+                # the handshake, which checked the DP sizes.
+                vllm_config.parallel_config.reconfigure_for_independent_dp_rank()
+            # DP > 1: the coordinator takes this engine's queue stats (internal
+            # load balancing) and, for MoE models, runs the waves.
+            self.has_coordinator = addresses.coordinator_output is not None
+            self.publish_dp_lb_stats = (
+                self.has_coordinator and not vllm_config.parallel_config.data_parallel_external_lb
+            )
+            self.last_counts = (0, 0)
+            self._init_data_parallel(vllm_config)
+            super().__init__(
+                vllm_config,
+                executor_class,
+                log_stats,
+                executor_fail_callback,
+                include_finished_set=self.publish_dp_lb_stats,
+            )
         if not hasattr(self, "step_fn"):
             batch_queue = getattr(self, "batch_queue", None)
             self.step_fn = self.step if batch_queue is None else self.step_with_batch_queue
@@ -103,21 +129,23 @@ class EngineCoreProc(EngineCore):
         ready_event = threading.Event()
         self.input_thread = threading.Thread(
             target=self.process_input_sockets,
-            args=(addresses.inputs, identity, ready_event),
+            args=(addresses.inputs, addresses.coordinator_input, identity, ready_event),
             daemon=True,
             name="EngineCoreInput",
         )
         self.input_thread.start()
         self.output_thread = threading.Thread(
             target=self.process_output_sockets,
-            args=(addresses.outputs, engine_index),
+            args=(addresses.outputs, addresses.coordinator_output, engine_index),
             daemon=True,
             name="EngineCoreOutput",
         )
         self.output_thread.start()
+        # With a coordinator, not ready before its READY (all engines subscribed).
         while not ready_event.wait(timeout=10):
             if not self.input_thread.is_alive():
                 raise RuntimeError("Input socket thread died during startup")
+            logger.info("Waiting for READY message from DP Coordinator...")
 
     # ------------------------------------------------------------------
     # Start-up
@@ -125,27 +153,40 @@ class EngineCoreProc(EngineCore):
 
     @contextlib.contextmanager
     def _perform_handshake(
-        self, handshake_address: str, identity: bytes, local_client: bool
+        self, handshake_address: str, identity: bytes, local_client: bool, vllm_config: VllmConfig
     ) -> Iterator[EngineZmqAddresses]:
-        """HELLO -> addresses; then (after the body: engine init) READY or FAILED."""
+        """HELLO -> addresses (and the DP settings the front end chose); then
+        (after the body: engine init) READY or FAILED. A remote (headless)
+        engine reaches the head node over tcp."""
         ctx = zmq.Context()
+        parallel_config = vllm_config.parallel_config
         try:
             socket = make_zmq_socket(
                 ctx, handshake_address, zmq.DEALER, bind=False, identity=identity, linger=5000
             )
-            socket.send(encode_handshake({"status": "HELLO", "local": local_client}))
-            if not socket.poll(timeout=5 * 60 * 1000):
-                raise RuntimeError("Did not receive the handshake reply from the front end")
+            hello = {
+                "status": "HELLO",
+                "local": local_client,
+                "headless": not local_client,
+                "data_parallel_size": parallel_config.data_parallel_size,
+            }
+            socket.send(encode_handshake(hello))
+            if not socket.poll(timeout=HANDSHAKE_TIMEOUT_S * 1000):
+                raise RuntimeError(
+                    f"Did not receive a handshake reply from the front end at "
+                    f"{handshake_address} within {HANDSHAKE_TIMEOUT_S} s"
+                )
             reply = decode_handshake(socket.recv())
-            addrs = reply["addresses"]
-            addresses = EngineZmqAddresses(
-                inputs=list(addrs["inputs"]), outputs=list(addrs["outputs"])
-            )
+            addresses = EngineZmqAddresses.from_handshake(reply["addresses"])
+            for key, value in (reply.get("parallel_config") or {}).items():
+                setattr(parallel_config, key, value)
             try:
                 yield addresses
             except BaseException as e:
                 error = f"{type(e).__name__}: {e}"
-                socket.send(encode_handshake({"status": "FAILED", "error": error}))
+                socket.send(
+                    encode_handshake({"status": "FAILED", "local": local_client, "error": error})
+                )
                 raise
             model_config = self.vllm_config.model_config
             assert model_config is not None  # EngineCore.__init__ checked it
@@ -164,7 +205,11 @@ class EngineCoreProc(EngineCore):
 
     @staticmethod
     def run_engine_core(
-        *, dp_rank: int = 0, death_pipe: Connection | None = None, **kwargs: Any
+        *,
+        dp_rank: int = 0,
+        local_dp_rank: int = 0,
+        death_pipe: Connection | None = None,
+        **kwargs: Any,
     ) -> None:
         """Entry point of the engine-core process (spawned by the client; every
         argument is a keyword: `kwargs` are EngineCoreProc's)."""
@@ -183,7 +228,7 @@ class EngineCoreProc(EngineCore):
             watch_parent(death_pipe)
         engine_core: EngineCoreProc | None = None
         try:
-            engine_core = EngineCoreProc(engine_index=dp_rank, **kwargs)
+            engine_core = _make_engine_core(dp_rank, local_dp_rank, kwargs)
             engine_core.run_busy_loop()
         except SystemExit:
             logger.debug("EngineCore exiting.")
@@ -199,6 +244,9 @@ class EngineCoreProc(EngineCore):
             if engine_core is not None:
                 engine_core.shutdown()
 
+    def _init_data_parallel(self, vllm_config: VllmConfig) -> None:
+        """DPEngineCoreProc's hook (its DP group), before the engine is built."""
+
     # ------------------------------------------------------------------
     # The busy loop
     # ------------------------------------------------------------------
@@ -207,7 +255,25 @@ class EngineCoreProc(EngineCore):
         """Serve until the process is told to stop: input, step, repeat."""
         while True:
             self._process_input_queue()
+            # Before and after the step, so the load balancer sees fresh counts.
+            self._maybe_publish_request_counts()
             self._process_engine_step()
+            self._maybe_publish_request_counts()
+
+    def _maybe_publish_request_counts(self) -> None:
+        """DP: send this engine's (running, waiting) counts to the coordinator
+        (client index -1) when they change."""
+        if not self.publish_dp_lb_stats:
+            return
+        counts = self.scheduler.get_request_counts()
+        if counts != self.last_counts:
+            self.last_counts = counts
+            stats = SchedulerStats(
+                num_running_reqs=counts[0],
+                num_waiting_reqs=counts[1],
+                kv_cache_usage=self.scheduler.kv_cache_manager.usage,
+            )
+            self.output_queue.put_nowait((-1, EngineCoreOutputs(scheduler_stats=stats)))
 
     def _has_work(self) -> bool:
         if self.sleep_manager.paused:
@@ -337,17 +403,25 @@ class EngineCoreProc(EngineCore):
         )
 
     def process_input_sockets(
-        self, input_addresses: list[str], identity: bytes, ready_event: threading.Event
+        self,
+        input_addresses: list[str],
+        coord_input_address: str | None,
+        identity: bytes,
+        ready_event: threading.Event,
     ) -> None:
-        """Input thread: receive, decode and queue client messages."""
+        """Input thread: receive, decode and queue client (and coordinator) messages."""
         block_shutdown_signals()
         try:
-            self._run_input_sockets(input_addresses, identity, ready_event)
+            self._run_input_sockets(input_addresses, coord_input_address, identity, ready_event)
         except Exception:
             self._thread_failed("input")
 
     def _run_input_sockets(
-        self, input_addresses: list[str], identity: bytes, ready_event: threading.Event
+        self,
+        input_addresses: list[str],
+        coord_input_address: str | None,
+        identity: bytes,
+        ready_event: threading.Event,
     ) -> None:
         decoders = (MsgpackDecoder(EngineCoreRequest), MsgpackDecoder())
         with zmq.Context() as ctx:
@@ -360,13 +434,32 @@ class EngineCoreProc(EngineCore):
                 # An empty first message tells the client's ROUTER who we are.
                 socket.send(b"")
                 poller.register(socket, zmq.POLLIN)
+            if coord_input_address is not None:
+                coord_socket = make_zmq_socket(
+                    ctx, coord_input_address, zmq.XSUB, bind=False, identity=identity, linger=0
+                )
+                sockets.append(coord_socket)
+                coord_socket.send(b"\x01")  # subscribe to everything
+                self._wait_for_coordinator_ready(coord_socket)
+                poller.register(coord_socket, zmq.POLLIN)
             ready_event.set()
             while not self._shutdown_event.is_set():
                 for socket, _ in poller.poll(timeout=POLLING_TIMEOUT_MS):
                     frames = socket.recv_multipart(copy=False)
+                    if bytes(frames[0].buffer) == b"READY":
+                        continue  # the coordinator's answer to a (re)subscription
                     self._handle_input_frames(frames, *decoders)
             for socket in sockets:
                 socket.close(linger=0)
+
+    def _wait_for_coordinator_ready(self, coord_socket: zmq.SyncSocket) -> None:
+        """The coordinator says READY once every engine has subscribed."""
+        while not self._shutdown_event.is_set():
+            if coord_socket.poll(timeout=POLLING_TIMEOUT_MS):
+                message = coord_socket.recv()
+                if message != b"READY":
+                    raise RuntimeError(f"Unexpected message from the DP coordinator: {message!r}")
+                return
 
     def _handle_input_frames(
         self, frames: list[Any], add_decoder: MsgpackDecoder, generic_decoder: MsgpackDecoder
@@ -392,21 +485,29 @@ class EngineCoreProc(EngineCore):
         except Exception as e:
             logger.error("Dropping a malformed message on the input socket: %s", e)
 
-    def process_output_sockets(self, output_paths: list[str], engine_index: int) -> None:
-        """Output thread: encode outputs and push them to their client."""
+    def process_output_sockets(
+        self, output_paths: list[str], coord_output_path: str | None, engine_index: int
+    ) -> None:
+        """Output thread: encode outputs and push them to their client (index
+        -1: the DP coordinator)."""
         block_shutdown_signals()
         try:
-            self._run_output_sockets(output_paths, engine_index)
+            self._run_output_sockets(output_paths, coord_output_path, engine_index)
         except Exception:
             self._thread_failed("output")
 
-    def _run_output_sockets(self, output_paths: list[str], engine_index: int) -> None:
+    def _run_output_sockets(
+        self, output_paths: list[str], coord_output_path: str | None, engine_index: int
+    ) -> None:
         encoder = MsgpackEncoder()
         with zmq.Context() as ctx:
             sockets = [
                 make_zmq_socket(ctx, path, zmq.PUSH, bind=False, linger=4000)
                 for path in output_paths
             ]
+            if coord_output_path is not None:
+                # Last: index -1 of `sockets` is the coordinator's.
+                sockets.append(make_zmq_socket(ctx, coord_output_path, zmq.PUSH, bind=False))
             # On a requested shutdown nobody waits for pending outputs: drop
             # them; the death notice is worth waiting a little for.
             linger = 0
@@ -416,7 +517,7 @@ class EngineCoreProc(EngineCore):
                     if output is _SHUTDOWN:
                         break
                     if output == EngineCoreProc.ENGINE_CORE_DEAD:
-                        for socket in sockets:
+                        for socket in sockets[: len(output_paths)]:
                             socket.send(output)
                         linger = 4000
                         break
@@ -498,6 +599,9 @@ def _check_payload(request_type: EngineCoreRequestType, payload: Any) -> None:
     if request_type == EngineCoreRequestType.ABORT:
         if not (isinstance(payload, list) and all(isinstance(r, str) for r in payload)):
             raise ValueError("ABORT carries a list of request ids")
+    elif request_type == EngineCoreRequestType.START_DP_WAVE:
+        if not (isinstance(payload, list) and len(payload) == 2 and isinstance(payload[0], int)):
+            raise ValueError("START_DP_WAVE carries (wave, exclude_engine_index)")
     elif request_type == EngineCoreRequestType.UTILITY:
         ok = (
             isinstance(payload, list)
@@ -511,3 +615,29 @@ def _check_payload(request_type: EngineCoreRequestType, payload: Any) -> None:
             raise ValueError("UTILITY carries (client_index, call_id, method, args)")
     else:
         raise ValueError(f"Unexpected request type {request_type} from a client")
+
+
+def _make_engine_core(dp_rank: int, local_dp_rank: int, kwargs: dict[str, Any]) -> EngineCoreProc:
+    """The engine of DP rank `dp_rank`: an MoE model's ranks run in lock-step
+    (DPEngineCoreProc, vllm/v1/engine/core_dp.py); a dense model's ranks are
+    independent engines that behave as DP=1 (engine_index = the rank), as
+    upstream's run_engine_core."""
+    vllm_config: VllmConfig = kwargs["vllm_config"]
+    parallel_config = vllm_config.parallel_config
+    data_parallel = parallel_config.data_parallel_size > 1 or dp_rank > 0
+    if data_parallel:
+        parallel_config.data_parallel_rank_local = local_dp_rank
+    parallel_config.data_parallel_index = dp_rank
+    assert vllm_config.model_config is not None
+    if data_parallel and vllm_config.model_config.is_moe:
+        parallel_config.data_parallel_rank = dp_rank
+        try:
+            from vllm.v1.engine.core_dp import DPEngineCoreProc
+        except ImportError as e:
+            raise NotImplementedError(
+                "data_parallel_size > 1 (--data-parallel-size) with an MoE model needs the "
+                "lock-step DP engine (vllm/v1/engine/core_dp.py), which is not built yet."
+            ) from e
+        engine: EngineCoreProc = DPEngineCoreProc(engine_index=dp_rank, **kwargs)
+        return engine
+    return EngineCoreProc(engine_index=dp_rank, **kwargs)

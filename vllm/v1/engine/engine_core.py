@@ -92,6 +92,7 @@ class EngineCore:
         executor_class: type[Executor],
         log_stats: bool,
         executor_fail_callback: Callable[[], None] | None = None,
+        include_finished_set: bool = False,
     ) -> None:
         self.vllm_config = vllm_config
         self.log_stats = log_stats
@@ -129,7 +130,8 @@ class EngineCore:
             vllm_config=vllm_config,
             kv_cache_config=kv_cache_config,
             structured_output_manager=self.structured_output_manager,
-            include_finished_set=vllm_config.parallel_config.data_parallel_size > 1,
+            # DP load balancing: the front end counts each engine's finished requests.
+            include_finished_set=include_finished_set,
             log_stats=self.log_stats,
         )
         self.request_block_hasher = _make_request_block_hasher(vllm_config.cache_config)

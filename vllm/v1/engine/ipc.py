@@ -114,6 +114,10 @@ def make_zmq_socket(
         socket.setsockopt(zmq.RCVHWM, 0)
     if socket_type in (zmq.PUSH, zmq.DEALER, zmq.ROUTER):
         socket.setsockopt(zmq.SNDHWM, 0)
+    if socket_type == zmq.XPUB:
+        # Pass every subscription up, not only the first of a topic: the DP
+        # coordinator counts one per engine.
+        socket.setsockopt(zmq.XPUB_VERBOSE, True)
     if identity is not None:
         socket.setsockopt(zmq.IDENTITY, identity)
     if linger is not None:
@@ -153,12 +157,47 @@ def decode_handshake(data: bytes) -> dict[str, Any]:
     return msg
 
 
+def get_engine_client_zmq_addr(local_only: bool, host: str, port: int = 0) -> str:
+    """A fresh ipc path when every peer is on this node, else `tcp://host:port`
+    (port 0: the binder picks one, read back with zmq.LAST_ENDPOINT)."""
+    if local_only:
+        return get_open_zmq_ipc_path()
+    return f"tcp://{host}:{port}"
+
+
 @dataclass
 class EngineZmqAddresses:
-    # ZMQ input socket addresses, one per API-server client (we have one).
+    # ZMQ input socket addresses, one per API-server client.
     inputs: list[str]
     # ZMQ output socket addresses, one per API-server client.
     outputs: list[str]
+    # The DP coordinator's engine-facing sockets (DP > 1): engines subscribe
+    # to its XPUB (START_DP_WAVE) and PUSH their stats to its PULL.
+    coordinator_input: str | None = None
+    coordinator_output: str | None = None
+    # The coordinator's XPUB that front ends subscribe to for the engines'
+    # queue stats (relayed in the handshake; engines do not use it).
+    frontend_stats_publish_address: str | None = None
+
+    def to_handshake(self) -> dict[str, Any]:
+        """The addresses as a plain msgpack-able map (handshake reply)."""
+        return {
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "coordinator_input": self.coordinator_input,
+            "coordinator_output": self.coordinator_output,
+            "frontend_stats_publish_address": self.frontend_stats_publish_address,
+        }
+
+    @classmethod
+    def from_handshake(cls, msg: dict[str, Any]) -> EngineZmqAddresses:
+        return cls(
+            inputs=list(msg["inputs"]),
+            outputs=list(msg["outputs"]),
+            coordinator_input=msg.get("coordinator_input"),
+            coordinator_output=msg.get("coordinator_output"),
+            frontend_stats_publish_address=msg.get("frontend_stats_publish_address"),
+        )
 
 
 # ----------------------------------------------------------------------

@@ -258,6 +258,13 @@ class Worker(WorkerBase):
             )
 
     # ---- steps -----------------------------------------------------------------
+    @torch.inference_mode()
+    def execute_dummy_batch(self) -> None:
+        """One forward pass of a one-token dummy batch (upstream:
+        Worker.execute_dummy_batch): an idle data-parallel MoE engine's part
+        of the MoE collectives of a step the other engines run."""
+        self._runner()._dummy_run(1, num_reqs=1)
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         """One forward pass. A pipeline stage after the first receives the
         previous stage's tensors first; one before the last sends its own on

@@ -1,0 +1,97 @@
+"""`vllm serve -dp 2` with a mixture-of-experts model: the two engine cores
+step in lock-step waves (DPEngineCoreProc) and their MoE layers exchange
+tokens every forward pass, with experts split by tensor slices (Mixtral) or
+by expert parallelism (`-ep`: Qwen2-MoE with its shared expert, DeepSeek-V2
+with MLA and grouped top-k). Greedy tokens equal transformers' (one engine,
+one process); a lone request finishes while the other engine has nothing
+(it runs dummy batches); concurrent requests of different lengths finish
+(the engines' token counts differ every step); after a wave the engines go
+idle; every process exits on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.entrypoints.openai.conftest import RemoteOpenAIServer, wait_exited
+from tests.models.zoo_utils import build_zoo_model
+from tests.utils import hf_greedy
+
+MAX_TOKENS = 12
+PROMPTS = [[5, 17, 99, i, 250, 7, 8][: 3 + i] for i in range(1, 6)] + [list(range(30, 70))]
+
+
+def _server_args(extra: list[str]) -> list[str]:
+    return [
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "128",
+        "--kv-cache-memory-bytes",
+        str(8 * 2**20),
+        "-dp",
+        "2",
+        *extra,
+    ]
+
+
+async def _complete_all(server: RemoteOpenAIServer, prompts: list[list[int]]) -> list[list[int]]:
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def one(prompt: list[int]) -> list[int]:
+            body = {
+                "prompt": prompt,
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            }
+            resp = await client.post(server.url_for("v1", "completions"), json=body)
+            assert resp.status_code == 200, resp.text
+            return resp.json()["choices"][0]["token_ids"]
+
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def _engine_cpu_seconds(server: RemoteOpenAIServer) -> float:
+    total = 0.0
+    for proc in server.children():
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+@pytest.mark.parametrize(
+    "kind, extra",
+    [("mixtral", []), ("qwen2_moe", ["-ep"]), ("deepseek_v2", ["-ep"])],
+    ids=["mixtral-tp-slices", "qwen2_moe-ep", "deepseek_v2-ep"],
+)
+def test_dp2_moe_greedy_equals_single_engine(tmp_path, kind, extra):
+    model_dir = build_zoo_model(kind, str(tmp_path / kind))
+    expected = hf_greedy(model_dir, PROMPTS, MAX_TOKENS)
+    server = RemoteOpenAIServer(model_dir, _server_args(extra), log_path=str(tmp_path / "log"))
+    try:
+        children = server.children()
+        # One request alone: the other engine joins every forward with a dummy batch.
+        assert asyncio.run(_complete_all(server, PROMPTS[:1])) == expected[:1]
+        # Concurrent requests of different lengths (the load balancer spreads them).
+        assert asyncio.run(_complete_all(server, PROMPTS)) == expected
+        # The wave ends (every 32 steps the engines agree nobody has work):
+        # the engines stop stepping dummy batches and go idle.
+        time.sleep(3)
+        before = _engine_cpu_seconds(server)
+        time.sleep(3)
+        assert _engine_cpu_seconds(server) - before < 1.0
+        # A new wave starts after the idle period.
+        assert asyncio.run(_complete_all(server, PROMPTS[-1:])) == expected[-1:]
+    finally:
+        code = server.stop()
+    assert code == 0
+    wait_exited(children, timeout=30)

@@ -7,16 +7,12 @@ async scheduling is on by default for the Ray executor under both runners
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import ray
 
 from tests.distributed.test_multiproc_executor import run_engine
-from vllm.distributed.utils import get_open_port
-
-RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
+from tests.v1.distributed.ray_cluster import RayCluster
 
 
 @pytest.fixture
@@ -47,31 +43,16 @@ def test_tp2_on_a_local_ray_started_by_the_executor(tiny_model_dir, in_process_e
 
 
 def test_tp2_on_an_existing_ray_cluster(tiny_model_dir, in_process_engine, monkeypatch):
-    port = get_open_port()
-    start = [
-        RAY_CLI,
-        "start",
-        "--head",
-        f"--port={port}",
-        "--num-cpus=2",
-        "--include-dashboard=false",
-        "--disable-usage-stats",
-    ]
-    subprocess.run(
-        start,
-        check=True,
-        capture_output=True,
-        env=os.environ | {"RAY_AUTH_MODE": "disabled"},
-        timeout=120,
-    )
-    try:
-        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
-        info = _check_tp2(tiny_model_dir("qwen2"), monkeypatch, "V2")
-        assert not info["executor_obj"]._started_ray
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        subprocess.run([RAY_CLI, "stop", "--force"], capture_output=True, timeout=120)
+    # Its own cluster, stopped by process group: `ray stop` would stop every
+    # Ray on the machine (other tests' clusters too).
+    with RayCluster(head_cpus=2) as cluster:
+        monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+        try:
+            info = _check_tp2(tiny_model_dir("qwen2"), monkeypatch, "V2")
+            assert not info["executor_obj"]._started_ray
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
 
 
 def test_dead_ray_worker_fails_the_executor(tiny_model_dir, in_process_engine):

@@ -1,13 +1,18 @@
 """Workers as Ray actors (upstream: vllm/v1/executor/ray_executor.py,
 `RayDistributedExecutor`; `--distributed-executor-backend ray`).
 
-One `RayWorkerWrapper` actor per rank, each pinned to a bundle of a placement
-group (see `initialize_ray_cluster`). The actors join one torch.distributed
-world whose rendezvous is on the driver's node, exactly as the multiprocess
-executor's workers do. `collective_rpc` has the same contract as there:
-methods by name, arguments and results as msgpack, `unique_reply_rank`
-returns one rank's result. A dead actor fails the call and the executor
-(failure callback), so the engine dies instead of hanging.
+One `RayWorkerWrapper` actor per rank, each pinned to a device bundle of a
+placement group (see `initialize_ray_cluster`: the DP rank's group set by
+`CoreEngineActorManager`, the caller's current group, or a new PACK group
+whose first bundle is on this node). Ranks follow the bundles in node
+order, this node first (`get_bundles_sorted_by_node`), so a TP group stays on
+one node where it fits and may span nodes where it does not; local ranks
+count per node. The actors join one torch.distributed world whose rendezvous
+is on loopback when every worker is on this node, else on rank 0's node
+address. `collective_rpc` has the same contract as the multiprocess
+executor's: methods by name, arguments and results as msgpack,
+`unique_reply_rank` returns one rank's result. A dead actor fails the call
+and the executor (failure callback), so the engine dies instead of hanging.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from vllm.v1.executor.abstract import Executor
 from vllm.v1.executor.ray_utils import (
     RayWorkerWrapper,
     assert_ray_available,
+    get_bundles_sorted_by_node,
     initialize_ray_cluster,
     ray,
     vllm_env_vars,
@@ -45,10 +51,9 @@ class RayDistributedExecutor(Executor):
         self.is_failed = False
         self.failure_callback: Callable[[], None] | None = None
         self.workers: list[Any] = []
-        self.placement_group, self._started_ray = initialize_ray_cluster(
-            self.parallel_config, self.device_config.device_type
+        self.placement_group, self._started_ray, self._owns_placement_group = (
+            initialize_ray_cluster(self.parallel_config, self.device_config.device_type)
         )
-        self._owns_placement_group = ray.util.get_current_placement_group() is None
         self.world_size = self.parallel_config.world_size
         self._encoder, self._decoder = RpcEncoder(), RpcDecoder()
         self.io_thread_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray_exec_io")
@@ -62,10 +67,15 @@ class RayDistributedExecutor(Executor):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         use_gpu = self.device_config.device_type == "cuda"
-        for rank in range(self.world_size):
+        # Ranks in node order, this node first: TP groups stay on one node
+        # where they fit, and rank 0 (the rendezvous) is here when it can be.
+        bundles = get_bundles_sorted_by_node(
+            self.placement_group, self.world_size, "GPU" if use_gpu else "CPU"
+        )
+        for rank, (bundle_index, _, _) in enumerate(bundles):
             strategy = PlacementGroupSchedulingStrategy(
                 placement_group=self.placement_group,
-                placement_group_bundle_index=rank,
+                placement_group_bundle_index=bundle_index,
                 placement_group_capture_child_tasks=True,
             )
             actor = (
@@ -80,23 +90,27 @@ class RayDistributedExecutor(Executor):
             )
             self.workers.append(actor)
         node_ips = ray.get([w.get_node_ip.remote() for w in self.workers])
+        self.collective_rpc("init_worker", args=(self._worker_init_kwargs(node_ips),))
+        self.collective_rpc("init_device")
+        self.collective_rpc("load_model")
+
+    def _worker_init_kwargs(self, node_ips: list[str]) -> list[dict[str, Any]]:
+        """Ranks, local ranks (per node) and the rendezvous: loopback when every
+        worker is on this node, else rank 0's node address."""
         driver_ip = ray.util.get_node_ip_address()
-        # One node: loopback rendezvous; otherwise the driver node's address.
-        ip = "127.0.0.1" if set(node_ips) == {driver_ip} else driver_ip
+        ip = "127.0.0.1" if set(node_ips) == {driver_ip} else node_ips[0]
         init_method = get_distributed_init_method(ip, get_open_port())
-        local_ranks = [node_ips[:rank].count(node_ips[rank]) for rank in range(self.world_size)]
-        all_kwargs = [
+        if len(set(node_ips)) > 1:
+            logger.info("Ray workers span nodes %s; rendezvous at %s", node_ips, init_method)
+        return [
             dict(
-                local_rank=local_ranks[rank],
+                local_rank=node_ips[:rank].count(node_ips[rank]),
                 rank=rank,
                 distributed_init_method=init_method,
                 is_driver_worker=rank == 0,
             )
             for rank in range(self.world_size)
         ]
-        self.collective_rpc("init_worker", args=(all_kwargs,))
-        self.collective_rpc("init_device")
-        self.collective_rpc("load_model")
 
     # ---- RPC -------------------------------------------------------------------------
     def collective_rpc(

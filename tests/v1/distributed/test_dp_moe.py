@@ -95,3 +95,61 @@ def test_dp2_moe_greedy_equals_single_engine(tmp_path, kind, extra):
         code = server.stop()
     assert code == 0
     wait_exited(children, timeout=30)
+
+
+def _engine_cores(server: RemoteOpenAIServer) -> list[psutil.Process]:
+    """The engine-core processes: with a MoE model under DP they (and only
+    they, of the server's children) hold TCP connections to each other - the
+    gloo DP group and the workers' world (API servers only listen for HTTP,
+    the coordinator talks over ipc)."""
+    cores = []
+    for proc in server.engine_processes():
+        conns = proc.net_connections(kind="tcp")
+        if any(c.status == psutil.CONN_ESTABLISHED for c in conns) and not any(
+            c.status == psutil.CONN_LISTEN and c.laddr.port == server.port for c in conns
+        ):
+            cores.append(proc)
+    return cores
+
+
+async def _load_then_kill(server: RemoteOpenAIServer, victim: psutil.Process) -> list[int]:
+    async with httpx.AsyncClient(timeout=60) as client:
+
+        async def one(i: int) -> int:
+            # Short prompts, 110 tokens each: still running when the engine dies.
+            body = {"prompt": PROMPTS[i % 5], "max_tokens": 110, "ignore_eos": True}
+            try:
+                resp = await client.post(server.url_for("v1", "completions"), json=body)
+            except httpx.HTTPError:
+                return -1  # the server went away mid-request: an error, not a hang
+            return resp.status_code
+
+        tasks = [asyncio.create_task(one(i)) for i in range(6)]
+        await asyncio.sleep(1.0)
+        victim.kill()
+        return list(await asyncio.gather(*tasks))
+
+
+def test_dp2_moe_engine_killed_under_load_fails_requests_without_hang(tmp_path):
+    """SIGKILL one of the two lock-stepped engines mid-load: its peer, inside
+    an MoE collective, sees the gloo connection drop; every in-flight request
+    ends with an error within seconds and every process exits."""
+    model_dir = build_zoo_model("mixtral", str(tmp_path / "mixtral"))
+    server = RemoteOpenAIServer(model_dir, _server_args([]), log_path=str(tmp_path / "log"))
+    try:
+        children = server.children()
+        cores = _engine_cores(server)
+        assert len(cores) == 2, [p.cmdline() for p in server.engine_processes()]
+        start = time.monotonic()
+        codes = asyncio.run(_load_then_kill(server, cores[1]))
+        # 500: the engine-dead error; -1: the server closed the connection.
+        assert all(code in (500, -1) for code in codes), codes
+        assert time.monotonic() - start < 30
+        try:
+            health = httpx.get(server.url_for("health"), timeout=5).status_code
+        except httpx.HTTPError:
+            health = None  # the server already shut itself down
+        assert health in (503, None)
+    finally:
+        server.stop()
+    wait_exited(children, timeout=30)

@@ -211,8 +211,10 @@ AUDIT: dict[str, tuple[str, Any]] = {
     # ---- ParallelConfig ----
     "tensor_parallel_size": ("tested", (f"{MULTIPROC}::test_greedy_parity_with_one_worker")),
     "pipeline_parallel_size": ("tested", (f"{MULTIPROC}::test_greedy_parity_with_one_worker")),
-    # Refused until tests/v1/distributed shows -dp 2 (more engines than CPU cores here).
-    "data_parallel_size": ("refused", 10**4),
+    "data_parallel_size": (
+        "tested",
+        "tests/v1/distributed/test_dp_serve.py::test_dp2_greedy_equals_single_engine_and_spreads",
+    ),
     "data_parallel_rank": ("refused", 1),
     "data_parallel_start_rank": ("refused", 1),
     "data_parallel_size_local": ("refused", 2),

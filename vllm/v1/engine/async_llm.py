@@ -175,7 +175,12 @@ class AsyncLLM(EngineClient):
         self.logger_manager: StatLoggerManager | None = None
         self._stats: _StatsTracker | None = None
         if self.log_stats:
-            self.logger_manager = StatLoggerManager(vllm_config, custom_stat_loggers=stat_loggers)
+            # One series per engine (label engine="<DP rank>"), as upstream.
+            self.logger_manager = StatLoggerManager(
+                vllm_config,
+                engine_idxs=self.engine_core.engine_ranks_managed,
+                custom_stat_loggers=stat_loggers,
+            )
             self.logger_manager.log_engine_initialized()
             self._stats = _StatsTracker(self.logger_manager)
         self.output_handler: asyncio.Task[None] | None = None
@@ -631,7 +636,9 @@ async def _output_handler(
                     # Let other coroutines (HTTP) run between chunks.
                     await asyncio.sleep(0)
             if logger_manager is not None:
-                logger_manager.record(outputs.scheduler_stats, iteration_stats)
+                logger_manager.record(
+                    outputs.scheduler_stats, iteration_stats, engine_idx=outputs.engine_index
+                )
     except Exception as e:
         if isinstance(e, EngineDeadError):
             logger.error("Engine core is dead: failing every pending request.")

@@ -43,7 +43,12 @@ import zmq
 
 from vllm.logger import init_logger
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequestType
-from vllm.v1.engine.ipc import get_engine_client_zmq_addr, make_zmq_socket, watch_parent
+from vllm.v1.engine.ipc import (
+    get_engine_client_zmq_addr,
+    make_zmq_socket,
+    set_process_title,
+    watch_parent,
+)
 from vllm.v1.serial_utils import MsgpackDecoder
 
 if TYPE_CHECKING:
@@ -182,6 +187,7 @@ class DPCoordinatorProc:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        set_process_title("DPCoordinator")
         if death_pipe is not None:
             watch_parent(death_pipe)
         coordinator = DPCoordinatorProc(

@@ -54,6 +54,7 @@ from vllm.v1.engine.ipc import (
     decode_handshake,
     encode_handshake,
     make_zmq_socket,
+    set_process_title,
     watch_parent,
 )
 from vllm.v1.metrics.stats import SchedulerStats
@@ -625,6 +626,7 @@ def _make_engine_core(dp_rank: int, local_dp_rank: int, kwargs: dict[str, Any]) 
     vllm_config: VllmConfig = kwargs["vllm_config"]
     parallel_config = vllm_config.parallel_config
     data_parallel = parallel_config.data_parallel_size > 1 or dp_rank > 0
+    set_process_title(f"EngineCore_DP{dp_rank}" if data_parallel else "EngineCore")
     if data_parallel:
         parallel_config.data_parallel_rank_local = local_dp_rank
     parallel_config.data_parallel_index = dp_rank

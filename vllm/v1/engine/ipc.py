@@ -205,6 +205,13 @@ class EngineZmqAddresses:
 # ----------------------------------------------------------------------
 
 
+def set_process_title(name: str) -> None:
+    """Name this process (what `ps -o comm` and psutil's name() show) on
+    Linux, as upstream's set_process_title: "EngineCore_DP1", "DPCoordinator"."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
+        comm.write(name[:15])
+
+
 def block_shutdown_signals() -> None:
     """Call at the start of a helper thread: SIGTERM / SIGINT then go to the
     main thread, whose handler turns them into a clean shutdown."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import prometheus_client
 
 from vllm.logger import init_logger
-from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from vllm.v1.spec_decode.metrics import SpecDecodingLogging, SpecDecodingProm
 
 if TYPE_CHECKING:
@@ -201,29 +201,39 @@ def unregister_vllm_metrics() -> None:
 
 
 class PrometheusStatLogger(StatLoggerBase):
-    """Upstream's `vllm:*` metrics in the default Prometheus registry."""
+    """Upstream's `vllm:*` metrics in the default Prometheus registry, one
+    labelled series per engine (label `engine`: the DP rank)."""
 
-    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        engine_index: int = 0,
+        engine_indexes: list[int] | None = None,
+    ) -> None:
         unregister_vllm_metrics()
         model_config = vllm_config.model_config
         assert model_config is not None, "metrics are labelled with the served model"
         served = model_config.served_model_name
         model_name = (served[0] if isinstance(served, list) else served) or model_config.model
-        labels = {"model_name": model_name, "engine": str(engine_index)}
-        names = list(labels)
-        self._make_gauges(names, labels)
-        self._make_counters(names, labels)
-        self._make_histograms(names, labels, model_config.max_model_len)
+        self.engine_indexes = list(engine_indexes or [engine_index])
+        self.engine_index = self.engine_indexes[0]
+        per_engine = {
+            idx: {"model_name": model_name, "engine": str(idx)} for idx in self.engine_indexes
+        }
+        names = ["model_name", "engine"]
+        self._make_gauges(names, per_engine)
+        self._make_counters(names, per_engine)
+        self._make_histograms(names, per_engine, model_config.max_model_len)
         self.spec_decoding_prom = SpecDecodingProm(
-            vllm_config.speculative_config, names, {engine_index: list(labels.values())}
+            vllm_config.speculative_config,
+            names,
+            {idx: list(labels.values()) for idx, labels in per_engine.items()},
         )
-        self.engine_index = engine_index
 
-    def _make_gauges(self, names: list[str], labels: dict[str, str]) -> None:
-        def gauge(name: str, doc: str) -> prometheus_client.Gauge:
-            return prometheus_client.Gauge(name, doc, names, multiprocess_mode="mostrecent").labels(
-                **labels
-            )
+    def _make_gauges(self, names: list[str], per_engine: dict[int, dict[str, str]]) -> None:
+        def gauge(name: str, doc: str) -> dict[int, prometheus_client.Gauge]:
+            family = prometheus_client.Gauge(name, doc, names, multiprocess_mode="mostrecent")
+            return {idx: family.labels(**labels) for idx, labels in per_engine.items()}
 
         self.gauge_scheduler_running = gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches."
@@ -235,9 +245,10 @@ class PrometheusStatLogger(StatLoggerBase):
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
         )
 
-    def _make_counters(self, names: list[str], labels: dict[str, str]) -> None:
-        def counter(name: str, doc: str) -> prometheus_client.Counter:
-            return prometheus_client.Counter(name, doc, names).labels(**labels)
+    def _make_counters(self, names: list[str], per_engine: dict[int, dict[str, str]]) -> None:
+        def counter(name: str, doc: str) -> dict[int, prometheus_client.Counter]:
+            family = prometheus_client.Counter(name, doc, names)
+            return {idx: family.labels(**labels) for idx, labels in per_engine.items()}
 
         self.counter_num_preempted_reqs = counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine."
@@ -261,15 +272,21 @@ class PrometheusStatLogger(StatLoggerBase):
             [*names, "finished_reason"],
         )
         self.counter_request_success = {
-            reason: request_success.labels(**labels, finished_reason=reason)
-            for reason in ("stop", "length", "abort", "error", "repetition")
+            idx: {
+                reason: request_success.labels(**labels, finished_reason=reason)
+                for reason in ("stop", "length", "abort", "error", "repetition")
+            }
+            for idx, labels in per_engine.items()
         }
 
     def _make_histograms(
-        self, names: list[str], labels: dict[str, str], max_model_len: int
+        self, names: list[str], per_engine: dict[int, dict[str, str]], max_model_len: int
     ) -> None:
-        def histogram(name: str, doc: str, buckets: Sequence[float]) -> prometheus_client.Histogram:
-            return prometheus_client.Histogram(name, doc, names, buckets=buckets).labels(**labels)
+        def histogram(
+            name: str, doc: str, buckets: Sequence[float]
+        ) -> dict[int, prometheus_client.Histogram]:
+            family = prometheus_client.Histogram(name, doc, names, buckets=buckets)
+            return {idx: family.labels(**labels) for idx, labels in per_engine.items()}
 
         tokens = build_1_2_5_buckets(max_model_len)
         self.histogram_num_prompt_tokens = histogram(
@@ -306,19 +323,18 @@ class PrometheusStatLogger(StatLoggerBase):
             "Histogram of e2e request latency in seconds.",
             _REQUEST_LATENCY_BUCKETS,
         )
-        phases = {}
+        self.histogram_phase = {}
         for phase, doc in (
             ("queue", "in WAITING phase"),
             ("inference", "in RUNNING phase"),
             ("prefill", "in PREFILL phase"),
             ("decode", "in DECODE phase"),
         ):
-            phases[phase] = histogram(
+            self.histogram_phase[phase] = histogram(
                 f"vllm:request_{phase}_time_seconds",
                 f"Histogram of time spent {doc} for request.",
                 _REQUEST_LATENCY_BUCKETS,
             )
-        self.histogram_phase = phases
 
     def record(
         self,
@@ -326,48 +342,52 @@ class PrometheusStatLogger(StatLoggerBase):
         iteration_stats: IterationStats | None,
         engine_idx: int = 0,
     ) -> None:
+        """Record the stats of engine `engine_idx` (one of `engine_indexes`)."""
+        e = engine_idx if engine_idx in self.gauge_scheduler_running else self.engine_index
         if scheduler_stats is not None:
-            self.gauge_scheduler_running.set(scheduler_stats.num_running_reqs)
-            self.gauge_scheduler_waiting.set(scheduler_stats.num_waiting_reqs)
-            self.gauge_kv_cache_usage.set(scheduler_stats.kv_cache_usage)
-            self.counter_prefix_cache_queries.inc(scheduler_stats.prefix_cache_stats.queries)
-            self.counter_prefix_cache_hits.inc(scheduler_stats.prefix_cache_stats.hits)
+            self.gauge_scheduler_running[e].set(scheduler_stats.num_running_reqs)
+            self.gauge_scheduler_waiting[e].set(scheduler_stats.num_waiting_reqs)
+            self.gauge_kv_cache_usage[e].set(scheduler_stats.kv_cache_usage)
+            self.counter_prefix_cache_queries[e].inc(scheduler_stats.prefix_cache_stats.queries)
+            self.counter_prefix_cache_hits[e].inc(scheduler_stats.prefix_cache_stats.hits)
             if scheduler_stats.spec_decoding_stats is not None:
-                self.spec_decoding_prom.observe(
-                    scheduler_stats.spec_decoding_stats, self.engine_index
-                )
+                self.spec_decoding_prom.observe(scheduler_stats.spec_decoding_stats, e)
         if iteration_stats is not None:
-            self._record_iteration(iteration_stats)
+            self._record_iteration(iteration_stats, e)
 
-    def _record_iteration(self, stats: IterationStats) -> None:
-        self.counter_num_preempted_reqs.inc(stats.num_preempted_reqs)
-        self.counter_prompt_tokens.inc(stats.num_prompt_tokens)
-        self.counter_generation_tokens.inc(stats.num_generation_tokens)
-        self.histogram_iteration_tokens.observe(
+    def _record_iteration(self, stats: IterationStats, e: int) -> None:
+        self.counter_num_preempted_reqs[e].inc(stats.num_preempted_reqs)
+        self.counter_prompt_tokens[e].inc(stats.num_prompt_tokens)
+        self.counter_generation_tokens[e].inc(stats.num_generation_tokens)
+        self.histogram_iteration_tokens[e].observe(
             stats.num_prompt_tokens + stats.num_generation_tokens
         )
         for ttft in stats.time_to_first_tokens_iter:
-            self.histogram_ttft.observe(ttft)
+            self.histogram_ttft[e].observe(ttft)
         for itl in stats.inter_token_latencies_iter:
-            self.histogram_itl.observe(itl)
+            self.histogram_itl[e].observe(itl)
         for finished in stats.finished_requests:
-            reason = str(finished.finish_reason)
-            if reason in self.counter_request_success:
-                self.counter_request_success[reason].inc()
-            self.histogram_e2e.observe(finished.e2e_latency)
-            self.histogram_phase["queue"].observe(finished.queued_time)
-            self.histogram_phase["prefill"].observe(finished.prefill_time)
-            self.histogram_phase["inference"].observe(finished.inference_time)
-            self.histogram_phase["decode"].observe(finished.decode_time)
-            self.histogram_tpot.observe(finished.mean_time_per_output_token)
-            self.histogram_num_prompt_tokens.observe(finished.num_prompt_tokens)
-            self.histogram_num_generation_tokens.observe(finished.num_generation_tokens)
-            if finished.max_tokens_param is not None:
-                self.histogram_max_tokens.observe(finished.max_tokens_param)
+            self._record_finished(finished, e)
+
+    def _record_finished(self, finished: FinishedRequestStats, e: int) -> None:
+        reason = str(finished.finish_reason)
+        if reason in self.counter_request_success[e]:
+            self.counter_request_success[e][reason].inc()
+        self.histogram_e2e[e].observe(finished.e2e_latency)
+        self.histogram_phase["queue"][e].observe(finished.queued_time)
+        self.histogram_phase["prefill"][e].observe(finished.prefill_time)
+        self.histogram_phase["inference"][e].observe(finished.inference_time)
+        self.histogram_phase["decode"][e].observe(finished.decode_time)
+        self.histogram_tpot[e].observe(finished.mean_time_per_output_token)
+        self.histogram_num_prompt_tokens[e].observe(finished.num_prompt_tokens)
+        self.histogram_num_generation_tokens[e].observe(finished.num_generation_tokens)
+        if finished.max_tokens_param is not None:
+            self.histogram_max_tokens[e].observe(finished.max_tokens_param)
 
 
 class StatLoggerManager:
-    """Fans the stats out to the loggers of one engine."""
+    """Fans the stats out to the loggers: per engine (DP rank) a log line and
+    the custom loggers; one Prometheus logger with a series per engine."""
 
     def __init__(
         self,
@@ -376,13 +396,28 @@ class StatLoggerManager:
         custom_stat_loggers: list[type[StatLoggerBase]] | None = None,
         enable_default_loggers: bool = True,
     ) -> None:
-        engine_idx = (engine_idxs or [0])[0]
-        self.stat_loggers: list[StatLoggerBase] = []
+        self.engine_idxs = list(engine_idxs or [0])
+        self.per_engine_loggers: dict[int, list[StatLoggerBase]] = {}
+        for idx in self.engine_idxs:
+            loggers: list[StatLoggerBase] = []
+            if enable_default_loggers:
+                loggers.append(LoggingStatLogger(vllm_config, idx))
+            for logger_cls in custom_stat_loggers or []:
+                loggers.append(logger_cls(vllm_config, idx))  # type: ignore[call-arg]
+            self.per_engine_loggers[idx] = loggers
+        self.prometheus_logger: PrometheusStatLogger | None = None
         if enable_default_loggers:
-            self.stat_loggers.append(LoggingStatLogger(vllm_config, engine_idx))
-            self.stat_loggers.append(PrometheusStatLogger(vllm_config, engine_idx))
-        for logger_cls in custom_stat_loggers or []:
-            self.stat_loggers.append(logger_cls(vllm_config, engine_idx))  # type: ignore[call-arg]
+            self.prometheus_logger = PrometheusStatLogger(
+                vllm_config, engine_indexes=self.engine_idxs
+            )
+
+    @property
+    def stat_loggers(self) -> list[StatLoggerBase]:
+        """Every logger (the per-engine ones, then Prometheus)."""
+        loggers = [lg for lgs in self.per_engine_loggers.values() for lg in lgs]
+        if self.prometheus_logger is not None:
+            loggers.append(self.prometheus_logger)
+        return loggers
 
     def record(
         self,
@@ -390,8 +425,13 @@ class StatLoggerManager:
         iteration_stats: IterationStats | None,
         engine_idx: int = 0,
     ) -> None:
-        for stat_logger in self.stat_loggers:
+        loggers = self.per_engine_loggers.get(
+            engine_idx, self.per_engine_loggers[self.engine_idxs[0]]
+        )
+        for stat_logger in loggers:
             stat_logger.record(scheduler_stats, iteration_stats, engine_idx)
+        if self.prometheus_logger is not None:
+            self.prometheus_logger.record(scheduler_stats, iteration_stats, engine_idx)
 
     def log(self) -> None:
         for stat_logger in self.stat_loggers:

@@ -5,8 +5,8 @@ by expert parallelism (`-ep`: Qwen2-MoE with its shared expert, DeepSeek-V2
 with MLA and grouped top-k). Greedy tokens equal transformers' (one engine,
 one process); a lone request finishes while the other engine has nothing
 (it runs dummy batches); concurrent requests of different lengths finish
-(the engines' token counts differ every step); after a wave the engines go
-idle; every process exits on shutdown."""
+(the engines' token counts differ every step) and both engines serve some;
+after a wave the engines go idle; every process exits on shutdown."""
 
 from __future__ import annotations
 
@@ -57,6 +57,18 @@ async def _complete_all(server: RemoteOpenAIServer, prompts: list[list[int]]) ->
         return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 
+def _successes_per_engine(server: RemoteOpenAIServer) -> dict[str, float]:
+    """vllm:request_success_total summed per `engine` label."""
+    text = httpx.get(server.url_for("metrics"), timeout=5).text
+    per_engine: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:request_success_total{"):
+            labels, value = line.rsplit(" ", 1)
+            engine = labels.split('engine="', 1)[1].split('"', 1)[0]
+            per_engine[engine] = per_engine.get(engine, 0.0) + float(value)
+    return per_engine
+
+
 def _engine_cpu_seconds(server: RemoteOpenAIServer) -> float:
     total = 0.0
     for proc in server.children():
@@ -83,6 +95,9 @@ def test_dp2_moe_greedy_equals_single_engine(tmp_path, kind, extra):
         assert asyncio.run(_complete_all(server, PROMPTS[:1])) == expected[:1]
         # Concurrent requests of different lengths (the load balancer spreads them).
         assert asyncio.run(_complete_all(server, PROMPTS)) == expected
+        # Both engines served some (per-engine metrics, label engine = DP rank).
+        per_engine = _successes_per_engine(server)
+        assert per_engine.keys() == {"0", "1"} and min(per_engine.values()) >= 1, per_engine
         # The wave ends (every 32 steps the engines agree nobody has work):
         # the engines stop stepping dummy batches and go idle.
         time.sleep(3)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -79,6 +79,9 @@ class ParallelConfig:
     # None = chosen: uni for world size 1, ray inside a Ray placement group, else mp.
     # Or an Executor subclass (upstream: type[Executor]).
     distributed_executor_backend: str | type[ExecutorClassLike] | None = None
+    # The Ray placement group of this engine's workers (set per DP rank by the
+    # Ray DP backend, vllm/v1/engine/ray_dp.py; upstream's field).
+    placement_group: Any = None
     # Ports for the DP groups (popped by get_next_dp_init_port).
     _data_parallel_master_port_list: list[int] = field(default_factory=list)
     # Number of API server processes, and this one's index (-1: not an API server).
@@ -165,10 +168,15 @@ class ParallelConfig:
             )
 
     def _default_backend(self) -> str:
-        """As upstream: uni for one worker; ray when this process already runs
-        inside a Ray placement group; else mp (one node)."""
+        """As upstream: uni for one worker; ray with the Ray DP backend, a
+        placement group given, or when this process already runs inside a Ray
+        placement group; else mp (one node)."""
         if self.world_size == 1:
             return "uni"
+        if self.data_parallel_backend == "ray" or self.placement_group is not None:
+            # As upstream: "Using ray distributed inference because
+            # data_parallel_backend is ray".
+            return "ray"
         if _in_ray_placement_group():
             return "ray"
         return "mp"

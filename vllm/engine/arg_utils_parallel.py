@@ -18,9 +18,12 @@ import os
 from typing import TYPE_CHECKING
 
 from vllm.config import DeviceConfig, ModelConfig, ParallelConfig
+from vllm.logger import init_logger
 
 if TYPE_CHECKING:
     from vllm.engine.arg_utils import EngineArgs
+
+logger = init_logger(__name__)
 
 
 def create_parallel_config(
@@ -44,8 +47,7 @@ def create_parallel_config(
         data_parallel_size=dp_size,
         data_parallel_size_local=dp_size_local,
         data_parallel_rank=args.data_parallel_start_rank or 0,
-        data_parallel_master_ip=args.data_parallel_address
-        or ParallelConfig.data_parallel_master_ip,
+        data_parallel_master_ip=_data_parallel_address(args),
         data_parallel_rpc_port=(
             args.data_parallel_rpc_port
             if args.data_parallel_rpc_port is not None
@@ -63,6 +65,20 @@ def create_parallel_config(
     if device_config.device_type == "cpu" and parallel_config.data_parallel_backend == "mp":
         _check_cpu_resources(parallel_config)
     return parallel_config
+
+
+def _data_parallel_address(args: EngineArgs) -> str:
+    """-dpa, else (as upstream) this host's IP with the Ray backend (Ray names
+    its nodes by IP), else loopback."""
+    if args.data_parallel_address is not None:
+        return args.data_parallel_address
+    if args.data_parallel_backend == "ray":
+        from vllm.distributed.utils import get_ip
+
+        host_ip = get_ip()
+        logger.info("Using host IP %s as ray-based data parallel address", host_ip)
+        return host_ip
+    return ParallelConfig.data_parallel_master_ip
 
 
 def _refuse_unbuilt_lb_modes(args: EngineArgs) -> None:

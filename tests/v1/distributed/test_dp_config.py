@@ -95,3 +95,21 @@ def test_stateless_dp_group_all_reduces_unfinished():
                 proc.kill()
         assert [proc.exitcode for proc in procs] == [0, 0]
         assert dict(results) == {0: (True, False), 1: (True, False)}
+
+
+def test_zmq_addresses_loopback_and_the_dp_address_only():
+    """All of 127/8 is loopback (one-machine Ray "nodes"); another host only
+    once allowed as the DP address (-dpa); a wildcard never."""
+    from vllm.v1.engine.ipc import allow_zmq_host, check_zmq_address
+
+    check_zmq_address("tcp://127.0.0.2:5000")
+    check_zmq_address("tcp://[::1]:5000")
+    with pytest.raises(ValueError, match="Refusing ZMQ address"):
+        check_zmq_address("tcp://192.0.2.77:5000")
+    allow_zmq_host("192.0.2.77")
+    check_zmq_address("tcp://192.0.2.77:5000")
+    for wildcard in ("0.0.0.0", "::", "*"):
+        with pytest.raises(ValueError, match="every interface"):
+            allow_zmq_host(wildcard)
+    with pytest.raises(ValueError, match="Refusing ZMQ address"):
+        check_zmq_address("tcp://0.0.0.0:5000")

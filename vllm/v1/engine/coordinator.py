@@ -44,6 +44,7 @@ import zmq
 from vllm.logger import init_logger
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequestType
 from vllm.v1.engine.ipc import (
+    allow_zmq_host,
     get_engine_client_zmq_addr,
     make_zmq_socket,
     set_process_title,
@@ -188,6 +189,10 @@ class DPCoordinatorProc:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         set_process_title("DPCoordinator")
+        for address in (front_publish_address, back_output_address, back_publish_address):
+            if address.startswith("tcp://"):
+                # The parent checked it (the DP head node's address).
+                allow_zmq_host(address[len("tcp://") :].rsplit(":", 1)[0])
         if death_pipe is not None:
             watch_parent(death_pipe)
         coordinator = DPCoordinatorProc(

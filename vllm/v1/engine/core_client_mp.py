@@ -47,6 +47,7 @@ from vllm.v1.engine.core_client_base import EngineCoreClient
 from vllm.v1.engine.core_proc import EngineCoreProc
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.engine.ipc import (
+    allow_zmq_host,
     block_shutdown_signals,
     get_open_zmq_inproc_path,
     make_zmq_socket,
@@ -61,6 +62,7 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 if TYPE_CHECKING:
     from vllm.v1.engine.coordinator import DPCoordinator
+    from vllm.v1.engine.ray_dp import CoreEngineActorManager
     from vllm.v1.executor.abstract import Executor
 
 logger = init_logger(__name__)
@@ -75,7 +77,7 @@ class BackgroundResources:
     weakref finalizer (GC or interpreter exit) can release it."""
 
     ctx: zmq.SyncContext
-    engine_manager: CoreEngineProcManager | None = None
+    engine_manager: CoreEngineProcManager | CoreEngineActorManager | None = None
     coordinator: DPCoordinator | None = None
     # Made on the client's context: zmq.asyncio sockets for AsyncMPClient.
     input_socket: zmq.Socket[Any] | None = None
@@ -189,6 +191,8 @@ class MPClient(EngineCoreClient):
         self.stats_update_address: str | None = None
         success = False
         try:
+            # Sockets on the DP head node's address (remote engines) are allowed.
+            allow_zmq_host(vllm_config.parallel_config.data_parallel_master_ip)
             if client_addresses:
                 # Engines started by the parent (--api-server-count N): bind
                 # this server's own pair of sockets.

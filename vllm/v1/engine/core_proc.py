@@ -50,6 +50,7 @@ from vllm.v1.engine import (
 from vllm.v1.engine.engine_core import EngineCore
 from vllm.v1.engine.ipc import (
     EngineZmqAddresses,
+    allow_zmq_host,
     block_shutdown_signals,
     decode_handshake,
     encode_handshake,
@@ -161,6 +162,7 @@ class EngineCoreProc(EngineCore):
         engine reaches the head node over tcp."""
         ctx = zmq.Context()
         parallel_config = vllm_config.parallel_config
+        allow_zmq_host(parallel_config.data_parallel_master_ip)
         try:
             socket = make_zmq_socket(
                 ctx, handshake_address, zmq.DEALER, bind=False, identity=identity, linger=5000

@@ -1,5 +1,7 @@
 """How the front end and the engine-core processes reach each other: ZMQ
-sockets (on `ipc://` paths or loopback only), the start-up handshake's
+sockets (on `ipc://` paths, loopback tcp - all of 127.0.0.0/8 - or tcp on the
+data-parallel address the user gave with --data-parallel-address, never a
+wildcard such as 0.0.0.0 / :: / *), the start-up handshake's
 messages and addresses, and the signal helpers of their threads
 (upstream: vllm/v1/engine/utils.py and vllm/utils/network_utils.py).
 
@@ -11,6 +13,7 @@ it imports neither, and the launcher can import EngineCoreProc plainly.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import tempfile
@@ -31,7 +34,9 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+_WILDCARD_HOSTS = ("*", "0.0.0.0", "::", "")
+# Hosts allowed besides loopback (allow_zmq_host).
+_ALLOWED_HOSTS: set[str] = set()
 
 
 # ----------------------------------------------------------------------
@@ -48,17 +53,43 @@ def get_open_zmq_inproc_path() -> str:
     return f"inproc://{uuid4()}"
 
 
+def allow_zmq_host(host: str) -> None:
+    """Allow tcp:// sockets on `host` in this process: the DP head node's
+    address the user gave (-dpa / --data-parallel-address), which remote
+    engines reach. A wildcard (every interface) is never allowed."""
+    if host.strip("[]") in _WILDCARD_HOSTS:
+        raise ValueError(
+            f"Refusing data_parallel_master_ip={host!r} (--data-parallel-address): it "
+            "names every interface; give the address of this node."
+        )
+    _ALLOWED_HOSTS.add(host)
+
+
+def _is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and localhost (several Ray "nodes" on one machine use
+    127.0.0.2, 127.0.0.3, ...)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def check_zmq_address(path: str) -> None:
-    """Refuse any address that is not ipc, inproc or loopback TCP."""
+    """Refuse any address that is not ipc, inproc, loopback TCP or TCP on a
+    host allowed with `allow_zmq_host` (never a wildcard)."""
     if path.startswith(("ipc://", "inproc://")):
         return
     if path.startswith("tcp://"):
         host = path[len("tcp://") :].rsplit(":", 1)[0]
-        if host in _LOOPBACK_HOSTS:
+        if host.strip("[]") not in _WILDCARD_HOSTS and (
+            _is_loopback(host) or host in _ALLOWED_HOSTS
+        ):
             return
     raise ValueError(
-        f"Refusing ZMQ address {path!r}: only ipc://, inproc:// and loopback "
-        "tcp:// addresses are allowed"
+        f"Refusing ZMQ address {path!r}: only ipc://, inproc://, loopback tcp:// "
+        "and the data-parallel address (--data-parallel-address) are allowed"
     )
 
 

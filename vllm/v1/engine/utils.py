@@ -47,6 +47,7 @@ from vllm.v1.engine.core_proc import EngineCoreProc
 # messages in ipc.py (which EngineCoreProc imports instead of this launcher).
 from vllm.v1.engine.ipc import (
     EngineZmqAddresses,
+    allow_zmq_host,
     block_shutdown_signals,
     check_zmq_address,
     decode_handshake,
@@ -61,6 +62,7 @@ from vllm.v1.engine.ipc import (
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.engine.ray_dp import CoreEngineActorManager
     from vllm.v1.executor.abstract import Executor
 
 __all__ = [
@@ -222,7 +224,7 @@ class CoreEngine:
 class CoreEngineLaunch:
     """What launch_core_engines started (upstream's name)."""
 
-    engine_manager: CoreEngineProcManager | None
+    engine_manager: CoreEngineProcManager | CoreEngineActorManager | None
     coordinator: DPCoordinator | None
     addresses: EngineZmqAddresses
 
@@ -265,14 +267,26 @@ def launch_core_engines(
     dp_size = parallel_config.data_parallel_size
     local_engine_count = parallel_config.data_parallel_size_local
     dp_rank = parallel_config.data_parallel_rank
+    allow_zmq_host(parallel_config.data_parallel_master_ip)
     if addresses is None:
         addresses = get_engine_zmq_addresses(vllm_config)
-    if parallel_config.data_parallel_backend == "ray" and dp_size > 1:
-        raise NotImplementedError(
-            "data_parallel_backend='ray' (--data-parallel-backend ray) is not built yet."
-        )
     coordinator = _start_coordinator(vllm_config, addresses) if dp_size > 1 else None
     launch = CoreEngineLaunch(None, coordinator, addresses)
+    if parallel_config.data_parallel_backend == "ray":
+        # Engine cores as Ray actors on placement groups (ray_dp.py): ready
+        # when the constructor returns; they get the addresses, no handshake.
+        from vllm.v1.engine.ray_dp import CoreEngineActorManager
+
+        try:
+            launch.engine_manager = CoreEngineActorManager(
+                vllm_config, addresses, executor_class, log_stats
+            )
+        except BaseException:
+            if coordinator is not None:
+                coordinator.close()
+            raise
+        yield launch
+        return
     # Rank 0 handshakes with every engine, local (ipc) and remote (tcp).
     engines = [CoreEngine(index=i, local=i < local_engine_count) for i in range(dp_size)]
     handshake_address = get_engine_client_zmq_addr(

@@ -10,7 +10,8 @@ the Ray head when the front end runs there), the others fill the remaining
 nodes in order. On this CPU build the device bundles are `{"CPU": 1}`, so a
 rank of world size W needs W + 1 CPUs on one Ray node.
 
-The actor is an `EngineCoreProc` without the start-up handshake: it gets the
+The actor is an `EngineCoreProc` (`DPEngineCoreProc`, lock-step waves, for an
+MoE model) without the start-up handshake: it gets the
 front end's ZMQ addresses when it is built (tcp on the master address when
 some engines are remote) and connects to them; `wait_for_init` returns what
 the handshake's READY carries (KV blocks, max_model_len). `run` is its busy
@@ -22,7 +23,8 @@ Deviations from upstream, on purpose: Ray must answer within
 `RAY_CONNECT_TIMEOUT_S` and the actors must be built within
 `VLLM_ENGINE_READY_TIMEOUT_S` (upstream waits without bound); not enough
 resources for `-dp` is a ValueError naming the flag; only the "strict"
-packing is built (VLLM_RAY_DP_PACK_STRATEGY "fill" / "span" are not).
+packing is built (VLLM_RAY_DP_PACK_STRATEGY "fill" / "span" are not); a
+loopback -dpa means the Ray node this process is attached to.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 import vllm.envs as envs
 from vllm.logger import init_logger
+from vllm.v1.engine.core_dp import DPEngineCoreProc
 from vllm.v1.engine.core_proc import EngineCoreProc
-from vllm.v1.engine.ipc import EngineZmqAddresses
+from vllm.v1.engine.ipc import EngineZmqAddresses, allow_zmq_host
 from vllm.v1.executor.ray_utils import (
     available_resources_per_node,
     connect_ray,
@@ -58,28 +61,27 @@ logger = init_logger(__name__)
 _ACTOR_METHODS = frozenset(("run", "wait_for_init"))
 
 
-class EngineCoreActor(EngineCoreProc):
-    """One DP rank's engine core in a Ray actor (a dense model: the rank is an
-    independent engine, `reconfigure_for_independent_dp_rank`)."""
+if TYPE_CHECKING:
+    _ActorBase = EngineCoreProc
+else:
+    _ActorBase = object  # the actor classes below put EngineCoreProc after the mixin
 
-    def __init__(
-        self,
-        vllm_config: VllmConfig,
-        local_client: bool,
-        addresses: EngineZmqAddresses,
-        executor_class: type[Executor],
-        log_stats: bool,
-        dp_rank: int = 0,
-        local_dp_rank: int = 0,
+
+class EngineCoreActorMixin(_ActorBase):
+    """What makes an engine core a Ray actor (upstream's name): the addresses
+    instead of a handshake, `wait_for_init` and `run`."""
+
+    addresses: EngineZmqAddresses
+
+    def _set_dp_identity(
+        self, vllm_config: VllmConfig, addresses: EngineZmqAddresses, dp_rank: int, local: int
     ) -> None:
         self.addresses = addresses
         parallel_config = vllm_config.parallel_config
-        parallel_config.reconfigure_for_independent_dp_rank()
+        # The front end's sockets may be on the -dpa address (not loopback).
+        allow_zmq_host(parallel_config.data_parallel_master_ip)
         parallel_config.data_parallel_index = dp_rank
-        parallel_config.data_parallel_rank_local = local_dp_rank
-        super().__init__(
-            vllm_config, local_client, "", executor_class, log_stats, engine_index=dp_rank
-        )
+        parallel_config.data_parallel_rank_local = local
 
     @contextlib.contextmanager
     def _perform_handshake(
@@ -123,12 +125,63 @@ class EngineCoreActor(EngineCoreProc):
         super()._handle_utility(client_idx, call_id, method_name, args)
 
 
+class EngineCoreActor(EngineCoreActorMixin, EngineCoreProc):
+    """A dense model's DP rank: an independent engine (EngineCoreProc runs it
+    as DP=1, `reconfigure_for_independent_dp_rank`)."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        local_client: bool,
+        addresses: EngineZmqAddresses,
+        executor_class: type[Executor],
+        log_stats: bool,
+        dp_rank: int = 0,
+        local_dp_rank: int = 0,
+    ) -> None:
+        self._set_dp_identity(vllm_config, addresses, dp_rank, local_dp_rank)
+        EngineCoreProc.__init__(
+            self, vllm_config, local_client, "", executor_class, log_stats, engine_index=dp_rank
+        )
+
+
+class DPMoEEngineCoreActor(EngineCoreActorMixin, DPEngineCoreProc):
+    """An MoE model's DP rank: steps in lock-step waves with the others."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        local_client: bool,
+        addresses: EngineZmqAddresses,
+        executor_class: type[Executor],
+        log_stats: bool,
+        dp_rank: int = 0,
+        local_dp_rank: int = 0,
+    ) -> None:
+        vllm_config.parallel_config.data_parallel_rank = dp_rank
+        self._set_dp_identity(vllm_config, addresses, dp_rank, local_dp_rank)
+        DPEngineCoreProc.__init__(
+            self, vllm_config, local_client, "", executor_class, log_stats, engine_index=dp_rank
+        )
+
+
 def _node_ip_from_resources(resources: dict[str, float]) -> str | None:
     """A node's IP from its `node:<ip>` resource (not the head marker)."""
     for key in resources:
         if key.startswith("node:") and key != "node:__internal_head__" and "_group_" not in key:
             return key.split(":", 1)[1]
     return None
+
+
+def _master_node_ip(master_ip: str, per_node: dict[str, dict[str, float]]) -> str:
+    """The Ray node of the DP master address. A loopback address (the
+    default -dpa) means the node this process is attached to (beyond
+    upstream, whose -dpa default for Ray is the host IP: Ray never names a
+    node 127.0.0.1, and the front end's sockets stay on loopback)."""
+    if master_ip not in ("127.0.0.1", "localhost", "::1"):
+        return master_ip
+    here = per_node.get(ray.get_runtime_context().get_node_id(), {})
+    return _node_ip_from_resources(here) or master_ip
 
 
 def create_dp_placement_groups(vllm_config: VllmConfig) -> tuple[list[PlacementGroup], list[int]]:
@@ -142,7 +195,9 @@ def create_dp_placement_groups(vllm_config: VllmConfig) -> tuple[list[PlacementG
     dp_size = parallel_config.data_parallel_size
     dp_size_local = parallel_config.data_parallel_size_local
     world_size = parallel_config.world_size
-    nodes = [(_node_ip_from_resources(r), r) for r in available_resources_per_node().values()]
+    per_node = available_resources_per_node()
+    master_ip = _master_node_ip(master_ip, per_node)
+    nodes = [(_node_ip_from_resources(r), r) for r in per_node.values()]
     nodes.sort(key=lambda node: node[0] != master_ip)
     if not nodes or nodes[0][0] != master_ip:
         raise ValueError(
@@ -250,14 +305,16 @@ class CoreEngineActorManager:
         parallel_config = vllm_config.parallel_config
         world_size = parallel_config.world_size
         names: dict[Any, str] = {}
+        assert vllm_config.model_config is not None
+        lockstep = parallel_config.data_parallel_size > 1 and vllm_config.model_config.is_moe
+        actor_class = DPMoEEngineCoreActor if lockstep else EngineCoreActor
         for index, (local_index, pg) in enumerate(zip(local_dp_ranks, placement_groups)):
             dp_config = copy.deepcopy(vllm_config)
-            # Upstream's ParallelConfig.placement_group: the Ray executor of
-            # this rank places its workers on the group's first bundles.
-            setattr(dp_config.parallel_config, "placement_group", pg)  # noqa: B010
+            # The Ray executor of this rank places its workers on the group's first bundles.
+            dp_config.parallel_config.placement_group = pg
             local_client = index < parallel_config.data_parallel_size_local
             actor = (
-                ray.remote(EngineCoreActor)
+                ray.remote(actor_class)
                 .options(
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         placement_group=pg, placement_group_bundle_index=world_size

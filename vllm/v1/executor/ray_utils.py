@@ -163,7 +163,7 @@ def initialize_ray_cluster(
     created the group)."""
     started = connect_ray(ray_address, num_cpus=parallel_config.world_size)
     device = "GPU" if device_type == "cuda" else "CPU"
-    current = getattr(parallel_config, "placement_group", None) or get_current_placement_group()
+    current = parallel_config.placement_group or get_current_placement_group()
     if current is not None:
         bundles = [b for b in current.bundle_specs if b.get(device, 0) > 0]
         if len(bundles) < parallel_config.world_size:

@@ -62,6 +62,14 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "model_tag": ("tested", f"{SERVING}::test_models_and_meta"),
     "host": ("tested", f"{SERVING}::test_models_and_meta"),
     "port": ("tested", f"{SERVING}::test_models_and_meta"),
+    "api_server_count": (
+        "tested",
+        "tests/entrypoints/openai/test_api_server_count.py::test_both_servers_answer_a_concurrent_load",
+    ),
+    "headless": (
+        "tested",
+        "tests/v1/distributed/test_multinode_mp.py::test_headless_secondary_serves_dp_rank_1",
+    ),
     "uvicorn_log_level": (
         "tested",
         (f"{FRONTEND}::test_uvicorn_log_level_trace_logs_asgi_messages"),

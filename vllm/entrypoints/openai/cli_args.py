@@ -9,6 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import vllm.envs as envs
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.openai.embedding_model import (
     add_embedding_model_args,
@@ -239,6 +240,24 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="The model path (default: the embedded SmolLM2 model).",
     )
+    parser.add_argument(
+        "--headless",
+        action="store_true",
+        default=False,
+        help="Run only the engine cores of this node's data-parallel ranks, no "
+        "API server: a secondary node of multi-node data parallelism, which "
+        "connects to the head node at --data-parallel-address / "
+        "--data-parallel-rpc-port.",
+    )
+    parser.add_argument(
+        "--api-server-count",
+        "-asc",
+        type=int,
+        default=None,
+        help="How many API server processes to run; they share the port and "
+        "all talk to the engine cores. Default: the data-parallel size (1 "
+        "with an external load balancer, the local size in hybrid mode).",
+    )
     _add_frontend_args(parser)
     AsyncEngineArgs.add_cli_args(parser)
     add_embedding_model_args(parser)
@@ -260,9 +279,43 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
         raise ValueError("--max-request-body-bytes must be at least 1")
     if args.shutdown_timeout < 0:
         raise ValueError("--shutdown-timeout must be >= 0")
+    validate_api_server_count(args)
     validate_parser_args(args)
     validate_lora_modules(args)
     validate_embedding_model_args(args)
+
+
+def validate_api_server_count(args: argparse.Namespace) -> None:
+    """--api-server-count: at least 1, not with --headless, and (above 1)
+    nothing that lives in one API server's memory only.
+
+    Deviation from upstream: there `--api-server-count 0` without
+    --headless silently runs the engines headless (waiting for a remote
+    front end); here it is refused, pointing at --headless.
+    """
+    count = args.api_server_count
+    if args.headless:
+        if count is not None and count > 0:
+            raise ValueError(
+                f"--api-server-count={count} cannot be used with --headless "
+                "(no API servers are started in headless mode)."
+            )
+        return
+    if count is None:
+        return
+    if count < 1:
+        raise ValueError(
+            f"--api-server-count must be at least 1, got {count} "
+            "(to run only the engine cores, use --headless)"
+        )
+    if count == 1:
+        return
+    if getattr(args, "embedding_model", None) is not None:
+        raise ValueError("--api-server-count > 1 cannot be used with --embedding-model")
+    if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
+        raise ValueError(
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING cannot be used with --api-server-count > 1"
+        )
 
 
 def validate_lora_modules(args: argparse.Namespace) -> None:

@@ -15,6 +15,7 @@ from vllm.model_executor.layers.fused_moe.expert_map_manager import (
     compute_local_expert_ids,
     determine_expert_map,
     determine_expert_placement_strategy,
+    non_local_expert_filter,
     parse_expert_id,
 )
 
@@ -107,6 +108,14 @@ def test_ep_layer_holds_and_loads_only_local_experts():
         torch.testing.assert_close(layer.w2_weight[slot], w2[e])
     assert parse_expert_id("model.layers.3.mlp.experts.12.gate_proj.weight") == 12
     assert parse_expert_id("model.layers.3.mlp.shared_experts.gate_proj.weight") is None
+    # The loader does not even read the other rank's expert tensors (1 and 3).
+    skip = non_local_expert_filter(torch.nn.Sequential(layer))
+    assert skip is not None
+    names = [f"model.layers.0.mlp.experts.{e}.w1.weight" for e in range(num_experts)]
+    assert [skip(n) for n in names] == [False, True, False, True]
+    assert not skip("model.layers.0.mlp.shared_experts.gate_proj.weight")
+    assert not skip("model.layers.0.mlp.experts.w13_weight")
+    assert non_local_expert_filter(torch.nn.Linear(2, 2)) is None
 
 
 def test_partial_sums_over_ep_ranks_equal_the_whole_layer():

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from vllm.logger import init_logger
+from vllm.model_executor.layers.fused_moe.expert_map_manager import non_local_expert_filter
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.model_executor.model_loader.utils import load_model_weights
 from vllm.model_executor.model_loader.weight_utils import (
@@ -48,7 +49,8 @@ class DefaultModelLoader(BaseModelLoader):
         if self.load_config.load_format == "safetensors" and not use_safetensors:
             raise ValueError(f"load_format='safetensors' but {model_config.model!r} has none.")
         if use_safetensors and self.load_config.load_format != "pt":
-            yield from safetensors_weights_iterator(files)
+            # Expert parallelism: other ranks' experts are not read.
+            yield from safetensors_weights_iterator(files, non_local_expert_filter(model))
         else:
             yield from pt_weights_iterator(files)
 

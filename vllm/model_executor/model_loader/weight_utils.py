@@ -86,8 +86,11 @@ def filter_duplicate_safetensors_files(hf_weights_files: list[str], model_dir: s
 
 def safetensors_weights_iterator(
     hf_weights_files: list[str],
+    skip: Callable[[str], bool] | None = None,
 ) -> Generator[tuple[str, torch.Tensor], None, None]:
-    """(name, tensor) for every tensor of the given safetensors files."""
+    """(name, tensor) for every tensor of the given safetensors files; the
+    names `skip` accepts are not read at all (another expert-parallel rank's
+    experts)."""
     from safetensors import safe_open
 
     for st_file in hf_weights_files:
@@ -99,7 +102,8 @@ def safetensors_weights_iterator(
             ) from e
         with handle as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                yield name, f.get_tensor(name)
+                if skip is None or not skip(name):
+                    yield name, f.get_tensor(name)
 
 
 def pt_weights_iterator(

@@ -21,6 +21,7 @@ rank computes them) and its checkpoint tensors are not loaded here.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Literal, get_args
 
 import torch
@@ -104,3 +105,27 @@ def parse_expert_id(weight_name: str) -> int | None:
     None for any other tensor (dense, shared experts, stacked experts)."""
     m = _EXPERT_ID_RE.search(weight_name)
     return int(m.group(1)) if m else None
+
+
+def non_local_expert_filter(model: torch.nn.Module) -> Callable[[str], bool] | None:
+    """A checkpoint-name predicate that is true for the per-expert weights of
+    experts this rank does not hold (upstream: ep_weight_filter.py), so the
+    loader skips them without reading them; None without expert parallelism.
+    Every MoE layer of a model places its experts alike."""
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+
+    for module in model.modules():
+        if isinstance(module, FusedMoE) and module.expert_map is not None:
+            local = set((module.expert_map >= 0).nonzero().flatten().tolist())
+            return lambda name: _is_other_ranks_expert(name, local)
+    return None
+
+
+def _is_other_ranks_expert(weight_name: str, local_expert_ids: set[int]) -> bool:
+    expert_id = parse_expert_id(weight_name)
+    # Shared experts and stacked (all-expert) tensors carry no id: kept.
+    return (
+        expert_id is not None
+        and weight_name.endswith(".weight")
+        and expert_id not in local_expert_ids
+    )

@@ -230,7 +230,7 @@ AUDIT: dict[str, tuple[str, Any]] = {
     "data_parallel_rpc_port": ("refused", 0),
     "data_parallel_backend": (
         "tested",
-        "tests/v1/distributed/test_ray_dp_serve.py::test_dp2_ray_equals_single_engine_then_a_node_is_lost",
+        "tests/v1/distributed/test_ray_dp_serve.py::test_dp2_tp2_ray_equals_single_engine_then_a_node_is_lost",
     ),
     "data_parallel_hybrid_lb": ("refused", True),
     "data_parallel_external_lb": ("refused", True),

@@ -1,6 +1,7 @@
-"""`vllm serve -dp 2 -dpl 1 --data-parallel-backend ray` on a two-node Ray
-cluster (one machine, see ray_cluster.py): DP rank 0's engine-core actor on
-the head node (the server's), rank 1's on the other node. Greedy outputs
+"""`vllm serve -dp 2 -dpl 1 -tp 2 --data-parallel-backend ray` on a two-node
+Ray cluster (one machine, see ray_cluster.py): DP rank 0's engine-core actor
+and its two TP workers (Ray actors) on the head node (the server's), rank 1's
+on the other node. Greedy outputs
 equal the single-engine reference and both engines answer (the `engine`
 label on /metrics); stopping the other node under load fails the requests
 in flight with an error (no hang), /health turns 503, and the server and its
@@ -35,6 +36,8 @@ SERVE_ARGS = [
     "2",
     "-dpl",
     "1",
+    "-tp",
+    "2",
     "--data-parallel-backend",
     "ray",
     # One API server (with several, their parent stops them all when an engine dies).
@@ -50,10 +53,10 @@ def model(tiny_model_dir) -> str:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Head 127.0.0.2 and node 127.0.0.3, 2 CPUs each: one DP rank (a worker
-    bundle and the engine's control bundle) per node."""
-    with RayCluster(head_cpus=2) as c:
-        c.add_node(num_cpus=2)
+    """Head 127.0.0.2 and node 127.0.0.3, 3 CPUs each: one DP rank (two TP
+    worker bundles and the engine's control bundle) per node."""
+    with RayCluster(head_cpus=3) as c:
+        c.add_node(num_cpus=3)
         yield c
 
 
@@ -105,7 +108,7 @@ async def _complete_all(srv, model, prompts, max_tokens) -> list[httpx.Response 
         return list(await asyncio.gather(*(one(p) for p in prompts), return_exceptions=True))
 
 
-def test_dp2_ray_equals_single_engine_then_a_node_is_lost(cluster, model, tmp_path):
+def test_dp2_tp2_ray_equals_single_engine_then_a_node_is_lost(cluster, model, tmp_path):
     # Kept alive after the engine's death (else it shuts itself down, as
     # upstream), so that /health can be asked.
     env = _cluster_env(cluster) | {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
@@ -142,7 +145,7 @@ def test_dp2_ray_equals_single_engine_then_a_node_is_lost(cluster, model, tmp_pa
 
 
 def test_dp_larger_than_the_ray_cluster_fails_at_startup(cluster, model, tmp_path):
-    # Runs after the node loss: the cluster has the head only (2 CPUs, one rank).
+    # Runs after the node loss: the cluster has the head only (3 CPUs, one rank).
     env = _cluster_env(cluster)
     code, log, took = _failed_start(model, SERVE_ARGS, env, tmp_path, timeout=180)
     assert code != 0

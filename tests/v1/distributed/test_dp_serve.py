@@ -23,6 +23,7 @@ from tests.entrypoints.openai.conftest import RemoteOpenAIServer
 from tests.utils import hf_greedy, make_tiny_model
 
 LONG_TOKENS = 4000
+START_TIMEOUT_S = 420
 PROMPTS = [[1, 5, 9, 13], [2, 4, 6], [7, 7, 8, 9, 10], [3], [11, 12], [20, 21, 22, 23, 24, 25]]
 SERVE_ARGS = [
     "--max-model-len",
@@ -47,9 +48,20 @@ def model(tmp_path_factory) -> str:
     )
 
 
+def start_server(model: str, env: dict[str, str] | None = None) -> RemoteOpenAIServer:
+    """Two engines load on the same cores: allow a loaded machine more time."""
+    srv = RemoteOpenAIServer(model, SERVE_ARGS, env=env, wait=False)
+    try:
+        srv.wait_until_healthy(timeout=START_TIMEOUT_S)
+    except BaseException:
+        srv.stop()
+        raise
+    return srv
+
+
 @pytest.fixture(scope="module")
 def server(model):
-    srv = RemoteOpenAIServer(model, SERVE_ARGS)
+    srv = start_server(model)
     try:
         yield srv
     finally:
@@ -157,7 +169,7 @@ def test_sigkill_one_engine_fails_requests_and_health(model):
     """SIGKILL one DP engine under load: every request in flight ends (an
     error, no hang), /health turns 503, and shutdown leaves no process.
     (Keep-alive: by default the server exits on engine death, as upstream.)"""
-    srv = RemoteOpenAIServer(model, SERVE_ARGS, env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
+    srv = start_server(model, env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
     try:
         procs = srv.children()
         engines = {p.name(): p for p in procs if p.name().startswith("EngineCore_DP")}

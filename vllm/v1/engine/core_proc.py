@@ -22,6 +22,7 @@ logged and (when the request id is known) answered with an ERROR output.
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import queue
 import signal
@@ -246,6 +247,9 @@ class EngineCoreProc(EngineCore):
         finally:
             if engine_core is not None:
                 engine_core.shutdown()
+            # The interpreter's last full GC walks the whole torch heap (> 5 s
+            # on a loaded machine, past the parent's SIGTERM grace): skip it.
+            gc.freeze()
 
     def _init_data_parallel(self, vllm_config: VllmConfig) -> None:
         """DPEngineCoreProc's hook (its DP group), before the engine is built."""

@@ -1,25 +1,33 @@
-"""Launching engine-core processes and the start-up handshake
-(upstream: vllm/v1/engine/utils.py). The sockets, the handshake messages
-and the signal helpers both processes use are in ipc.py.
+"""Launching engine-core processes (and the DP coordinator) and the start-up
+handshake (upstream: vllm/v1/engine/utils.py). The sockets, the handshake
+messages and the signal helpers both processes use are in ipc.py.
 
 Start-up, as upstream:
 
-    client                                      engine core process
-    ------                                      -------------------
-    bind ROUTER on a handshake ipc path
+    front end (DP rank 0's)                     engine core process (each DP rank)
+    -----------------------                     ----------------------------------
+    bind ROUTER (inputs) and PULL (outputs)
+    DP > 1: start the DPCoordinator process
+    bind ROUTER on the handshake address
+    (ipc; tcp on -dpa:-dpp when some ranks
+    are remote, --headless nodes)
     spawn EngineCoreProc.run_engine_core  -->   connect DEALER to it
-                                          <--   HELLO
-    reply with the input/output addresses -->
-                                                build EngineCore (load the model,
+                                          <--   HELLO {local, headless, dp size}
+    reply: the addresses (inputs, outputs,-->
+    coordinator's) and the DP ports             build EngineCore (load the model,
                                                 size the KV cache)
                                           <--   READY {num_gpu_blocks, max_model_len}
                                                 (or FAILED {error} and exit)
-    bind ROUTER (inputs) and PULL (outputs)     connect DEALER (inputs) and PUSH
+                                                connect DEALER (inputs), PUSH
+                                                (outputs), and the coordinator's
+                                                XSUB / PUSH; wait for its READY
                                           <--   an empty first message, so that
                                                 the ROUTER learns its identity
+                                                (dp_rank as 2 bytes, little-endian)
 
-Every socket is on `ipc://` (a fresh path in the temp dir) or on the loopback
-interface: nothing is ever bound to all interfaces.
+A remote engine with another --data-parallel-size is refused at its HELLO;
+remote engines that never connect end in a TimeoutError. Every socket is on
+`ipc://`, loopback, or the -dpa address: nothing is bound to all interfaces.
 """
 
 from __future__ import annotations

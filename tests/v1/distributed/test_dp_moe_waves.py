@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import queue
 
+import pytest
 import torch.distributed as dist
 
 from vllm.distributed.utils import get_open_port
@@ -57,3 +58,8 @@ def test_unfinished_is_all_reduced_every_32_steps_and_rank0_reports_the_wave():
     other = _engine(1)
     other._finish_wave()  # only rank 0 reports
     assert other.output_queue.empty() and other.current_wave == 1
+
+
+def test_sleep_mode_is_refused_for_lockstep_engines():
+    with pytest.raises(NotImplementedError, match="data_parallel_size > 1"):
+        _engine(0).sleep(1)

@@ -26,6 +26,7 @@ number of passes.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllm.config import ParallelConfig, VllmConfig
@@ -92,6 +93,17 @@ class DPEngineCoreProc(EngineCoreProc):
         super().shutdown()
         # A ProcessGroupGloo has no destroy: dropping it closes its sockets.
         self.dp_group = None
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> Future[None] | None:
+        """Refused. Deviation: upstream pauses all DP ranks together (a
+        two-phase pause agreed over the DP group); here one sleeping rank
+        would stop joining the MoE collectives and its peers would block in
+        their forward pass, so sleep mode is not offered with MoE DP."""
+        raise NotImplementedError(
+            "Sleep mode (enable_sleep_mode / POST /sleep) is not supported for a "
+            "mixture-of-experts model with data_parallel_size > 1 (--data-parallel-size): "
+            "its engines step in lock-step."
+        )
 
     # ------------------------------------------------------------------
     # Waves

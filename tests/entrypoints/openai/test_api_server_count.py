@@ -219,6 +219,48 @@ def _sample(answer: Answer, name: str) -> float:
     return total
 
 
+def _per_engine(answer: Answer, name: str) -> dict[str, float]:
+    """engine label -> a /metrics sample summed over its other labels."""
+    values: dict[str, float] = {}
+    for line in answer.text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) + 1 :].rsplit("} ", 1)
+            engine = dict(part.split("=", 1) for part in labels.split(","))["engine"].strip('"')
+            values[engine] = values.get(engine, 0.0) + float(value)
+    return values
+
+
+def test_dp2_defaults_to_two_api_servers(tiny_model_dir, chat_template_file):
+    """`-dp 2` alone: upstream's default of one API server per engine; both
+    servers answer, both engines serve, greedy outputs as one engine's."""
+    model = tiny_model_dir("llama")
+    args = default_server_args(chat_template_file)
+    args += ["--served-model-name", "tiny", "-dp", "2", "--api-key", API_KEY]
+    srv = RemoteOpenAIServer(
+        model, args, env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S)}, api_key=API_KEY
+    )
+    try:
+        pids = api_server_pids(srv)
+        assert len(pids) == 2, pids
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        n = 32
+        answers, owners = asyncio.run(
+            _on_fresh_connections(srv, n, "v1/completions", _completion, auth)
+        )
+        assert [a.status for a in answers] == [200] * n
+        assert {owners[a.client_port] for a in answers} == set(pids)
+        expected = hf_greedy(model, PROMPTS, MAX_TOKENS)
+        for i, answer in enumerate(answers):
+            assert _generated_ids(answer.body) == expected[i % len(PROMPTS)], i
+        (metrics,), _ = asyncio.run(_on_fresh_connections(srv, 1, "metrics", None, auth))
+        per_engine = _per_engine(metrics, "vllm:request_success_total")
+        print("requests per engine:", per_engine)
+        assert set(per_engine) == {"0", "1"} and all(v > 0 for v in per_engine.values())
+        assert sum(per_engine.values()) == n
+    finally:
+        srv.stop()
+
+
 def test_sigterm_stops_every_process(server):
     children = server.children()
     assert len(children) >= NUM_SERVERS + 1

@@ -31,9 +31,11 @@ error handlers: vllm/entrypoints/serve/utils/server_utils.py).
 from __future__ import annotations
 
 import asyncio
-import gc
+import logging
+import os
 import signal
 import socket
+import sys
 from argparse import Namespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -454,9 +456,13 @@ def run_api_server_worker_proc(
         asyncio.run(run_server_worker(listen_address, sock, args, client_config, **uvicorn_kwargs))
     except KeyboardInterrupt:
         logger.info("API server %s interrupted during start-up.", client_config.get("client_index"))
-    # Everything is shut down: the process only exits now. Interpreter
-    # teardown's full garbage collections over the server's heap (torch,
-    # transformers, the tokenizer) took over 5 s on a loaded 2-core machine,
-    # longer than the parent waits before it kills a server; frozen objects
-    # are skipped by them (and by nothing else: atexit hooks still run).
-    gc.freeze()
+    # Everything is shut down (sockets closed, the engine client released):
+    # end the process here. Interpreter teardown's garbage collection over
+    # the server's heap (torch, transformers, the tokenizer) took over 5 s
+    # on a loaded 2-core machine, longer than the parent waits before it
+    # kills a server. (gc.freeze() instead made triton's nanobind report
+    # "leaked functions" on every exit.)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -270,10 +270,11 @@ def test_sigterm_stops_every_process(server):
     wait_exited(children, timeout=EXIT_WITHIN_S)
 
 
-@pytest.mark.parametrize("victim", ["api_server", "engine_core"])
+@pytest.mark.parametrize("victim", ["api_server", "engine_core", "parent"])
 def test_a_dead_process_stops_them_all(victim, tiny_model_dir, chat_template_file):
     """SIGKILL one API server (or the engine core): the parent stops every
-    other process and exits with an error, as upstream."""
+    other process and exits with an error, as upstream. SIGKILL the parent:
+    its children see their death pipe close and exit too."""
     srv = _start(tiny_model_dir("llama"), chat_template_file)
     try:
         children = srv.children()
@@ -281,6 +282,8 @@ def test_a_dead_process_stops_them_all(victim, tiny_model_dir, chat_template_fil
         assert len(servers) == NUM_SERVERS
         if victim == "api_server":
             target = servers[-1]
+        elif victim == "parent":
+            target = srv.proc.pid
         else:
             target = next(p.pid for p in srv.engine_processes() if p.pid not in servers)
         psutil.Process(target).send_signal(signal.SIGKILL)

@@ -67,10 +67,15 @@ def _cluster_env(cluster: RayCluster) -> dict[str, str]:
 
 
 def _engine_actor_pids() -> list[int]:
+    """The engine-core actors and their TP worker actors (Ray names each
+    worker process after its actor class)."""
     return [
         p.pid
         for p in psutil.process_iter(["cmdline"])
-        if any("EngineCoreActor" in part for part in (p.info["cmdline"] or []))
+        if any(
+            "EngineCoreActor" in part or "RayWorkerWrapper" in part
+            for part in (p.info["cmdline"] or [])
+        )
     ]
 
 
@@ -122,7 +127,8 @@ def test_dp2_tp2_ray_equals_single_engine_then_a_node_is_lost(cluster, model, tm
             assert response.json()["choices"][0]["token_ids"] == want
         per_engine = engine_metric(srv, "vllm:request_success_total")
         assert set(per_engine) == {"0", "1"} and all(v > 0 for v in per_engine.values())
-        assert _engine_actor_pids()  # the engine actors are Ray workers, not server children
+        # Ray worker processes, not the server's children: 2 engines + 4 TP workers.
+        assert len(_engine_actor_pids()) == 6
 
         async def load_then_lose_node():
             task = asyncio.ensure_future(_complete_all(srv, model, PROMPTS * 2, 200))

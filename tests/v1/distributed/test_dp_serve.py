@@ -202,3 +202,40 @@ def test_sigkill_one_engine_fails_requests_and_health(model):
         time.sleep(0.5)
     left = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, left
+
+
+def test_abort_goes_to_the_engine_that_runs_the_request(server, model):
+    """A streamed request whose client disconnects is aborted on the engine
+    the balancer chose (the request -> engine map): both engines are idle
+    again long before its 4000 tokens would be done."""
+
+    async def run():
+        async with httpx.AsyncClient(timeout=120) as client:
+            body = {
+                "model": model,
+                "prompt": [4, 5, 6],
+                "max_tokens": LONG_TOKENS,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            async with client.stream("POST", server.url_for("v1/completions"), json=body) as r:
+                chunks = 0
+                async for _ in r.aiter_lines():
+                    chunks += 1
+                    if chunks >= 5:
+                        break
+                busy = await _wait_for_busy_engine(server)
+            # The stream is closed: the server aborts the request.
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 30:
+                running = engine_metric(server, "vllm:num_requests_running")
+                if not any(running.values()):
+                    return busy, time.monotonic() - t0
+                await asyncio.sleep(0.2)
+            raise AssertionError(f"engine {busy} still runs the aborted request: {running}")
+
+    busy, idle_after = asyncio.run(run())
+    # An abort sent to the wrong engine would leave the request running there
+    # until its 4000 tokens are done (seconds even for this tiny model).
+    assert idle_after < 3.0, (busy, idle_after)

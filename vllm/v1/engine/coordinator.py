@@ -30,7 +30,6 @@ Every message is msgpack (never pickle).
 from __future__ import annotations
 
 import copy
-import gc
 import multiprocessing
 import multiprocessing.connection
 import signal
@@ -46,6 +45,7 @@ from vllm.logger import init_logger
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequestType
 from vllm.v1.engine.ipc import (
     allow_zmq_host,
+    exit_process,
     get_engine_client_zmq_addr,
     make_zmq_socket,
     set_process_title,
@@ -209,7 +209,7 @@ class DPCoordinatorProc:
             if zmq_addr_pipe is not None:
                 zmq_addr_pipe.close()
             coordinator.ctx.destroy(linger=0)
-            gc.freeze()  # no last full GC over the imported heap at exit
+        exit_process(0)
 
     def process_input_socket(
         self,

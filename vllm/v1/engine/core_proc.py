@@ -22,7 +22,6 @@ logged and (when the request id is known) answered with an ERROR output.
 from __future__ import annotations
 
 import contextlib
-import gc
 import inspect
 import queue
 import signal
@@ -55,6 +54,7 @@ from vllm.v1.engine.ipc import (
     block_shutdown_signals,
     decode_handshake,
     encode_handshake,
+    exit_process,
     make_zmq_socket,
     set_process_title,
     watch_parent,
@@ -231,25 +231,23 @@ class EngineCoreProc(EngineCore):
         if death_pipe is not None:
             watch_parent(death_pipe)
         engine_core: EngineCoreProc | None = None
+        exit_code = 1
         try:
             engine_core = _make_engine_core(dp_rank, local_dp_rank, kwargs)
             engine_core.run_busy_loop()
         except SystemExit:
             logger.debug("EngineCore exiting.")
-            raise
+            exit_code = 0
         except Exception:
             if engine_core is None:
                 logger.exception("EngineCore failed to start.")
             else:
                 logger.exception("EngineCore encountered a fatal error.")
                 engine_core._send_engine_dead()
-            raise
         finally:
             if engine_core is not None:
                 engine_core.shutdown()
-            # The interpreter's last full GC walks the whole torch heap (> 5 s
-            # on a loaded machine, past the parent's SIGTERM grace): skip it.
-            gc.freeze()
+            exit_process(exit_code)
 
     def _init_data_parallel(self, vllm_config: VllmConfig) -> None:
         """DPEngineCoreProc's hook (its DP group), before the engine is built."""

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import os
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -241,6 +243,18 @@ def set_process_title(name: str) -> None:
     Linux, as upstream's set_process_title: "EngineCore_DP1", "DPCoordinator"."""
     with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
         comm.write(name[:15])
+
+
+def exit_process(code: int) -> None:
+    """Leave a child process (engine core, DP coordinator) once everything is
+    shut down: the interpreter's teardown (a full GC over the torch heap,
+    > 5 s on a loaded machine, past the parent's SIGTERM grace; nanobind's
+    leak report) has nothing left to do."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def block_shutdown_signals() -> None:

@@ -1,15 +1,15 @@
 // Small SIMD helpers shared by the CPU ops: fp32 lanes loaded from and
 // stored to fp32, bf16 or fp16 memory.
 //
-// ISA choice (compile time): CMakeLists.txt adds -mavx512f/bw/vl(/bf16) and
-// -mavx2/-mfma/-mf16c only for the features the *build host* has (the
-// extension is built in place by `pip install -e .`, so build host == run
-// host, as for upstream's CPU wheels built per ISA). This header then picks
-// one path:
+// ISA choice (compile time, per library): CMakeLists.txt builds these
+// sources once per ISA variant (vllm._C scalar, vllm._C_avx2, _C_avx512,
+// _C_avx512_bf16), each with its -m flags, and vllm/_custom_ops.py loads the
+// one the running CPU supports (run-time dispatch, issue 21). This header
+// picks one path from the flags of the build:
 //   VLLM_CPU_AVX512  16 fp32 lanes (__m512), masked tails;
 //   VLLM_CPU_AVX2    8 fp32 lanes (__m256), FMA; bf16 by 16-bit shifts,
 //                    fp16 by F16C;
-//   neither          scalar loops (which -O3 auto-vectorises for the host).
+//   neither          scalar loops (which -O3 auto-vectorises to SSE2).
 // VLLM_CPU_SIMD is set for either vector path: kernels written once over the
 // `simd` layer below (fvec, kLanes, load/store/fmadd/hsum/exp) compile to
 // 512-bit or 256-bit code. Where the AVX-512 code leans on what AVX2 lacks
@@ -123,8 +123,11 @@ inline __m512 exp16(__m512 x) {
 }
 #endif  // VLLM_CPU_AVX512
 
-// Which vector path this build compiled (reported by cpu_ops_isa()).
-#if defined(VLLM_CPU_AVX512)
+// Which vector path this build compiled (reported by cpu_ops_isa(); the
+// names of the ISA variants in CMakeLists.txt and vllm/_custom_ops.py).
+#if defined(VLLM_CPU_AVX512) && defined(__AVX512BF16__)
+constexpr const char* kCpuIsa = "avx512_bf16";
+#elif defined(VLLM_CPU_AVX512)
 constexpr const char* kCpuIsa = "avx512";
 #elif defined(VLLM_CPU_AVX2)
 constexpr const char* kCpuIsa = "avx2";

@@ -162,6 +162,18 @@ inline void store(float* p, fvec v) { store16(p, v); }
 inline void store(bf16* p, fvec v) { store16(p, v); }
 inline void store(fp16* p, fvec v) { store16(p, v); }
 inline fvec exp(fvec x) { return exp16(x); }
+// Even lanes a * b - c, odd lanes a * b + c.
+inline fvec fmaddsub(fvec a, fvec b, fvec c) { return _mm512_fmaddsub_ps(a, b, c); }
+// Lanes (0 1)(2 3)... swapped within each pair.
+inline fvec swap_pairs(fvec a) { return _mm512_permute_ps(a, 0xB1); }
+// Each lane of the low (high) half of a, twice: a0 a0 a1 a1 ... (a8 a8 ...).
+inline fvec dup_lo(fvec a) {
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), a);
+}
+inline fvec dup_hi(fvec a) {
+  return _mm512_permutexvar_ps(
+      _mm512_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), a);
+}
 #else  // VLLM_CPU_AVX2
 using fvec = __m256;
 constexpr int kLanes = 8;
@@ -174,6 +186,16 @@ inline fvec div(fvec a, fvec b) { return _mm256_div_ps(a, b); }
 inline fvec max(fvec a, fvec b) { return _mm256_max_ps(a, b); }
 inline fvec fmadd(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
 inline fvec fmsub(fvec a, fvec b, fvec c) { return _mm256_fmsub_ps(a, b, c); }
+inline fvec fmaddsub(fvec a, fvec b, fvec c) { return _mm256_fmaddsub_ps(a, b, c); }
+inline fvec swap_pairs(fvec a) { return _mm256_permute_ps(a, 0xB1); }
+// unpacklo / unpackhi duplicate within 128-bit halves (a0 a0 a1 a1 | a4 a4
+// a5 a5, a2 a2 a3 a3 | a6 a6 a7 a7); the half-swap puts them in order.
+inline fvec dup_lo(fvec a) {
+  return _mm256_permute2f128_ps(_mm256_unpacklo_ps(a, a), _mm256_unpackhi_ps(a, a), 0x20);
+}
+inline fvec dup_hi(fvec a) {
+  return _mm256_permute2f128_ps(_mm256_unpacklo_ps(a, a), _mm256_unpackhi_ps(a, a), 0x31);
+}
 inline float hsum(fvec a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));              // lanes 0+2, 1+3

@@ -4,7 +4,10 @@ Metadata lives in pyproject.toml. This file only adds the compiled ops from
 `csrc/` (upstream: CMakeLists.txt drives the build, setup.py calls CMake):
 
 - `vllm._C` (csrc/cpu, `torch.ops._C_cpu`): built when there is a
-  CMakeLists.txt, `cmake`, a C++ compiler and an importable torch.
+  CMakeLists.txt, `cmake`, a C++ compiler and an importable torch; on x86
+  also `vllm._C_avx2`, `vllm._C_avx512` and `vllm._C_avx512_bf16`, the same
+  ops built for those ISAs (CPU_OPS_VARIANTS; vllm/_custom_ops.py loads the
+  one the running CPU supports), where the compiler takes their flags.
 - `vllm._C_cuda` (csrc/*.cu, csrc/attention, `torch.ops._C` and
   `torch.ops._C_cache_ops`): built only when, in addition, `nvcc` is found
   and that torch is a CUDA build (`torch.version.cuda`). Target GPUs:
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -34,16 +38,32 @@ ROOT = Path(__file__).resolve().parent
 DEFAULT_CUDA_ARCHS = ("8.0", "8.6", "8.9", "9.0", "10.0", "12.0")
 
 
+# The CPU ops modules: vllm._C (scalar, every architecture), and on x86 the
+# ISA variants CMakeLists.txt builds from the same sources.
+X86_CPU_OPS_VARIANTS = ("_C_avx2", "_C_avx512", "_C_avx512_bf16")
+
+
+def cpu_ops_modules(machine: str) -> tuple[str, ...]:
+    """Module names (under vllm) of the CPU ops built for `machine`
+    (platform.machine())."""
+    x86 = machine.lower() in ("x86_64", "amd64")
+    return ("_C",) + (X86_CPU_OPS_VARIANTS if x86 else ())
+
+
 class CMakeExtension(Extension):
     """An extension whose sources CMake builds (no sources for setuptools):
-    the CMake `target`, configured with `cmake_args`."""
+    the CMake `target`, configured with `cmake_args`. Extensions of one
+    `build_group` share a CMake build directory and are built together by
+    the first one's `target` (each still optional: one that CMake did not
+    produce is left out)."""
 
     def __init__(self, name: str, source_dir: Path, target: str,
-                 cmake_args: tuple[str, ...] = ()) -> None:
+                 cmake_args: tuple[str, ...] = (), build_group: str | None = None) -> None:
         super().__init__(name, sources=[], optional=True)
         self.source_dir = str(source_dir)
         self.target = target
         self.cmake_args = list(cmake_args)
+        self.build_group = build_group or name
 
 
 _TORCH_QUERY = ("import torch; print(torch.utils.cmake_prefix_path); "
@@ -172,17 +192,34 @@ def _cuda_extension() -> Extension | None:
         f"-DVLLM_CUDA_ARCHS={archs}"))
 
 
+def _keep_going_args() -> list[str]:
+    """Native build-tool flag to build every target it can past a failure
+    (an ISA variant the compiler chokes on must not take the others)."""
+    if "ninja" in os.environ.get("CMAKE_GENERATOR", "").lower():
+        return ["--", "-k", "0"]
+    return ["--", "-k"]
+
+
 class CMakeBuild(build_ext):
-    """Runs CMake for each CMakeExtension (one build directory each, so a
-    failing CUDA configure cannot take the CPU ops with it); never fails
-    the install."""
+    """Runs CMake for each build group of CMakeExtensions (one build
+    directory each, so a failing CUDA configure cannot take the CPU ops with
+    it); never fails the install."""
 
     def build_extension(self, ext: Extension) -> None:
         if not isinstance(ext, CMakeExtension):
             return super().build_extension(ext)
+        built: set[str] = self.__dict__.setdefault("_vllm_built_groups", set())
+        if ext.build_group in built:
+            return
+        built.add(ext.build_group)
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        build_dir = Path(self.build_temp).resolve() / ext.name
+        build_dir = Path(self.build_temp).resolve() / ext.build_group
         build_dir.mkdir(parents=True, exist_ok=True)
+        group = [e for e in self.extensions
+                 if isinstance(e, CMakeExtension) and e.build_group == ext.build_group]
+        # A module left from an earlier build must not pass for this one's.
+        for member in group:
+            Path(self.get_ext_fullpath(member.name)).unlink(missing_ok=True)
         configure = [
             "cmake", ext.source_dir, "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_PREFIX_PATH={_torch_cmake_prefix()}",
@@ -193,11 +230,15 @@ class CMakeBuild(build_ext):
         jobs = str(max(1, os.cpu_count() or 1))
         try:
             subprocess.run(configure, cwd=build_dir, check=True)
-            subprocess.run(["cmake", "--build", ".", "--target", ext.target, "-j", jobs],
+            subprocess.run(["cmake", "--build", ".", "--target", ext.target, "-j", jobs,
+                            *(_keep_going_args() if len(group) > 1 else [])],
                            cwd=build_dir, check=True)
         except (OSError, subprocess.CalledProcessError) as e:
-            print(f"vllm: skipping {ext.name} ({e}); "
-                  "the pure-PyTorch paths will be used.", file=sys.stderr)
+            print(f"vllm: {ext.target} failed ({e}); what it built is kept, the "
+                  "pure-PyTorch paths stand in for the rest.", file=sys.stderr)
+        missing = [m.name for m in group if not Path(self.get_ext_fullpath(m.name)).exists()]
+        if missing:
+            print(f"vllm: not built: {', '.join(missing)}.", file=sys.stderr)
 
 
 def _ext_modules() -> list[Extension]:
@@ -205,7 +246,10 @@ def _ext_modules() -> list[Extension]:
     if reason is not None:
         print(f"vllm: not building vllm._C ({reason}).", file=sys.stderr)
         return []
-    exts: list[Extension] = [CMakeExtension("vllm._C", ROOT, "_C")]
+    exts: list[Extension] = [
+        CMakeExtension(f"vllm.{name}", ROOT, "_C_cpu_all", build_group="vllm._C")
+        for name in cpu_ops_modules(platform.machine())
+    ]
     cuda = _cuda_extension()
     if cuda is not None:
         exts.append(cuda)

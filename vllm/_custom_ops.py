@@ -1,7 +1,11 @@
 """Python wrappers over the compiled ops (upstream: vllm/_custom_ops.py).
 
 The CPU ops live in `vllm._C` (built from csrc/cpu by CMake through setup.py)
-and register as `torch.ops._C_cpu.<name>`. The CUDA ops live in
+and register as `torch.ops._C_cpu.<name>`; on x86 the same ops are also built
+per ISA (`vllm._C_avx2`, `vllm._C_avx512`, `vllm._C_avx512_bf16`) and this
+module imports the one the running CPU supports, or VLLM_CPU_ISA's
+(`cpu_ops_isa()` says which; `choose_cpu_ops_isa` in
+vllm/platforms/cpu_capability.py decides). The CUDA ops live in
 `vllm._C_cuda` (csrc/*.cu, built only with nvcc and a CUDA torch) and
 register under upstream's namespaces, `torch.ops._C.<name>` and
 `torch.ops._C_cache_ops.<name>`. Importing this module loads the libraries
@@ -16,12 +20,16 @@ Signatures follow upstream's (`out` first, in-place ops return None).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
+from vllm import envs
 from vllm.logger import init_logger
+from vllm.platforms.cpu_capability import CPU_OPS_ISA_FLAGS, choose_cpu_ops_isa
 
 logger = init_logger(__name__)
 
@@ -37,6 +45,7 @@ _REQUIRED_OPS = (
     "rotary_embedding_out",
     "silu_and_mul",
     "apply_token_bitmask",
+    "cpu_ops_isa",
 )
 
 
@@ -79,14 +88,49 @@ def _import_library(module: str, required: dict[str, tuple[str, ...]]) -> str | 
     return None
 
 
-_LOAD_ERROR = _load_library(
-    "vllm._C", "VLLM_CPU_DISABLE_CUSTOM_OPS", {"_C_cpu": _REQUIRED_OPS}, "CPU"
-)
+def cpu_ops_module(isa: str) -> str:
+    """The module of the CPU ops built for ISA variant `isa` (CMakeLists.txt)."""
+    return "vllm._C" if isa == "scalar" else f"vllm._C_{isa}"
+
+
+def _choose_cpu_isa() -> str:
+    """The ISA variant to import: one a module already imported (the ops of
+    two variants cannot register in one process), else VLLM_CPU_ISA's
+    choice among the built modules (ValueError when it is refused)."""
+    loaded = [isa for isa in CPU_OPS_ISA_FLAGS if cpu_ops_module(isa) in sys.modules]
+    if loaded:
+        return loaded[0]
+    built = [isa for isa in CPU_OPS_ISA_FLAGS if importlib.util.find_spec(cpu_ops_module(isa))]
+    return choose_cpu_ops_isa(envs.VLLM_CPU_ISA, built) or "scalar"
+
+
+def _load_cpu_library() -> tuple[str | None, str | None]:
+    """(the ISA variant loaded, None), or (None, why the CPU ops are not used)."""
+    disabled = os.environ.get("VLLM_CPU_DISABLE_CUSTOM_OPS") == "1"
+    isa = "scalar" if disabled else _choose_cpu_isa()
+    module = cpu_ops_module(isa)
+    error = _load_library(module, "VLLM_CPU_DISABLE_CUSTOM_OPS", {"_C_cpu": _REQUIRED_OPS}, "CPU")
+    if error is None and (got := torch.ops._C_cpu.cpu_ops_isa()) != isa:
+        error = f"{module} is stale (its ops are the {got} build); rebuild it"
+        logger.warning("Compiled CPU ops unavailable (%s); using PyTorch fallbacks.", error)
+    if error is not None:
+        return None, error
+    logger.debug("Compiled CPU ops: the %s build (%s).", isa, module)
+    return isa, None
+
+
+_CPU_ISA, _LOAD_ERROR = _load_cpu_library()
 
 
 def cpu_ops_available() -> bool:
     """True when the compiled `_C_cpu` ops are loaded."""
     return _LOAD_ERROR is None
+
+
+def cpu_ops_isa() -> str | None:
+    """The ISA variant of the loaded CPU ops (avx512_bf16, avx512, avx2,
+    scalar), None when they are not loaded."""
+    return _CPU_ISA
 
 
 def cpu_ops_load_error() -> str | None:

@@ -56,6 +56,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Milliseconds an engine-core RPC may take before the client gives up.
     "VLLM_RPC_TIMEOUT": lambda: int(os.environ.get("VLLM_RPC_TIMEOUT", "10000")),
     "VLLM_CPU_OMP_THREADS_BIND": lambda: os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+    # Which build of the CPU ops to load (vllm/_custom_ops.py): "auto" (the
+    # best the CPU supports), or avx512_bf16 / avx512 / avx2 / scalar (ours).
+    "VLLM_CPU_ISA": lambda: os.environ.get("VLLM_CPU_ISA", "auto").strip().lower() or "auto",
     # Engine-core outputs AsyncLLM's output handler processes before yielding
     # to the event loop (keeps the server responsive under large batches).
     "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE": lambda: int(

@@ -1,6 +1,6 @@
 """Per-op times of the CPU ops (csrc/cpu) built for each ISA on one machine.
 
-Compiles csrc/cpu/*.cpp once per ISA (AVX-512, AVX2 + FMA + F16C, scalar:
+Compiles csrc/cpu/*.cpp once per ISA (AVX-512 (+BF16), AVX2 + FMA + F16C, scalar:
 only the flags differ, as tests/kernels/test_cpu_ops_isa.py does) into a
 temporary directory, loads the builds side by side under their own op
 namespaces and times each op at the decode shapes of a 135M Llama
@@ -25,13 +25,16 @@ from pathlib import Path
 
 import torch
 
+from vllm.platforms.cpu_capability import cpu_ops_isa_missing
+
 CSRC = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
+# The ISA variants CMakeLists.txt builds (vllm._C_<isa>; scalar: vllm._C).
 FLAGS = {
-    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx2",
-               "-mfma", "-mf16c"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "scalar": [],
-}  # fmt: skip
+}
+FLAGS["avx512_bf16"] = [*FLAGS["avx512"], "-mavx512bf16"]
 HIDDEN, HEADS, KV_HEADS, HEAD, INTER, VOCAB = 576, 9, 3, 64, 1536, 49152
 
 
@@ -100,6 +103,9 @@ def cases(batch: int, ctx: int, dtype: torch.dtype) -> dict[str, Callable[[objec
         "rotary (neox)": lambda ns: ns.rotary_embedding_out(
             pos, q, k, HEAD, cos_sin, True, q_out, k_out
         ),
+        "rotary (gpt-j)": lambda ns: ns.rotary_embedding_out(
+            pos, q, k, HEAD, cos_sin, False, q_out, k_out
+        ),
         f"attention ctx {ctx}": lambda ns: ns.paged_attention_decode(
             attn_out, query, kc, vc, table, lens, HEAD**-0.5, 0, 0.0
         ),
@@ -123,11 +129,14 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=15, help="interleaved rounds (median)")
-    ap.add_argument("--isa", default="avx512,avx2,scalar")
+    ap.add_argument(
+        "--isa", default=None, help=f"of {', '.join(FLAGS)}; default: those this CPU runs"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        spaces = build(args.isa.split(","), Path(tmp))
+        isas = args.isa.split(",") if args.isa else [i for i in FLAGS if not cpu_ops_isa_missing(i)]
+        spaces = build(isas, Path(tmp))
         ops = cases(args.batch, args.ctx, getattr(torch, args.dtype))
         print(f"batch {args.batch}, {args.dtype}, {args.threads} thread(s); median us of "
               f"{args.repeats} rounds")  # fmt: skip

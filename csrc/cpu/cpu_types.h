@@ -1,21 +1,21 @@
 // Small SIMD helpers shared by the CPU ops: fp32 lanes loaded from and
 // stored to fp32, bf16 or fp16 memory.
 //
-// ISA choice (compile time): CMakeLists.txt adds -mavx512f/bw/vl(/bf16) and
-// -mavx2/-mfma/-mf16c only for the features the *build host* has (the
-// extension is built in place by `pip install -e .`, so build host == run
-// host, as for upstream's CPU wheels built per ISA). This header then picks
-// one path:
+// ISA choice (compile time, per library): CMakeLists.txt builds these
+// sources once per ISA variant (vllm._C scalar, vllm._C_avx2, _C_avx512,
+// _C_avx512_bf16), each with its -m flags, and vllm/_custom_ops.py loads the
+// one the running CPU supports (run-time dispatch, issue 21). This header
+// picks one path from the flags of the build:
 //   VLLM_CPU_AVX512  16 fp32 lanes (__m512), masked tails;
 //   VLLM_CPU_AVX2    8 fp32 lanes (__m256), FMA; bf16 by 16-bit shifts,
 //                    fp16 by F16C;
-//   neither          scalar loops (which -O3 auto-vectorises for the host).
+//   neither          scalar loops (which -O3 auto-vectorises to SSE2).
 // VLLM_CPU_SIMD is set for either vector path: kernels written once over the
-// `simd` layer below (fvec, kLanes, load/store/fmadd/hsum/exp) compile to
-// 512-bit or 256-bit code. Where the AVX-512 code leans on what AVX2 lacks
-// (mask registers, 16 x 16 transposes, vdpbf16ps: the attention fast path,
-// the bitmask stores) each ISA has its own block, VLLM_CPU_AVX512 /
-// VLLM_CPU_AVX2; the raw load16 / store16 / exp16 helpers are AVX-512 only.
+// `simd` layer below (fvec, kLanes, load/store/fmadd/hsum/exp, lane masks,
+// transpose_sum, pair shuffles) compile to 512-bit or 256-bit code. Only
+// what one ISA alone has keeps its own block (vdpbf16ps in the attention
+// fast path, the bitmask stores); the raw load16 / store16 / exp16 helpers
+// are AVX-512 only.
 //
 // Headers: the ops include ATen's per-topic headers (Tensor, Dispatch,
 // Parallel), not torch/all.h, which costs twice the compile time (the ISA
@@ -123,8 +123,11 @@ inline __m512 exp16(__m512 x) {
 }
 #endif  // VLLM_CPU_AVX512
 
-// Which vector path this build compiled (reported by cpu_ops_isa()).
-#if defined(VLLM_CPU_AVX512)
+// Which vector path this build compiled (reported by cpu_ops_isa(); the
+// names of the ISA variants in CMakeLists.txt and vllm/_custom_ops.py).
+#if defined(VLLM_CPU_AVX512) && defined(__AVX512BF16__)
+constexpr const char* kCpuIsa = "avx512_bf16";
+#elif defined(VLLM_CPU_AVX512)
 constexpr const char* kCpuIsa = "avx512";
 #elif defined(VLLM_CPU_AVX2)
 constexpr const char* kCpuIsa = "avx2";
@@ -159,6 +162,48 @@ inline void store(float* p, fvec v) { store16(p, v); }
 inline void store(bf16* p, fvec v) { store16(p, v); }
 inline void store(fp16* p, fvec v) { store16(p, v); }
 inline fvec exp(fvec x) { return exp16(x); }
+// Lane masks: which lanes a select() takes from its first operand.
+using mask = __mmask16;
+inline mask neq(fvec a, fvec b) { return _mm512_cmp_ps_mask(a, b, _CMP_NEQ_OQ); }
+inline fvec select(mask m, fvec a, fvec b) { return _mm512_mask_mov_ps(b, m, a); }  // m ? a : b
+inline fvec keep(mask m, fvec a) { return _mm512_maskz_mov_ps(m, a); }  // m ? a : 0
+// Lane i set when lo <= first + i < hi.
+inline mask lanes_in(int64_t first, int64_t lo, int64_t hi) {
+  const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(first)),
+                                       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  return _mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(static_cast<int>(lo))) &
+         _mm512_cmplt_epi32_mask(idx, _mm512_set1_epi32(static_cast<int>(hi)));
+}
+// Lane i of the result = the sum of the kLanes lanes of v[i] (a transpose
+// and add tree: ~3 ops per vector instead of a reduction each).
+inline fvec transpose_sum(const fvec* v) {
+  fvec u[4];
+  for (int q = 0; q < 4; ++q) {
+    const fvec* w = v + 4 * q;
+    fvec t01 = _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+    fvec t23 = _mm512_add_ps(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
+    // Per 128-bit lane: [sum w0, sum w1, sum w2, sum w3] over that lane.
+    u[q] = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t01), _mm512_castps_pd(t23))));
+  }
+  // Sum the four 128-bit lanes of each u[q] into 128-bit lane q of the result.
+  fvec x0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+  fvec x1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x88), _mm512_shuffle_f32x4(x0, x1, 0xDD));
+}
+// Even lanes a * b - c, odd lanes a * b + c.
+inline fvec fmaddsub(fvec a, fvec b, fvec c) { return _mm512_fmaddsub_ps(a, b, c); }
+// Lanes (0 1)(2 3)... swapped within each pair.
+inline fvec swap_pairs(fvec a) { return _mm512_permute_ps(a, 0xB1); }
+// Each lane of the low (high) half of a, twice: a0 a0 a1 a1 ... (a8 a8 ...).
+inline fvec dup_lo(fvec a) {
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), a);
+}
+inline fvec dup_hi(fvec a) {
+  return _mm512_permutexvar_ps(
+      _mm512_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), a);
+}
 #else  // VLLM_CPU_AVX2
 using fvec = __m256;
 constexpr int kLanes = 8;
@@ -171,6 +216,35 @@ inline fvec div(fvec a, fvec b) { return _mm256_div_ps(a, b); }
 inline fvec max(fvec a, fvec b) { return _mm256_max_ps(a, b); }
 inline fvec fmadd(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
 inline fvec fmsub(fvec a, fvec b, fvec c) { return _mm256_fmsub_ps(a, b, c); }
+inline fvec fmaddsub(fvec a, fvec b, fvec c) { return _mm256_fmaddsub_ps(a, b, c); }
+// Lane masks are all-ones / all-zero lanes (blendv reads the sign bit).
+using mask = __m256;
+inline mask neq(fvec a, fvec b) { return _mm256_cmp_ps(a, b, _CMP_NEQ_OQ); }
+inline fvec select(mask m, fvec a, fvec b) { return _mm256_blendv_ps(b, a, m); }
+inline fvec keep(mask m, fvec a) { return _mm256_and_ps(m, a); }
+inline mask lanes_in(int64_t first, int64_t lo, int64_t hi) {
+  const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(first)),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_castsi256_ps(
+      _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lo)), idx),
+                          _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(hi)), idx)));
+}
+inline fvec transpose_sum(const fvec* v) {
+  // hadd pairs lanes within each 128-bit half: u0 holds, per half, the
+  // half-sums of v[0..3], u1 those of v[4..7]; adding the halves finishes.
+  fvec u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  fvec u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+inline fvec swap_pairs(fvec a) { return _mm256_permute_ps(a, 0xB1); }
+// unpacklo / unpackhi duplicate within 128-bit halves (a0 a0 a1 a1 | a4 a4
+// a5 a5, a2 a2 a3 a3 | a6 a6 a7 a7); the half-swap puts them in order.
+inline fvec dup_lo(fvec a) {
+  return _mm256_permute2f128_ps(_mm256_unpacklo_ps(a, a), _mm256_unpackhi_ps(a, a), 0x20);
+}
+inline fvec dup_hi(fvec a) {
+  return _mm256_permute2f128_ps(_mm256_unpacklo_ps(a, a), _mm256_unpackhi_ps(a, a), 0x31);
+}
 inline float hsum(fvec a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));              // lanes 0+2, 1+3

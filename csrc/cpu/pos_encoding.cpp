@@ -36,9 +36,23 @@ void rotate_neox(const T* x, T* y, const T* cos, const T* sin, int64_t half) {
   }
 }
 
+// Interleaved pairs (x[2i], x[2i + 1]) rotated by (cos[i], sin[i]). Vector
+// path: kLanes pairs per step, as two vectors of x; with c = cos[i] and
+// s = sin[i] duplicated into both lanes of pair i, y = x * c -/+ swap(x) * s
+// (even lanes subtract, odd lanes add: fmaddsub).
 template <typename T>
 void rotate_gptj(const T* x, T* y, const T* cos, const T* sin, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
+  int64_t i = 0;
+#ifdef VLLM_CPU_SIMD
+  using namespace simd;
+  for (; i + kLanes <= half; i += kLanes) {
+    const fvec c = load(cos + i), s = load(sin + i);
+    const fvec x0 = load(x + 2 * i), x1 = load(x + 2 * i + kLanes);
+    store(y + 2 * i, fmaddsub(x0, dup_lo(c), mul(swap_pairs(x0), dup_lo(s))));
+    store(y + 2 * i + kLanes, fmaddsub(x1, dup_hi(c), mul(swap_pairs(x1), dup_hi(s))));
+  }
+#endif
+  for (; i < half; ++i) {
     const float x1 = to_float(x[2 * i]), x2 = to_float(x[2 * i + 1]);
     const float c = to_float(cos[i]), s = to_float(sin[i]);
     y[2 * i] = from_float<T>(x1 * c - x2 * s);

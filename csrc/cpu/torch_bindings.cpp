@@ -39,7 +39,8 @@ at::Tensor int8_group_gemm(const at::Tensor& x, const at::Tensor& w,
 at::Tensor fp8_weight_gemm(const at::Tensor& x, const at::Tensor& w,
                               const at::Tensor& scales, int64_t group_size);
 std::string quant_gemm_isa();
-// The vector path cpu_types.h chose for the ops of this build.
+// The vector path cpu_types.h chose for the ops of this build (the ISA
+// variant: avx512_bf16, avx512, avx2 or scalar).
 inline std::string cpu_ops_isa() { return kCpuIsa; }
 }  // namespace vllm_cpu
 
@@ -82,15 +83,23 @@ TORCH_LIBRARY(VLLM_CPU_OPS_NAMESPACE, m) {
   m.def("fp8_weight_gemm(Tensor x, Tensor w, Tensor scales, int group_size) -> Tensor");
   m.impl("fp8_weight_gemm", at::kCPU, &vllm_cpu::fp8_weight_gemm);
   m.def("quant_gemm_isa() -> str", &vllm_cpu::quant_gemm_isa);
-  // The vector path the other ops were compiled with: avx512 / avx2 / scalar.
+  // The vector path the other ops were compiled with: avx512_bf16 / avx512 / avx2 / scalar.
   m.def("cpu_ops_isa() -> str", &vllm_cpu::cpu_ops_isa);
 }
 
-// `import vllm._C` loads this library (and so runs the registration above);
-// the Python module itself is empty.
+// `import vllm._C` (or vllm._C_avx2, ...: one module per ISA, CMakeLists.txt
+// names each by TORCH_EXTENSION_NAME) loads this library and so runs the
+// registration above; the Python module itself is empty.
+#ifndef TORCH_EXTENSION_NAME
+#define TORCH_EXTENSION_NAME _C
+#endif
+#define VLLM_CONCAT_(a, b) a##b
+#define VLLM_CONCAT(a, b) VLLM_CONCAT_(a, b)
+#define VLLM_STR_(a) #a
+#define VLLM_STR(a) VLLM_STR_(a)
 #include <Python.h>
-extern "C" PyObject* PyInit__C(void) {
-  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "vllm compiled ops (torch.ops._C_cpu)",
-                               -1, nullptr};
+extern "C" PyObject* VLLM_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, VLLM_STR(TORCH_EXTENSION_NAME),
+                               "vllm compiled ops (torch.ops._C_cpu)", -1, nullptr};
   return PyModule_Create(&module);
 }

@@ -1,13 +1,14 @@
 """Every vector path of the CPU ops (csrc/cpu) against torch references.
 
-The installed vllm._C has the best path its build host offers (AVX-512
-here). The AVX2 + FMA (+ F16C) and the scalar paths are compiled here from
-the same sources with only those flags, as one translation unit per ISA
-(`unity` below: torch's headers parsed once), into a temporary directory,
-each registering its ops under a namespace of its own (_cx_avx2,
-_cx_scalar) so they load beside vllm._C; the in-tree library is never
+The installed ops are the ISA variant vllm/_custom_ops.py chose for this host
+(vllm._C_avx512_bf16 / _avx512 / _avx2 or the scalar vllm._C: one per
+process). The AVX2 + FMA (+ F16C) and the scalar paths are also compiled
+here from the current sources, as one translation unit per ISA (`unity`
+below: torch's headers parsed once), into a temporary directory, each
+registering its ops under a namespace of its own (_cx_avx2, _cx_scalar) so
+they load beside the installed ones; the in-tree libraries are never
 rebuilt. Each test then runs against every build the host can execute,
-plus vllm._C itself ("native") when it is current.
+plus the installed ops ("native") when they are current.
 
 Checks are tight enough that a wrong vector path fails: fp32 results
 within a few fp32 ulps of an fp32 / float64 reference; bf16 / fp16 results
@@ -35,20 +36,18 @@ _CSRC = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
 _VARIANT_FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "scalar": [],
-    "avx512": [
-        "-mavx512f",
-        "-mavx512bw",
-        "-mavx512vl",
-        "-mavx512dq",
-        "-mavx512bf16",
-        "-mavx2",
-        "-mfma",
-        "-mf16c",
-    ],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"],
 }
-# Built by default: the paths vllm._C does not have on an AVX-512 host.
-# VLLM_CPU_OPS_ISA_VARIANTS=avx2,scalar,avx512 adds an AVX-512 build of the
-# current sources (vllm._C itself may be older than them).
+_VARIANT_FLAGS["avx512_bf16"] = [*_VARIANT_FLAGS["avx512"], "-mavx512bf16"]
+# The CPU features each build runs on (the compiler's -march=native macros).
+_NEEDS = {
+    "avx2": ("AVX2", "FMA", "F16C"),
+    "avx512": ("AVX2", "FMA", "F16C", "AVX512F", "AVX512BW", "AVX512VL", "AVX512DQ"),
+}
+_NEEDS["avx512_bf16"] = (*_NEEDS["avx512"], "AVX512BF16")
+# Built by default: the AVX2 and scalar paths (the installed build on an
+# AVX-512 host loads another). VLLM_CPU_OPS_ISA_VARIANTS=avx2,scalar,avx512
+# (,avx512_bf16) adds AVX-512 builds of the current sources.
 _VARIANTS = os.environ.get("VLLM_CPU_OPS_ISA_VARIANTS", "avx2,scalar").split(",")
 
 
@@ -101,8 +100,7 @@ def variant_libs(tmp_path_factory) -> dict[str, str]:
     macros = _native_macros()
     namespaces = {}
     for isa, (lib, _) in procs.items():
-        needs = {"avx2": ("AVX2", "FMA", "F16C"), "avx512": ("AVX512F", "AVX512BW", "AVX512BF16")}
-        if not all(f"__{f}__" in macros for f in needs.get(isa, ())):
+        if not all(f"__{f}__" in macros for f in _NEEDS.get(isa, ())):
             continue  # built (it compiles everywhere), but this host cannot run it
         torch.ops.load_library(str(lib))
         namespaces[isa] = f"_cx_{isa}"
@@ -122,18 +120,24 @@ def ns(request, variant_libs):
     return getattr(torch.ops, variant_libs[isa])
 
 
+def best_native_isa() -> str:
+    """The best ISA variant the compiler says this host runs (-march=native)."""
+    macros = _native_macros()
+    runnable = [isa for isa, need in _NEEDS.items() if all(f"__{f}__" in macros for f in need)]
+    return runnable[-1] if runnable else "scalar"  # _NEEDS: ascending
+
+
 def test_isa_of_build(ns):
-    """Each build runs the vector path its flags allow, not a silent scalar one."""
+    """Each build runs the vector path its flags allow, not a silent scalar
+    one; the installed ops (run-time dispatch) the best this host runs."""
     name = ns.name if hasattr(ns, "name") else str(ns)
     got = ns.cpu_ops_isa()
     if name.startswith("_cx_"):
         assert got == name.removeprefix("_cx_")
+    elif os.environ.get("VLLM_CPU_ISA", "auto") == "auto":
+        assert got == ops.cpu_ops_isa() == best_native_isa()
     else:
-        macros = _native_macros()
-        want = "avx512" if "__AVX512F__" in macros and "__AVX512BW__" in macros else "scalar"
-        if want == "scalar" and "__AVX2__" in macros and "__FMA__" in macros:
-            want = "avx2"
-        assert got == want
+        assert got == ops.cpu_ops_isa() == os.environ["VLLM_CPU_ISA"]
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -132,7 +132,10 @@ def _assert_near_ties(got, model) -> None:
     want = model_greedy(model, _prompts(), MAX_TOKENS)
     margins = tie_margins(model, _prompts(), got, want)
     print("fp8 W8A8 margins", margins)
-    assert all(0 <= m < MARGIN for m in margins), margins
+    # A negative margin: teacher-forced on the common prefix, the reference itself prefers our
+    # token (its incremental greedy and its full forward differ there, the dynamic activation
+    # scales seeing other tokens; seen on an AVX2-only host). Ours must not be worse by MARGIN.
+    assert all(m < MARGIN for m in margins), margins
     assert sum(g == w for g, w in zip(got, want)) >= 6, margins
 
 

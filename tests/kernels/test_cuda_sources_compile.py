@@ -7,14 +7,23 @@ compiled, never linked. The device code is generated for real (SASS for
 sm_90 through ptxas: the object carries a .nv_fatbin section), so a kernel
 that does not compile fails here. Warnings in our own files fail too.
 
+A source that passed is remembered under ~/.cache/vllm-tests/cuda-compile
+(XDG_CACHE_HOME), keyed by everything its compile depends on: its text and
+every csrc header it includes (transitively), the nvcc command, `nvcc
+--version`, the torch build and this test file. Only an unchanged source is
+skipped, so a change, a fresh machine or VLLM_TEST_NO_COMPILE_CACHE=1 compiles
+it again (the full compile costs ~90 s on 2 cores).
+
 Also the CPU-checkable build logic of setup.py: when the CUDA library is
 built, and TORCH_CUDA_ARCH_LIST -> CMake CUDA_ARCHITECTURES.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
@@ -82,37 +91,122 @@ def _compile(src: Path, out_dir: Path) -> tuple[Path, subprocess.CompletedProces
     return obj, proc
 
 
+# ------------------------------------------------- cache of passed sources
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+def _local_includes(src: Path) -> list[Path]:
+    """`src` and every csrc file it includes with quotes, transitively (the
+    torch and CUDA headers are covered by the versions in the key)."""
+    seen: dict[Path, None] = {}
+    todo = [src.resolve()]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen[path] = None
+        for name in _LOCAL_INCLUDE.findall(path.read_text(errors="replace")):
+            for base in (path.parent, CSRC):
+                candidate = (base / name).resolve()
+                if candidate.is_file():
+                    todo.append(candidate)
+                    break
+    return sorted(seen)
+
+
+def _toolchain_fingerprint() -> str:
+    nvcc = subprocess.run([NVCC, "--version"], capture_output=True, text=True, timeout=60)
+    return "\n".join(
+        [
+            nvcc.stdout,
+            torch.__version__,
+            str(torch.version.git_version),
+            *torch.utils.cpp_extension.include_paths(),
+            sysconfig.get_paths()["include"],
+            Path(__file__).read_text(),
+        ]
+    )
+
+
+def _cache_key(src: Path, toolchain: str) -> str:
+    h = hashlib.sha256(toolchain.encode())
+    # The command with this run's object path left out.
+    h.update(" ".join(_nvcc_command(src, Path("OBJ"))).encode())
+    for path in _local_includes(src):
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def _cache_dir() -> Path | None:
+    if os.environ.get("VLLM_TEST_NO_COMPILE_CACHE") == "1":
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "vllm-tests" / "cuda-compile"
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA_HOME, CUDA_PATH, PATH)")
 def test_every_cuda_source_compiles_for_sm90(tmp_path):
     includes = torch.utils.cpp_extension.include_paths()
     if not any((Path(p) / "c10/cuda/CUDAStream.h").exists() for p in includes):
         pytest.skip("this torch ships no c10/cuda headers")
-    sources = _sources()
-    assert len(sources) >= 7, sources  # 6 .cu files + the bindings
+    all_sources = _sources()
+    assert len(all_sources) >= 7, all_sources  # 6 .cu files + the bindings
+    cache, toolchain = _cache_dir(), _toolchain_fingerprint()
+    keys = {src: _cache_key(src, toolchain) for src in all_sources}
+    sources = [s for s in all_sources if cache is None or not (cache / keys[s]).exists()]
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
         results = list(pool.map(lambda s: _compile(s, tmp_path), sources))
     failures = []
     for src, (obj, proc) in zip(sources, results):
-        rel = src.relative_to(ROOT)
-        if proc.returncode != 0:
-            failures.append(f"{rel}: nvcc exit {proc.returncode}\n{proc.stderr[-4000:]}")
-            continue
-        own = [
-            line
-            for line in proc.stderr.splitlines()
-            if str(CSRC) in line and "warning" in line.lower()
-        ]
-        if own:
-            failures.append(f"{rel}: warnings in our sources:\n" + "\n".join(own))
-        if src.suffix == ".cu":
-            sections = (
-                subprocess.run(["readelf", "-S", str(obj)], capture_output=True, text=True).stdout
-                if shutil.which("readelf")
-                else ""
-            )
-            if sections and ".nv_fatbin" not in sections:
-                failures.append(f"{rel}: no device code (.nv_fatbin) in the object")
+        before = len(failures)
+        _check_one(src, obj, proc, failures)
+        if cache is not None and len(failures) == before:
+            cache.mkdir(parents=True, exist_ok=True)
+            (cache / keys[src]).write_text(f"{src.relative_to(ROOT)} passed\n")
     assert not failures, "\n\n".join(failures)
+
+
+def _check_one(src: Path, obj: Path, proc: subprocess.CompletedProcess, failures: list[str]):
+    """Appends to `failures` what is wrong with one compile: an error, a
+    warning in our sources, a .cu object without device code."""
+    rel = src.relative_to(ROOT)
+    if proc.returncode != 0:
+        failures.append(f"{rel}: nvcc exit {proc.returncode}\n{proc.stderr[-4000:]}")
+        return
+    own = [
+        line for line in proc.stderr.splitlines() if str(CSRC) in line and "warning" in line.lower()
+    ]
+    if own:
+        failures.append(f"{rel}: warnings in our sources:\n" + "\n".join(own))
+    if src.suffix == ".cu":
+        sections = (
+            subprocess.run(["readelf", "-S", str(obj)], capture_output=True, text=True).stdout
+            if shutil.which("readelf")
+            else ""
+        )
+        if sections and ".nv_fatbin" not in sections:
+            failures.append(f"{rel}: no device code (.nv_fatbin) in the object")
+
+
+def test_cache_key_covers_every_included_csrc_header():
+    """A header edit must invalidate the remembered result of every source
+    that includes it, directly or through another header."""
+    rel = {
+        p.relative_to(CSRC).as_posix()
+        for p in _local_includes(CSRC / "attention/paged_attention_v1.cu")
+    }
+    assert rel == {
+        "attention/paged_attention_v1.cu",
+        "attention/attention_utils.h",
+        "attention/attention_kernels.cuh",
+        "cuda_utils.cuh",
+        "dispatch_utils.h",
+        "ops.h",
+    }
+    assert {p.name for p in _local_includes(CSRC / "torch_bindings.cpp")} == {
+        "torch_bindings.cpp",
+        "ops.h",
+    }
 
 
 # ------------------------------------------------------ setup.py build logic

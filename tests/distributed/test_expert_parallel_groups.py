@@ -7,12 +7,10 @@ expert parallelism (ep_size 4, linear placement: one of 4 experts each)."""
 
 from __future__ import annotations
 
-import multiprocessing
-
 import pytest
 import torch
 
-from vllm.distributed.utils import get_distributed_init_method, get_open_port
+from tests.distributed.utils import init_gloo_rank, run_gloo_world
 
 TOKENS = (3, 5)  # per DP engine
 E, H, INTER, K = 4, 16, 8, 2
@@ -41,9 +39,7 @@ def _rank_main(rank: int, init_method: str, ep: bool, out) -> None:
     from vllm.distributed.parallel_state import get_dp_group, get_ep_group
     from vllm.model_executor.layers.fused_moe import FusedMoE
 
-    torch.set_num_threads(1)
-    d.init_distributed_environment(4, rank, init_method, rank, "gloo")
-    d.initialize_model_parallel(2, 1)  # dp = 4 / (2 x 1)
+    init_gloo_rank(4, rank, init_method, tp=2)  # dp = 4 / (2 x 1)
     config = VllmConfig(
         parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=ep)
     )
@@ -76,20 +72,7 @@ def _rank_main(rank: int, init_method: str, ep: bool, out) -> None:
 
 @pytest.mark.parametrize("ep", [False, True], ids=["tp-slices", "expert-parallel"])
 def test_dp2_tp2_moe_layer_equals_single_process(ep):
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    init_method = get_distributed_init_method("127.0.0.1", get_open_port())
-    procs = [ctx.Process(target=_rank_main, args=(r, init_method, ep, out)) for r in range(4)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(out.get(timeout=120) for _ in range(4))
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs)
+    results = run_gloo_world(_rank_main, 4, ep)
     expected = _reference()
     for rank, r in results.items():
         dp_rank, tp_rank = divmod(rank, 2)

@@ -3,19 +3,15 @@ TP=2 x PP=2 and the collectives the layers and pipeline stages use."""
 
 from __future__ import annotations
 
-import multiprocessing
-
 import torch
 
-from vllm.distributed.utils import get_distributed_init_method, get_open_port
+from tests.distributed.utils import init_gloo_rank, run_gloo_world
 
 
 def _rank_main(rank: int, init_method: str, out) -> None:
     from vllm import distributed as d
 
-    torch.set_num_threads(1)
-    d.init_distributed_environment(4, rank, init_method, rank, "gloo")
-    d.initialize_model_parallel(2, 2)
+    init_gloo_rank(4, rank, init_method, tp=2, pp=2)
     tp, pp = d.get_tp_group(), d.get_pp_group()
     x = torch.full((2, 3), float(rank + 1))
     reduced = d.tensor_model_parallel_all_reduce(x.clone())
@@ -54,19 +50,7 @@ def _rank_main(rank: int, init_method: str, out) -> None:
 
 
 def test_tp2_pp2_groups_and_collectives():
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    init_method = get_distributed_init_method("127.0.0.1", get_open_port())
-    procs = [ctx.Process(target=_rank_main, args=(r, init_method, out)) for r in range(4)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(out.get(timeout=120) for _ in range(4))
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+    results = run_gloo_world(_rank_main, 4)
     for rank, r in results.items():
         tp_peer = rank ^ 1  # ranks 2k and 2k+1 share a TP group
         assert r["tp_ranks"] == sorted([rank, tp_peer])
@@ -84,4 +68,3 @@ def test_tp2_pp2_groups_and_collectives():
                 "hidden_states": (torch.float32, (torch.arange(6.0).view(2, 3) + sender).tolist()),
                 "residual": (torch.bfloat16, [[1.0] * 3] * 2),
             }
-    assert all(p.exitcode == 0 for p in procs)

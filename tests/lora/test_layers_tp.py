@@ -8,10 +8,9 @@ reduce / gather. Same adapters and mapping as tests/lora/test_layers.py."""
 
 from __future__ import annotations
 
-import multiprocessing
-
 import torch
 
+from tests.distributed.utils import init_gloo_rank, run_gloo_world
 from tests.lora.test_layers import (
     CASES,
     EXPECTED_CLASS,
@@ -22,7 +21,6 @@ from tests.lora.test_layers import (
     _x,
 )
 from tests.lora.test_layers_vocab import DIM, SAMPLED_IDS, _ids, embedding_with_lora, head_with_lora
-from vllm.distributed.utils import get_distributed_init_method, get_open_port
 
 TP_CASES = ["column", "gate_up", "gate_up_single", "qkv", "qkv_single", "row"]
 
@@ -67,29 +65,14 @@ def _outputs(rank: int) -> dict:
 def _tp_rank_main(rank: int, init_method: str, out) -> None:
     from vllm import distributed as d
 
-    torch.set_num_threads(1)
-    d.init_distributed_environment(2, rank, init_method, rank, "gloo")
-    d.initialize_model_parallel(2, 1)
+    init_gloo_rank(2, rank, init_method, tp=2)
     results = {k: (cls, t.tolist()) for k, (cls, t) in _outputs(rank).items()}
     out.put((rank, results))
     d.destroy_distributed_environment()
 
 
 def test_tp2_equals_tp1():
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    init_method = get_distributed_init_method("127.0.0.1", get_open_port())
-    procs = [ctx.Process(target=_tp_rank_main, args=(r, init_method, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(queue.get(timeout=240) for _ in range(2))
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs)
+    results = run_gloo_world(_tp_rank_main, 2, timeout=240)
     tp1 = _outputs(0)
     for key, (_, full) in tp1.items():
         for rank in (0, 1):

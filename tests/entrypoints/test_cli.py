@@ -81,6 +81,8 @@ def test_bench_latency(model):
             "4",
             "--batch-size",
             "2",
+            "--n",
+            "2",
             "--num-iters-warmup",
             "1",
             "--num-iters",

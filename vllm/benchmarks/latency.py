@@ -53,8 +53,8 @@ def main(args: argparse.Namespace) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    if args.n != 1:
-        raise ValueError("--n > 1 needs parallel sampling, which is not built yet.")
+    if args.n < 1:
+        raise ValueError(f"--n must be at least 1, got {args.n}.")
     engine_args = EngineArgs.from_cli_args(args)
     llm = LLM(**dataclasses.asdict(engine_args))
     model_config = llm.llm_engine.model_config

@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py CMakeLists.txt 
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: venv serve test lint clean-venv
+.PHONY: venv serve test lint clean-venv browser
 
 venv: $(STAMP)
 
@@ -34,8 +34,20 @@ $(STAMP): pyproject.toml setup.py CMakeLists.txt $(wildcard csrc/*.cu csrc/*.cuh
 serve: venv
 	$(VENV)/bin/vllm serve --host $(HOST) --port $(PORT)
 
-test: venv
+test: venv browser
 	$(PY) -m pytest -q tests --durations=15
+
+# Headless Chromium and its WebDriver from Debian's packages, for the playground's
+# browser test (tests/entrypoints/test_playground.py; nothing is downloaded at test
+# time). Nothing to do when both are there; installing needs root (CI runs as root).
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	  else \
+	    echo "make browser: chromium / chromedriver missing; as root: apt-get install -y chromium chromium-driver"; \
+	  fi; \
+	fi
 
 # The static checks (also .pre-commit-config.yaml): ruff's lint rules and
 # formatting, mypy over vllm/ (all three configured in pyproject.toml), and the

@@ -104,6 +104,13 @@ AUDIT: dict[str, tuple[str, Any]] = {
         ("tests/entrypoints/openai/test_shutdown.py::test_sigterm_lets_in_flight_requests_finish"),
     ),
     "disable_fastapi_docs": ("tested", f"{FRONTEND}::test_disable_fastapi_docs"),
+    "disable_playground": (
+        "tested",
+        (
+            "tests/entrypoints/test_playground.py::"
+            "test_routes_serve_the_packaged_files_and_the_flag_removes_them"
+        ),
+    ),
     # Both forms parsed (and malformed entries refused) in-process; the server
     # serves them with outputs equal to peft's merged model.
     "lora_modules": ("tested", f"{LORA_SERVING}::test_adapter_outputs_equal_peft_merged_model"),

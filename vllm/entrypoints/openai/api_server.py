@@ -15,8 +15,9 @@ objects built on it in `init_app_state`, /health and the watchdog over both.
 
 Routes here: /v1/completions, /v1/chat/completions, /v1/models, /invocations,
 /ping; from vllm/entrypoints/serve/: /health, /version, /metrics, /tokenize,
-/detokenize, and with VLLM_ALLOW_RUNTIME_LORA_UPDATING /v1/load_lora_adapter
-and /v1/unload_lora_adapter (response helpers in openai/utils.py). The
+/detokenize, the playground page at / (unless --disable-playground), and
+with VLLM_ALLOW_RUNTIME_LORA_UPDATING /v1/load_lora_adapter and
+/v1/unload_lora_adapter (response helpers in openai/utils.py). The
 --lora-modules adapters are loaded before the server answers; a request's
 `model` selects one by name (serving_models.py). Errors use the
 envelope {"error": {"message", "type", "param", "code"}} with the HTTP status
@@ -95,6 +96,7 @@ from vllm.entrypoints.openai.utils import respond, validate_json_request
 from vllm.entrypoints.pooling import init_pooling_state, register_pooling_api_routers
 from vllm.entrypoints.serve import register_vllm_serve_api_routers
 from vllm.entrypoints.serve.instrumentator.health import engine_clients, health
+from vllm.entrypoints.serve.playground.api_router import attach_router as attach_playground
 from vllm.entrypoints.serve.utils.server_utils import (
     UNGUARDED_PATHS,
     AuthenticationMiddleware,
@@ -221,6 +223,8 @@ def build_app(args: Namespace, supported_tasks: tuple[str, ...] = ("generate",))
     attach_anthropic_router(app)
     attach_responses(app)
     register_pooling_api_routers(app, supported_tasks)
+    if not args.disable_playground:
+        attach_playground(app)
     app.root_path = root_path
     # Innermost of the three: the API key is checked before any body is read,
     # and a 413 still carries the CORS headers.

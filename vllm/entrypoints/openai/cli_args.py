@@ -122,7 +122,8 @@ def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         help="If given, every route that runs the model (all but "
-        "/health, /ping, /version and the API docs) requires one of these "
+        "/health, /ping, /version, the API docs and the playground's static "
+        "page) requires one of these "
         "keys as `Authorization: Bearer <key>`. Also VLLM_API_KEY.",
     )
     group.add_argument(
@@ -198,6 +199,13 @@ def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
         "--disable-fastapi-docs",
         action="store_true",
         help="Disable /docs, /redoc and /openapi.json.",
+    )
+    group.add_argument(
+        "--disable-playground",
+        action="store_true",
+        help="Do not serve the browser playground and engine dashboard at / "
+        "(static files; with --api-key the page loads but every call it "
+        "makes needs the key).",
     )
 
 

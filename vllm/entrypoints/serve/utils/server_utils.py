@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from vllm.entrypoints.launcher import terminate_if_errored
 from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from vllm.entrypoints.serve.instrumentator.health import engine_clients
+from vllm.entrypoints.serve.playground.api_router import PLAYGROUND_PATHS
 
 # Starlette's, except that it never fails on a lone surrogate (see there).
 from vllm.entrypoints.utils import Utf8JSONResponse as JSONResponse
@@ -32,10 +33,13 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError, Queu
 
 logger = init_logger("vllm.entrypoints.openai.api_server")
 
-# Paths that answer without an API key: liveness, version and API docs. Every
-# other path (inference, tokenization, metrics, unknown ones) needs the key.
+# Paths that answer without an API key: liveness, version, API docs and the
+# playground's static files (a browser cannot send the key when it loads a
+# page; everything the page does needs it). Every other path (inference,
+# tokenization, metrics, unknown ones) needs the key.
 UNGUARDED_PATHS = frozenset(
     {"/health", "/ping", "/version", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+    | PLAYGROUND_PATHS
 )
 
 

@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml setup.py CMakeLists.txt $(wildcard csrc/*.cu csrc/*.cuh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# The CPU build of torch lies on these machines' disk; a bare `torch` would pull CUDA.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,ray]'
+	$(PY) -m pip install -q -e '.[test,ray,otel]'
 	@# Suffix decoding's library (tests/v1/spec_decode/test_suffix*.py): PyPI has only the sdist of
 	@# arctic-inference, a small nanobind C++ extension (~25 s to build). Built in this
 	@# venv: its build requirements name torch, and an isolated build would download a

@@ -344,6 +344,11 @@ AUDIT: dict[str, tuple[str, Any]] = {
     # ---- observability / AsyncEngineArgs ----
     "disable_log_stats": ("tested", f"{EFFECTS}::test_log_stats_report_request_metrics"),
     "enable_log_requests": ("tested", f"{FRONTEND}::test_enable_log_requests"),
+    "otlp_traces_endpoint": (
+        "tested",
+        "tests/tracing/test_tracing.py::test_span_carries_the_request_timings_and_the_callers_trace",
+    ),
+    "collect_detailed_traces": ("refused", ["model"]),
 }
 
 # Fields of the JSON-config flags, audited as "<flag>.<field>".

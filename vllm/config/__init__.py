@@ -10,6 +10,7 @@ from vllm.config.kv_transfer import KVTransferConfig
 from vllm.config.load import LoadConfig
 from vllm.config.lora import LoRAConfig
 from vllm.config.model import ModelConfig
+from vllm.config.observability import ObservabilityConfig
 from vllm.config.parallel import ParallelConfig
 from vllm.config.scheduler import SchedulerConfig
 from vllm.config.speculative import SpeculativeConfig
@@ -32,6 +33,7 @@ __all__ = [
     "LoadConfig",
     "LoRAConfig",
     "ModelConfig",
+    "ObservabilityConfig",
     "ParallelConfig",
     "SchedulerConfig",
     "StructuredOutputsConfig",

@@ -29,6 +29,7 @@ from vllm.config.kv_transfer import KVTransferConfig
 from vllm.config.load import LoadConfig
 from vllm.config.lora import LoRAConfig
 from vllm.config.model import ModelConfig
+from vllm.config.observability import ObservabilityConfig
 from vllm.config.parallel import ParallelConfig
 from vllm.config.scheduler import SchedulerConfig
 from vllm.config.speculative import SpeculativeConfig
@@ -86,6 +87,8 @@ class VllmConfig:
     )
     # LoRA adapters (--enable-lora); None: requests may not name an adapter.
     lora_config: LoRAConfig | None = None
+    # Request tracing (--otlp-traces-endpoint).
+    observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     # Upstream's records for features not built here: refused when set.
     kv_transfer_config: KVTransferConfig | None = None
     kv_events_config: KVEventsConfig | None = None

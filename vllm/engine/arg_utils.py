@@ -28,6 +28,7 @@ from vllm.config import (
     LoadConfig,
     LoRAConfig,
     ModelConfig,
+    ObservabilityConfig,
     ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
@@ -496,6 +497,20 @@ class EngineArgs:
     )
     # --- Observability ---
     disable_log_stats: bool = _arg(False, "Do not log engine statistics.", "ObservabilityConfig")
+    otlp_traces_endpoint: str | None = _arg(
+        ObservabilityConfig.otlp_traces_endpoint,
+        "Target URL to which OpenTelemetry traces are sent (one span per request; "
+        "needs vllm[otel]).",
+        "ObservabilityConfig",
+        type=_opt_str,
+    )
+    collect_detailed_traces: list[str] | None = _arg(
+        ObservabilityConfig.collect_detailed_traces,
+        "Upstream's detailed (model / worker) traces: not built here, refused.",
+        "ObservabilityConfig",
+        type=str,
+        nargs="+",
+    )
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -581,6 +596,10 @@ class EngineArgs:
             structured_outputs_config=self._create_structured_outputs_config(),
             lora_config=self._create_lora_config(),
             speculative_config=speculative_config,
+            observability_config=ObservabilityConfig(
+                otlp_traces_endpoint=self.otlp_traces_endpoint,
+                collect_detailed_traces=self.collect_detailed_traces,  # type: ignore[arg-type]
+            ),
         )
 
     def _check_feature_supported(self, model_config: ModelConfig) -> None:

@@ -121,6 +121,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt = TokensPrompt(prompt_token_ids=prompt_ids)
         if request.cache_salt is not None:
             prompt["cache_salt"] = request.cache_salt
+        trace_headers = await self._get_trace_headers(raw_request)
         try:
             result_generator = await prime(
                 self.beam_search(
@@ -137,6 +138,7 @@ class OpenAIServingChat(OpenAIServing):
                     request_id,
                     prompt_text=prompt_text,
                     lora_request=lora_request,
+                    trace_headers=trace_headers,
                     priority=request.priority,
                     **self._reasoning_kwargs(request),
                 )

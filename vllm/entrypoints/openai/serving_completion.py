@@ -62,12 +62,13 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id = f"cmpl-{self._base_request_id(raw_request, request.request_id)}"
         model_name = self._get_model_name(request.model)
         created_time = int(time.time())
+        trace_headers = await self._get_trace_headers(raw_request)
         try:
             tokenizer = await self.engine_client.get_tokenizer()
             prompts = self._tokenize_prompts(request, tokenizer)
             self._check_capacity(request.n * len(prompts))
             generators = [
-                self._generate(request, ids, text, f"{request_id}-{i}", lora_request)
+                self._generate(request, ids, text, f"{request_id}-{i}", lora_request, trace_headers)
                 for i, (ids, text) in enumerate(prompts)
             ]
         except Exception as e:
@@ -152,6 +153,7 @@ class OpenAIServingCompletion(OpenAIServing):
         text: str | None,
         request_id: str,
         lora_request: LoRARequest | None,
+        trace_headers: dict[str, str] | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         echo_only = request.echo and request.max_tokens == 0
         # Echo-only still runs one step (the engine always samples a token);
@@ -173,6 +175,7 @@ class OpenAIServingCompletion(OpenAIServing):
             request_id,
             prompt_text=text,
             lora_request=lora_request,
+            trace_headers=trace_headers,
             priority=request.priority,
         )
 

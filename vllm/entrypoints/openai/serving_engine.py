@@ -37,6 +37,11 @@ from vllm.sampling_params import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from vllm.tracing import (
+    contains_trace_headers,
+    extract_trace_headers,
+    log_tracing_disabled_warning,
+)
 from vllm.v1.engine.exceptions import EngineDeadError, QueueOverflowError
 
 if TYPE_CHECKING:
@@ -199,6 +204,18 @@ class OpenAIServing:
         if raw_request is None:
             return default
         return raw_request.headers.get("X-Request-Id") or default
+
+    async def _get_trace_headers(self, raw_request: Request | None) -> dict[str, str] | None:
+        """The request's W3C trace headers when tracing is on (its span becomes
+        a child of the caller's); ignored, with one warning, when it is off."""
+        if raw_request is None:
+            return None
+        headers = raw_request.headers
+        if await self.engine_client.is_tracing_enabled():
+            return extract_trace_headers(headers)
+        if contains_trace_headers(headers):
+            log_tracing_disabled_warning()
+        return None
 
     def _check_capacity(self, num_sequences: int) -> None:
         """A request that needs more sequences than the engine ever admits at

@@ -34,6 +34,7 @@ from vllm.logger import init_logger
 from vllm.outputs import PoolingRequestOutput, RequestOutput
 from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
+from vllm.tracing import init_tracer
 from vllm.transformers_utils.tokenizer import cached_tokenizer_from_config
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
@@ -41,7 +42,7 @@ from vllm.v1.engine.core_client_base import EngineCoreClient
 from vllm.v1.engine.core_sleep import validate_sleep_args, validate_wake_up_tags
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError, QueueOverflowError
 from vllm.v1.engine.input_processor import InputProcessor
-from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
+from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector, do_tracing
 from vllm.v1.engine.parallel_sampling import ParentRequest
 from vllm.v1.metrics.loggers import StatLoggerBase, StatLoggerManager
 from vllm.v1.metrics.stats import IterationStats, RequestStateStats
@@ -61,6 +62,8 @@ class _TrackedRequest:
     prompt_len: int
     max_tokens: int | None
     is_prefilling: bool = True
+    # Kept only when tracing: the span needs its trace headers and params.
+    request: EngineCoreRequest | None = None
 
 
 def _max_tokens(request: EngineCoreRequest) -> int | None:
@@ -71,8 +74,10 @@ def _max_tokens(request: EngineCoreRequest) -> int | None:
 class _StatsTracker:
     """Front-end per-request timing, turned into `IterationStats` per batch."""
 
-    def __init__(self, logger_manager: StatLoggerManager) -> None:
+    def __init__(self, logger_manager: StatLoggerManager | None, tracing: bool = False) -> None:
         self.logger_manager = logger_manager
+        # --otlp-traces-endpoint: one span per finished request (do_tracing).
+        self.tracing = tracing
         self.requests: dict[str, _TrackedRequest] = {}
 
     def add(self, request: EngineCoreRequest) -> None:
@@ -80,6 +85,7 @@ class _StatsTracker:
             RequestStateStats(arrival_time=time.time()),
             prompt_len=len(request.prompt_token_ids or ()),
             max_tokens=_max_tokens(request),
+            request=request if self.tracing else None,
         )
 
     def forget(self, request_ids: Iterable[str]) -> None:
@@ -121,6 +127,8 @@ class _StatsTracker:
             iteration_stats.update_from_finished_request(
                 reason, tracked.prompt_len, tracked.max_tokens, tracked.stats, num_cached_tokens
             )
+            if tracked.request is not None:
+                do_tracing(tracked.request, iteration_stats.finished_requests[-1], tracked.stats)
 
 
 class AsyncLLM(EngineClient):
@@ -146,6 +154,11 @@ class AsyncLLM(EngineClient):
         self.model_config = model_config
         self.log_requests = log_requests
         self.log_stats = log_stats or bool(stat_loggers)
+        self.observability_config = vllm_config.observability_config
+        tracing = self.observability_config.tracing_enabled
+        if tracing:
+            assert self.observability_config.otlp_traces_endpoint is not None
+            init_tracer("vllm.llm_engine", self.observability_config.otlp_traces_endpoint)
         # At most this many unfinished requests (n > 1 counts n); None: no limit.
         self.max_num_queued_reqs = max_num_queued_reqs
         self.tokenizer = (
@@ -167,7 +180,8 @@ class AsyncLLM(EngineClient):
         self.engine_core = EngineCoreClient.make_async_mp_client(
             vllm_config=vllm_config,
             executor_class=executor_class,
-            log_stats=self.log_stats,
+            # The spans need the core's queued / scheduled timestamps.
+            log_stats=self.log_stats or tracing,
             client_addresses=client_addresses,
             client_count=client_count,
             client_index=client_index,
@@ -182,7 +196,8 @@ class AsyncLLM(EngineClient):
                 custom_stat_loggers=stat_loggers,
             )
             self.logger_manager.log_engine_initialized()
-            self._stats = _StatsTracker(self.logger_manager)
+        if self.log_stats or tracing:
+            self._stats = _StatsTracker(self.logger_manager, tracing)
         self.output_handler: asyncio.Task[None] | None = None
         if start_engine_loop:
             try:
@@ -548,7 +563,7 @@ class AsyncLLM(EngineClient):
         return self._supported_tasks
 
     async def is_tracing_enabled(self) -> bool:
-        return False
+        return self.observability_config.tracing_enabled
 
     async def do_log_stats(self) -> None:
         if self.logger_manager is not None:

@@ -50,6 +50,12 @@ class LLMEngine:
     ) -> None:
         if stat_loggers:
             raise NotImplementedError("Custom stat loggers are not supported yet.")
+        if vllm_config.observability_config.tracing_enabled:
+            # The request timings are tracked by AsyncLLM's front end only.
+            raise ValueError(
+                "otlp_traces_endpoint (--otlp-traces-endpoint) traces the requests of "
+                "`vllm serve` (AsyncLLM); LLM / LLMEngine do not export spans here."
+            )
         self.vllm_config = vllm_config
         model_config = vllm_config.model_config
         assert model_config is not None, "an engine needs a model"

@@ -25,6 +25,7 @@ from vllm.outputs import (
     RequestOutput,
 )
 from vllm.sampling_params import RequestOutputKind
+from vllm.tracing import SpanAttributes, SpanKind, extract_trace_context, instrument_manual
 from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 from vllm.v1.engine.logprobs import LogprobsProcessor
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
     from vllm.tokenizers import TokenizerLike
     from vllm.v1.engine.parallel_sampling import ParentRequest
+    from vllm.v1.metrics.stats import FinishedRequestStats, RequestStateStats
 
 
 class RequestOutputCollector:
@@ -457,3 +459,45 @@ class OutputProcessor:
                 ids.remove(state.request_id)
             if not ids:
                 del self.external_req_ids[state.external_req_id]
+
+
+def do_tracing(
+    request: EngineCoreRequest, finished: FinishedRequestStats, req_stats: RequestStateStats
+) -> None:
+    """Export the "llm_request" span of a finished request (--otlp-traces-endpoint).
+
+    Upstream: `OutputProcessor.do_tracing`; here the timings come from the
+    front end's stats tracker (`vllm/v1/engine/async_llm.py`), which computed
+    `finished` for the metrics. The span starts at the request's arrival, ends
+    now, and is a child of the caller's span when the request carried W3C
+    trace headers.
+    """
+    attributes: dict[str, Any] = {
+        SpanAttributes.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: req_stats.first_token_latency,
+        SpanAttributes.GEN_AI_LATENCY_E2E: finished.e2e_latency,
+        SpanAttributes.GEN_AI_LATENCY_TIME_IN_QUEUE: finished.queued_time,
+        SpanAttributes.GEN_AI_USAGE_PROMPT_TOKENS: finished.num_prompt_tokens,
+        SpanAttributes.GEN_AI_USAGE_COMPLETION_TOKENS: finished.num_generation_tokens,
+        SpanAttributes.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: finished.prefill_time,
+        SpanAttributes.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: finished.decode_time,
+        SpanAttributes.GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE: finished.inference_time,
+        SpanAttributes.GEN_AI_REQUEST_ID: request.external_req_id or request.request_id,
+    }
+    params = request.sampling_params
+    if params is not None:
+        # As upstream: only the values that are set (and non-zero).
+        for name, value in (
+            (SpanAttributes.GEN_AI_REQUEST_TOP_P, params.top_p),
+            (SpanAttributes.GEN_AI_REQUEST_MAX_TOKENS, params.max_tokens),
+            (SpanAttributes.GEN_AI_REQUEST_TEMPERATURE, params.temperature),
+            (SpanAttributes.GEN_AI_REQUEST_N, params.n),
+        ):
+            if value:
+                attributes[name] = value
+    instrument_manual(
+        span_name="llm_request",
+        start_time=int(req_stats.arrival_time * 1e9),
+        attributes=attributes,
+        context=extract_trace_context(request.trace_headers),
+        kind=SpanKind.SERVER,
+    )

@@ -1,23 +1,39 @@
 """The `vllm` command (upstream: vllm/entrypoints/cli/main.py).
 
-vllm serve [model] [engine flags]      (an offline demo until the server lands)
-vllm bench throughput|latency [flags]
+vllm serve [model] [engine flags]      the OpenAI-compatible server
+vllm chat | complete [--url URL]       talk to a running server (cli/openai.py)
+vllm run-batch -i IN -o OUT --model M  an OpenAI batch file, in process
+vllm collect-env                       the environment report
+vllm bench throughput|latency|serve [flags]
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 from vllm.entrypoints.cli.types import CLISubcommand
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.version import __version__
 
+# Subcommand -> the module that defines it (under vllm.entrypoints.cli).
+_MODULES = {
+    "chat": "openai",
+    "complete": "openai",
+    "serve": "serve",
+    "bench": "benchmark.main",
+    "collect-env": "collect_env",
+    "run-batch": "run_batch",
+}
 
-def _subcommands() -> list[CLISubcommand]:
-    from vllm.entrypoints.cli import serve
-    from vllm.entrypoints.cli.benchmark import main as bench
 
-    return [*serve.cmd_init(), *bench.cmd_init()]
+def _subcommands(argv: list[str]) -> list[CLISubcommand]:
+    """The subcommands to register: only the one named first in `argv` (so
+    that `vllm chat` does not import torch for the engine flags of the
+    others), else all of them (`vllm --help`)."""
+    names = [_MODULES[argv[0]]] if argv and argv[0] in _MODULES else _MODULES.values()
+    modules = [importlib.import_module(f"vllm.entrypoints.cli.{n}") for n in dict.fromkeys(names)]
+    return [cmd for module in modules for cmd in module.cmd_init()]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,10 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-v", "--version", action="version", version=__version__)
     subparsers = parser.add_subparsers(required=False, dest="subparser")
     cmds: dict[str, CLISubcommand] = {}
-    for cmd in _subcommands():
+    argv = sys.argv[1:] if argv is None else argv
+    for cmd in _subcommands(argv):
         cmd.subparser_init(subparsers).set_defaults(dispatch_function=cmd.cmd)
         cmds[cmd.name] = cmd
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     if args.subparser in cmds:
         cmds[args.subparser].validate(args)
     if hasattr(args, "dispatch_function"):

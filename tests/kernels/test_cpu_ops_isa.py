@@ -8,7 +8,11 @@ below: torch's headers parsed once), into a temporary directory, each
 registering its ops under a namespace of its own (_cx_avx2, _cx_scalar) so
 they load beside the installed ones; the in-tree libraries are never
 rebuilt. Each test then runs against every build the host can execute,
-plus the installed ops ("native") when they are current.
+plus the installed ops ("native") when they are current. A build is kept
+under ~/.cache/vllm-tests/cpu-ops-isa (XDG_CACHE_HOME), keyed by its inputs
+(every csrc/cpu file, the command, the compiler's version, the torch build,
+this file): only unchanged sources reuse it, so any edit, a fresh machine or
+VLLM_TEST_NO_COMPILE_CACHE=1 builds again (~30 s on 2 cores).
 
 Checks are tight enough that a wrong vector path fails: fp32 results
 within a few fp32 ulps of an fp32 / float64 reference; bf16 / fp16 results
@@ -21,6 +25,7 @@ head sizes, hidden sizes and rotary halves that are not multiples of the
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -89,22 +94,70 @@ def variant_libs(tmp_path_factory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("cpu_ops_isa")
     unity = out / "unity.cpp"
     unity.write_text("".join(f'#include "{p}"\n' for p in sorted(_CSRC.glob("*.cpp"))))
+    libs = _cached_builds(cxx)
     procs = {}
     for isa in _VARIANTS:
+        if isa in libs:
+            continue
         lib = out / f"cx_{isa}.so"
         cmd = _build_cmd(cxx, unity, lib, isa)
         procs[isa] = (lib, subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True))
-    for isa, (_, proc) in procs.items():
+    for isa, (lib, proc) in procs.items():
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"{isa} build failed:\n{err[-3000:]}"
+        libs[isa] = _cache_build(cxx, isa, lib)
     macros = _native_macros()
     namespaces = {}
-    for isa, (lib, _) in procs.items():
+    for isa, lib in libs.items():
         if not all(f"__{f}__" in macros for f in _NEEDS.get(isa, ())):
             continue  # built (it compiles everywhere), but this host cannot run it
         torch.ops.load_library(str(lib))
         namespaces[isa] = f"_cx_{isa}"
     return namespaces
+
+
+def _cache_key(cxx: str, isa: str) -> str:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    h = hashlib.sha256(
+        "\n".join([version, torch.__version__, str(torch.version.git_version)]).encode()
+    )
+    # The command with this run's paths left out.
+    h.update(" ".join(_build_cmd(cxx, Path("SRC"), Path("LIB"), isa)).encode())
+    h.update(Path(__file__).read_bytes())
+    for path in sorted(_CSRC.rglob("*")):
+        if path.is_file():
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def _cache_dir() -> Path | None:
+    if os.environ.get("VLLM_TEST_NO_COMPILE_CACHE") == "1":
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "vllm-tests" / "cpu-ops-isa"
+
+
+def _cached_builds(cxx: str) -> dict[str, Path]:
+    """ISA -> a kept build of exactly these sources, where there is one."""
+    cache = _cache_dir()
+    if cache is None:
+        return {}
+    found = {isa: cache / f"{_cache_key(cxx, isa)}.so" for isa in _VARIANTS}
+    return {isa: lib for isa, lib in found.items() if lib.is_file()}
+
+
+def _cache_build(cxx: str, isa: str, lib: Path) -> Path:
+    """Keep a fresh build (written under a temporary name, then renamed, so a
+    concurrent session never loads half a file); returns the path to load."""
+    cache = _cache_dir()
+    if cache is None:
+        return lib
+    cache.mkdir(parents=True, exist_ok=True)
+    kept = cache / f"{_cache_key(cxx, isa)}.so"
+    tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+    shutil.copyfile(lib, tmp)
+    os.replace(tmp, kept)
+    return kept
 
 
 @pytest.fixture(params=[*_VARIANTS, "native"])

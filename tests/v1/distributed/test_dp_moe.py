@@ -94,10 +94,30 @@ def _engine_cpu_seconds(server: RemoteOpenAIServer) -> float:
     return total
 
 
+def _check_greedy_and_waves(server: RemoteOpenAIServer, expected: list[list[int]]) -> None:
+    # One request alone: the other engine joins every forward with a dummy batch.
+    assert asyncio.run(_complete_all(server, PROMPTS[:1])) == expected[:1]
+    # Concurrent requests of different lengths (the load balancer spreads them).
+    assert asyncio.run(_complete_all(server, PROMPTS)) == expected
+    # Both engines served some (per-engine metrics, label engine = DP rank).
+    per_engine = _successes_per_engine(server)
+    assert per_engine.keys() == {"0", "1"} and min(per_engine.values()) >= 1, per_engine
+    # The wave ends (every 32 steps the engines agree nobody has work):
+    # the engines stop stepping dummy batches and go idle.
+    time.sleep(3)
+    before = _engine_cpu_seconds(server)
+    time.sleep(3)
+    assert _engine_cpu_seconds(server) - before < 1.0
+    # A new wave starts after the idle period.
+    assert asyncio.run(_complete_all(server, PROMPTS[-1:])) == expected[-1:]
+
+
+# Mixtral (experts split by tensor slices) is served by the fault test below,
+# which checks the same before it kills an engine.
 @pytest.mark.parametrize(
     "kind, extra",
-    [("mixtral", []), ("qwen2_moe", ["-ep"]), ("deepseek_v2", ["-ep"])],
-    ids=["mixtral-tp-slices", "qwen2_moe-ep", "deepseek_v2-ep"],
+    [("qwen2_moe", ["-ep"]), ("deepseek_v2", ["-ep"])],
+    ids=["qwen2_moe-ep", "deepseek_v2-ep"],
 )
 def test_dp2_moe_greedy_equals_single_engine(tmp_path, kind, extra):
     model_dir = build_zoo_model(kind, str(tmp_path / kind))
@@ -105,21 +125,7 @@ def test_dp2_moe_greedy_equals_single_engine(tmp_path, kind, extra):
     server = _start(model_dir, extra, str(tmp_path / "log"))
     try:
         children = server.children()
-        # One request alone: the other engine joins every forward with a dummy batch.
-        assert asyncio.run(_complete_all(server, PROMPTS[:1])) == expected[:1]
-        # Concurrent requests of different lengths (the load balancer spreads them).
-        assert asyncio.run(_complete_all(server, PROMPTS)) == expected
-        # Both engines served some (per-engine metrics, label engine = DP rank).
-        per_engine = _successes_per_engine(server)
-        assert per_engine.keys() == {"0", "1"} and min(per_engine.values()) >= 1, per_engine
-        # The wave ends (every 32 steps the engines agree nobody has work):
-        # the engines stop stepping dummy batches and go idle.
-        time.sleep(3)
-        before = _engine_cpu_seconds(server)
-        time.sleep(3)
-        assert _engine_cpu_seconds(server) - before < 1.0
-        # A new wave starts after the idle period.
-        assert asyncio.run(_complete_all(server, PROMPTS[-1:])) == expected[-1:]
+        _check_greedy_and_waves(server, expected)
     finally:
         code = server.stop()
     assert code == 0
@@ -144,17 +150,20 @@ async def _load_then_kill(server: RemoteOpenAIServer, victim: psutil.Process) ->
         return list(await asyncio.gather(*tasks))
 
 
-def test_dp2_moe_engine_killed_under_load_fails_requests_without_hang(tmp_path):
-    """SIGKILL one of the two lock-stepped engines mid-load: its peer, inside
-    an MoE collective, sees the gloo connection drop; every in-flight request
-    (on either engine) ends with an error within seconds, /health turns 503
-    (kept alive to see it; by default the server exits, as upstream) and every
-    process exits on shutdown."""
+def test_dp2_mixtral_greedy_then_engine_killed_under_load_fails_requests(tmp_path):
+    """Mixtral, experts split by tensor slices: greedy equals transformers and
+    the waves go idle, as above. Then SIGKILL one of the two lock-stepped
+    engines mid-load: its peer, inside an MoE collective, sees the gloo
+    connection drop; every in-flight request (on either engine) ends with an
+    error within seconds, /health turns 503 (kept alive to see it; by default
+    the server exits, as upstream) and every process exits on shutdown."""
     model_dir = build_zoo_model("mixtral", str(tmp_path / "mixtral"))
+    expected = hf_greedy(model_dir, PROMPTS, MAX_TOKENS)
     keep_alive = {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
     server = _start(model_dir, ["-asc", "1"], str(tmp_path / "log"), env=keep_alive)
     try:
         children = server.children()
+        _check_greedy_and_waves(server, expected)
         cores = {p.name(): p for p in children if p.name().startswith("EngineCore_DP")}
         assert set(cores) == {"EngineCore_DP0", "EngineCore_DP1"}
         start = time.monotonic()

@@ -9,6 +9,7 @@
   const PERIOD_MS = 1000;
   const HISTORY_S = 120; // chart span
   const WINDOW_S = 60; // latency percentiles over the last minute
+  const RATE_S = 5; // tokens/s and hit rate over the last few seconds (steps are bursty)
   const COLORS = ["#3b82f6", "#f59e0b", "#10b981", "#ef4444", "#8b5cf6", "#14b8a6", "#ec4899", "#84cc16"];
   const samples = []; // {t (seconds), m (parsed metrics)}
   const series = { requests: [], tokens: [], kv: [], hit: [], latency: [] }; // {t, values[]}
@@ -145,7 +146,18 @@
     el.dataset.value = value === null || value === undefined ? "" : String(value);
   }
 
-  function render(now, prev) {
+  // The sample RATE_S before `now` (or the oldest there is).
+  function rateBase(now) {
+    let base = null;
+    for (const s of samples) {
+      if (s === now || s.t > now.t - RATE_S) break;
+      base = s;
+    }
+    return base || (samples[0] !== now ? samples[0] : null);
+  }
+
+  function render(now) {
+    const prev = rateBase(now);
     const m = now.m;
     const running = total(m, "vllm:num_requests_running");
     const waiting = total(m, "vllm:num_requests_waiting");
@@ -275,10 +287,9 @@
         status.dataset.state = "error";
       } else {
         const now = { t: performance.now() / 1000, m: parseMetrics(await resp.text()) };
-        const prev = samples[samples.length - 1];
         samples.push(now);
         while (samples.length && samples[0].t < now.t - HISTORY_S) samples.shift();
-        render(now, prev);
+        render(now);
         status.textContent = `live · ${engines(now.m).length || 1} engine(s)`;
         status.dataset.state = "ok";
         status.dataset.samples = String(Number(status.dataset.samples || 0) + 1);

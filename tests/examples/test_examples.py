@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -247,11 +248,31 @@ def models(tiny_model_dir, tmp_path_factory) -> Models:
     return Models(llama=llama, emb=_st_dir("bert", root), lora=lora, template=str(template))
 
 
+@pytest.fixture(scope="module")
+def offline_runs(models, request):
+    """The selected offline examples, started together two at a time (most of
+    each run is one interpreter importing torch and vllm, on one core), each
+    with one OpenMP thread and the engine core in process. A test waits for
+    its own example's output."""
+    selected = [
+        item.callspec.id
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_offline_example"
+    ]
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    pool = ThreadPoolExecutor(max_workers=2)
+    runs = {_id(c): pool.submit(_run, c, models, [], env) for c in OFFLINE if _id(c) in selected}
+    yield runs
+    pool.shutdown(cancel_futures=True)
+
+
 @pytest.mark.parametrize("case", OFFLINE, ids=_id)
-def test_offline_example(case, models):
-    # In-process engine core: one interpreter (and one torch import) per example.
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    case.check(_run(case, models, [], env))
+def test_offline_example(case, offline_runs):
+    case.check(offline_runs[_id(case)].result())
 
 
 @pytest.fixture(scope="module")

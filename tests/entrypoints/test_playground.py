@@ -248,6 +248,33 @@ def test_chat_json_schema_mode(server, browser):
     )
 
 
+def test_chat_tool_mode(server, browser):
+    """Tool mode sends `tools` and `tool_choice` ("required": constrained, no
+    parser needed): the streamed call is shown as name(arguments)."""
+    js(
+        browser,
+        """const mode = document.getElementById('p-mode');
+        mode.value = 'tools';
+        mode.dispatchEvent(new Event('change'));""",
+    )
+    browser.find_element("id", "chat-clear").click()
+    set_field(browser, "p-max-tokens", "48")
+    set_field(browser, "chat-input", "What is the weather in Paris?")
+    browser.find_element("id", "chat-send").click()
+    done = "return document.querySelector('.msg.assistant[data-done=\"1\"]')"
+    answer = until(lambda: js(browser, done), "the tool call")
+    assert answer.get_attribute("data-finish") == "tool_calls"
+    call = js(browser, "return arguments[0].querySelector('.tool-call').textContent", answer)
+    name, _, arguments = call.partition("(")
+    assert name == "get_weather" and isinstance(json.loads(arguments[:-1])["city"], str)
+    js(
+        browser,
+        """const mode = document.getElementById('p-mode');
+        mode.value = 'text';
+        mode.dispatchEvent(new Event('change'));""",
+    )
+
+
 def test_completions_panel(server, browser):
     browser.find_element("css selector", ".tab[data-panel='panel-completions']").click()
     prompt = "The capital of France is"

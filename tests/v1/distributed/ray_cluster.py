@@ -11,12 +11,14 @@ upstream's placement by `node:<ip>` works unchanged. A driver on this
 machine attaches to the head node; vLLM's DP master address is the head's
 (`HEAD_IP`: -dpa, or VLLM_HOST_IP for the Ray backend's default).
 
-Usage (module-scoped fixture in the tests):
+Usage (the tests share one two-node cluster per package: conftest.py's
+`ray_cluster`; starting one costs ~30 s here):
 
     with RayCluster(head_cpus=3) as cluster:
         node = cluster.add_node(num_cpus=3)
         ... cluster.address ...          # for RAY_ADDRESS / ray.init
         cluster.stop_node(node)          # a node failure
+        cluster.replace_dead_nodes()     # a fresh node (a new IP) for the next test
 """
 
 from __future__ import annotations
@@ -66,8 +68,10 @@ class RayCluster:
         # A short temp dir: Ray's unix socket paths live under it (108-byte limit).
         self.temp_dir = tempfile.mkdtemp(prefix="vr", dir="/tmp")
         self.port = get_open_port()
+        self.num_cpus: dict[str, int] = {HEAD_IP: head_cpus}
         self.address = f"{HEAD_IP}:{self.port}"
         self.nodes: list[RayNode] = []
+        self._next_host = 3  # the last byte of the next node's IP
         try:
             head = self._start(
                 [
@@ -81,7 +85,7 @@ class RayCluster:
             )
             self.nodes.append(head)
             self._wait_for_port(head)
-            self._wait_for_nodes(1)
+            self._wait_for_nodes()
         except BaseException:
             self.shutdown()
             raise
@@ -93,11 +97,27 @@ class RayCluster:
         self.shutdown()
 
     def add_node(self, num_cpus: int = 2) -> RayNode:
-        ip = f"127.0.0.{len(self.nodes) + 2}"
-        node = self._start([f"--address={self.address}", f"--node-ip-address={ip}"], num_cpus, ip)
+        node = self._start_node(num_cpus)
         self.nodes.append(node)
-        self._wait_for_nodes(len([n for n in self.nodes if n.proc.poll() is None]))
+        self._wait_for_nodes()
         return node
+
+    def _start_node(self, num_cpus: int) -> RayNode:
+        # Never an IP used before: the GCS may still list a stopped node as
+        # alive for a while.
+        ip = f"127.0.0.{self._next_host}"
+        self._next_host += 1
+        self.num_cpus[ip] = num_cpus
+        return self._start([f"--address={self.address}", f"--node-ip-address={ip}"], num_cpus, ip)
+
+    def replace_dead_nodes(self) -> None:
+        """Start a new node (same CPUs, a new IP) in place of each stopped one,
+        so that a test after a node-failure test finds the cluster whole."""
+        dead = [i for i, n in enumerate(self.nodes) if i > 0 and n.proc.poll() is not None]
+        for i in dead:
+            self.nodes[i] = self._start_node(self.num_cpus[self.nodes[i].ip])
+        if dead:
+            self._wait_for_nodes()
 
     def _start(self, args: list[str], num_cpus: int, ip: str) -> RayNode:
         log_path = os.path.join(self.temp_dir, f"{ip}.log")
@@ -145,16 +165,19 @@ class RayCluster:
         )
         return out.stdout.split()
 
-    def _wait_for_nodes(self, count: int) -> None:
+    def _wait_for_nodes(self) -> None:
+        """Until the GCS lists every node whose `ray start` still runs."""
+        live = [n for n in self.nodes if n.proc.poll() is None]
+        want = {n.ip for n in live}
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            for node in self.nodes:
+            for node in live:
                 if node.proc.poll() is not None:
                     raise RuntimeError(f"ray start exited:\n{node.log_tail()}")
-            if len(self.alive_node_ips()) >= count:
+            if want <= set(self.alive_node_ips()):
                 return
             time.sleep(0.5)
-        raise TimeoutError(f"{count} Ray nodes not alive within {START_TIMEOUT_S}s")
+        raise TimeoutError(f"Ray nodes {sorted(want)} not alive within {START_TIMEOUT_S}s")
 
     def stop_node(self, node: RayNode, sig: int = signal.SIGKILL) -> None:
         """Stop one node: its `ray start` process and every process of its group

@@ -1,26 +1,25 @@
 """`--data-parallel-backend ray` on a two-node Ray cluster (one machine, see
-ray_cluster.py): CoreEngineActorManager places DP rank 0 on the DP master
-(head) node and rank 1 on the other node, one placement group each; both
-engine-core actors answer the front end's ZMQ sockets with the greedy tokens
-of a single engine, with TP=1 and TP=2 (Ray workers inside each rank's
-group). A lost node makes the manager's sentinel readable within seconds and
-names the engine; -dp larger than the cluster and a Ray address that does not
-answer fail at once with errors naming them.
+ray_cluster.py; shared by the package, conftest.py): CoreEngineActorManager
+places DP rank 0 on the DP master (head) node and rank 1 on the other node,
+one placement group each; both engine-core actors answer the front end's ZMQ
+sockets with the greedy tokens of a single engine (TP=1). The Ray executor
+spreads TP=2 workers over the two nodes. -dp larger than the cluster and a Ray
+address that does not answer fail at once with errors naming them.
 
 The front end here is a bare ROUTER / PULL pair (the engine-core wire
-protocol), so these tests need neither the DP client nor the server; the
-`vllm serve` tests are in test_ray_dp_serve.py.
+protocol), so these tests need neither the DP client nor the server. The
+`vllm serve` tests (test_ray_dp_serve.py) prove -dp 2 -tp 2 across the nodes
+and the loss of a node under load; test_ray_dp_moe.py an MoE model's ranks.
 """
 
 from __future__ import annotations
 
-import multiprocessing.connection
 import time
 
 import pytest
 import zmq
 
-from tests.v1.distributed.ray_cluster import HEAD_IP, RayCluster
+from tests.v1.distributed.ray_cluster import HEAD_IP
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
@@ -34,20 +33,11 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12, 13]]
 MAX_TOKENS = 8
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """Head 127.0.0.2 and node 127.0.0.3, 3 CPUs each: one DP rank of TP <= 2
-    (TP bundles + the engine's control bundle) fits on each node."""
-    with RayCluster(head_cpus=3) as c:
-        c.add_node(num_cpus=3)
-        yield c
-
-
 @pytest.fixture
-def ray_env(cluster, monkeypatch):
-    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+def ray_env(two_node_ray_cluster, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", two_node_ray_cluster.address)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    yield cluster
+    yield two_node_ray_cluster
     if ray.is_initialized():
         ray.shutdown()
 
@@ -156,16 +146,16 @@ def _pg_node_ips(manager) -> list[set[str]]:
     ]
 
 
-def _run_dp2(model: str, tp: int, reference: list[list[int]]):
+def test_dp2_on_two_ray_nodes_equals_one_engine(ray_env, tiny_model_dir, reference):
     from vllm.v1.engine.ray_dp import CoreEngineActorManager
 
-    config = _dp2_config(model, tp)
+    config = _dp2_config(tiny_model_dir("qwen2"), 1)
     front = BareFrontEnd()
     manager = CoreEngineActorManager(config, front.addresses, Executor.get_class(config), False)
     try:
         assert config.cache_config.num_gpu_blocks  # the actors' KV size reached the front end
         # Rank 0 on the DP master (head) node, rank 1 on the other node.
-        assert _pg_node_ips(manager) == [{HEAD_IP}, {"127.0.0.3"}]
+        assert _pg_node_ips(manager) == [{HEAD_IP}, {ray_env.nodes[1].ip}]
         engines = sorted(front.wait_for_engines(2))
         assert engines == [(0).to_bytes(2, "little"), (1).to_bytes(2, "little")]
         for engine in engines:  # every prompt on both engines
@@ -175,17 +165,9 @@ def _run_dp2(model: str, tp: int, reference: list[list[int]]):
         for rank in (0, 1):
             for i in range(len(PROMPTS)):
                 assert results[f"{rank}-{i}"] == (rank, reference[i])
-        return manager, front
-    except BaseException:
+    finally:
         manager.close()
         front.close()
-        raise
-
-
-def test_dp2_on_two_ray_nodes_equals_one_engine(ray_env, tiny_model_dir, reference):
-    manager, front = _run_dp2(tiny_model_dir("qwen2"), 1, reference)
-    manager.close()
-    front.close()
     assert manager.closed
 
 
@@ -211,7 +193,7 @@ def test_tp2_workers_span_two_ray_nodes(ray_env, tiny_model_dir, reference, monk
             distributed_executor_backend="ray",
         )
         executor = llm.llm_engine.engine_core.engine_core.model_executor
-        assert executor.collective_rpc("get_node_ip") == [HEAD_IP, "127.0.0.3"]
+        assert executor.collective_rpc("get_node_ip") == [HEAD_IP, ray_env.nodes[1].ip]
         outs = llm.generate(
             [{"prompt_token_ids": p} for p in PROMPTS],
             SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True),
@@ -253,20 +235,3 @@ def test_ray_address_that_does_not_answer(monkeypatch):
         connect_ray("127.0.0.1:9")
     assert time.monotonic() - start < 15
     assert not ray.is_initialized()
-
-
-def test_dp2_tp2_on_two_ray_nodes_then_a_node_is_lost(ray_env, tiny_model_dir, reference):
-    """TP=2 inside each rank's placement group; then node 127.0.0.3 dies (the
-    last test of the module: the node does not come back)."""
-    manager, front = _run_dp2(tiny_model_dir("qwen2"), 2, reference)
-    try:
-        assert multiprocessing.connection.wait(manager.sentinels(), timeout=0) == []
-        front.add((1).to_bytes(2, "little"), "in-flight", PROMPTS[0])
-        ray_env.stop_node(ray_env.nodes[1])
-        start = time.monotonic()
-        assert multiprocessing.connection.wait(manager.sentinels(), timeout=60)
-        assert time.monotonic() - start < 60
-        assert manager.finished_procs() == {"EngineCore_DP1": 1}
-    finally:
-        manager.close()
-        front.close()

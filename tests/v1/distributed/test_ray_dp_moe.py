@@ -1,5 +1,6 @@
 """`vllm serve -dp 2 -dpl 1 --data-parallel-backend ray` with an MoE model
-(tiny Mixtral) on a two-node Ray cluster (one machine, see ray_cluster.py):
+(tiny Mixtral) on a two-node Ray cluster (one machine, see ray_cluster.py;
+shared by the package's Ray tests, conftest.py):
 the engine-core actors are DPMoEEngineCoreActor, stepping in lock-step waves
 over the DP group across the two nodes; greedy outputs equal transformers'
 and both engines answer."""
@@ -8,24 +9,15 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from tests.models.zoo_utils import build_zoo_model
 from tests.utils import hf_greedy
-from tests.v1.distributed.ray_cluster import RayCluster
 from tests.v1.distributed.test_dp_moe import MAX_TOKENS, PROMPTS, _complete_all, _server_args
 from tests.v1.distributed.test_dp_serve import engine_metric
 from tests.v1.distributed.test_ray_dp_serve import _cluster_env, _start
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with RayCluster(head_cpus=2) as c:
-        c.add_node(num_cpus=2)
-        yield c
-
-
-def test_moe_dp2_on_two_ray_nodes_equals_one_engine(cluster, tmp_path):
+def test_moe_dp2_on_two_ray_nodes_equals_one_engine(two_node_ray_cluster, tmp_path):
+    cluster = two_node_ray_cluster
     model_dir = build_zoo_model("mixtral", str(tmp_path / "mixtral"))
     expected = hf_greedy(model_dir, PROMPTS, MAX_TOKENS)
     args = _server_args(["-dpl", "1", "--data-parallel-backend", "ray", "--api-server-count", "1"])

@@ -1,5 +1,6 @@
 """`vllm serve -dp 2 -dpl 1 -tp 2 --data-parallel-backend ray` on a two-node
-Ray cluster (one machine, see ray_cluster.py): DP rank 0's engine-core actor
+Ray cluster (one machine, see ray_cluster.py; shared by the package's Ray
+tests, conftest.py): DP rank 0's engine-core actor
 and its two TP workers (Ray actors) on the head node (the server's), rank 1's
 on the other node. Greedy outputs
 equal the single-engine reference and both engines answer (the `engine`
@@ -25,6 +26,7 @@ from tests.v1.distributed.ray_cluster import HEAD_IP, RayCluster, ray_env
 from tests.v1.distributed.test_dp_serve import engine_metric
 
 PROMPTS = [[1, 5, 9, 13], [2, 4, 6], [7, 7, 8, 9, 10], [3], [11, 12], [20, 21, 22, 23, 24, 25]]
+START_TIMEOUT_S = 420
 SERVE_ARGS = [
     "--max-model-len",
     "256",
@@ -49,15 +51,6 @@ SERVE_ARGS = [
 @pytest.fixture(scope="module")
 def model(tiny_model_dir) -> str:
     return tiny_model_dir("llama")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """Head 127.0.0.2 and node 127.0.0.3, 3 CPUs each: one DP rank (two TP
-    worker bundles and the engine's control bundle) per node."""
-    with RayCluster(head_cpus=3) as c:
-        c.add_node(num_cpus=3)
-        yield c
 
 
 def _cluster_env(cluster: RayCluster) -> dict[str, str]:
@@ -113,13 +106,18 @@ async def _complete_all(srv, model, prompts, max_tokens) -> list[httpx.Response 
         return list(await asyncio.gather(*(one(p) for p in prompts), return_exceptions=True))
 
 
-def test_dp2_tp2_ray_equals_single_engine_then_a_node_is_lost(cluster, model, tmp_path):
+def test_dp2_tp2_ray_equals_single_engine_then_a_node_is_lost(
+    two_node_ray_cluster, model, tmp_path
+):
+    cluster = two_node_ray_cluster
     # Kept alive after the engine's death (else it shuts itself down, as
     # upstream), so that /health can be asked.
     env = _cluster_env(cluster) | {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
     srv = _start(model, SERVE_ARGS, env, str(tmp_path / "serve.log"))
     try:
-        srv.wait_until_healthy()
+        # Six processes (2 engine actors, 4 TP workers) load on two shared
+        # cores: over 180 s at load 14.
+        srv.wait_until_healthy(timeout=START_TIMEOUT_S)
         expected = hf_greedy(model, PROMPTS, 8)
         responses = asyncio.run(_complete_all(srv, model, PROMPTS, 8))
         for response, want in zip(responses, expected):
@@ -150,12 +148,14 @@ def test_dp2_tp2_ray_equals_single_engine_then_a_node_is_lost(cluster, model, tm
     assert not _engine_actor_pids(), "engine actors outlived the server"
 
 
-def test_dp_larger_than_the_ray_cluster_fails_at_startup(cluster, model, tmp_path):
-    # Runs after the node loss: the cluster has the head only (3 CPUs, one rank).
-    env = _cluster_env(cluster)
-    code, log, took = _failed_start(model, SERVE_ARGS, env, tmp_path, timeout=180)
+def test_dp_larger_than_the_ray_cluster_fails_at_startup(ray_cluster, model, tmp_path):
+    # -dp 3 -dpl 1 -tp 2: one rank per node, and the cluster has two nodes at
+    # most (one when it runs after the node loss above).
+    args = [*SERVE_ARGS]
+    args[args.index("-dp") + 1] = "3"
+    code, log, took = _failed_start(model, args, _cluster_env(ray_cluster), tmp_path, timeout=180)
     assert code != 0
-    assert "data_parallel_size=2 (-dp/--data-parallel-size)" in log
+    assert "data_parallel_size=3 (-dp/--data-parallel-size)" in log
     assert took < 180
 
 

@@ -230,9 +230,11 @@ def _per_engine(answer: Answer, name: str) -> dict[str, float]:
     return values
 
 
-def test_dp2_defaults_to_two_api_servers(tiny_model_dir, chat_template_file):
+def test_dp2_defaults_to_two_api_servers_then_one_is_killed(tiny_model_dir, chat_template_file):
     """`-dp 2` alone: upstream's default of one API server per engine; both
-    servers answer, both engines serve, greedy outputs as one engine's."""
+    servers answer, both engines serve, greedy outputs as one engine's. Then
+    SIGKILL one API server: the parent stops every other process and exits
+    with an error, as upstream (the engine-core and parent victims below)."""
     model = tiny_model_dir("llama")
     args = default_server_args(chat_template_file)
     args += ["--served-model-name", "tiny", "-dp", "2", "--api-key", API_KEY]
@@ -257,8 +259,17 @@ def test_dp2_defaults_to_two_api_servers(tiny_model_dir, chat_template_file):
         print("requests per engine:", per_engine)
         assert set(per_engine) == {"0", "1"} and all(v > 0 for v in per_engine.values())
         assert sum(per_engine.values()) == n
+        _kill_and_expect_all_gone(srv, pids[-1])
     finally:
         srv.stop()
+
+
+def _kill_and_expect_all_gone(srv: RemoteOpenAIServer, victim: int) -> None:
+    children = srv.children()
+    psutil.Process(victim).send_signal(signal.SIGKILL)
+    srv.proc.wait(EXIT_WITHIN_S)
+    assert srv.proc.returncode != 0
+    wait_exited(children, timeout=EXIT_WITHIN_S)
 
 
 def test_sigterm_stops_every_process(server):
@@ -270,26 +281,21 @@ def test_sigterm_stops_every_process(server):
     wait_exited(children, timeout=EXIT_WITHIN_S)
 
 
-@pytest.mark.parametrize("victim", ["api_server", "engine_core", "parent"])
+@pytest.mark.parametrize("victim", ["engine_core", "parent"])
 def test_a_dead_process_stops_them_all(victim, tiny_model_dir, chat_template_file):
-    """SIGKILL one API server (or the engine core): the parent stops every
-    other process and exits with an error, as upstream. SIGKILL the parent:
-    its children see their death pipe close and exit too."""
+    """SIGKILL the engine core: the parent stops every other process and
+    exits with an error, as upstream (an API server as the victim: the -dp 2
+    test above). SIGKILL the parent: its children see their death pipe close
+    and exit too."""
     srv = _start(tiny_model_dir("llama"), chat_template_file)
     try:
-        children = srv.children()
         servers = api_server_pids(srv)
         assert len(servers) == NUM_SERVERS
-        if victim == "api_server":
-            target = servers[-1]
-        elif victim == "parent":
+        if victim == "parent":
             target = srv.proc.pid
         else:
             target = next(p.pid for p in srv.engine_processes() if p.pid not in servers)
-        psutil.Process(target).send_signal(signal.SIGKILL)
-        srv.proc.wait(EXIT_WITHIN_S)
-        assert srv.proc.returncode != 0
-        wait_exited(children, timeout=EXIT_WITHIN_S)
+        _kill_and_expect_all_gone(srv, target)
     finally:
         srv.stop()
 

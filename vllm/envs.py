@@ -40,6 +40,16 @@ def _opt_int(name: str) -> Callable[[], int | None]:
     return get
 
 
+def _choice(name: str, default: str, choices: tuple[str, ...]) -> Callable[[], str]:
+    def get() -> str:
+        v = os.environ.get(name, default).strip().lower() or default
+        if v not in choices:
+            raise ValueError(f"{name}={v!r}: expected one of {', '.join(choices)}.")
+        return v
+
+    return get
+
+
 environment_variables: dict[str, Callable[[], Any]] = {
     # Tri-state: unset -> None (the config decides), "0" -> V1, "1" -> V2.
     "VLLM_USE_V2_MODEL_RUNNER": _tri_state("VLLM_USE_V2_MODEL_RUNNER"),
@@ -49,6 +59,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": _bool("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1"),
     # Run the engine core in its own process (the multiprocess clients).
     "VLLM_ENABLE_V1_MULTIPROCESSING": _bool("VLLM_ENABLE_V1_MULTIPROCESSING", "1"),
+    # How engine cores, workers and the DP coordinator are started: fork (the
+    # child inherits the parent's imports: seconds faster) or spawn.
+    "VLLM_WORKER_MULTIPROC_METHOD": _choice(
+        "VLLM_WORKER_MULTIPROC_METHOD", "fork", ("fork", "spawn")
+    ),
     "VLLM_LOGGING_LEVEL": lambda: os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper(),
     "VLLM_ATTENTION_BACKEND": lambda: os.environ.get("VLLM_ATTENTION_BACKEND") or None,
     "VLLM_API_KEY": lambda: os.environ.get("VLLM_API_KEY") or None,

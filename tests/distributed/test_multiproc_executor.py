@@ -5,7 +5,7 @@ scheduling: pp + 1 under Model Runner V2; V1 runs PP without async
 scheduling, so pp).
 
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so
-the tests can look at its executor; the workers are spawned processes.
+the tests can look at its executor; the workers are child processes (forked).
 """
 
 from __future__ import annotations

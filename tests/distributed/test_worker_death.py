@@ -17,12 +17,10 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 
 def _worker_processes(engine_procs: list[psutil.Process]) -> list[psutil.Process]:
-    """The spawned workers among the engine core's children (not its resource tracker)."""
+    """The workers among the engine core's children (not its resource tracker),
+    by the name each process gives itself (forked or spawned alike)."""
     return [
-        p
-        for core in engine_procs
-        for p in core.children()
-        if any("spawn_main" in part for part in p.cmdline())
+        p for core in engine_procs for p in core.children() if p.name().startswith("VllmWorker")
     ]
 
 
@@ -55,11 +53,7 @@ def test_killed_worker_fails_the_engine_fast(tiny_model_dir, monkeypatch):
         tensor_parallel_size=2,
         distributed_executor_backend="mp",
     )
-    engine_procs = [
-        p
-        for p in me.children()
-        if p.pid not in before and any("spawn_main" in part for part in p.cmdline())
-    ]
+    engine_procs = [p for p in me.children() if p.pid not in before and p.name() == "EngineCore"]
     workers = _worker_processes(engine_procs)
     assert len(engine_procs) == 1 and len(workers) == 2
     engine_tree = engine_procs + [c for p in engine_procs for c in p.children(recursive=True)]

@@ -30,6 +30,7 @@ import torch
 
 from vllm.logger import init_logger
 from vllm.utils import ConstantList
+from vllm.utils.system_utils import parent_only
 
 logger = init_logger(__name__)
 
@@ -82,7 +83,7 @@ class APIServerProcessManager:
         self._death_writers: list[connection.Connection] = []
         for i, (in_addr, out_addr) in enumerate(zip(input_addresses, output_addresses)):
             reader, writer = context.Pipe(duplex=False)
-            self._death_writers.append(writer)
+            self._death_writers.append(parent_only(writer))
             client_config: dict[str, Any] = {
                 "input_address": in_addr,
                 "output_address": out_addr,

@@ -57,8 +57,9 @@ def test_workers_dying_at_start_up_fail_fast(tmp_path):
     """A script without `if __name__ == "__main__":` that starts two workers
     from an in-process engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0; with
     the engine core in its own process, that process fails first and the
-    client already reports it): each spawned worker re-runs the script, fails in multiprocessing's
-    bootstrap and exits. The parent must fail with upstream's "WorkerProc
+    client already reports it), with VLLM_WORKER_MULTIPROC_METHOD=spawn:
+    each worker re-runs the script, fails in multiprocessing's bootstrap
+    and exits. The parent must fail with upstream's "WorkerProc
     initialization failed" within seconds, not wait out the 600 s ready
     timeout (it used to)."""
     import os
@@ -81,7 +82,12 @@ def test_workers_dying_at_start_up_fail_fast(tmp_path):
         capture_output=True,
         text=True,
         timeout=240,
-        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        # Spawned workers re-run the script (the default, fork, runs it fine).
+        env={
+            **os.environ,
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        },
     )
     elapsed = time.monotonic() - start
     assert proc.returncode != 0

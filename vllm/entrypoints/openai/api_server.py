@@ -108,6 +108,7 @@ from vllm.entrypoints.utils import Utf8JSONResponse as JSONResponse
 from vllm.entrypoints.utils import with_cancellation
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
+from vllm.utils.system_utils import parent_only
 from vllm.v1.engine.ipc import watch_parent
 
 logger = init_logger("vllm.entrypoints.openai.api_server")
@@ -384,7 +385,7 @@ def create_server_socket(host: str | None, port: int, reuse_port: bool = False) 
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host or "", port))
-    return sock
+    return parent_only(sock)  # forked engine cores close their copy
 
 
 def setup_server(args: Namespace, *, reuse_port: bool) -> tuple[str, socket.socket]:

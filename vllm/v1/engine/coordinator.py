@@ -42,13 +42,13 @@ import msgspec
 import zmq
 
 from vllm.logger import init_logger
+from vllm.utils.system_utils import get_mp_context, parent_only, set_process_title
 from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequestType
 from vllm.v1.engine.ipc import (
     allow_zmq_host,
     exit_process,
     get_engine_client_zmq_addr,
     make_zmq_socket,
-    set_process_title,
     watch_parent,
 )
 from vllm.v1.serial_utils import MsgpackDecoder
@@ -76,9 +76,10 @@ class DPCoordinator:
         # external LB); engines are all local unless some are remote.
         front_local = not parallel_config.local_engines_only
         engines_local = dp_size == parallel_config.data_parallel_size_local
-        context = multiprocessing.get_context("spawn")
+        context = get_mp_context()
         addr_reader, addr_writer = context.Pipe(duplex=False)
         death_reader, self._death_writer = context.Pipe(duplex=False)
+        parent_only(self._death_writer)
         self.proc = context.Process(
             target=DPCoordinatorProc.run_coordinator,
             name="VLLM_DP_Coordinator",

@@ -37,6 +37,7 @@ import zmq
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.utils.system_utils import set_process_title
 from vllm.v1.engine import (
     UTILITY_ERROR_KINDS,
     EngineCoreOutput,
@@ -56,7 +57,6 @@ from vllm.v1.engine.ipc import (
     encode_handshake,
     exit_process,
     make_zmq_socket,
-    set_process_title,
     watch_parent,
 )
 from vllm.v1.metrics.stats import SchedulerStats

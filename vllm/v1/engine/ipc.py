@@ -238,13 +238,6 @@ class EngineZmqAddresses:
 # ----------------------------------------------------------------------
 
 
-def set_process_title(name: str) -> None:
-    """Name this process (what `ps -o comm` and psutil's name() show) on
-    Linux, as upstream's set_process_title: "EngineCore_DP1", "DPCoordinator"."""
-    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
-        comm.write(name[:15])
-
-
 def exit_process(code: int) -> None:
     """Leave a child process (engine core, DP coordinator) once everything is
     shut down: the interpreter's teardown (a full GC over the torch heap,

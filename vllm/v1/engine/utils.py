@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import multiprocessing
 import os
 import time
 import weakref
@@ -48,6 +47,7 @@ import zmq
 
 import vllm.envs as envs
 from vllm.logger import init_logger
+from vllm.utils.system_utils import get_mp_context, parent_only
 from vllm.v1.engine.coordinator import DPCoordinator
 from vllm.v1.engine.core_proc import EngineCoreProc
 
@@ -117,14 +117,14 @@ class CoreEngineProcManager:
         start_index: int = 0,
         local_start_index: int = 0,
     ) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = get_mp_context()
         is_dp = vllm_config.parallel_config.data_parallel_size > 1
         self.processes: list[BaseProcess] = []
         # The child only reads; when this process dies the pipe closes.
         self._death_writers: list[Connection] = []
         for index in range(local_engine_count):
             reader, writer = context.Pipe(duplex=False)
-            self._death_writers.append(writer)
+            self._death_writers.append(parent_only(writer))
             global_index = start_index + index
             self.processes.append(
                 context.Process(

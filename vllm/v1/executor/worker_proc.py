@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import multiprocessing
 import os
 import signal
 import sys
@@ -38,6 +37,7 @@ from vllm.distributed.device_communicators.shm_broadcast import (
 )
 from vllm.exceptions import LoRAAdapterNotFoundError, VLLMNotFoundError
 from vllm.logger import init_logger
+from vllm.utils.system_utils import get_mp_context, parent_only, set_process_title
 from vllm.v1.outputs import AsyncModelRunnerOutput
 from vllm.v1.worker.worker_base import WorkerWrapperBase
 
@@ -163,12 +163,13 @@ class WorkerProc:
     def start_workers(
         vllm_config: VllmConfig, world_size: int, init_method: str, input_handle: Handle
     ) -> list[WorkerProcHandle]:
-        context = multiprocessing.get_context("spawn")
+        context = get_mp_context()
         handles = []
         with _worker_env(world_size):
             for rank in range(world_size):
                 ready_reader, ready_writer = context.Pipe(duplex=False)
                 death_reader, death_writer = context.Pipe(duplex=False)
+                parent_only(death_writer)
                 proc = context.Process(
                     target=WorkerProc.worker_main,
                     name=f"VllmWorker-{rank}",
@@ -211,7 +212,7 @@ class WorkerProc:
                         f"WorkerProc initialization failed: worker {worker.rank} (exit code "
                         f"{worker.proc.exitcode}) died during start-up; see its log above. A "
                         "script that starts vLLM with several workers must guard its entry "
-                        'point with `if __name__ == "__main__":` (workers are spawned).'
+                        'point with `if __name__ == "__main__":` (workers may be spawned).'
                     ) from None
                 if msg.get("status") != "READY":
                     raise RuntimeError(f"Worker {worker.rank} failed to start: {msg.get('error')}")
@@ -235,6 +236,7 @@ class WorkerProc:
         death_pipe: Connection,
     ) -> None:
         """Entry point of a worker process."""
+        set_process_title(f"VllmWorker-{rank}")
         set_parent_death_signal()
         watch_parent_pipe(death_pipe)
         # SIGTERM from the executor: exit now (the main thread may be inside a collective).

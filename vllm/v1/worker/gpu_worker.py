@@ -12,6 +12,7 @@ useful about what the rest of the machine needs.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import os
@@ -100,6 +101,10 @@ class Worker(WorkerBase):
         otherwise. (Measured on 2 cores: 2 threads halve a prefill-sized GEMM
         and help decode-sized ones; torch's default already agrees there.)"""
         if os.environ.get("OMP_NUM_THREADS"):
+            # Set, not only read: a forked worker's torch may have sized its
+            # pool from the parent's environment before the executor set this.
+            with contextlib.suppress(ValueError):
+                torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
             logger.info("CPU worker: %d torch threads (OMP_NUM_THREADS)", torch.get_num_threads())
             return
         cores = (
@@ -237,9 +242,16 @@ class Worker(WorkerBase):
         re-seed so the warm-up does not shift the RNG streams."""
         runner = self._runner()
         max_tokens = runner.max_num_tokens
-        decode_tokens = min(runner.max_num_reqs, max_tokens)
-        runner._dummy_sampler_run(runner._dummy_run(decode_tokens))
-        runner._dummy_run(min(256, max_tokens, runner.max_model_len), num_reqs=1)
+        # On CPU only first-call costs are worth paying here (thread pool,
+        # kernel JIT, lazy imports on the sampling path): there is no graph to
+        # capture, and a full-size step (256 rows x the vocabulary in the
+        # sampler) costs seconds of start-up for nothing. 8 rows and a 32-token
+        # prefill touch the same code paths.
+        on_cpu = self.device is None or self.device.type == "cpu"
+        decode_rows = min(runner.max_num_reqs, max_tokens, 8 if on_cpu else max_tokens)
+        runner._dummy_sampler_run(runner._dummy_run(decode_rows))
+        prefill_tokens = min(32 if on_cpu else 256, max_tokens, runner.max_model_len)
+        runner._dummy_run(prefill_tokens, num_reqs=1)
         self._capture_cudagraphs(runner)
         current_platform.seed_everything(get_model_config(self.vllm_config).seed)
 

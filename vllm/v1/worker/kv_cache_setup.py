@@ -17,6 +17,7 @@ builder exists. Such a group gets no tensor and no block table.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -174,7 +175,11 @@ def _allocate_raw_tensors(
     never-written slot under a mask, and 0 * garbage can be NaN."""
     raw: dict[str, torch.Tensor] = {}
     for kv_tensor in kv_cache_config.kv_cache_tensors:
-        tensor = torch.zeros(kv_tensor.size, dtype=torch.int8, device=device)
+        tensor = (
+            _zeroed_host_bytes(kv_tensor.size)
+            if device.type == "cpu"
+            else torch.zeros(kv_tensor.size, dtype=torch.int8, device=device)
+        )
         for layer_name in kv_tensor.shared_by:
             raw[layer_name] = tensor
     layer_names = {
@@ -187,6 +192,18 @@ def _allocate_raw_tensors(
     if missing:
         raise ValueError(f"Layers {sorted(missing)} have no KV cache tensor.")
     return raw
+
+
+def _zeroed_host_bytes(size: int) -> torch.Tensor:
+    """`size` zero bytes in anonymous memory the kernel maps on first touch.
+
+    Anonymous mappings read as zeros by definition, so nothing is written
+    here: `torch.zeros` of the default 4 GiB CPU cache faults in and clears
+    every page at start-up (seconds on 2 cores), this costs microseconds and
+    pages come in as the cache fills. The tensor keeps the mapping alive."""
+    if size == 0:
+        return torch.empty(0, dtype=torch.int8)
+    return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.int8)
 
 
 def _view_as_kv_cache(

@@ -92,39 +92,6 @@ def test_packed_cpu_gemm_matches_dense(vllm_config, dtype):
     torch.testing.assert_close(packed, dense, atol=1e-4, rtol=1e-4)
 
 
-def test_one_row_gemv_keeps_dense_weight_within_budget(vllm_config, monkeypatch):
-    """fp32 packed layers keep their dense weight for one-row products (a GEMV
-    via F.linear) until the process budget is spent; both paths equal dense."""
-    from vllm.model_executor.layers import utils as layer_utils
-
-    torch.manual_seed(0)
-    x1, x5 = torch.randn(1, 64), torch.randn(5, 64)
-    monkeypatch.setattr(layer_utils, "_dense_gemv_bytes", 0)
-    for budget, kept in [(1 << 20, True), (0, False)]:
-        monkeypatch.setattr(layer_utils, "_DENSE_GEMV_BUDGET_BYTES", budget)
-        layer = ReplicatedLinear(64, 96, bias=True, params_dtype=torch.float32)
-        layer.weight.data.copy_(torch.randn(96, 64))
-        layer.bias.data.copy_(torch.randn(96))
-        ref1, ref5 = layer(x1)[0], layer(x5)[0]
-        layer.process_weights_after_loading(torch.float32)
-        assert layer._packed_weight is not None
-        assert (layer.weight.numel() > 0) is kept
-        torch.testing.assert_close(layer(x1)[0], ref1, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(layer(x5)[0], ref5, atol=1e-5, rtol=1e-5)
-    # An untied LM head keeps its padded dense table too: one row still yields
-    # logits over the real vocabulary only.
-    monkeypatch.setattr(layer_utils, "_DENSE_GEMV_BUDGET_BYTES", 1 << 20)
-    head = ParallelLMHead(100, 8)
-    table = torch.randn(100, 8)
-    head.weight.weight_loader(head.weight, table)
-    head.process_weights_after_loading(torch.float32)
-    assert head.weight.shape == (128, 8) and head._packed_weight is not None
-    for rows in (1, 3):
-        hidden = torch.randn(rows, 8)
-        logits = LogitsProcessor(100)(head, hidden)
-        torch.testing.assert_close(logits, hidden @ table.T, atol=1e-5, rtol=1e-5)
-
-
 def test_rms_norm_fused_residual_semantics():
     torch.manual_seed(0)
     norm = RMSNorm(32, eps=1e-5)

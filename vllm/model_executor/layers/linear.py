@@ -40,11 +40,7 @@ from vllm.model_executor.layers.quantization.base_config import (
     QuantizationConfig,
     QuantizeMethodBase,
 )
-from vllm.model_executor.layers.utils import (
-    keep_dense_for_gemv,
-    pack_weight_for_cpu,
-    unquantized_gemm,
-)
+from vllm.model_executor.layers.utils import pack_weight_for_cpu, unquantized_gemm
 from vllm.model_executor.model_loader.weight_utils import (
     check_weight_dtype,
     default_weight_loader,
@@ -131,15 +127,11 @@ class UnquantizedLinearMethod(LinearMethodBase):
 
     def process_weights_after_loading(self, layer: Any) -> None:
         """Repack the weight for the CPU GEMM and drop the dense copy (its
-        loaders are no longer needed) unless it is kept for one-row products
-        (layers/utils.py); other devices keep it."""
+        loaders are no longer needed); other devices keep it."""
         packed = pack_weight_for_cpu(layer.weight)
         if packed is not None:
             layer._packed_weight = packed
-            if not keep_dense_for_gemv(layer.weight):
-                layer.weight = Parameter(
-                    torch.empty(0, dtype=layer.weight.dtype), requires_grad=False
-                )
+            layer.weight = Parameter(torch.empty(0, dtype=layer.weight.dtype), requires_grad=False)
 
     def apply(  # type: ignore[override]
         self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None

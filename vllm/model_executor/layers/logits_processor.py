@@ -60,13 +60,13 @@ class LogitsProcessor(nn.Module):
         if get_tensor_model_parallel_world_size() > 1:
             return self._get_logits_tp(lm_head, hidden_states, embedding_bias)
         # Only the real vocabulary rows: the padding rows would be sliced off anyway,
-        # and a row slice of the [vocab, hidden] weight is a free view (the packed
-        # weight holds only those rows; a dense one may be kept next to it).
+        # and a row slice of the [vocab, hidden] weight is a free view.
         n = self.org_vocab_size
         bias = embedding_bias if embedding_bias is not None else getattr(lm_head, "bias", None)
         bias = bias[:n] if bias is not None else None
         packed = getattr(lm_head, "_packed_weight", None)
-        return unquantized_gemm(hidden_states, lm_head.weight[:n], bias, packed)
+        weight = lm_head.weight[:n] if packed is None else lm_head.weight
+        return unquantized_gemm(hidden_states, weight, bias, packed)
 
     def _get_logits_quantized(
         self,

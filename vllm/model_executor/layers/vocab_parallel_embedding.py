@@ -20,7 +20,7 @@ from torch.nn.parameter import Parameter
 
 from vllm.distributed import divide, tensor_model_parallel_all_reduce
 from vllm.model_executor.layers.linear import tp_size_and_rank
-from vllm.model_executor.layers.utils import keep_dense_for_gemv, pack_weight_for_cpu
+from vllm.model_executor.layers.utils import pack_weight_for_cpu
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils import round_up
 
@@ -179,7 +179,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if packed is None:
             return
         self._packed_weight = packed
-        if not self.tied and not keep_dense_for_gemv(self.weight):
+        if not self.tied:
             self.weight = Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:

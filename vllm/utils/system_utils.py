@@ -21,7 +21,7 @@ import socket
 import sys
 import weakref
 from multiprocessing.connection import Connection
-from multiprocessing.context import BaseContext
+from multiprocessing.context import ForkContext, SpawnContext
 from typing import TypeVar
 
 from vllm import envs
@@ -93,10 +93,12 @@ def _close_parent_only_ends() -> None:
 os.register_at_fork(after_in_child=_close_parent_only_ends)
 
 
-def get_mp_context() -> BaseContext:
+def get_mp_context() -> ForkContext | SpawnContext:
     """The multiprocessing context vLLM starts its child processes with."""
     _maybe_force_spawn()
-    return multiprocessing.get_context(envs.VLLM_WORKER_MULTIPROC_METHOD)
+    if envs.VLLM_WORKER_MULTIPROC_METHOD == "spawn":
+        return multiprocessing.get_context("spawn")
+    return multiprocessing.get_context("fork")
 
 
 def set_process_title(name: str) -> None:

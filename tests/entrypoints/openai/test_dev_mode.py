@@ -5,8 +5,11 @@
 Memory is measured as the resident set of the engine-core process. The
 server runs with MALLOC_MMAP_THRESHOLD_=1 MiB so that glibc serves every
 tensor-sized allocation with its own mapping and returns it to the OS on free:
-the RSS then shows whether the engine dropped its last reference to the KV
-cache and the weights, not the allocator's caching policy.
+the RSS then shows whether the engine dropped its last reference to the
+weights, not the allocator's caching policy. The CPU KV cache is anonymous
+memory mapped at start-up and faulted in as it fills (only the pages requests
+touched are resident), so its release shows as the mapping going away: the
+process's virtual size (VMS) drops by the cache's size.
 """
 
 from __future__ import annotations
@@ -78,6 +81,10 @@ def _engine_rss(server: RemoteOpenAIServer) -> int:
     return sum(p.memory_info().rss for p in procs)
 
 
+def _engine_vms(server: RemoteOpenAIServer) -> int:
+    return sum(p.memory_info().vms for p in server.engine_processes())
+
+
 def _greedy(server: RemoteOpenAIServer, max_tokens: int = 8) -> list[str]:
     client = server.get_client()
     out = client.completions.create(
@@ -145,35 +152,38 @@ def test_bad_arguments_are_400(server, path, params, needle):
 
 
 # ---- sleep / wake_up -------------------------------------------------------------
-def _sleep_and_measure(server: RemoteOpenAIServer, level: int) -> tuple[int, int, int]:
-    """RSS before, while asleep, after waking up."""
-    before = _engine_rss(server)
+def _sleep_and_measure(
+    server: RemoteOpenAIServer, level: int, size=_engine_rss
+) -> tuple[int, int, int]:
+    """`size` (RSS by default) before, while asleep, after waking up."""
+    before = size(server)
     assert _post(server, "/sleep", level=level).status_code == 200
     assert _is_sleeping(server) is True
-    asleep = _engine_rss(server)
+    asleep = size(server)
     r = _post(server, "/wake_up")
     assert r.status_code == 200, r.text
     assert _is_sleeping(server) is False
-    return before, asleep, _engine_rss(server)
+    return before, asleep, size(server)
 
 
 def test_sleep_frees_memory_and_outputs_survive(server, model_dir):
     reference = _greedy(server)
     weight_bytes = os.path.getsize(os.path.join(model_dir, "model.safetensors"))
-    before, asleep, after = _sleep_and_measure(server, level=1)
+    before, asleep, after = _sleep_and_measure(server, level=1, size=_engine_vms)
     drop1 = before - asleep
-    print(f"level 1: {before / MiB:.0f} -> {asleep / MiB:.0f} -> {after / MiB:.0f} MiB")
-    assert drop1 >= 0.9 * KV_BYTES, f"level 1 freed {drop1 / MiB:.0f} MiB"
+    print(f"level 1 (VMS): {before / MiB:.0f} -> {asleep / MiB:.0f} -> {after / MiB:.0f} MiB")
+    assert drop1 >= 0.9 * KV_BYTES, f"level 1 unmapped {drop1 / MiB:.0f} MiB"
     assert abs(after - before) < 0.1 * KV_BYTES
     assert _greedy(server) == reference
 
+    # Level 2 also drops the weights (resident: loaded and packed at start-up).
     before, asleep, after = _sleep_and_measure(server, level=2)
     drop2 = before - asleep
     print(
         f"level 2: {before / MiB:.0f} -> {asleep / MiB:.0f} -> {after / MiB:.0f} MiB "
         f"(weights {weight_bytes / MiB:.0f} MiB)"
     )
-    assert drop2 - drop1 >= 0.7 * weight_bytes, (drop1, drop2, weight_bytes)
+    assert drop2 >= 0.7 * weight_bytes, (drop2, weight_bytes)
     assert abs(after - before) < 0.1 * KV_BYTES
     assert _greedy(server) == reference
 

@@ -2,7 +2,7 @@
 
 `get_mp_context()` is the one place that picks how vLLM starts its own child
 processes (engine cores, TP/PP workers, the DP coordinator):
-`VLLM_WORKER_MULTIPROC_METHOD`, default ``fork`` as upstream. A forked child
+`VLLM_WORKER_MULTIPROC_METHOD`, default ``spawn`` (upstream: ``fork``). A forked child
 starts with everything the parent imported (torch, transformers, the model
 config) instead of importing it again: on a 2-core machine that is most of a
 server's start-up. ``spawn`` is forced, with a warning, where fork is unsafe:

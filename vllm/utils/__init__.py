@@ -4,26 +4,33 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import Generic, TypeVar, overload
-
-import torch
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 # Re-exported: upstream defines them in vllm/utils/mem_constants.py.
 from vllm.utils.mem_constants import GiB_bytes as GiB_bytes
 from vllm.utils.mem_constants import MiB_bytes as MiB_bytes
 
+if TYPE_CHECKING:
+    import torch
+
+    STR_DTYPE_TO_TORCH_DTYPE: dict[str, torch.dtype]
+
 T = TypeVar("T")
 
-STR_DTYPE_TO_TORCH_DTYPE: dict[str, torch.dtype] = {
-    "half": torch.float16,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float": torch.float32,
-    "float32": torch.float32,
-    "fp8": torch.uint8,
-    "fp8_e4m3": torch.uint8,
-    "fp8_e5m2": torch.uint8,
-}
+
+def __getattr__(name: str) -> Any:
+    # torch is imported on first use, not with the package: the `vllm` command
+    # imports vllm.utils.system_utils before anything else (to pre-start the
+    # engine's process), and torch's import is ~2 s of a 2-core machine.
+    if name == "STR_DTYPE_TO_TORCH_DTYPE":
+        import torch
+
+        table = {"half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16}
+        table |= {"float": torch.float32, "float32": torch.float32}
+        table |= {"fp8": torch.uint8, "fp8_e4m3": torch.uint8, "fp8_e5m2": torch.uint8}
+        globals()[name] = table
+        return table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -41,6 +48,8 @@ def round_down(x: int, multiple: int) -> int:
 
 def get_dtype_size(dtype: torch.dtype) -> int:
     """Size of one element of `dtype` in bytes."""
+    import torch
+
     return torch.tensor([], dtype=dtype).element_size()
 
 
@@ -49,6 +58,8 @@ def random_uuid() -> str:
 
 
 def is_pin_memory_available() -> bool:
+    import torch
+
     return torch.cuda.is_available()
 
 

@@ -2,7 +2,8 @@
 
 `get_mp_context()` is the one place that picks how vLLM starts its own child
 processes (engine cores, TP/PP workers, the DP coordinator):
-`VLLM_WORKER_MULTIPROC_METHOD`, default ``spawn`` (upstream: ``fork``). A forked child
+`VLLM_WORKER_MULTIPROC_METHOD`, default ``spawn`` (upstream: ``fork``), from a
+pre-started interpreter when the `vllm` command left one (warm_spawn.py). A forked child
 starts with everything the parent imported (torch, transformers, the model
 config) instead of importing it again: on a 2-core machine that is most of a
 server's start-up. ``spawn`` is forced, with a warning, where fork is unsafe:
@@ -94,10 +95,13 @@ os.register_at_fork(after_in_child=_close_parent_only_ends)
 
 
 def get_mp_context() -> ForkContext | SpawnContext:
-    """The multiprocessing context vLLM starts its child processes with."""
+    """The multiprocessing context vLLM starts its child processes with
+    (spawn's takes a pre-started interpreter when `prestart_spawn` left one)."""
     _maybe_force_spawn()
     if envs.VLLM_WORKER_MULTIPROC_METHOD == "spawn":
-        return multiprocessing.get_context("spawn")
+        from vllm.utils.warm_spawn import WARM_SPAWN_CONTEXT
+
+        return WARM_SPAWN_CONTEXT
     return multiprocessing.get_context("fork")
 
 

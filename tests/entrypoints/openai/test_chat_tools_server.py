@@ -290,30 +290,3 @@ def test_bad_parser_flags_refuse_to_start(flags, listed):
     )
     assert proc.returncode != 0
     assert listed in proc.stderr, proc.stderr[-2000:]
-
-
-@pytest.mark.parametrize(
-    "example,printed",
-    [
-        ("openai_chat_completion_client_with_tools.py", "streamed tool calls:"),
-        ("openai_chat_completion_with_reasoning.py", "streamed content:"),
-    ],
-)
-def test_examples_run_against_the_server(server, example, printed):
-    """The client examples run as users run them (short answers here)."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "examples/online_serving" / example),
-            "--base-url",
-            server.url_for("v1"),
-            "--max-tokens",
-            "8",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        cwd=REPO_ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert printed in proc.stdout

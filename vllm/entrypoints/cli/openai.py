@@ -119,17 +119,42 @@ def _fail(e: Exception) -> None:
     sys.exit(1)
 
 
-class ChatCommand(CLISubcommand):
+class _ServerQueryCommand(CLISubcommand):
+    """What `chat` and `complete` share: an API error ends the command with
+    "Error: ..." and status 1; `help` and `usage` fill the subparser;
+    `add_cli_args` and `_run` are each command's own."""
+
+    help = ""
+    usage = ""
+
+    @classmethod
+    def cmd(cls, args: argparse.Namespace) -> None:  # type: ignore[override]
+        try:
+            cls._run(args)
+        except _api_errors() as e:
+            _fail(e)
+
+    @staticmethod
+    def _run(args: argparse.Namespace) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        raise NotImplementedError
+
+    def subparser_init(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+        parser = subparsers.add_parser(
+            self.name, help=self.help, description=self.help, usage=self.usage
+        )
+        return self.add_cli_args(parser)
+
+
+class ChatCommand(_ServerQueryCommand):
     """The `chat` subcommand for the vLLM CLI."""
 
     name = "chat"
-
-    @staticmethod
-    def cmd(args: argparse.Namespace) -> None:
-        try:
-            ChatCommand._run(args)
-        except _api_errors() as e:
-            _fail(e)
+    help = "Generate chat completions via the running API server."
+    usage = "vllm chat [options]"
 
     @staticmethod
     def _run(args: argparse.Namespace) -> None:
@@ -178,27 +203,13 @@ class ChatCommand(CLISubcommand):
         _add_stats(parser)
         return parser
 
-    def subparser_init(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-        parser = subparsers.add_parser(
-            self.name,
-            help="Generate chat completions via the running API server.",
-            description="Generate chat completions via the running API server.",
-            usage="vllm chat [options]",
-        )
-        return ChatCommand.add_cli_args(parser)
 
-
-class CompleteCommand(CLISubcommand):
+class CompleteCommand(_ServerQueryCommand):
     """The `complete` subcommand for the vLLM CLI."""
 
     name = "complete"
-
-    @staticmethod
-    def cmd(args: argparse.Namespace) -> None:
-        try:
-            CompleteCommand._run(args)
-        except _api_errors() as e:
-            _fail(e)
+    help = "Generate text completions of a prompt via the running API server."
+    usage = "vllm complete [options]"
 
     @staticmethod
     def _run(args: argparse.Namespace) -> None:
@@ -239,15 +250,6 @@ class CompleteCommand(CLISubcommand):
         )
         _add_stats(parser)
         return parser
-
-    def subparser_init(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-        parser = subparsers.add_parser(
-            self.name,
-            help="Generate text completions of a prompt via the running API server.",
-            description="Generate text completions of a prompt via the running API server.",
-            usage="vllm complete [options]",
-        )
-        return CompleteCommand.add_cli_args(parser)
 
 
 def _add_query_options(parser: argparse.ArgumentParser) -> None:

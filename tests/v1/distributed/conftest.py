@@ -27,6 +27,8 @@ def ray_cluster():
 @pytest.fixture
 def two_node_ray_cluster(ray_cluster):
     """The shared cluster with two live nodes (a node a previous test stopped
-    is replaced by a fresh one, with a new IP: `cluster.nodes[1].ip`)."""
+    is replaced by a fresh one, with a new IP: `cluster.nodes[1].ip`), and
+    every CPU free (what earlier tests held is released asynchronously)."""
     ray_cluster.replace_dead_nodes()
+    ray_cluster.wait_until_idle()
     return ray_cluster

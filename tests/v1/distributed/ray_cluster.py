@@ -165,6 +165,43 @@ class RayCluster:
         )
         return out.stdout.split()
 
+    def wait_until_idle(self, timeout_s: float = 60.0) -> None:
+        """Until every node's CPUs are all available again: a previous test's
+        engines and placement groups are released asynchronously (the GCS
+        frees a removed group's bundles on the raylet later, slower under
+        load), and a test that reserves "the whole cluster" must not see them.
+        Raises TimeoutError naming what still holds CPUs (a real leak)."""
+        code = (
+            "import json, sys, time, ray\n"
+            "from ray._private.state import available_resources_per_node as avail\n"
+            "from ray.util.placement_group import placement_group_table\n"
+            f"ray.init(address={self.address!r}, log_to_driver=False, logging_level='ERROR')\n"
+            "total = {n['NodeID']: n['Resources'].get('CPU', 0) for n in ray.nodes() if n['Alive']}\n"
+            f"deadline = time.monotonic() + {timeout_s}\n"
+            "while True:\n"
+            "    free = {k: v.get('CPU', 0) for k, v in avail().items()}\n"
+            "    if all(free.get(k, 0) >= v for k, v in total.items()):\n"
+            "        sys.exit(0)\n"
+            "    if time.monotonic() > deadline:\n"
+            "        held = [(g.get('name'), g['state'], g.get('stats', {}).get('scheduling_state'))\n"
+            "                for g in placement_group_table().values() if g['state'] != 'REMOVED']\n"
+            "        print(json.dumps({'free': free, 'total': total, 'groups': held}))\n"
+            "        sys.exit(1)\n"
+            "    time.sleep(0.5)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env=ray_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s + 60,
+        )
+        if out.returncode != 0:
+            raise TimeoutError(
+                f"Ray cluster CPUs still held {timeout_s:.0f} s after the previous test: "
+                f"{out.stdout.strip() or out.stderr[-2000:]}"
+            )
+
     def _wait_for_nodes(self) -> None:
         """Until the GCS lists every node whose `ray start` still runs."""
         live = [n for n in self.nodes if n.proc.poll() is None]

@@ -49,6 +49,28 @@ def ray_env() -> dict[str, str]:
     return os.environ | {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
+# `wait_until_idle`'s driver (argv: address, timeout in s): exit 0 once every
+# node's CPUs are all free, else 1 with what holds them.
+_IDLE_CHECK = """
+import json, sys, time, ray
+from ray._private.state import available_resources_per_node as avail
+from ray.util.placement_group import placement_group_table
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+total = {n["NodeID"]: n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]}
+deadline = time.monotonic() + float(sys.argv[2])
+while True:
+    free = {k: v.get("CPU", 0) for k, v in avail().items()}
+    if all(free.get(k, 0) >= v for k, v in total.items()):
+        sys.exit(0)
+    if time.monotonic() > deadline:
+        groups = placement_group_table().values()
+        held = [(g.get("name"), g["state"]) for g in groups if g["state"] != "REMOVED"]
+        print(json.dumps({"free": free, "total": total, "groups": held}))
+        sys.exit(1)
+    time.sleep(0.5)
+"""
+
+
 @dataclass
 class RayNode:
     ip: str
@@ -171,26 +193,8 @@ class RayCluster:
         frees a removed group's bundles on the raylet later, slower under
         load), and a test that reserves "the whole cluster" must not see them.
         Raises TimeoutError naming what still holds CPUs (a real leak)."""
-        code = (
-            "import json, sys, time, ray\n"
-            "from ray._private.state import available_resources_per_node as avail\n"
-            "from ray.util.placement_group import placement_group_table\n"
-            f"ray.init(address={self.address!r}, log_to_driver=False, logging_level='ERROR')\n"
-            "total = {n['NodeID']: n['Resources'].get('CPU', 0) for n in ray.nodes() if n['Alive']}\n"
-            f"deadline = time.monotonic() + {timeout_s}\n"
-            "while True:\n"
-            "    free = {k: v.get('CPU', 0) for k, v in avail().items()}\n"
-            "    if all(free.get(k, 0) >= v for k, v in total.items()):\n"
-            "        sys.exit(0)\n"
-            "    if time.monotonic() > deadline:\n"
-            "        held = [(g.get('name'), g['state'], g.get('stats', {}).get('scheduling_state'))\n"
-            "                for g in placement_group_table().values() if g['state'] != 'REMOVED']\n"
-            "        print(json.dumps({'free': free, 'total': total, 'groups': held}))\n"
-            "        sys.exit(1)\n"
-            "    time.sleep(0.5)\n"
-        )
         out = subprocess.run(
-            [sys.executable, "-c", code],
+            [sys.executable, "-c", _IDLE_CHECK, self.address, str(timeout_s)],
             env=ray_env(),
             capture_output=True,
             text=True,

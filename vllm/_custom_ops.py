@@ -612,6 +612,40 @@ def _has_cpu_op(name: str) -> bool:
     return _LOAD_ERROR is None and hasattr(torch.ops._C_cpu, name)
 
 
+# ------------------------------------------------- fp32 panel GEMM (CPU)
+# csrc/cpu/gemm_f32.cpp: W [N, K] packed once as panels of 16 output columns,
+# P[j, k, c] = W[16 j + c, k] (shape [N / 16, K, 16]).
+PANEL_WIDTH = 16
+
+
+def panel_gemm_available() -> bool:
+    """Whether the loaded CPU ops have the fp32 panel GEMM."""
+    return _has_cpu_op("panel_gemm_f32")
+
+
+def pack_f32_panels(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] float32, N % 16 == 0 -> its panels [N / 16, K, 16]."""
+    n, k = weight.shape
+    if weight.dtype != torch.float32 or n % PANEL_WIDTH:
+        raise ValueError(
+            f"pack_f32_panels: float32 [N, K] with N % 16 == 0, got {weight.dtype} [{n}, {k}]"
+        )
+    return weight.detach().reshape(n // PANEL_WIDTH, PANEL_WIDTH, k).transpose(1, 2).contiguous()
+
+
+def unpack_f32_panels(packed: torch.Tensor) -> torch.Tensor:
+    """The dense [N, K] weight of `pack_f32_panels`' panels (exact)."""
+    panels, k, width = packed.shape
+    return packed.transpose(1, 2).reshape(panels * width, k)
+
+
+def panel_gemm_f32(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [..., K] float32 @ W.T (+ bias) -> [..., N], W given as its panels."""
+    return torch.ops._C_cpu.panel_gemm_f32(x, packed, bias)
+
+
 def _check_quant_gemm(
     x: torch.Tensor,
     w: torch.Tensor,

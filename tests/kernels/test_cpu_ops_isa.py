@@ -380,3 +380,41 @@ def test_apply_token_bitmask(ns, dtype, vocab, words):
     ref[rows] = logits[rows].masked_fill(~allowed[rows], float("-inf"))
     ns.apply_token_bitmask(logits, bitmask, rows)
     assert torch.equal(logits, ref)
+
+
+# ------------------------------------------------------- fp32 panel GEMM
+# M crosses the 6-row register tile (1: the decode row loop, 5, 6, 7, 13)
+# and the 96-row block (100); K an odd count (the row loop's tail) and one
+# longer than the 256-deep slice (300: a partial second slice).
+@pytest.mark.parametrize("m", [1, 5, 6, 7, 13, 100])
+@pytest.mark.parametrize("k,n", [(300, 48), (33, 16), (1, 32)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_panel_gemm_f32(ns, m, k, n, with_bias):
+    g = torch.Generator().manual_seed(m * 1000 + k)
+    w = torch.randn(n, k, generator=g)
+    x = torch.randn(2, m, k, generator=g)[1]  # a view: the op makes it contiguous
+    bias = torch.randn(n, generator=g) if with_bias else None
+    packed = ops.pack_f32_panels(w)
+    assert packed.shape == (n // 16, k, 16)
+    assert torch.equal(ops.unpack_f32_panels(packed), w)
+    ref = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+    out = ns.panel_gemm_f32(x, packed, bias)
+    assert out.shape == (m, n) and out.dtype == torch.float32
+    # fp32 sums of k products in another order than float64's.
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5 * k**0.5)
+
+
+def test_panel_gemm_f32_shapes_and_errors(ns):
+    w = torch.randn(32, 8)
+    packed = ops.pack_f32_panels(w)
+    x = torch.randn(2, 3, 8)  # leading dims kept
+    assert ns.panel_gemm_f32(x, packed, None).shape == (2, 3, 32)
+    assert ns.panel_gemm_f32(torch.empty(0, 8), packed, None).shape == (0, 32)
+    with pytest.raises(RuntimeError, match="x has 7 features, the weight 8"):
+        ns.panel_gemm_f32(torch.randn(1, 7), packed, None)
+    with pytest.raises(RuntimeError, match="must be float32"):
+        ns.panel_gemm_f32(x.bfloat16(), packed, None)
+    with pytest.raises(RuntimeError, match="bias must be float32 with 32 elements"):
+        ns.panel_gemm_f32(x, packed, torch.randn(31))
+    with pytest.raises(ValueError, match="N % 16 == 0"):
+        ops.pack_f32_panels(torch.randn(20, 8))

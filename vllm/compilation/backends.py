@@ -82,24 +82,24 @@ def make_stateful_layers_opaque(static_forward_context: dict[str, Any]) -> int:
 def unpack_cpu_linear_weights(model: nn.Module) -> int:
     """Give the linears back their dense weights for Inductor on CPU.
 
-    The CPU linears keep a oneDNN-packed weight (`_packed_weight`,
-    layers/utils.py) and drop the dense one. Inductor cannot lower
-    `mkldnn._linear_pointwise` over such a pre-packed tensor (its lowering
-    wants the weight as a frozen graph constant it packed itself), so the
-    dense weight is restored (`to_dense()` is exact) and Inductor's freezing
+    The CPU linears keep a packed weight (`_packed_weight`, layers/utils.py:
+    oneDNN's layout or float32 panels) and drop the dense one. Inductor
+    cannot lower `mkldnn._linear_pointwise` over such a pre-packed tensor
+    (its lowering wants the weight as a frozen graph constant it packed
+    itself), so the dense weight is restored (exactly) and Inductor's freezing
     pass packs it again, fused with its neighbours. The LM head is left
     packed: `compute_logits` is not part of the compiled forward. Returns how
     many linears were changed."""
+    from vllm.model_executor.layers.utils import unpack_weight_for_cpu
+
     changed = 0
     for name, module in model.named_modules():
         if name.split(".")[-1] == "lm_head":
             continue
         packed = getattr(module, "_packed_weight", None)
-        # torch._mkldnn (the packed layout) is missing from torch's stubs.
-        mkldnn_layout = torch._mkldnn  # type: ignore[attr-defined]
-        if not isinstance(packed, torch.Tensor) or packed.layout != mkldnn_layout:
+        if not isinstance(packed, torch.Tensor):
             continue
-        module.weight = nn.Parameter(packed.to_dense(), requires_grad=False)
+        module.weight = nn.Parameter(unpack_weight_for_cpu(packed), requires_grad=False)
         module._packed_weight = None
         changed += 1
     return changed

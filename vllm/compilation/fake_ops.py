@@ -1,9 +1,10 @@
 """Fake (meta) kernels for the compiled CPU ops, so that dynamo can trace
 through `torch.ops._C_cpu.*` without graph breaks.
 
-Every `_C_cpu` op mutates its `Tensor!` arguments in place and returns
-nothing (see csrc/cpu/torch_bindings.cpp), so its fake kernel only has to
-exist: the output shapes are the caller's tensors. The registrations are made
+The `_C_cpu` ops below mutate their `Tensor!` arguments in place and return
+nothing (see csrc/cpu/torch_bindings.cpp), so their fake kernel only has to
+exist: the output shapes are the caller's tensors. `panel_gemm_f32` returns
+its output, shaped by `_panel_gemm_fake`. The registrations are made
 lazily, the first time compilation is requested, and only for the ops the
 loaded `vllm._C` provides.
 """
@@ -27,6 +28,13 @@ _CPU_OPS = (
 _registered: set[str] = set()
 
 
+def _panel_gemm_fake(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """panel_gemm_f32 returns a new [..., N] tensor (N = 16 x packed's panels)."""
+    return x.new_empty((*x.shape[:-1], packed.shape[0] * packed.shape[2]))
+
+
 def _mutating_noop(*args: object, **kwargs: object) -> None:
     """Fake kernel of an in-place op that returns (): nothing to compute."""
     return None
@@ -44,4 +52,7 @@ def register_cpu_fake_ops() -> list[str]:
             continue
         torch.library.register_fake(f"_C_cpu::{name}", _mutating_noop)
         _registered.add(name)
+    if "panel_gemm_f32" not in _registered and hasattr(torch.ops._C_cpu, "panel_gemm_f32"):
+        torch.library.register_fake("_C_cpu::panel_gemm_f32", _panel_gemm_fake)
+        _registered.add("panel_gemm_f32")
     return sorted(_registered)

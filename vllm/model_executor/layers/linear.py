@@ -115,7 +115,8 @@ class LinearMethodBase(QuantizeMethodBase):
 
 class UnquantizedLinearMethod(LinearMethodBase):
     """A dense [out, in] `weight` in the model dtype; on CPU it is repacked
-    once loaded into oneDNN's blocked layout (layers/utils.py). `layer` is
+    once loaded into its GEMM's layout (oneDNN's, or float32 panels:
+    layers/utils.py). `layer` is
     typed Any: the attributes read here are the ones `create_weights` set."""
 
     def create_linear_weights(self, layer: Any, spec: LinearWeightSpec) -> None:

@@ -123,7 +123,7 @@ def process_weights_after_loading(
 def model_weight_bytes(model: nn.Module) -> int:
     """Bytes held by the model's parameters and buffers, as stored (quantized
     weights at their packed size); storage shared by tied weights counts once.
-    oneDNN-packed CPU weights (`_packed_weight`, not a parameter) count too."""
+    Packed CPU weights (`_packed_weight`, not a parameter) count too."""
     seen: set[int] = set()
     total = 0
     tensors = [*model.parameters(), *model.buffers()]

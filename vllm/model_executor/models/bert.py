@@ -39,6 +39,7 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.layers.pooler import DispatchPooler, Pooler
 from vllm.model_executor.layers.pooler.seqwise import CLSPool, SequencePoolingMethod
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.utils import is_onednn_packed
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.utils import load_stacked_weight, lookup_param, maybe_prefix
@@ -131,6 +132,7 @@ def _cpu_packed_weight(linear: nn.Module) -> torch.Tensor | None:
     packed = getattr(linear, "_packed_weight", None)
     if (
         not isinstance(packed, torch.Tensor)
+        or not is_onednn_packed(packed)  # panels (float32 on AVX2) have no post-ops
         or not isinstance(getattr(linear, "quant_method", None), UnquantizedLinearMethod)
         or getattr(linear, "skip_bias_add", True)
         or get_tensor_model_parallel_world_size() != 1

@@ -124,24 +124,47 @@ def _best_time(fn, reps: int, min_s: float = 0.3, warmup: int = 2) -> float:
     return best
 
 
+def _packed_forms(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The packed forms the engine's CPU GEMMs take for w: oneDNN's layout, and
+    float32 panels where the compiled panel GEMM is loaded (layers/utils.py)."""
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers.utils import pack_weight_for_cpu
+
+    forms: dict[str, torch.Tensor] = {}
+    saved = os.environ.get("VLLM_CPU_FP32_GEMM")
+    try:
+        os.environ["VLLM_CPU_FP32_GEMM"] = "onednn"
+        if (packed := pack_weight_for_cpu(w)) is not None:
+            forms["onednn"] = packed
+        if w.dtype == torch.float32 and ops.panel_gemm_available() and w.shape[0] % 16 == 0:
+            forms["panel"] = ops.pack_f32_panels(w)
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_CPU_FP32_GEMM", None)
+        else:
+            os.environ["VLLM_CPU_FP32_GEMM"] = saved
+    return forms
+
+
 def gemm_seconds(m: int, k: int, n: int, dtype: torch.dtype, reps: int) -> dict[str, float]:
-    """Best seconds of one x[M, K] @ w[N, K]^T, dense (`F.linear`) and with the weight
-    packed for oneDNN (the engine's CPU path), at the engines' thread count and at one
-    thread. "best_s" is the floor's figure: the fastest of these, the one-thread time
-    divided by the thread count (perfect scaling: on a loaded machine the one-thread
-    run is the steadier measure, and a floor must not exceed what the cores can do)."""
-    from vllm.model_executor.layers.utils import pack_weight_for_cpu, packed_linear
+    """Best seconds of one x[M, K] @ w[N, K]^T, dense (`F.linear`) and with each packed
+    weight the engine's CPU path can use (oneDNN's, our fp32 panels), at the engines'
+    thread count and at one thread. "best_s" is the floor's figure: the fastest of these,
+    the one-thread time divided by the thread count (perfect scaling: on a loaded machine
+    the one-thread run is the steadier measure, and a floor must not exceed what the
+    cores can do)."""
+    from vllm.model_executor.layers.utils import packed_linear
 
     x, w = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype)
-    packed = pack_weight_for_cpu(w)
+    forms = _packed_forms(w)
     threads = torch.get_num_threads()
     out: dict[str, float] = {}
     with torch.inference_mode():
         for t in sorted({threads, 1}, reverse=True):
             torch.set_num_threads(t)
             out[f"dense_t{t}"] = _best_time(lambda: F.linear(x, w), reps)
-            if packed is not None:
-                out[f"packed_t{t}"] = _best_time(lambda: packed_linear(x, packed, None), reps)
+            for name, packed in forms.items():
+                out[f"{name}_t{t}"] = _best_time(lambda: packed_linear(x, packed, None), reps)
         torch.set_num_threads(threads)
     scaled = [v / threads if k.endswith("_t1") else v for k, v in out.items()]
     out["best_s"] = min(scaled)

@@ -164,7 +164,7 @@ def gemm_seconds(m: int, k: int, n: int, dtype: torch.dtype, reps: int) -> dict[
             torch.set_num_threads(t)
             out[f"dense_t{t}"] = _best_time(lambda: F.linear(x, w), reps)
             for name, packed in forms.items():
-                out[f"{name}_t{t}"] = _best_time(lambda: packed_linear(x, packed, None), reps)
+                out[f"{name}_t{t}"] = _best_time(lambda p=packed: packed_linear(x, p, None), reps)
         torch.set_num_threads(threads)
     scaled = [v / threads if k.endswith("_t1") else v for k, v in out.items()]
     out["best_s"] = min(scaled)

@@ -608,8 +608,13 @@ def ref_paged_attention_decode(
 _QUANT_GEMM_BLOCK_ROWS = 256  # rows of W dequantized at a time by the torch path
 
 
-def _has_cpu_op(name: str) -> bool:
+def has_cpu_op(name: str) -> bool:
+    """Whether the loaded CPU ops include `torch.ops._C_cpu.<name>` (an op
+    newer than the build, e.g., is absent until it is rebuilt)."""
     return _LOAD_ERROR is None and hasattr(torch.ops._C_cpu, name)
+
+
+_has_cpu_op = has_cpu_op
 
 
 # ------------------------------------------------- fp32 panel GEMM (CPU)

@@ -418,3 +418,32 @@ def test_panel_gemm_f32_shapes_and_errors(ns):
         ns.panel_gemm_f32(x, packed, torch.randn(31))
     with pytest.raises(ValueError, match="N % 16 == 0"):
         ops.pack_f32_panels(torch.randn(20, 8))
+
+
+# ------------------------------------------------------- Gumbel-max draw
+@pytest.mark.parametrize("rows,vocab", [(1, 32000), (33, 5003), (4, 7), (2, 1)])
+def test_gumbel_argmax(ns, rows, vocab):
+    """The draw equals the torch path's argmax(logits + noise) (the same hash
+    bits, a log within an ulp: no near-tie at these sizes); masked (-inf)
+    tokens are never drawn; a NaN logit wins at its first index and an
+    all -inf row gives 0, as torch.argmax."""
+    from vllm.v1.worker.gpu.sample.gumbel import gumbel_noise, row_keys
+
+    g = torch.Generator().manual_seed(rows * vocab)
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    keys = row_keys(torch.arange(rows) + 7, torch.arange(rows) * 3)
+    masked = torch.rand(rows, vocab, generator=g) < 0.5
+    masked[:, 0] = False
+    logits[masked] = float("-inf")
+    want = torch.argmax(logits + gumbel_noise(keys, vocab), dim=-1)
+    out = torch.empty(rows, dtype=torch.int64)
+    ns.gumbel_argmax(logits, keys, out)
+    assert torch.equal(out, want)
+    assert not masked[torch.arange(rows), out].any()
+    if vocab >= 7 and rows >= 2:
+        logits[0, [vocab - 1, 5]] = float("nan")
+        logits[-1] = float("-inf")
+        ns.gumbel_argmax(logits, keys, out)
+        assert out[0] == 5 and out[-1] == 0
+    with pytest.raises(RuntimeError, match="keys must be contiguous int32"):
+        ns.gumbel_argmax(logits, keys.long(), out)

@@ -23,6 +23,7 @@ _CPU_OPS = (
     "rotary_embedding",
     "rotary_embedding_out",
     "silu_and_mul",
+    "gumbel_argmax",
 )
 
 _registered: set[str] = set()

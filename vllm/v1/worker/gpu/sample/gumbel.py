@@ -27,7 +27,11 @@ never 0 or 1. The noise enters as
 
 (the same value, with no multiply and one pass fewer).
 
-The torch path (CPU) and the Triton kernel (CUDA) compute the same bits: the
+On CPU the compiled op `gumbel_argmax` (csrc/cpu/sampling.cpp) hashes, adds
+the noise and takes the argmax in one pass per row (~10x fewer memory passes);
+its hash and U are the same bits, its log a polynomial within ~1 ulp of
+torch's. The torch path (CPU, where the op is not loaded or the logits are not
+float32) and the Triton kernel (CUDA) compute the same bits: the
 torch path keeps the words in int32 (multiplication wraps modulo 2**32; right
 shifts are arithmetic, so the sign-extended bits are masked off), the kernel
 in uint32. They can differ only through `log` rounding (an ulp). The torch
@@ -207,11 +211,29 @@ def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def _sample_rows(logits: torch.Tensor, keys: torch.Tensor, out: torch.Tensor) -> None:
-    """out[i] = argmax(logits[i] + noise(keys[i])), a chunk of rows at a time."""
+    """out[i] = argmax(logits[i] + noise(keys[i])): the compiled CPU op where it
+    applies (one pass per row; its log within ~1 ulp of torch's), else a chunk
+    of rows at a time."""
+    if _use_compiled_op(logits, keys, out):
+        torch.ops._C_cpu.gumbel_argmax(logits, keys, out)
+        return
     ws = _workspace(logits.shape[1], logits.device)
     for s in range(0, logits.shape[0], ws.rows):
         e = s + ws.rows
         argmax_rows(_add_noise_chunk(logits[s:e], keys[s:e], ws), out=out[s:e])
+
+
+def _use_compiled_op(logits: torch.Tensor, keys: torch.Tensor, out: torch.Tensor) -> bool:
+    from vllm import _custom_ops as ops
+
+    return (
+        logits.device.type == "cpu"
+        and logits.dtype == torch.float32
+        and logits.stride(1) == 1
+        and keys.is_contiguous()
+        and out.is_contiguous()
+        and ops.has_cpu_op("gumbel_argmax")
+    )
 
 
 def _gumbel_sample_torch(

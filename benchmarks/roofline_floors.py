@@ -126,29 +126,29 @@ def _best_time(fn, reps: int, min_s: float = 0.3, warmup: int = 2) -> float:
 
 def _packed_forms(w: torch.Tensor) -> dict[str, torch.Tensor]:
     """The packed forms the engine's CPU GEMMs take for w: oneDNN's layout, and
-    float32 panels where the compiled panel GEMM is loaded (layers/utils.py)."""
+    panels where the compiled panel GEMM is loaded (layers/utils.py)."""
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers.utils import pack_weight_for_cpu
 
     forms: dict[str, torch.Tensor] = {}
-    saved = os.environ.get("VLLM_CPU_FP32_GEMM")
+    saved = os.environ.get("VLLM_CPU_GEMM")
     try:
-        os.environ["VLLM_CPU_FP32_GEMM"] = "onednn"
+        os.environ["VLLM_CPU_GEMM"] = "onednn"
         if (packed := pack_weight_for_cpu(w)) is not None:
             forms["onednn"] = packed
-        if w.dtype == torch.float32 and ops.panel_gemm_available() and w.shape[0] % 16 == 0:
-            forms["panel"] = ops.pack_f32_panels(w)
+        if w.dtype in ops.PANEL_DTYPES and ops.panel_gemm_available() and w.shape[0] % 16 == 0:
+            forms["panel"] = ops.pack_panels(w)
     finally:
         if saved is None:
-            os.environ.pop("VLLM_CPU_FP32_GEMM", None)
+            os.environ.pop("VLLM_CPU_GEMM", None)
         else:
-            os.environ["VLLM_CPU_FP32_GEMM"] = saved
+            os.environ["VLLM_CPU_GEMM"] = saved
     return forms
 
 
 def gemm_seconds(m: int, k: int, n: int, dtype: torch.dtype, reps: int) -> dict[str, float]:
     """Best seconds of one x[M, K] @ w[N, K]^T, dense (`F.linear`) and with each packed
-    weight the engine's CPU path can use (oneDNN's, our fp32 panels), at the engines'
+    weight the engine's CPU path can use (oneDNN's, our panels), at the engines'
     thread count and at one thread. "best_s" is the floor's figure: the fastest of these,
     the one-thread time divided by the thread count (perfect scaling: on a loaded machine
     the one-thread run is the steadier measure, and a floor must not exceed what the

@@ -617,38 +617,41 @@ def has_cpu_op(name: str) -> bool:
 _has_cpu_op = has_cpu_op
 
 
-# ------------------------------------------------- fp32 panel GEMM (CPU)
-# csrc/cpu/gemm_f32.cpp: W [N, K] packed once as panels of 16 output columns,
-# P[j, k, c] = W[16 j + c, k] (shape [N / 16, K, 16]).
+# ------------------------------------------------------ panel GEMM (CPU)
+# csrc/cpu/gemm_panel.cpp: W [N, K] (float32, bfloat16 or float16) packed once
+# as panels of 16 output columns, P[j, k, c] = W[16 j + c, k] ([N / 16, K, 16]).
 PANEL_WIDTH = 16
+PANEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def panel_gemm_available() -> bool:
-    """Whether the loaded CPU ops have the fp32 panel GEMM."""
-    return _has_cpu_op("panel_gemm_f32")
+    """Whether the loaded CPU ops have the panel GEMM."""
+    return has_cpu_op("panel_gemm")
 
 
-def pack_f32_panels(weight: torch.Tensor) -> torch.Tensor:
-    """W [N, K] float32, N % 16 == 0 -> its panels [N / 16, K, 16]."""
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] (a PANEL_DTYPES dtype, N % 16 == 0) -> its panels [N / 16, K, 16]."""
     n, k = weight.shape
-    if weight.dtype != torch.float32 or n % PANEL_WIDTH:
+    if weight.dtype not in PANEL_DTYPES or n % PANEL_WIDTH:
         raise ValueError(
-            f"pack_f32_panels: float32 [N, K] with N % 16 == 0, got {weight.dtype} [{n}, {k}]"
+            "pack_panels: a float32 / bfloat16 / float16 [N, K] weight with N % 16 == 0, "
+            f"got {weight.dtype} [{n}, {k}]"
         )
     return weight.detach().reshape(n // PANEL_WIDTH, PANEL_WIDTH, k).transpose(1, 2).contiguous()
 
 
-def unpack_f32_panels(packed: torch.Tensor) -> torch.Tensor:
-    """The dense [N, K] weight of `pack_f32_panels`' panels (exact)."""
+def unpack_panels(packed: torch.Tensor) -> torch.Tensor:
+    """The dense [N, K] weight of `pack_panels`' panels (exact)."""
     panels, k, width = packed.shape
     return packed.transpose(1, 2).reshape(panels * width, k)
 
 
-def panel_gemm_f32(
+def panel_gemm(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [..., K] float32 @ W.T (+ bias) -> [..., N], W given as its panels."""
-    return torch.ops._C_cpu.panel_gemm_f32(x, packed, bias)
+    """x [..., K] @ W.T (+ bias) -> [..., N] in x's dtype (packed's), fp32
+    accumulation, W given as its panels."""
+    return torch.ops._C_cpu.panel_gemm(x, packed, bias)
 
 
 def _check_quant_gemm(

@@ -76,10 +76,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Which build of the CPU ops to load (vllm/_custom_ops.py): "auto" (the
     # best the CPU supports), or avx512_bf16 / avx512 / avx2 / scalar (ours).
     "VLLM_CPU_ISA": lambda: os.environ.get("VLLM_CPU_ISA", "auto").strip().lower() or "auto",
-    # The fp32 GEMM of CPU linears (ours; model_executor/layers/utils.py):
-    # "auto" (the panel GEMM of csrc/cpu/gemm_f32.cpp where the AVX2 build of
-    # the ops runs, else oneDNN), "panel" or "onednn".
-    "VLLM_CPU_FP32_GEMM": _choice("VLLM_CPU_FP32_GEMM", "auto", ("auto", "panel", "onednn")),
+    # The GEMM of unquantized CPU linears (ours; model_executor/layers/utils.py):
+    # "auto" (the panel GEMM of csrc/cpu/gemm_panel.cpp where the AVX2 build
+    # of the ops runs, else oneDNN), "panel" or "onednn".
+    "VLLM_CPU_GEMM": _choice("VLLM_CPU_GEMM", "auto", ("auto", "panel", "onednn")),
     # Engine-core outputs AsyncLLM's output handler processes before yielding
     # to the event loop (keeps the server responsive under large batches).
     "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE": lambda: int(

@@ -40,8 +40,8 @@ at::Tensor fp8_weight_gemm(const at::Tensor& x, const at::Tensor& w,
                               const at::Tensor& scales, int64_t group_size);
 std::string quant_gemm_isa();
 void gumbel_argmax(const at::Tensor& logits, const at::Tensor& keys, at::Tensor& out);
-at::Tensor panel_gemm_f32(const at::Tensor& x, const at::Tensor& packed,
-                          const std::optional<at::Tensor>& bias);
+at::Tensor panel_gemm(const at::Tensor& x, const at::Tensor& packed,
+                      const std::optional<at::Tensor>& bias);
 // The vector path cpu_types.h chose for the ops of this build (the ISA
 // variant: avx512_bf16, avx512, avx2 or scalar).
 inline std::string cpu_ops_isa() { return kCpuIsa; }
@@ -89,8 +89,9 @@ TORCH_LIBRARY(VLLM_CPU_OPS_NAMESPACE, m) {
   // The sampler's Gumbel-max draw (this project's own; sampling.cpp).
   m.def("gumbel_argmax(Tensor logits, Tensor keys, Tensor! out) -> ()");
   m.impl("gumbel_argmax", at::kCPU, &vllm_cpu::gumbel_argmax);
-  m.def("panel_gemm_f32(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
-  m.impl("panel_gemm_f32", at::kCPU, &vllm_cpu::panel_gemm_f32);
+  // Dense GEMM over panel-packed weights (this project's own; gemm_panel.cpp).
+  m.def("panel_gemm(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
+  m.impl("panel_gemm", at::kCPU, &vllm_cpu::panel_gemm);
   // The vector path the other ops were compiled with: avx512_bf16 / avx512 / avx2 / scalar.
   m.def("cpu_ops_isa() -> str", &vllm_cpu::cpu_ops_isa);
 }

@@ -382,42 +382,50 @@ def test_apply_token_bitmask(ns, dtype, vocab, words):
     assert torch.equal(logits, ref)
 
 
-# ------------------------------------------------------- fp32 panel GEMM
+# ------------------------------------------------------------ panel GEMM
 # M crosses the 6-row register tile (1: the decode row loop, 5, 6, 7, 13)
 # and the 96-row block (100); K an odd count (the row loop's tail) and one
 # longer than the 256-deep slice (300: a partial second slice).
 @pytest.mark.parametrize("m", [1, 5, 6, 7, 13, 100])
 @pytest.mark.parametrize("k,n", [(300, 48), (33, 16), (1, 32)])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_panel_gemm_f32(ns, m, k, n, with_bias):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_panel_gemm(ns, m, k, n, with_bias, dtype):
     g = torch.Generator().manual_seed(m * 1000 + k)
-    w = torch.randn(n, k, generator=g)
-    x = torch.randn(2, m, k, generator=g)[1]  # a view: the op makes it contiguous
-    bias = torch.randn(n, generator=g) if with_bias else None
-    packed = ops.pack_f32_panels(w)
-    assert packed.shape == (n // 16, k, 16)
-    assert torch.equal(ops.unpack_f32_panels(packed), w)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    x = torch.randn(2, m, k, generator=g).to(dtype)[1]  # a view: the op makes it contiguous
+    bias = torch.randn(n, generator=g).to(dtype) if with_bias else None
+    packed = ops.pack_panels(w)
+    assert packed.shape == (n // 16, k, 16) and packed.dtype == dtype
+    assert torch.equal(ops.unpack_panels(packed), w)
     ref = F.linear(x.double(), w.double(), None if bias is None else bias.double())
-    out = ns.panel_gemm_f32(x, packed, bias)
-    assert out.shape == (m, n) and out.dtype == torch.float32
-    # fp32 sums of k products in another order than float64's.
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5 * k**0.5)
+    out = ns.panel_gemm(x, packed, bias)
+    assert out.shape == (m, n) and out.dtype == dtype
+    # fp32 sums of k products (16-bit inputs are exact in fp32) in another
+    # order than float64's, then rounded once to the output dtype.
+    scale = 1e-5 * k**0.5
+    if dtype == torch.float32:
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=scale)
+    else:
+        torch.testing.assert_close(out.double(), ref, rtol=_ULP[dtype], atol=scale)
 
 
-def test_panel_gemm_f32_shapes_and_errors(ns):
+def test_panel_gemm_shapes_and_errors(ns):
     w = torch.randn(32, 8)
-    packed = ops.pack_f32_panels(w)
+    packed = ops.pack_panels(w)
     x = torch.randn(2, 3, 8)  # leading dims kept
-    assert ns.panel_gemm_f32(x, packed, None).shape == (2, 3, 32)
-    assert ns.panel_gemm_f32(torch.empty(0, 8), packed, None).shape == (0, 32)
+    assert ns.panel_gemm(x, packed, None).shape == (2, 3, 32)
+    assert ns.panel_gemm(torch.empty(0, 8), packed, None).shape == (0, 32)
     with pytest.raises(RuntimeError, match="x has 7 features, the weight 8"):
-        ns.panel_gemm_f32(torch.randn(1, 7), packed, None)
-    with pytest.raises(RuntimeError, match="must be float32"):
-        ns.panel_gemm_f32(x.bfloat16(), packed, None)
-    with pytest.raises(RuntimeError, match="bias must be float32 with 32 elements"):
-        ns.panel_gemm_f32(x, packed, torch.randn(31))
+        ns.panel_gemm(torch.randn(1, 7), packed, None)
+    with pytest.raises(RuntimeError, match="x is BFloat16, the packed weight Float"):
+        ns.panel_gemm(x.bfloat16(), packed, None)
+    with pytest.raises(RuntimeError, match="bias must have 32 elements"):
+        ns.panel_gemm(x, packed, torch.randn(31))
     with pytest.raises(ValueError, match="N % 16 == 0"):
-        ops.pack_f32_panels(torch.randn(20, 8))
+        ops.pack_panels(torch.randn(20, 8))
+    with pytest.raises(ValueError, match="float32 / bfloat16 / float16"):
+        ops.pack_panels(torch.randn(32, 8).double())
 
 
 # ------------------------------------------------------- Gumbel-max draw

@@ -92,46 +92,51 @@ def test_packed_cpu_gemm_matches_dense(vllm_config, dtype):
     torch.testing.assert_close(packed, dense, atol=1e-4, rtol=1e-4)
 
 
-def _packed_layer(monkeypatch, gemm: str, out_features: int = 96) -> ReplicatedLinear:
-    monkeypatch.setenv("VLLM_CPU_FP32_GEMM", gemm)
+def _packed_layer(
+    monkeypatch, gemm: str, out_features: int = 96, dtype: torch.dtype = torch.float32
+) -> ReplicatedLinear:
+    monkeypatch.setenv("VLLM_CPU_GEMM", gemm)
     torch.manual_seed(0)
-    layer = ReplicatedLinear(64, out_features, bias=True, params_dtype=torch.float32)
+    layer = ReplicatedLinear(64, out_features, bias=True, params_dtype=dtype)
     layer.weight.data.copy_(torch.randn(out_features, 64))
     layer.bias.data.copy_(torch.randn(out_features))
-    layer.process_weights_after_loading(torch.float32)
+    layer.process_weights_after_loading(dtype)
     return layer
 
 
-def test_fp32_gemm_choice(vllm_config, monkeypatch):
-    """float32 weights: panels where the ops run their AVX2 build (auto) or
-    when asked (panel), oneDNN otherwise; a panel layout needs whole panels
-    of 16 outputs; the two give the same products."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_gemm_choice(vllm_config, monkeypatch, dtype):
+    """Panels where the ops run their AVX2 build (auto) or when asked
+    (panel), oneDNN (or dense, where oneDNN lacks the dtype) otherwise; a
+    panel layout needs whole panels of 16 outputs; the paths give the same
+    products (bf16: to an ulp of the output)."""
     from vllm import _custom_ops as ops
-    from vllm.model_executor.layers.utils import is_onednn_packed
+
+    def panels(layer: ReplicatedLinear) -> bool:  # else oneDNN's layout or the dense weight
+        return getattr(layer._packed_weight, "layout", None) == torch.strided
 
     if not ops.panel_gemm_available():
-        pytest.skip("compiled CPU ops with panel_gemm_f32 not loaded")
-    x = torch.randn(3, 64)
-    auto = _packed_layer(monkeypatch, "auto")
-    assert is_onednn_packed(auto._packed_weight) == (ops.cpu_ops_isa() != "avx2")
-    panel = _packed_layer(monkeypatch, "panel")
+        pytest.skip("compiled CPU ops with panel_gemm not loaded")
+    x = torch.randn(3, 64).to(dtype)
+    assert panels(_packed_layer(monkeypatch, "auto", dtype=dtype)) == (ops.cpu_ops_isa() == "avx2")
+    panel = _packed_layer(monkeypatch, "panel", dtype=dtype)
     assert panel._packed_weight.shape == (6, 64, 16) and panel.weight.numel() == 0
-    onednn = _packed_layer(monkeypatch, "onednn")
-    assert is_onednn_packed(onednn._packed_weight)
-    torch.testing.assert_close(panel(x)[0], onednn(x)[0], atol=1e-5, rtol=1e-5)
-    # 40 outputs: not whole panels, so oneDNN even when panels are asked for.
-    assert is_onednn_packed(_packed_layer(monkeypatch, "panel", 40)._packed_weight)
+    onednn = _packed_layer(monkeypatch, "onednn", dtype=dtype)
+    assert not panels(onednn)
+    tol = 1e-5 if dtype == torch.float32 else 2**-7
+    torch.testing.assert_close(panel(x)[0], onednn(x)[0], atol=tol, rtol=tol)
+    # 40 outputs: not whole panels, so not panels even when they are asked for.
+    assert not panels(_packed_layer(monkeypatch, "panel", 40, dtype))
 
 
-def test_fp32_gemm_choice_refused(vllm_config, monkeypatch):
+def test_cpu_gemm_choice_refused(vllm_config, monkeypatch):
     from vllm import _custom_ops as ops
 
-    monkeypatch.setenv("VLLM_CPU_FP32_GEMM", "fast")
-    with pytest.raises(ValueError, match="VLLM_CPU_FP32_GEMM='fast'"):
+    with pytest.raises(ValueError, match="VLLM_CPU_GEMM='fast'"):
         _packed_layer(monkeypatch, "fast")
     # Panels asked for without the compiled op: refused, naming the variable.
     monkeypatch.setattr(ops, "panel_gemm_available", lambda: False)
-    with pytest.raises(ValueError, match="VLLM_CPU_FP32_GEMM=panel"):
+    with pytest.raises(ValueError, match="VLLM_CPU_GEMM=panel"):
         _packed_layer(monkeypatch, "panel")
 
 

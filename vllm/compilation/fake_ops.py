@@ -3,7 +3,7 @@ through `torch.ops._C_cpu.*` without graph breaks.
 
 The `_C_cpu` ops below mutate their `Tensor!` arguments in place and return
 nothing (see csrc/cpu/torch_bindings.cpp), so their fake kernel only has to
-exist: the output shapes are the caller's tensors. `panel_gemm_f32` returns
+exist: the output shapes are the caller's tensors. `panel_gemm` returns
 its output, shaped by `_panel_gemm_fake`. The registrations are made
 lazily, the first time compilation is requested, and only for the ops the
 loaded `vllm._C` provides.
@@ -32,7 +32,7 @@ _registered: set[str] = set()
 def _panel_gemm_fake(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """panel_gemm_f32 returns a new [..., N] tensor (N = 16 x packed's panels)."""
+    """panel_gemm returns a new [..., N] tensor (N = 16 x packed's panels)."""
     return x.new_empty((*x.shape[:-1], packed.shape[0] * packed.shape[2]))
 
 
@@ -53,7 +53,7 @@ def register_cpu_fake_ops() -> list[str]:
             continue
         torch.library.register_fake(f"_C_cpu::{name}", _mutating_noop)
         _registered.add(name)
-    if "panel_gemm_f32" not in _registered and hasattr(torch.ops._C_cpu, "panel_gemm_f32"):
-        torch.library.register_fake("_C_cpu::panel_gemm_f32", _panel_gemm_fake)
-        _registered.add("panel_gemm_f32")
+    if "panel_gemm" not in _registered and hasattr(torch.ops._C_cpu, "panel_gemm"):
+        torch.library.register_fake("_C_cpu::panel_gemm", _panel_gemm_fake)
+        _registered.add("panel_gemm")
     return sorted(_registered)

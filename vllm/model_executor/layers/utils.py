@@ -3,15 +3,17 @@
 
 On CPU a weight is repacked once, after loading, into the layout of the GEMM
 that multiplies it, and the packed tensor replaces the dense [out, in] one:
-- float32 where the ops run their AVX2 build (CPUs without AVX-512: AMD
-  EPYC Zen 2/3 among them): panels of 16 output columns for the panel GEMM
-  of csrc/cpu/gemm_f32.cpp (a strided [out / 16, in, 16] tensor). Measured
-  on a 2-core EPYC (Zen 3) over a 120M model's projections: 0.67-0.80x
-  oneDNN's time for 1-16 rows (decode), 0.84-0.93x for 64-2048 (prefill).
+- where the ops run their AVX2 build (CPUs without AVX-512: AMD EPYC Zen 2/3
+  among them), float32 / bfloat16 / float16 weights become panels of 16
+  output columns for the panel GEMM of csrc/cpu/gemm_panel.cpp (a strided
+  [out / 16, in, 16] tensor). Measured on a 2-core EPYC (Zen 3) over a 120M
+  model's float32 projections: 0.67-0.80x oneDNN's time for 1-16 rows
+  (decode), 0.84-0.93x for 64-2048 (prefill); oneDNN has no fast 16-bit
+  path on such CPUs at all.
 - otherwise oneDNN's blocked layout (an opaque mkldnn tensor), which
   multiplies faster than the dense tensor `F.linear` would re-block on every
   call (1.1-2.3x on small-batch decode shapes, identical bf16 results).
-`VLLM_CPU_FP32_GEMM` (auto / panel / onednn) overrides the float32 choice.
+`VLLM_CPU_GEMM` (auto / panel / onednn) overrides the choice.
 """
 
 from __future__ import annotations
@@ -40,15 +42,15 @@ def _cpu_dtype_supported(dtype: torch.dtype) -> bool:
 
 
 def _use_panels(weight: torch.Tensor) -> bool:
-    """Whether a float32 CPU weight goes to the panel GEMM (module docstring)."""
-    choice = envs.VLLM_CPU_FP32_GEMM
-    if weight.dtype != torch.float32 or choice == "onednn":
+    """Whether a CPU weight goes to the panel GEMM (module docstring)."""
+    choice = envs.VLLM_CPU_GEMM
+    if weight.dtype not in ops.PANEL_DTYPES or choice == "onednn":
         return False
     if not ops.panel_gemm_available():
         if choice == "panel":
             raise ValueError(
-                "VLLM_CPU_FP32_GEMM=panel: the compiled CPU ops with panel_gemm_f32 are not "
-                f"loaded ({ops.cpu_ops_load_error() or 'a build older than it'})."
+                "VLLM_CPU_GEMM=panel: the compiled CPU ops with panel_gemm are not loaded "
+                f"({ops.cpu_ops_load_error() or 'a build older than it'})."
             )
         return False
     if weight.shape[0] % ops.PANEL_WIDTH:
@@ -63,7 +65,7 @@ def pack_weight_for_cpu(weight: torch.Tensor) -> torch.Tensor | None:
     if weight.device.type != "cpu" or weight.dim() != 2 or weight.numel() == 0:
         return None
     if _use_panels(weight):
-        return ops.pack_f32_panels(weight)
+        return ops.pack_panels(weight)
     if not torch.backends.mkldnn.is_available() or not _cpu_dtype_supported(weight.dtype):
         return None
     try:
@@ -82,7 +84,7 @@ def unpack_weight_for_cpu(packed_weight: torch.Tensor) -> torch.Tensor:
     """The dense [out, in] weight of either packed form (exact)."""
     if is_onednn_packed(packed_weight):
         return packed_weight.to_dense()
-    return ops.unpack_f32_panels(packed_weight)
+    return ops.unpack_panels(packed_weight)
 
 
 def packed_linear(
@@ -90,7 +92,7 @@ def packed_linear(
 ) -> torch.Tensor:
     """x [..., in] @ packed [out, in]^T (+ bias) -> [..., out]."""
     if packed_weight.layout == torch.strided:
-        return ops.panel_gemm_f32(x, packed_weight, bias)
+        return ops.panel_gemm(x, packed_weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
 
 

@@ -22,6 +22,10 @@ from tests.models.zoo_utils import build_zoo_model
 from tests.utils import hf_greedy
 
 MAX_TOKENS = 12
+# Tokens per request of the kill-under-load test: with 110 (its old figure)
+# all six finished within the second before the kill once the CPU GEMMs got
+# faster; the tiny Mixtral's context is 512 (max_position_embeddings).
+LOAD_TOKENS = 440
 PROMPTS = [[5, 17, 99, i, 250, 7, 8][: 3 + i] for i in range(1, 6)] + [list(range(30, 70))]
 
 
@@ -29,8 +33,15 @@ PROMPTS = [[5, 17, 99, i, 250, 7, 8][: 3 + i] for i in range(1, 6)] + [list(rang
 START_TIMEOUT_S = 300
 
 
-def _start(model_dir: str, extra: list[str], log: str, env: dict[str, str] | None = None):
-    server = RemoteOpenAIServer(model_dir, _server_args(extra), env=env, wait=False, log_path=log)
+def _start(
+    model_dir: str,
+    extra: list[str],
+    log: str,
+    env: dict[str, str] | None = None,
+    max_model_len: int = 128,
+):
+    args = _server_args(extra, max_model_len)
+    server = RemoteOpenAIServer(model_dir, args, env=env, wait=False, log_path=log)
     try:
         server.wait_until_healthy(timeout=START_TIMEOUT_S)
     except BaseException:
@@ -39,12 +50,12 @@ def _start(model_dir: str, extra: list[str], log: str, env: dict[str, str] | Non
     return server
 
 
-def _server_args(extra: list[str]) -> list[str]:
+def _server_args(extra: list[str], max_model_len: int = 128) -> list[str]:
     return [
         "--dtype",
         "float32",
         "--max-model-len",
-        "128",
+        str(max_model_len),
         "--kv-cache-memory-bytes",
         str(8 * 2**20),
         "-dp",
@@ -136,8 +147,8 @@ async def _load_then_kill(server: RemoteOpenAIServer, victim: psutil.Process) ->
     async with httpx.AsyncClient(timeout=60) as client:
 
         async def one(i: int) -> int:
-            # Short prompts, 110 tokens each: still running when the engine dies.
-            body = {"prompt": PROMPTS[i % 5], "max_tokens": 110, "ignore_eos": True}
+            # Short prompts, LOAD_TOKENS each: still running when the engine dies.
+            body = {"prompt": PROMPTS[i % 5], "max_tokens": LOAD_TOKENS, "ignore_eos": True}
             try:
                 resp = await client.post(server.url_for("v1", "completions"), json=body)
             except httpx.HTTPError:
@@ -145,7 +156,7 @@ async def _load_then_kill(server: RemoteOpenAIServer, victim: psutil.Process) ->
             return resp.status_code
 
         tasks = [asyncio.create_task(one(i)) for i in range(6)]
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.5)
         victim.kill()
         return list(await asyncio.gather(*tasks))
 
@@ -160,7 +171,13 @@ def test_dp2_mixtral_greedy_then_engine_killed_under_load_fails_requests(tmp_pat
     model_dir = build_zoo_model("mixtral", str(tmp_path / "mixtral"))
     expected = hf_greedy(model_dir, PROMPTS, MAX_TOKENS)
     keep_alive = {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
-    server = _start(model_dir, ["-asc", "1"], str(tmp_path / "log"), env=keep_alive)
+    server = _start(
+        model_dir,
+        ["-asc", "1"],
+        str(tmp_path / "log"),
+        env=keep_alive,
+        max_model_len=512,
+    )
     try:
         children = server.children()
         _check_greedy_and_waves(server, expected)

@@ -11,7 +11,7 @@
 # reference, the Triton unified attention compiled for the GPU, FlashInfer
 # (skips when not installed), CUDA graph capture + replay and graphs on/off
 # parity through both runners; 4. greedy parity V1/V2 x TRITON_ATTN (eager,
-# FULL_DECODE_ONLY, FULL graphs) / CPU_ATTN (eager) and decode step times
+# FULL_DECODE_ONLY, FULL, FULL_AND_PIECEWISE under VLLM_COMPILE) / CPU_ATTN (eager) and decode step times
 # with and without graphs.
 set -uo pipefail
 PY=${1:-${PY:-.venv/bin/python}}

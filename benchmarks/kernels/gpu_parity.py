@@ -43,6 +43,9 @@ CONFIGS = [
     ("TRITON_ATTN", "eager"),
     ("TRITON_ATTN", "FULL_DECODE_ONLY"),
     ("TRITON_ATTN", "FULL"),
+    # VLLM_COMPILE (the graph split at attention): decode steps replay full
+    # graphs, mixed ones the pieces' graphs (Inductor compiles each piece).
+    ("TRITON_ATTN", "FULL_AND_PIECEWISE"),
     ("CPU_ATTN", "eager"),
 ]
 
@@ -54,11 +57,10 @@ def run_one(model: str, backend: str, v2: bool, graphs: str, num_seqs: int, out_
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    kwargs = (
-        dict(enforce_eager=True)
-        if graphs == "eager"
-        else dict(compilation_config={"cudagraph_mode": graphs, "max_cudagraph_capture_size": 64})
-    )
+    cc: dict = {"cudagraph_mode": graphs, "max_cudagraph_capture_size": 64}
+    if "PIECEWISE" in graphs:
+        cc["mode"] = 3  # VLLM_COMPILE
+    kwargs = dict(enforce_eager=True) if graphs == "eager" else dict(compilation_config=cc)
     t0 = time.perf_counter()
     llm = LLM(
         model=model,
@@ -182,7 +184,7 @@ def _report(results: list[dict]) -> None:
     for v2 in (False, True):
         runs = {r["graphs"]: r for r in results if r["v2"] == v2 and r["backend"] == "TRITON_ATTN"}
         eager = runs.get("eager")
-        for mode in ("FULL_DECODE_ONLY", "FULL"):
+        for mode in ("FULL_DECODE_ONLY", "FULL", "FULL_AND_PIECEWISE"):
             if eager and mode in runs:
                 same = runs[mode]["tokens"] == eager["tokens"]
                 print(

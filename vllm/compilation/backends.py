@@ -7,10 +7,12 @@ forward context and write the KV cache in place, which dynamo must not trace
 (it would guard on, and specialise to, every step's metadata). Upstream
 routes `Attention` through the custom op `torch.ops.vllm.unified_attention*`
 and splits the Inductor graph there. Here:
-- `Attention` layers call `torch.ops.vllm.unified_attention`, a custom op
-  whose kernel is the layer's own eager forward (looked up by name in the
-  forward context) and whose fake kernel only shapes the output: one graph
-  for the whole model, attention an opaque node in it;
+- `Attention` layers call `torch.ops.vllm.unified_attention_with_output`, a
+  custom op whose kernel is the layer's own eager forward (looked up by name
+  in the forward context), writing into an output buffer the graph allocated
+  before it; its fake kernel does nothing. One graph for the whole model,
+  attention an opaque node in it, unless `splitting_ops` split the graph
+  there (piecewise_backend.py: what piecewise CUDA graphs need);
 - any other stateful layer (Mamba, MLA) runs under `torch.compiler.disable`,
   i.e. a graph break around it.
 """
@@ -53,9 +55,40 @@ def _unified_attention_fake(
     return torch.empty_like(query)
 
 
+@torch.library.custom_op("vllm::unified_attention_with_output", mutates_args=("output",))
+def unified_attention_with_output(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    output: torch.Tensor,
+    layer_name: str,
+) -> None:
+    """`unified_attention` writing into `output` [T, H * D]. What the compiled
+    model calls: `output` is allocated by the graph before the op, so under
+    piecewise CUDA graphs it lives in the preceding piece's graph memory and
+    the next piece reads it at a fixed address (piecewise_backend.py)."""
+    from vllm.forward_context import get_forward_context
+
+    layer = get_forward_context().no_compile_layers[layer_name]
+    layer.forward_into(query, key, value, output)
+
+
+@unified_attention_with_output.register_fake
+def _unified_attention_with_output_fake(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    output: torch.Tensor,
+    layer_name: str,
+) -> None:
+    return None
+
+
 def _opaque_attention_forward(layer_name: str):
     def forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        return torch.ops.vllm.unified_attention(query, key, value, layer_name)
+        output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        torch.ops.vllm.unified_attention_with_output(query, key, value, output, layer_name)
+        return output
 
     return forward
 

@@ -1,8 +1,9 @@
 """Capture and replay of CUDA graphs around a callable
 (upstream: vllm/compilation/cuda_graph.py).
 
-A `CUDAGraphWrapper` is bound to one runtime mode (FULL here: it wraps the
-whole model). On each call it reads the forward context: when the runtime
+A `CUDAGraphWrapper` is bound to one runtime mode: FULL (it wraps the whole
+model) or PIECEWISE (it wraps one piece of the split graph,
+vllm/compilation/piecewise_backend.py). On each call it reads the forward context: when the runtime
 mode there is its own, it replays the graph recorded for the context's
 `BatchDescriptor`, capturing it first if there is none; otherwise it calls the
 wrapped model directly. It never decides anything itself: the dispatcher
@@ -22,6 +23,7 @@ import torch
 from vllm.config.compilation import CUDAGraphMode
 from vllm.forward_context import BatchDescriptor, get_forward_context
 from vllm.logger import init_logger
+from vllm.utils.torch_utils import weak_ref_tensors
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -52,6 +54,10 @@ class CUDAGraphOptions:
     # Check on every replay that the tensor arguments sit where they sat at
     # capture (cheap: pointer comparisons).
     check_input_addresses: bool = True
+    # Keep the capture's outputs as weak references (vllm/utils/torch_utils.py),
+    # so that graphs captured later may reuse their memory: set for the
+    # pieces of piecewise graphs, whose outputs are read before the next replay.
+    weak_ref_output: bool = False
 
 
 @dataclass
@@ -81,7 +87,7 @@ class CUDAGraphWrapper(Generic[_Runnable]):
     def __init__(
         self,
         runnable: _Runnable,
-        vllm_config: VllmConfig,
+        vllm_config: VllmConfig | None,
         runtime_mode: CUDAGraphMode,
         cudagraph_options: CUDAGraphOptions | None = None,
     ) -> None:
@@ -121,10 +127,14 @@ class CUDAGraphWrapper(Generic[_Runnable]):
         entry = self.concrete_cudagraph_entries.get(desc)
         if entry is None:
             entry = self.concrete_cudagraph_entries[desc] = CUDAGraphEntry(desc)
-        graph = entry.cudagraph
-        if graph is None:
-            graph = self._capture(entry, args, kwargs)
-        elif self.cudagraph_options.check_input_addresses:
+        if entry.cudagraph is None:
+            # The capture's own output, strongly held until the caller drops
+            # it: within the capturing forward the allocator must not reuse
+            # its memory (the entry may hold only a weak reference).
+            graph, output = self._capture(entry, args, kwargs)
+            graph.replay()  # capture only records: compute this call's output
+            return output
+        if self.cudagraph_options.check_input_addresses:
             addresses = _tensor_addresses(args, kwargs)
             if addresses != entry.input_addresses:
                 raise RuntimeError(
@@ -132,14 +142,14 @@ class CUDAGraphWrapper(Generic[_Runnable]):
                     f"({entry.input_addresses} -> {addresses}); inputs must live in "
                     "persistent buffers."
                 )
-        graph.replay()
+        entry.cudagraph.replay()
         return entry.output
 
     def _capture(
         self, entry: CUDAGraphEntry, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> torch.cuda.CUDAGraph:
-        """Record one graph. Capture only records the kernels, so the caller
-        replays it once afterwards to produce this call's output."""
+    ) -> tuple[torch.cuda.CUDAGraph, Any]:
+        """Record one graph into `entry`; returns it and the capture's output
+        tensors (not yet computed: the caller replays once)."""
         if self.cudagraph_options.debug_log_enable:
             logger.debug(
                 "Capturing a %s CUDA graph for %s", self.runtime_mode.name, entry.batch_descriptor
@@ -150,6 +160,8 @@ class CUDAGraphWrapper(Generic[_Runnable]):
         with torch.cuda.graph(graph, pool=self.graph_pool):
             output = self.runnable(*args, **kwargs)
         entry.input_addresses = _tensor_addresses(args, kwargs)
-        entry.output = output
+        entry.output = (
+            weak_ref_tensors(output) if self.cudagraph_options.weak_ref_output else output
+        )
         entry.cudagraph = graph
-        return graph
+        return graph, output

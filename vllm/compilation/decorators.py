@@ -14,7 +14,10 @@ instance, so model files stay untouched:
   recompile per size; 0 / 1 sizes are not specialised either, through
   `backed_size_oblivious`);
 - attention layers stay opaque (see backends.py), and the compiled CPU ops
-  get fake kernels (fake_ops.py) so dynamo traces through them.
+  get fake kernels (fake_ops.py) so dynamo traces through them;
+- with `compilation_config.splitting_ops` (VLLM_COMPILE with piecewise CUDA
+  graphs sets them to the attention ops), the graph is split there and each
+  piece compiled on its own (piecewise_backend.py).
 
 The model object is returned (its forward replaced), so `compute_logits`,
 `load_weights` and the parameters stay where the runner expects them.
@@ -39,6 +42,7 @@ from vllm.config.compilation import CompilationMode
 from vllm.logger import init_logger
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
     from vllm.config.compilation import CompilationConfig
 
 logger = init_logger(__name__)
@@ -51,9 +55,11 @@ class _CompiledForward:
     """The model's new forward: marks the token dim dynamic, then runs the
     compiled code. Keeps the eager forward as `eager_forward`."""
 
-    def __init__(self, eager_forward: Any, compiled: Any) -> None:
+    def __init__(self, eager_forward: Any, compiled: Any, split_backend: Any = None) -> None:
         self.eager_forward = eager_forward
         self.compiled = compiled
+        # The VllmBackend when the graph is split (piecewise_backend.py).
+        self.split_backend = split_backend
         self.num_calls = 0
         self.first_call_s: float | None = None  # wall time of the call that compiled
 
@@ -88,10 +94,13 @@ def maybe_compile_model(
     compilation_config: CompilationConfig,
     device: torch.device | str,
     backend: str | None = None,
+    vllm_config: VllmConfig | None = None,
 ) -> nn.Module:
     """`model` with its forward compiled per `compilation_config.mode`
     (NONE: `model` unchanged). `backend` overrides the compiler backend
-    ("eager" / "aot_eager" trace without generating code: tests)."""
+    ("eager" / "aot_eager" trace without generating code: tests). With
+    `splitting_ops` the graph is split there (piecewise_backend.py;
+    `vllm_config` goes to the pieces' CUDA graph wrappers)."""
     mode = compilation_config.mode
     if mode == CompilationMode.NONE:
         return model
@@ -104,13 +113,22 @@ def maybe_compile_model(
     compiler = resolve_backend(compilation_config, backend)
     eager_forward = model.forward
     options: dict[str, str | int | bool | Callable[..., Any]] | None = None
-    if compiler == "inductor" and device.type == "cpu":
+    if compiler == "inductor" and device.type == "cpu" and not compilation_config.splitting_ops:
         # Inductor packs the (inference-only, hence frozen) linear weights for
         # oneDNN itself; ours are handed back dense (see the function).
         unpack_cpu_linear_weights(model)
         options = {"freezing": True}
-    compiled = torch.compile(eager_forward, backend=compiler, fullgraph=False, options=options)
-    model.forward = _CompiledForward(eager_forward, compiled)
+    split_backend = None
+    if compilation_config.splitting_ops:
+        from vllm.compilation.piecewise_backend import VllmBackend
+
+        # The graph split at attention, each piece compiled on its own (and
+        # captured per size under piecewise CUDA graphs).
+        split_backend = VllmBackend(compilation_config, compiler, vllm_config)
+        compiled = torch.compile(eager_forward, backend=split_backend, fullgraph=False)
+    else:
+        compiled = torch.compile(eager_forward, backend=compiler, fullgraph=False, options=options)
+    model.forward = _CompiledForward(eager_forward, compiled, split_backend)
     logger.info(
         "Compiling %s with torch.compile (mode %s, backend %s, %d opaque layers).",
         type(model).__name__,

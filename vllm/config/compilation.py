@@ -1,10 +1,12 @@
 """Compilation and CUDA graph configuration (upstream: vllm/config/compilation.py).
 
-Deviation from upstream, by design: this build has no Inductor graph-split
-(piecewise) compilation, so piecewise CUDA graphs cannot be captured. The
-modes that ask for them resolve to the closest mode that needs none (see
-`CompilationConfig.resolve`): PIECEWISE -> NONE, FULL_AND_PIECEWISE ->
-FULL_DECODE_ONLY (full graphs for uniform decode batches, mixed batches eager).
+Piecewise CUDA graphs need the graph split at attention that only
+`CompilationMode.VLLM_COMPILE` makes (vllm/compilation/piecewise_backend.py).
+Under any other mode the modes that ask for them resolve to the closest mode
+that needs none (see `CompilationConfig.resolve`): PIECEWISE -> NONE,
+FULL_AND_PIECEWISE -> FULL_DECODE_ONLY (full graphs for uniform decode
+batches, mixed batches eager). Deviation from upstream, until the GPU run
+measures it: the default mode on CUDA is NONE, not VLLM_COMPILE.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from typing import Any
 from vllm.logger import init_logger
 
 logger = init_logger(__name__)
+
+# The ops piecewise graphs split at by default (vllm/compilation/backends.py).
+ATTENTION_SPLITTING_OPS = ("vllm::unified_attention", "vllm::unified_attention_with_output")
 
 # Upstream's ceiling on the largest capture size when none is configured.
 _DEFAULT_MAX_CAPTURE_SIZE = 512
@@ -123,6 +128,11 @@ class CompilationConfig:
     # Largest capture size. None: max(cudagraph_capture_sizes) when those are
     # given, else min(2 * max_num_seqs, 512) as upstream.
     max_cudagraph_capture_size: int | None = None
+    # Ops the graph is split at under VLLM_COMPILE: each piece between them is
+    # compiled, and captured under piecewise CUDA graphs, on its own; the ops
+    # run eagerly. None: the attention ops when piecewise graphs are used,
+    # else none (one graph).
+    splitting_ops: list[str] | None = None
     # Layer prefix -> layer module (attention layers register themselves).
     static_forward_context: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # What the user set, so that `set_cudagraph_sizes` can be re-run with
@@ -153,6 +163,14 @@ class CompilationConfig:
                 f"max_cudagraph_capture_size must be a non-negative integer, got {size!r}."
             )
         self._user_sizes = (self.cudagraph_capture_sizes, size)
+        if self.splitting_ops is not None:
+            ops = self.splitting_ops
+            if isinstance(ops, str) or not all(isinstance(o, str) and "::" in o for o in ops):
+                raise ValueError(
+                    f"splitting_ops must be a list of op names like "
+                    f"'vllm::unified_attention_with_output', got {ops!r}."
+                )
+            self.splitting_ops = list(ops)
 
     def register_stateful_layer(self, prefix: str, layer: Any, kind: str) -> None:
         """Enter a layer that keeps per-request state (its cache) in
@@ -171,7 +189,8 @@ class CompilationConfig:
         """Settle the mode for this device and the capture sizes.
 
         CUDA graphs need CUDA; eager mode turns them off. Modes needing
-        piecewise graphs are narrowed (see the module docstring)."""
+        piecewise graphs are narrowed unless VLLM_COMPILE splits the graph
+        (see the module docstring)."""
         if device_type != "cuda" or enforce_eager:
             if self.cudagraph_mode not in (None, CUDAGraphMode.NONE):
                 logger.info(
@@ -182,8 +201,24 @@ class CompilationConfig:
             self.cudagraph_mode = CUDAGraphMode.NONE
         elif self.cudagraph_mode is None:
             self.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
-        self.cudagraph_mode = _without_piecewise(self.cudagraph_mode)
+        if self.cudagraph_mode.has_piecewise_cudagraphs():
+            why = self._why_no_piecewise()
+            if why:
+                self.cudagraph_mode = _without_piecewise(self.cudagraph_mode, why)
+            elif self.splitting_ops is None:
+                self.splitting_ops = list(ATTENTION_SPLITTING_OPS)
         self.set_cudagraph_sizes(max_num_batched_tokens, max_num_seqs)
+
+    def _why_no_piecewise(self) -> str | None:
+        """Why piecewise graphs cannot be captured here (None: they can)."""
+        if self.mode != CompilationMode.VLLM_COMPILE:
+            return (
+                f"compilation mode {self.mode.name} does not split the graph; "
+                "VLLM_COMPILE (-cc 3) does"
+            )
+        if self.splitting_ops == []:
+            return "splitting_ops is empty: the graph is not split"
+        return None
 
     def set_cudagraph_sizes(
         self, max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None
@@ -212,21 +247,19 @@ class CompilationConfig:
         self.max_cudagraph_capture_size = max(self.cudagraph_capture_sizes, default=0)
 
 
-def _without_piecewise(mode: CUDAGraphMode) -> CUDAGraphMode:
-    """Piecewise graphs need the Inductor graph split, which is not built:
-    keep only the full-graph half of a mode."""
-    if not mode.has_piecewise_cudagraphs():
-        return mode
+def _without_piecewise(mode: CUDAGraphMode, why: str) -> CUDAGraphMode:
+    """Keep only the full-graph half of a mode that asks for piecewise graphs."""
     narrowed = (
         CUDAGraphMode.FULL_DECODE_ONLY
         if mode == CUDAGraphMode.FULL_AND_PIECEWISE
         else CUDAGraphMode.NONE
     )
     logger.info(
-        "cudagraph_mode %s -> %s: piecewise CUDA graphs need piecewise "
-        "compilation, which this build does not have (%s).",
+        "cudagraph_mode %s -> %s: piecewise CUDA graphs need the graph split "
+        "at attention, and %s (%s).",
         mode.name,
         narrowed.name,
+        why,
         "mixed batches run eagerly"
         if narrowed == CUDAGraphMode.FULL_DECODE_ONLY
         else "all batches run eagerly",

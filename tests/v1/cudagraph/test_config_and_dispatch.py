@@ -4,7 +4,13 @@ padding decisions."""
 
 import pytest
 
-from vllm.config.compilation import CompilationConfig, CUDAGraphMode, default_capture_sizes
+from vllm.config.compilation import (
+    ATTENTION_SPLITTING_OPS,
+    CompilationConfig,
+    CompilationMode,
+    CUDAGraphMode,
+    default_capture_sizes,
+)
 from vllm.engine.arg_utils import EngineArgs
 from vllm.forward_context import BatchDescriptor
 from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
@@ -52,7 +58,9 @@ def test_bad_mode_is_a_clear_error(value):
 @pytest.mark.parametrize(
     "requested, device, eager, resolved",
     [
-        (None, "cuda", False, M.FULL_DECODE_ONLY),  # upstream default, piecewise half dropped
+        # upstream's default; without VLLM_COMPILE (not the default here) the
+        # piecewise half is dropped
+        (None, "cuda", False, M.FULL_DECODE_ONLY),
         ("FULL_AND_PIECEWISE", "cuda", False, M.FULL_DECODE_ONLY),
         ("PIECEWISE", "cuda", False, M.NONE),
         ("FULL", "cuda", False, M.FULL),
@@ -66,6 +74,31 @@ def test_resolution(requested, device, eager, resolved):
     config = CompilationConfig(cudagraph_mode=requested)
     config.resolve(device, eager)
     assert config.cudagraph_mode == resolved
+    assert config.splitting_ops is None  # nothing to split for
+
+
+@pytest.mark.parametrize(
+    "requested, splitting_ops, resolved, resolved_ops",
+    [
+        # VLLM_COMPILE splits the graph at attention: piecewise graphs stay.
+        (None, None, M.FULL_AND_PIECEWISE, list(ATTENTION_SPLITTING_OPS)),
+        ("PIECEWISE", None, M.PIECEWISE, list(ATTENTION_SPLITTING_OPS)),
+        ("FULL", None, M.FULL, None),
+        ("PIECEWISE", ["vllm::unified_attention"], M.PIECEWISE, ["vllm::unified_attention"]),
+        # Nothing to split at: only the full-graph half is left.
+        ("FULL_AND_PIECEWISE", [], M.FULL_DECODE_ONLY, []),
+    ],
+)
+def test_resolution_under_vllm_compile(requested, splitting_ops, resolved, resolved_ops):
+    config = CompilationConfig(
+        mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=requested, splitting_ops=splitting_ops
+    )
+    config.resolve("cuda", False)
+    assert config.cudagraph_mode == resolved
+    assert config.splitting_ops == resolved_ops
+    config = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=requested)
+    config.resolve("cpu", False)
+    assert config.cudagraph_mode == M.NONE and config.splitting_ops is None
 
 
 def test_capture_sizes_default_and_clipping():
@@ -211,6 +244,11 @@ def test_mode_narrowed_by_backends_and_layout(supports, pp, moe, expected):
     assert resolve_cudagraph_mode(cfg, [[group(s) for s in supports]]) == expected
     cfg.compilation_config.cudagraph_mode = M.NONE
     assert resolve_cudagraph_mode(cfg, [[group("ALWAYS")]]) == M.NONE
+    # Piecewise graphs hold no attention: a backend without graph support keeps them.
+    cfg.compilation_config.cudagraph_mode = M.FULL_AND_PIECEWISE
+    if (pp, moe) == (1, False):
+        assert resolve_cudagraph_mode(cfg, [[group("NEVER")]]) == M.PIECEWISE
+        assert resolve_cudagraph_mode(cfg, [[group("UNIFORM_BATCH")]]) == M.FULL_AND_PIECEWISE
 
 
 def test_wrapper_passes_through_outside_its_mode(tmp_path):

@@ -78,15 +78,17 @@ def _generate(model_dir, monkeypatch, v2: bool, mode: str | None):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if v2 else "0")
     monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
-    kwargs = (
-        dict(enforce_eager=True)
-        if mode is None
-        else dict(compilation_config={"cudagraph_mode": mode, "max_cudagraph_capture_size": 16})
-    )
+    cc = {"cudagraph_mode": mode, "max_cudagraph_capture_size": 16}
+    if mode is not None and "PIECEWISE" in mode:
+        cc["mode"] = 3  # VLLM_COMPILE: the graph split that piecewise graphs need
+    kwargs = dict(enforce_eager=True) if mode is None else dict(compilation_config=cc)
     llm = LLM(
         model=model_dir,
         dtype="float32",
         max_model_len=128,
+        # 16-token steps: chunked prefills mix with decodes in batches that
+        # fit the graphs (mixed batches replay FULL or PIECEWISE graphs).
+        max_num_batched_tokens=16,
         seed=0,
         gpu_memory_utilization=0.3,
         **kwargs,
@@ -95,12 +97,7 @@ def _generate(model_dir, monkeypatch, v2: bool, mode: str | None):
     runner = worker.model_runner
     builder = runner.attn_groups[0][0].metadata_builder
     assert type(builder).__name__ == "TritonAttentionMetadataBuilder"
-    if mode is None:
-        num_graphs = 0
-    elif v2:
-        num_graphs = len(runner.cudagraph_manager.graphs)
-    else:
-        num_graphs = len(runner.model.concrete_cudagraph_entries)
+    num_graphs = 0 if mode is None else _num_graphs(runner, v2)
     prompts = [
         TokensPrompt(prompt_token_ids=list(range(3 + i, 3 + i + n)))
         for i, n in enumerate((5, 17, 9, 30, 2))
@@ -114,12 +111,89 @@ def _generate(model_dir, monkeypatch, v2: bool, mode: str | None):
     return tokens, num_graphs
 
 
+def _num_graphs(runner, v2: bool) -> int:
+    """Graph keys captured: the runner's full graphs, plus the keys the model's
+    pieces captured (every piece captures each key once)."""
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.v1.worker.cudagraph_manager import unwrap_model
+
+    if v2:
+        full = len(runner.cudagraph_manager.graphs)
+        model = runner.model
+    else:
+        wrapped = runner.model
+        full = (
+            len(wrapped.concrete_cudagraph_entries) if isinstance(wrapped, CUDAGraphWrapper) else 0
+        )
+        model = unwrap_model(wrapped)
+    split = getattr(model.forward, "split_backend", None)
+    if split is None:
+        return full
+    keys = [set(w.concrete_cudagraph_entries) for w in split.piece_wrappers]
+    assert keys and all(k == keys[0] for k in keys)
+    if v2:
+        assert keys[0] == {d.batch_descriptor for d in runner.cudagraph_manager.piecewise_captured}
+    return full + len(keys[0])
+
+
 @pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
-@pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL"])
-def test_greedy_parity_graphs_on_vs_off(graph_model_dir, monkeypatch, v2, mode):
+@pytest.mark.parametrize(
+    "mode, expected_graphs",
+    [
+        # capture sizes up to 16: 1, 2, 4, 8, 16
+        ("FULL_DECODE_ONLY", 5),
+        ("FULL", 5),
+        ("PIECEWISE", 5),
+        ("FULL_AND_PIECEWISE", 10),  # full decode graphs and piecewise mixed ones
+    ],
+)
+def test_greedy_parity_graphs_on_vs_off(graph_model_dir, monkeypatch, v2, mode, expected_graphs):
     model_dir = graph_model_dir
     eager, _ = _generate(model_dir, monkeypatch, v2, None)
     graphs, num_graphs = _generate(model_dir, monkeypatch, v2, mode)
-    # capture sizes up to 16: 1, 2, 4, 8, 16
-    assert num_graphs == 5
+    assert num_graphs == expected_graphs
     assert graphs == eager
+
+
+def test_piecewise_wrapper_capture_then_replay(tiny_model_dir):
+    """Two pieces around an eager in-place op, captured per size in one pool
+    with weak outputs: replays equal eager, for two sizes captured largest
+    first."""
+    from tests.v1.worker.utils import make_vllm_config
+    from vllm.compilation.cuda_graph import CUDAGraphOptions, CUDAGraphWrapper
+
+    config = make_vllm_config(tiny_model_dir("llama"))
+    first, second = _Affine(), _Affine()
+    options = CUDAGraphOptions(weak_ref_output=True)
+    pool = torch.cuda.graph_pool_handle()
+    pieces = [
+        CUDAGraphWrapper(m, config, CUDAGraphMode.PIECEWISE, options) for m in (first, second)
+    ]
+    for p in pieces:
+        p.graph_pool = pool
+    static = torch.zeros(16, 16, device="cuda")
+
+    def model(n):
+        h = pieces[0](static[:n])
+        # "attention": eager, between the pieces, in place in the first
+        # piece's output (as unified_attention_with_output writes its buffer)
+        h.mul_(0.5).sub_(1)
+        return pieces[1](h)
+
+    def reference(n):
+        return second(first(static[:n]) * 0.5 - 1)
+
+    with torch.inference_mode():
+        reference(16), reference(8)
+        for step in range(3):
+            static.copy_(torch.randn(16, 16, device="cuda"))
+            for n in (16, 8):
+                with set_forward_context(
+                    None,
+                    config,
+                    cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE,
+                    batch_descriptor=BatchDescriptor(n),
+                ):
+                    out = model(n)
+                torch.testing.assert_close(out, reference(n))
+    assert all(len(p.concrete_cudagraph_entries) == 2 for p in pieces)

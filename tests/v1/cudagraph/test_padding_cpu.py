@@ -105,7 +105,14 @@ def _force_padding(runner, mode: CUDAGraphMode) -> list[int]:
     return _spy_forward(runner, bufs.query_start_loc.gpu, bufs.seq_lens.gpu)
 
 
-@pytest.mark.parametrize("mode", [CUDAGraphMode.FULL, CUDAGraphMode.FULL_DECODE_ONLY])
+PADDING_MODES = [
+    CUDAGraphMode.FULL,
+    CUDAGraphMode.FULL_DECODE_ONLY,
+    CUDAGraphMode.FULL_AND_PIECEWISE,
+]
+
+
+@pytest.mark.parametrize("mode", PADDING_MODES)
 def test_v1_padded_forward_matches_unpadded(model_dir, mode, monkeypatch):
     from vllm.v1.worker.gpu_worker import Worker
 
@@ -132,13 +139,13 @@ def test_v1_padded_forward_matches_unpadded(model_dir, mode, monkeypatch):
     finally:
         worker.shutdown()
     assert 4 in seen  # three decodes padded to a 4-token graph
-    if mode == CUDAGraphMode.FULL:
+    if mode != CUDAGraphMode.FULL_DECODE_ONLY:  # FULL or PIECEWISE mixed graphs
         assert seen[:2] == [16, 16]
     else:  # mixed batches are not padded
         assert seen[:2] == [11, 13]
 
 
-@pytest.mark.parametrize("mode", [CUDAGraphMode.FULL, CUDAGraphMode.FULL_DECODE_ONLY])
+@pytest.mark.parametrize("mode", PADDING_MODES)
 def test_v2_padded_forward_matches_unpadded(model_dir, mode):
     from tests.v1.worker.gpu.utils import V2ScriptedScheduler, make_v2_runner
 
@@ -160,14 +167,18 @@ def test_v2_padded_forward_matches_unpadded(model_dir, mode):
         assert s.reqs[r].outputs == want, r
     _check_first_layout(runner, mode)
     assert 4 in seen
-    assert seen[:2] == ([16, 16] if mode == CUDAGraphMode.FULL else [11, 13])
+    assert seen[:2] == ([11, 13] if mode == CUDAGraphMode.FULL_DECODE_ONLY else [16, 16])
 
 
 def test_v2_manager_dispatch():
     from types import SimpleNamespace
 
     from vllm.config.compilation import CompilationConfig
-    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, CudaGraphManager
+    from vllm.v1.worker.gpu.cudagraph_utils import (
+        BatchExecutionDescriptor,
+        CudaGraphManager,
+        dispatch_and_plan,
+    )
 
     cc = CompilationConfig(cudagraph_mode="FULL_DECODE_ONLY", cudagraph_capture_sizes=SIZES)
     cc.resolve("cuda", False, 64, 8)
@@ -188,6 +199,19 @@ def test_v2_manager_dispatch():
     assert not m.has_graph(m.dispatch(2, 13, None))
     with pytest.raises(RuntimeError, match="No CUDA graph"):
         m.run_fullgraph(BatchExecutionDescriptor(CUDAGraphMode.FULL, 16))
+    # Decode batches replay a full graph, mixed ones the model's pieces.
+    m.initialize(CUDAGraphMode.FULL_AND_PIECEWISE)
+    assert m.dispatch(3, 3, 1) == BatchExecutionDescriptor(CUDAGraphMode.FULL, 4, 4, 1)
+    piecewise = BatchExecutionDescriptor(CUDAGraphMode.PIECEWISE, 16)
+    assert m.dispatch(2, 13, None) == piecewise
+    descs = m.get_capture_descs()
+    assert [d.num_tokens for d in descs if d.cg_mode == CUDAGraphMode.PIECEWISE] == SIZES[::-1]
+    assert [d.num_tokens for d in descs if d.cg_mode == CUDAGraphMode.FULL] == [8, 4, 2, 1]
+    desc, padded = dispatch_and_plan(m, np.array([6, 7], np.int32), 13, 8, 128)
+    assert desc == piecewise and padded.pad_query_lens.tolist() == [3]
+    assert not m.has_graph(piecewise)
+    m.piecewise_captured.add(piecewise)  # what capture() records for the model's pieces
+    assert m.has_graph(piecewise)
 
 
 def test_v1_capture_path_layout_on_cpu(model_dir, monkeypatch):

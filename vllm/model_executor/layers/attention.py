@@ -96,6 +96,16 @@ class Attention(nn.Module):
         ]
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        self.forward_into(query, key, value, output)
+        return output
+
+    def forward_into(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, output: torch.Tensor
+    ) -> None:
+        """`forward` writing into `output` [T, num_heads * head_size] (what the
+        compiled graphs call: the buffer is allocated inside the piece before
+        attention, so a piecewise CUDA graph owns it; see compilation/backends.py)."""
         ctx = get_forward_context()
         num_tokens = query.shape[0]
         attn_metadata = None
@@ -103,10 +113,8 @@ class Attention(nn.Module):
             attn_metadata = ctx.attn_metadata[self.layer_name]
         if attn_metadata is None:
             # Dummy / profiling run: the shapes and memory of a real step, no cache traffic.
-            return torch.zeros_like(query)
-        output = torch.empty(
-            num_tokens, self.num_heads, self.head_size, dtype=query.dtype, device=query.device
-        )
+            output.zero_()
+            return
         self.impl.forward(
             self,
             query.view(num_tokens, self.num_heads, self.head_size),
@@ -114,9 +122,8 @@ class Attention(nn.Module):
             value.view(num_tokens, self.num_kv_heads, self.head_size),
             self.kv_cache[ctx.virtual_engine],
             attn_metadata,
-            output=output,
+            output=output.view(num_tokens, self.num_heads, self.head_size),
         )
-        return output.view(num_tokens, self.num_heads * self.head_size)
 
     def get_attn_backend(self) -> type[AttentionBackend]:
         return self.attn_backend

@@ -179,7 +179,8 @@ def resolve_cudagraph_mode(
     parallel layout allow (upstream: GPUModelRunner._check_and_update_cudagraph_mode).
 
     ALWAYS keeps the mode; UNIFORM_* keeps only the decode half (FULL ->
-    FULL_DECODE_ONLY); NEVER turns graphs off. Pipeline parallelism turns them
+    FULL_DECODE_ONLY); NEVER keeps only piecewise graphs (FULL_AND_PIECEWISE
+    -> PIECEWISE), else turns graphs off. Pipeline parallelism turns them
     off too (the stages' intermediate tensors are not in persistent buffers),
     and so do MoE models (see below).
     """
@@ -203,7 +204,10 @@ def resolve_cudagraph_mode(
         return CUDAGraphMode.NONE
     support = min_cudagraph_support(attn_groups, vllm_config)
     if support == AttentionCGSupport.NEVER:
-        narrowed = CUDAGraphMode.NONE
+        # Piecewise graphs never hold attention: they stay.
+        narrowed = (
+            CUDAGraphMode.PIECEWISE if mode.has_piecewise_cudagraphs() else CUDAGraphMode.NONE
+        )
     elif support != AttentionCGSupport.ALWAYS and mode.mixed_mode() == CUDAGraphMode.FULL:
         narrowed = CUDAGraphMode.FULL_DECODE_ONLY
     else:

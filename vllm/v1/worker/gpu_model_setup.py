@@ -52,7 +52,9 @@ def load_target_model(
         model = add_lora(model)
     # No-op unless compilation_config.mode asks for torch.compile (on
     # CPU it measured slower than eager: see vllm/compilation/decorators.py).
-    model = maybe_compile_model(model, vllm_config.compilation_config, device)
+    model = maybe_compile_model(
+        model, vllm_config.compilation_config, device, vllm_config=vllm_config
+    )
     if is_pooling_model:
         supported_pooling_tasks(model)  # raises when the model has no pooler
         return model, cast(TextGenerationModel, model), weight_bytes

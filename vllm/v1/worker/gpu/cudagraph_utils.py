@@ -1,9 +1,12 @@
 """CUDA graphs for Model Runner V2 (upstream: vllm/v1/worker/gpu/cudagraph_utils.py).
 
-V2 does not wrap the model: `CudaGraphManager` owns the graphs. The runner
-asks `dispatch(num_reqs, num_tokens, uniform_token_count)` once per step; a
-`BatchExecutionDescriptor` means "pad to this size and replay", None means
-"run eagerly". Which sizes have graphs is the same decision as V1's (a
+V2 does not wrap the model: `CudaGraphManager` owns the full graphs. The
+runner asks `dispatch(num_reqs, num_tokens, uniform_token_count)` once per
+step; a `BatchExecutionDescriptor` means "pad to this size and replay", None
+means "run eagerly". A PIECEWISE descriptor is replayed by the model itself:
+the runner calls it under that runtime mode and descriptor, and each piece of
+the split graph replays its own graph (vllm/compilation/piecewise_backend.py).
+Which sizes have graphs is the same decision as V1's (a
 `CudagraphDispatcher` holds the keys); padding is the same dummy-request
 layout (vllm/v1/worker/cudagraph_padding.py), written here into V2's device
 buffers. `capture` records one graph per key at start-up, largest first, in
@@ -14,6 +17,7 @@ hidden states (overwritten by the next replay).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,12 +71,14 @@ class CudaGraphManager:
         self.cudagraph_mode = CUDAGraphMode.NONE
         self.uniform_decode_query_len = 1
         self.graphs: dict[BatchExecutionDescriptor, torch.cuda.CUDAGraph] = {}
+        # PIECEWISE descriptors whose pieces were captured (the model holds them).
+        self.piecewise_captured: set[BatchExecutionDescriptor] = set()
         # Static outputs of each graph: [num_tokens, hidden].
         self.hidden_states: dict[BatchExecutionDescriptor, torch.Tensor] = {}
 
     def initialize(self, cudagraph_mode: CUDAGraphMode, uniform_decode_query_len: int = 1) -> None:
         """Keys for `cudagraph_mode` (already narrowed to what the attention
-        backends allow). V2 has no piecewise graphs: only FULL keys are used."""
+        backends allow)."""
         self.cudagraph_mode = cudagraph_mode
         self.uniform_decode_query_len = uniform_decode_query_len
         self.dispatcher.initialize_cudagraph_keys(cudagraph_mode, uniform_decode_query_len)
@@ -92,34 +98,33 @@ class CudaGraphManager:
         mode, desc = self.dispatcher.dispatch(
             num_tokens, uniform_decode=uniform, has_lora=has_lora, num_reqs=num_reqs
         )
-        if mode != CUDAGraphMode.FULL:
+        if mode == CUDAGraphMode.NONE:
             return None
         return BatchExecutionDescriptor(
-            CUDAGraphMode.FULL,
+            mode,
             desc.num_tokens,
             desc.num_reqs,
             uniform_token_count if desc.uniform else None,
         )
 
     def get_capture_descs(self) -> list[BatchExecutionDescriptor]:
-        """Every FULL key, largest first."""
+        """Every key, per mode, largest first."""
         q = self.uniform_decode_query_len
         return [
-            BatchExecutionDescriptor(
-                CUDAGraphMode.FULL, d.num_tokens, d.num_reqs, q if d.uniform else None
-            )
+            BatchExecutionDescriptor(mode, d.num_tokens, d.num_reqs, q if d.uniform else None)
             for mode, descs in self.dispatcher.get_capture_descs()
-            if mode == CUDAGraphMode.FULL
             for d in descs
         ]
 
     def has_graph(self, desc: BatchExecutionDescriptor) -> bool:
-        return desc in self.graphs
+        return desc in self.graphs or desc in self.piecewise_captured
 
     @torch.inference_mode()
     def capture(self, prepare: PrepareFn, model: Callable[..., torch.Tensor]) -> int:
-        """Capture every key: an eager run of the dummy batch (Triton compiles
-        there), then the recording. Returns the number of graphs."""
+        """Capture every key: an eager run of the dummy batch (Triton and
+        Inductor compile there), then the recording: a full graph here, or
+        the model's pieces under the PIECEWISE runtime mode. Returns the
+        number of keys captured."""
         # A pool of this manager's own (see get_global_graph_pool for why not
         # the process-wide one), shared by its graphs: largest first.
         pool = torch.cuda.graph_pool_handle()
@@ -127,14 +132,33 @@ class CudaGraphManager:
             attn_metadata, input_ids, positions = prepare(desc)
             with set_forward_context(attn_metadata, self.vllm_config, num_tokens=desc.num_tokens):
                 model(input_ids=input_ids, positions=positions)
+            if desc.cg_mode == CUDAGraphMode.PIECEWISE:
+                with self.forward_context(attn_metadata, desc):
+                    model(input_ids=input_ids, positions=positions)
+                self.piecewise_captured.add(desc)
+                continue
+            with set_forward_context(attn_metadata, self.vllm_config, num_tokens=desc.num_tokens):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     hidden_states = model(input_ids=input_ids, positions=positions)
             self.graphs[desc] = graph
             self.hidden_states[desc] = hidden_states
-        if self.graphs:
+        if self.graphs or self.piecewise_captured:
             torch.cuda.synchronize(self.device)
-        return len(self.graphs)
+        return len(self.graphs) + len(self.piecewise_captured)
+
+    def forward_context(
+        self, attn_metadata: dict[str, Any] | None, desc: BatchExecutionDescriptor
+    ) -> AbstractContextManager[Any]:
+        """The forward context of a PIECEWISE step or capture: the model's
+        piece wrappers read the runtime mode and the graph key from it."""
+        return set_forward_context(
+            attn_metadata,
+            self.vllm_config,
+            num_tokens=desc.num_tokens,
+            cudagraph_runtime_mode=CUDAGraphMode.PIECEWISE,
+            batch_descriptor=desc.batch_descriptor,
+        )
 
     def run_fullgraph(self, desc: BatchExecutionDescriptor) -> torch.Tensor:
         """Replay the graph of `desc` over the inputs already in the persistent
@@ -164,7 +188,7 @@ def dispatch_and_plan(
     padded = plan_padding(
         desc.cg_mode, desc.batch_descriptor, num_reqs, num_tokens, max_num_reqs, max_model_len
     )
-    return (desc if padded.runtime_mode == CUDAGraphMode.FULL else None), padded
+    return (desc if padded.runtime_mode != CUDAGraphMode.NONE else None), padded
 
 
 def pad_input_buffers(padded: PaddedBatch, bufs: InputBuffers) -> None:

@@ -200,7 +200,12 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             # LoRA layers go in before torch.compile and graph capture.
             model = self.load_lora_model(model, self.vllm_config, self.device)
         # No-op unless compilation_config.mode asks for torch.compile.
-        model = maybe_compile_model(model, self.vllm_config.compilation_config, self.device)
+        model = maybe_compile_model(
+            model,
+            self.vllm_config.compilation_config,
+            self.device,
+            vllm_config=self.vllm_config,
+        )
         self.model = as_text_generation_model(model)
 
     def get_model(self) -> nn.Module:
@@ -490,17 +495,31 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         intermediate_tensors: Any = None,
         cg_desc: BatchExecutionDescriptor | None = None,
     ) -> tuple[Any, torch.Tensor | None]:
-        """Forward pass (a graph replay when `cg_desc` has a captured graph,
-        else eager over the same, possibly padded, inputs): (hidden states
+        """Forward pass (a graph replay when `cg_desc` has a captured graph:
+        the full graph, or the model's pieces under PIECEWISE; else eager over
+        the same, possibly padded, inputs): (hidden states
         [num_tokens, hidden], logits of the sampled rows [num_logits, vocab]);
         on a pipeline stage before the last, (IntermediateTensors, None)."""
         model = self._loaded_model()
-        with set_forward_context(
-            attn_metadata, self.vllm_config, num_tokens=input_batch.num_tokens_after_padding
-        ):
-            if cg_desc is not None and self.cudagraph_manager.has_graph(cg_desc):
-                hidden_states = self.cudagraph_manager.run_fullgraph(cg_desc)
-            else:
+        manager = self.cudagraph_manager
+        if cg_desc is not None and not manager.has_graph(cg_desc):
+            cg_desc = None
+        if cg_desc is not None and cg_desc.cg_mode == CUDAGraphMode.FULL:
+            with set_forward_context(
+                attn_metadata, self.vllm_config, num_tokens=input_batch.num_tokens_after_padding
+            ):
+                hidden_states = manager.run_fullgraph(cg_desc)
+        else:
+            context = (
+                manager.forward_context(attn_metadata, cg_desc)
+                if cg_desc is not None  # PIECEWISE: the model's pieces replay
+                else set_forward_context(
+                    attn_metadata,
+                    self.vllm_config,
+                    num_tokens=input_batch.num_tokens_after_padding,
+                )
+            )
+            with context:
                 hidden_states = model(
                     input_ids=input_batch.input_ids,
                     positions=input_batch.positions,

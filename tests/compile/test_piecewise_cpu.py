@@ -1,0 +1,168 @@
+"""Piecewise compilation on CPU (vllm/compilation/piecewise_backend.py): the
+graph split at attention, each piece compiled on its own, gives eager's
+greedy tokens with one graph for every batch size; under a mode with
+piecewise CUDA graphs the pieces are wrapped for capture (the capture itself
+needs CUDA: tests/v1/cudagraph/test_cudagraph_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from tests.compile.test_compile_cpu import _script
+from tests.v1.worker.utils import make_kv_cache_config, make_vllm_config
+from vllm.compilation.cuda_graph import CUDAGraphWrapper
+from vllm.compilation.decorators import maybe_compile_model
+from vllm.compilation.piecewise_backend import VllmBackend, is_splitting_node, split_graph
+from vllm.config.compilation import (
+    ATTENTION_SPLITTING_OPS,
+    CompilationConfig,
+    CompilationMode,
+    CUDAGraphMode,
+)
+from vllm.utils.torch_utils import weak_ref_tensor, weak_ref_tensors
+from vllm.v1.worker.gpu_worker import Worker
+
+ATTN_OP = "vllm::unified_attention_with_output"
+
+
+def _worker(model_dir: str, mode: CompilationMode, backend: str | None, **cc) -> Worker:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")  # the scripted scheduler speaks V1 form
+        config = make_vllm_config(model_dir)
+        worker = Worker(config)
+        worker.init_device()
+    worker.load_model()
+    compilation = config.compilation_config
+    compilation.mode = mode
+    for key, value in cc.items():
+        setattr(compilation, key, value)
+    runner = worker.model_runner
+    runner.model = maybe_compile_model(
+        runner.model, compilation, "cpu", backend=backend, vllm_config=config
+    )
+    # The runner itself takes no graphs on CPU (a piecewise mode above only
+    # shaped how the pieces were wrapped).
+    compilation.cudagraph_mode = CUDAGraphMode.NONE
+    worker.initialize_from_config(make_kv_cache_config(worker.get_kv_cache_spec()))
+    return worker
+
+
+def _split_backend(worker: Worker) -> VllmBackend:
+    return worker.model_runner.model.forward.split_backend
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir):
+    return tiny_model_dir("llama")  # 2 layers
+
+
+@pytest.fixture(scope="module")
+def eager_tokens(model_dir):
+    worker = _worker(model_dir, CompilationMode.NONE, None)
+    try:
+        return _script(worker)
+    finally:
+        worker.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", None])  # None: Inductor
+def test_split_model_matches_eager_without_recompiles(model_dir, eager_tokens, backend):
+    torch._dynamo.reset()
+    counters.clear()
+    worker = _worker(model_dir, CompilationMode.VLLM_COMPILE, backend, splitting_ops=[ATTN_OP])
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            tokens = _script(worker)
+        split = _split_backend(worker)
+    finally:
+        worker.shutdown()
+    assert tokens == eager_tokens
+    assert counters["stats"]["unique_graphs"] == 1  # token counts 12, 2, 11, 3, 1
+    assert not counters["graph_break"]
+    # piece, attention, piece, attention, piece: each attention op alone.
+    items = split.piecewise_graphs_items
+    assert [i.is_splitting_graph for i in items] == [False, True, False, True, False]
+    for item in items:
+        calls = [n for n in item.graph.graph.nodes if is_splitting_node(n, [ATTN_OP])]
+        assert len(calls) == (1 if item.is_splitting_graph else 0)
+    assert not split.piece_wrappers  # no piecewise CUDA graphs asked for
+
+
+def test_pieces_wrapped_for_piecewise_graphs_pass_through_outside_capture(model_dir, eager_tokens):
+    """With a piecewise mode, every piece (not attention) is a
+    CUDAGraphWrapper(PIECEWISE) keeping weak outputs, sharing one pool; under
+    the NONE runtime mode of these eager steps each simply runs its piece."""
+    torch._dynamo.reset()
+    worker = _worker(
+        model_dir,
+        CompilationMode.VLLM_COMPILE,
+        "eager",
+        splitting_ops=list(ATTENTION_SPLITTING_OPS),
+        cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE,
+    )
+    try:
+        tokens = _script(worker)
+        split = _split_backend(worker)
+    finally:
+        worker.shutdown()
+    assert tokens == eager_tokens
+    wrappers = split.piece_wrappers
+    assert len(wrappers) == 3
+    assert all(isinstance(w, CUDAGraphWrapper) for w in wrappers)
+    assert {w.runtime_mode for w in wrappers} == {CUDAGraphMode.PIECEWISE}
+    assert all(w.cudagraph_options.weak_ref_output for w in wrappers)
+    assert all(not w.concrete_cudagraph_entries for w in wrappers)  # nothing captured
+    assert [getattr(split.split_gm, f"submod_{i}") for i in (0, 2, 4)] == wrappers
+
+
+def test_split_graph_on_a_plain_function():
+    """Two attention-like ops split a graph into five submodules; the split
+    module computes what the graph did."""
+
+    def f(x, out1, out2):
+        y = x * 2
+        torch.ops.vllm.unified_attention_with_output(y, y, y, out1, "missing")
+        z = out1 + 1
+        torch.ops.vllm.unified_attention_with_output(z, z, z, out2, "missing")
+        return out2 - y
+
+    gm = torch.fx.symbolic_trace(f)
+    split_gm, items = split_graph(gm, [ATTN_OP])
+    assert [i.submod_name for i in items] == [f"submod_{k}" for k in range(5)]
+    assert [i.is_splitting_graph for i in items] == [False, True, False, True, False]
+    # The op's overload name matches too.
+    node = next(n for n in items[1].graph.graph.nodes if n.op == "call_function")
+    assert is_splitting_node(node, [f"{ATTN_OP}.default"]) or is_splitting_node(node, [ATTN_OP])
+    assert not is_splitting_node(node, ["vllm::unified_attention"])
+
+
+def test_weak_ref_tensor_shares_memory_without_keeping_it():
+    base = torch.arange(12.0)
+    view = base[2:].view(2, 5)
+    weak = weak_ref_tensor(view)
+    assert weak.data_ptr() == view.data_ptr()
+    assert (weak.shape, weak.stride(), weak.storage_offset()) == (
+        view.shape,
+        view.stride(),
+        view.storage_offset(),
+    )
+    weak[0, 0] = 100.0
+    assert base[2] == 100.0
+    ref = StorageWeakRef(base.untyped_storage())
+    pair = weak_ref_tensors((base, None))
+    assert isinstance(pair, tuple) and pair[1] is None
+    del base, view, pair
+    assert ref.expired()  # only weak references were left: the memory went
+
+
+def test_splitting_ops_are_checked():
+    with pytest.raises(ValueError, match="splitting_ops"):
+        CompilationConfig(splitting_ops="vllm::unified_attention")
+    with pytest.raises(ValueError, match="splitting_ops"):
+        CompilationConfig(splitting_ops=["unified_attention"])
+    config = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, splitting_ops=["vllm::nope"])
+    with pytest.raises(ValueError, match="vllm::nope"):
+        VllmBackend(config, "eager")

@@ -12,8 +12,16 @@
 # (skips when not installed), CUDA graph capture + replay and graphs on/off
 # parity through both runners; 4. greedy parity V1/V2 x TRITON_ATTN (eager,
 # FULL_DECODE_ONLY, FULL, FULL_AND_PIECEWISE under VLLM_COMPILE) / CPU_ATTN (eager) and decode step times
-# with and without graphs.
+# with and without graphs; 5. (STEPS=real) issue 22's real-size check,
+# benchmarks/gpu_real_size.py: Llama-3-8B shapes with dummy weights, decode
+# at batch 1-256 over 1k contexts and prefill at 2k-8k tokens per step, V1/V2
+# x eager / FULL_AND_PIECEWISE, each next to its HBM or bf16-peak floor.
+# STEPS picks the steps after the build (default "tests parity"; the device
+# budget holds about one of "tests parity" or "real"):
+#   STEPS=real bash benchmarks/gpu_check.sh
 set -uo pipefail
+STEPS=${STEPS:-tests parity}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 PY=${1:-${PY:-.venv/bin/python}}
 [ -x "$PY" ] || PY=python3
 LOG=${OUT:-/tmp}/gpu_check.log
@@ -44,6 +52,7 @@ grep -E "^vllm: |error|CMake Error" /tmp/gpu_check_build.log | head -20
 "$PY" -c "from vllm import _custom_ops as o; print('CPU ops:', o.cpu_ops_available(), \
 o.cpu_ops_load_error() or ''); print('CUDA ops:', o.cuda_ops_available(), o.cuda_ops_load_error() or '')"
 
+if want tests; then
 step "GPU tests: CUDA ops, Triton / FlashInfer attention, selector, CUDA graphs"
 XDIST=""
 "$PY" -c "import xdist" 2> /dev/null && XDIST="-n 6"
@@ -54,9 +63,18 @@ timeout 100 "$PY" -m pytest -q $XDIST $TMO -p no:cacheprovider tests/kernels/tes
   tests/kernels/test_attention_selector.py tests/v1/cudagraph -rfEs 2>&1 \
   | tee "${OUT:-/tmp}/gpu_pytest.log" \
   | grep -vE "^(SKIPPED|\.|s)+ *(\[ *[0-9]+%\])?$" | tail -60
+fi
 
+if want parity; then
 step "greedy parity and decode step time, graphs on/off"
 timeout 210 "$PY" benchmarks/kernels/gpu_parity.py --workdir /tmp/gpu_check \
   --child-timeout 40 2>&1 | grep -v "^INFO"
+fi
+
+if want real; then
+step "real size: Llama-3-8B shapes (dummy weights) against the H200's floors"
+timeout 420 "$PY" benchmarks/gpu_real_size.py --workdir /tmp/gpu_real_size \
+  --child-timeout 130 --json "${OUT:-/tmp}/gpu_real_size.json" 2>&1 | grep -v "^INFO"
+fi
 
 step "done"

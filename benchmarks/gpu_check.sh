@@ -10,7 +10,8 @@
 # (xdist when installed): every torch.ops._C / _C_cache_ops op vs a torch
 # reference, the Triton unified attention compiled for the GPU, FlashInfer
 # (skips when not installed), CUDA graph capture + replay and graphs on/off
-# parity through both runners; 4. greedy parity V1/V2 x TRITON_ATTN (eager,
+# parity through both runners (FULL and PIECEWISE), no host sync in V2's
+# decode step (sync debug mode); 4. greedy parity V1/V2 x TRITON_ATTN (eager,
 # FULL_DECODE_ONLY, FULL, FULL_AND_PIECEWISE under VLLM_COMPILE) / CPU_ATTN (eager) and decode step times
 # with and without graphs; 5. (STEPS=real) issue 22's real-size check,
 # benchmarks/gpu_real_size.py: Llama-3-8B shapes with dummy weights, decode
@@ -58,9 +59,10 @@ XDIST=""
 "$PY" -c "import xdist" 2> /dev/null && XDIST="-n 6"
 TMO=""
 "$PY" -c "import pytest_timeout" 2> /dev/null && TMO="--timeout 90"
-timeout 100 "$PY" -m pytest -q $XDIST $TMO -p no:cacheprovider tests/kernels/test_cuda_ops.py \
+timeout 150 "$PY" -m pytest -q $XDIST $TMO -p no:cacheprovider tests/kernels/test_cuda_ops.py \
   tests/kernels/test_triton_unified_attention.py tests/kernels/test_flashinfer_backend.py \
-  tests/kernels/test_attention_selector.py tests/v1/cudagraph -rfEs 2>&1 \
+  tests/kernels/test_attention_selector.py tests/v1/cudagraph \
+  tests/v1/worker/gpu/test_no_host_sync_gpu.py -rfEs 2>&1 \
   | tee "${OUT:-/tmp}/gpu_pytest.log" \
   | grep -vE "^(SKIPPED|\.|s)+ *(\[ *[0-9]+%\])?$" | tail -60
 fi

@@ -160,3 +160,18 @@ def test_top_p_candidates_path_declines_what_it_cannot_decide():
     out = logits.clone()
     assert ops._top_k_top_p_from_candidates(out, None, torch.ones(2))
     assert torch.equal(out, logits)
+
+
+def test_sync_free_sort_path_matches_transformers(logits):
+    """What accelerators run (`_top_k_top_p_by_sort` for every k / p
+    combination: no host reads), against transformers' warpers."""
+    from vllm.v1.sample.ops.topk_topp_sampler import _top_k_top_p_by_sort
+
+    ks, ps = [1, 2, 10, 50, VOCAB, 3], [0.1, 0.5, 0.9, 1.0, 0.99, 0.3]
+    k, p = torch.tensor(ks, dtype=torch.int32), torch.tensor(ps)
+    for args, warpers in (
+        ((k, None), [[TopKLogitsWarper(kk)] for kk in ks]),
+        ((None, p), [[TopPLogitsWarper(pp)] for pp in ps]),
+        ((k, p), [[TopKLogitsWarper(kk), TopPLogitsWarper(pp)] for kk, pp in zip(ks, ps)]),
+    ):
+        _assert_same_mask(_top_k_top_p_by_sort(logits.clone(), *args), _reference(logits, warpers))

@@ -56,9 +56,15 @@ def apply_top_k_top_p(
     p: [num_reqs]; the smallest set of most likely tokens whose probability
        mass reaches p is kept, and always at least the most likely token.
     """
+    if k is None and p is None:
+        return logits
+    if logits.device.type != "cpu":
+        # On an accelerator a full sort of each row is cheap and reads nothing
+        # back; the shortcuts below decide on the host (`bool(...)`,
+        # `int(k.max())`), a sync per step (tests/v1/worker/gpu/test_no_host_sync_gpu.py).
+        return _top_k_top_p_by_sort(logits, k, p)
     if p is None:
-        if k is None:
-            return logits
+        assert k is not None
         return apply_top_k_only(logits, k)
     if _top_k_top_p_from_candidates(logits, k, p):
         return logits
@@ -122,9 +128,10 @@ def _top_k_top_p_from_candidates(
 
 
 def _top_k_top_p_by_sort(
-    logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor
+    logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None
 ) -> torch.Tensor:
-    """`apply_top_k_top_p` over a full sort of each row (any k and p)."""
+    """`apply_top_k_top_p` over a full sort of each row (any k and p), with
+    no host sync."""
     # Work in ascending order: the k-th largest value sits at index vocab - k,
     # and the tokens to drop for top-p form a prefix of the sorted row.
     logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
@@ -132,6 +139,8 @@ def _top_k_top_p_by_sort(
         kth_index = (logits_sort.size(1) - k.to(torch.long)).unsqueeze(1)
         kth_value = logits_sort.gather(1, kth_index)
         logits_sort.masked_fill_(logits_sort < kth_value, float("-inf"))
+    if p is None:
+        return logits.scatter_(dim=-1, index=logits_idx, src=logits_sort)
 
     probs_sort = logits_sort.softmax(dim=-1)
     cum_probs = torch.cumsum(probs_sort, dim=-1, out=probs_sort)

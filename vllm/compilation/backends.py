@@ -93,6 +93,19 @@ def _opaque_attention_forward(layer_name: str):
     return forward
 
 
+def graph_break_layers(static_forward_context: dict[str, Any]) -> list[str]:
+    """The registered layers that are not plain `Attention` (Mamba, MLA, ...):
+    `make_stateful_layers_opaque` runs them under `torch.compiler.disable`,
+    so each is a graph break, not a splitting op."""
+    from vllm.model_executor.layers.attention import Attention
+
+    return [
+        name
+        for name, layer in static_forward_context.items()
+        if isinstance(layer, nn.Module) and type(layer) is not Attention
+    ]
+
+
 def make_stateful_layers_opaque(static_forward_context: dict[str, Any]) -> int:
     """Route every registered layer around the compiler (idempotent, per
     instance; eager calls still work). Returns how many layers were changed."""

@@ -249,6 +249,15 @@ def test_mode_narrowed_by_backends_and_layout(supports, pp, moe, expected):
     if (pp, moe) == (1, False):
         assert resolve_cudagraph_mode(cfg, [[group("NEVER")]]) == M.PIECEWISE
         assert resolve_cudagraph_mode(cfg, [[group("UNIFORM_BATCH")]]) == M.FULL_AND_PIECEWISE
+        # A stateful layer outside attention (a graph break) drops the piecewise half.
+        import torch
+
+        cfg.compilation_config.static_forward_context["model.layers.0.mamba"] = torch.nn.Module()
+        assert resolve_cudagraph_mode(cfg, [[group("ALWAYS")]]) == M.FULL_DECODE_ONLY
+        cfg.compilation_config.cudagraph_mode = M.PIECEWISE
+        assert resolve_cudagraph_mode(cfg, [[group("ALWAYS")]]) == M.NONE
+        cfg.compilation_config.cudagraph_mode = M.FULL
+        assert resolve_cudagraph_mode(cfg, [[group("ALWAYS")]]) == M.FULL
 
 
 def test_wrapper_passes_through_outside_its_mode(tmp_path):

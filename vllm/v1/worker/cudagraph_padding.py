@@ -172,6 +172,36 @@ def min_cudagraph_support(attn_groups: list[list[AttentionGroup]], vllm_config: 
     return min(supports, key=lambda s: s.value, default=AttentionCGSupport.ALWAYS)
 
 
+def _without_piecewise_past_graph_breaks(
+    vllm_config: VllmConfig, mode: CUDAGraphMode
+) -> CUDAGraphMode:
+    """Piecewise graphs need every tensor between two pieces to come from a
+    piece or an in-place splitting op. A stateful layer outside attention
+    (Mamba, MLA) is a graph break that runs eagerly and hands the next piece
+    freshly allocated tensors: keep only the full-graph half of the mode."""
+    from vllm.compilation.backends import graph_break_layers
+
+    if not mode.has_piecewise_cudagraphs():
+        return mode
+    breaks = graph_break_layers(vllm_config.compilation_config.static_forward_context)
+    if not breaks:
+        return mode
+    narrowed = (
+        CUDAGraphMode.FULL_DECODE_ONLY
+        if mode == CUDAGraphMode.FULL_AND_PIECEWISE
+        else CUDAGraphMode.NONE
+    )
+    logger.info(
+        "cudagraph_mode %s -> %s: %d stateful layers outside attention (e.g. %s) "
+        "break the graph, and piecewise graphs cannot span them.",
+        mode.name,
+        narrowed.name,
+        len(breaks),
+        breaks[0],
+    )
+    return narrowed
+
+
 def resolve_cudagraph_mode(
     vllm_config: VllmConfig, attn_groups: list[list[AttentionGroup]]
 ) -> CUDAGraphMode:
@@ -182,7 +212,8 @@ def resolve_cudagraph_mode(
     FULL_DECODE_ONLY); NEVER keeps only piecewise graphs (FULL_AND_PIECEWISE
     -> PIECEWISE), else turns graphs off. Pipeline parallelism turns them
     off too (the stages' intermediate tensors are not in persistent buffers),
-    and so do MoE models (see below).
+    and so do MoE models (see below); stateful layers other than attention
+    drop the piecewise half.
     """
     from vllm.v1.attention.backend import AttentionCGSupport
 
@@ -202,6 +233,7 @@ def resolve_cudagraph_mode(
             mode.name,
         )
         return CUDAGraphMode.NONE
+    mode = _without_piecewise_past_graph_breaks(vllm_config, mode)
     support = min_cudagraph_support(attn_groups, vllm_config)
     if support == AttentionCGSupport.NEVER:
         # Piecewise graphs never hold attention: they stay.

@@ -37,6 +37,13 @@ if ls .whl/*.whl > /dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
+# FlashInfer's wheel in two halves (benchmarks/gpu_wheels.sh FLASHINFER=1).
+if [ -f .fi1/part-aa ] && [ -f .fi2/part-ab ]; then
+  mkdir -p /tmp/fi_wheel && cat .fi1/part-aa .fi2/part-ab > "/tmp/fi_wheel/$(cat .fi1/NAME)"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site /tmp/fi_wheel/*.whl .fi2/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} \
+    && echo "flashinfer installed"
+fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 command -v nvcc && nvcc --version | tail -1

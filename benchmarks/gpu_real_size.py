@@ -18,15 +18,20 @@ With --throughput, `vllm bench throughput` on random 1k -> 256 prompts too.
     python benchmarks/gpu_real_size.py --workdir /tmp/real        # H200, Llama-3-8B
     python benchmarks/gpu_real_size.py --model tiny --device cpu  # smoke run (CI test)
 
-Graph modes: "eager" (enforce_eager), "FULL_DECODE_ONLY" (the default under
-compilation mode NONE), "FULL_AND_PIECEWISE" (VLLM_COMPILE: full decode
-graphs and piecewise mixed ones; the pieces compiled by Inductor). Capture
-sizes are the measured batch sizes only, to keep the start-up short.
+Plan items are "runner:graphs[:attention backend]". Graph modes: "eager"
+(enforce_eager), "FULL_DECODE_ONLY" (the default under compilation mode
+NONE), "FULL_AND_PIECEWISE" (VLLM_COMPILE: full decode graphs and piecewise
+mixed ones; the pieces compiled by Inductor). The backend is the platform's
+choice unless named (TRITON_ATTN, FLASHINFER); when flashinfer imports, the
+default plan adds V2 FULL_AND_PIECEWISE on FLASHINFER, for the choice of the
+default backend by measurement. Capture sizes are the measured batch sizes
+only, to keep the start-up short.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -170,6 +175,9 @@ def run_child(a: argparse.Namespace, runner: str, graphs: str) -> dict:
     start = time.perf_counter()
     llm = _engine(a, graphs)
     init_s = time.perf_counter() - start
+    attn = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+    groups = attn.model_runner.attn_groups
+    backend = groups[0][0].backend.get_name() if groups and groups[0] else "?"
     vocab = CONFIGS[a.model]["vocab_size"]
     _timed(llm, _prompts(2, min(64, a.ctx), vocab, 0), 4)  # warm-up
     decode = {}
@@ -182,32 +190,41 @@ def run_child(a: argparse.Namespace, runner: str, graphs: str) -> dict:
     for t in a.prefill:
         prompts = _prompts(1, t, vocab, t)
         prefill[t] = 1e3 * min(_timed(llm, prompts, 1) for _ in range(3))
-    return dict(runner=runner, graphs=graphs, init_s=init_s, decode_ms=decode, prefill_ms=prefill)
+    return dict(
+        runner=runner,
+        graphs=graphs,
+        backend=backend,
+        init_s=init_s,
+        decode_ms=decode,
+        prefill_ms=prefill,
+    )
 
 
 # ---- the parent: the plan, the floors, the report ------------------------------------
-def _spawn(a: argparse.Namespace, runner: str, graphs: str) -> dict | None:
+def _spawn(a: argparse.Namespace, runner: str, graphs: str, backend: str) -> dict | None:
     env = dict(
         os.environ,
         VLLM_USE_V2_MODEL_RUNNER="1" if runner == "v2" else "0",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
     )
-    cmd = [sys.executable, __file__, "--child", f"{runner}:{graphs}", *a.passthrough]
+    if backend:
+        env["VLLM_ATTENTION_BACKEND"] = backend
+    cmd = [sys.executable, __file__, "--child", f"{runner}:{graphs}:{backend}", *a.passthrough]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.child_timeout)
     except subprocess.TimeoutExpired:
-        print(f"{runner} {graphs}: TIMED OUT after {a.child_timeout:.0f} s", flush=True)
+        print(f"{runner} {graphs} {backend}: TIMED OUT after {a.child_timeout:.0f} s", flush=True)
         return None
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not lines:
-        print(f"{runner} {graphs}: FAILED\n{proc.stderr[-3000:]}", flush=True)
+        print(f"{runner} {graphs} {backend}: FAILED\n{proc.stderr[-3000:]}", flush=True)
         return None
     return json.loads(lines[-1][7:])
 
 
 def report(r: dict, shape: ModelShape, ctx: int) -> list[str]:
     """One line per figure: measured, floor, floor / measured."""
-    out = [f"{r['runner']} {r['graphs']}: engine up in {r['init_s']:.1f} s"]
+    out = [f"{r['runner']} {r['graphs']} {r['backend']}: engine up in {r['init_s']:.1f} s"]
     for b, ms in r["decode_ms"].items():
         floor = decode_floor_ms(shape, int(b), ctx)
         out.append(
@@ -256,6 +273,8 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--child", default="")
     a = ap.parse_args()
     a.model_dir = os.path.join(a.workdir, a.model)
+    if a.plan == [f"{r}:{g}" for r, g in PLAN] and importlib.util.find_spec("flashinfer"):
+        a.plan.insert(1, "v2:FULL_AND_PIECEWISE:FLASHINFER")
     # What a child needs to rebuild this namespace.
     a.passthrough = [
         "--workdir", a.workdir, "--model", a.model, "--device", a.device,
@@ -268,7 +287,7 @@ def _parse() -> argparse.Namespace:
 def main() -> None:
     a = _parse()
     if a.child:
-        runner, graphs = a.child.split(":")
+        runner, graphs = a.child.split(":")[:2]
         print("RESULT " + json.dumps(run_child(a, runner, graphs)), flush=True)
         return
     write_config(a.model_dir, a.model)
@@ -281,8 +300,8 @@ def main() -> None:
     )
     results = []
     for item in a.plan:
-        runner, graphs = item.split(":")
-        r = _spawn(a, runner, graphs)
+        runner, graphs, backend = (item.split(":") + [""])[:3]
+        r = _spawn(a, runner, graphs, backend)
         if r is not None:
             results.append(r)
             print("\n".join(report(r, shape, a.ctx)), flush=True)

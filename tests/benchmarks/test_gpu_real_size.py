@@ -37,12 +37,12 @@ def test_the_script_runs_on_cpu_with_a_tiny_config(tmp_path):
     cmd = [sys.executable, os.path.join(BENCH, "gpu_real_size.py"), "--model", "tiny"]
     cmd += ["--device", "cpu", "--workdir", str(tmp_path), "--batches", "1", "3"]
     cmd += ["--ctx", "24", "--decode-steps", "3", "--prefill", "40"]
-    cmd += ["--plan", "v2:eager", "--json", str(out)]
+    cmd += ["--plan", "v2:eager:CPU_ATTN", "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FAILED" not in proc.stdout, proc.stdout
     (result,) = json.loads(out.read_text())
-    assert (result["runner"], result["graphs"]) == ("v2", "eager")
+    assert (result["runner"], result["graphs"], result["backend"]) == ("v2", "eager", "CPU_ATTN")
     assert set(result["decode_ms"]) == {"1", "3"} and set(result["prefill_ms"]) == {"40"}
     assert all(ms > 0 for ms in result["prefill_ms"].values())
     assert "decode b=   3 ctx=24" in proc.stdout

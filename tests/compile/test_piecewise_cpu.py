@@ -159,10 +159,13 @@ def test_weak_ref_tensor_shares_memory_without_keeping_it():
 
 
 def test_splitting_ops_are_checked():
+    vllm_compile = CompilationMode.VLLM_COMPILE
     with pytest.raises(ValueError, match="splitting_ops"):
-        CompilationConfig(splitting_ops="vllm::unified_attention")
+        CompilationConfig(mode=vllm_compile, splitting_ops="vllm::unified_attention")
     with pytest.raises(ValueError, match="splitting_ops"):
-        CompilationConfig(splitting_ops=["unified_attention"])
+        CompilationConfig(mode=vllm_compile, splitting_ops=["unified_attention"])
+    with pytest.raises(ValueError, match="splitting_ops takes effect only with"):
+        CompilationConfig(mode=CompilationMode.STOCK_TORCH_COMPILE, splitting_ops=[ATTN_OP])
     config = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, splitting_ops=["vllm::nope"])
     with pytest.raises(ValueError, match="vllm::nope"):
         VllmBackend(config, "eager")

@@ -112,14 +112,15 @@ def maybe_compile_model(
     num_opaque = make_stateful_layers_opaque(compilation_config.static_forward_context)
     compiler = resolve_backend(compilation_config, backend)
     eager_forward = model.forward
+    split = bool(compilation_config.splitting_ops) and mode == CompilationMode.VLLM_COMPILE
     options: dict[str, str | int | bool | Callable[..., Any]] | None = None
-    if compiler == "inductor" and device.type == "cpu" and not compilation_config.splitting_ops:
+    if compiler == "inductor" and device.type == "cpu" and not split:
         # Inductor packs the (inference-only, hence frozen) linear weights for
         # oneDNN itself; ours are handed back dense (see the function).
         unpack_cpu_linear_weights(model)
         options = {"freezing": True}
     split_backend = None
-    if compilation_config.splitting_ops:
+    if split:
         from vllm.compilation.piecewise_backend import VllmBackend
 
         # The graph split at attention, each piece compiled on its own (and

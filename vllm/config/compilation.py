@@ -171,6 +171,11 @@ class CompilationConfig:
                     f"'vllm::unified_attention_with_output', got {ops!r}."
                 )
             self.splitting_ops = list(ops)
+            if self.mode != CompilationMode.VLLM_COMPILE:
+                raise ValueError(
+                    f"splitting_ops takes effect only with compilation mode VLLM_COMPILE "
+                    f"(3), not {self.mode.name}."
+                )
 
     def register_stateful_layer(self, prefix: str, layer: Any, kind: str) -> None:
         """Enter a layer that keeps per-request state (its cache) in

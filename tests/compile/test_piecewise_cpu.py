@@ -169,3 +169,37 @@ def test_splitting_ops_are_checked():
     config = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, splitting_ops=["vllm::nope"])
     with pytest.raises(ValueError, match="vllm::nope"):
         VllmBackend(config, "eager")
+
+
+def test_splitting_ops_through_the_engine(model_dir, monkeypatch):
+    """`-cc '{"mode": 3, "splitting_ops": [...]}'` reaches the model through
+    the engine (V2 runner, chunked 16-token steps): the forward is split there
+    and the tokens equal the eager engine's."""
+    from vllm import LLM, SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    cc = {"mode": 3, "backend": "eager", "splitting_ops": [ATTN_OP]}
+    assert EngineArgs(model=model_dir, compilation_config=cc).create_engine_config()
+    prompts = [
+        {"prompt_token_ids": list(range(3 + i, 3 + i + n))} for i, n in enumerate((5, 17, 9))
+    ]
+    sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for name, config in (("eager", None), ("split", cc)):
+        torch._dynamo.reset()
+        llm = LLM(
+            model=model_dir,
+            dtype="float32",
+            max_model_len=128,
+            max_num_batched_tokens=16,
+            compilation_config=config,
+        )
+        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+        forward = runner.model_runner.model.forward
+        tokens[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+        if config is not None:
+            items = forward.split_backend.piecewise_graphs_items
+            assert sum(i.is_splitting_graph for i in items) == 2  # the two layers' attention
+        llm.llm_engine.engine_core.shutdown()
+    assert tokens["split"] == tokens["eager"]

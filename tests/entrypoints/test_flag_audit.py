@@ -274,6 +274,10 @@ AUDIT: dict[str, tuple[str, Any]] = {
         (f"{COMPILE}::test_compiled_matches_eager_without_recompiles"),
     ),
     "compilation_config.cudagraph_mode": ("tested", (f"{CUDAGRAPH}::test_cli_compilation_config")),
+    "compilation_config.splitting_ops": (
+        "tested",
+        "tests/compile/test_piecewise_cpu.py::test_splitting_ops_through_the_engine",
+    ),
     "compilation_config.cudagraph_capture_sizes": (
         "tested",
         "tests/v1/cudagraph/test_padding_cpu.py::test_v2_padded_forward_matches_unpadded",

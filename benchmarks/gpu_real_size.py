@@ -175,8 +175,8 @@ def run_child(a: argparse.Namespace, runner: str, graphs: str) -> dict:
     start = time.perf_counter()
     llm = _engine(a, graphs)
     init_s = time.perf_counter() - start
-    attn = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
-    groups = attn.model_runner.attn_groups
+    worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+    groups = worker.model_runner.attn_groups
     backend = groups[0][0].backend.get_name() if groups and groups[0] else "?"
     vocab = CONFIGS[a.model]["vocab_size"]
     _timed(llm, _prompts(2, min(64, a.ctx), vocab, 0), 4)  # warm-up

@@ -13,7 +13,7 @@ from vllm import _custom_ops as ops
 from vllm.compilation.backends import resolve_backend, unpack_cpu_linear_weights
 from vllm.compilation.decorators import maybe_compile_model
 from vllm.compilation.fake_ops import register_cpu_fake_ops
-from vllm.config.compilation import CompilationConfig, CompilationMode
+from vllm.config.compilation import CompilationConfig, CompilationMode, CUDAGraphMode
 from vllm.sampling_params import SamplingParams
 from vllm.v1.worker.gpu_worker import Worker
 
@@ -21,18 +21,26 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
 PROMPTS = {"a": [5, 9, 3, 7, 11, 2, 8], "b": [4, 4, 19, 6, 1], "c": [13, 2, 2, 17, 30, 7, 9, 1, 3]}
 
 
-def _worker(model_dir: str, mode: CompilationMode, backend: str | None) -> Worker:
+def _worker(model_dir: str, mode: CompilationMode, backend: str | None, **cc) -> Worker:
+    """A V1 worker whose model is compiled under `mode` (and the compilation
+    config fields `cc`, set before compiling). The runner itself takes no CUDA
+    graphs on CPU: cudagraph_mode is reset to NONE after compiling (a piecewise
+    mode only shapes how the split pieces are wrapped)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")  # the scripted scheduler speaks V1 form
         config = make_vllm_config(model_dir)
         worker = Worker(config)
         worker.init_device()
     worker.load_model()
-    config.compilation_config.mode = mode
+    compilation = config.compilation_config
+    compilation.mode = mode
+    for key, value in cc.items():
+        setattr(compilation, key, value)
     runner = worker.model_runner
     runner.model = maybe_compile_model(
-        runner.model, config.compilation_config, "cpu", backend=backend
+        runner.model, compilation, "cpu", backend=backend, vllm_config=config
     )
+    compilation.cudagraph_mode = CUDAGraphMode.NONE
     worker.initialize_from_config(make_kv_cache_config(worker.get_kv_cache_spec()))
     return worker
 

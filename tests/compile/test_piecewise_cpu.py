@@ -11,10 +11,8 @@ import torch
 from torch._dynamo.utils import counters
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from tests.compile.test_compile_cpu import _script
-from tests.v1.worker.utils import make_kv_cache_config, make_vllm_config
+from tests.compile.test_compile_cpu import _script, _worker
 from vllm.compilation.cuda_graph import CUDAGraphWrapper
-from vllm.compilation.decorators import maybe_compile_model
 from vllm.compilation.piecewise_backend import VllmBackend, is_splitting_node, split_graph
 from vllm.config.compilation import (
     ATTENTION_SPLITTING_OPS,
@@ -26,28 +24,6 @@ from vllm.utils.torch_utils import weak_ref_tensor, weak_ref_tensors
 from vllm.v1.worker.gpu_worker import Worker
 
 ATTN_OP = "vllm::unified_attention_with_output"
-
-
-def _worker(model_dir: str, mode: CompilationMode, backend: str | None, **cc) -> Worker:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")  # the scripted scheduler speaks V1 form
-        config = make_vllm_config(model_dir)
-        worker = Worker(config)
-        worker.init_device()
-    worker.load_model()
-    compilation = config.compilation_config
-    compilation.mode = mode
-    for key, value in cc.items():
-        setattr(compilation, key, value)
-    runner = worker.model_runner
-    runner.model = maybe_compile_model(
-        runner.model, compilation, "cpu", backend=backend, vllm_config=config
-    )
-    # The runner itself takes no graphs on CPU (a piecewise mode above only
-    # shaped how the pieces were wrapped).
-    compilation.cudagraph_mode = CUDAGraphMode.NONE
-    worker.initialize_from_config(make_kv_cache_config(worker.get_kv_cache_spec()))
-    return worker
 
 
 def _split_backend(worker: Worker) -> VllmBackend:
@@ -133,10 +109,22 @@ def test_split_graph_on_a_plain_function():
     split_gm, items = split_graph(gm, [ATTN_OP])
     assert [i.submod_name for i in items] == [f"submod_{k}" for k in range(5)]
     assert [i.is_splitting_graph for i in items] == [False, True, False, True, False]
-    # The op's overload name matches too.
     node = next(n for n in items[1].graph.graph.nodes if n.op == "call_function")
-    assert is_splitting_node(node, [f"{ATTN_OP}.default"]) or is_splitting_node(node, [ATTN_OP])
+    assert is_splitting_node(node, [ATTN_OP])
     assert not is_splitting_node(node, ["vllm::unified_attention"])
+
+
+def test_splitting_node_matches_an_overload_by_either_name():
+    """A call to the OpOverload (what AOT-traced graphs hold) matches both
+    "ns::op" and "ns::op.default"; another overload name does not."""
+    graph = torch.fx.Graph()
+    args = [graph.placeholder(name) for name in "qkvo"]
+    node = graph.call_function(
+        torch.ops.vllm.unified_attention_with_output.default, (*args, "layer")
+    )
+    assert is_splitting_node(node, [ATTN_OP])
+    assert is_splitting_node(node, [f"{ATTN_OP}.default"])
+    assert not is_splitting_node(node, [f"{ATTN_OP}.out"])
 
 
 def test_weak_ref_tensor_shares_memory_without_keeping_it():

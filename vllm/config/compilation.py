@@ -252,13 +252,19 @@ class CompilationConfig:
         self.max_cudagraph_capture_size = max(self.cudagraph_capture_sizes, default=0)
 
 
+def full_graph_half(mode: CUDAGraphMode) -> CUDAGraphMode:
+    """A mode that asks for piecewise graphs without them: FULL_AND_PIECEWISE
+    -> FULL_DECODE_ONLY, PIECEWISE -> NONE (any other mode is returned as is)."""
+    if not mode.has_piecewise_cudagraphs():
+        return mode
+    if mode == CUDAGraphMode.FULL_AND_PIECEWISE:
+        return CUDAGraphMode.FULL_DECODE_ONLY
+    return CUDAGraphMode.NONE
+
+
 def _without_piecewise(mode: CUDAGraphMode, why: str) -> CUDAGraphMode:
     """Keep only the full-graph half of a mode that asks for piecewise graphs."""
-    narrowed = (
-        CUDAGraphMode.FULL_DECODE_ONLY
-        if mode == CUDAGraphMode.FULL_AND_PIECEWISE
-        else CUDAGraphMode.NONE
-    )
+    narrowed = full_graph_half(mode)
     logger.info(
         "cudagraph_mode %s -> %s: piecewise CUDA graphs need the graph split "
         "at attention, and %s (%s).",

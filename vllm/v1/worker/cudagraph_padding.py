@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vllm.config.compilation import CUDAGraphMode
+from vllm.config.compilation import CUDAGraphMode, full_graph_half
 from vllm.forward_context import BatchDescriptor
 from vllm.logger import init_logger
 
@@ -186,11 +186,7 @@ def _without_piecewise_past_graph_breaks(
     breaks = graph_break_layers(vllm_config.compilation_config.static_forward_context)
     if not breaks:
         return mode
-    narrowed = (
-        CUDAGraphMode.FULL_DECODE_ONLY
-        if mode == CUDAGraphMode.FULL_AND_PIECEWISE
-        else CUDAGraphMode.NONE
-    )
+    narrowed = full_graph_half(mode)
     logger.info(
         "cudagraph_mode %s -> %s: %d stateful layers outside attention (e.g. %s) "
         "break the graph, and piecewise graphs cannot span them.",

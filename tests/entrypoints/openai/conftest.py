@@ -141,27 +141,40 @@ class RemoteOpenAIServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        _, alive = psutil.wait_procs(children, timeout=10)
-        for p in alive:
+        for p in still_running(children, timeout=10):
             p.kill()
         if self._log is not None:
             self._log.close()
         return self.proc.returncode
 
 
+def still_running(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait up to `timeout` s for the processes to exit; those still running.
+    A zombie counts as exited: once its parent is gone it waits for PID 1 to
+    reap it, which may take a while in a container (psutil.wait_procs waits
+    for the reaping, up to a second more per zombie)."""
+    deadline = time.monotonic() + timeout
+    alive = list(procs)
+    while alive:
+        alive = [p for p in alive if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    return alive
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def wait_exited(procs: list[psutil.Process], timeout: float = 10.0) -> None:
     """Wait until every process has exited (a zombie awaiting its parent's
     reaping counts as exited); fail if one is still running."""
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        while True:
-            try:
-                if proc.status() == psutil.STATUS_ZOMBIE:
-                    break
-            except psutil.NoSuchProcess:
-                break
-            assert time.monotonic() < deadline, f"process {proc.pid} still running"
-            time.sleep(0.1)
+    alive = still_running(procs, timeout)
+    assert not alive, f"processes {[p.pid for p in alive]} still running"
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.entrypoints.openai.conftest import REPO_ROOT, RemoteOpenAIServer
+from tests.entrypoints.openai.conftest import REPO_ROOT, RemoteOpenAIServer, still_running
 from tests.utils import hf_greedy
 from tests.v1.distributed.test_dp_serve import engine_metric
 from vllm.distributed.utils import get_open_port
@@ -67,7 +67,7 @@ class Secondary:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             code = self.proc.wait(10)
-        gone, alive = psutil.wait_procs(children, timeout=15)
+        alive = still_running(children, timeout=15)
         for proc in alive:
             proc.kill()
         return code, alive

@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from tests.entrypoints.openai.conftest import REPO_ROOT, get_open_port
+from tests.entrypoints.openai.conftest import REPO_ROOT, get_open_port, still_running
 
 
 def test_engine_startup_failure_exits_cleanly(tiny_model_dir):
@@ -51,5 +51,4 @@ def test_engine_startup_failure_exits_cleanly(tiny_model_dir):
     # Children (the engine core, multiprocessing's resource tracker) are gone
     # moments after the server.
     procs = [psutil.Process(pid) for pid in children if psutil.pid_exists(pid)]
-    _, alive = psutil.wait_procs(procs, timeout=10)
-    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert not still_running(procs, timeout=10)

@@ -31,7 +31,9 @@ _MODULES = {
 def _subcommands(argv: list[str]) -> list[CLISubcommand]:
     """The subcommands to register: only the one named first in `argv` (so
     that `vllm chat` does not import torch for the engine flags of the
-    others), else all of them (`vllm --help`)."""
+    others), none for `vllm --version`, else all of them (`vllm --help`)."""
+    if argv and argv[0] in ("-v", "--version"):
+        return []  # argparse prints the version and exits before any command
     names = [_MODULES[argv[0]]] if argv and argv[0] in _MODULES else _MODULES.values()
     modules = [importlib.import_module(f"vllm.entrypoints.cli.{n}") for n in dict.fromkeys(names)]
     return [cmd for module in modules for cmd in module.cmd_init()]
@@ -51,6 +53,38 @@ def _maybe_prestart_engine_process(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`vllm ARGV`. Without `argv` this runs as the program (the `vllm`
+    script, `python -m vllm.entrypoints.cli.main`): it reads sys.argv and, once
+    the command has returned or exited, ends the process without the
+    interpreter's module teardown (`exit_skipping_teardown`: atexit hooks
+    still run; a stopped `vllm serve` exits ~1 s sooner). With `argv` it is a
+    plain call that returns or raises SystemExit."""
+    if argv is not None:
+        _run(argv)
+        return
+    try:
+        _run(sys.argv[1:])
+    except SystemExit as e:
+        code = _exit_status(e.code)
+    else:
+        code = 0
+    from vllm.utils.system_utils import exit_skipping_teardown
+
+    exit_skipping_teardown(code, run_exit_hooks=True)
+
+
+def _exit_status(code: object) -> int:
+    """The status SystemExit(code) gives a normal exit: None -> 0, an int as
+    is, anything else printed to stderr -> 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _run(argv: list[str]) -> None:
     parser = FlexibleArgumentParser(
         prog="vllm",
         description="vLLM CLI",
@@ -59,7 +93,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-v", "--version", action="version", version=__version__)
     subparsers = parser.add_subparsers(required=False, dest="subparser")
     cmds: dict[str, CLISubcommand] = {}
-    argv = sys.argv[1:] if argv is None else argv
     _maybe_prestart_engine_process(argv)
     for cmd in _subcommands(argv):
         cmd.subparser_init(subparsers).set_defaults(dispatch_function=cmd.cmd)

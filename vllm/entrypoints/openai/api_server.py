@@ -32,11 +32,8 @@ error handlers: vllm/entrypoints/serve/utils/server_utils.py).
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import signal
 import socket
-import sys
 from argparse import Namespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -108,7 +105,7 @@ from vllm.entrypoints.utils import Utf8JSONResponse as JSONResponse
 from vllm.entrypoints.utils import with_cancellation
 from vllm.logger import init_logger
 from vllm.usage.usage_lib import UsageContext
-from vllm.utils.system_utils import parent_only
+from vllm.utils.system_utils import exit_skipping_teardown, parent_only
 from vllm.v1.engine.ipc import watch_parent
 
 logger = init_logger("vllm.entrypoints.openai.api_server")
@@ -462,12 +459,7 @@ def run_api_server_worker_proc(
     except KeyboardInterrupt:
         logger.info("API server %s interrupted during start-up.", client_config.get("client_index"))
     # Everything is shut down (sockets closed, the engine client released):
-    # end the process here. Interpreter teardown's garbage collection over
-    # the server's heap (torch, transformers, the tokenizer) took over 5 s
-    # on a loaded 2-core machine, longer than the parent waits before it
-    # kills a server. (gc.freeze() instead made triton's nanobind report
-    # "leaked functions" on every exit.)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # end the process without the interpreter's teardown (over 5 s of GC on a
+    # loaded 2-core machine, longer than the parent waits before it kills a
+    # server); the parent owns the atexit work.
+    exit_skipping_teardown(0, run_exit_hooks=False)

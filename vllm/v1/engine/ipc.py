@@ -14,22 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import logging
 import os
 import signal
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, NoReturn, overload
 from uuid import uuid4
 
 import msgspec
 import zmq
 
 from vllm.logger import init_logger
+from vllm.utils.system_utils import exit_skipping_teardown
 
 if TYPE_CHECKING:
     import zmq.asyncio
@@ -238,16 +237,12 @@ class EngineZmqAddresses:
 # ----------------------------------------------------------------------
 
 
-def exit_process(code: int) -> None:
+def exit_process(code: int) -> NoReturn:
     """Leave a child process (engine core, DP coordinator) once everything is
-    shut down: the interpreter's teardown (a full GC over the torch heap,
-    > 5 s on a loaded machine, past the parent's SIGTERM grace; nanobind's
-    leak report) has nothing left to do."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
+    shut down, without the interpreter's teardown (a full GC over the torch
+    heap, > 5 s on a loaded machine, past the parent's SIGTERM grace;
+    nanobind's leak report) nor the atexit hooks: the parent owns the rest."""
+    exit_skipping_teardown(code, run_exit_hooks=False)
 
 
 def block_shutdown_signals() -> None:

@@ -39,7 +39,7 @@ def _close(launch) -> None:
 
 
 def test_remote_engine_that_never_joins_times_out(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "20")
+    monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "12")
     config = _config(
         tiny_model_dir("llama"), get_open_port(), data_parallel_size=2, data_parallel_size_local=1
     )

@@ -15,11 +15,17 @@ import psutil
 import pytest
 
 from vllm.utils import warm_spawn
-from vllm.utils.warm_spawn import WARM_SPAWN_CONTEXT, prestart_spawn
+from vllm.utils.warm_spawn import WARM_API_SERVER_CONTEXT, WARM_SPAWN_CONTEXT, prestart_spawn
 
 
 def _report(conn, value):
     conn.send((os.getpid(), os.environ.get("WARM_SPAWN_TEST"), value, "torch" in sys.modules))
+    conn.close()
+
+
+def _report_kind(conn):
+    api_server = "vllm.entrypoints.openai.api_server" in sys.modules
+    conn.send((os.getpid(), api_server, os.environ.get("PROMETHEUS_MULTIPROC_DIR")))
     conn.close()
 
 
@@ -38,9 +44,9 @@ def _no_leftovers():
         warm_spawn._discard(warm_spawn._ready.pop())
 
 
-def _run_report(value):
-    reader, writer = WARM_SPAWN_CONTEXT.Pipe(duplex=False)
-    proc = WARM_SPAWN_CONTEXT.Process(target=_report, args=(writer, value))
+def _run_report(value, target=_report, context=WARM_SPAWN_CONTEXT):
+    reader, writer = context.Pipe(duplex=False)
+    proc = context.Process(target=target, args=(writer, *value))
     proc.start()
     writer.close()
     assert reader.poll(120)
@@ -54,7 +60,7 @@ def test_prestarted_child_runs_the_work(monkeypatch):
     monkeypatch.setenv("WARM_SPAWN_TEST", "a")
     prestart_spawn()
     (warm,) = warm_spawn._ready
-    proc, (pid, env, value, preloaded) = _run_report([1, "x"])
+    proc, (pid, env, value, preloaded) = _run_report(([1, "x"],))
     assert pid == warm.pid == proc.pid  # the pre-started one, not a new interpreter
     assert (env, value, preloaded) == ("a", [1, "x"], True)
     assert not warm_spawn._ready
@@ -64,12 +70,29 @@ def test_changed_environment_starts_cold(monkeypatch):
     prestart_spawn()
     (warm,) = warm_spawn._ready
     monkeypatch.setenv("WARM_SPAWN_TEST", "b")  # after the pre-start
-    _, (pid, env, _, _) = _run_report(7)
+    _, (pid, env, _, _) = _run_report((7,))
     assert pid != warm.pid and env == "b"
     deadline = time.monotonic() + 60
     while psutil.pid_exists(warm.pid) and psutil.Process(warm.pid).status() != "zombie":
         assert time.monotonic() < deadline, "the unused pre-started process did not exit"
         time.sleep(0.1)
+
+
+def test_each_kind_takes_its_own(monkeypatch):
+    """An API server's pre-started child has the server imported; an engine
+    start does not take it. PROMETHEUS_MULTIPROC_DIR, set by `vllm serve`
+    after the pre-start, does not make the child stale: it gets the value."""
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    prestart_spawn(kind="api_server")
+    (warm,) = warm_spawn._ready
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/tmp/metrics-dir")
+    _, (pid, api_server, _) = _run_report((), _report_kind)
+    assert pid != warm.pid and not api_server  # an engine start: cold
+    assert warm_spawn._ready == [warm]
+    _, (pid, api_server, metrics_dir) = _run_report((), _report_kind, WARM_API_SERVER_CONTEXT)
+    assert (pid, api_server, metrics_dir) == (warm.pid, True, "/tmp/metrics-dir")
+    with pytest.raises(ValueError, match="no-such-kind"):
+        prestart_spawn(kind="no-such-kind")
 
 
 def test_exit_code_and_terminate():

@@ -9,11 +9,18 @@ has imported `_PRELOAD` and waits on a pipe; `WARM_SPAWN_CONTEXT.Process.start()
 hands it the pickled process object, and it runs from there exactly as
 `multiprocessing.spawn` would (same preparation data, same `_bootstrap`).
 
-The pipe carries one byte "go" and then spawn's two pickles. The byte tells a
-waiting child the difference between work and its parent's exit (EOF: it leaves
-quietly). Descriptors that travel in the pickle (Connections) go through
+The pipe carries one byte "go", the values of `_LATE_ENV` (a length-prefixed
+JSON object) and then spawn's two pickles. The byte tells a waiting child the
+difference between work and its parent's exit (EOF: it leaves quietly).
+Descriptors that travel in the pickle (Connections) go through
 multiprocessing's resource sharer instead of being inherited at exec time:
 they did not exist when the child was started.
+
+Children come in two kinds, each with its own imports and its own context:
+"engine" (`WARM_SPAWN_CONTEXT`: engine cores, workers, the DP coordinator) and
+"api_server" (`WARM_API_SERVER_CONTEXT`: the API servers of
+`--api-server-count N`, pre-started by `vllm serve` as soon as it knows N, so
+that their imports overlap the engines' start-up).
 
 A pre-started child is used only when this process's environment is the one it
 was started with: modules it imported already read the environment (logging
@@ -25,8 +32,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import os
 import signal
+import struct
 import sys
 import threading
 from multiprocessing import context, reduction, resource_sharer, spawn, util
@@ -41,7 +50,7 @@ logger = init_logger(__name__)
 # What an engine-core process imports before its first step: the engine, the
 # worker, the model loader and layers, and the Llama family (its config class
 # arrives pickled inside the VllmConfig; its model is the embedded default's).
-_PRELOAD = (
+_ENGINE_PRELOAD = (
     "vllm.v1.engine.core_proc",
     "vllm.v1.worker.gpu_worker",
     "vllm.model_executor.model_loader",
@@ -51,6 +60,19 @@ _PRELOAD = (
     "vllm.model_executor.layers.quantization.gguf",
     "transformers.models.llama.configuration_llama",
 )
+# Variables the parent may set after a pre-start: they are not compared, but
+# sent with the work and set in the child before it runs. Only those that
+# nothing a child imports reads at import time belong here. `vllm serve
+# --api-server-count N` points PROMETHEUS_MULTIPROC_DIR at its metrics
+# directory once it knows N, after the engine core was pre-started; engine
+# cores record no Prometheus metrics (their stats go to the API servers).
+_LATE_ENV = ("PROMETHEUS_MULTIPROC_DIR",)
+
+# What each kind of pre-started child imports while it waits.
+_PRELOAD = {
+    "engine": _ENGINE_PRELOAD,
+    "api_server": ("vllm.entrypoints.openai.api_server",),
+}
 
 
 @dataclasses.dataclass
@@ -59,14 +81,18 @@ class _Ready:
     sentinel: int  # readable at the child's exit (it holds the only writer)
     to_child: int  # the pipe its work arrives on
     env: dict[str, str]
+    kind: str
 
 
 _ready: list[_Ready] = []
 _lock = threading.Lock()
 
 
-def prestart_spawn(count: int = 1) -> None:
-    """Start `count` interpreters that import the engine and wait for work."""
+def prestart_spawn(count: int = 1, kind: str = "engine") -> None:
+    """Start `count` interpreters that import what a child of `kind` needs
+    (`_PRELOAD`) and wait for work."""
+    if kind not in _PRELOAD:
+        raise ValueError(f"unknown kind of pre-started process {kind!r} (one of {list(_PRELOAD)})")
     from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()
@@ -77,7 +103,7 @@ def prestart_spawn(count: int = 1) -> None:
         sentinel, child_w = os.pipe()
         code = (
             f"from vllm.utils.warm_spawn import _child_main; "
-            f"_child_main({child_r}, {tracker_fd}, {sys.path!r})"
+            f"_child_main({child_r}, {tracker_fd}, {sys.path!r}, {kind!r})"
         )
         flags = util._args_from_interpreter_flags()  # type: ignore[attr-defined]
         cmd = [spawn.get_executable(), *flags, "-c", code]
@@ -87,22 +113,27 @@ def prestart_spawn(count: int = 1) -> None:
             os.close(child_r)
             os.close(child_w)
         with _lock:
-            _ready.append(_Ready(pid, sentinel, to_child, dict(os.environ)))
+            _ready.append(_Ready(pid, sentinel, to_child, dict(os.environ), kind))
 
 
-def _take() -> _Ready | None:
-    """A waiting child started under this environment, if one is alive."""
+def _take(kind: str) -> _Ready | None:
+    """A waiting child of `kind` started under this environment, if one is
+    alive (stale ones of that kind met on the way are discarded)."""
     with _lock:
-        while _ready:
-            child = _ready.pop(0)
-            env = dict(os.environ)
-            if child.env == env and os.waitpid(child.pid, os.WNOHANG) == (0, 0):
+        for child in [c for c in _ready if c.kind == kind]:
+            _ready.remove(child)
+            env = _compared_env(dict(os.environ))
+            if _compared_env(child.env) == env and os.waitpid(child.pid, os.WNOHANG) == (0, 0):
                 return child
             keys = env.keys() | child.env.keys()
             changed = sorted(k for k in keys if env.get(k) != child.env.get(k))
             logger.debug("Pre-started process %d unused: %s changed", child.pid, changed)
             _discard(child)
     return None
+
+
+def _compared_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in _LATE_ENV}
 
 
 def _discard(child: _Ready) -> None:
@@ -142,16 +173,18 @@ class _WarmPopen(_ForkPopen):
         self.pid, self.sentinel = child.pid, child.sentinel
         self.finalizer = util.Finalize(self, util.close_fds, (child.sentinel,))  # type: ignore[attr-defined]
         with open(child.to_child, "wb", closefd=True) as to_child:
-            to_child.write(b"G")
+            late_env = json.dumps({k: os.environ.get(k) for k in _LATE_ENV}).encode()
+            to_child.write(b"G" + struct.pack("<I", len(late_env)) + late_env)
             to_child.write(buf.getbuffer())
 
 
 class WarmSpawnProcess(context.SpawnProcess):
     _start_method = "spawn"
+    _warm_kind = "engine"
 
     @staticmethod
     def _Popen(process_obj: Any) -> Any:
-        child = _take()
+        child = _take(process_obj._warm_kind)
         if child is None:
             return _SpawnPopen(process_obj)
         try:
@@ -160,27 +193,53 @@ class WarmSpawnProcess(context.SpawnProcess):
             return _SpawnPopen(process_obj)
 
 
+class WarmApiServerProcess(WarmSpawnProcess):
+    _warm_kind = "api_server"
+
+
 class WarmSpawnContext(context.SpawnContext):
     Process = WarmSpawnProcess
 
 
+class WarmApiServerContext(context.SpawnContext):
+    Process = WarmApiServerProcess
+
+
 WARM_SPAWN_CONTEXT = WarmSpawnContext()
+WARM_API_SERVER_CONTEXT = WarmApiServerContext()
 
 
-def _child_main(pipe_handle: int, tracker_fd: int, sys_path: list[str]) -> None:
+def _child_main(pipe_handle: int, tracker_fd: int, sys_path: list[str], kind: str) -> None:
     """The pre-started interpreter: import, wait, then run as spawn's child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C while waiting is the parent's
     sys.path[:] = sys_path
     import importlib
 
-    for name in _PRELOAD:
+    for name in _PRELOAD[kind]:
         # An import that fails here fails again in the run, which reports it.
         with contextlib.suppress(Exception):
             importlib.import_module(name)
     if os.read(pipe_handle, 1) != b"G":
         os._exit(0)  # the parent exited without work for us
+    (size,) = struct.unpack("<I", _read_exactly(pipe_handle, 4))
+    for key, value in json.loads(_read_exactly(pipe_handle, size)).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from multiprocessing import resource_tracker
 
     resource_tracker._resource_tracker._fd = tracker_fd  # type: ignore[attr-defined]
     sys.exit(spawn._main(pipe_handle, os.dup(pipe_handle)))  # type: ignore[attr-defined]
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    """`size` bytes of the pipe, unbuffered (spawn's reader takes the rest)."""
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            os._exit(0)  # the parent died while handing over the work
+        data += chunk
+    return data

@@ -17,7 +17,6 @@ the KV-cache code, below the server, and that import would close a cycle.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import socket
 import time
 import weakref
@@ -31,6 +30,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.utils import ConstantList
 from vllm.utils.system_utils import parent_only
+from vllm.utils.warm_spawn import WARM_API_SERVER_CONTEXT
 
 logger = init_logger(__name__)
 
@@ -78,7 +78,9 @@ class APIServerProcessManager:
         self.listen_address = listen_address
         self.sock = sock
         self.args = args
-        context = multiprocessing.get_context("spawn")
+        # Spawned (their own event loops), from interpreters `vllm serve`
+        # pre-started for them when it knew their number.
+        context = WARM_API_SERVER_CONTEXT
         self.processes: list[BaseProcess] = []
         self._death_writers: list[connection.Connection] = []
         for i, (in_addr, out_addr) in enumerate(zip(input_addresses, output_addresses)):

@@ -114,6 +114,7 @@ def run_multi_api_server(args: argparse.Namespace) -> None:
     from vllm.entrypoints.openai.api_server import run_api_server_worker_proc, setup_server
     from vllm.entrypoints.openai.embedding_model import check_main_model
     from vllm.usage.usage_lib import UsageContext
+    from vllm.utils.warm_spawn import prestart_spawn
     from vllm.v1.engine.ipc import EngineZmqAddresses, get_open_zmq_ipc_path
     from vllm.v1.engine.utils import launch_core_engines
     from vllm.v1.executor.abstract import Executor
@@ -130,6 +131,10 @@ def run_multi_api_server(args: argparse.Namespace) -> None:
     engine_args._api_process_rank = -1
     vllm_config = engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER)
     check_main_model(args, vllm_config.model_config)
+    # The servers' interpreters import (~5 s each on 2 cores) while the engines
+    # start: once the config is valid (not for a refused one), and after
+    # setup_multiprocess_prometheus(), which sets their environment.
+    prestart_spawn(num_api_servers, kind="api_server")
     # One input and one output socket per API server; each server binds its
     # pair, every engine core connects to all of them.
     addresses = EngineZmqAddresses(

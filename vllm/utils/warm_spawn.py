@@ -19,8 +19,8 @@ they did not exist when the child was started.
 Children come in two kinds, each with its own imports and its own context:
 "engine" (`WARM_SPAWN_CONTEXT`: engine cores, workers, the DP coordinator) and
 "api_server" (`WARM_API_SERVER_CONTEXT`: the API servers of
-`--api-server-count N`, pre-started by `vllm serve` as soon as it knows N, so
-that their imports overlap the engines' start-up).
+`--api-server-count N`, pre-started by `vllm serve` once its config is valid,
+so that their imports overlap the engines' start-up).
 
 A pre-started child is used only when this process's environment is the one it
 was started with: modules it imported already read the environment (logging
@@ -47,19 +47,6 @@ from vllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-# What an engine-core process imports before its first step: the engine, the
-# worker, the model loader and layers, and the Llama family (its config class
-# arrives pickled inside the VllmConfig; its model is the embedded default's).
-_ENGINE_PRELOAD = (
-    "vllm.v1.engine.core_proc",
-    "vllm.v1.worker.gpu_worker",
-    "vllm.model_executor.model_loader",
-    "vllm.model_executor.models.llama",
-    "vllm.compilation.decorators",
-    "vllm.lora.layers",
-    "vllm.model_executor.layers.quantization.gguf",
-    "transformers.models.llama.configuration_llama",
-)
 # Variables the parent may set after a pre-start: they are not compared, but
 # sent with the work and set in the child before it runs. Only those that
 # nothing a child imports reads at import time belong here. `vllm serve
@@ -68,9 +55,21 @@ _ENGINE_PRELOAD = (
 # cores record no Prometheus metrics (their stats go to the API servers).
 _LATE_ENV = ("PROMETHEUS_MULTIPROC_DIR",)
 
-# What each kind of pre-started child imports while it waits.
+# What each kind of pre-started child imports while it waits. An engine core:
+# the engine, the worker, the model loader and layers, and the Llama family
+# (its config class arrives pickled inside the VllmConfig; its model is the
+# embedded default's). An API server: the server module.
 _PRELOAD = {
-    "engine": _ENGINE_PRELOAD,
+    "engine": (
+        "vllm.v1.engine.core_proc",
+        "vllm.v1.worker.gpu_worker",
+        "vllm.model_executor.model_loader",
+        "vllm.model_executor.models.llama",
+        "vllm.compilation.decorators",
+        "vllm.lora.layers",
+        "vllm.model_executor.layers.quantization.gguf",
+        "transformers.models.llama.configuration_llama",
+    ),
     "api_server": ("vllm.entrypoints.openai.api_server",),
 }
 
@@ -122,11 +121,11 @@ def _take(kind: str) -> _Ready | None:
     with _lock:
         for child in [c for c in _ready if c.kind == kind]:
             _ready.remove(child)
-            env = _compared_env(dict(os.environ))
-            if _compared_env(child.env) == env and os.waitpid(child.pid, os.WNOHANG) == (0, 0):
+            env, child_env = _compared_env(dict(os.environ)), _compared_env(child.env)
+            if child_env == env and os.waitpid(child.pid, os.WNOHANG) == (0, 0):
                 return child
-            keys = env.keys() | child.env.keys()
-            changed = sorted(k for k in keys if env.get(k) != child.env.get(k))
+            keys = env.keys() | child_env.keys()
+            changed = sorted(k for k in keys if env.get(k) != child_env.get(k))
             logger.debug("Pre-started process %d unused: %s changed", child.pid, changed)
             _discard(child)
     return None

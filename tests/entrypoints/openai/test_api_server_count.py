@@ -272,6 +272,18 @@ def _kill_and_expect_all_gone(srv: RemoteOpenAIServer, victim: int) -> None:
     wait_exited(children, timeout=EXIT_WITHIN_S)
 
 
+def test_servers_and_engine_run_in_pre_started_interpreters(server):
+    """The API servers and the engine core are the interpreters `vllm serve`
+    pre-started (vllm/utils/warm_spawn.py), not cold spawns: the servers'
+    ones since the config was valid, the engine's despite the
+    PROMETHEUS_MULTIPROC_DIR set after it was started."""
+    servers = api_server_pids(server)
+    engines = [p for p in server.engine_processes() if p.pid not in servers]
+    assert len(servers) == NUM_SERVERS and engines
+    for proc in [psutil.Process(pid) for pid in servers] + engines:
+        assert "warm_spawn import _child_main" in " ".join(proc.cmdline()), proc.cmdline()
+
+
 def test_sigterm_stops_every_process(server):
     children = server.children()
     assert len(children) >= NUM_SERVERS + 1
